@@ -1,0 +1,1 @@
+"""The on-call console (Textual TUI)."""

@@ -1,0 +1,30 @@
+"""Errors raised by job functions; the retry policy reads them (jobs/policy.py).
+
+JobError
+ ├── TransientError     worth retrying: timeouts, connection errors, SMTP 4xx, HTTP 429/5xx
+ │    └── OutcomeUnknown the request may have been delivered (connection dropped after
+ │                       sending): retry with the same idempotency key
+ └── PermanentError     retrying cannot help: bad address (SMTP 5xx, HTTP 4xx), bad data,
+                        template error; fails at once with a reason HR can act on
+"""
+
+from __future__ import annotations
+
+
+class JobError(Exception):
+    """Base of the errors job functions raise on purpose."""
+
+
+class TransientError(JobError):
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        """Wait at least this long before the next try (from a 429's Retry-After)."""
+
+
+class OutcomeUnknown(TransientError):
+    pass
+
+
+class PermanentError(JobError):
+    pass

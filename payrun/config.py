@@ -1,0 +1,277 @@
+"""Configuration: one TOML file plus environment variables, validated at start.
+
+Precedence (highest first): environment variables, the TOML file named by
+``PAYRUN_CONFIG`` (or ``--config``), then the defaults below. Every default is a
+number from the source story (seed): 0.8 s render, 1.2 s send, 40 emails/s, 45 in
+flight, backoff 1 s / 300 s / 6 attempts, job timeout 30 s < lease 60 s, grace 30 s.
+
+Environment variables honoured by every command:
+  PAYRUN_HOME        data directory (ledger, payroll db, slips, embedded Redis, logs); ./var
+  PAYRUN_CONFIG      the TOML file
+  PAYRUN_REDIS_URL   an external Redis; unset = the embedded server under PAYRUN_HOME
+  PAYRUN_EMAIL_URL   smtp://… or http://…; unset = the local provider (payrun provider)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from payrun.errors import ConfigError
+
+
+@dataclass
+class RetryPolicy:
+    base_s: float = 1.0
+    """First backoff ceiling; attempt n waits random(0, min(cap, base * 2**n))."""
+    cap_s: float = 300.0
+    """Largest backoff ceiling."""
+    attempts: int = 6
+    """Total tries, the first included. 1 = never retry."""
+
+
+@dataclass
+class RenderConfig:
+    workers: int = 0
+    """pdf-render worker processes per host; 0 = one per core."""
+    timeout_s: int = 30
+    """A render running longer is killed (even inside C code) and retried."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+@dataclass
+class EmailConfig:
+    url: str = ""
+    """smtp://user:pass@host:port[?starttls=1] or http://host:port; '' = local provider."""
+    sender: str = "Payroll <payroll@payrun.localhost>"
+    lanes: int = 48
+    """Concurrent sends per send-email worker process (threads, not processes)."""
+    timeout_s: int = 30
+    """One send (connect + request + reply) longer than this counts as failed."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+@dataclass
+class LimitsConfig:
+    email_concurrency: int = 45
+    """Sends in flight across every host (seed: 40/s x 1.2 s = 48, minus headroom)."""
+    email_rate_per_s: float = 40.0
+    """The provider's limit: sends started per second across every host."""
+    db_concurrency: int = 60
+    """Ledger/DB connections workers may hold at once (seed: 60 of 200)."""
+
+
+@dataclass
+class LeaseConfig:
+    visibility_s: int = 60
+    """A job not heartbeated for this long is presumed lost and returned by the reaper."""
+    grace_s: int = 30
+    """On SIGTERM a worker finishes its jobs within this, else requeues them."""
+    stuck_after_s: int = 600
+    """A job running longer than this is reported as stuck (seed: 10 minutes)."""
+
+
+@dataclass
+class ProviderConfig:
+    host: str = "127.0.0.1"
+    port: int = 8025
+    latency_s: float = 1.2
+    rate_per_s: float = 40.0
+
+
+@dataclass
+class RedisConfig:
+    url: str = ""
+    """redis://… or unix://…; '' = embedded server started by payrun under PAYRUN_HOME/redis."""
+
+
+@dataclass
+class MetricsConfig:
+    port: int = 9308
+
+
+@dataclass
+class Config:
+    home: Path = Path("var")
+    timezone: str = "Asia/Dhaka"
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    email: EmailConfig = field(default_factory=EmailConfig)
+    render: RenderConfig = field(default_factory=RenderConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    lease: LeaseConfig = field(default_factory=LeaseConfig)
+    provider: ProviderConfig = field(default_factory=ProviderConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    source: str = "defaults"
+    """Where the values came from (for `payrun config show`)."""
+
+    # ---- derived paths -------------------------------------------------
+    @property
+    def ledger_path(self) -> Path:
+        return self.home / "ledger.db"
+
+    @property
+    def payroll_path(self) -> Path:
+        return self.home / "payroll.db"
+
+    @property
+    def slips_dir(self) -> Path:
+        return self.home / "slips"
+
+    @property
+    def redis_dir(self) -> Path:
+        return self.home / "redis"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "log"
+
+    @property
+    def render_workers(self) -> int:
+        return self.render.workers or (os.cpu_count() or 1)
+
+    @property
+    def email_url(self) -> str:
+        return self.email.url or f"http://{self.provider.host}:{self.provider.port}"
+
+    @property
+    def embedded_redis(self) -> bool:
+        return not self.redis.url
+
+    def to_dict(self, redact: bool = True) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["home"] = str(self.home)
+        d.pop("source")
+        d["effective"] = {
+            "email_url": self.email_url,
+            "redis": "embedded" if self.embedded_redis else "external",
+            "render_workers": self.render_workers,
+            "ledger_path": str(self.ledger_path),
+            "slips_dir": str(self.slips_dir),
+            "source": self.source,
+        }
+        if redact:
+            d["redis"]["url"] = redact_url(d["redis"]["url"])
+            d["email"]["url"] = redact_url(d["email"]["url"])
+            d["effective"]["email_url"] = redact_url(d["effective"]["email_url"])
+        return d
+
+
+def redact_url(url: str) -> str:
+    """Replace a password in a URL with ***, keep everything else readable."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        creds, host = netloc.rsplit("@", 1)
+        user = creds.split(":", 1)[0]
+        netloc = f"{user}:***@{host}" if ":" in creds else f"***@{host}"
+    query = "&".join(
+        "password=***" if q.startswith("password=") else q for q in parts.query.split("&") if q
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+# ---- loading -------------------------------------------------------------
+
+def _apply(obj: Any, data: dict[str, Any], where: str) -> None:
+    known = {f.name: f for f in fields(obj) if f.name != "source"}
+    for key, value in data.items():
+        if key not in known:
+            allowed = ", ".join(sorted(known))
+            raise ConfigError(f"unknown setting '{where}{key}' (allowed here: {allowed})")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"'{where}{key}' must be a table, got {value!r}")
+            _apply(current, value, f"{where}{key}.")
+            continue
+        if isinstance(current, Path):
+            value = Path(str(value))
+        elif isinstance(current, bool) or not isinstance(value, type(current)):
+            if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            else:
+                raise ConfigError(
+                    f"'{where}{key}' must be {type(current).__name__}, got {value!r}"
+                )
+        setattr(obj, key, value)
+
+
+def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> Config:
+    """Build the effective configuration and validate it; raise ConfigError with a reason."""
+    env = dict(os.environ if env is None else env)
+    cfg = Config()
+    path = path or env.get("PAYRUN_CONFIG")
+    if path:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist (from PAYRUN_CONFIG or --config)")
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {p} is not valid TOML: {e}")
+        _apply(cfg, data, "")
+        cfg.source = str(p)
+    if env.get("PAYRUN_HOME"):
+        cfg.home = Path(env["PAYRUN_HOME"])
+    if env.get("PAYRUN_REDIS_URL"):
+        cfg.redis.url = env["PAYRUN_REDIS_URL"]
+    if env.get("PAYRUN_EMAIL_URL"):
+        cfg.email.url = env["PAYRUN_EMAIL_URL"]
+    cfg.home = cfg.home.expanduser().absolute()
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Refuse settings that cannot work, naming the values involved."""
+    problems: list[str] = []
+    lease = cfg.lease
+    for kind, timeout in (("render", cfg.render.timeout_s), ("email", cfg.email.timeout_s)):
+        if timeout <= 0:
+            problems.append(f"{kind}.timeout_s must be > 0 (got {timeout})")
+        if timeout >= lease.visibility_s:
+            problems.append(
+                f"{kind}.timeout_s ({timeout} s) must be below lease.visibility_s "
+                f"({lease.visibility_s} s): a job still running when its lease ends is given "
+                f"to a second worker"
+            )
+        if lease.grace_s < timeout:
+            problems.append(
+                f"lease.grace_s ({lease.grace_s} s) must be at least {kind}.timeout_s "
+                f"({timeout} s): otherwise a deploy cuts jobs that would have finished"
+            )
+    for kind, retry in (("render", cfg.render.retry), ("email", cfg.email.retry)):
+        if retry.attempts < 1:
+            problems.append(f"{kind}.retry.attempts must be >= 1 (got {retry.attempts})")
+        if retry.base_s <= 0 or retry.cap_s < retry.base_s:
+            problems.append(
+                f"{kind}.retry needs 0 < base_s <= cap_s (got base_s={retry.base_s}, cap_s={retry.cap_s})"
+            )
+    if cfg.limits.email_concurrency < 1:
+        problems.append(f"limits.email_concurrency must be >= 1 (got {cfg.limits.email_concurrency})")
+    if cfg.limits.email_rate_per_s <= 0:
+        problems.append(f"limits.email_rate_per_s must be > 0 (got {cfg.limits.email_rate_per_s})")
+    if cfg.email.lanes < 1:
+        problems.append(f"email.lanes must be >= 1 (got {cfg.email.lanes})")
+    if cfg.render.workers < 0:
+        problems.append(f"render.workers must be >= 0, 0 = one per core (got {cfg.render.workers})")
+    try:
+        ZoneInfo(cfg.timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        problems.append(f"timezone '{cfg.timezone}' is not a known IANA zone (e.g. Asia/Dhaka)")
+    for name, url, schemes in (
+        ("redis.url / PAYRUN_REDIS_URL", cfg.redis.url, ("redis", "rediss", "unix")),
+        ("email.url / PAYRUN_EMAIL_URL", cfg.email.url, ("smtp", "smtps", "http", "https")),
+    ):
+        if url and urlsplit(url).scheme not in schemes:
+            problems.append(f"{name} must start with one of {', '.join(s + '://' for s in schemes)} (got {redact_url(url)!r})")
+    if problems:
+        raise ConfigError("invalid configuration: " + "; ".join(problems))

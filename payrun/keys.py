@@ -1,0 +1,38 @@
+"""Every Redis key and queue name payrun uses, in one place.
+
+RQ owns the ``rq:`` prefix; everything of ours lives under ``payrun:`` (and the lock
+name the design fixes, ``lock:payroll:<month>``).
+"""
+
+RENDER_QUEUE = "pdf-render"
+EMAIL_QUEUE = "send-email"
+CONTROL_QUEUE = "control"
+QUEUES = (RENDER_QUEUE, EMAIL_QUEUE, CONTROL_QUEUE)
+
+EVENTS_STREAM = "payrun:events"
+"""Stream of job state changes, written by workers, applied to SQLite by `payrun ledger`."""
+EVENTS_GROUP = "ledger"
+"""Consumer group of the ledger process: unacknowledged events survive its restart."""
+
+
+def payroll_lock(month: str) -> str:
+    """The pay-run lock of the design: SET lock:payroll:<month> <owner> NX EX 900."""
+    return f"lock:payroll:{month}"
+
+
+def idem_key(month: str, employee_id: str) -> str:
+    """The idempotency key of one slip: slip:2026-11:emp-48213."""
+    return f"slip:{month}:{employee_id}"
+
+
+def idem_state(key: str) -> str:
+    """Redis hash recording the side effect of an idempotency key (claimed/sent)."""
+    return f"payrun:idem:{key}"
+
+
+def render_job_id(month: str, employee_id: str) -> str:
+    return f"render-{month}-{employee_id}"
+
+
+def email_job_id(month: str, employee_id: str) -> str:
+    return f"email-{month}-{employee_id}"

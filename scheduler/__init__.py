@@ -1,0 +1,1 @@
+"""Cron ticks (rq-scheduler) that only create jobs. Never imports textual."""
