@@ -165,6 +165,10 @@ def ensure_running(cfg: Config) -> redis.Redis:
         raise RedisUnavailable(
             f"cannot reach Redis at {redact_url(cfg.redis.url)} (PAYRUN_REDIS_URL / redis.url)"
         )
+    if os.environ.get("PAYRUN_REDIS_SUPERVISED"):
+        # supervisord runs the embedded server as its own program: wait for it, never start a second
+        wait_until_up(conn, timeout_s=60)
+        return conn
     with _start_lock(cfg):
         if ping(conn):
             return conn
@@ -187,6 +191,11 @@ def serve_foreground(cfg: Config) -> None:
     """Replace this process with redis-server (for supervisord: it must not daemonize)."""
     if not cfg.embedded_redis:
         raise SetupError("redis.url is set: payrun uses that server and runs none of its own")
+    if ping(connect(cfg, socket_timeout=2)):
+        raise SetupError(
+            f"the embedded Redis in {cfg.redis_dir} is already running (started by another payrun "
+            f"command); stop it first with `payrun down`"
+        )
     conf = write_conf(cfg, daemonize=False)
     os.execv(redis_server_binary(), [redis_server_binary(), str(conf)])
 

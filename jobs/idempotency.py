@@ -1,0 +1,65 @@
+"""Idempotency at the side effect: a send claims its slip's key before it talks to the
+provider, and marks it sent after.
+
+State per key (Redis hash ``payrun:idem:<key>``): ``state`` = sending | sent, ``owner`` =
+the attempt holding it, ``message_id`` once sent. A claim is one atomic Lua script:
+  sent                      -> SENT  (skip: recorded as done, nothing sent)
+  sending by another owner  -> BUSY  (transient: that attempt may still deliver)
+  otherwise                 -> OK    (we own it for ``ttl`` seconds)
+The ``sending`` claim expires with its TTL, so a crashed sender never blocks the key for
+good; the provider's own dedupe by Idempotency-Key covers a send whose outcome is unknown.
+"""
+
+from __future__ import annotations
+
+from payrun import keys
+
+OK, SENT, BUSY = "ok", "sent", "busy"
+
+_CLAIM = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == 'sent' then return 'sent' end
+if state == 'sending' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 'busy' end
+redis.call('HSET', KEYS[1], 'state', 'sending', 'owner', ARGV[1])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
+return 'ok'
+"""
+
+_RELEASE = """
+if redis.call('HGET', KEYS[1], 'state') == 'sending' and redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+_MARK_SENT = """
+redis.call('HSET', KEYS[1], 'state', 'sent', 'owner', ARGV[1], 'message_id', ARGV[2], 'sent_at', ARGV[3])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
+return 1
+"""
+
+SENT_TTL_S = 90 * 24 * 3600
+"""How long a sent key is remembered (a slip is resent deliberately with a new key)."""
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def claim(conn, key: str, owner: str, ttl_s: int) -> str:
+    return _text(conn.eval(_CLAIM, 1, keys.idem_state(key), owner, int(ttl_s)))
+
+
+def release(conn, key: str, owner: str) -> bool:
+    return bool(conn.eval(_RELEASE, 1, keys.idem_state(key), owner))
+
+
+def mark_sent(conn, key: str, owner: str, message_id: str) -> None:
+    import time
+
+    conn.eval(_MARK_SENT, 1, keys.idem_state(key), owner, message_id or "", str(int(time.time())), SENT_TTL_S)
+
+
+def state(conn, key: str) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in conn.hgetall(keys.idem_state(key)).items()}

@@ -1,0 +1,498 @@
+"""Email transports chosen by URL: SMTP (smtp://, smtps://) and the JSON provider API
+(http://, https://). One call, ``Transport.send(msg)``, returns the provider's message id
+or raises one of the errors in ``jobs.errors``:
+
+  TransientError  worth retrying (SMTP 4xx, HTTP 429/5xx, connection refused, a timeout
+                  before the message was handed over); ``retry_after_s`` is set from a
+                  429's (or 5xx's) Retry-After header.
+  OutcomeUnknown  the connection dropped or timed out AFTER the message was handed over:
+                  it may have been delivered. Retry with the SAME idempotency key.
+  PermanentError  retrying cannot help (SMTP 5xx, HTTP 4xx other than 429: bad address).
+
+Error messages are short and never contain the slip, the body, or credentials; at most
+the recipient address and the provider's reason.
+
+URLs
+----
+``smtp://[user[:pass]@]host[:port][?starttls=1]``   plain SMTP (default port 25; 587
+                                                    with starttls=1), STARTTLS if asked.
+``smtps://[user[:pass]@]host[:port]``               SMTP over TLS (default port 465).
+``http://host[:port][/prefix]``, ``https://...``     the JSON provider API below.
+
+Credentials: an SMTP password in the URL wins; otherwise ``PAYRUN_SMTP_PASSWORD`` is used
+when the URL names a user (user without password = take it from the environment). The
+provider API token comes from ``PAYRUN_EMAIL_TOKEN`` (sent as ``Authorization: Bearer``).
+Neither is ever logged nor put in an exception message; ``repr(transport)`` shows the
+URL with the password replaced by ***.
+
+SMTP transport
+--------------
+A fresh connection per send (connect, EHLO, [STARTTLS], [AUTH], MAIL, RCPT, DATA, QUIT).
+That costs a TCP (and TLS) handshake per message but has no shared state between threads
+and no stale-connection corner cases. The message is a MIME ``EmailMessage``: text part
+plus the PDF as ``application/pdf`` attachment, with headers
+``Idempotency-Key: <key>`` and ``Message-ID: <sha256(key)[:32]@payrun>``, so a resend of
+the same slip carries the same Message-ID (receiving systems and humans can dedupe).
+``send`` returns that Message-ID (SMTP has no standard "provider id").
+Classification: any 4xx reply -> TransientError, any 5xx reply -> PermanentError
+(RCPT refused, MAIL FROM refused, DATA refused, AUTH refused); connection refused / reset /
+timeout / disconnect before the message content is sent -> TransientError; a disconnect or
+timeout after the server answered ``354`` to DATA (while sending the content or waiting
+for the final reply) -> OutcomeUnknown.
+
+Provider HTTP API (ours; ``payrun/provider.py`` implements it locally)
+---------------------------------------------------------------------
+``POST {prefix}/v1/messages``
+  headers: ``Content-Type: application/json``, ``Idempotency-Key: <key>`` (required),
+           ``Authorization: Bearer <token>`` (when the provider requires one)
+  body:    {"to": "a@b.example", "to_name": "Tanvir Ahmed",
+            "from": "Payroll <payroll@payrun.localhost>", "subject": "...", "text": "...",
+            "attachments": [{"filename": "slip-2026-11.pdf", "content_type": "application/pdf",
+                             "content_b64": "<base64>"}]}
+  202 {"id": "...", "duplicate": false}  accepted for delivery
+  200 {"id": "...", "duplicate": true}   this Idempotency-Key was already accepted: success,
+                                         returns the id of the first acceptance
+  400 {"error": "..."}                   malformed request / no Idempotency-Key -> PermanentError
+  401 {"error": "..."}                   missing/wrong token -> PermanentError
+  422 {"error": "invalid recipient address: ..."}                -> PermanentError
+  429 + ``Retry-After: <seconds>``       rate limited -> TransientError(retry_after_s)
+  5xx                                    provider trouble -> TransientError
+The HTTP transport keeps one persistent HTTP/1.1 connection per thread (threading.local),
+dropped and re-opened after any error. If a *reused* keep-alive connection turns out to be
+dead (closed by the server while idle) the request is retried once on a fresh connection;
+that is safe because the Idempotency-Key makes the provider dedupe. Connect errors ->
+TransientError; errors while sending the request -> TransientError (the body was not
+fully handed over, so the provider cannot have accepted it); timeout / reset / EOF while
+waiting for or reading the response -> OutcomeUnknown.
+
+Timeouts: ``timeout_s`` bounds one whole send (connect + request + reply): before each
+blocking step the socket timeout is set to the time left.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import json
+import logging
+import os
+import re
+import smtplib
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+from email.message import EmailMessage
+from email.policy import SMTP as SMTP_POLICY
+from email.utils import formataddr, parseaddr
+from typing import Protocol
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+
+from jobs.errors import OutcomeUnknown, PermanentError, TransientError
+
+log = logging.getLogger(__name__)
+
+SMTP_PASSWORD_ENV = "PAYRUN_SMTP_PASSWORD"
+EMAIL_TOKEN_ENV = "PAYRUN_EMAIL_TOKEN"
+
+
+@dataclass
+class Message:
+    to_addr: str
+    to_name: str
+    subject: str
+    text_body: str
+    attachment_name: str
+    attachment_bytes: bytes
+    """The PDF."""
+    idempotency_key: str
+    """e.g. "slip:2026-11:emp-00017": the same slip always has the same key."""
+    sender: str
+    """"Payroll <payroll@payrun.localhost>" or a bare address."""
+
+    def __repr__(self) -> str:  # never dump the PDF or the body into logs/tracebacks
+        return (f"Message(to={self.to_addr!r}, key={self.idempotency_key!r}, "
+                f"attachment={self.attachment_name!r} {len(self.attachment_bytes)} bytes)")
+
+
+class Transport(Protocol):
+    def send(self, msg: Message) -> str: ...
+    def close(self) -> None: ...
+
+
+def message_id_for(key: str) -> str:
+    """The Message-ID header for an idempotency key: same key, same Message-ID."""
+    return f"<{hashlib.sha256(key.encode('utf-8')).hexdigest()[:32]}@payrun>"
+
+
+def transport_for(url: str, timeout_s: float) -> Transport:
+    """The transport for ``url`` (see the module docstring). ValueError on a bad URL."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in ("smtp", "smtps"):
+        return SmtpTransport(url, timeout_s)
+    if scheme in ("http", "https"):
+        return HttpTransport(url, timeout_s)
+    raise ValueError(f"unsupported email URL scheme {scheme!r} in {_redact(url)!r} "
+                     f"(use smtp://, smtps://, http:// or https://)")
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        creds, host = netloc.rsplit("@", 1)
+        user = creds.split(":", 1)[0]
+        netloc = f"{user}:***@{host}" if ":" in creds else f"{user}@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _port(parts, default: int, url: str) -> int:
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"bad port in email URL {_redact(url)!r}") from None
+    return port or default
+
+
+class _Deadline:
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("send deadline passed")
+        return left
+
+
+# ---------------------------------------------------------------- SMTP
+
+_DOTS = re.compile(rb"(?m)^\.")
+
+
+class SmtpTransport:
+    def __init__(self, url: str, timeout_s: float, *, password: str | None = None):
+        parts = urlsplit(url)
+        self.ssl = parts.scheme.lower() == "smtps"
+        query = parse_qs(parts.query)
+        self.starttls = (query.get("starttls", ["0"])[-1].lower() in ("1", "true", "yes"))
+        if self.ssl and self.starttls:
+            raise ValueError(f"smtps:// is already TLS; drop starttls=1 from {_redact(url)!r}")
+        if not parts.hostname:
+            raise ValueError(f"no host in email URL {_redact(url)!r}")
+        self.host = parts.hostname
+        self.port = _port(parts, 465 if self.ssl else (587 if self.starttls else 25), url)
+        self.user = unquote(parts.username) if parts.username else None
+        if password is None:
+            password = unquote(parts.password) if parts.password is not None else None
+        if password is None and self.user:
+            password = os.environ.get(SMTP_PASSWORD_ENV)
+        if self.user and password is None:
+            raise ValueError(f"email URL {_redact(url)!r} names a user but no password "
+                             f"(put it in the URL or in {SMTP_PASSWORD_ENV})")
+        self._password = password
+        self.timeout_s = float(timeout_s)
+        self._url = _redact(url)
+
+    def __repr__(self) -> str:
+        return f"SmtpTransport({self._url!r})"
+
+    def close(self) -> None:
+        pass  # nothing kept between sends
+
+    @staticmethod
+    def build(msg: Message) -> EmailMessage:
+        em = EmailMessage(policy=SMTP_POLICY)
+        em["From"] = msg.sender
+        em["To"] = formataddr((msg.to_name, msg.to_addr)) if msg.to_name else msg.to_addr
+        em["Subject"] = msg.subject
+        em["Message-ID"] = message_id_for(msg.idempotency_key)
+        em["Idempotency-Key"] = msg.idempotency_key
+        em.set_content(msg.text_body)
+        em.add_attachment(msg.attachment_bytes, maintype="application", subtype="pdf",
+                          filename=msg.attachment_name)
+        return em
+
+    def send(self, msg: Message) -> str:
+        deadline = _Deadline(self.timeout_s)
+        envelope_from = parseaddr(msg.sender)[1] or msg.sender
+        to = msg.to_addr
+        if not to.isascii() or not envelope_from.isascii():
+            raise PermanentError(f"recipient address {to!r} is not plain ASCII (SMTPUTF8 unsupported)")
+        data = _DOTS.sub(b"..", self.build(msg).as_bytes())
+        if not data.endswith(b"\r\n"):
+            data += b"\r\n"
+        data += b".\r\n"
+        mid = message_id_for(msg.idempotency_key)
+
+        handed_over = False  # True once the server said 354 and we start sending content
+        healthy = True  # the connection can still take a QUIT
+        smtp: smtplib.SMTP | None = None
+
+        def step(fn, *args):
+            if smtp.sock is not None:
+                smtp.sock.settimeout(deadline.left())
+            return fn(*args)
+
+        where = f"{self.host}:{self.port}"
+        try:
+            try:
+                if self.ssl:
+                    smtp = smtplib.SMTP_SSL(self.host, self.port, timeout=deadline.left(),
+                                            context=ssl.create_default_context())
+                else:
+                    smtp = smtplib.SMTP(self.host, self.port, timeout=deadline.left())
+                step(smtp.ehlo_or_helo_if_needed)
+                if self.starttls:
+                    step(smtp.starttls, ssl.create_default_context())
+                    step(smtp.ehlo)
+                if self.user:
+                    step(smtp.login, self.user, self._password)
+                code, reply = step(smtp.mail, envelope_from)
+                if code != 250:
+                    raise smtplib.SMTPSenderRefused(code, reply, envelope_from)
+                code, reply = step(smtp.rcpt, to)
+                if code not in (250, 251):
+                    raise smtplib.SMTPRecipientsRefused({to: (code, reply)})
+                step(smtp.putcmd, "data")
+                code, reply = step(smtp.getreply)
+                if code != 354:
+                    raise smtplib.SMTPDataError(code, reply)
+                handed_over = True
+                step(smtp.send, data)
+                code, reply = step(smtp.getreply)
+                if code != 250:
+                    raise smtplib.SMTPDataError(code, reply)
+            except smtplib.SMTPRecipientsRefused as e:
+                code, reply = next(iter(e.recipients.values()))
+                raise _classify_smtp(code, reply, f"SMTP refused recipient {to!r}") from None
+            except smtplib.SMTPResponseException as e:
+                # SMTPSenderRefused, SMTPDataError, SMTPAuthenticationError, SMTPConnectError, ...
+                what = {smtplib.SMTPSenderRefused: "SMTP refused sender",
+                        smtplib.SMTPDataError: "SMTP refused message",
+                        smtplib.SMTPAuthenticationError: "SMTP authentication failed",
+                        smtplib.SMTPConnectError: "SMTP refused connection"}.get(type(e), "SMTP error")
+                raise _classify_smtp(e.smtp_code, e.smtp_error, what) from None
+            except (smtplib.SMTPServerDisconnected, socket.timeout, TimeoutError) as e:
+                healthy = False
+                kind = "connection closed" if isinstance(e, smtplib.SMTPServerDisconnected) else "timed out"
+                if handed_over:
+                    raise OutcomeUnknown(f"SMTP {where}: {kind} after the message was sent; "
+                                         f"it may have been delivered") from None
+                raise TransientError(f"SMTP {where}: {kind} before the message was sent") from None
+            except smtplib.SMTPException as e:
+                # no AUTH / STARTTLS support, no usable auth method: configuration, not luck
+                raise PermanentError(f"SMTP {where}: {_short(str(e), 120)}") from None
+            except OSError as e:  # refused, reset, unreachable, TLS failure
+                healthy = False
+                if handed_over:
+                    raise OutcomeUnknown(f"SMTP {where}: {_oserr(e)} after the message was sent; "
+                                         f"it may have been delivered") from None
+                raise TransientError(f"SMTP {where}: {_oserr(e)} before the message was sent") from None
+        finally:
+            if smtp is not None:
+                if healthy and smtp.sock is not None:
+                    try:
+                        smtp.sock.settimeout(min(2.0, self.timeout_s))
+                        smtp.quit()
+                    except Exception:
+                        pass
+                try:
+                    smtp.close()
+                except Exception:
+                    pass
+        log.debug("smtp sent key=%s to=%s", msg.idempotency_key, to)
+        return mid
+
+
+def _short(text: str | bytes, limit: int = 200) -> str:
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _classify_smtp(code: int, reply, what: str) -> Exception:
+    text = f"{what}: {code} {_short(reply)}"
+    if 400 <= code < 500:
+        return TransientError(text)
+    if 500 <= code < 600:
+        return PermanentError(text)
+    return TransientError(text)  # unexpected code (e.g. -1): assume trouble, retry
+
+
+# ---------------------------------------------------------------- HTTP provider API
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:  # HTTP-date form
+        from email.utils import parsedate_to_datetime
+        when = parsedate_to_datetime(value)
+        return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+class HttpTransport:
+    def __init__(self, url: str, timeout_s: float, *, token: str | None = None):
+        parts = urlsplit(url)
+        self.https = parts.scheme.lower() == "https"
+        if not parts.hostname:
+            raise ValueError(f"no host in email URL {_redact(url)!r}")
+        self.host = parts.hostname
+        self.port = _port(parts, 443 if self.https else 80, url)
+        self.path = parts.path.rstrip("/") + "/v1/messages"
+        self.timeout_s = float(timeout_s)
+        if token is None:
+            token = os.environ.get(EMAIL_TOKEN_ENV) or None
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._ssl = ssl.create_default_context() if self.https else None
+        self._local = threading.local()
+        self._all: set[http.client.HTTPConnection] = set()
+        self._all_lock = threading.Lock()
+        self._url = _redact(url)
+
+    def __repr__(self) -> str:
+        return f"HttpTransport({self._url!r})"
+
+    # -- connections
+    def _new_conn(self) -> http.client.HTTPConnection:
+        if self.https:
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout_s,
+                                               context=self._ssl)
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        with self._all_lock:
+            self._all.add(conn)
+        return conn
+
+    def _drop(self, conn: http.client.HTTPConnection) -> None:
+        if getattr(self._local, "conn", None) is conn:
+            self._local.conn = None
+        with self._all_lock:
+            self._all.discard(conn)
+        try:
+            conn.close()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        """Close every thread's connection (call once the senders have stopped)."""
+        with self._all_lock:
+            conns, self._all = list(self._all), set()
+        for conn in conns:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    # -- sending
+    def body(self, msg: Message) -> bytes:
+        return json.dumps({
+            "to": msg.to_addr,
+            "to_name": msg.to_name,
+            "from": msg.sender,
+            "subject": msg.subject,
+            "text": msg.text_body,
+            "attachments": [{
+                "filename": msg.attachment_name,
+                "content_type": "application/pdf",
+                "content_b64": base64.b64encode(msg.attachment_bytes).decode("ascii"),
+            }],
+        }, ensure_ascii=False).encode("utf-8")
+
+    def send(self, msg: Message) -> str:
+        deadline = _Deadline(self.timeout_s)
+        body = self.body(msg)
+        headers = dict(self._headers)
+        headers["Idempotency-Key"] = msg.idempotency_key
+        where = f"provider {self.host}:{self.port}"
+        for attempt in (1, 2):
+            conn = getattr(self._local, "conn", None)
+            reused = conn is not None and conn.sock is not None
+            if not reused:
+                if conn is not None:
+                    self._drop(conn)
+                conn = self._new_conn()
+                self._local.conn = conn
+                try:
+                    conn.timeout = deadline.left()
+                    conn.connect()
+                except (OSError, http.client.HTTPException) as e:
+                    self._drop(conn)
+                    raise TransientError(f"{where}: cannot connect ({_oserr(e)})") from None
+            try:
+                conn.sock.settimeout(deadline.left())
+                conn.request("POST", self.path, body=body, headers=headers)
+            except (OSError, http.client.HTTPException) as e:
+                self._drop(conn)
+                if reused and attempt == 1 and not _is_timeout(e):
+                    continue  # a dead keep-alive connection: retry once on a fresh one
+                raise TransientError(f"{where}: request not sent ({_oserr(e)})") from None
+            try:
+                conn.sock.settimeout(deadline.left())
+                resp = conn.getresponse()
+                raw = resp.read()
+            except (OSError, http.client.HTTPException) as e:
+                self._drop(conn)
+                if (reused and attempt == 1 and isinstance(e, http.client.RemoteDisconnected)):
+                    # closed with no byte of reply on a reused connection: the classic idle
+                    # keep-alive race; retrying is safe (same Idempotency-Key)
+                    continue
+                raise OutcomeUnknown(f"{where}: {_oserr(e)} after the request was sent; "
+                                     f"it may have been delivered") from None
+            if resp.will_close:
+                self._drop(conn)
+            return self._result(resp, raw, where)
+        raise AssertionError("unreachable")
+
+    def _result(self, resp: http.client.HTTPResponse, raw: bytes, where: str) -> str:
+        status = resp.status
+        try:
+            doc = json.loads(raw) if raw else {}
+            if not isinstance(doc, dict):
+                doc = {}
+        except ValueError:
+            doc = {}
+        if status in (200, 201, 202):
+            mid = doc.get("id")
+            if not isinstance(mid, str) or not mid:
+                raise OutcomeUnknown(f"{where}: HTTP {status} without a message id")
+            return mid
+        reason = _short(str(doc.get("error") or resp.reason or ""), 200)
+        text = f"{where}: HTTP {status}" + (f" {reason}" if reason else "")
+        if status == 429:
+            after = _retry_after(resp.getheader("Retry-After"))
+            raise TransientError(text, retry_after_s=after if after is not None else 1.0)
+        if status >= 500 or status == 408:
+            raise TransientError(text, retry_after_s=_retry_after(resp.getheader("Retry-After")))
+        if 400 <= status < 500:
+            raise PermanentError(text)
+        raise TransientError(f"{where}: unexpected HTTP {status}")
+
+
+def _is_timeout(e: BaseException) -> bool:
+    return isinstance(e, (socket.timeout, TimeoutError))
+
+
+def _oserr(e: BaseException) -> str:
+    if _is_timeout(e):
+        return "timed out"
+    if isinstance(e, http.client.RemoteDisconnected):
+        return "connection closed without a reply"
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(e, ConnectionResetError):
+        return "connection reset"
+    return type(e).__name__

@@ -1,0 +1,105 @@
+"""Policy as pure functions: backoff, error classification, lease arithmetic.
+
+Nothing here touches Redis, the clock or the network; callers pass what they know.
+"""
+
+from __future__ import annotations
+
+import random
+import smtplib
+import socket
+from dataclasses import dataclass
+
+from jobs.errors import OutcomeUnknown, PermanentError, TransientError
+
+
+def backoff_ceiling(attempt: int, base_s: float, cap_s: float) -> float:
+    """The upper bound of the wait after failed attempt number ``attempt`` (1-based).
+
+    attempt 1 -> 2*base, 2 -> 4*base, ... capped: the seed's table (2, 4, 8, 16, 32, 64 s).
+    """
+    if attempt < 1:
+        raise ValueError(f"attempt is 1-based, got {attempt}")
+    exp = min(attempt, 62)  # 2**62 * base already exceeds any cap; avoid float overflow
+    return min(cap_s, base_s * (2**exp))
+
+
+def backoff_delay(
+    attempt: int,
+    base_s: float,
+    cap_s: float,
+    rng: random.Random | None = None,
+    retry_after_s: float | None = None,
+) -> float:
+    """Full jitter: ``random(0, min(cap, base * 2**attempt))``, but never less than a
+    provider's Retry-After (a 429 asks us to wait at least that long)."""
+    ceiling = backoff_ceiling(attempt, base_s, cap_s)
+    delay = (rng or random).uniform(0, ceiling)
+    if retry_after_s is not None and retry_after_s > delay:
+        delay = float(retry_after_s)
+    return delay
+
+
+@dataclass(frozen=True)
+class Verdict:
+    transient: bool
+    reason: str
+    retry_after_s: float | None = None
+
+
+TRANSIENT_BUILTINS: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    ConnectionError,  # refused, reset, aborted, broken pipe
+    socket.timeout,
+    smtplib.SMTPServerDisconnected,
+    smtplib.SMTPConnectError,
+)
+
+
+def classify(exc: BaseException) -> Verdict:
+    """Decide whether a failure is worth retrying.
+
+    Transient: our TransientError (SMTP 4xx, HTTP 429/5xx, dropped connections), timeouts
+    (including RQ's JobTimeoutException), connection errors, a killed work horse.
+    Permanent: our PermanentError (bad address, bad data, template error) and any other
+    exception: a bug retried six times is still a bug, and it reaches a human at once.
+    """
+    name = type(exc).__name__
+    if isinstance(exc, PermanentError):
+        return Verdict(False, str(exc) or name)
+    if isinstance(exc, OutcomeUnknown):
+        return Verdict(True, f"outcome unknown, retrying with the same key: {exc}", exc.retry_after_s)
+    if isinstance(exc, TransientError):
+        return Verdict(True, str(exc) or name, exc.retry_after_s)
+    if name in ("JobTimeoutException", "AbandonedJobError", "ShutDownImminentException"):
+        return Verdict(True, str(exc) or name)
+    if isinstance(exc, smtplib.SMTPResponseException):
+        code = exc.smtp_code
+        return Verdict(400 <= code < 500, f"SMTP {code} {exc.smtp_error!r}")
+    if isinstance(exc, TRANSIENT_BUILTINS):
+        return Verdict(True, f"{name}: {exc}")
+    try:
+        import redis
+
+        if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+            return Verdict(True, f"{name}: {exc}")
+    except ImportError:  # pragma: no cover
+        pass
+    return Verdict(False, f"{name}: {exc}")
+
+
+# ---- lease arithmetic ------------------------------------------------------
+
+def lease_expired(last_heartbeat_s: float, now_s: float, visibility_s: float) -> bool:
+    """A running job whose owner has not renewed it within the visibility timeout."""
+    return now_s - last_heartbeat_s > visibility_s
+
+
+def is_stuck(started_s: float, last_heartbeat_s: float, now_s: float, visibility_s: float, stuck_after_s: float) -> bool:
+    """Stuck = lease expired (dead worker) or running longer than ``stuck_after_s``."""
+    return lease_expired(last_heartbeat_s, now_s, visibility_s) or now_s - started_s > stuck_after_s
+
+
+def shutdown_deadline(signal_at_s: float, grace_s: float) -> float:
+    """When a worker that got SIGTERM at ``signal_at_s`` must have handed back its jobs."""
+    return signal_at_s + grace_s

@@ -1,0 +1,432 @@
+"""Salary slip rendering: snapshot (see docs/ARCHITECTURE.md) -> HTML (Jinja2) -> PDF (WeasyPrint).
+
+Public API (other modules call these names):
+    totals(snapshot)        -> {"gross", "deductions", "net"} in integer poisha (pure)
+    format_bdt(poisha)      -> "৳ 45,000.00"
+    validate(snapshot)      raises PermanentError with a reason HR can act on
+    render_html(snapshot)   -> str (autoescaped, StrictUndefined)
+    render_pdf(snapshot)    -> bytes (validates first)
+    html_to_pdf(html)       -> bytes through the same restricted fetcher and fonts
+    write_slip(path, pdf)   atomic write, file 0600, created dirs 0700
+    warm_up()               render SAMPLE_SNAPSHOT once per process (before forking)
+
+Privacy: nothing here logs snapshots, amounts or names. Error messages name the field
+that is wrong, never its value.
+
+Isolation: the only resources WeasyPrint may load are files inside jobs/assets/
+(`AssetsOnlyFetcher`); anything else (http(s), file:// elsewhere, data:, local() system
+fonts) is refused and WeasyPrint logs and skips it.
+"""
+
+from __future__ import annotations
+
+import calendar
+import mimetypes
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Any, Mapping
+from urllib.parse import unquote, urlsplit
+from urllib.request import url2pathname
+
+import jinja2
+from weasyprint import HTML
+from weasyprint.text.fonts import FontConfiguration
+from weasyprint.urls import URLFetcher, URLFetcherResponse
+
+from jobs.errors import PermanentError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+TEMPLATES_DIR = PACKAGE_DIR / "templates"
+ASSETS_DIR = (PACKAGE_DIR / "assets").resolve()
+ASSETS_BASE_URL = ASSETS_DIR.as_uri() + "/"
+TEMPLATE_NAME = "slip.html"
+
+# Display order and labels of the pay components. The snapshot must contain exactly these.
+EARNINGS: tuple[tuple[str, str], ...] = (
+    ("basic", "Basic salary"),
+    ("house_rent", "House rent allowance"),
+    ("medical", "Medical allowance"),
+    ("conveyance", "Conveyance allowance"),
+    ("bonus", "Bonus"),
+)
+DEDUCTIONS: tuple[tuple[str, str], ...] = (
+    ("tax", "Income tax (TDS)"),
+    ("provident_fund", "Provident fund"),
+    ("loan", "Loan repayment"),
+)
+
+# Required text fields and their maximum lengths (longer values would not fit one page).
+COMPANY_FIELDS = {"name": 80, "address": 160}
+EMPLOYEE_FIELDS = {"id": 32, "name_en": 80, "email": 254, "department": 60,
+                   "designation": 80, "bank_account": 32}
+NAME_BN_MAX = 80
+KEY_MAX = 200
+# 10^12 poisha = 10 billion taka per component: anything above is a data error.
+MAX_AMOUNT = 10**12
+
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
+           "September", "October", "November", "December")
+_MONTH_RE = re.compile(r"(\d{4})-(\d{2})")
+_EMAIL_RE = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+
+SAMPLE_SNAPSHOT: dict[str, Any] = {
+    "month": "2026-11",
+    "key": "slip:2026-11:emp-00017",
+    "company": {"id": 3, "name": "Meghna Textiles Ltd",
+                "address": "House 12, Road 4, Dhanmondi, Dhaka 1205"},
+    "employee": {
+        "id": "emp-00017", "name_en": "Tanvir Ahmed", "name_bn": "তানভীর আহমেদ",
+        "email": "tanvir.ahmed@meghna.example", "department": "Finance",
+        "designation": "Senior Accountant", "bank_account": "•••• 4821",
+    },
+    "earnings": {"basic": 4500000, "house_rent": 2250000, "medical": 300000,
+                 "conveyance": 250000, "bonus": 0},
+    "deductions": {"tax": 350000, "provident_fund": 450000, "loan": 0},
+}
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+def totals(snapshot: Mapping[str, Any]) -> dict[str, int]:
+    """Gross, total deductions and net pay in integer poisha. Pure; sums the known components."""
+    earnings = snapshot["earnings"]
+    deductions = snapshot["deductions"]
+    gross = sum(int(earnings[k]) for k, _ in EARNINGS)
+    deducted = sum(int(deductions[k]) for k, _ in DEDUCTIONS)
+    return {"gross": gross, "deductions": deducted, "net": gross - deducted}
+
+
+def format_amount(poisha: int) -> str:
+    """4500000 -> "45,000.00" (no currency sign; minus sign when negative)."""
+    sign = "-" if poisha < 0 else ""
+    taka, paisa = divmod(abs(int(poisha)), 100)
+    return f"{sign}{taka:,}.{paisa:02d}"
+
+
+def format_bdt(poisha: int) -> str:
+    """4500000 -> "৳ 45,000.00"; -150 -> "-৳ 1.50"."""
+    amount = format_amount(poisha)
+    if amount.startswith("-"):
+        return "-৳ " + amount[1:]
+    return "৳ " + amount
+
+
+_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
+         "fourteen fifteen sixteen seventeen eighteen nineteen").split()
+_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+_SCALES = ((10**12, "trillion"), (10**9, "billion"), (10**6, "million"), (1000, "thousand"))
+
+
+def _words(n: int) -> str:
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        tens, ones = divmod(n, 10)
+        return _TENS[tens] + (f"-{_ONES[ones]}" if ones else "")
+    if n < 1000:
+        hundreds, rest = divmod(n, 100)
+        return f"{_ONES[hundreds]} hundred" + (f" {_words(rest)}" if rest else "")
+    for scale, name in _SCALES:
+        if n >= scale:
+            high, rest = divmod(n, scale)
+            return f"{_words(high)} {name}" + (f" {_words(rest)}" if rest else "")
+    raise AssertionError(n)  # pragma: no cover
+
+
+def amount_in_words(poisha: int) -> str:
+    """4512345 -> "Forty-five thousand one hundred twenty-three taka and forty-five poisha only"."""
+    taka, paisa = divmod(abs(int(poisha)), 100)
+    text = f"{_words(taka)} taka"
+    if paisa:
+        text += f" and {_words(paisa)} poisha"
+    text = ("minus " if poisha < 0 else "") + text + " only"
+    return text[0].upper() + text[1:]
+
+
+def month_label(month: str) -> str:
+    """"2026-11" -> "November 2026" (English names, independent of the process locale)."""
+    year, mon = _parse_month(month)
+    return f"{_MONTHS[mon - 1]} {year}"
+
+
+def pay_period(month: str) -> str:
+    """"2026-11" -> "1 – 30 November 2026"."""
+    year, mon = _parse_month(month)
+    last = calendar.monthrange(year, mon)[1]
+    return f"1 – {last} {_MONTHS[mon - 1]} {year}"
+
+
+def _parse_month(month: str) -> tuple[int, int]:
+    match = _MONTH_RE.fullmatch(month) if isinstance(month, str) else None
+    if not match or not 1 <= int(match[2]) <= 12 or int(match[1]) < 1900:
+        raise PermanentError(f"snapshot field 'month' must look like 2026-11, got {month!r}")
+    return int(match[1]), int(match[2])
+
+
+# --------------------------------------------------------------------------- validation
+
+def validate(snapshot: Any) -> None:
+    """Raise PermanentError naming the first problem HR must fix. Never echoes amounts."""
+    if not isinstance(snapshot, Mapping):
+        raise PermanentError("slip snapshot is not a JSON object")
+    who = _who(snapshot)
+    _parse_month(snapshot.get("month"))
+    key = snapshot.get("key")
+    if not isinstance(key, str) or not key.strip() or len(key) > KEY_MAX:
+        raise PermanentError(f"{who}: snapshot field 'key' (idempotency key) is missing "
+                             f"or longer than {KEY_MAX} characters")
+
+    company = snapshot.get("company")
+    if not isinstance(company, Mapping):
+        raise PermanentError(f"{who}: company details are missing from the payroll data")
+    for field, max_len in COMPANY_FIELDS.items():
+        _require_text(company, field, f"company {field}", max_len, who)
+
+    employee = snapshot.get("employee")
+    if not isinstance(employee, Mapping):
+        raise PermanentError(f"{who}: employee details are missing from the payroll data")
+    labels = {"name_en": "name (name_en)", "id": "ID"}
+    for field, max_len in EMPLOYEE_FIELDS.items():
+        label = "employee " + labels.get(field, field.replace("_", " "))
+        _require_text(employee, field, label, max_len, who)
+    name_bn = employee.get("name_bn", "")
+    if not isinstance(name_bn, str) or len(name_bn) > NAME_BN_MAX:
+        raise PermanentError(f"{who}: employee Bengali name (name_bn) must be text of at "
+                             f"most {NAME_BN_MAX} characters (may be empty)")
+    if not _EMAIL_RE.fullmatch(employee["email"].strip()):
+        raise PermanentError(f"{who}: employee email address is not valid; "
+                             "correct it in the payroll data")
+
+    for section, components in (("earnings", EARNINGS), ("deductions", DEDUCTIONS)):
+        amounts = snapshot.get(section)
+        if not isinstance(amounts, Mapping):
+            raise PermanentError(f"{who}: the {section} section is missing from the payroll data")
+        known = {k for k, _ in components}
+        unknown = sorted(set(amounts) - known)
+        if unknown:
+            raise PermanentError(
+                f"{who}: unknown {section} component(s) {', '.join(map(repr, unknown))}; "
+                f"the slip knows {', '.join(sorted(known))}")
+        for field, label in components:
+            if field not in amounts:
+                raise PermanentError(f"{who}: {section} '{label}' ({field}) is missing; "
+                                     "enter 0 if it does not apply")
+            value = amounts[field]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise PermanentError(
+                    f"{who}: {section} '{label}' ({field}) must be a whole number of poisha, "
+                    f"got a {type(value).__name__}")
+            if value < 0:
+                raise PermanentError(f"{who}: {section} '{label}' ({field}) is negative; "
+                                     "amounts must be zero or more")
+            if value > MAX_AMOUNT:
+                raise PermanentError(f"{who}: {section} '{label}' ({field}) is implausibly "
+                                     "large; check the payroll data")
+
+
+def _who(snapshot: Mapping[str, Any]) -> str:
+    employee = snapshot.get("employee")
+    emp_id = employee.get("id") if isinstance(employee, Mapping) else None
+    month = snapshot.get("month")
+    parts = [f"employee {emp_id}" if isinstance(emp_id, str) and emp_id else "employee (no id)"]
+    if isinstance(month, str):
+        parts.append(f"month {month}")
+    return "salary slip for " + ", ".join(parts)
+
+
+def _require_text(section: Mapping[str, Any], field: str, label: str, max_len: int,
+                  who: str) -> None:
+    value = section.get(field)
+    if not isinstance(value, str) or not value.strip():
+        raise PermanentError(f"{who}: {label} is missing; add it in the payroll data")
+    if len(value) > max_len:
+        raise PermanentError(f"{who}: {label} is longer than {max_len} characters; "
+                             "shorten it in the payroll data")
+
+
+# --------------------------------------------------------------------------- fetcher
+
+class ResourceRefused(ValueError):
+    """The slip renderer refused to load a resource outside jobs/assets/."""
+
+
+class AssetsOnlyFetcher(URLFetcher):
+    """WeasyPrint URL fetcher that serves only regular files inside jobs/assets/.
+
+    Everything else raises ResourceRefused; WeasyPrint (fail_on_errors=False) logs a
+    warning and skips the resource. No network, no other file access.
+    """
+
+    def __init__(self, root: Path = ASSETS_DIR):
+        super().__init__(allowed_protocols=("file",), allow_redirects=False)
+        self.root = Path(root).resolve()
+
+    def fetch(self, url: str, headers: Any = None) -> URLFetcherResponse:
+        path = self.resolve(url)
+        content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        return URLFetcherResponse(path.as_uri(), path.read_bytes(),
+                                  {"Content-Type": content_type})
+
+    def resolve(self, url: str) -> Path:
+        """The asset file `url` points at, or raise ResourceRefused."""
+        parts = urlsplit(url)
+        if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost"):
+            raise ResourceRefused(f"slip renderer loads only bundled assets, refused {url[:200]!r}")
+        path = Path(url2pathname(unquote(parts.path))).resolve()
+        if not path.is_relative_to(self.root) or not path.is_file():
+            raise ResourceRefused(f"slip renderer loads only bundled assets, refused {url[:200]!r}")
+        return path
+
+
+# --------------------------------------------------------------------------- rendering
+
+class _ProcessFontConfiguration(FontConfiguration):
+    """FontConfiguration shared by every render in a process.
+
+    WeasyPrint's __del__ deletes the temporary folder holding the @font-face copies; a
+    forked worker child inherits this object, so only the creating process may delete it.
+    """
+
+    def __init__(self) -> None:
+        self._owner_pid = os.getpid()
+        super().__init__()
+
+    def __del__(self) -> None:
+        if getattr(self, "_owner_pid", None) == os.getpid():
+            super().__del__()
+
+
+_ENV: jinja2.Environment | None = None
+_FONT_CONFIG: _ProcessFontConfiguration | None = None
+_FETCHER: AssetsOnlyFetcher | None = None
+_WARM_PID: int | None = None
+
+
+def _env() -> jinja2.Environment:
+    global _ENV
+    if _ENV is None:
+        env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            auto_reload=False,
+        )
+        env.filters["amount"] = format_amount
+        env.filters["bdt"] = format_bdt
+        _ENV = env
+    return _ENV
+
+
+def _renderer() -> tuple[_ProcessFontConfiguration, AssetsOnlyFetcher]:
+    global _FONT_CONFIG, _FETCHER
+    if _FONT_CONFIG is None:
+        _FONT_CONFIG = _ProcessFontConfiguration()
+    if _FETCHER is None:
+        _FETCHER = AssetsOnlyFetcher()
+    return _FONT_CONFIG, _FETCHER
+
+
+def render_html(snapshot: Mapping[str, Any]) -> str:
+    """The slip as a complete HTML document (CSS inlined; fonts relative to jobs/assets/)."""
+    t = totals(snapshot)
+    earnings = [(label, snapshot["earnings"][k]) for k, label in EARNINGS]
+    deductions = [(label, snapshot["deductions"][k]) for k, label in DEDUCTIONS]
+    rows = max(len(earnings), len(deductions))
+    earnings += [None] * (rows - len(earnings))
+    deductions += [None] * (rows - len(deductions))
+    try:
+        return _env().get_template(TEMPLATE_NAME).render(
+            snapshot=snapshot,
+            company=snapshot["company"],
+            employee=snapshot["employee"],
+            month=month_label(snapshot["month"]),
+            period=pay_period(snapshot["month"]),
+            rows=list(zip(earnings, deductions)),
+            totals=t,
+            net_words=amount_in_words(t["net"]),
+            key=snapshot["key"],
+        )
+    except jinja2.TemplateError as exc:
+        # Message only: Jinja's messages name the template variable, not its value.
+        raise PermanentError(f"slip template error: {type(exc).__name__}: {exc}") from None
+
+
+def _document(html: str) -> Any:
+    font_config, fetcher = _renderer()
+    return HTML(string=html, base_url=ASSETS_BASE_URL, url_fetcher=fetcher).render(
+        font_config=font_config)
+
+
+def html_to_pdf(html: str) -> bytes:
+    """Any HTML -> PDF through the slip fonts and the assets-only fetcher."""
+    return _document(html).write_pdf()
+
+
+def render_pdf(snapshot: Mapping[str, Any]) -> bytes:
+    """Validate the snapshot, then render the one-page A4 slip to PDF bytes."""
+    validate(snapshot)
+    document = _document(render_html(snapshot))
+    if len(document.pages) != 1:
+        raise PermanentError(f"{_who(snapshot)}: the slip does not fit on one page; "
+                             "shorten the longest names or addresses in the payroll data")
+    return document.write_pdf()
+
+
+def warm_up() -> None:
+    """Load template, fonts and WeasyPrint by rendering SAMPLE_SNAPSHOT (once per process).
+
+    Call in the worker parent before it forks job children, so each child starts warm.
+    """
+    global _WARM_PID
+    if _WARM_PID == os.getpid():
+        return
+    render_pdf(SAMPLE_SNAPSHOT)
+    _WARM_PID = os.getpid()
+
+
+# --------------------------------------------------------------------------- storage
+
+def write_slip(path: Path, pdf: bytes) -> None:
+    """Write `pdf` to `path` atomically: file mode 0600, parent dirs it creates 0700."""
+    path = Path(path)
+    parent = path.parent
+    missing = []
+    probe = parent
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue  # created concurrently by another worker: leave its mode alone
+        os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
+
+    tmp = parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        try:
+            os.fchmod(fd, 0o600)
+            view = memoryview(pdf)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(dir_fd)  # make the rename durable
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,161 @@
+"""The job functions: plain functions of JSON data. The runtime (jobs/runtime.py) wraps
+them with retries, the ledger events and shutdown handling.
+
+render_slip(snapshot)  pdf-render: HTML -> PDF in the slip store, then enqueue the send
+send_slip(payload)     send-email: claim the idempotency key, send, mark it sent
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from rq import Retry, get_current_job
+
+from jobs import events, idempotency
+from jobs.errors import PermanentError, TransientError
+from payrun import config as config_mod
+from payrun import keys
+
+log = logging.getLogger("payrun.jobs")
+
+ALLOWED_FUNCTIONS = frozenset({"jobs.tasks.render_slip", "jobs.tasks.send_slip", "jobs.tasks.noop"})
+"""Job functions a payrun worker agrees to run (JSON still lets a job name any import path)."""
+
+
+@functools.lru_cache(maxsize=1)
+def settings() -> config_mod.Config:
+    """This process's configuration (loaded once; workers are restarted to change it)."""
+    return config_mod.load()
+
+
+def slip_relpath(month: str, company_id: int, employee_id: str) -> str:
+    return f"{month}/{company_id}/{employee_id}.pdf"
+
+
+def _retry(policy: config_mod.RetryPolicy) -> Retry | None:
+    # RQ counts retries after the first try; intervals come from PayrunJob.get_retry_interval.
+    return Retry(max=policy.attempts - 1) if policy.attempts > 1 else None
+
+
+def email_payload(snapshot: dict[str, Any], rel: str) -> dict[str, Any]:
+    emp = snapshot["employee"]
+    return {
+        "month": snapshot["month"],
+        "key": snapshot["key"],
+        "company_id": snapshot["company"]["id"],
+        "company_name": snapshot["company"]["name"],
+        "employee_id": emp["id"],
+        "to": emp["email"],
+        "to_name": emp["name_en"],
+        "slip": rel,
+    }
+
+
+def enqueue_email(conn, cfg: config_mod.Config, payload: dict[str, Any]) -> str | None:
+    """Enqueue the send job for a rendered slip, once: a render retried after this
+    already happened finds the job and leaves it alone."""
+    from jobs.runtime import make_queue
+
+    job_id = keys.email_job_id(payload["month"], payload["employee_id"])
+    queue = make_queue(keys.EMAIL_QUEUE, conn)
+    if conn.exists(queue.job_class.key_for(job_id)):
+        return None
+    with conn.pipeline() as pipe:
+        events.emit(pipe, job_id, "queued", kind="email", company=payload["company_id"],
+                    employee=payload["employee_id"], month=payload["month"], key=payload["key"],
+                    queue=keys.EMAIL_QUEUE)
+        queue.enqueue_call(
+            "jobs.tasks.send_slip", args=(payload,), job_id=job_id, timeout=cfg.email.timeout_s,
+            retry=_retry(cfg.email.retry), description=f"send slip {payload['key']}",
+            meta={"kind": "email", "key": payload["key"], "retry": vars(cfg.email.retry)},
+            result_ttl=24 * 3600, failure_ttl=30 * 24 * 3600, pipeline=pipe,
+        )
+        pipe.execute()
+    return job_id
+
+
+def render_slip(snapshot: dict[str, Any]) -> dict[str, Any]:
+    from jobs import slip
+
+    cfg = settings()
+    job = get_current_job()
+    pdf = slip.render_pdf(snapshot)  # raises PermanentError on bad data
+    rel = slip_relpath(snapshot["month"], snapshot["company"]["id"], snapshot["employee"]["id"])
+    slip.write_slip(cfg.slips_dir / rel, pdf)
+    if job is not None:
+        enqueue_email(job.connection, cfg, email_payload(snapshot, rel))
+    return {"slip": rel, "bytes": len(pdf)}
+
+
+_transport_lock = threading.Lock()
+_transports: dict[tuple[str, float], Any] = {}
+
+
+def transport():
+    from jobs import mail
+
+    cfg = settings()
+    k = (cfg.email_url, float(cfg.email.timeout_s))
+    with _transport_lock:
+        if k not in _transports:
+            _transports[k] = mail.transport_for(cfg.email_url, timeout_s=cfg.email.timeout_s)
+        return _transports[k]
+
+
+def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
+    from jobs import mail
+
+    cfg = settings()
+    job = get_current_job()
+    conn = job.connection
+    key = payload["key"]
+    token = f"{job.id}:{job.meta.get('attempt', 0)}"
+    ttl = cfg.email.timeout_s + cfg.lease.visibility_s
+    state = idempotency.claim(conn, key, token, ttl)
+    if state == idempotency.SENT:
+        return {"skipped": "already sent", "key": key}
+    if state == idempotency.BUSY:
+        raise TransientError(f"another attempt is sending {key} right now")
+    path = Path(cfg.slips_dir) / payload["slip"]
+    try:
+        pdf = path.read_bytes()
+    except FileNotFoundError:
+        idempotency.release(conn, key, token)
+        raise PermanentError(f"slip file {payload['slip']} is missing from the slip store: re-run its render")
+    month = payload["month"]
+    msg = mail.Message(
+        to_addr=payload["to"],
+        to_name=payload["to_name"],
+        subject=f"Your salary slip for {month_label(month)} — {payload['company_name']}",
+        text_body=(
+            f"Dear {payload['to_name']},\n\nPlease find attached your salary slip for "
+            f"{month_label(month)}.\n\n{payload['company_name']} payroll\n"
+        ),
+        attachment_name=f"salary-slip-{month}-{payload['employee_id']}.pdf",
+        attachment_bytes=pdf,
+        idempotency_key=key,
+        sender=cfg.email.sender,
+    )
+    try:
+        message_id = transport().send(msg)
+    except BaseException:
+        idempotency.release(conn, key, token)
+        raise
+    idempotency.mark_sent(conn, key, token, message_id)
+    return {"sent": key, "message_id": message_id}
+
+
+def noop(*args: Any, **kwargs: Any) -> None:
+    """A job that does nothing (benchmarks of the runtime's own overhead)."""
+    return None
+
+
+def month_label(month: str) -> str:
+    import calendar
+
+    year, mon = month.split("-")
+    return f"{calendar.month_name[int(mon)]} {year}"

@@ -1,0 +1,405 @@
+"""The `payrun` command. Every command has --help; bad input gives one line and exit 2."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+import click
+
+from payrun import config as config_mod
+from payrun.errors import PayrunError
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"payrun: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PayrunError as e:
+            _fail(str(e))
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+
+    return wrapper
+
+
+class Ctx:
+    def __init__(self, config_path: str | None):
+        self.config_path = config_path
+        self._cfg: config_mod.Config | None = None
+
+    @property
+    def cfg(self) -> config_mod.Config:
+        if self._cfg is None:
+            self._cfg = config_mod.load(self.config_path)
+        return self._cfg
+
+    def redis(self):
+        from payrun import redis_server
+
+        return redis_server.ensure_running(self.cfg)
+
+    def ledger(self):
+        from payrun.ledger import Ledger
+
+        return Ledger(self.cfg.ledger_path)
+
+    def payroll(self):
+        from payrun.payroll import PayrollDB
+
+        return PayrollDB(self.cfg.payroll_path)
+
+
+pass_ctx = click.make_pass_decorator(Ctx)
+
+
+def _setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", envvar="PAYRUN_CONFIG", type=click.Path(dir_okay=False),
+              help="TOML configuration file (default: $PAYRUN_CONFIG; none = built-in defaults).")
+@click.version_option(package_name="payrun")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None) -> None:
+    """payrun — salary slips for every employee before 09:00.
+
+    \b
+    Quick start:   payrun demo
+    One pay run:   payrun seed && payrun up && payrun run --month 2026-11 && payrun status
+    Environment:   PAYRUN_HOME (data dir, ./var), PAYRUN_CONFIG (TOML file),
+                   PAYRUN_REDIS_URL (external Redis; unset = embedded),
+                   PAYRUN_EMAIL_URL (smtp://… or http://…; unset = local provider)
+    """
+    ctx.obj = Ctx(config_path)
+
+
+# ---- data in -------------------------------------------------------------------
+
+@cli.command()
+@click.option("--companies", default=60, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--employees", default=50_000, show_default=True, type=click.IntRange(1, 1_000_000))
+@click.option("--seed", "seed_", default=7, show_default=True, type=int, help="Random seed: same seed, same data.")
+@click.option("--month", default=None, help="Month of the salary lines (YYYY-MM; default: this month).")
+@pass_ctx
+@handle_errors
+def seed(c: Ctx, companies: int, employees: int, seed_: int, month: str | None) -> None:
+    """Fill the payroll database with realistic, deterministic sample data."""
+    from payrun import payroll
+    from payrun.runs import validate_month
+
+    month = validate_month(month or default_month())
+    if employees < companies:
+        raise PayrunError(f"--employees ({employees}) must be at least --companies ({companies})")
+    db = c.payroll()
+    with click.progressbar(length=employees, label="seeding", file=sys.stderr) as bar:
+        last = [0]
+
+        def progress(n: int, total: int) -> None:
+            bar.update(n - last[0])
+            last[0] = n
+
+        payroll.seed(db, companies=companies, employees=employees, seed=seed_, month=month, progress=progress)
+    click.echo(f"seeded {companies} companies, {employees:,} employees, salary lines for {month} "
+               f"into {c.cfg.payroll_path}")
+
+
+@cli.command(name="import")
+@click.argument("csv_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--companies", "companies_csv", is_flag=True,
+              help="The file lists companies (id,name,address) instead of employees.")
+@pass_ctx
+@handle_errors
+def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
+    """Import payroll data from CSV. Any bad row: every problem is listed with its line
+    number and nothing from the file is imported."""
+    from payrun import payroll
+
+    db = c.payroll()
+    if companies_csv:
+        n = payroll.import_companies_csv(db, csv_file)
+        click.echo(f"imported {n} companies from {csv_file}")
+        return
+    r = payroll.import_csv(db, csv_file)
+    click.echo(f"imported {r.employees} employees and {r.salary_lines} salary lines from {csv_file}")
+
+
+# ---- the pay run -----------------------------------------------------------------
+
+def default_month() -> str:
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    return datetime.now(ZoneInfo("Asia/Dhaka")).strftime("%Y-%m")
+
+
+@cli.command()
+@click.option("--month", required=True, help="Month to pay, YYYY-MM.")
+@click.option("--company", type=int, default=None, help="Only this company id.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@pass_ctx
+@handle_errors
+def run(c: Ctx, month: str, company: int | None, as_json: bool) -> None:
+    """Create one render job per employee for MONTH, once.
+
+    Takes the lock lock:payroll:<month> and inserts one payroll_runs row per company;
+    running it again (or on two servers at once) creates no second set of jobs.
+    """
+    from payrun import runs
+
+    runs.validate_month(month)
+    conn = c.redis()
+    ledger = c.ledger()
+    db = c.payroll()
+    bar = None if as_json else click.progressbar(length=1, label=f"fan-out {month}", file=sys.stderr)
+
+    def progress(n: int, total: int) -> None:
+        if bar is not None:
+            bar.length = total
+            bar.update(n - bar.pos)
+
+    result = runs.start_run(c.cfg, conn, ledger, db, month, company, progress=progress)
+    if bar is not None:
+        bar.render_finish()
+    if as_json:
+        click.echo(json.dumps(result.to_dict()))
+    elif result.locked_by:
+        click.echo(f"another pay run for {month} is in progress (lock held by {result.locked_by}); nothing created")
+    else:
+        if result.created:
+            click.echo(f"created {result.jobs:,} render jobs for {len(result.created)} companies ({month})")
+        if result.already:
+            click.echo(f"already run for {month}, nothing created: companies {_ids(result.already)}")
+        if result.aborted:
+            click.echo(f"stopped early: {result.aborted}")
+    sys.exit(1 if result.aborted else 0)
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(map(str, ids[:20])) + (f" … ({len(ids)} in all)" if len(ids) > 20 else "")
+
+
+@cli.command()
+@click.option("--month", default=None, help="YYYY-MM (default: the latest run).")
+@click.option("--company", type=int, default=None)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def status(c: Ctx, month: str | None, company: int | None, as_json: bool) -> None:
+    """The HR line: per company and in total, how many slips were sent, stuck, failed."""
+    from payrun import status as status_mod
+
+    report = status_mod.report(c.cfg, c.ledger(), month, company, conn=_maybe_redis(c))
+    if as_json:
+        click.echo(json.dumps(report))
+    else:
+        click.echo(status_mod.format_report(report))
+
+
+def _maybe_redis(c: Ctx):
+    """A Redis client if one is reachable (without starting one), else None."""
+    from payrun import redis_server
+
+    conn = redis_server.connect(c.cfg, socket_timeout=2, socket_connect_timeout=2)
+    return conn if redis_server.ping(conn) else None
+
+
+# ---- processes -------------------------------------------------------------------
+
+@cli.command()
+@click.argument("queues", nargs=-1, required=True)
+@click.option("--burst", is_flag=True, help="Quit when the queues are empty.")
+@click.option("--lanes", type=click.IntRange(1, 500), default=None,
+              help="send-email: concurrent sends in this process (default: email.lanes).")
+@pass_ctx
+@handle_errors
+def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> None:
+    """Run a worker on QUEUES: pdf-render (one forking process; run one per core),
+    send-email (many concurrent sends as threads in one process) or control."""
+    from payrun import keys
+
+    unknown = [q for q in queues if q not in keys.QUEUES]
+    if unknown:
+        raise PayrunError(f"unknown queue {unknown[0]!r} (choose from {', '.join(keys.QUEUES)})")
+    if keys.EMAIL_QUEUE in queues and len(queues) > 1:
+        raise PayrunError("send-email runs in its own worker: `payrun worker send-email`")
+    _setup_logging()
+    conn = c.redis()
+    from jobs import tasks
+
+    tasks.settings.cache_clear()
+    os.environ.setdefault("PAYRUN_HOME", str(c.cfg.home))
+    if queues == (keys.EMAIL_QUEUE,):
+        from jobs.runtime import run_lanes
+
+        run_lanes(conn, list(queues), lanes or c.cfg.email.lanes, burst=burst)
+        return
+    from jobs.runtime import RenderWorker, make_queue, worker_name
+
+    w = RenderWorker([make_queue(q, conn) for q in queues], connection=conn, name=worker_name("render"))
+    w.work(burst=burst, with_scheduler=True, logging_level="INFO")
+
+
+@cli.command()
+@pass_ctx
+@handle_errors
+def ledger(c: Ctx) -> None:
+    """Run the ledger: apply workers' state changes (Redis stream) to the SQLite ledger."""
+    import signal
+
+    from payrun import ledger as ledger_mod
+
+    _setup_logging()
+    log = logging.getLogger("payrun.ledger")
+    conn = c.redis()
+    store = c.ledger()
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *a: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *a: stopping.append(1))
+    log.info("ledger: applying events to %s", c.cfg.ledger_path)
+    ledger_mod.serve(conn, store, stop=lambda: bool(stopping), log=log)
+    n = ledger_mod.drain(conn, store)
+    log.info("ledger: stopped (applied %d more on the way out)", n)
+
+
+@cli.command()
+@click.option("--host", default=None, help="Listen address (default: provider.host, 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port (default: provider.port, 8025).")
+@click.option("--latency", type=click.FloatRange(0, 60), default=None, help="Seconds per accepted send (1.2).")
+@click.option("--rate", type=click.FloatRange(0.1, 100_000), default=None, help="Accepted sends per second (40).")
+@pass_ctx
+@handle_errors
+def provider(c: Ctx, host: str | None, port: int | None, latency: float | None, rate: float | None) -> None:
+    """Run the local email provider simulator (HTTP JSON API): latency, a rate limit
+    answered with 429 + Retry-After, injectable 503 outages, dedupe by Idempotency-Key."""
+    from payrun import provider as provider_mod
+
+    _setup_logging()
+    p = c.cfg.provider
+    provider_mod.run(host or p.host, port if port is not None else p.port,
+                     latency if latency is not None else p.latency_s, rate if rate is not None else p.rate_per_s)
+
+
+@cli.command(name="redis")
+@pass_ctx
+@handle_errors
+def redis_cmd(c: Ctx) -> None:
+    """Run the embedded Redis in the foreground (what supervisord runs)."""
+    from payrun import redis_server
+
+    redis_server.serve_foreground(c.cfg)
+
+
+@cli.command()
+@click.option("--employees", default=600, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--companies", default=3, show_default=True, type=click.IntRange(1, 1_000))
+@click.option("--month", default=None, help="Month to run (default: this month).")
+@click.option("--timeout", "timeout_s", default=900, show_default=True, type=click.IntRange(10, 86_400),
+              help="Give up after this many seconds.")
+@pass_ctx
+@handle_errors
+def demo(c: Ctx, employees: int, companies: int, month: str | None, timeout_s: int) -> None:
+    """Seed sample data, start Redis, the provider, the ledger and the workers, run a
+    month's payroll with a live progress bar, print the status, shut everything down.
+    Exit 0 only if every slip was delivered. Data goes to $PAYRUN_HOME/demo."""
+    from payrun import demo as demo_mod
+    from payrun.runs import validate_month
+
+    if employees < companies:
+        raise PayrunError(f"--employees ({employees}) must be at least --companies ({companies})")
+    ok = demo_mod.run_demo(c.cfg, employees=employees, companies=companies,
+                           month=validate_month(month or default_month()), timeout_s=timeout_s)
+    sys.exit(0 if ok else 1)
+
+
+@cli.command()
+@click.option("--wait/--no-wait", default=True, help="Return only once every program is running.")
+@pass_ctx
+@handle_errors
+def up(c: Ctx, wait: bool) -> None:
+    """Start supervisord with supervisor.conf in the background (all payrun processes)."""
+    from payrun import supervise
+
+    click.echo(supervise.up(c.cfg, wait=wait))
+
+
+@cli.command()
+@pass_ctx
+@handle_errors
+def down(c: Ctx) -> None:
+    """Stop every program gracefully (workers finish their jobs), then supervisord."""
+    from payrun import supervise
+
+    click.echo(supervise.down(c.cfg))
+
+
+@cli.command()
+@pass_ctx
+@handle_errors
+def ps(c: Ctx) -> None:
+    """Show the supervised programs (supervisorctl status)."""
+    from payrun import supervise
+
+    out, code = supervise.ctl(c.cfg, "status")
+    click.echo(out.rstrip())
+    sys.exit(0 if code == 0 else 3)
+
+
+# ---- configuration ---------------------------------------------------------------
+
+@cli.group(name="config")
+def config_group() -> None:
+    """Show the effective configuration."""
+
+
+@config_group.command(name="show")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def config_show(c: Ctx, as_json: bool) -> None:
+    """Print the effective configuration (defaults < TOML file < environment), secrets redacted."""
+    d = c.cfg.to_dict(redact=True)
+    from payrun import redis_server
+
+    d["effective"]["redis_url"] = config_mod.redact_url(redis_server.url(c.cfg))
+    if as_json:
+        click.echo(json.dumps(d, indent=2))
+        return
+    _print_tree(d)
+
+
+def _print_tree(d: dict[str, Any], prefix: str = "") -> None:
+    for k, v in d.items():
+        if isinstance(v, dict):
+            _print_tree(v, f"{prefix}{k}.")
+        else:
+            click.echo(f"{prefix}{k} = {v}")
+
+
+@config_group.command(name="redis-url")
+@pass_ctx
+@handle_errors
+def config_redis_url(c: Ctx) -> None:
+    """Print the Redis URL with credentials: rq info -u "$(payrun config redis-url)"."""
+    from payrun import redis_server
+
+    click.echo(redis_server.url(c.cfg))
+
+
+def main() -> None:
+    cli(prog_name="payrun")
+
+
+if __name__ == "__main__":
+    main()

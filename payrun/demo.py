@@ -1,0 +1,147 @@
+"""`payrun demo`: a whole month's pay run on one machine, then a clean shutdown.
+
+Everything lives under $PAYRUN_HOME/demo (wiped at the start: it is sample data), with
+the real parts: the embedded Redis (unless PAYRUN_REDIS_URL is set), the local provider
+(unless PAYRUN_EMAIL_URL is set), one ledger process, one pdf-render worker per core and
+one send-email worker process with concurrent lanes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from payrun import keys, redis_server
+from payrun.config import Config
+
+
+def _spawn(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    log = open(log_path, "ab")
+    return subprocess.Popen([sys.executable, "-m", "payrun.cli", *args], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _bar(done: int, failed: int, rendered: int, total: int, rate: float, width: int = 30) -> str:
+    frac = (done + failed) / total if total else 1.0
+    fill = int(width * frac)
+    eta = ""
+    if rate > 0 and done + failed < total:
+        left = (total - done - failed) / rate
+        eta = f"  ETA {int(left // 60)}:{int(left % 60):02d}"
+    return (f"\r[{'#' * fill}{'-' * (width - fill)}] {done + failed:>6,}/{total:,}  "
+            f"rendered {rendered:,}  sent {done:,}  failed {failed:,}  {rate:5.1f}/s{eta}   ")
+
+
+def run_demo(base: Config, employees: int, companies: int, month: str, timeout_s: int) -> bool:
+    from payrun import payroll, runs, status
+    from payrun.ledger import Ledger
+
+    home = base.home / "demo"
+    if home.exists():
+        if base.embedded_redis:
+            redis_server.stop(dataclasses.replace(base, home=home))
+        shutil.rmtree(home)
+    home.mkdir(parents=True)
+    os.chmod(home, 0o700)
+    (home / "log").mkdir()
+    cfg = dataclasses.replace(base, home=home)
+    say = lambda msg: click.echo(msg, err=True)  # noqa: E731
+
+    say(f"payrun demo: {companies} companies, {employees:,} employees, month {month}, data in {home}")
+    started_redis = cfg.embedded_redis
+    conn = redis_server.ensure_running(cfg)
+    if not cfg.embedded_redis:
+        say("using the Redis at PAYRUN_REDIS_URL")
+    provider = None
+    if not cfg.email.url:
+        from payrun.provider import Provider
+
+        provider = Provider(host="127.0.0.1", port=0, latency_s=cfg.provider.latency_s,
+                            rate_per_s=cfg.provider.rate_per_s).start()
+        email_url = provider.url
+        say(f"local email provider at {email_url} (latency {cfg.provider.latency_s} s, limit {cfg.provider.rate_per_s:g}/s)")
+    else:
+        email_url = cfg.email.url
+        say("sending through PAYRUN_EMAIL_URL")
+
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.seed(db, companies=companies, employees=employees, seed=7, month=month)
+    env = dict(os.environ, PAYRUN_HOME=str(home), PAYRUN_REDIS_URL=redis_server.url(cfg),
+               PAYRUN_EMAIL_URL=email_url)
+    procs: list[tuple[str, subprocess.Popen]] = []
+    try:
+        procs.append(("ledger", _spawn(["ledger"], env, home / "log" / "ledger.log")))
+        for i in range(cfg.render_workers):
+            procs.append((f"render-{i}", _spawn(["worker", keys.RENDER_QUEUE], env, home / "log" / f"render-{i}.log")))
+        procs.append(("email", _spawn(["worker", keys.EMAIL_QUEUE], env, home / "log" / "email.log")))
+        say(f"started ledger, {cfg.render_workers} pdf-render workers, 1 send-email worker "
+            f"({cfg.email.lanes} lanes); logs in {home / 'log'}")
+
+        ledger = Ledger(cfg.ledger_path)
+        t0 = time.monotonic()
+        result = runs.start_run(cfg, conn, ledger, db, month)
+        total = result.jobs
+        say(f"fan-out: {total:,} jobs in {time.monotonic() - t0:.1f} s")
+        deadline = time.monotonic() + timeout_s
+        samples: list[tuple[float, int]] = []
+        final = None
+        while time.monotonic() < deadline:
+            rep = status.report(cfg, ledger, month)
+            t = rep["total"]
+            rendered = _rendered(ledger, month)
+            now = time.monotonic()
+            samples.append((now, t["done"]))
+            samples = [s for s in samples if now - s[0] <= 10]
+            rate = (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0]) if len(samples) > 1 and samples[-1][0] > samples[0][0] else 0.0
+            sys.stderr.write(_bar(t["done"], t["failed"], rendered, total, rate))
+            sys.stderr.flush()
+            if t["done"] + t["failed"] >= total:
+                final = rep
+                break
+            for name, p in procs:
+                if p.poll() is not None:
+                    raise click.ClickException(f"{name} exited with {p.returncode}; see {home / 'log'}")
+            time.sleep(0.5)
+        sys.stderr.write("\n")
+        elapsed = time.monotonic() - t0
+        if final is None:
+            final = status.report(cfg, ledger, month)
+            say(f"gave up after {timeout_s} s")
+        click.echo(status.format_report(final))
+        if provider is not None:
+            st = provider.stats()
+            click.echo(f"provider: {st['delivered']:,} delivered, {st['duplicates_refused']} duplicates refused, "
+                       f"{st['throttled_429']} throttled (429), {st['rejected']} rejected")
+        click.echo(f"slips: {cfg.slips_dir / month}   ledger: {cfg.ledger_path}   time: {elapsed:.1f} s")
+        ok = final["total"]["done"] == total and total > 0
+        if provider is not None:
+            ok = ok and provider.stats()["delivered"] == total
+        return ok
+    finally:
+        for _, p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for _, p in procs:
+            try:
+                p.wait(timeout=cfg.lease.grace_s + 5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if provider is not None:
+            provider.stop()
+        if started_redis:
+            redis_server.stop(cfg)
+
+
+def _rendered(ledger, month: str) -> int:
+    row = ledger.db.execute(
+        "SELECT COUNT(*) FROM jobs WHERE month = ? AND kind = 'render' AND status = 'done'", (month,)
+    ).fetchone()
+    return row[0]

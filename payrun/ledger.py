@@ -1,0 +1,373 @@
+"""The status ledger: one SQLite row per job, on the control host only.
+
+Workers never open this file. They append state changes to the Redis stream
+``payrun:events`` (jobs/events.py); one ``payrun ledger`` process reads it through a
+consumer group and applies the changes here in batches, acknowledging them only after
+the SQLite transaction commits, so a restarted ledger re-applies what it had not
+committed (applying is idempotent: the same event gives the same row).
+
+Tables
+  jobs          one row per job (render or email): status, attempts, last error, times
+  attempts      one row per attempt of a job: worker, start, end, outcome, error, delay
+  payroll_runs  UNIQUE(company_id, month): the second guard (after the Redis lock) that
+                makes a pay run happen once
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+STATES = ("queued", "running", "retrying", "done", "failed")
+
+MIGRATIONS = [
+    """
+    CREATE TABLE IF NOT EXISTS jobs (
+        id TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        company_id INTEGER,
+        employee_id TEXT,
+        month TEXT,
+        key TEXT,
+        queue TEXT,
+        status TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        worker TEXT,
+        created_at TEXT,
+        updated_at TEXT,
+        started_at TEXT,
+        finished_at TEXT
+    );
+    CREATE INDEX IF NOT EXISTS jobs_month_kind ON jobs(month, kind, company_id);
+    CREATE INDEX IF NOT EXISTS jobs_key ON jobs(key, kind);
+    CREATE INDEX IF NOT EXISTS jobs_status ON jobs(status);
+    CREATE TABLE IF NOT EXISTS attempts (
+        job_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        worker TEXT,
+        started_at TEXT,
+        ended_at TEXT,
+        outcome TEXT,
+        error TEXT,
+        delay_s REAL,
+        PRIMARY KEY (job_id, attempt)
+    );
+    CREATE TABLE IF NOT EXISTS payroll_runs (
+        company_id INTEGER NOT NULL,
+        month TEXT NOT NULL,
+        owner TEXT,
+        status TEXT NOT NULL,
+        jobs INTEGER NOT NULL DEFAULT 0,
+        created_at TEXT,
+        updated_at TEXT,
+        PRIMARY KEY (company_id, month)
+    );
+    """,
+]
+
+
+def utcnow() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _secure_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    if not path.exists():
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+
+
+class Ledger:
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        _secure_file(self.path)
+        self.db = sqlite_utils.Database(self.path)
+        self.db.conn.execute("PRAGMA busy_timeout = 10000")
+        self.db.conn.execute("PRAGMA journal_mode = WAL")
+        self.db.conn.execute("PRAGMA synchronous = NORMAL")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        version = self.db.conn.execute("PRAGMA user_version").fetchone()[0]
+        for number, sql in enumerate(MIGRATIONS[version:], start=version + 1):
+            with self.db.conn:
+                self.db.conn.executescript(sql)
+                self.db.conn.execute(f"PRAGMA user_version = {number}")
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ---- pay runs -------------------------------------------------------------
+
+    def claim_run(self, company_id: int, month: str, owner: str) -> bool:
+        """Insert the unique payroll_runs row; False if this (company, month) already ran."""
+        now = utcnow()
+        with self.db.conn:
+            cur = self.db.conn.execute(
+                "INSERT OR IGNORE INTO payroll_runs (company_id, month, owner, status, created_at, updated_at)"
+                " VALUES (?, ?, ?, 'fanning-out', ?, ?)",
+                (company_id, month, owner, now, now),
+            )
+        return cur.rowcount == 1
+
+    def finish_run(self, company_id: int, month: str, jobs: int, status: str = "enqueued") -> None:
+        with self.db.conn:
+            self.db.conn.execute(
+                "UPDATE payroll_runs SET status = ?, jobs = ?, updated_at = ? WHERE company_id = ? AND month = ?",
+                (status, jobs, utcnow(), company_id, month),
+            )
+
+    def runs(self, month: str | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT * FROM payroll_runs"
+        args: tuple = ()
+        if month:
+            sql += " WHERE month = ?"
+            args = (month,)
+        return [dict(r) for r in self.db.query(sql + " ORDER BY month, company_id", args)]
+
+    # ---- jobs -----------------------------------------------------------------
+
+    def create_jobs(self, rows: Iterable[dict[str, Any]]) -> int:
+        """Insert new job rows in one transaction (fan-out); existing ids are left alone."""
+        now = utcnow()
+        data = [
+            (r["id"], r["kind"], r.get("company_id"), r.get("employee_id"), r.get("month"), r.get("key"),
+             r.get("queue"), r.get("status", "queued"), now, now)
+            for r in rows
+        ]
+        with self.db.conn:
+            self.db.conn.executemany(
+                "INSERT OR IGNORE INTO jobs (id, kind, company_id, employee_id, month, key, queue, status,"
+                " created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                data,
+            )
+        return len(data)
+
+    def apply(self, events: list[dict[str, str]]) -> None:
+        """Apply worker events in one transaction. Each event: job, status, ts, and
+        optionally kind, company, employee, month, key, queue, attempt, error, worker, delay."""
+        with self.db.conn:
+            for ev in events:
+                self._apply_one(ev)
+
+    def _apply_one(self, ev: dict[str, str]) -> None:
+        c = self.db.conn
+        job_id, status, ts = ev["job"], ev["status"], ev.get("ts") or utcnow()
+        attempt = int(ev["attempt"]) if ev.get("attempt") else None
+        error = ev.get("error") or None
+        if ev.get("kind"):  # a creation event carries the identity of the job
+            c.execute(
+                "INSERT OR IGNORE INTO jobs (id, kind, company_id, employee_id, month, key, queue, status,"
+                " created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (job_id, ev["kind"], int(ev["company"]) if ev.get("company") else None, ev.get("employee"),
+                 ev.get("month"), ev.get("key"), ev.get("queue"), status, ts, ts),
+            )
+        sets = ["status = ?", "updated_at = ?"]
+        args: list[Any] = [status, ts]
+        if attempt is not None:
+            sets.append("attempts = MAX(attempts, ?)")
+            args.append(attempt)
+        if error is not None:
+            sets.append("last_error = ?")
+            args.append(error)
+        if ev.get("worker"):
+            sets.append("worker = ?")
+            args.append(ev["worker"])
+        if status == "running":
+            sets.append("started_at = COALESCE(started_at, ?)")
+            args.append(ts)
+        if status in ("done", "failed"):
+            sets.append("finished_at = ?")
+            args.append(ts)
+        if status == "queued" and ev.get("reset") == "1":  # retried by hand: fresh budget
+            sets.append("finished_at = NULL")
+        c.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*args, job_id))
+        if attempt is not None and status in ("running", "retrying", "done", "failed", "requeued"):
+            if status == "running":
+                c.execute(
+                    "INSERT INTO attempts (job_id, attempt, worker, started_at, outcome) VALUES (?,?,?,?, 'running')"
+                    " ON CONFLICT(job_id, attempt) DO UPDATE SET worker = excluded.worker, started_at = excluded.started_at",
+                    (job_id, attempt, ev.get("worker"), ts),
+                )
+            else:
+                c.execute(
+                    "INSERT INTO attempts (job_id, attempt, ended_at, outcome, error, delay_s) VALUES (?,?,?,?,?,?)"
+                    " ON CONFLICT(job_id, attempt) DO UPDATE SET ended_at = excluded.ended_at,"
+                    " outcome = excluded.outcome, error = excluded.error, delay_s = excluded.delay_s",
+                    (job_id, attempt, ts, status, error, float(ev["delay"]) if ev.get("delay") else None),
+                )
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        rows = list(self.db.query("SELECT * FROM jobs WHERE id = ?", (job_id,)))
+        if not rows:
+            return None
+        row = dict(rows[0])
+        row["history"] = [
+            dict(r) for r in self.db.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,))
+        ]
+        return row
+
+    def jobs(self, status: str | None = None, month: str | None = None, kind: str | None = None,
+             limit: int = 100) -> list[dict[str, Any]]:
+        where, args = [], []
+        for col, val in (("status", status), ("month", month), ("kind", kind)):
+            if val:
+                where.append(f"{col} = ?")
+                args.append(val)
+        sql = "SELECT * FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
+        sql += " ORDER BY updated_at DESC LIMIT ?"
+        return [dict(r) for r in self.db.query(sql, (*args, limit))]
+
+    # ---- the HR view ------------------------------------------------------------
+
+    SLIP_STATUS_SQL = """
+        SELECT r.company_id AS company_id,
+               CASE
+                 WHEN e.status = 'done' THEN 'done'
+                 WHEN r.status = 'failed' OR e.status = 'failed' THEN 'failed'
+                 WHEN e.status IS NOT NULL THEN e.status
+                 WHEN r.status = 'done' THEN 'queued'
+                 ELSE r.status
+               END AS status,
+               CASE WHEN (COALESCE(e.status, r.status) = 'running')
+                     AND COALESCE(e.updated_at, r.updated_at) < :stuck_before THEN 1 ELSE 0 END AS stuck
+        FROM jobs r
+        LEFT JOIN jobs e ON e.key = r.key AND e.kind = 'email'
+        WHERE r.kind = 'render' {filters}
+    """
+
+    def slip_counts(self, month: str | None = None, company_id: int | None = None,
+                    stuck_after_s: float = 600.0, now: float | None = None) -> dict[int, dict[str, int]]:
+        """Counts of slips (not jobs) per company: a slip is done when its email is delivered,
+        failed when its render or send failed for good, else in its current job's state.
+        ``stuck`` counts slips whose job has been running past ``stuck_after_s``."""
+        filters, params = "", {}
+        if month:
+            filters += " AND r.month = :month"
+            params["month"] = month
+        if company_id is not None:
+            filters += " AND r.company_id = :company"
+            params["company"] = company_id
+        now = time.time() if now is None else now
+        params["stuck_before"] = datetime.fromtimestamp(now - stuck_after_s, timezone.utc).isoformat(timespec="milliseconds")
+        sql = (
+            "SELECT company_id, status, COUNT(*) AS n, SUM(stuck) AS stuck FROM ("
+            + self.SLIP_STATUS_SQL.format(filters=filters)
+            + ") GROUP BY company_id, status"
+        )
+        out: dict[int, dict[str, int]] = {}
+        for row in self.db.query(sql, params):
+            counts = out.setdefault(row["company_id"], {s: 0 for s in STATES} | {"stuck": 0, "total": 0})
+            counts[row["status"]] = counts.get(row["status"], 0) + row["n"]
+            counts["stuck"] += row["stuck"] or 0
+            counts["total"] += row["n"]
+        return out
+
+    def months(self) -> list[str]:
+        return [r["month"] for r in self.db.query("SELECT DISTINCT month FROM payroll_runs ORDER BY month")]
+
+
+def iter_chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+# ---- the applier: Redis stream -> SQLite ------------------------------------------
+
+def _decode(fields: dict) -> dict[str, str]:
+    return {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in fields.items()
+    }
+
+
+def ensure_group(conn) -> None:
+    import redis
+
+    from payrun import keys
+
+    try:
+        conn.xgroup_create(keys.EVENTS_STREAM, keys.EVENTS_GROUP, id="0", mkstream=True)
+    except redis.ResponseError as e:
+        if "BUSYGROUP" not in str(e):
+            raise
+
+
+def apply_pending(conn, ledger: Ledger, consumer: str = "ledger-1", block_ms: int | None = None,
+                  count: int = 1000) -> int:
+    """Read one batch from the stream, apply it, then acknowledge and delete it.
+
+    First re-reads this consumer's unacknowledged entries (a crash between commit and ack
+    replays them; applying twice gives the same rows), then new ones. Returns how many.
+    """
+    from payrun import keys
+
+    ensure_group(conn)
+    applied = 0
+    for start in ("0", ">"):
+        resp = conn.xreadgroup(keys.EVENTS_GROUP, consumer, {keys.EVENTS_STREAM: start}, count=count,
+                               block=block_ms if start == ">" else None)
+        if not resp:
+            continue
+        entries = [(eid, f) for eid, f in resp[0][1] if f]
+        if not entries:
+            continue
+        ledger.apply([_decode(f) for _, f in entries])
+        ids = [eid for eid, _ in entries]
+        pipe = conn.pipeline()
+        pipe.xack(keys.EVENTS_STREAM, keys.EVENTS_GROUP, *ids)
+        pipe.xdel(keys.EVENTS_STREAM, *ids)
+        pipe.execute()
+        applied += len(entries)
+        if start == "0" and len(entries) >= count:
+            return applied
+    return applied
+
+
+def backlog(conn) -> int:
+    """Events written by workers and not yet applied to SQLite."""
+    from payrun import keys
+
+    try:
+        return int(conn.xlen(keys.EVENTS_STREAM))
+    except Exception:
+        return 0
+
+
+def drain(conn, ledger: Ledger, consumer: str = "ledger-1") -> int:
+    """Apply everything waiting now (tests, `payrun status --sync`, demo shutdown)."""
+    total = 0
+    while True:
+        n = apply_pending(conn, ledger, consumer)
+        total += n
+        if n == 0:
+            return total
+
+
+def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None) -> None:
+    """The `payrun ledger` loop: block up to 1 s for events, apply in batches, until stop()."""
+    import redis
+
+    wait = 0.5
+    while not stop():
+        try:
+            apply_pending(conn, ledger, consumer, block_ms=1000)
+            wait = 0.5
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            if log:
+                log.warning("ledger: Redis unavailable (%s); retrying in %.1f s", e, wait)
+            time.sleep(wait)
+            wait = min(wait * 2, 10.0)

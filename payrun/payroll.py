@@ -1,0 +1,815 @@
+"""The payroll database: schema, deterministic sample data, CSV import, slip snapshots.
+
+SQLite file at a path the caller gives (normally ``Config.payroll_path``), opened with
+sqlite-utils in WAL mode with foreign keys on. The directory is created 0700 and the file
+0600 (only when payrun creates them): it holds full bank account numbers, which never
+leave this module except masked (``•••• 4821``) — not in snapshots, not in error messages.
+
+Tables (amounts are INTEGER poisha, 1/100 taka, never floats)::
+
+    companies    (id INTEGER PK, name, address)
+    employees    (id TEXT PK 'emp-00017', company_id FK, name_en, name_bn, email,
+                  department, designation, bank_account, active INTEGER DEFAULT 1)
+    salary_lines (employee_id FK, month 'YYYY-MM', basic, house_rent, medical, conveyance,
+                  bonus, tax, provident_fund, loan, PK(employee_id, month))
+
+Public API::
+
+    PayrollDB(path)                              open/create (idempotent schema)
+    seed(db, companies=60, employees=50000, seed=7, month="2026-11", progress=None, reset=False)
+    ensure_month(db, month, seed=None) -> int    copy the latest month's lines if month has none
+    import_csv(db, path) -> ImportResult         employees + salary lines, all-or-nothing
+    import_companies_csv(db, path) -> ImportResult
+    snapshots(db, month, company_id=None) -> Iterator[dict]   (docs/ARCHITECTURE.md shape)
+    employee_snapshot(db, month, employee_id) -> dict
+    companies(db), company_ids_for(db, month, company_id=None), count_employees(db, month, ...)
+    months(db) -> list[str]
+
+Every function taking ``db`` accepts a ``PayrollDB`` or a bare ``sqlite_utils.Database``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import random
+import re
+import sqlite3
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import sqlite_utils
+
+from payrun import keys
+from payrun.errors import InputError
+
+AMOUNT_FIELDS = (
+    "basic", "house_rent", "medical", "conveyance", "bonus", "tax", "provident_fund", "loan",
+)
+EARNINGS = ("basic", "house_rent", "medical", "conveyance", "bonus")
+DEDUCTIONS = ("tax", "provident_fund", "loan")
+EMPLOYEE_FIELDS = (
+    "name_en", "name_bn", "email", "department", "designation", "bank_account",
+)
+CSV_COLUMNS = (
+    "company_id", "employee_id", *EMPLOYEE_FIELDS, "month", *AMOUNT_FIELDS,
+)
+COMPANY_CSV_COLUMNS = ("id", "name", "address")
+
+MAX_LISTED_PROBLEMS = 50
+MAX_TEXT_LEN = 200
+MAX_AMOUNT_TAKA = 1_000_000_000  # 100 crore taka a month: anything above is a typo
+MASK = "•••• "
+
+ProgressFn = Callable[[int, int], None]
+
+
+# ---------------------------------------------------------------------------
+# The database
+# ---------------------------------------------------------------------------
+
+class PayrollDB:
+    """A payroll SQLite file. Creates directory (0700), file (0600) and tables if missing."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        if str(path) != ":memory:":
+            _create_private_file(self.path)
+        self.db = sqlite_utils.Database(self.path)
+        self.db.conn.execute("PRAGMA foreign_keys = ON")
+        self.db.conn.execute("PRAGMA busy_timeout = 10000")
+        if str(path) != ":memory:":
+            self.db.enable_wal()
+        self.create_tables()
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        return self.db.conn
+
+    def create_tables(self) -> None:
+        """Create missing tables and indexes; existing ones are left alone."""
+        d = self.db
+        strict = d.supports_strict
+        with d.atomic():
+            d["companies"].create(
+                {"id": int, "name": str, "address": str},
+                pk="id", not_null={"name", "address"}, if_not_exists=True, strict=strict,
+            )
+            d["employees"].create(
+                {
+                    "id": str, "company_id": int, "name_en": str, "name_bn": str,
+                    "email": str, "department": str, "designation": str,
+                    "bank_account": str, "active": int,
+                },
+                pk="id",
+                foreign_keys=[("company_id", "companies", "id")],
+                not_null={"company_id", "name_en", "name_bn", "email", "department",
+                          "designation", "bank_account", "active"},
+                defaults={"active": 1},
+                if_not_exists=True, strict=strict,
+            )
+            d["salary_lines"].create(
+                {"employee_id": str, "month": str, **{f: int for f in AMOUNT_FIELDS}},
+                pk=("employee_id", "month"),
+                foreign_keys=[("employee_id", "employees", "id")],
+                not_null={"employee_id", "month", *AMOUNT_FIELDS},
+                if_not_exists=True, strict=strict,
+            )
+            d["salary_lines"].create_index(["month"], if_not_exists=True)
+            d["employees"].create_index(["company_id", "id"], if_not_exists=True)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> "PayrollDB":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _create_private_file(path: Path) -> None:
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
+    os.chmod(path, 0o600)  # os.open's mode is filtered by umask; make it exactly 0600
+
+
+def _sdb(db: "PayrollDB | sqlite_utils.Database") -> sqlite_utils.Database:
+    return db.db if isinstance(db, PayrollDB) else db
+
+
+# ---------------------------------------------------------------------------
+# Sample data
+# ---------------------------------------------------------------------------
+
+# (Latin, Bengali) pairs. First names by community and gender; surnames likewise, so a
+# generated name is one a Bangladeshi would recognise ("Nusrat Akter", "Sourav Saha").
+MUSLIM_MALE = [
+    ("Tanvir", "তানভীর"), ("Rafiq", "রফিক"), ("Karim", "করিম"), ("Hasan", "হাসান"),
+    ("Imran", "ইমরান"), ("Arif", "আরিফ"), ("Sakib", "সাকিব"), ("Fahim", "ফাহিম"),
+    ("Mahmud", "মাহমুদ"), ("Rashed", "রাশেদ"), ("Sohel", "সোহেল"), ("Jahid", "জাহিদ"),
+    ("Nayeem", "নাঈম"), ("Rubel", "রুবেল"), ("Shafiq", "শফিক"), ("Kamal", "কামাল"),
+    ("Jamal", "জামাল"), ("Mizanur", "মিজানুর"), ("Anisur", "আনিসুর"), ("Habib", "হাবিব"),
+    ("Sumon", "সুমন"), ("Faisal", "ফয়সাল"), ("Shakil", "শাকিল"), ("Masud", "মাসুদ"),
+]
+MUSLIM_FEMALE = [
+    ("Nusrat", "নুসরাত"), ("Farhana", "ফারহানা"), ("Sadia", "সাদিয়া"), ("Tasnim", "তাসনিম"),
+    ("Shirin", "শিরিন"), ("Ayesha", "আয়েশা"), ("Fatema", "ফাতেমা"), ("Nasrin", "নাসরিন"),
+    ("Sharmin", "শারমিন"), ("Rumana", "রুমানা"), ("Jannat", "জান্নাত"), ("Mariam", "মরিয়ম"),
+    ("Lima", "লিমা"), ("Tahmina", "তাহমিনা"), ("Sabina", "সাবিনা"), ("Mousumi", "মৌসুমী"),
+    ("Parvin", "পারভীন"), ("Rabeya", "রাবেয়া"),
+]
+HINDU_MALE = [
+    ("Sourav", "সৌরভ"), ("Pritam", "প্রীতম"), ("Amit", "অমিত"), ("Sudip", "সুদীপ"),
+    ("Tapan", "তপন"), ("Arjun", "অর্জুন"),
+]
+HINDU_FEMALE = [
+    ("Ananya", "অনন্যা"), ("Dipa", "দীপা"), ("Puja", "পূজা"), ("Rupa", "রূপা"),
+    ("Mitu", "মিতু"), ("Srabanti", "শ্রাবন্তী"),
+]
+MUSLIM_SURNAMES = [
+    ("Ahmed", "আহমেদ"), ("Rahman", "রহমান"), ("Hossain", "হোসেন"), ("Islam", "ইসলাম"),
+    ("Chowdhury", "চৌধুরী"), ("Khan", "খান"), ("Uddin", "উদ্দিন"), ("Alam", "আলম"),
+    ("Haque", "হক"), ("Karim", "করিম"), ("Sarker", "সরকার"), ("Mia", "মিয়া"),
+    ("Talukder", "তালুকদার"), ("Bhuiyan", "ভূঁইয়া"), ("Siddique", "সিদ্দিকী"),
+    ("Kabir", "কবির"), ("Molla", "মোল্লা"), ("Sheikh", "শেখ"),
+]
+MUSLIM_FEMALE_SURNAMES = [
+    ("Akter", "আক্তার"), ("Begum", "বেগম"), ("Sultana", "সুলতানা"), ("Khatun", "খাতুন"),
+]
+HINDU_SURNAMES = [
+    ("Das", "দাস"), ("Roy", "রায়"), ("Saha", "সাহা"), ("Paul", "পাল"), ("Ghosh", "ঘোষ"),
+    ("Dey", "দে"), ("Chakraborty", "চক্রবর্তী"), ("Sen", "সেন"), ("Biswas", "বিশ্বাস"),
+    ("Mondal", "মন্ডল"),
+]
+
+COMPANY_PREFIXES = [
+    "Meghna", "Padma", "Jamuna", "Karnaphuli", "Surma", "Teesta", "Rupsha", "Buriganga",
+    "Sundarban", "Shapla", "Doel", "Sonargaon", "Lalbagh", "Mahananda", "Kushiyara",
+    "Dhaleshwari", "Madhumati", "Bengal", "Delta", "Gazi", "Shitalakshya", "Brahmaputra",
+    "Kirtankhola", "Chalan Beel",
+]
+COMPANY_INDUSTRIES = [
+    "Textiles", "Pharmaceuticals", "Garments", "Knit Composite", "Agro", "Steel Mills",
+    "Cement", "Logistics", "Ceramics", "Foods", "Software", "Shipping", "Leather",
+    "Jute Mills", "Tea Estates", "Plastics", "Paper Mills", "Packaging", "Denim",
+    "Electronics",
+]
+COMPANY_SUFFIXES = ["Ltd", "Ltd", "Limited", "PLC", ""]
+ADDRESS_AREAS = [  # (area, city, postcode)
+    ("Dhanmondi", "Dhaka", "1205"), ("Gulshan", "Dhaka", "1212"), ("Banani", "Dhaka", "1213"),
+    ("Motijheel", "Dhaka", "1000"), ("Uttara", "Dhaka", "1230"), ("Mirpur", "Dhaka", "1216"),
+    ("Tejgaon", "Dhaka", "1208"), ("Mohakhali", "Dhaka", "1212"),
+    ("Bashundhara", "Dhaka", "1229"), ("Karwan Bazar", "Dhaka", "1215"),
+    ("Agrabad", "Chattogram", "4100"), ("Khulshi", "Chattogram", "4225"),
+    ("Panchlaish", "Chattogram", "4203"), ("Halishahar", "Chattogram", "4216"),
+    ("Nasirabad", "Chattogram", "4210"),
+]
+# department -> [(designation, basic low, basic high in taka, weight)]
+DEPARTMENTS: dict[str, list[tuple[str, int, int, int]]] = {
+    "Production": [("Machine Operator", 15000, 22000, 10), ("Line Supervisor", 22000, 35000, 5),
+                   ("Production Officer", 30000, 55000, 3),
+                   ("Production Manager", 90000, 170000, 1)],
+    "Quality Assurance": [("Quality Inspector", 18000, 30000, 4), ("QA Officer", 30000, 55000, 2)],
+    "Finance": [("Accounts Officer", 25000, 45000, 4), ("Senior Accountant", 40000, 70000, 2),
+                ("Finance Manager", 90000, 160000, 1)],
+    "Human Resources": [("HR Executive", 25000, 45000, 3), ("HR Manager", 80000, 140000, 1)],
+    "Sales": [("Sales Executive", 22000, 40000, 5), ("Area Sales Manager", 60000, 110000, 1)],
+    "Marketing": [("Marketing Executive", 25000, 45000, 3), ("Brand Manager", 80000, 150000, 1)],
+    "Information Technology": [("Software Engineer", 45000, 110000, 3),
+                               ("System Administrator", 40000, 80000, 2),
+                               ("Head of IT", 150000, 250000, 1)],
+    "Supply Chain": [("Store Keeper", 16000, 25000, 3), ("Procurement Officer", 30000, 55000, 2),
+                     ("Logistics Manager", 80000, 140000, 1)],
+    "Administration": [("Office Assistant", 15000, 20000, 4), ("Admin Officer", 25000, 40000, 2),
+                       ("General Manager", 180000, 250000, 1)],
+    "Compliance": [("Compliance Officer", 35000, 65000, 1)],
+}
+DEPARTMENT_WEIGHTS = {
+    "Production": 40, "Quality Assurance": 8, "Finance": 8, "Human Resources": 5, "Sales": 12,
+    "Marketing": 6, "Information Technology": 6, "Supply Chain": 8, "Administration": 5,
+    "Compliance": 2,
+}
+# Months with an Eid (festival bonus = one basic for everyone). Approximate: moon-sighting.
+EID_MONTHS = frozenset({
+    "2025-03", "2025-06", "2026-03", "2026-05", "2027-03", "2027-05", "2028-02", "2028-05",
+})
+# Monthly tax brackets on basic + conveyance (house rent and medical treated as exempt):
+# (width in taka, rate). Progressive-ish and small, loosely after the Bangladeshi slabs.
+TAX_BRACKETS = [(29000, 0.0), (8000, 0.05), (33000, 0.10), (42000, 0.15), (42000, 0.20),
+                (None, 0.25)]
+
+
+def _slug(name: str) -> str:
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    words = [w for w in words if w not in {"ltd", "limited", "plc"}]
+    return "-".join(words)
+
+
+def _tax_taka(basic: int, conveyance: int) -> int:
+    left, tax = basic + conveyance, 0.0
+    for width, rate in TAX_BRACKETS:
+        part = left if width is None else min(left, width)
+        tax += part * rate
+        left -= part
+        if left <= 0:
+            break
+    return int(tax)
+
+
+def _gen_companies(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    combos = [(p, i) for p in COMPANY_PREFIXES for i in COMPANY_INDUSTRIES]
+    picks = rng.sample(combos, min(n, len(combos)))
+    out = []
+    for k in range(n):
+        prefix, industry = picks[k % len(picks)]
+        suffix = rng.choice(COMPANY_SUFFIXES)
+        name = " ".join(x for x in (prefix, industry, suffix) if x)
+        if k >= len(picks):
+            name += f" {k // len(picks) + 1}"
+        area, city, post = rng.choice(ADDRESS_AREAS)
+        address = f"House {rng.randint(1, 120)}, Road {rng.randint(1, 32)}, {area}, {city} {post}"
+        out.append({"id": k + 1, "name": name, "address": address})
+    return out
+
+
+def _company_of_each_employee(rng: random.Random, n_comp: int, n_emp: int) -> list[int]:
+    """Uneven sizes (log-normal weights); every company gets one when n_emp >= n_comp."""
+    weights = [rng.lognormvariate(0.0, 1.0) for _ in range(n_comp)]
+    ids = list(range(1, n_comp + 1))
+    if n_emp >= n_comp:
+        assigned = ids + rng.choices(ids, weights=weights, k=n_emp - n_comp)
+    else:
+        assigned = rng.choices(ids, weights=weights, k=n_emp)
+    rng.shuffle(assigned)  # hires interleave across companies over time
+    return assigned
+
+
+def _pick_name(rng: random.Random) -> tuple[tuple[str, str], tuple[str, str]]:
+    hindu = rng.random() < 0.10
+    female = rng.random() < 0.45
+    if hindu:
+        first = rng.choice(HINDU_FEMALE if female else HINDU_MALE)
+        last = rng.choice(HINDU_SURNAMES)
+    else:
+        first = rng.choice(MUSLIM_FEMALE if female else MUSLIM_MALE)
+        if female and rng.random() < 0.4:
+            last = rng.choice(MUSLIM_FEMALE_SURNAMES)
+        else:
+            last = rng.choice(MUSLIM_SURNAMES)
+            while last[0] == first[0]:  # no "Karim Karim"
+                last = rng.choice(MUSLIM_SURNAMES)
+    return first, last
+
+
+def _bonus_taka(mrng: random.Random, basic: int, month: str) -> int:
+    """Festival bonus (one basic) in Eid months; otherwise rarely a performance bonus."""
+    if month in EID_MONTHS:
+        return basic
+    if mrng.random() < 0.03:
+        return round(basic * mrng.choice((0.1, 0.25, 0.5)) / 100) * 100
+    return 0
+
+
+def _month_rng(seed: int, month: str) -> random.Random:
+    return random.Random(f"payrun:{seed}:{month}")
+
+
+def seed(
+    db: "PayrollDB | sqlite_utils.Database",
+    companies: int = 60,
+    employees: int = 50000,
+    seed: int = 7,
+    month: str = "2026-11",
+    progress: ProgressFn | None = None,
+    reset: bool = False,
+) -> None:
+    """Write deterministic sample data: companies, employees, salary lines for ``month``.
+
+    Same arguments -> identical rows (rows are upserted, so seeding twice is harmless;
+    rows that other arguments or an import added are kept unless ``reset=True``, which
+    first empties all three tables). Companies, employees and each employee's standing
+    pay (basic, allowances, tax, PF, loan) depend only on ``seed``; the bonus also
+    depends on ``month``, so seeding another month gives the same people and pay.
+    One transaction; ``progress(done, total)`` is called per batch of employees.
+    """
+    _check_month(month)
+    if companies < 1 or employees < 0:
+        raise InputError(f"seed needs companies >= 1 and employees >= 0 "
+                         f"(got {companies}, {employees})")
+    d = _sdb(db)
+    rng = random.Random(seed)
+    mrng = _month_rng(seed, month)
+    comps = _gen_companies(rng, companies)
+    slugs = {c["id"]: _slug(c["name"]) for c in comps}
+    owner = _company_of_each_employee(rng, companies, employees)
+    depts = list(DEPARTMENTS)
+    dept_w = [DEPARTMENT_WEIGHTS[x] for x in depts]
+    width = max(5, len(str(employees)))
+    batch = 5000
+
+    with d.atomic():
+        if reset:
+            for t in ("salary_lines", "employees", "companies"):
+                d.execute(f"DELETE FROM {t}")
+        d["companies"].upsert_all(comps, pk="id")
+        emps: list[dict[str, Any]] = []
+        lines: list[dict[str, Any]] = []
+        for k in range(employees):
+            n = k + 1
+            emp_id = f"emp-{n:0{width}d}"
+            cid = owner[k]
+            (f_en, f_bn), (l_en, l_bn) = _pick_name(rng)
+            dept = rng.choices(depts, weights=dept_w)[0]
+            roles = DEPARTMENTS[dept]
+            title, lo, hi, _ = rng.choices(roles, weights=[r[3] for r in roles])[0]
+            basic = round(rng.uniform(lo, hi) / 100) * 100
+            conveyance = rng.choice((1500, 2000, 2500, 3000)) if basic < 80000 else 5000
+            loan = min(rng.choice((2000, 3000, 5000, 8000, 10000)), basic // 2) \
+                if rng.random() < 0.07 else 0
+            bank = f"{rng.randrange(10**12, 10**13)}"
+            emps.append({
+                "id": emp_id, "company_id": cid, "name_en": f"{f_en} {l_en}",
+                "name_bn": f"{f_bn} {l_bn}",
+                "email": f"{f_en.lower()}.{l_en.lower()}.{n}@{slugs[cid]}.example",
+                "department": dept, "designation": title, "bank_account": bank, "active": 1,
+            })
+            taka = {
+                "basic": basic, "house_rent": basic // 2, "medical": basic // 10,
+                "conveyance": conveyance, "bonus": _bonus_taka(mrng, basic, month),
+                "tax": _tax_taka(basic, conveyance), "provident_fund": basic // 10,
+                "loan": loan,
+            }
+            lines.append({"employee_id": emp_id, "month": month,
+                          **{f: v * 100 for f, v in taka.items()}})
+            if len(emps) >= batch or n == employees:
+                d["employees"].upsert_all(emps, pk="id", batch_size=500)
+                d["salary_lines"].upsert_all(lines, pk=("employee_id", "month"), batch_size=500)
+                emps, lines = [], []
+                if progress:
+                    progress(n, employees)
+    if progress and employees == 0:
+        progress(0, 0)
+
+
+def months(db: "PayrollDB | sqlite_utils.Database") -> list[str]:
+    """Months that have salary lines, oldest first."""
+    return [r[0] for r in _sdb(db).execute(
+        "SELECT DISTINCT month FROM salary_lines ORDER BY month")]
+
+
+def ensure_month(db: "PayrollDB | sqlite_utils.Database", month: str,
+                 seed: int | None = None) -> int:
+    """Make sure ``month`` has salary lines, so a run for a new month works on sample data.
+
+    If ``month`` already has lines: nothing happens, returns 0. Otherwise copies every line
+    of the latest earlier month (or, if there is none, the latest month at all) to
+    ``month`` with bonus 0 — a bonus is one-off; loan installments and pay carry over —
+    and returns the number of lines written (0 if the database has no lines at all).
+    With ``seed`` given, bonuses for the new month are drawn by the sample-data rules
+    instead (festival bonus in Eid months, rare performance bonus), deterministically.
+    """
+    _check_month(month)
+    d = _sdb(db)
+    if d.execute("SELECT 1 FROM salary_lines WHERE month = ? LIMIT 1", [month]).fetchone():
+        return 0
+    src = d.execute("SELECT max(month) FROM salary_lines WHERE month < ?", [month]).fetchone()[0]
+    if src is None:
+        src = d.execute("SELECT max(month) FROM salary_lines").fetchone()[0]
+    if src is None:
+        return 0
+    cols = ", ".join(AMOUNT_FIELDS)
+    copied = ", ".join("0" if f == "bonus" else f for f in AMOUNT_FIELDS)
+    with d.atomic():
+        cur = d.execute(
+            f"INSERT INTO salary_lines (employee_id, month, {cols}) "
+            f"SELECT employee_id, ?, {copied} FROM salary_lines WHERE month = ?",
+            [month, src])
+        n = cur.rowcount
+        if seed is not None:
+            mrng = _month_rng(seed, month)
+            rows = d.execute("SELECT employee_id, basic FROM salary_lines WHERE month = ? "
+                             "ORDER BY employee_id", [month]).fetchall()
+            updates = []
+            for emp_id, basic in rows:
+                bonus = _bonus_taka(mrng, basic // 100, month) * 100
+                if bonus:
+                    updates.append((bonus, emp_id, month))
+            d.conn.executemany(
+                "UPDATE salary_lines SET bonus = ? WHERE employee_id = ? AND month = ?", updates)
+    return n
+
+
+# ---------------------------------------------------------------------------
+# CSV import
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ImportResult:
+    companies: int = 0
+    """Distinct companies the imported rows belong to (or companies written)."""
+    employees: int = 0
+    """Distinct employees inserted or updated."""
+    salary_lines: int = 0
+    """Salary lines inserted or updated."""
+
+
+_MONTH_RE = re.compile(r"[0-9]{4}-[0-9]{2}")
+_EMP_RE = re.compile(r"emp-[0-9]{1,12}")
+_BANK_RE = re.compile(r"[0-9]{8,20}")
+_EMAIL_RE = re.compile(
+    r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+")
+_AMOUNT_RE = re.compile(r"([0-9]+)(?:\.([0-9]{1,2}))?")
+_INT_RE = re.compile(r"[0-9]{1,9}")
+
+
+def _check_month(month: str) -> None:
+    if not _valid_month(month):
+        raise InputError(f"month {month!r} must be YYYY-MM, like 2026-11")
+
+
+def _valid_month(s: str) -> bool:
+    return (isinstance(s, str) and _MONTH_RE.fullmatch(s) is not None
+            and 2000 <= int(s[:4]) <= 2100 and 1 <= int(s[5:]) <= 12)
+
+
+def _show(value: str) -> str:
+    """A user value quoted for an error message: one line, at most 40 characters."""
+    return repr(value if len(value) <= 40 else value[:37] + "...")
+
+
+def _parse_amount(s: str) -> int:
+    """'45000' / '45000.5' / '45000.50' taka -> poisha. Raises ValueError(reason)."""
+    m = _AMOUNT_RE.fullmatch(s)
+    if not m:
+        if re.fullmatch(r"-[0-9]+(\.[0-9]*)?", s):
+            raise ValueError("is negative (amounts must be >= 0)")
+        if re.fullmatch(r"[0-9]+\.[0-9]{3,}", s):
+            raise ValueError("has more than 2 decimals")
+        raise ValueError("is not an amount in taka (like 45000 or 45000.50)")
+    whole, frac = m.group(1), (m.group(2) or "")
+    if int(whole) > MAX_AMOUNT_TAKA:
+        raise ValueError(f"is too large (over {MAX_AMOUNT_TAKA} taka)")
+    return int(whole) * 100 + int(frac.ljust(2, "0"))
+
+
+def _clean_text(s: str) -> tuple[str, str | None]:
+    """Strip and NFC-normalise (Bengali has composed/decomposed forms); reason if bad."""
+    s = unicodedata.normalize("NFC", s.strip())
+    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in s):
+        return s, "contains a control character"
+    if len(s) > MAX_TEXT_LEN:
+        return s, f"is longer than {MAX_TEXT_LEN} characters"
+    return s, None
+
+
+def _read_csv(path: str | os.PathLike[str], expected: tuple[str, ...]
+              ) -> tuple[list[tuple[int, dict[str, str]]], list[tuple[int, str]]]:
+    """Read a UTF-8 CSV (BOM allowed). Returns ([(line, row)], [(line, problem)]).
+
+    Raises InputError at once for problems that make the rows unreadable (file missing,
+    not UTF-8, no header, missing columns). Line numbers are physical lines, header = 1;
+    a row spanning lines (quoted newline) is reported at its first line.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise InputError(f"cannot read {p}: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise InputError(f"{p}: line {line}: not UTF-8 text (save the file as UTF-8)") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    rows: list[tuple[int, dict[str, str]]] = []
+    problems: list[tuple[int, str]] = []
+    header: list[str] | None = None
+    prev = 0
+    while True:
+        start = prev + 1
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            # Cannot resynchronise reliably after a CSV syntax error: report and stop.
+            problems.append((start, f"not valid CSV ({e})"))
+            break
+        prev = reader.line_num
+        if header is None:
+            header = [unicodedata.normalize("NFC", h.strip().lower()) for h in fields]
+            missing = [c for c in expected if c not in header]
+            if not any(header):
+                raise InputError(f"{p}: line 1 must be a header row with the columns: "
+                                 f"{', '.join(expected)}")
+            if missing:
+                raise InputError(f"{p}: header (line 1) is missing column(s): "
+                                 f"{', '.join(missing)} (expected: {', '.join(expected)})")
+            dupes = sorted({h for h in header if h and header.count(h) > 1})
+            if dupes:
+                raise InputError(f"{p}: header (line 1) repeats column(s): {', '.join(dupes)}")
+            continue
+        if not any(f.strip() for f in fields):
+            continue  # blank line
+        if len(fields) != len(header):
+            problems.append((start, f"has {len(fields)} fields, the header has {len(header)}"))
+            continue
+        rows.append((start, {h: f for h, f in zip(header, fields) if h in expected}))
+    if header is None:
+        raise InputError(f"{p}: the file is empty (expected a header row: "
+                         f"{', '.join(expected)})")
+    if not rows and not problems:
+        raise InputError(f"{p}: has a header but no data rows")
+    return rows, problems
+
+
+def _fail(path: str | os.PathLike[str], problems: list[tuple[int, str]]) -> None:
+    problems = sorted(problems, key=lambda x: x[0])
+    bad_rows = len({line for line, _ in problems})
+    listed = "; ".join(f"line {line}: {why}" for line, why in problems[:MAX_LISTED_PROBLEMS])
+    more = len(problems) - MAX_LISTED_PROBLEMS
+    if more > 0:
+        listed += f"; ... and {more} more"
+    err = InputError(f"{Path(path)}: {bad_rows} bad row(s), nothing imported: {listed}")
+    err.problems = problems  # type: ignore[attr-defined]  # [(line, reason)] for callers
+    raise err
+
+
+def import_csv(db: "PayrollDB | sqlite_utils.Database",
+               path: str | os.PathLike[str]) -> ImportResult:
+    """Import employees and their salary lines from one CSV; all rows or none.
+
+    Columns (header row required, any order, extra columns ignored): company_id,
+    employee_id, name_en, name_bn, email, department, designation, bank_account, month,
+    basic, house_rent, medical, conveyance, bonus, tax, provident_fund, loan.
+    Amounts are taka with at most 2 decimals ("45000", "45000.50"), stored as poisha.
+    Rules per row: every field non-empty; employee_id is ``emp-`` + 1-12 digits;
+    email like name@domain.tld; bank_account 8-20 digits; month YYYY-MM; amounts
+    numeric, >= 0, deductions not above earnings; the company exists in the database;
+    (employee_id, month) not repeated in the file; one employee's details the same on
+    every row. Every problem is collected and an InputError lists ``line N: reason``
+    (up to 50; ``.problems`` has all); on any problem nothing is written.
+    Upsert: existing employees are updated (their ``active`` flag is kept), and so are
+    existing salary lines for the same (employee, month).
+    """
+    d = _sdb(db)
+    rows, problems = _read_csv(path, CSV_COLUMNS)
+    known_companies = {r[0] for r in d.execute("SELECT id FROM companies")}
+    seen_line: dict[tuple[str, str], int] = {}
+    emp_rows: dict[str, tuple[int, dict[str, Any]]] = {}
+    lines: list[dict[str, Any]] = []
+    for line, row in rows:
+        why: list[str] = []
+        vals: dict[str, str] = {}
+        for col in CSV_COLUMNS:
+            v, bad = _clean_text(row[col])
+            vals[col] = v
+            if not v:
+                why.append(f"{col} is empty")
+            elif bad:
+                why.append(f"{col} {bad}")
+        if why:
+            problems.extend((line, w) for w in why)
+            continue
+        cid: int | None = None
+        if not _INT_RE.fullmatch(vals["company_id"]):
+            why.append(f"company_id {_show(vals['company_id'])} is not a company number")
+        elif int(vals["company_id"]) not in known_companies:
+            why.append(f"company_id {int(vals['company_id'])} does not exist "
+                       f"(import companies first, or seed)")
+        else:
+            cid = int(vals["company_id"])
+        emp = vals["employee_id"]
+        if not _EMP_RE.fullmatch(emp):
+            why.append(f"employee_id {_show(emp)} must be emp- and digits, like emp-00017")
+        if len(vals["email"]) > 254 or not _EMAIL_RE.fullmatch(vals["email"]):
+            why.append(f"email {_show(vals['email'])} is not a valid address")
+        if not _BANK_RE.fullmatch(vals["bank_account"]):
+            why.append("bank_account must be 8 to 20 digits")  # never echo the number
+        month = vals["month"]
+        if not _valid_month(month):
+            why.append(f"month {_show(month)} is not a valid YYYY-MM month")
+        amounts: dict[str, int] = {}
+        for f in AMOUNT_FIELDS:
+            try:
+                amounts[f] = _parse_amount(vals[f])
+            except ValueError as e:
+                why.append(f"{f} {_show(vals[f])} {e}")
+        if len(amounts) == len(AMOUNT_FIELDS):
+            earn = sum(amounts[f] for f in EARNINGS)
+            ded = sum(amounts[f] for f in DEDUCTIONS)
+            if ded > earn:
+                why.append(f"deductions ({ded / 100:.2f} taka) exceed earnings "
+                           f"({earn / 100:.2f} taka)")
+        if not why:
+            key = (emp, month)
+            if key in seen_line:
+                why.append(f"duplicate of line {seen_line[key]} ({emp}, {month})")
+            else:
+                seen_line[key] = line
+            record = {"id": emp, "company_id": cid,
+                      **{f: vals[f] for f in EMPLOYEE_FIELDS}}
+            if emp in emp_rows and emp_rows[emp][1] != record:
+                why.append(f"{emp}'s details differ from line {emp_rows[emp][0]}")
+            emp_rows.setdefault(emp, (line, record))
+        if why:
+            problems.extend((line, w) for w in why)
+            continue
+        lines.append({"employee_id": emp, "month": month, **amounts})
+    if problems:
+        _fail(path, problems)
+    employees = [rec for _, rec in emp_rows.values()]
+    with d.atomic():
+        d["employees"].upsert_all(employees, pk="id", batch_size=500)
+        d["salary_lines"].upsert_all(lines, pk=("employee_id", "month"), batch_size=500)
+    return ImportResult(companies=len({e["company_id"] for e in employees}),
+                        employees=len(employees), salary_lines=len(lines))
+
+
+def import_companies_csv(db: "PayrollDB | sqlite_utils.Database",
+                         path: str | os.PathLike[str]) -> ImportResult:
+    """Import companies from a CSV with columns id, name, address; all rows or none.
+
+    id is a positive integer, name and address non-empty, no id twice in the file.
+    Existing companies with the same id are updated.
+    """
+    d = _sdb(db)
+    rows, problems = _read_csv(path, COMPANY_CSV_COLUMNS)
+    seen: dict[int, int] = {}
+    out: list[dict[str, Any]] = []
+    for line, row in rows:
+        why: list[str] = []
+        vals: dict[str, str] = {}
+        for col in COMPANY_CSV_COLUMNS:
+            v, bad = _clean_text(row[col])
+            vals[col] = v
+            if not v:
+                why.append(f"{col} is empty")
+            elif bad:
+                why.append(f"{col} {bad}")
+        if not why:
+            if not _INT_RE.fullmatch(vals["id"]) or int(vals["id"]) < 1:
+                why.append(f"id {_show(vals['id'])} must be a positive whole number")
+            elif int(vals["id"]) in seen:
+                why.append(f"duplicate of line {seen[int(vals['id'])]} (id {int(vals['id'])})")
+            else:
+                seen[int(vals["id"])] = line
+        if why:
+            problems.extend((line, w) for w in why)
+            continue
+        out.append({"id": int(vals["id"]), "name": vals["name"], "address": vals["address"]})
+    if problems:
+        _fail(path, problems)
+    with d.atomic():
+        d["companies"].upsert_all(out, pk="id", batch_size=500)
+    return ImportResult(companies=len(out))
+
+
+# ---------------------------------------------------------------------------
+# Snapshots and queries
+# ---------------------------------------------------------------------------
+
+def mask_account(number: str) -> str:
+    """'1234567894821' -> '•••• 4821'."""
+    return MASK + number[-4:]
+
+
+_SNAPSHOT_SQL = """
+SELECT s.month, e.id, e.name_en, e.name_bn, e.email, e.department, e.designation,
+       e.bank_account, c.id, c.name, c.address,
+       s.basic, s.house_rent, s.medical, s.conveyance, s.bonus,
+       s.tax, s.provident_fund, s.loan
+FROM salary_lines s
+JOIN employees e ON e.id = s.employee_id
+JOIN companies c ON c.id = e.company_id
+"""
+
+
+def _snapshot(r: tuple) -> dict[str, Any]:
+    (month, emp_id, name_en, name_bn, email, dept, desig, bank, cid, cname, caddr,
+     basic, house_rent, medical, conveyance, bonus, tax, pf, loan) = r
+    return {
+        "month": month,
+        "key": keys.idem_key(month, emp_id),
+        "company": {"id": cid, "name": cname, "address": caddr},
+        "employee": {
+            "id": emp_id, "name_en": name_en, "name_bn": name_bn, "email": email,
+            "department": dept, "designation": desig, "bank_account": mask_account(bank),
+        },
+        "earnings": {"basic": basic, "house_rent": house_rent, "medical": medical,
+                     "conveyance": conveyance, "bonus": bonus},
+        "deductions": {"tax": tax, "provident_fund": pf, "loan": loan},
+    }
+
+
+def snapshots(db: "PayrollDB | sqlite_utils.Database", month: str,
+              company_id: int | None = None) -> Iterator[dict[str, Any]]:
+    """Slip snapshots for ``month``: active employees with a salary line that month,
+    ordered by company id then employee id; one joined query, rows streamed."""
+    _check_month(month)
+    sql = _SNAPSHOT_SQL + " WHERE s.month = ? AND e.active = 1"
+    params: list[Any] = [month]
+    if company_id is not None:
+        sql += " AND e.company_id = ?"
+        params.append(company_id)
+    sql += " ORDER BY e.company_id, e.id"
+    for r in _sdb(db).conn.execute(sql, params):
+        yield _snapshot(r)
+
+
+def employee_snapshot(db: "PayrollDB | sqlite_utils.Database", month: str,
+                      employee_id: str) -> dict[str, Any]:
+    """One snapshot for a one-off resend. Inactive employees are included (a resend is
+    an explicit request). Raises InputError naming what is missing."""
+    _check_month(month)
+    d = _sdb(db)
+    r = d.conn.execute(_SNAPSHOT_SQL + " WHERE s.month = ? AND s.employee_id = ?",
+                       [month, employee_id]).fetchone()
+    if r is not None:
+        return _snapshot(r)
+    if d.conn.execute("SELECT 1 FROM employees WHERE id = ?", [employee_id]).fetchone():
+        raise InputError(f"employee {employee_id} has no salary line for {month}")
+    raise InputError(f"no employee {employee_id!r} in the payroll database")
+
+
+def companies(db: "PayrollDB | sqlite_utils.Database") -> list[dict[str, Any]]:
+    """Every company as {id, name, address}, by id."""
+    return [{"id": i, "name": n, "address": a} for i, n, a in
+            _sdb(db).conn.execute("SELECT id, name, address FROM companies ORDER BY id")]
+
+
+def _scope(month: str, company_id: int | None) -> tuple[str, list[Any]]:
+    _check_month(month)
+    where = ("FROM salary_lines s JOIN employees e ON e.id = s.employee_id "
+             "WHERE s.month = ? AND e.active = 1")
+    params: list[Any] = [month]
+    if company_id is not None:
+        where += " AND e.company_id = ?"
+        params.append(company_id)
+    return where, params
+
+
+def company_ids_for(db: "PayrollDB | sqlite_utils.Database", month: str,
+                    company_id: int | None = None) -> list[int]:
+    """Companies having salary lines (of active employees) in ``month``, ascending."""
+    where, params = _scope(month, company_id)
+    return [r[0] for r in _sdb(db).conn.execute(
+        f"SELECT DISTINCT e.company_id {where} ORDER BY e.company_id", params)]
+
+
+def count_employees(db: "PayrollDB | sqlite_utils.Database", month: str,
+                    company_id: int | None = None) -> int:
+    """How many snapshots ``snapshots(db, month, company_id)`` yields."""
+    where, params = _scope(month, company_id)
+    return _sdb(db).conn.execute(f"SELECT count(*) {where}", params).fetchone()[0]
+

@@ -1,0 +1,180 @@
+"""One pay run: lock, unique row, fan-out.
+
+1. ``SET lock:payroll:<month> <owner> NX EX 900`` — the ordinary day's guard against a
+   second server. Released only by its owner (compare-and-delete), extended while the
+   fan-out runs, and checked before every chunk: an owner that was paused past the TTL
+   finds it lost and enqueues nothing more.
+2. ``INSERT payroll_runs(company_id, month)`` (unique) — the rare day's guard, when a
+   lock expired under a paused owner.
+3. Fan-out: one render job per employee carrying its data snapshot, written to the ledger
+   and enqueued to Redis in chunks through one pipeline per chunk.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rq import Retry
+
+from jobs import events
+from jobs.runtime import make_queue
+from payrun import keys
+from payrun.config import Config
+from payrun.errors import InputError
+from payrun.ledger import Ledger
+
+LOCK_TTL_S = 900
+CHUNK = 1000
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_EXTEND = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2])) end
+return 0
+"""
+
+
+class LockLost(Exception):
+    """The pay-run lock expired or was taken by another owner while we held it."""
+
+
+@dataclass
+class RunResult:
+    month: str
+    owner: str
+    locked_by: str | None = None
+    """Set when another owner held the lock: nothing was done."""
+    created: dict[int, int] = field(default_factory=dict)
+    """company id -> jobs created by this call."""
+    already: list[int] = field(default_factory=list)
+    """Companies whose run for this month already exists (unique row)."""
+    aborted: str | None = None
+
+    @property
+    def jobs(self) -> int:
+        return sum(self.created.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "month": self.month, "owner": self.owner, "locked_by": self.locked_by,
+            "jobs_created": self.jobs, "companies_created": sorted(self.created),
+            "companies_already_run": sorted(self.already), "aborted": self.aborted,
+        }
+
+
+def new_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def acquire(conn, month: str, owner: str, ttl_s: int = LOCK_TTL_S) -> bool:
+    return bool(conn.set(keys.payroll_lock(month), owner, nx=True, ex=ttl_s))
+
+
+def release(conn, month: str, owner: str) -> bool:
+    return bool(conn.eval(_RELEASE, 1, keys.payroll_lock(month), owner))
+
+
+def extend(conn, month: str, owner: str, ttl_s: int = LOCK_TTL_S) -> bool:
+    return bool(conn.eval(_EXTEND, 1, keys.payroll_lock(month), owner, ttl_s))
+
+
+def validate_month(month: str) -> str:
+    import re
+
+    if not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", month or ""):
+        raise InputError(f"--month must look like 2026-11 (YYYY-MM), got {month!r}")
+    return month
+
+
+def start_run(
+    cfg: Config,
+    conn,
+    ledger: Ledger,
+    payroll_db,
+    month: str,
+    company_id: int | None = None,
+    owner: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> RunResult:
+    """Create the month's jobs once. Safe to call again, or on two servers at once."""
+    from payrun import payroll
+
+    validate_month(month)
+    owner = owner or new_owner()
+    result = RunResult(month=month, owner=owner)
+    companies = payroll.company_ids_for(payroll_db, month, company_id)
+    if company_id is not None and not companies:
+        raise InputError(f"company {company_id} has no salary lines for {month} (import or seed them first)")
+    if not companies:
+        raise InputError(f"no salary lines for {month}: run `payrun seed` or `payrun import` first")
+    if not acquire(conn, month, owner):
+        holder = conn.get(keys.payroll_lock(month))
+        result.locked_by = holder.decode() if isinstance(holder, bytes) else holder
+        return result
+    try:
+        total = payroll.count_employees(payroll_db, month, company_id)
+        done = 0
+        queue = make_queue(keys.RENDER_QUEUE, conn)
+        retry = Retry(max=cfg.render.retry.attempts - 1) if cfg.render.retry.attempts > 1 else None
+        meta_retry = vars(cfg.render.retry)
+        for cid in companies:
+            if not ledger.claim_run(cid, month, owner):
+                result.already.append(cid)
+                done += payroll.count_employees(payroll_db, month, cid)
+                if progress:
+                    progress(done, total)
+                continue
+            created = 0
+            batch: list[dict[str, Any]] = []
+
+            def flush() -> None:
+                nonlocal created, done
+                if not batch:
+                    return
+                if not extend(conn, month, owner):
+                    raise LockLost(f"lock:payroll:{month} is no longer ours")
+                ledger.create_jobs(
+                    {"id": keys.render_job_id(month, s["employee"]["id"]), "kind": "render",
+                     "company_id": cid, "employee_id": s["employee"]["id"], "month": month,
+                     "key": s["key"], "queue": keys.RENDER_QUEUE}
+                    for s in batch
+                )
+                with conn.pipeline() as pipe:
+                    queue.enqueue_many(
+                        [
+                            queue.prepare_data(
+                                "jobs.tasks.render_slip", args=(s,), job_id=keys.render_job_id(month, s["employee"]["id"]),
+                                timeout=cfg.render.timeout_s, retry=retry, result_ttl=24 * 3600,
+                                failure_ttl=30 * 24 * 3600, description=f"render slip {s['key']}",
+                                meta={"kind": "render", "key": s["key"], "company": cid, "retry": meta_retry},
+                            )
+                            for s in batch
+                        ],
+                        pipeline=pipe,
+                    )
+                    pipe.execute()
+                created += len(batch)
+                done += len(batch)
+                batch.clear()
+                if progress:
+                    progress(done, total)
+
+            for snap in payroll.snapshots(payroll_db, month, cid):
+                batch.append(snap)
+                if len(batch) >= CHUNK:
+                    flush()
+            flush()
+            ledger.finish_run(cid, month, created)
+            result.created[cid] = created
+    except LockLost as e:
+        result.aborted = str(e)
+    finally:
+        release(conn, month, owner)
+    return result

@@ -1,0 +1,415 @@
+"""Email transports against real servers: aiosmtpd for SMTP, payrun.provider for HTTP,
+and tiny raw-socket servers for the connection-drop cases."""
+
+from __future__ import annotations
+
+import asyncio
+import email
+import email.policy
+import hashlib
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult
+
+from jobs.errors import OutcomeUnknown, PermanentError, TransientError
+from jobs.mail import HttpTransport, Message, SmtpTransport, message_id_for, transport_for
+from payrun.provider import Provider
+
+PDF = b"%PDF-1.7\n" + bytes(range(256)) * 40 + b"\n.\n.leading dot line\n%%EOF\n"
+
+
+def make_msg(to="tanvir.ahmed@meghna.example", key="slip:2026-11:emp-00017", **kw) -> Message:
+    fields = dict(
+        to_addr=to, to_name="Tanvir Ahmed (তানভীর আহমেদ)", subject="Salary slip November 2026",
+        text_body="Dear Tanvir,\nyour salary slip for November 2026 is attached.\n",
+        attachment_name="slip-2026-11-emp-00017.pdf", attachment_bytes=PDF,
+        idempotency_key=key, sender="Payroll <payroll@payrun.localhost>",
+    )
+    fields.update(kw)
+    return Message(**fields)
+
+
+def wait_for(pred, timeout=5.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+# ------------------------------------------------------------------ SMTP
+
+class Recorder:
+    """aiosmtpd handler: records messages; per-recipient canned RCPT/DATA replies."""
+
+    def __init__(self):
+        self.messages: list[tuple[list[str], bytes]] = []
+        self.rcpt_reply: dict[str, str] = {}
+        self.data_reply: dict[str, str] = {}
+        self.data_delay_s = 0.0
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        if address in self.rcpt_reply:
+            return self.rcpt_reply[address]
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):
+        for rcpt in envelope.rcpt_tos:
+            if rcpt in self.data_reply:
+                return self.data_reply[rcpt]
+        if self.data_delay_s:
+            await asyncio.sleep(self.data_delay_s)
+        self.messages.append((list(envelope.rcpt_tos), envelope.content))
+        return "250 OK queued"
+
+
+class EphemeralController(Controller):
+    """Controller on port 0: learn the real port before aiosmtpd's readiness probe."""
+
+    def _trigger_server(self):
+        self.port = self.server.sockets[0].getsockname()[1]
+        super()._trigger_server()
+
+
+@pytest.fixture
+def smtpd():
+    handler = Recorder()
+    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0)
+    ctl.start()
+    handler.url = f"smtp://127.0.0.1:{ctl.port}"
+    yield handler
+    ctl.stop()
+
+
+def test_smtp_delivers_pdf_with_idempotency_headers(smtpd):
+    t = transport_for(smtpd.url, timeout_s=5)
+    assert isinstance(t, SmtpTransport)
+    msg = make_msg()
+    mid = t.send(msg)
+    assert mid == message_id_for(msg.idempotency_key)
+    assert len(smtpd.messages) == 1
+    rcpts, raw = smtpd.messages[0]
+    assert rcpts == ["tanvir.ahmed@meghna.example"]
+    parsed = email.message_from_bytes(raw, policy=email.policy.default)
+    assert parsed["Idempotency-Key"] == "slip:2026-11:emp-00017"
+    expected = "<" + hashlib.sha256(b"slip:2026-11:emp-00017").hexdigest()[:32] + "@payrun>"
+    assert parsed["Message-ID"] == expected
+    assert parsed["Subject"] == "Salary slip November 2026"
+    assert "তানভীর" in str(parsed["To"])
+    atts = list(parsed.iter_attachments())
+    assert len(atts) == 1
+    assert atts[0].get_content_type() == "application/pdf"
+    assert atts[0].get_filename() == "slip-2026-11-emp-00017.pdf"
+    assert atts[0].get_content() == PDF  # incl. the lines starting with "."
+    assert "salary slip for November" in parsed.get_body(("plain",)).get_content()
+
+
+def test_smtp_resend_has_same_message_id(smtpd):
+    t = transport_for(smtpd.url, timeout_s=5)
+    t.send(make_msg())
+    t.send(make_msg())
+    t.send(make_msg(key="slip:2026-11:emp-00018"))
+    ids = [email.message_from_bytes(raw)["Message-ID"] for _, raw in smtpd.messages]
+    assert ids[0] == ids[1] != ids[2]
+
+
+def test_smtp_4xx_recipient_is_transient(smtpd):
+    smtpd.rcpt_reply["busy@meghna.example"] = "451 4.3.0 try again later"
+    with pytest.raises(TransientError) as ei:
+        transport_for(smtpd.url, 5).send(make_msg(to="busy@meghna.example"))
+    assert not isinstance(ei.value, OutcomeUnknown)
+    assert "451" in str(ei.value)
+    assert smtpd.messages == []
+
+
+def test_smtp_5xx_recipient_is_permanent(smtpd):
+    smtpd.rcpt_reply["gone@meghna.example"] = "550 5.1.1 no such user"
+    with pytest.raises(PermanentError) as ei:
+        transport_for(smtpd.url, 5).send(make_msg(to="gone@meghna.example"))
+    assert "550" in str(ei.value) and "gone@meghna.example" in str(ei.value)
+    assert "Tanvir" not in str(ei.value) and "slip" not in str(ei.value).lower()
+
+
+def test_smtp_data_replies_classified(smtpd):
+    smtpd.data_reply["full@meghna.example"] = "452 4.2.2 mailbox full"
+    smtpd.data_reply["spam@meghna.example"] = "554 5.7.1 rejected as spam"
+    t = transport_for(smtpd.url, 5)
+    with pytest.raises(TransientError) as ei:
+        t.send(make_msg(to="full@meghna.example"))
+    assert not isinstance(ei.value, OutcomeUnknown)
+    with pytest.raises(PermanentError):
+        t.send(make_msg(to="spam@meghna.example"))
+    t.send(make_msg())  # the transport is still usable afterwards
+    assert len(smtpd.messages) == 1
+
+
+def test_smtp_server_down_is_transient():
+    t = transport_for(f"smtp://127.0.0.1:{closed_port()}", 2)
+    with pytest.raises(TransientError) as ei:
+        t.send(make_msg())
+    assert not isinstance(ei.value, OutcomeUnknown)
+
+
+def test_smtp_timeout_after_data_is_outcome_unknown(smtpd):
+    smtpd.data_delay_s = 2.0
+    t = transport_for(smtpd.url, timeout_s=0.5)
+    start = time.monotonic()
+    with pytest.raises(OutcomeUnknown):
+        t.send(make_msg())
+    assert time.monotonic() - start < 1.5
+    wait_for(lambda: len(smtpd.messages) == 1, what="the late delivery")  # it WAS delivered
+
+
+def test_smtp_auth_password_from_env_never_in_errors(monkeypatch):
+    handler = Recorder()
+
+    def authenticator(server, session, envelope, mechanism, auth_data):
+        return AuthResult(success=(auth_data.login, auth_data.password) == (b"payroll", b"s3cret-pw"))
+
+    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0,
+                              authenticator=authenticator, auth_require_tls=False)
+    ctl.start()
+    try:
+        monkeypatch.setenv("PAYRUN_SMTP_PASSWORD", "s3cret-pw")
+        t = transport_for(f"smtp://payroll@127.0.0.1:{ctl.port}", 5)
+        assert "s3cret" not in repr(t)
+        t.send(make_msg())
+        assert len(handler.messages) == 1
+
+        bad = transport_for(f"smtp://payroll:wr0ng-pw@127.0.0.1:{ctl.port}", 5)
+        assert "wr0ng" not in repr(bad)
+        with pytest.raises(PermanentError) as ei:
+            bad.send(make_msg())
+        assert "535" in str(ei.value) and "wr0ng" not in str(ei.value)
+    finally:
+        ctl.stop()
+
+
+# ------------------------------------------------------------------ HTTP provider API
+
+@pytest.fixture
+def provider():
+    p = Provider(latency_s=0.05, rate_per_s=1000).start()
+    yield p
+    p.stop()
+
+
+def test_http_send_accepted(provider):
+    t = transport_for(provider.url, 5)
+    assert isinstance(t, HttpTransport)
+    mid = t.send(make_msg())
+    assert mid.startswith("msg-")
+    rec = provider.delivery("slip:2026-11:emp-00017")
+    assert rec["id"] == mid and rec["to"] == "tanvir.ahmed@meghna.example"
+    [att] = rec["attachments"]
+    assert att["filename"] == "slip-2026-11-emp-00017.pdf"
+    assert att["size"] == len(PDF) and att["sha256"] == hashlib.sha256(PDF).hexdigest()
+    t.close()
+
+
+def test_http_same_key_twice_is_one_delivery(provider):
+    t = transport_for(provider.url, 5)
+    first = t.send(make_msg())
+    second = t.send(make_msg())
+    assert first == second
+    st = provider.stats()
+    assert (st["received"], st["delivered"], st["duplicates_refused"]) == (2, 1, 1)
+
+
+def test_http_keeps_one_connection_per_thread(provider):
+    t = transport_for(provider.url, 5)
+    t.send(make_msg(key="k1"))
+    conn = t._local.conn
+    t.send(make_msg(key="k2"))
+    assert t._local.conn is conn
+    with ThreadPoolExecutor(4) as ex:
+        list(ex.map(lambda i: t.send(make_msg(key=f"t{i}")), range(8)))
+    assert len(t._all) <= 5
+    t.close()
+    assert provider.stats()["delivered"] == 10
+
+
+def test_http_429_is_transient_with_retry_after():
+    p = Provider(latency_s=0.05, rate_per_s=2).start()
+    try:
+        t = transport_for(p.url, 5)
+
+        def one(i):
+            try:
+                return t.send(make_msg(key=f"slip:2026-11:emp-{i:05d}"))
+            except Exception as e:  # noqa: BLE001
+                return e
+
+        with ThreadPoolExecutor(5) as ex:
+            results = list(ex.map(one, range(5)))
+        throttled = [r for r in results if isinstance(r, TransientError)]
+        assert len(throttled) >= 3, results
+        for e in throttled:
+            assert not isinstance(e, OutcomeUnknown)
+            assert e.retry_after_s is not None and e.retry_after_s >= 1
+            assert "429" in str(e)
+        assert sum(isinstance(r, str) for r in results) == 2
+        assert p.stats()["throttled_429"] == len(throttled)
+    finally:
+        p.stop()
+
+
+def test_http_outage_is_transient(provider):
+    provider.outage(60, 503)
+    t = transport_for(provider.url, 5)
+    with pytest.raises(TransientError) as ei:
+        t.send(make_msg())
+    assert not isinstance(ei.value, OutcomeUnknown) and "503" in str(ei.value)
+    provider.end_outage()
+    assert t.send(make_msg())
+    assert provider.stats()["outage_5xx"] == 1
+
+
+@pytest.mark.parametrize("addr", ["nobody@meghna.invalid", "no-at-sign.example", "a b@meghna.example"])
+def test_http_invalid_address_is_permanent(provider, addr):
+    with pytest.raises(PermanentError) as ei:
+        transport_for(provider.url, 5).send(make_msg(to=addr))
+    assert "422" in str(ei.value) and "invalid recipient address" in str(ei.value)
+    assert provider.stats()["rejected"] == 1
+
+
+def test_http_connection_refused_is_transient():
+    with pytest.raises(TransientError) as ei:
+        transport_for(f"http://127.0.0.1:{closed_port()}", 2).send(make_msg())
+    assert not isinstance(ei.value, OutcomeUnknown)
+    assert "refused" in str(ei.value)
+
+
+def test_http_token_from_env(monkeypatch):
+    p = Provider(latency_s=0, rate_per_s=100, token="tok-abc123").start()
+    try:
+        with pytest.raises(PermanentError) as ei:
+            transport_for(p.url, 5).send(make_msg())
+        assert "401" in str(ei.value)
+        monkeypatch.setenv("PAYRUN_EMAIL_TOKEN", "tok-abc123")
+        t = transport_for(p.url, 5)
+        assert "tok-abc123" not in repr(t)
+        assert t.send(make_msg())
+    finally:
+        p.stop()
+
+
+class RawServer:
+    """Accepts connections and reads one HTTP request on each, then does ``mode``:
+    'close' = hang up without answering; 'hang' = never answer;
+    'once' = answer 202 (keep-alive, no Connection: close) then hang up."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.requests = 0
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _read_request(self, c: socket.socket) -> bool:
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = c.recv(65536)
+            if not chunk:
+                return False
+            buf += chunk
+        head, body = buf.split(b"\r\n\r\n", 1)
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        while len(body) < length:
+            chunk = c.recv(65536)
+            if not chunk:
+                return False
+            body += chunk
+        return True
+
+    def _loop(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            if not self._read_request(c):
+                c.close()
+                continue
+            self.requests += 1
+            if self.mode == "close":
+                c.close()
+            elif self.mode == "once":
+                body = b'{"id": "raw-%d", "duplicate": false}' % self.requests
+                c.sendall(b"HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                c.close()
+
+    def close(self):
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def test_http_closed_after_request_is_outcome_unknown():
+    srv = RawServer("close")
+    try:
+        with pytest.raises(OutcomeUnknown) as ei:
+            transport_for(f"http://127.0.0.1:{srv.port}", 5).send(make_msg())
+        assert "may have been delivered" in str(ei.value)
+        assert srv.requests == 1  # a fresh connection: not retried
+    finally:
+        srv.close()
+
+
+def test_http_timeout_after_request_is_outcome_unknown():
+    srv = RawServer("hang")
+    try:
+        start = time.monotonic()
+        with pytest.raises(OutcomeUnknown):
+            transport_for(f"http://127.0.0.1:{srv.port}", 0.5).send(make_msg())
+        assert time.monotonic() - start < 1.5
+    finally:
+        srv.close()
+
+
+def test_http_dead_keepalive_connection_is_retried_once():
+    srv = RawServer("once")
+    try:
+        t = transport_for(f"http://127.0.0.1:{srv.port}", 5)
+        assert t.send(make_msg(key="a")) == "raw-1"
+        wait_for(lambda: srv.requests == 1)
+        assert t.send(make_msg(key="b")) == "raw-2"  # old connection dead -> fresh one
+    finally:
+        srv.close()
+
+
+def test_message_repr_has_no_body():
+    r = repr(make_msg())
+    assert "Dear Tanvir" not in r and "PDF" not in r
+
+
+def test_transport_for_rejects_unknown_scheme_without_password():
+    with pytest.raises(ValueError) as ei:
+        transport_for("ftp://u:hunter2@host", 5)
+    assert "hunter2" not in str(ei.value)
+    with pytest.raises(ValueError):
+        transport_for("smtp://user@host:25", 5)  # user without password, none in env

@@ -1,0 +1,346 @@
+"""Salary slip renderer: jobs/slip.py + jobs/templates/slip.html."""
+
+from __future__ import annotations
+
+import copy
+import http.server
+import io
+import logging
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pypdf import PdfReader
+from weasyprint import HTML
+
+from jobs import slip
+from jobs.errors import PermanentError
+
+AMOUNT = st.integers(min_value=0, max_value=10**10)
+
+
+def snapshot(**changes) -> dict:
+    """A deep copy of SAMPLE_SNAPSHOT; changes like employee__name_en="x"."""
+    snap = copy.deepcopy(slip.SAMPLE_SNAPSHOT)
+    for path, value in changes.items():
+        *parents, leaf = path.split("__")
+        target = snap
+        for part in parents:
+            target = target[part]
+        target[leaf] = value
+    return snap
+
+
+def pdf_text(pdf: bytes) -> str:
+    reader = PdfReader(io.BytesIO(pdf))
+    assert len(reader.pages) == 1
+    return reader.pages[0].extract_text()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm():
+    slip.warm_up()
+
+
+@pytest.fixture(scope="module")
+def sample_pdf() -> bytes:
+    return slip.render_pdf(slip.SAMPLE_SNAPSHOT)
+
+
+# --------------------------------------------------------------------------- content
+
+def test_sample_slip_text(sample_pdf):
+    assert sample_pdf.startswith(b"%PDF-")
+    text = pdf_text(sample_pdf)
+    for expected in ("Meghna Textiles Ltd", "House 12, Road 4, Dhanmondi, Dhaka 1205",
+                     "Salary slip — November 2026", "Tanvir Ahmed", "emp-00017", "Finance",
+                     "Senior Accountant", "•••• 4821", "1 – 30 November 2026",
+                     "Gross earnings", "Total deductions", "NET PAY", "৳ 65,000.00",
+                     "73,000.00", "8,000.00",
+                     "This is a computer-generated slip and needs no signature",
+                     "slip:2026-11:emp-00017"):
+        assert expected in text, expected
+
+
+def test_sample_slip_is_a4_portrait_with_bundled_fonts_only(sample_pdf):
+    page = PdfReader(io.BytesIO(sample_pdf)).pages[0]
+    width, height = float(page.mediabox.width), float(page.mediabox.height)
+    assert (round(width), round(height)) == (595, 842)  # A4 in points
+    fonts = {str(f.get_object()["/BaseFont"]).split("+")[-1]
+             for f in page["/Resources"]["/Font"].values()}
+    # Every glyph comes from a bundled face (no system fallback), including Bengali and ৳.
+    assert fonts == {"Slip-Sans", "Slip-Sans-Bold", "Slip-Bengali", "Slip-Bengali-Bold"}
+
+
+def test_bundled_fonts():
+    from fontTools.ttLib import TTFont
+
+    fonts = sorted((slip.ASSETS_DIR / "fonts").glob("*.ttf"))
+    assert sum(f.stat().st_size for f in fonts) < 2 * 1024 * 1024
+    bengali = TTFont(slip.ASSETS_DIR / "fonts" / "NotoSansBengali-Regular.ttf")
+    assert 0x09F3 in bengali.getBestCmap()  # ৳
+    assert (slip.ASSETS_DIR / "fonts" / "OFL.txt").is_file()
+
+
+def test_html_is_escaped_and_strict(sample_pdf):
+    html = slip.render_html(snapshot(employee__name_en='<b>x</b> & "q"'))
+    assert "&lt;b&gt;x&lt;/b&gt; &amp; &#34;q&#34;" in html
+    assert "<b>x</b>" not in html
+    with pytest.raises(PermanentError, match="template"):
+        slip.render_html({**snapshot(), "company": {"name": "Only a name"}})
+
+
+def test_html_in_name_is_printed_literally():
+    name = '<b>HTML</b> & "quotes"'
+    text = pdf_text(slip.render_pdf(snapshot(employee__name_en=name)))
+    assert "<b>" in text
+    assert name in text
+
+
+def test_long_bengali_name_fits_one_page():
+    name_bn = "মোহাম্মদ আব্দুল্লাহ আল মামুন চৌধুরী শ্রীমঙ্গল ক্ষেত্র"
+    pdf = slip.render_pdf(snapshot(employee__name_bn=name_bn,
+                                   employee__name_en="Mohammad Abdullah Al Mamun Chowdhury"))
+    assert "Mohammad Abdullah Al Mamun" in pdf_text(pdf)
+
+
+def test_format_bdt_and_words():
+    assert slip.format_bdt(4500000) == "৳ 45,000.00"
+    assert slip.format_bdt(0) == "৳ 0.00"
+    assert slip.format_bdt(5) == "৳ 0.05"
+    assert slip.format_bdt(123456789) == "৳ 1,234,567.89"
+    assert slip.format_bdt(-150) == "-৳ 1.50"
+    assert slip.amount_in_words(6500000) == "Sixty-five thousand taka only"
+    assert slip.amount_in_words(10101) == "One hundred one taka and one poisha only"
+    assert slip.month_label("2026-02") == "February 2026"
+    assert slip.pay_period("2028-02") == "1 – 29 February 2028"
+
+
+def _amounts(components):
+    return st.fixed_dictionaries({k: AMOUNT for k, _ in components})
+
+
+@settings(max_examples=200)
+@given(_amounts(slip.EARNINGS), _amounts(slip.DEDUCTIONS))
+def test_totals_property(earnings, deductions):
+    t = slip.totals(snapshot(earnings=earnings, deductions=deductions))
+    assert all(type(v) is int for v in t.values())
+    assert t["gross"] == sum(earnings.values())
+    assert t["deductions"] == sum(deductions.values())
+    assert t["net"] == t["gross"] - t["deductions"]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_amounts(slip.EARNINGS), _amounts(slip.DEDUCTIONS))
+def test_rendered_totals_property(earnings, deductions):
+    snap = snapshot(earnings=earnings, deductions=deductions)
+    t = slip.totals(snap)
+    text = pdf_text(slip.render_pdf(snap))
+    assert slip.format_bdt(t["net"]) in text
+    assert slip.format_amount(t["gross"]) in text
+    assert slip.format_amount(t["deductions"]) in text
+
+
+def test_nothing_logged_about_the_employee(caplog):
+    snap = snapshot(employee__name_en="Zubaida Rahman")
+    with caplog.at_level(logging.DEBUG):
+        slip.render_pdf(snap)
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    for secret in ("Zubaida", "65,000", "6500000", "4500000", "45,000"):
+        assert secret not in logged
+
+
+# --------------------------------------------------------------------------- fetcher
+
+class _RecordingHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.server.paths.append(self.path)
+        body = b"body { color: red }"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/css")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RecordingHandler)
+    server.paths = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_rendering_makes_no_network_requests(http_server):
+    base = f"http://127.0.0.1:{http_server.server_port}"
+    html = textwrap.dedent(f"""\
+        <html><head>
+        <link rel=stylesheet href={base}/x.css>
+        <style>@import url({base}/import.css);
+          @font-face {{ font-family: Remote; src: url({base}/font.ttf); }}
+          body {{ background: url({base}/bg.png); font-family: Remote }}</style>
+        </head><body><img src="{base}/img.png"><img src="file:///etc/passwd">
+        <p>hello</p></body></html>""")
+    assert slip.html_to_pdf(html).startswith(b"%PDF-")
+    # A name carrying a URL is escaped text anyway; still no request.
+    pdf = slip.render_pdf(snapshot(employee__name_en=f'<img src="{base}/name.png">'))
+    assert "<img src=" in pdf_text(pdf)
+    assert http_server.paths == []
+
+    # Control: the same HTML through WeasyPrint's default fetcher does hit the server,
+    # so the empty list above is not vacuous. (Requests complete before write_pdf returns.)
+    HTML(string=html).write_pdf()
+    assert "/x.css" in http_server.paths
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:9/x.css",
+    "https://example.com/x.css",
+    "file:///etc/passwd",
+    "data:text/css,body{}",
+    "ftp://127.0.0.1/x",
+    slip.ASSETS_BASE_URL + "../slip.py",
+    slip.ASSETS_BASE_URL + "%2e%2e/slip.py",
+    slip.ASSETS_BASE_URL + "fonts",  # a directory
+    slip.ASSETS_BASE_URL.replace("file:///", "file://evil.example/") + "fonts/OFL.txt",
+])
+def test_fetcher_refuses_outside_assets(url):
+    fetcher = slip.AssetsOnlyFetcher()
+    with pytest.raises(slip.ResourceRefused):
+        fetcher.fetch(url)
+    with pytest.raises(slip.ResourceRefused):
+        fetcher(url)
+
+
+def test_fetcher_refuses_symlink_escaping_assets(tmp_path):
+    root = tmp_path / "assets"
+    root.mkdir()
+    (tmp_path / "secret.txt").write_text("secret")
+    (root / "link.txt").symlink_to(tmp_path / "secret.txt")
+    (root / "ok.txt").write_text("ok")
+    fetcher = slip.AssetsOnlyFetcher(root)
+    with pytest.raises(slip.ResourceRefused):
+        fetcher.fetch((root / "link.txt").as_uri())
+    assert fetcher.fetch((root / "ok.txt").as_uri()).read() == b"ok"
+
+
+def test_fetcher_serves_bundled_font():
+    response = slip.AssetsOnlyFetcher().fetch(slip.ASSETS_BASE_URL + "fonts/NotoSans-Regular.ttf")
+    assert response.read()[:4] == b"\x00\x01\x00\x00"
+    response.close()
+
+
+# --------------------------------------------------------------------------- validation
+
+@pytest.mark.parametrize("change, message", [
+    ({"employee__email": ""}, "email"),
+    ({"employee__email": "not-an-address"}, "email"),
+    ({"employee__name_en": "  "}, "name"),
+    ({"employee__department": None}, "department"),
+    ({"company__name": ""}, "company name"),
+    ({"earnings__basic": -4500000}, "negative"),
+    ({"earnings__basic": 45000.0}, "whole number"),
+    ({"deductions__tax": "350000"}, "whole number"),
+    ({"deductions__loan": True}, "whole number"),
+    ({"earnings__overtime": 100}, "unknown"),
+    ({"month": "2026-13"}, "month"),
+    ({"key": ""}, "key"),
+    ({"employee__name_en": "x" * 500}, "longer than"),
+])
+def test_validate_rejects_bad_data(change, message):
+    snap = snapshot(**change)
+    with pytest.raises(PermanentError, match=message) as excinfo:
+        slip.validate(snap)
+    assert "4500000" not in str(excinfo.value) and "350000" not in str(excinfo.value)
+    with pytest.raises(PermanentError):
+        slip.render_pdf(snap)
+
+
+@pytest.mark.parametrize("drop", ["employee.email", "employee.name_en", "earnings.bonus",
+                                  "deductions", "company"])
+def test_validate_rejects_missing_fields(drop):
+    snap = snapshot()
+    section, _, field = drop.partition(".")
+    if field:
+        del snap[section][field]
+    else:
+        del snap[section]
+    with pytest.raises(PermanentError, match="emp-00017"):
+        slip.validate(snap)
+
+
+def test_validate_accepts_sample_and_empty_bengali_name():
+    slip.validate(slip.SAMPLE_SNAPSHOT)
+    slip.validate(snapshot(employee__name_bn=""))
+
+
+# --------------------------------------------------------------------------- storage
+
+def test_write_slip_modes(tmp_path):
+    old_umask = os.umask(0o022)
+    try:
+        target = tmp_path / "2026-11" / "co-3" / "emp-00017.pdf"
+        slip.write_slip(target, b"%PDF-one")
+        assert target.read_bytes() == b"%PDF-one"
+        assert stat.S_IMODE(target.stat().st_mode) == 0o600
+        for directory in (target.parent, target.parent.parent):
+            assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+        target.chmod(0o644)  # an existing file is replaced by a fresh 0600 one
+        slip.write_slip(target, b"%PDF-two")
+        assert target.read_bytes() == b"%PDF-two"
+        assert stat.S_IMODE(target.stat().st_mode) == 0o600
+        assert sorted(p.name for p in target.parent.iterdir()) == ["emp-00017.pdf"]
+    finally:
+        os.umask(old_umask)
+
+
+def test_write_slip_leaves_existing_dir_modes(tmp_path):
+    existing = tmp_path / "store"
+    existing.mkdir(mode=0o755)
+    existing.chmod(0o755)
+    slip.write_slip(existing / "new" / "a.pdf", b"x")
+    assert stat.S_IMODE(existing.stat().st_mode) == 0o755
+    assert stat.S_IMODE((existing / "new").stat().st_mode) == 0o700
+
+
+# --------------------------------------------------------------------------- warm-up + fork
+
+def test_warm_up_survives_fork_children_exiting(tmp_path):
+    """The parent's shared font configuration outlives forked children that exit normally."""
+    script = textwrap.dedent("""\
+        import os, sys
+        from jobs import slip
+        slip.warm_up()
+        folder = slip._FONT_CONFIG._folder
+        for _ in range(2):
+            pid = os.fork()
+            if pid == 0:
+                ok = slip.render_pdf(slip.SAMPLE_SNAPSHOT).startswith(b"%PDF-")
+                sys.exit(0 if ok else 3)  # normal interpreter exit: finalizers may run
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, status
+        assert folder.is_dir(), "child deleted the parent's font folder"
+        assert slip.render_pdf(slip.SAMPLE_SNAPSHOT).startswith(b"%PDF-")
+        print("ok")
+        """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60, cwd=Path(slip.__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
