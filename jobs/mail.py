@@ -78,6 +78,7 @@ import json
 import logging
 import os
 import re
+import select
 import smtplib
 import socket
 import ssl
@@ -194,6 +195,7 @@ class SmtpTransport:
             raise ValueError(f"email URL {_redact(url)!r} names a user but no password "
                              f"(put it in the URL or in {SMTP_PASSWORD_ENV})")
         self._password = password
+        self._ssl = ssl.create_default_context() if (self.ssl or self.starttls) else None
         self.timeout_s = float(timeout_s)
         self._url = _redact(url)
 
@@ -242,12 +244,12 @@ class SmtpTransport:
             try:
                 if self.ssl:
                     smtp = smtplib.SMTP_SSL(self.host, self.port, timeout=deadline.left(),
-                                            context=ssl.create_default_context())
+                                            context=self._ssl)
                 else:
                     smtp = smtplib.SMTP(self.host, self.port, timeout=deadline.left())
                 step(smtp.ehlo_or_helo_if_needed)
                 if self.starttls:
-                    step(smtp.starttls, ssl.create_default_context())
+                    step(smtp.starttls, self._ssl)
                     step(smtp.ehlo)
                 if self.user:
                     step(smtp.login, self.user, self._password)
@@ -421,6 +423,9 @@ class HttpTransport:
         for attempt in (1, 2):
             conn = getattr(self._local, "conn", None)
             reused = conn is not None and conn.sock is not None
+            if reused and _peer_closed(conn.sock):
+                self._drop(conn)  # the server closed it while idle: don't even try
+                conn, reused = None, False
             if not reused:
                 if conn is not None:
                     self._drop(conn)
@@ -432,6 +437,9 @@ class HttpTransport:
                 except (OSError, http.client.HTTPException) as e:
                     self._drop(conn)
                     raise TransientError(f"{where}: cannot connect ({_oserr(e)})") from None
+                except BaseException:
+                    self._drop(conn)
+                    raise
             try:
                 conn.sock.settimeout(deadline.left())
                 conn.request("POST", self.path, body=body, headers=headers)
@@ -440,18 +448,24 @@ class HttpTransport:
                 if reused and attempt == 1 and not _is_timeout(e):
                     continue  # a dead keep-alive connection: retry once on a fresh one
                 raise TransientError(f"{where}: request not sent ({_oserr(e)})") from None
+            except BaseException:  # interrupted mid-request: the connection is unusable
+                self._drop(conn)
+                raise
             try:
                 conn.sock.settimeout(deadline.left())
                 resp = conn.getresponse()
                 raw = resp.read()
             except (OSError, http.client.HTTPException) as e:
                 self._drop(conn)
-                if (reused and attempt == 1 and isinstance(e, http.client.RemoteDisconnected)):
-                    # closed with no byte of reply on a reused connection: the classic idle
-                    # keep-alive race; retrying is safe (same Idempotency-Key)
+                if reused and attempt == 1 and isinstance(e, _STALE):
+                    # closed/reset with no byte of reply on a reused connection: the classic
+                    # idle keep-alive race; retrying is safe (same Idempotency-Key)
                     continue
                 raise OutcomeUnknown(f"{where}: {_oserr(e)} after the request was sent; "
                                      f"it may have been delivered") from None
+            except BaseException:  # never leave an unread reply on a reusable connection
+                self._drop(conn)
+                raise
             if resp.will_close:
                 self._drop(conn)
             return self._result(resp, raw, where)
@@ -480,6 +494,19 @@ class HttpTransport:
         if 400 <= status < 500:
             raise PermanentError(text)
         raise TransientError(f"{where}: unexpected HTTP {status}")
+
+
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """An idle keep-alive socket that is readable has been closed (or reset) by the peer."""
+    try:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return True
 
 
 def _is_timeout(e: BaseException) -> bool:

@@ -65,6 +65,7 @@ def enqueue_email(conn, cfg: config_mod.Config, payload: dict[str, Any]) -> str 
     if conn.exists(queue.job_class.key_for(job_id)):
         return None
     with conn.pipeline() as pipe:
+        pipe.multi()  # the event and the job land together, event first
         events.emit(pipe, job_id, "queued", kind="email", company=payload["company_id"],
                     employee=payload["employee_id"], month=payload["month"], key=payload["key"],
                     queue=keys.EMAIL_QUEUE)

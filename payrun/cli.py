@@ -128,8 +128,8 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
 
     db = c.payroll()
     if companies_csv:
-        n = payroll.import_companies_csv(db, csv_file)
-        click.echo(f"imported {n} companies from {csv_file}")
+        r = payroll.import_companies_csv(db, csv_file)
+        click.echo(f"imported {r.companies} companies from {csv_file}")
         return
     r = payroll.import_csv(db, csv_file)
     click.echo(f"imported {r.employees} employees and {r.salary_lines} salary lines from {csv_file}")

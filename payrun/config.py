@@ -20,7 +20,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from payrun.errors import ConfigError
@@ -175,7 +175,12 @@ def redact_url(url: str) -> str:
     query = "&".join(
         "password=***" if q.startswith("password=") else q for q in parts.query.split("&") if q
     )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    out = f"{parts.scheme}://{netloc}{parts.path}"
+    if query:
+        out += f"?{query}"
+    if parts.fragment:
+        out += f"#{parts.fragment}"
+    return out
 
 
 # ---- loading -------------------------------------------------------------

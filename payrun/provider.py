@@ -146,6 +146,7 @@ class _Server(http.server.ThreadingHTTPServer):
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "payrun-provider/1"
+    disable_nagle_algorithm = True  # headers and body are two writes: avoid the 40 ms delayed-ACK stall
     timeout = KEEPALIVE_IDLE_S
     server: _Server
 
@@ -380,7 +381,7 @@ class Provider:
     def serve_forever(self) -> None:
         log.info("provider listening on %s (latency %.2f s, rate %g/s)",
                  self.url, self.latency_s, self.rate_per_s)
-        self._server.serve_forever(poll_interval=0.2)
+        self._server.serve_forever(poll_interval=0.05)
 
     def stop(self) -> None:
         """Stop accepting, drop open keep-alive connections, release the port."""

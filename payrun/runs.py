@@ -21,7 +21,6 @@ from typing import Any
 
 from rq import Retry
 
-from jobs import events
 from jobs.runtime import make_queue
 from payrun import keys
 from payrun.config import Config
@@ -113,7 +112,8 @@ def start_run(
     if company_id is not None and not companies:
         raise InputError(f"company {company_id} has no salary lines for {month} (import or seed them first)")
     if not companies:
-        raise InputError(f"no salary lines for {month}: run `payrun seed` or `payrun import` first")
+        raise InputError(f"no salary lines for {month}: import them (`payrun import FILE.csv`) or "
+                         f"make sample ones (`payrun seed --month {month}`)")
     if not acquire(conn, month, owner):
         holder = conn.get(keys.payroll_lock(month))
         result.locked_by = holder.decode() if isinstance(holder, bytes) else holder

@@ -18,7 +18,8 @@ def _company_names(cfg: Config) -> dict[int, str]:
         return {}
     from payrun import payroll
 
-    return {int(c["id"]): c["name"] for c in payroll.companies(payroll.PayrollDB(cfg.payroll_path))}
+    with payroll.PayrollDB(cfg.payroll_path) as db:
+        return {int(c["id"]): c["name"] for c in payroll.companies(db)}
 
 
 def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int | None = None,

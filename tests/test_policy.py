@@ -1,0 +1,74 @@
+"""The pure policy functions: backoff, classification, lease arithmetic."""
+
+import random
+import smtplib
+import statistics
+
+import pytest
+
+from jobs.errors import OutcomeUnknown, PermanentError, TransientError
+from jobs.policy import backoff_ceiling, backoff_delay, classify, is_stuck, lease_expired, shutdown_deadline
+
+
+def test_ceiling_matches_the_seed_table():
+    assert [backoff_ceiling(a, 1, 300) for a in range(1, 7)] == [2, 4, 8, 16, 32, 64]
+    assert backoff_ceiling(9, 1, 300) == 300
+    assert backoff_ceiling(10_000, 1, 300) == 300  # no overflow
+
+
+def test_ceiling_rejects_attempt_zero():
+    with pytest.raises(ValueError):
+        backoff_ceiling(0, 1, 300)
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 3, 6, 12])
+def test_full_jitter_stays_within_bounds_and_spreads(attempt):
+    rng = random.Random(attempt)
+    ceiling = backoff_ceiling(attempt, 1, 300)
+    delays = [backoff_delay(attempt, 1, 300, rng) for _ in range(5000)]
+    assert all(0 <= d <= ceiling for d in delays)
+    # uniform on [0, ceiling]: mean ~ ceiling/2, and both ends are reached
+    assert abs(statistics.mean(delays) - ceiling / 2) < ceiling * 0.03
+    assert min(delays) < ceiling * 0.01 and max(delays) > ceiling * 0.99
+
+
+def test_retry_after_is_a_floor():
+    rng = random.Random(1)
+    assert all(backoff_delay(1, 1, 300, rng, retry_after_s=5) >= 5 for _ in range(100))
+
+
+@pytest.mark.parametrize(
+    "exc, transient",
+    [
+        (TransientError("HTTP 503"), True),
+        (TransientError("HTTP 429", retry_after_s=2), True),
+        (OutcomeUnknown("connection reset after the request"), True),
+        (TimeoutError(), True),
+        (ConnectionRefusedError(), True),
+        (smtplib.SMTPServerDisconnected(), True),
+        (smtplib.SMTPResponseException(451, b"try later"), True),
+        (smtplib.SMTPResponseException(550, b"no such user"), False),
+        (PermanentError("invalid recipient address"), False),
+        (KeyError("employee"), False),  # a bug or bad data: retrying cannot help
+    ],
+)
+def test_classification_table(exc, transient):
+    assert classify(exc).transient is transient
+
+
+def test_classification_keeps_retry_after():
+    assert classify(TransientError("429", retry_after_s=3)).retry_after_s == 3
+
+
+def test_rq_timeouts_are_transient():
+    from rq.timeouts import JobTimeoutException
+
+    assert classify(JobTimeoutException("Task exceeded maximum timeout value (30 seconds)")).transient
+
+
+def test_lease_arithmetic():
+    assert not lease_expired(last_heartbeat_s=100, now_s=159, visibility_s=60)
+    assert lease_expired(last_heartbeat_s=100, now_s=161, visibility_s=60)
+    assert is_stuck(started_s=0, last_heartbeat_s=700, now_s=701, visibility_s=60, stuck_after_s=600)
+    assert not is_stuck(started_s=500, last_heartbeat_s=700, now_s=701, visibility_s=60, stuck_after_s=600)
+    assert shutdown_deadline(10, 30) == 40

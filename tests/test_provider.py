@@ -1,0 +1,299 @@
+"""The local provider simulator over real HTTP (http.client), mostly with a fake clock."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from urllib.parse import quote
+
+import pytest
+
+from payrun.provider import Provider, address_problem
+
+PDF = b"%PDF-1.7\nfake slip\n%%EOF\n"
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 1000.0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self.lock:
+            return self.t
+
+    def advance(self, s: float) -> None:
+        with self.lock:
+            self.t += s
+
+
+def body(to="tanvir.ahmed@meghna.example", pdf=PDF) -> dict:
+    return {"to": to, "to_name": "Tanvir Ahmed", "from": "Payroll <payroll@payrun.localhost>",
+            "subject": "Salary slip", "text": "attached",
+            "attachments": [{"filename": "slip.pdf", "content_type": "application/pdf",
+                             "content_b64": base64.b64encode(pdf).decode()}]}
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection."""
+
+    def __init__(self, p: Provider, token: str | None = None, timeout: float = 10):
+        self.conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=timeout)
+        self.token = token
+
+    def call(self, method, path, doc=None, headers=None):
+        h = dict(headers or {})
+        if self.token:
+            h["Authorization"] = f"Bearer {self.token}"
+        data = None
+        if doc is not None:
+            data = json.dumps(doc).encode()
+            h["Content-Type"] = "application/json"
+        self.conn.request(method, path, body=data, headers=h)
+        r = self.conn.getresponse()
+        raw = r.read()
+        return r.status, r, (json.loads(raw) if raw else None)
+
+    def send(self, key: str | None, **kw):
+        headers = {"Idempotency-Key": key} if key is not None else {}
+        return self.call("POST", "/v1/messages", body(**kw), headers)
+
+    def stats(self):
+        return self.call("GET", "/v1/stats")[2]
+
+    def close(self):
+        self.conn.close()
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def prov(clock):
+    p = Provider(latency_s=0, rate_per_s=3, clock=clock).start()
+    yield p
+    p.stop()
+
+
+def test_accept_then_duplicate(prov):
+    c = Client(prov)
+    status, _, doc = c.send("slip:2026-11:emp-00017")
+    assert status == 202 and doc["duplicate"] is False
+    status, _, dup = c.send("slip:2026-11:emp-00017")
+    assert status == 200 and dup == {"id": doc["id"], "duplicate": True}
+    st = c.stats()
+    assert (st["received"], st["delivered"], st["duplicates_refused"]) == (2, 1, 1)
+
+    status, _, rec = c.call("GET", "/v1/messages/" + quote("slip:2026-11:emp-00017"))
+    assert status == 200
+    assert rec["to"] == "tanvir.ahmed@meghna.example" and rec["subject"] == "Salary slip"
+    assert rec["attachments"] == [{"filename": "slip.pdf", "content_type": "application/pdf",
+                                   "size": len(PDF), "sha256": hashlib.sha256(PDF).hexdigest()}]
+    assert "content_b64" not in json.dumps(rec)
+    assert c.call("GET", "/v1/messages/slip:nope")[0] == 404
+    c.close()
+
+
+def test_missing_key_and_malformed_are_400(prov):
+    c = Client(prov)
+    status, _, doc = c.send(None)
+    assert status == 400 and "Idempotency-Key" in doc["error"]
+    status, _, _ = c.call("POST", "/v1/messages", {"to": "a@b.example", "attachments": [{"content_b64": "!!"}]},
+                          {"Idempotency-Key": "k"})
+    assert status == 400
+    assert c.stats()["bad_request"] == 2 and c.stats()["delivered"] == 0
+
+
+@pytest.mark.parametrize("addr", ["no-at-sign", "two@@example.com", "with space@x.example",
+                                  "x@nowhere.invalid", "x@", "@x.example", "x@-bad-.example", ""])
+def test_invalid_addresses_are_422(prov, addr):
+    c = Client(prov)
+    status, _, doc = c.send("k1", to=addr)
+    assert status in (422,) and ("invalid recipient address" in doc["error"] or "missing" in doc["error"])
+    assert c.stats()["rejected"] == 1
+
+
+def test_address_problem_accepts_ordinary_addresses():
+    for ok in ("tanvir.ahmed@meghna.example", "a+b@x.co", "payroll@payrun.localhost", "x@localhost"):
+        assert address_problem(ok) is None, ok
+
+
+def test_rate_limit_rolling_window_with_fake_clock(prov, clock):
+    c = Client(prov)
+    assert [c.send(f"k{i}")[0] for i in range(3)] == [202, 202, 202]
+    status, resp, _ = c.send("k3")
+    assert status == 429 and resp.getheader("Retry-After") == "1"
+    clock.advance(0.5)
+    assert c.send("k4")[0] == 429
+    clock.advance(0.5)  # the first three are now a full second old
+    assert c.send("k5")[0] == 202
+    st = c.stats()
+    assert st["throttled_429"] == 2 and st["delivered"] == 4 and st["max_rate_1s"] == 3
+    assert sum(st["per_second"].values()) == 4
+
+
+def test_outage_window(prov, clock):
+    c = Client(prov)
+    status, _, doc = c.call("POST", "/v1/admin/outage", {"seconds": 10, "status": 503})
+    assert status == 200 and doc["outage"] is True
+    assert c.send("k1")[0] == 503
+    clock.advance(9.9)
+    assert c.send("k1")[0] == 503
+    clock.advance(0.2)
+    assert c.send("k1")[0] == 202
+    c.call("POST", "/v1/admin/outage", {"seconds": 100, "status": 500})
+    assert c.send("k2")[0] == 500
+    assert c.call("DELETE", "/v1/admin/outage")[0] == 200
+    assert c.send("k2")[0] == 202
+    st = c.stats()
+    assert st["outage_5xx"] == 3 and st["delivered"] == 2 and st["received"] == 5
+    assert c.call("POST", "/v1/admin/outage", {"seconds": 1, "status": 200})[0] == 400
+
+
+def test_reset_and_config(prov):
+    c = Client(prov)
+    c.send("k1")
+    assert c.call("POST", "/v1/admin/reset")[0] == 200
+    st = c.stats()
+    assert st["received"] == 0 and st["delivered"] == 0 and st["per_second"] == {}
+    assert c.send("k1")[2]["duplicate"] is False  # dedupe forgotten
+    status, _, doc = c.call("POST", "/v1/admin/config", {"rate_per_s": 50, "latency_s": 0.01})
+    assert status == 200 and doc == {"latency_s": 0.01, "rate_per_s": 50.0}
+    assert c.stats()["rate_per_s"] == 50.0
+    assert c.call("GET", "/v1/nothing")[0] == 404
+
+
+def test_token_required():
+    p = Provider(latency_s=0, rate_per_s=10, token="tok-1").start()
+    try:
+        c = Client(p)
+        status, resp, _ = c.send("k1")
+        assert status == 401 and resp.getheader("WWW-Authenticate") == "Bearer"
+        assert c.call("GET", "/v1/stats")[0] == 401
+        authed = Client(p, token="tok-1")
+        assert authed.send("k1")[0] == 202
+        st = authed.stats()
+        assert st["unauthorized"] == 1 and st["delivered"] == 1
+    finally:
+        p.stop()
+
+
+def test_rate_limit_under_concurrent_load():
+    """30 clients hammer a rate-20 provider for ~1.5 s: no wall-clock second admits > 20."""
+    p = Provider(latency_s=0.05, rate_per_s=20).start()
+    stop_at = time.monotonic() + 1.5
+    counts = {"202": 0, "429": 0, "other": 0}
+    lock = threading.Lock()
+
+    def client(n):
+        c = Client(p)
+        i = 0
+        while time.monotonic() < stop_at:
+            status = c.send(f"load:{n}:{i}")[0]
+            i += 1
+            with lock:
+                counts[str(status) if status in (202, 429) else "other"] += 1
+            if status == 429:
+                time.sleep(0.02)  # pacing, like a polite client; keeps the test's CPU down
+        c.close()
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(30)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10)
+        st = p.stats()
+    finally:
+        p.stop()
+    assert counts["other"] == 0
+    assert st["max_rate_1s"] <= 20
+    assert all(n <= 20 for n in st["per_second"].values()), st["per_second"]
+    assert st["throttled_429"] == counts["429"] > 0
+    assert st["delivered"] == counts["202"] == sum(st["per_second"].values())
+    assert st["delivered"] >= 20  # it did admit at the rate, not less
+
+
+def test_sixty_concurrent_requests_are_served_concurrently():
+    p = Provider(latency_s=0.3, rate_per_s=1000).start()
+    n = 60
+    barrier = threading.Barrier(n)
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def one(i):
+        c = Client(p)
+        barrier.wait(timeout=10)
+        status = c.send(f"conc:{i}")[0]
+        with lock:
+            statuses.append(status)
+        c.close()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=20)
+        st = p.stats()
+    finally:
+        p.stop()
+    assert statuses == [202] * n
+    assert st["delivered"] == n and st["in_flight"] == 0
+    assert st["max_in_flight"] >= 50, st["max_in_flight"]  # serial handling would give 1
+
+
+def test_keep_alive_and_stop_closes_connections():
+    p = Provider(latency_s=0, rate_per_s=100).start()
+    c = Client(p)
+    for i in range(5):
+        assert c.send(f"ka{i}")[0] == 202
+    sock = c.conn.sock
+    assert sock is not None  # still the same connection: HTTP/1.1 keep-alive
+    port = p.port
+    p.stop()
+    with pytest.raises((OSError, http.client.HTTPException)):
+        c.send("after-stop")
+    c.close()
+    # the port is free again
+    p2 = Provider(port=port, latency_s=0, rate_per_s=1).start()
+    p2.stop()
+
+
+def test_run_stops_on_sigterm():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    code = f"from payrun.provider import run; run('127.0.0.1', {port}, 0.0, 40.0)"
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/v1/stats")
+                assert conn.getresponse().status == 200
+                conn.close()
+                break
+            except OSError:
+                assert proc.poll() is None, "provider exited early"
+                assert time.monotonic() < deadline, "provider did not come up"
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
