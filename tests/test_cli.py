@@ -1,0 +1,80 @@
+"""The command line as a user meets it: --help everywhere, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from payrun import payroll
+from payrun.cli import cli
+
+COMMANDS = ["seed", "import", "run", "status", "worker", "ledger", "provider", "redis", "demo", "up",
+            "down", "ps", "config show", "config redis-url"]
+
+
+@pytest.fixture
+def runner(cfg):
+    return CliRunner()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_explains_itself(runner, command):
+    result = runner.invoke(cli, [*command.split(), "--help"])
+    assert result.exit_code == 0 and "Usage:" in result.output and len(result.output.splitlines()) > 3
+
+
+def one_line_error(result, code=2):
+    assert result.exit_code == code, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("payrun: "), result.output
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def test_bad_month_is_refused(runner):
+    msg = one_line_error(runner.invoke(cli, ["run", "--month", "2026-13"]))
+    assert "YYYY-MM" in msg
+
+
+def test_month_without_salary_lines_says_what_to_do(runner, cfg, conn):
+    payroll.seed(payroll.PayrollDB(cfg.payroll_path), companies=1, employees=3, seed=1, month="2026-11")
+    msg = one_line_error(runner.invoke(cli, ["run", "--month", "2026-12"]))
+    assert "payrun seed --month 2026-12" in msg
+
+
+def test_bad_csv_reports_lines_and_imports_nothing(runner, cfg, tmp_path):
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.seed(db, companies=1, employees=2, seed=1, month="2026-11")
+    before = db.conn.execute("SELECT COUNT(*) FROM employees").fetchone()[0]
+    good = open("docs/sample-employees.csv", encoding="utf-8").read().splitlines()
+    bad = list(good)
+    bad[3] = bad[3].replace("@", " at ", 1)  # malformed email on physical line 4
+    p = tmp_path / "bad.csv"
+    p.write_text("\n".join(bad) + "\n", encoding="utf-8")
+    msg = one_line_error(runner.invoke(cli, ["import", str(p)]))
+    assert "line 4" in msg and "email" in msg
+    assert db.conn.execute("SELECT COUNT(*) FROM employees").fetchone()[0] == before
+
+
+def test_config_show_redacts_and_redis_url_does_not(runner, cfg):
+    shown = json.loads(runner.invoke(cli, ["config", "show", "--json"]).output)
+    assert "password=***" in shown["redis"]["url"]
+    assert shown["render"]["timeout_s"] == 30 and shown["lease"]["visibility_s"] == 60
+    assert shown["metrics"]["port"]
+    url = runner.invoke(cli, ["config", "redis-url"]).output.strip()
+    assert url == cfg.redis.url and "***" not in url
+
+
+def test_invalid_config_is_refused_naming_values(runner, tmp_path, monkeypatch):
+    p = tmp_path / "c.toml"
+    p.write_text("[render]\ntimeout_s = 90\n[lease]\ngrace_s = 100\n")
+    monkeypatch.setenv("PAYRUN_CONFIG", str(p))
+    msg = one_line_error(runner.invoke(cli, ["config", "show"]))
+    assert "render.timeout_s (90 s)" in msg and "lease.visibility_s (60 s)" in msg
+
+
+def test_unknown_queue(runner):
+    msg = one_line_error(runner.invoke(cli, ["worker", "pdf-rendr"]))
+    assert "pdf-render" in msg
