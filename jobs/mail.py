@@ -249,7 +249,7 @@ class SmtpTransport:
                     smtp = smtplib.SMTP(self.host, self.port, timeout=deadline.left())
                 step(smtp.ehlo_or_helo_if_needed)
                 if self.starttls:
-                    step(smtp.starttls, self._ssl)
+                    step(lambda: smtp.starttls(context=self._ssl))
                     step(smtp.ehlo)
                 if self.user:
                     step(smtp.login, self.user, self._password)

@@ -93,6 +93,8 @@ def run_demo(base: Config, employees: int, companies: int, month: str, timeout_s
         deadline = time.monotonic() + timeout_s
         samples: list[tuple[float, int]] = []
         final = None
+        tty = sys.stderr.isatty()
+        last_line = 0.0
         while time.monotonic() < deadline:
             rep = status.report(cfg, ledger, month)
             t = rep["total"]
@@ -101,8 +103,12 @@ def run_demo(base: Config, employees: int, companies: int, month: str, timeout_s
             samples.append((now, t["done"]))
             samples = [s for s in samples if now - s[0] <= 10]
             rate = (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0]) if len(samples) > 1 and samples[-1][0] > samples[0][0] else 0.0
-            sys.stderr.write(_bar(t["done"], t["failed"], rendered, total, rate))
-            sys.stderr.flush()
+            if tty:
+                sys.stderr.write(_bar(t["done"], t["failed"], rendered, total, rate))
+                sys.stderr.flush()
+            elif now - last_line >= 5 or t["done"] + t["failed"] >= total:  # a log, not a redraw
+                sys.stderr.write(_bar(t["done"], t["failed"], rendered, total, rate).strip("\r ") + "\n")
+                last_line = now
             if t["done"] + t["failed"] >= total:
                 final = rep
                 break
@@ -110,7 +116,8 @@ def run_demo(base: Config, employees: int, companies: int, month: str, timeout_s
                 if p.poll() is not None:
                     raise click.ClickException(f"{name} exited with {p.returncode}; see {home / 'log'}")
             time.sleep(0.5)
-        sys.stderr.write("\n")
+        if tty:
+            sys.stderr.write("\n")
         elapsed = time.monotonic() - t0
         if final is None:
             final = status.report(cfg, ledger, month)

@@ -417,3 +417,38 @@ def test_transport_for_rejects_unknown_scheme_without_password():
     assert "hunter2" not in str(ei.value)
     with pytest.raises(ValueError):
         transport_for("smtp://user@host:25", 5)  # user without password, none in env
+
+
+@pytest.fixture
+def tls_files(tmp_path):
+    import shutil
+    import subprocess
+
+    if not shutil.which("openssl"):
+        pytest.skip("openssl binary not available to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.mark.parametrize("mode", ["starttls", "smtps"])
+def test_smtp_tls_modes(tls_files, monkeypatch, mode):
+    import ssl
+
+    cert, key = tls_files
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    handler = Recorder()
+    kw = {"tls_context": ctx, "require_starttls": True} if mode == "starttls" else {"ssl_context": ctx}
+    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0, **kw)
+    ctl.start()
+    try:
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trust the test certificate
+        url = (f"smtp://127.0.0.1:{ctl.port}?starttls=1" if mode == "starttls"
+               else f"smtps://127.0.0.1:{ctl.port}")
+        transport_for(url, 5).send(make_msg())
+        assert len(handler.messages) == 1
+    finally:
+        ctl.stop()
