@@ -43,7 +43,8 @@ class PayrunJob(Job):
 
     def get_retry_interval(self) -> float:
         policy = self.meta.get("retry") or {}
-        attempt = max(1, int(self.meta.get("attempt", 1)))
+        # attempt within the current budget: `payrun retry` restarts the count, not the history
+        attempt = max(1, int(self.meta.get("attempt", 1)) - int(self.meta.get("budget_start", 0)))
         delay = backoff_delay(
             attempt,
             float(policy.get("base_s", 1.0)),

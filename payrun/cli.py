@@ -215,6 +215,59 @@ def _maybe_redis(c: Ctx):
     return conn if redis_server.ping(conn) else None
 
 
+@cli.command(name="failed")
+@click.option("--queue", type=click.Choice(["pdf-render", "send-email", "control"]), default=None)
+@click.option("--error", "error_text", default=None, help="Only jobs whose last error contains TEXT.")
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, limit: int, as_json: bool) -> None:
+    """List failed jobs (dead letters), newest first, with their last error."""
+    from payrun import deadletters
+
+    rows = deadletters.failed(c.redis(), queue, error_text, limit)
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    if not rows:
+        click.echo("no failed jobs")
+        return
+    for r in rows:
+        click.echo(f"{r['id']:<36} {r['queue']:<10} attempts={r['attempts']:<2} {r['error']}")
+    click.echo(f"{len(rows)} failed job(s); retry with: payrun retry ID… or payrun retry --all"
+               + (f" --queue {queue}" if queue else "") + (f" --error {error_text!r}" if error_text else ""))
+
+
+@cli.command(name="retry")
+@click.argument("job_ids", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every failed job (narrow with --queue/--error).")
+@click.option("--queue", type=click.Choice(["pdf-render", "send-email", "control"]), default=None)
+@click.option("--error", "error_text", default=None, help="Only jobs whose last error contains TEXT.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, error_text: str | None,
+              as_json: bool) -> None:
+    """Requeue failed jobs with a fresh attempt budget. A send job picks up an email
+    address fixed in the payroll database since its snapshot."""
+    from payrun import deadletters
+
+    if bool(job_ids) == all_:
+        raise PayrunError("name job ids, or use --all (with optional --queue/--error), not both")
+    if (queue or error_text) and not all_:
+        raise PayrunError("--queue and --error narrow --all; with job ids they are not used")
+    conn = c.redis()
+    ids = list(job_ids) or [r["id"] for r in deadletters.failed(conn, queue, error_text)]
+    db = c.payroll() if c.cfg.payroll_path.exists() else None
+    requeued, missing = deadletters.retry(c.cfg, conn, ids, db)
+    if as_json:
+        click.echo(json.dumps({"requeued": requeued, "not_found": missing}))
+    else:
+        click.echo(f"requeued {len(requeued)} job(s)" + (f"; not among failed jobs: {', '.join(missing)}" if missing else ""))
+    sys.exit(1 if missing else 0)
+
+
 # ---- processes -------------------------------------------------------------------
 
 @cli.command()

@@ -11,7 +11,7 @@ from payrun import payroll
 from payrun.cli import cli
 
 COMMANDS = ["seed", "import", "run", "status", "worker", "ledger", "provider", "redis", "demo", "up",
-            "down", "ps", "config show", "config redis-url"]
+            "down", "ps", "failed", "retry", "config show", "config redis-url"]
 
 
 @pytest.fixture

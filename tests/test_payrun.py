@@ -223,3 +223,30 @@ def test_status_json_shape(world, provider):
     for k in ("queued", "running", "retrying", "done", "failed"):
         assert k in data["total"] and all(k in c for c in data["companies"])
     assert {c["id"] for c in data["companies"]} == {1, 2} and all(c["name"] for c in data["companies"])
+
+
+def test_bad_address_fixed_then_retried_is_delivered(world, provider):
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    db.conn.execute("UPDATE employees SET email = 'nobody@nowhere.invalid' WHERE id = 'emp-00002'")
+    db.conn.commit()
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    runner = CliRunner()
+    listed = json.loads(runner.invoke(cli, ["failed", "--json"]).output)
+    assert [r["id"] for r in listed] == [keys.email_job_id(MONTH, "emp-00002")]
+    assert "invalid recipient" in listed[0]["error"] and listed[0]["attempts"] == 1
+    # HR fixes the address, then retries everything that failed on it
+    db.conn.execute("UPDATE employees SET email = 'fixed@payroll.example' WHERE id = 'emp-00002'")
+    db.conn.commit()
+    out = runner.invoke(cli, ["retry", "--all", "--error", "invalid recipient", "--json"])
+    assert json.loads(out.output) == {"requeued": [listed[0]["id"]], "not_found": []}
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
+    ledger_mod.drain(conn, ledger)
+    assert provider.delivery(f"slip:{MONTH}:emp-00002")["to"] == "fixed@payroll.example"
+    job = ledger.job(listed[0]["id"])
+    assert job["status"] == "done" and [h["outcome"] for h in job["history"]] == ["failed", "done"]
+    assert json.loads(runner.invoke(cli, ["failed", "--json"]).output) == []

@@ -1,0 +1,83 @@
+"""Dead letters: jobs that failed for good, read from RQ's failed registries (without
+running RQ's cleanup), and requeued by hand with a fresh attempt budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rq.registry import FailedJobRegistry
+
+from jobs import events
+from jobs.runtime import PayrunJob, make_queue
+from payrun import keys
+from payrun.config import Config
+
+
+def _registry(conn, queue: str) -> FailedJobRegistry:
+    q = make_queue(queue, conn)
+    return FailedJobRegistry(queue=q, job_class=PayrunJob, serializer=q.serializer)
+
+
+def failed(conn, queue: str | None = None, error: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """Failed jobs, newest first, optionally only one queue and/or whose last error
+    contains ``error`` (case-insensitive)."""
+    out: list[dict[str, Any]] = []
+    for qname in ([queue] if queue else [keys.RENDER_QUEUE, keys.EMAIL_QUEUE, keys.CONTROL_QUEUE]):
+        reg = _registry(conn, qname)
+        ids = reg.get_job_ids(desc=True, cleanup=False)
+        for job in PayrunJob.fetch_many(ids, connection=conn, serializer=reg.serializer):
+            if job is None:
+                continue
+            last_error = job.meta.get("last_error") or ""
+            if error and error.lower() not in last_error.lower():
+                continue
+            out.append({
+                "id": job.id, "queue": qname, "kind": job.meta.get("kind"), "key": job.meta.get("key"),
+                "attempts": job.meta.get("attempt", 0), "error": last_error,
+                "ended_at": job.ended_at.isoformat() if job.ended_at else None,
+            })
+    out.sort(key=lambda r: r["ended_at"] or "", reverse=True)
+    return out[:limit] if limit else out
+
+
+def _refresh_address(job: PayrunJob, payroll_db) -> None:
+    """A send job carries the address of its snapshot; HR may have fixed it since."""
+    if payroll_db is None or job.func_name != "jobs.tasks.send_slip" or not job.args:
+        return
+    payload = dict(job.args[0])
+    row = payroll_db.conn.execute(
+        "SELECT email, name_en FROM employees WHERE id = ?", (payload.get("employee_id"),)
+    ).fetchone()
+    if row and row[0] != payload.get("to"):
+        payload["to"], payload["to_name"] = row[0], row[1]
+        job.args = (payload,)
+
+
+def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None) -> tuple[list[str], list[str]]:
+    """Requeue failed jobs with a fresh attempt budget. Returns (requeued, not_found)."""
+    requeued, missing = [], []
+    for job_id in job_ids:
+        job = None
+        for qname in keys.QUEUES:
+            reg = _registry(conn, qname)
+            if conn.zscore(reg.key, job_id) is not None:
+                job = PayrunJob.fetch(job_id, connection=conn, serializer=reg.serializer)
+                break
+        if job is None:
+            missing.append(job_id)
+            continue
+        policy = cfg.email.retry if job.origin == keys.EMAIL_QUEUE else cfg.render.retry
+        job.retries_left = policy.attempts - 1 if policy.attempts > 1 else None
+        # attempts keep counting (the ledger's history stays whole); the backoff restarts
+        job.meta.update(budget_start=int(job.meta.get("attempt", 0)), retry=vars(policy))
+        for k in ("last_error", "error_attempt", "retry_after", "last_delay"):
+            job.meta.pop(k, None)
+        _refresh_address(job, payroll_db)
+        job.save()
+        with conn.pipeline() as pipe:
+            reg.remove(job, pipeline=pipe)
+            make_queue(job.origin, conn)._enqueue_job(job, pipeline=pipe)
+            events.emit(pipe, job.id, "queued", reset=1)
+            pipe.execute()
+        requeued.append(job_id)
+    return requeued, missing
