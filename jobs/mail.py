@@ -89,7 +89,7 @@ from email.message import EmailMessage
 from email.policy import SMTP as SMTP_POLICY
 from email.utils import formataddr, parseaddr
 from typing import Protocol
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from jobs.errors import OutcomeUnknown, PermanentError, TransientError
 
@@ -141,13 +141,9 @@ def transport_for(url: str, timeout_s: float) -> Transport:
 
 
 def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        creds, host = netloc.rsplit("@", 1)
-        user = creds.split(":", 1)[0]
-        netloc = f"{user}:***@{host}" if ":" in creds else f"{user}@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    from payrun.config import redact_url
+
+    return redact_url(url)
 
 
 def _port(parts, default: int, url: str) -> int:

@@ -585,6 +585,20 @@ def _fail(path: str | os.PathLike[str], problems: list[tuple[int, str]]) -> None
     raise err
 
 
+
+def _required_fields(row: dict[str, str], columns) -> tuple[dict[str, str], list[str]]:
+    """Clean every column of one CSV row; the reasons for any empty or unclean field."""
+    why: list[str] = []
+    vals: dict[str, str] = {}
+    for col in columns:
+        v, bad = _clean_text(row[col])
+        vals[col] = v
+        if not v:
+            why.append(f"{col} is empty")
+        elif bad:
+            why.append(f"{col} {bad}")
+    return vals, why
+
 def import_csv(db: "PayrollDB | sqlite_utils.Database",
                path: str | os.PathLike[str]) -> ImportResult:
     """Import employees and their salary lines from one CSV; all rows or none.
@@ -609,15 +623,7 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
     emp_rows: dict[str, tuple[int, dict[str, Any]]] = {}
     lines: list[dict[str, Any]] = []
     for line, row in rows:
-        why: list[str] = []
-        vals: dict[str, str] = {}
-        for col in CSV_COLUMNS:
-            v, bad = _clean_text(row[col])
-            vals[col] = v
-            if not v:
-                why.append(f"{col} is empty")
-            elif bad:
-                why.append(f"{col} {bad}")
+        vals, why = _required_fields(row, CSV_COLUMNS)
         if why:
             problems.extend((line, w) for w in why)
             continue
@@ -688,15 +694,7 @@ def import_companies_csv(db: "PayrollDB | sqlite_utils.Database",
     seen: dict[int, int] = {}
     out: list[dict[str, Any]] = []
     for line, row in rows:
-        why: list[str] = []
-        vals: dict[str, str] = {}
-        for col in COMPANY_CSV_COLUMNS:
-            v, bad = _clean_text(row[col])
-            vals[col] = v
-            if not v:
-                why.append(f"{col} is empty")
-            elif bad:
-                why.append(f"{col} {bad}")
+        vals, why = _required_fields(row, COMPANY_CSV_COLUMNS)
         if not why:
             if not _INT_RE.fullmatch(vals["id"]) or int(vals["id"]) < 1:
                 why.append(f"id {_show(vals['id'])} must be a positive whole number")

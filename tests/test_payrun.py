@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from email import message_from_bytes
 from email.policy import default as default_policy
 
