@@ -50,8 +50,9 @@ class EmailConfig:
     url: str = ""
     """smtp://user:pass@host:port[?starttls=1] or http://host:port; '' = local provider."""
     sender: str = "Payroll <payroll@payrun.localhost>"
-    lanes: int = 48
-    """Concurrent sends per send-email worker process (threads, not processes)."""
+    lanes: int = 45
+    """Concurrent sends per send-email worker process (threads, not processes). Until the
+    global limiter lands, this is the cap: the seed's 45 in flight (40/s x 1.2 s = 48, less headroom)."""
     timeout_s: int = 30
     """One send (connect + request + reply) longer than this counts as failed."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
