@@ -16,7 +16,7 @@ import pytest
 
 from jobs import slip
 from jobs.runtime import RenderWorker, make_queue, run_lanes
-from payrun import keys, ledger as ledger_mod, payroll, runs
+from payrun import keys, ledger as ledger_mod, payroll, runs, status
 from payrun.ledger import Ledger
 from payrun.provider import Provider
 
@@ -50,6 +50,12 @@ def work_everything(conn, ledger) -> None:
     w.work(burst=True, logging_level="WARNING")
     run_lanes(conn, [keys.EMAIL_QUEUE], lanes=4, burst=True)
     ledger_mod.drain(conn, ledger)
+
+
+def set_email(db, employee_id: str, email: str) -> None:
+    """What HR does in the payroll database (a bad address, then its fix)."""
+    db.conn.execute("UPDATE employees SET email = ? WHERE id = ?", (email, employee_id))
+    db.conn.commit()
 
 
 def pdf_text(path) -> str:
@@ -104,7 +110,7 @@ def test_pay_run_end_to_end_over_http(world, provider):
 
     stats = provider.stats()
     assert stats["delivered"] == 12 and stats["duplicates_refused"] == 0
-    report = __import__("payrun.status", fromlist=["report"]).report(cfg, ledger, MONTH)
+    report = status.report(cfg, ledger, MONTH)
     assert report["total"]["done"] == 12 and report["total"]["failed"] == 0
     for snap in payroll.snapshots(db, MONTH):
         path = cfg.slips_dir / MONTH / str(snap["company"]["id"]) / f"{snap['employee']['id']}.pdf"
@@ -123,8 +129,7 @@ def test_pay_run_end_to_end_over_http(world, provider):
 
 def test_a_refused_address_fails_at_once_with_a_reason(world, provider):
     cfg, conn, db, ledger = world
-    db.conn.execute("UPDATE employees SET email = 'nobody@nowhere.invalid' WHERE id = 'emp-00001'")
-    db.conn.commit()
+    set_email(db, "emp-00001", "nobody@nowhere.invalid")
     runs.start_run(cfg, conn, ledger, db, MONTH)
     work_everything(conn, ledger)
     job = ledger.job(keys.email_job_id(MONTH, "emp-00001"))
@@ -132,7 +137,7 @@ def test_a_refused_address_fails_at_once_with_a_reason(world, provider):
     assert "invalid recipient" in job["last_error"]
     assert [h["outcome"] for h in job["history"]] == ["failed"]
     assert provider.stats()["delivered"] == 11
-    report = __import__("payrun.status", fromlist=["report"]).report(cfg, ledger, MONTH)
+    report = status.report(cfg, ledger, MONTH)
     assert report["total"]["failed"] == 1 and report["total"]["done"] == 11
 
 
@@ -230,8 +235,7 @@ def test_bad_address_fixed_then_retried_is_delivered(world, provider):
     from payrun.cli import cli
 
     cfg, conn, db, ledger = world
-    db.conn.execute("UPDATE employees SET email = 'nobody@nowhere.invalid' WHERE id = 'emp-00002'")
-    db.conn.commit()
+    set_email(db, "emp-00002", "nobody@nowhere.invalid")
     runs.start_run(cfg, conn, ledger, db, MONTH)
     work_everything(conn, ledger)
     runner = CliRunner()
@@ -239,8 +243,7 @@ def test_bad_address_fixed_then_retried_is_delivered(world, provider):
     assert [r["id"] for r in listed] == [keys.email_job_id(MONTH, "emp-00002")]
     assert "invalid recipient" in listed[0]["error"] and listed[0]["attempts"] == 1
     # HR fixes the address, then retries everything that failed on it
-    db.conn.execute("UPDATE employees SET email = 'fixed@payroll.example' WHERE id = 'emp-00002'")
-    db.conn.commit()
+    set_email(db, "emp-00002", "fixed@payroll.example")
     out = runner.invoke(cli, ["retry", "--all", "--error", "invalid recipient", "--json"])
     assert json.loads(out.output) == {"requeued": [listed[0]["id"]], "not_found": []}
     run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
