@@ -103,3 +103,13 @@ def is_stuck(started_s: float, last_heartbeat_s: float, now_s: float, visibility
 def shutdown_deadline(signal_at_s: float, grace_s: float) -> float:
     """When a worker that got SIGTERM at ``signal_at_s`` must have handed back its jobs."""
     return signal_at_s + grace_s
+
+
+def should_reap(lease_expires_s: float, now_s: float, worker_alive: bool) -> str | None:
+    """Why a running job must go back to its queue, or None: its lease ran out (nobody
+    renewed it), or its worker's liveness key is gone (the worker died)."""
+    if not worker_alive:
+        return "worker {worker} is gone (no liveness for 10 s)"
+    if lease_expires_s < now_s:
+        return "its lease expired: worker {worker} stopped renewing it"
+    return None

@@ -9,6 +9,15 @@
 - ``LaneWorker`` + ``run_lanes``: send-email is IO-bound, so one process runs many
   concurrent sends as threads ("lanes"), each lane a registered RQ worker that
   ``rq info`` shows, instead of one forked process per in-flight email.
+
+Deadlines (``jobs.policy`` holds the arithmetic):
+- a job past its timeout is killed by the parent 2 s later even when it hangs in C code
+  (RQ alone waits timeout + 60 s); that counts as a transient failure and is retried;
+- on SIGTERM a worker takes no new job and has ``grace_s`` to finish the one in hand;
+  past the grace, or on a second SIGTERM, the job goes back to the *front* of its queue
+  without spending an attempt, and the worker exits by itself;
+- every worker keeps ``payrun:alive:<name>`` alive (TTL 10 s) from a thread of its own;
+  the reaper (payrun/reaper.py) returns the jobs of a worker whose key lapsed.
 """
 
 from __future__ import annotations
@@ -27,11 +36,19 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 from rq.suspension import is_suspended
 from rq.timeouts import TimerDeathPenalty
+from rq.utils import now as utcnow
 
-from jobs import events
+from jobs import events, idempotency
 from jobs.errors import PermanentError
-from jobs.policy import backoff_delay, classify
-from jobs.tasks import ALLOWED_FUNCTIONS
+from jobs.policy import backoff_delay, classify, shutdown_deadline
+from jobs.tasks import allowed_functions
+from payrun import keys
+
+KILL_MARGIN_S = 2
+"""How long past its timeout a job may run before the parent kills its work horse."""
+ALIVE_TTL_S = 10
+"""A worker whose payrun:alive key is older than this is presumed dead."""
+ALIVE_EVERY_S = 2
 
 log = logging.getLogger("payrun.worker")
 
@@ -43,7 +60,8 @@ class PayrunJob(Job):
 
     def get_retry_interval(self) -> float:
         policy = self.meta.get("retry") or {}
-        # attempt within the current budget: `payrun retry` restarts the count, not the history
+        # attempt within the current budget: `payrun retry` and a requeue on shutdown
+        # restart the count, not the history
         attempt = max(1, int(self.meta.get("attempt", 1)) - int(self.meta.get("budget_start", 0)))
         delay = backoff_delay(
             attempt,
@@ -55,9 +73,10 @@ class PayrunJob(Job):
         return delay
 
     def perform(self) -> Any:
-        if self.func_name not in ALLOWED_FUNCTIONS:
+        allowed = allowed_functions()
+        if self.func_name not in allowed:
             raise PermanentError(
-                f"refused: {self.func_name!r} is not a payrun job function (allowed: {', '.join(sorted(ALLOWED_FUNCTIONS))})"
+                f"refused: {self.func_name!r} is not a payrun job function (allowed: {', '.join(sorted(allowed))})"
             )
         return super().perform()
 
@@ -77,11 +96,39 @@ class EventsMixin:
     job_class = PayrunJob
     serializer = JSONSerializer
 
+    grace_s: float = 30.0
+    """Set from lease.grace_s by whoever starts the worker."""
+
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("serializer", JSONSerializer)
         kwargs.setdefault("job_class", PayrunJob)
         kwargs.setdefault("exception_handlers", [self._classify_exception])
         super().__init__(*args, **kwargs)
+        self.in_hand: tuple[Job, Queue] | None = None
+        self._requeue_ids: set[str] = set()
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        self.in_hand = (job, queue)
+        try:
+            super().execute_job(job, queue)
+        finally:
+            self.in_hand = None
+
+    def requeue_front(self, job: Job, queue: Queue, reason: str) -> None:
+        """Give a job back without spending an attempt: front of its queue, ledger told,
+        its idempotency claim released (a resend uses the same key; the provider dedupes)."""
+        job.meta = job.get_meta(refresh=True)
+        attempt = int(job.meta.get("attempt", 0))
+        job.meta["budget_start"] = int(job.meta.get("budget_start", 0)) + 1
+        with self.connection.pipeline() as pipe:
+            if getattr(self, "execution", None) is not None:
+                self.cleanup_execution(job, pipeline=pipe)
+            queue._enqueue_job(job, pipeline=pipe, at_front=True)
+            events.emit(pipe, job.id, "queued", attempt=attempt, outcome="requeued", error=reason)
+            pipe.execute()
+        if job.meta.get("kind") == "email" and job.meta.get("key"):
+            idempotency.release(self.connection, job.meta["key"], f"{job.id}:{attempt}")
+        log.warning("Worker %s: %s returned to the front of %s (%s)", self.name, job.id, queue.name, reason)
 
     # horse / lane side: about to run
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
@@ -107,6 +154,10 @@ class EventsMixin:
         events.emit(self.connection, job.id, "done", attempt=job.meta.get("attempt"))
 
     def handle_job_failure(self, job: Job, queue: Queue, started_job_registry=None, exc_string: str = "") -> None:
+        if job.id in self._requeue_ids:  # killed by us at the end of the grace period
+            self._requeue_ids.discard(job.id)
+            self.requeue_front(job, queue, f"worker {self.name} stopped: not finished within the {self.grace_s:g} s grace")
+            return
         job.meta = job.get_meta(refresh=True)  # the horse may have died holding newer meta
         if job.meta.get("error_attempt") != job.meta.get("attempt"):
             # no exception handler ran for this attempt: the horse was killed (timeout in C code)
@@ -124,7 +175,15 @@ class EventsMixin:
 
 class RenderWorker(EventsMixin, Worker):
     """Fork per job, warmed: the parent imports WeasyPrint and renders one sample slip
-    before it takes work, so every forked horse inherits the loaded fonts and template."""
+    before it takes work, so every forked horse inherits the loaded fonts and template.
+    The parent checks deadlines every second while a horse runs."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("job_monitoring_interval", 1)
+        super().__init__(*args, **kwargs)
+        self._grace_deadline: float | None = None
+        self._timed_out: set[str] = set()
+        self._liveness: Liveness | None = None
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         from jobs import slip
@@ -132,7 +191,49 @@ class RenderWorker(EventsMixin, Worker):
         started = time.monotonic()
         slip.warm_up()
         log.info("Worker %s: WeasyPrint warmed in %.2f s", self.name, time.monotonic() - started)
+        self._liveness = Liveness(self.connection, [self.name]).start()
         super().bootstrap(*args, **kwargs)
+
+    def teardown(self) -> None:
+        super().teardown()
+        if self._liveness is not None and not self.is_horse:
+            self._liveness.stop()
+
+    def request_stop(self, signum, frame) -> None:
+        if self._grace_deadline is None:
+            self._grace_deadline = shutdown_deadline(time.monotonic(), self.grace_s)
+            if self.horse_pid:
+                log.info("Worker %s: SIGTERM: finishing the job in hand (grace %g s), taking no more",
+                         self.name, self.grace_s)
+        super().request_stop(signum, frame)
+
+    def request_force_stop(self, signum, frame) -> None:
+        """Second SIGTERM: hand the job back now, then exit."""
+        if self.in_hand is not None and self.horse_pid:
+            job, queue = self.in_hand
+            self.kill_horse()
+            self.wait_for_horse()
+            self.requeue_front(job, queue, f"worker {self.name} stopped at once (second signal)")
+        if self._liveness is not None:
+            self._liveness.stop()
+        raise SystemExit(0)
+
+    def maintain_heartbeats(self, job: Job) -> None:
+        super().maintain_heartbeats(job)
+        elapsed = (utcnow() - job.started_at).total_seconds() if job.started_at else 0.0
+        if job.timeout and job.timeout > 0 and elapsed > job.timeout + KILL_MARGIN_S and job.id not in self._timed_out:
+            log.warning("Worker %s: job %s exceeded its %s s timeout; killing its work horse", self.name, job.id, job.timeout)
+            self._timed_out.add(job.id)
+            self.kill_horse()
+        elif self._grace_deadline is not None and time.monotonic() >= self._grace_deadline and job.id not in self._requeue_ids:
+            self._requeue_ids.add(job.id)
+            self.kill_horse()
+
+    def handle_job_failure(self, job: Job, queue: Queue, started_job_registry=None, exc_string: str = "") -> None:
+        if job.id in self._timed_out:
+            self._timed_out.discard(job.id)
+            exc_string = f"JobTimeoutException: killed after its {job.timeout} s timeout (it did not stop by itself)"
+        super().handle_job_failure(job, queue, started_job_registry, exc_string)
 
 
 class LaneWorker(EventsMixin, SimpleWorker):
@@ -151,6 +252,45 @@ class LaneWorker(EventsMixin, SimpleWorker):
 
     def procline(self, message: str) -> None:  # one process title, not 45
         pass
+
+
+class Liveness:
+    """Keeps payrun:alive:<name> for each name, TTL ALIVE_TTL_S, from a thread with its own
+    Redis client (a forked horse never shares a connection pool with it)."""
+
+    def __init__(self, conn, names: list[str]):
+        pool = conn.connection_pool
+        self.conn = conn.__class__(connection_pool=pool.__class__(
+            connection_class=pool.connection_class, **pool.connection_kwargs))
+        self.names = list(names)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
+
+    def beat(self) -> None:
+        with self.conn.pipeline(transaction=False) as pipe:
+            for name in self.names:
+                pipe.set(keys.alive(name), os.getpid(), ex=ALIVE_TTL_S)
+            pipe.execute()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.beat()
+            except Exception as e:  # Redis down: the key lapses, the reaper may act; keep trying
+                log.warning("liveness: %s", e)
+            self._stop.wait(ALIVE_EVERY_S)
+
+    def start(self) -> "Liveness":
+        self.beat()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self.conn.delete(*[keys.alive(n) for n in self.names])
+        except Exception:
+            pass
 
 
 def worker_name(kind: str, index: int | None = None) -> str:
@@ -192,21 +332,37 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, poll_s: int = 1) -> int:
     return done
 
 
-def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False) -> int:
+def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, grace_s: float = 30.0) -> int:
     """Run ``lanes`` concurrent lanes in this process until SIGTERM/SIGINT (or, with
-    ``burst``, until the queues are empty). Returns the number of jobs run."""
+    ``burst``, until the queues are empty). Returns the number of jobs run.
+
+    First signal: lanes take no new job and finish the one in hand (a send is bounded by
+    its timeout, which config keeps at or below the grace). Past the grace, or on a
+    second signal, jobs still in hand go back to the front of their queue and the
+    process exits."""
     queues = [make_queue(q, conn) for q in queue_names]
     stop = threading.Event()
     workers = [LaneWorker(queues, connection=conn, name=worker_name("email", i)) for i in range(lanes)]
+    for w in workers:
+        w.grace_s = grace_s
+    liveness = Liveness(conn, [w.name for w in workers]).start()
     # retries sit in RQ's scheduled registry: lane 0 also runs RQ's scheduler for our queues
     workers[0]._start_scheduler(burst=False)
     counts: list[int] = [0] * lanes
+    deadline: list[float] = []
+    forced = threading.Event()
 
     def run(i: int) -> None:
         counts[i] = lane_loop(workers[i], stop)
 
     def on_signal(signum, frame):
-        log.info("send-email %d: %s: finishing jobs in hand, taking no more", os.getpid(), signal.Signals(signum).name)
+        if stop.is_set():
+            log.warning("send-email %d: second signal: returning jobs in hand now", os.getpid())
+            forced.set()
+            return
+        log.info("send-email %d: %s: finishing jobs in hand (grace %g s), taking no more",
+                 os.getpid(), signal.Signals(signum).name, grace_s)
+        deadline.append(shutdown_deadline(time.monotonic(), grace_s))
         stop.set()
 
     if threading.current_thread() is threading.main_thread():
@@ -217,12 +373,21 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False) -> 
         t.start()
     try:
         while any(t.is_alive() for t in threads):
-            if burst and all(q.count == 0 for q in queues) and all(w.get_state() != "busy" for w in workers):
+            if burst and all(q.count == 0 for q in queues) and all(w.in_hand is None for w in workers):
                 stop.set()
+            if forced.is_set() or (deadline and time.monotonic() >= deadline[0]):
+                for w in workers:
+                    held = w.in_hand
+                    if held is not None:
+                        w.requeue_front(held[0], held[1], f"worker {w.name} stopped before the send finished")
+                for w in workers:
+                    w.register_death()
+                break  # the lane threads are daemons: they end with the process
             for t in threads:
                 t.join(timeout=0.2)
     finally:
         stop.set()
+        liveness.stop()
         if workers[0].scheduler:
             workers[0].stop_scheduler()
     return sum(counts)

@@ -25,6 +25,17 @@ log = logging.getLogger("payrun.jobs")
 ALLOWED_FUNCTIONS = frozenset({"jobs.tasks.render_slip", "jobs.tasks.send_slip", "jobs.tasks.noop"})
 """Job functions a payrun worker agrees to run (JSON still lets a job name any import path)."""
 
+TEST_FUNCTIONS = frozenset({"jobs.testing.hang", "jobs.testing.sleep", "jobs.testing.noop"})
+
+
+def allowed_functions() -> frozenset[str]:
+    """The allow-list, plus the test suite's jobs when PAYRUN_TEST_JOBS=1."""
+    import os
+
+    if os.environ.get("PAYRUN_TEST_JOBS") == "1":
+        return ALLOWED_FUNCTIONS | TEST_FUNCTIONS
+    return ALLOWED_FUNCTIONS
+
 
 @functools.lru_cache(maxsize=1)
 def settings() -> config_mod.Config:
@@ -156,6 +167,7 @@ def noop(*args: Any, **kwargs: Any) -> None:
 
 
 def month_label(month: str) -> str:
+    """2026-11 -> November 2026 (jobs.slip has the same, but importing it loads WeasyPrint)."""
     import calendar
 
     year, mon = month.split("-")

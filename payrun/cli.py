@@ -268,6 +268,45 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
     sys.exit(1 if missing else 0)
 
 
+@cli.command()
+@click.option("--loop", is_flag=True, help="Keep reaping every lease.reap_every_s seconds (until SIGTERM).")
+@click.option("--every", "every_s", type=click.IntRange(1, 3600), default=None, help="Seconds between passes.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
+    """Return jobs of dead workers (or with expired leases) to the front of their queue.
+    Safe to run on several hosts at once: each job is returned exactly once."""
+    import signal
+    import time
+
+    from jobs import reaper
+
+    conn = c.redis()
+    every = every_s or c.cfg.lease.reap_every_s
+    stopping: list[int] = []
+    if loop:
+        _setup_logging()
+        signal.signal(signal.SIGTERM, lambda *a: stopping.append(1))
+        signal.signal(signal.SIGINT, lambda *a: stopping.append(1))
+    log = logging.getLogger("payrun.reaper")
+    while True:
+        returned = reaper.reap(conn)
+        if as_json and not loop:
+            click.echo(json.dumps([vars(s) for s in returned]))
+        for s in returned:
+            (log.warning if loop else click.echo)(f"returned {s.job_id} to {s.queue}: {s.reason}")
+        if not loop:
+            if not returned and not as_json:
+                click.echo("nothing stuck")
+            return
+        deadline = time.monotonic() + every
+        while not stopping and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if stopping:
+            return
+
+
 # ---- processes -------------------------------------------------------------------
 
 @cli.command()
@@ -296,11 +335,13 @@ def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> N
     if queues == (keys.EMAIL_QUEUE,):
         from jobs.runtime import run_lanes
 
-        run_lanes(conn, list(queues), lanes or c.cfg.email.lanes, burst=burst)
+        run_lanes(conn, list(queues), lanes or c.cfg.email.lanes, burst=burst, grace_s=c.cfg.lease.grace_s)
         return
     from jobs.runtime import RenderWorker, make_queue, worker_name
 
-    w = RenderWorker([make_queue(q, conn) for q in queues], connection=conn, name=worker_name("render"))
+    w = RenderWorker([make_queue(q, conn) for q in queues], connection=conn,
+                     name=worker_name("render" if keys.RENDER_QUEUE in queues else "control"))
+    w.grace_s = c.cfg.lease.grace_s
     w.work(burst=burst, with_scheduler=True, logging_level="INFO")
 
 

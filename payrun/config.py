@@ -76,6 +76,8 @@ class LeaseConfig:
     """On SIGTERM a worker finishes its jobs within this, else requeues them."""
     stuck_after_s: int = 600
     """A job running longer than this is reported as stuck (seed: 10 minutes)."""
+    reap_every_s: int = 5
+    """How often `payrun reap --loop` looks for jobs of dead workers (cheap: a few reads)."""
 
 
 @dataclass
@@ -265,6 +267,8 @@ def validate(cfg: Config) -> None:
         problems.append(f"limits.email_concurrency must be >= 1 (got {cfg.limits.email_concurrency})")
     if cfg.limits.email_rate_per_s <= 0:
         problems.append(f"limits.email_rate_per_s must be > 0 (got {cfg.limits.email_rate_per_s})")
+    if cfg.lease.reap_every_s < 1:
+        problems.append(f"lease.reap_every_s must be >= 1 (got {cfg.lease.reap_every_s})")
     if cfg.email.lanes < 1:
         problems.append(f"email.lanes must be >= 1 (got {cfg.email.lanes})")
     if cfg.render.workers < 0:

@@ -79,6 +79,7 @@ def run_demo(base: Config, employees: int, companies: int, month: str, timeout_s
     procs: list[tuple[str, subprocess.Popen]] = []
     try:
         procs.append(("ledger", _spawn(["ledger"], env, home / "log" / "ledger.log")))
+        procs.append(("reaper", _spawn(["reap", "--loop"], env, home / "log" / "reaper.log")))
         for i in range(cfg.render_workers):
             procs.append((f"render-{i}", _spawn(["worker", keys.RENDER_QUEUE], env, home / "log" / f"render-{i}.log")))
         procs.append(("email", _spawn(["worker", keys.EMAIL_QUEUE], env, home / "log" / "email.log")))

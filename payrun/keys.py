@@ -30,6 +30,11 @@ def idem_state(key: str) -> str:
     return f"payrun:idem:{key}"
 
 
+def alive(worker_name: str) -> str:
+    """Liveness of one worker (TTL 10 s, renewed every 2 s); gone = the worker is dead."""
+    return f"payrun:alive:{worker_name}"
+
+
 def render_job_id(month: str, employee_id: str) -> str:
     return f"render-{month}-{employee_id}"
 

@@ -189,8 +189,9 @@ class Ledger:
         if status == "queued" and ev.get("reset") == "1":  # retried by hand: fresh budget
             sets.append("finished_at = NULL")
         c.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*args, job_id))
-        if attempt is not None and status in ("running", "retrying", "done", "failed", "requeued"):
-            if status == "running":
+        outcome = ev.get("outcome") or status
+        if attempt is not None and outcome in ("running", "retrying", "done", "failed", "requeued", "reaped"):
+            if outcome == "running":
                 c.execute(
                     "INSERT INTO attempts (job_id, attempt, worker, started_at, outcome) VALUES (?,?,?,?, 'running')"
                     " ON CONFLICT(job_id, attempt) DO UPDATE SET worker = excluded.worker, started_at = excluded.started_at",
@@ -201,7 +202,7 @@ class Ledger:
                     "INSERT INTO attempts (job_id, attempt, ended_at, outcome, error, delay_s) VALUES (?,?,?,?,?,?)"
                     " ON CONFLICT(job_id, attempt) DO UPDATE SET ended_at = excluded.ended_at,"
                     " outcome = excluded.outcome, error = excluded.error, delay_s = excluded.delay_s",
-                    (job_id, attempt, ts, status, error, float(ev["delay"]) if ev.get("delay") else None),
+                    (job_id, attempt, ts, outcome, error, float(ev["delay"]) if ev.get("delay") else None),
                 )
 
     def job(self, job_id: str) -> dict[str, Any] | None:
@@ -235,19 +236,16 @@ class Ledger:
                  WHEN e.status IS NOT NULL THEN e.status
                  WHEN r.status = 'done' THEN 'queued'
                  ELSE r.status
-               END AS status,
-               CASE WHEN (COALESCE(e.status, r.status) = 'running')
-                     AND COALESCE(e.updated_at, r.updated_at) < :stuck_before THEN 1 ELSE 0 END AS stuck
+               END AS status
         FROM jobs r
         LEFT JOIN jobs e ON e.key = r.key AND e.kind = 'email'
         WHERE r.kind = 'render' {filters}
     """
 
-    def slip_counts(self, month: str | None = None, company_id: int | None = None,
-                    stuck_after_s: float = 600.0, now: float | None = None) -> dict[int, dict[str, int]]:
+    def slip_counts(self, month: str | None = None, company_id: int | None = None) -> dict[int, dict[str, int]]:
         """Counts of slips (not jobs) per company: a slip is done when its email is delivered,
         failed when its render or send failed for good, else in its current job's state.
-        ``stuck`` counts slips whose job has been running past ``stuck_after_s``."""
+        (``stuck`` is filled in by the caller from ``stuck_jobs``.)"""
         filters, params = "", {}
         if month:
             filters += " AND r.month = :month"
@@ -255,10 +253,8 @@ class Ledger:
         if company_id is not None:
             filters += " AND r.company_id = :company"
             params["company"] = company_id
-        now = time.time() if now is None else now
-        params["stuck_before"] = datetime.fromtimestamp(now - stuck_after_s, timezone.utc).isoformat(timespec="milliseconds")
         sql = (
-            "SELECT company_id, status, COUNT(*) AS n, SUM(stuck) AS stuck FROM ("
+            "SELECT company_id, status, COUNT(*) AS n FROM ("
             + self.SLIP_STATUS_SQL.format(filters=filters)
             + ") GROUP BY company_id, status"
         )
@@ -266,8 +262,23 @@ class Ledger:
         for row in self.db.query(sql, params):
             counts = out.setdefault(row["company_id"], {s: 0 for s in STATES} | {"stuck": 0, "total": 0})
             counts[row["status"]] = counts.get(row["status"], 0) + row["n"]
-            counts["stuck"] += row["stuck"] or 0
             counts["total"] += row["n"]
+        return out
+
+    def stuck_jobs(self, month: str | None, stuck_after_s: float, extra_ids: list[str] = (),
+                   now: float | None = None) -> dict[str, int]:
+        """Jobs counted as stuck, id -> company: running longer than ``stuck_after_s``
+        in the ledger, plus ``extra_ids`` (found stuck in Redis: dead worker, lapsed lease)."""
+        now = time.time() if now is None else now
+        cutoff = datetime.fromtimestamp(now - stuck_after_s, timezone.utc).isoformat(timespec="milliseconds")
+        where = "status = 'running' AND updated_at < ?" + (" AND month = ?" if month else "")
+        args: tuple = (cutoff, month) if month else (cutoff,)
+        out = {r["id"]: r["company_id"] for r in self.db.query(f"SELECT id, company_id FROM jobs WHERE {where}", args)}
+        for chunk in iter_chunks(list(extra_ids), 500):
+            marks = ",".join("?" * len(chunk))
+            sql = f"SELECT id, company_id FROM jobs WHERE id IN ({marks})" + (" AND month = ?" if month else "")
+            for r in self.db.query(sql, (*chunk, month) if month else tuple(chunk)):
+                out[r["id"]] = r["company_id"]
         return out
 
     def months(self) -> list[str]:

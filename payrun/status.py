@@ -2,7 +2,8 @@
 
 A slip is ``done`` when its email was delivered, ``failed`` when its render or its send
 failed for good, otherwise in the state of its current job; ``stuck`` counts slips whose
-job has been running longer than lease.stuck_after_s (10 minutes by default).
+job has been running longer than lease.stuck_after_s (10 minutes by default), or whose
+worker is gone or lease lapsed in Redis (the reaper returns those within seconds).
 """
 
 from __future__ import annotations
@@ -27,7 +28,19 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     if month is None:
         months = ledger.months()
         month = months[-1] if months else None
-    counts = ledger.slip_counts(month, company, stuck_after_s=cfg.lease.stuck_after_s) if month else {}
+    counts = ledger.slip_counts(month, company) if month else {}
+    if month:
+        redis_stuck: list[str] = []
+        if conn is not None:
+            from jobs.reaper import find_stuck
+
+            try:
+                redis_stuck = [s.job_id for s in find_stuck(conn)]
+            except Exception:  # Redis unreachable: the ledger's own rule still applies
+                redis_stuck = []
+        for job_id, cid in ledger.stuck_jobs(month, cfg.lease.stuck_after_s, redis_stuck).items():
+            if cid in counts and (company is None or cid == company):
+                counts[cid]["stuck"] += 1
     names = _company_names(cfg)
     zero = {s: 0 for s in STATES} | {"stuck": 0, "total": 0}
     total = dict(zero)

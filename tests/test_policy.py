@@ -72,3 +72,12 @@ def test_lease_arithmetic():
     assert is_stuck(started_s=0, last_heartbeat_s=700, now_s=701, visibility_s=60, stuck_after_s=600)
     assert not is_stuck(started_s=500, last_heartbeat_s=700, now_s=701, visibility_s=60, stuck_after_s=600)
     assert shutdown_deadline(10, 30) == 40
+
+
+def test_should_reap():
+    from jobs.policy import should_reap
+
+    assert should_reap(lease_expires_s=200, now_s=100, worker_alive=True) is None
+    assert "gone" in should_reap(lease_expires_s=200, now_s=100, worker_alive=False)
+    assert "lease expired" in should_reap(lease_expires_s=99, now_s=100, worker_alive=True)
+    assert should_reap(lease_expires_s=float("inf"), now_s=100, worker_alive=True) is None

@@ -1,0 +1,26 @@
+"""Job functions for the test and chaos suites. A worker runs them only when its
+environment has PAYRUN_TEST_JOBS=1 (see jobs.tasks.allowed_functions); production
+workers refuse them like any other function outside the allow-list."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+
+def hang() -> None:
+    """Hang as a render stuck inside C code does: SIGALRM (RQ's in-horse timeout) is
+    blocked, so only the parent killing the work horse ends it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    while True:
+        time.sleep(3600)
+
+
+def sleep(seconds: float) -> float:
+    """A job that takes a while (shutdown tests)."""
+    time.sleep(seconds)
+    return seconds
+
+
+def noop() -> None:
+    return None
