@@ -1,0 +1,175 @@
+"""Deadlines, shutdown and the reaper, with real worker processes and real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from rq import Retry
+
+from conftest import wait_for
+from jobs import reaper
+from jobs.runtime import PayrunJob, make_queue
+from payrun import keys
+from payrun import ledger as ledger_mod
+from payrun.ledger import Ledger
+
+FAST_RETRY = {"base_s": 0.1, "cap_s": 0.2, "attempts": 2}
+
+
+@pytest.fixture
+def env(cfg, tmp_path):
+    """Environment for worker processes: short timeout and grace, test jobs allowed."""
+    conf = tmp_path / "payrun.toml"
+    conf.write_text(
+        "[render]\ntimeout_s = 2\n[email]\ntimeout_s = 2\n[lease]\ngrace_s = 2\n"
+    )
+    e = dict(os.environ, PAYRUN_CONFIG=str(conf), PAYRUN_TEST_JOBS="1")
+    return e
+
+
+def start_worker(env, queue: str, log_path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "payrun.cli", "worker", queue], env=env,
+                            stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
+
+
+def enqueue(conn, queue: str, func: str, *args, job_id: str, timeout: int = 2, retry=None, **meta):
+    return make_queue(queue, conn).enqueue_call(
+        func, args=args, job_id=job_id, timeout=timeout, retry=retry,
+        meta={"kind": "test", "retry": FAST_RETRY, **meta},
+    )
+
+
+def status_of(conn, job_id: str) -> str:
+    return PayrunJob.fetch(job_id, connection=conn).get_status(refresh=True)
+
+
+def worker_busy_with(conn, job_id: str) -> bool:
+    return any(m.decode().startswith(job_id + ":") for m in conn.zrange("rq:wip:pdf-render", 0, -1))
+
+
+def test_a_render_hung_in_c_code_is_killed_at_its_timeout_retried_then_failed(conn, env, tmp_path, cfg):
+    enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.hang", job_id="hang-1", retry=Retry(max=1))
+    enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.noop", job_id="after-1")
+    w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
+    try:
+        t0 = time.monotonic()
+        wait_for(lambda: status_of(conn, "hang-1") == "failed", timeout_s=40, what="hung job to fail")
+        elapsed = time.monotonic() - t0
+        # two attempts of 2 s + 2 s margin each (RQ alone would wait 62 s per attempt)
+        assert elapsed < 20, elapsed
+        wait_for(lambda: status_of(conn, "after-1") == "finished", timeout_s=20, what="the next job")
+        assert w.poll() is None  # the worker keeps serving
+    finally:
+        w.terminate()
+        w.wait(timeout=20)
+    ledger = Ledger(cfg.ledger_path)
+    ledger.create_jobs([{"id": "hang-1", "kind": "render"}])
+    ledger_mod.drain(conn, ledger)
+    job = ledger.job("hang-1")
+    assert job["status"] == "failed" and job["attempts"] == 2
+    assert [h["outcome"] for h in job["history"]] == ["retrying", "failed"]
+    assert "timeout" in job["last_error"]
+
+
+def test_sigterm_finishes_within_grace_then_requeues_at_front_without_spending_an_attempt(conn, env, tmp_path, cfg):
+    enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.sleep", 30, job_id="long-1", timeout=40, retry=Retry(max=3))
+    w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
+    wait_for(lambda: worker_busy_with(conn, "long-1"), timeout_s=30, what="the job to start")
+    enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.noop", job_id="later-1")
+    t0 = time.monotonic()
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=15) == 0
+    assert time.monotonic() - t0 < 2 + 3  # grace 2 s, then out by itself
+    ids = make_queue(keys.RENDER_QUEUE, conn).get_job_ids()
+    assert ids == ["long-1", "later-1"]  # at the front
+    job = PayrunJob.fetch("long-1", connection=conn)
+    assert job.retries_left == 3 and job.get_status() == "queued"
+    assert not worker_busy_with(conn, "long-1")
+
+
+def test_a_second_sigterm_requeues_at_once(conn, env, tmp_path):
+    enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.sleep", 30, job_id="long-2", timeout=40, retry=Retry(max=3))
+    env = dict(env)
+    env["PAYRUN_CONFIG"] = str(tmp_path / "slow-grace.toml")
+    (tmp_path / "slow-grace.toml").write_text("[lease]\ngrace_s = 50\n")
+    w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
+    wait_for(lambda: worker_busy_with(conn, "long-2"), timeout_s=30, what="the job to start")
+    w.send_signal(signal.SIGTERM)
+
+    def first_signal_seen():  # two signals sent back to back arrive as one
+        return any(conn.hget(k, "shutdown_requested_date") for k in conn.keys("rq:worker:render.*"))
+
+    wait_for(first_signal_seen, timeout_s=10, what="the worker to take the first SIGTERM")
+    t0 = time.monotonic()
+    w.send_signal(signal.SIGTERM)
+    w.wait(timeout=10)
+    assert time.monotonic() - t0 < 5
+    assert make_queue(keys.RENDER_QUEUE, conn).get_job_ids() == ["long-2"]
+    assert PayrunJob.fetch("long-2", connection=conn).retries_left == 3
+
+
+def test_sigkill_loses_nothing_the_reaper_returns_the_job(conn, env, tmp_path):
+    enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.sleep", 30, job_id="crash-1", timeout=40, retry=Retry(max=3))
+    w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
+    wait_for(lambda: worker_busy_with(conn, "crash-1"), timeout_s=30, what="the job to start")
+    w.kill()  # SIGKILL: a crash, nothing runs on the way out
+    w.wait(timeout=10)
+    # its liveness key lapses within 10 s; until then the job is running, not stuck
+    returned = wait_for(lambda: reaper.reap(conn), timeout_s=20, interval_s=0.5, what="the reaper to act")
+    assert [s.job_id for s in returned] == ["crash-1"] and "gone" in returned[0].reason
+    assert make_queue(keys.RENDER_QUEUE, conn).get_job_ids() == ["crash-1"]
+    assert PayrunJob.fetch("crash-1", connection=conn).retries_left == 3
+    assert reaper.reap(conn) == []  # once
+
+
+def test_two_reapers_at_once_return_a_job_exactly_once(conn):
+    queue = make_queue(keys.RENDER_QUEUE, conn)
+    for i in range(20):
+        job = enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.noop", job_id=f"dead-{i}")
+        conn.lrem(queue.key, 0, job.id)  # as if a worker had taken it...
+        conn.zadd("rq:wip:pdf-render", {f"{job.id}:exec{i}": time.time() + 300})
+        conn.hset(job.key, mapping={"worker_name": "render.gone.1", "status": "started"})  # ...and died
+    results: list[list] = []
+    barrier = threading.Barrier(8)
+
+    def run():
+        barrier.wait()
+        results.append(reaper.reap(conn))
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    returned = [s.job_id for r in results for s in r]
+    assert sorted(returned) == sorted(f"dead-{i}" for i in range(20))
+    assert sorted(queue.get_job_ids()) == sorted(f"dead-{i}" for i in range(20))
+    assert conn.zcard("rq:wip:pdf-render") == 0
+
+
+def test_a_live_worker_job_is_not_reaped(conn):
+    conn.set(keys.alive("render.alive.1"), 1, ex=10)
+    job = enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.noop", job_id="alive-1")
+    conn.lrem(make_queue(keys.RENDER_QUEUE, conn).key, 0, job.id)
+    conn.zadd("rq:wip:pdf-render", {"alive-1:e": time.time() + 60})
+    conn.hset(job.key, "worker_name", "render.alive.1")
+    assert reaper.find_stuck(conn) == []
+    assert [s.job_id for s in reaper.find_stuck(conn, now=time.time() + 120)] == ["alive-1"]  # lease lapsed
+
+
+def test_email_lanes_finish_their_sends_on_sigterm(conn, env, tmp_path):
+    for i in range(6):
+        enqueue(conn, keys.EMAIL_QUEUE, "jobs.testing.sleep", 1.0, job_id=f"send-{i}", timeout=2)
+    w = start_worker(env, keys.EMAIL_QUEUE, tmp_path / "e.log")
+    wait_for(lambda: conn.zcard("rq:wip:send-email") >= 3, timeout_s=30, what="sends in flight")
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=10) == 0
+    statuses = [status_of(conn, f"send-{i}") for i in range(6)]
+    assert set(statuses) <= {"finished", "queued"} and "finished" in statuses
+    assert conn.zcard("rq:wip:send-email") == 0  # nothing left half-done
