@@ -30,11 +30,15 @@ def backoff_delay(
     cap_s: float,
     rng: random.Random | None = None,
     retry_after_s: float | None = None,
+    jitter: bool = True,
 ) -> float:
     """Full jitter: ``random(0, min(cap, base * 2**attempt))``, but never less than a
-    provider's Retry-After (a 429 asks us to wait at least that long)."""
+    provider's Retry-After (a 429 asks us to wait at least that long).
+
+    ``jitter=False`` waits the ceiling itself: the naive policy, kept only so the chaos
+    suite can show the thundering herd that full jitter prevents."""
     ceiling = backoff_ceiling(attempt, base_s, cap_s)
-    delay = (rng or random).uniform(0, ceiling)
+    delay = (rng or random).uniform(0, ceiling) if jitter else ceiling
     if retry_after_s is not None and retry_after_s > delay:
         delay = float(retry_after_s)
     return delay

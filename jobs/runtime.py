@@ -68,6 +68,7 @@ class PayrunJob(Job):
             float(policy.get("base_s", 1.0)),
             float(policy.get("cap_s", 300.0)),
             retry_after_s=self.meta.get("retry_after"),
+            jitter=bool(policy.get("jitter", True)),
         )
         self.meta["last_delay"] = round(delay, 3)
         return delay

@@ -34,6 +34,8 @@ class RetryPolicy:
     """Largest backoff ceiling."""
     attempts: int = 6
     """Total tries, the first included. 1 = never retry."""
+    jitter: bool = True
+    """Full jitter. false = every job waits the same ceiling (only to demonstrate a herd)."""
 
 
 @dataclass
@@ -202,7 +204,7 @@ def _apply(obj: Any, data: dict[str, Any], where: str) -> None:
             continue
         if isinstance(current, Path):
             value = Path(str(value))
-        elif isinstance(current, bool) or not isinstance(value, type(current)):
+        elif isinstance(current, bool) != isinstance(value, bool) or not isinstance(value, type(current)):
             if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             else:

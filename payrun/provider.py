@@ -29,7 +29,8 @@ Stats: received (all message POSTs), delivered (unique keys accepted), duplicate
 rejected (422), bad_request (400), unauthorized (401), throttled_429, outage_5xx,
 in_flight / max_in_flight (message requests inside the server right now / at most),
 max_rate_1s (the most requests admitted by the limiter in any one wall-clock second),
-per_second {"<unix second>": admitted} for the last 600 s.
+per_second {"<unix second>": admitted} and received_per_second {"<unix second>": requests,
+refused ones included} for the last 600 s.
 
 Rate limit: a rolling one-second window of admission times (a deque); a request is
 admitted while fewer than ``max(1, int(rate_per_s))`` were admitted in the last second.
@@ -98,6 +99,7 @@ class _State:
         self.max_in_flight = 0
         self.max_rate_1s = 0
         self.per_second: dict[int, int] = {}
+        self.received_per_second: dict[int, int] = {}
         self.window: collections.deque[float] = collections.deque()
         self.delivered: dict[str, dict[str, Any]] = {}
         self.outage_until = 0.0
@@ -272,6 +274,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         st = p.state
         with st.lock:
             st.counts["received"] += 1
+            rsec = int(st.clock() + st.wall_offset)
+            st.received_per_second[rsec] = st.received_per_second.get(rsec, 0) + 1
+            if len(st.received_per_second) > 660:
+                for old in [x for x in st.received_per_second if x < rsec - 600]:
+                    del st.received_per_second[old]
             st.in_flight += 1
             st.max_in_flight = max(st.max_in_flight, st.in_flight)
         try:
@@ -430,6 +437,7 @@ class Provider:
                 max_in_flight=st.max_in_flight,
                 max_rate_1s=st.max_rate_1s,
                 per_second={str(s): n for s, n in sorted(st.per_second.items()) if s > sec - 600},
+                received_per_second={str(s): n for s, n in sorted(st.received_per_second.items()) if s > sec - 600},
                 outage_s_left=round(max(0.0, st.outage_until - now), 3),
                 latency_s=self.latency_s,
                 rate_per_s=self.rate_per_s,

@@ -68,3 +68,11 @@ def test_redact_url():
     assert config.redact_url("smtp://user:pw@127.0.0.1:25") == "smtp://user:***@127.0.0.1:25"
     assert config.redact_url("unix:///x.sock?password=abc") == "unix:///x.sock?password=***"
     assert config.redact_url("redis://:pw@127.0.0.1:6379/0") == "redis://:***@127.0.0.1:6379/0"
+
+
+def test_booleans_are_typed(tmp_path):
+    assert load(tmp_path, "[email.retry]\njitter = false\n").email.retry.jitter is False
+    with pytest.raises(ConfigError, match="must be bool"):
+        load(tmp_path, "[email.retry]\njitter = 0\n")
+    with pytest.raises(ConfigError, match="must be int"):
+        load(tmp_path, "[render]\ntimeout_s = true\n")

@@ -81,3 +81,7 @@ def test_should_reap():
     assert "gone" in should_reap(lease_expires_s=200, now_s=100, worker_alive=False)
     assert "lease expired" in should_reap(lease_expires_s=99, now_s=100, worker_alive=True)
     assert should_reap(lease_expires_s=float("inf"), now_s=100, worker_alive=True) is None
+
+
+def test_no_jitter_waits_the_ceiling():
+    assert backoff_delay(3, 1, 300, jitter=False) == 8
