@@ -2,8 +2,10 @@
 
 JobError
  ├── TransientError     worth retrying: timeouts, connection errors, SMTP 4xx, HTTP 429/5xx
- │    └── OutcomeUnknown the request may have been delivered (connection dropped after
- │                       sending): retry with the same idempotency key
+ │    ├── OutcomeUnknown the request may have been delivered (connection dropped after
+ │    │                  sending): retry with the same idempotency key
+ │    └── Throttled      the provider said 429: every sender pauses for its Retry-After,
+ │                       and the job is retried after it without spending an attempt
  └── PermanentError     retrying cannot help: bad address (SMTP 5xx, HTTP 4xx), bad data,
                         template error; fails at once with a reason HR can act on
 """
@@ -23,6 +25,10 @@ class TransientError(JobError):
 
 
 class OutcomeUnknown(TransientError):
+    pass
+
+
+class Throttled(TransientError):
     pass
 
 

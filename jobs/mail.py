@@ -55,7 +55,7 @@ Provider HTTP API (ours; ``payrun/provider.py`` implements it locally)
   400 {"error": "..."}                   malformed request / no Idempotency-Key -> PermanentError
   401 {"error": "..."}                   missing/wrong token -> PermanentError
   422 {"error": "invalid recipient address: ..."}                -> PermanentError
-  429 + ``Retry-After: <seconds>``       rate limited -> TransientError(retry_after_s)
+  429 + ``Retry-After: <seconds>``       rate limited -> Throttled (a TransientError) with retry_after_s
   5xx                                    provider trouble -> TransientError
 The HTTP transport keeps one persistent HTTP/1.1 connection per thread (threading.local),
 dropped and re-opened after any error. If a *reused* keep-alive connection turns out to be
@@ -91,7 +91,7 @@ from email.utils import formataddr, parseaddr
 from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from jobs.errors import OutcomeUnknown, PermanentError, TransientError
+from jobs.errors import OutcomeUnknown, PermanentError, TransientError, Throttled
 
 log = logging.getLogger(__name__)
 
@@ -484,7 +484,7 @@ class HttpTransport:
         text = f"{where}: HTTP {status}" + (f" {reason}" if reason else "")
         if status == 429:
             after = _retry_after(resp.getheader("Retry-After"))
-            raise TransientError(text, retry_after_s=after if after is not None else 1.0)
+            raise Throttled(text, retry_after_s=after if after is not None else 1.0)
         if status >= 500 or status == 408:
             raise TransientError(text, retry_after_s=_retry_after(resp.getheader("Retry-After")))
         if 400 <= status < 500:

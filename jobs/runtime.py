@@ -28,6 +28,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from typing import Any
 
 from rq import Queue, SimpleWorker, Worker
@@ -39,7 +40,7 @@ from rq.timeouts import TimerDeathPenalty
 from rq.utils import now as utcnow
 
 from jobs import events, idempotency
-from jobs.errors import PermanentError
+from jobs.errors import PermanentError, Throttled
 from jobs.policy import backoff_delay, classify, shutdown_deadline
 from jobs.tasks import allowed_functions
 from payrun import keys
@@ -147,6 +148,11 @@ class EventsMixin:
             job.meta["retry_after"] = verdict.retry_after_s
         if not verdict.transient:
             job.retries_left = 0
+        elif isinstance(exc_value, Throttled):
+            # waiting for the provider's limit is not a failed attempt: RQ's retry takes
+            # one from the budget, we give it back (and keep the backoff where it was)
+            job.retries_left = (job.retries_left or 0) + 1
+            job.meta["budget_start"] = int(job.meta.get("budget_start", 0)) + 1
         job.save_meta()
         return True
 
@@ -299,41 +305,56 @@ def worker_name(kind: str, index: int | None = None) -> str:
     return base if index is None else f"{base}.{index:02d}"
 
 
-def lane_loop(lane: LaneWorker, stop: threading.Event, poll_s: int = 1) -> int:
-    """Dequeue and run jobs until ``stop`` is set; a job in hand is always finished."""
+def lane_loop(lane: LaneWorker, stop: threading.Event, poll_s: int = 1, limiter=None) -> int:
+    """Dequeue and run jobs until ``stop`` is set; a job in hand is always finished.
+
+    With a ``limiter``, a lane first takes a global concurrency slot and only then
+    dequeues: a job never waits for a slot while holding a lane or a lease."""
     lane.register_birth()
     lane.set_state("idle")
     done = 0
     try:
         while not stop.is_set():
+            slot = None
             try:
                 if is_suspended(lane.connection):
                     stop.wait(poll_s)
                     lane.heartbeat()
                     continue
+                if limiter is not None:
+                    slot = limiter.slot(stop, holder=f"{lane.name}:{uuid.uuid4().hex[:8]}")
+                    if slot is None:
+                        break
                 result = Queue.dequeue_any(
                     lane.queues, poll_s, connection=lane.connection, job_class=lane.job_class,
                     serializer=lane.serializer,
                 )
             except DequeueTimeout:
+                result = None
                 lane.heartbeat()
-                continue
             except Exception as e:  # Redis blip: back off, keep the lane alive
                 log.warning("Lane %s: %s; retrying in 1 s", lane.name, e)
+                result = None
                 stop.wait(1)
-                continue
-            if result is None:
-                continue
-            job, queue = result
-            lane.execute_job(job, queue)
-            lane.heartbeat()
-            done += 1
+            try:
+                if result is not None:
+                    job, queue = result
+                    lane.execute_job(job, queue)
+                    lane.heartbeat()
+                    done += 1
+            finally:
+                if slot is not None:
+                    try:
+                        limiter.release(slot)
+                    except Exception:  # Redis down: the slot's lease frees it
+                        pass
     finally:
         lane.register_death()
     return done
 
 
-def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, grace_s: float = 30.0) -> int:
+def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, grace_s: float = 30.0,
+              limiter=None) -> int:
     """Run ``lanes`` concurrent lanes in this process until SIGTERM/SIGINT (or, with
     ``burst``, until the queues are empty). Returns the number of jobs run.
 
@@ -354,7 +375,7 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
     forced = threading.Event()
 
     def run(i: int) -> None:
-        counts[i] = lane_loop(workers[i], stop)
+        counts[i] = lane_loop(workers[i], stop, limiter=limiter)
 
     def on_signal(signum, frame):
         if stop.is_set():

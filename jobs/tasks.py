@@ -16,7 +16,7 @@ from typing import Any
 from rq import Retry, get_current_job
 
 from jobs import events, idempotency
-from jobs.errors import PermanentError, TransientError
+from jobs.errors import PermanentError, Throttled, TransientError
 from payrun import config as config_mod
 from payrun import keys
 
@@ -118,6 +118,21 @@ def transport():
         return _transports[k]
 
 
+_limiter = None
+_limiter_lock = threading.Lock()
+
+
+def limiter(conn):
+    """This process's view of the global email limits (one per process, shared by lanes)."""
+    global _limiter
+    from jobs.limits import email_limiter
+
+    with _limiter_lock:
+        if _limiter is None or _limiter.conn is not conn:
+            _limiter = email_limiter(conn, settings())
+        return _limiter
+
+
 def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
     from jobs import mail
 
@@ -152,8 +167,18 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
         idempotency_key=key,
         sender=cfg.email.sender,
     )
+    lim = limiter(conn)
     try:
+        import time as _time
+
+        if not lim.token(deadline_s=_time.monotonic() + cfg.email.timeout_s / 2):
+            raise Throttled("waited too long for the global send rate; retrying", retry_after_s=1)
         message_id = transport().send(msg)
+    except Throttled as e:  # a 429: every sender on every host waits, not just us
+        idempotency.release(conn, key, token)
+        if e.retry_after_s:
+            lim.pause(e.retry_after_s)
+        raise
     except BaseException:
         idempotency.release(conn, key, token)
         raise

@@ -335,7 +335,12 @@ def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> N
     if queues == (keys.EMAIL_QUEUE,):
         from jobs.runtime import run_lanes
 
-        run_lanes(conn, list(queues), lanes or c.cfg.email.lanes, burst=burst, grace_s=c.cfg.lease.grace_s)
+        from jobs.limits import email_limiter
+
+        limiter = email_limiter(conn, c.cfg)
+        limiter.seed()
+        run_lanes(conn, list(queues), lanes or c.cfg.email.lanes, burst=burst, grace_s=c.cfg.lease.grace_s,
+                  limiter=limiter)
         return
     from jobs.runtime import RenderWorker, make_queue, worker_name
 

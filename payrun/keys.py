@@ -41,3 +41,28 @@ def render_job_id(month: str, employee_id: str) -> str:
 
 def email_job_id(month: str, employee_id: str) -> str:
     return f"email-{month}-{employee_id}"
+
+
+def limit_conf(name: str) -> str:
+    """Hash of the limits in force for a resource: cap, rate_per_s (changeable at run time)."""
+    return f"payrun:limit:{name}"
+
+
+def limit_slots(name: str) -> str:
+    """Sorted set of concurrency-slot holders, scored by lease expiry (ms)."""
+    return f"payrun:limit:{name}:slots"
+
+
+def limit_tat(name: str) -> str:
+    """GCRA theoretical arrival time (ms) of the rate limit."""
+    return f"payrun:limit:{name}:tat"
+
+
+def limit_pause(name: str) -> str:
+    """Until when (ms) every sender waits, after a provider's 429 Retry-After."""
+    return f"payrun:limit:{name}:pause"
+
+
+def limit_stats(name: str) -> str:
+    """Counters: waits (acquires that had to wait), http_429."""
+    return f"payrun:limit:{name}:stats"
