@@ -239,6 +239,87 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, limit: int, as
                + (f" --queue {queue}" if queue else "") + (f" --error {error_text!r}" if error_text else ""))
 
 
+@cli.command(name="job")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
+    """One job: its ledger row, every attempt (time, outcome, error, delay chosen) and the
+    last traceback RQ kept."""
+    from jobs.runtime import PayrunJob
+
+    row = c.ledger().job(job_id)
+    conn = _maybe_redis(c)
+    tb = rq_status = None
+    if conn is not None:
+        try:
+            job = PayrunJob.fetch(job_id, connection=conn)
+            rq_status = job.get_status()
+            result = job.latest_result()
+            tb = result.exc_string if result is not None and result.exc_string else None
+        except Exception:
+            pass
+    if row is None and rq_status is None:
+        raise PayrunError(f"no job {job_id!r} in the ledger or in Redis (ids look like email-2026-11-emp-00017)")
+    data = {"ledger": row, "rq_status": rq_status, "traceback": tb}
+    if as_json:
+        click.echo(json.dumps(data, default=str))
+        return
+    if row:
+        click.echo(f"{row['id']}  {row['kind']}  {row['status']}  attempts={row['attempts']}  key={row['key']}")
+        if row.get("last_error"):
+            click.echo(f"last error: {row['last_error']}")
+        for h in row["history"]:
+            delay = f"  retry in {h['delay_s']:.1f} s" if h.get("delay_s") else ""
+            click.echo(f"  #{h['attempt']} {h.get('started_at') or '?'} -> {h.get('ended_at') or '…'} "
+                       f"{h.get('outcome')}{delay}  {h.get('error') or ''}".rstrip())
+    if rq_status:
+        click.echo(f"in Redis: {rq_status}")
+    if tb:
+        click.echo("last traceback:\n" + tb.rstrip())
+
+
+@cli.group(name="limits")
+def limits_group() -> None:
+    """Show or change the global email limits (all workers, all hosts, at run time)."""
+
+
+@limits_group.command(name="show")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def limits_show(c: Ctx, as_json: bool) -> None:
+    """The limits in force, slots in use, waits and 429s seen."""
+    from jobs.limits import email_limiter
+
+    lim = email_limiter(c.redis(), c.cfg)
+    st = lim.settings()
+    data = {"email": {"cap": st.cap, "rate_per_s": st.rate_per_s, "in_use": lim.in_use(), **lim.stats()}}
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    e = data["email"]
+    click.echo(f"email: {e['in_use']} / {e['cap']} in flight, {e['rate_per_s']:g}/s, "
+               f"{e.get('waits', 0):,} waits, {e.get('http_429', 0):,} 429s seen")
+
+
+@limits_group.command(name="set")
+@click.option("--cap", type=click.IntRange(1, 10_000), default=None, help="Sends in flight across all hosts.")
+@click.option("--rate", type=click.FloatRange(0.1, 100_000), default=None, help="Sends started per second.")
+@pass_ctx
+@handle_errors
+def limits_set(c: Ctx, cap: int | None, rate: float | None) -> None:
+    """Change the email cap and/or rate now; every worker uses it on its next send."""
+    from jobs.limits import set_limits
+
+    if cap is None and rate is None:
+        raise PayrunError("give --cap and/or --rate")
+    set_limits(c.redis(), "email", cap=cap, rate_per_s=rate)
+    click.echo("email limits now: " + ", ".join(
+        x for x in (f"cap {cap}" if cap else "", f"rate {rate:g}/s" if rate else "") if x))
+
+
 @cli.command(name="retry")
 @click.argument("job_ids", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Every failed job (narrow with --queue/--error).")

@@ -11,7 +11,7 @@ from payrun import payroll
 from payrun.cli import cli
 
 COMMANDS = ["seed", "import", "run", "status", "worker", "ledger", "provider", "redis", "demo", "up",
-            "down", "ps", "failed", "retry", "config show", "config redis-url"]
+            "down", "ps", "failed", "retry", "job", "reap", "limits show", "limits set", "config show", "config redis-url"]
 
 
 @pytest.fixture
@@ -78,3 +78,15 @@ def test_invalid_config_is_refused_naming_values(runner, tmp_path, monkeypatch):
 def test_unknown_queue(runner):
     msg = one_line_error(runner.invoke(cli, ["worker", "pdf-rendr"]))
     assert "pdf-render" in msg
+
+
+def test_limits_set_and_show(runner, conn):
+    assert runner.invoke(cli, ["limits", "set", "--cap", "30", "--rate", "20"]).exit_code == 0
+    shown = json.loads(runner.invoke(cli, ["limits", "show", "--json"]).output)
+    assert shown["email"]["cap"] == 30 and shown["email"]["rate_per_s"] == 20
+    one_line_error(runner.invoke(cli, ["limits", "set"]))
+
+
+def test_unknown_job(runner, conn):
+    msg = one_line_error(runner.invoke(cli, ["job", "nope"]))
+    assert "no job 'nope'" in msg

@@ -242,6 +242,10 @@ def test_bad_address_fixed_then_retried_is_delivered(world, provider):
     listed = json.loads(runner.invoke(cli, ["failed", "--json"]).output)
     assert [r["id"] for r in listed] == [keys.email_job_id(MONTH, "emp-00002")]
     assert "invalid recipient" in listed[0]["error"] and listed[0]["attempts"] == 1
+    ledger_mod.drain(conn, ledger)
+    detail = json.loads(runner.invoke(cli, ["job", listed[0]["id"], "--json"]).output)
+    assert detail["rq_status"] == "failed" and "PermanentError" in detail["traceback"]
+    assert detail["ledger"]["history"][0]["outcome"] == "failed"
     # HR fixes the address, then retries everything that failed on it
     set_email(db, "emp-00002", "fixed@payroll.example")
     out = runner.invoke(cli, ["retry", "--all", "--error", "invalid recipient", "--json"])
