@@ -577,6 +577,15 @@ def config_redis_url(c: Ctx) -> None:
     click.echo(redis_server.url(c.cfg))
 
 
+def _register_packages() -> None:
+    from scheduler.cli import register as register_scheduler
+
+    register_scheduler(cli)
+
+
+_register_packages()
+
+
 def main() -> None:
     cli(prog_name="payrun")
 
