@@ -578,9 +578,11 @@ def config_redis_url(c: Ctx) -> None:
 
 
 def _register_packages() -> None:
+    from console.cli import register as register_console
     from scheduler.cli import register as register_scheduler
 
     register_scheduler(cli)
+    register_console(cli)
 
 
 _register_packages()
