@@ -55,9 +55,17 @@ log = logging.getLogger("payrun.worker")
 
 
 class PayrunJob(Job):
+    """RQ's Job, JSON only. ``Job.fetch(id, connection=c)`` passes serializer=None, which RQ
+    would resolve to pickle: that is never allowed here."""
+
     def __init__(self, *args: Any, **kwargs: Any):
-        kwargs.setdefault("serializer", JSONSerializer)
+        if kwargs.get("serializer") is None:
+            kwargs["serializer"] = JSONSerializer
         super().__init__(*args, **kwargs)
+
+    def restore(self, raw_data) -> None:
+        super().restore(raw_data)
+        self.meta = recover_meta(self.meta)
 
     def get_retry_interval(self) -> float:
         policy = self.meta.get("retry") or {}
@@ -81,6 +89,35 @@ class PayrunJob(Job):
                 f"refused: {self.func_name!r} is not a payrun job function (allowed: {', '.join(sorted(allowed))})"
             )
         return super().perform()
+
+
+def recover_meta(meta: dict) -> dict:
+    """Undo what RQ's own registry cleanup (``rq info``, RQ maintenance) does to a JSON
+    job it finds abandoned: it reads ``meta`` with pickle, fails, keeps the raw bytes as
+    ``{'unserialized': b'{...json...}'}`` and saves that back *pickled*. We never unpickle
+    (that would run code chosen by whoever can write to Redis): pickletools only *lists*
+    the opcodes, and the JSON bytes are taken from the one bytes constant inside."""
+    import json
+    import pickletools
+
+    raw = meta.get("unserialized") if isinstance(meta, dict) and len(meta) == 1 else None
+    if not isinstance(raw, (bytes, bytearray)):
+        return meta
+    candidates = [bytes(raw)]
+    if raw[:1] == b"\x80":  # a pickle: look for a bytes constant holding our JSON
+        try:
+            candidates = [arg for op, arg, _ in pickletools.genops(bytes(raw))
+                          if isinstance(arg, (bytes, bytearray)) and arg[:1] == b"{"]
+        except Exception:
+            candidates = []
+    for c in candidates:
+        try:
+            value = json.loads(bytes(c).decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(value, dict):
+            return recover_meta(value)
+    return {}
 
 
 def make_queue(name: str, conn) -> Queue:

@@ -1,0 +1,89 @@
+"""`rq info` keeps working on our queues, and what its registry cleanup writes (it re-saves
+an abandoned JSON job's meta with pickle) cannot hurt us."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rq import Retry
+
+from conftest import wait_for
+from jobs.runtime import PayrunJob, RenderWorker, make_queue, recover_meta
+from payrun import keys
+
+RQ = str(Path(sys.executable).parent / "rq")
+
+
+def abandon(conn, job_id: str) -> PayrunJob:
+    """A job whose worker was killed long ago: its lease in rq:wip has expired."""
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    job = q.enqueue_call("jobs.testing.noop", job_id=job_id, retry=Retry(max=2),
+                         meta={"kind": "render", "attempt": 1, "key": "slip:2026-11:emp-1",
+                               "retry": {"base_s": 0.1, "cap_s": 0.2, "attempts": 3}})
+    conn.lrem(q.key, 0, job_id)
+    conn.zadd(f"rq:wip:{keys.RENDER_QUEUE}", {f"{job_id}:exec-1": time.time() - 120})
+    conn.hset(job.key, mapping={"status": "started", "worker_name": "render.gone.1"})
+    return job
+
+
+def test_rq_info_lists_our_queues_and_workers(conn, redis_url):
+    make_queue(keys.RENDER_QUEUE, conn).enqueue_call("jobs.testing.noop", job_id="listed-1")
+    for flags in ([], ["--raw"], ["-R"]):
+        out = subprocess.run([RQ, "info", "-u", redis_url, *flags], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert keys.RENDER_QUEUE in out.stdout
+
+
+def test_rq_info_interval_mode_runs(conn, redis_url):
+    p = subprocess.Popen([RQ, "info", "-u", redis_url, "-i", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        p.wait(timeout=1.5)
+    except subprocess.TimeoutExpired:
+        pass  # still refreshing, as it should
+    finally:
+        p.terminate()
+        out = p.communicate(timeout=10)[0].decode()
+    assert keys.RENDER_QUEUE in out or "queues" in out
+
+
+def test_rq_info_cleanup_cannot_corrupt_a_job(conn, redis_url, cfg, monkeypatch):
+    abandon(conn, "abandoned-1")
+    out = subprocess.run([RQ, "info", "-u", redis_url], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    raw_meta = conn.hget("rq:job:abandoned-1", "meta")
+    assert raw_meta[:1] == b"\x80"  # rq info really did re-save it with pickle
+    job = PayrunJob.fetch("abandoned-1", connection=conn)
+    assert job.meta["key"] == "slip:2026-11:emp-1" and job.meta["retry"]["attempts"] == 3
+    # and it still runs to completion in a payrun worker
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    wait_for(lambda: job.get_status(refresh=True) == "queued", timeout_s=10, what="rq info's retry to queue it")
+    RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn).work(burst=True, logging_level="WARNING")
+    assert PayrunJob.fetch("abandoned-1", connection=conn).get_status() == "finished"
+
+
+def test_recover_meta_never_unpickles():
+    import pickle
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("echo pwned > /tmp/payrun-should-not-exist",))
+
+    evil = {"unserialized": pickle.dumps(Boom())}
+    assert recover_meta(evil) == {}
+    assert not os.path.exists("/tmp/payrun-should-not-exist")
+    good = {"unserialized": pickle.dumps({"unserialized": b'{"kind": "email"}'})}
+    assert recover_meta(good) == {"kind": "email"}
+    assert recover_meta({"kind": "render"}) == {"kind": "render"}
+
+
+def test_a_job_naming_another_function_is_refused(conn, monkeypatch):
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    q.enqueue_call("os.system", args=("echo pwned > /tmp/payrun-os-system",), job_id="evil-1")
+    RenderWorker([q], connection=conn).work(burst=True, logging_level="WARNING")
+    job = PayrunJob.fetch("evil-1", connection=conn)
+    assert job.get_status() == "failed" and "refused" in job.meta["last_error"]
+    assert not os.path.exists("/tmp/payrun-os-system")
