@@ -12,7 +12,11 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+import logging
+
 from payrun import keys
+
+_log = logging.getLogger("payrun.jobs")
 
 
 def utcnow() -> str:
@@ -28,5 +32,20 @@ def event(job_id: str, status: str, **fields: Any) -> dict[str, str]:
 
 
 def emit(conn, job_id: str, status: str, **fields: Any) -> None:
-    """Append one event (``conn`` may be a pipeline, to make it atomic with an enqueue)."""
-    conn.xadd(keys.EVENTS_STREAM, event(job_id, status, **fields))
+    """Append one event (``conn`` may be a pipeline, to make it atomic with an enqueue),
+    and log it as one line with job_id, queue, attempt and outcome as fields."""
+    ev = event(job_id, status, **fields)
+    conn.xadd(keys.EVENTS_STREAM, ev)
+    _log.info("job %s %s%s", job_id, ev.get("outcome", status),
+              f" (attempt {ev['attempt']})" if "attempt" in ev else "",
+              extra={"job_id": job_id, "queue": ev.get("queue") or _queue_of(job_id),
+                     "attempt": int(ev["attempt"]) if "attempt" in ev else None,
+                     "outcome": ev.get("outcome", status), "error": ev.get("error"),
+                     "worker": ev.get("worker")})
+
+
+def _queue_of(job_id: str) -> str | None:
+    for prefix, queue in (("render-", keys.RENDER_QUEUE), ("email-", keys.EMAIL_QUEUE)):
+        if job_id.startswith(prefix):
+            return queue
+    return None

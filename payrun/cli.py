@@ -64,7 +64,9 @@ pass_ctx = click.make_pass_decorator(Ctx)
 
 
 def _setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from payrun import logs
+
+    logs.setup(level)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -448,7 +450,15 @@ def ledger(c: Ctx) -> None:
     signal.signal(signal.SIGTERM, lambda *a: stopping.append(1))
     signal.signal(signal.SIGINT, lambda *a: stopping.append(1))
     log.info("ledger: applying events to %s", c.cfg.ledger_path)
-    ledger_mod.serve(conn, store, stop=lambda: bool(stopping), log=log)
+    observer = None
+    if c.cfg.metrics.port >= 0:
+        from payrun import metrics
+
+        try:
+            observer, _server = metrics.serve(conn, c.cfg)
+        except OSError as e:
+            log.warning("ledger: metrics endpoint not started on 127.0.0.1:%d: %s", c.cfg.metrics.port, e)
+    ledger_mod.serve(conn, store, stop=lambda: bool(stopping), log=log, observer=observer)
     n = ledger_mod.drain(conn, store)
     log.info("ledger: stopped (applied %d more on the way out)", n)
 

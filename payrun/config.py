@@ -99,6 +99,7 @@ class RedisConfig:
 @dataclass
 class MetricsConfig:
     port: int = 9308
+    """Prometheus endpoint of `payrun ledger`, on 127.0.0.1 only; -1 = off, 0 = any free port."""
 
 
 @dataclass
@@ -269,6 +270,8 @@ def validate(cfg: Config) -> None:
         problems.append(f"limits.email_concurrency must be >= 1 (got {cfg.limits.email_concurrency})")
     if cfg.limits.email_rate_per_s <= 0:
         problems.append(f"limits.email_rate_per_s must be > 0 (got {cfg.limits.email_rate_per_s})")
+    if not -1 <= cfg.metrics.port <= 65535:
+        problems.append(f"metrics.port must be -1 (off), 0 (any free port) or a port number (got {cfg.metrics.port})")
     if cfg.lease.reap_every_s < 1:
         problems.append(f"lease.reap_every_s must be >= 1 (got {cfg.lease.reap_every_s})")
     if cfg.email.lanes < 1:

@@ -318,7 +318,7 @@ def ensure_group(conn) -> None:
 
 
 def apply_pending(conn, ledger: Ledger, consumer: str = "ledger-1", block_ms: int | None = None,
-                  count: int = 1000) -> int:
+                  count: int = 1000, observer=None) -> int:
     """Read one batch from the stream, apply it, then acknowledge and delete it.
 
     First re-reads this consumer's unacknowledged entries (a crash between commit and ack
@@ -336,7 +336,11 @@ def apply_pending(conn, ledger: Ledger, consumer: str = "ledger-1", block_ms: in
         entries = [(eid, f) for eid, f in resp[0][1] if f]
         if not entries:
             continue
-        ledger.apply([_decode(f) for _, f in entries])
+        batch = [_decode(f) for _, f in entries]
+        ledger.apply(batch)
+        if observer is not None and start == ">":  # replays were observed before the restart
+            for ev in batch:
+                observer.event(ev)
         ids = [eid for eid, _ in entries]
         pipe = conn.pipeline()
         pipe.xack(keys.EVENTS_STREAM, keys.EVENTS_GROUP, *ids)
@@ -368,14 +372,14 @@ def drain(conn, ledger: Ledger, consumer: str = "ledger-1") -> int:
             return total
 
 
-def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None) -> None:
+def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, observer=None) -> None:
     """The `payrun ledger` loop: block up to 1 s for events, apply in batches, until stop()."""
     import redis
 
     wait = 0.5
     while not stop():
         try:
-            apply_pending(conn, ledger, consumer, block_ms=1000)
+            apply_pending(conn, ledger, consumer, block_ms=1000, observer=observer)
             wait = 0.5
         except (redis.ConnectionError, redis.TimeoutError) as e:
             if log:

@@ -103,10 +103,22 @@ def test_two_concurrent_cli_runs_make_one_set(world):
     assert make_queue(keys.RENDER_QUEUE, conn).count == 12
 
 
-def test_pay_run_end_to_end_over_http(world, provider):
+def test_pay_run_end_to_end_over_http(world, provider, caplog):
+    import logging
+
     cfg, conn, db, ledger = world
+    caplog.set_level(logging.DEBUG)
     assert runs.start_run(cfg, conn, ledger, db, MONTH).jobs == 12
     work_everything(conn, ledger)
+    # nothing logged carries a salary figure or a bank account
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "job render-2026-11-emp-00001" in logged  # we did capture the workers' lines
+    for snap in payroll.snapshots(db, MONTH):
+        t = slip.totals(snap)
+        for amount in (t["net"], t["gross"], snap["earnings"]["basic"]):
+            assert slip.format_amount(amount) not in logged  # "45,000.00"
+    for (acct,) in db.conn.execute("SELECT bank_account FROM employees"):
+        assert acct not in logged
 
     stats = provider.stats()
     assert stats["delivered"] == 12 and stats["duplicates_refused"] == 0

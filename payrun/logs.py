@@ -1,0 +1,46 @@
+"""Logging for every payrun process: plain lines, or one JSON object per line when
+``log.json = true`` (or PAYRUN_LOG_JSON=1). Job events add job_id, queue, attempt and
+outcome as fields. Nothing here ever formats a snapshot: no salary, no bank account."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from datetime import datetime, timezone
+
+JOB_FIELDS = ("job_id", "queue", "attempt", "outcome", "error", "worker")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "pid": record.process,
+            "msg": record.getMessage(),
+        }
+        for f in JOB_FIELDS:
+            v = getattr(record, f, None)
+            if v is not None:
+                out[f] = v
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def setup(level: str = "INFO", as_json: bool | None = None) -> None:
+    if as_json is None:
+        as_json = os.environ.get("PAYRUN_LOG_JSON") == "1"
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if as_json else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    if as_json:  # RQ installs its own handlers on its loggers: route them through ours
+        for name in ("rq.worker", "rq.job", "rq.scheduler"):
+            lg = logging.getLogger(name)
+            lg.handlers[:] = []
+            lg.propagate = True
