@@ -515,13 +515,17 @@ def demo(c: Ctx, employees: int, companies: int, month: str | None, timeout_s: i
 
 @cli.command()
 @click.option("--wait/--no-wait", default=True, help="Return only once every program is running.")
+@click.option("--role", type=click.Choice(["all", "worker"]), default="all", show_default=True,
+              help="all = the control host (everything); worker = render and send workers only, "
+                   "against PAYRUN_REDIS_URL and a shared PAYRUN_SLIPS_DIR.")
 @pass_ctx
 @handle_errors
-def up(c: Ctx, wait: bool) -> None:
-    """Start supervisord with supervisor.conf in the background (all payrun processes)."""
+def up(c: Ctx, wait: bool, role: str) -> None:
+    """Start supervisord in the background: supervisor.conf (role all) or
+    supervisor-worker.conf (role worker)."""
     from payrun import supervise
 
-    click.echo(supervise.up(c.cfg, wait=wait))
+    click.echo(supervise.up(c.cfg, wait=wait, role=role))
 
 
 @cli.command()

@@ -10,6 +10,7 @@ Environment variables honoured by every command:
   PAYRUN_CONFIG      the TOML file
   PAYRUN_REDIS_URL   an external Redis; unset = the embedded server under PAYRUN_HOME
   PAYRUN_EMAIL_URL   smtp://… or http://…; unset = the local provider (payrun provider)
+  PAYRUN_SLIPS_DIR   the slip store, shared by render and send hosts; $PAYRUN_HOME/slips
 """
 
 from __future__ import annotations
@@ -99,12 +100,35 @@ class RedisConfig:
 @dataclass
 class MetricsConfig:
     port: int = 9308
+
+
+@dataclass
+class SchedulerConfig:
+    """Cron entries (written in `timezone`) and how ticks fire; see scheduler/cron.py."""
+    entries: list = field(default_factory=lambda: [
+        {"name": "payroll", "cron": "0 2 1 * *", "job": "payroll"},
+        {"name": "bank-status", "cron": "*/15 * * * *", "job": "bank-status"},
+        {"name": "reaper", "cron": "*/5 * * * *", "job": "reaper"},
+    ])
+    catchup_window_s: int = 21600
+    """A tick missed while no scheduler ran fires once on return within this; later = recorded as missed."""
+    poll_s: float = 1.0
+    """How often each scheduler process looks for due ticks."""
+    lock_ttl_s: int = 900
+    """TTL of a tick's Redis lock (the pay run's lock:payroll:<month> is always 900 s)."""
+    tick_timeout_s: int = 600
+    """Job timeout of a tick on the control queue (the 50,000-slip fan-out takes about a minute)."""
+    bank_url: str = "http://127.0.0.1:8026"
+    """The payroll bank's salary-credit API (`payrun bank` serves a local simulation)."""
     """Prometheus endpoint of `payrun ledger`, on 127.0.0.1 only; -1 = off, 0 = any free port."""
 
 
 @dataclass
 class Config:
     home: Path = Path("var")
+    slips: str = ""
+    """The slip store; '' = $PAYRUN_HOME/slips. Hosts that render and hosts that send must
+    see the same store (one machine, or a shared mount). Env: PAYRUN_SLIPS_DIR."""
     timezone: str = "Asia/Dhaka"
     redis: RedisConfig = field(default_factory=RedisConfig)
     email: EmailConfig = field(default_factory=EmailConfig)
@@ -113,6 +137,7 @@ class Config:
     lease: LeaseConfig = field(default_factory=LeaseConfig)
     provider: ProviderConfig = field(default_factory=ProviderConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     source: str = "defaults"
     """Where the values came from (for `payrun config show`)."""
 
@@ -127,7 +152,7 @@ class Config:
 
     @property
     def slips_dir(self) -> Path:
-        return self.home / "slips"
+        return Path(self.slips).expanduser().absolute() if self.slips else self.home / "slips"
 
     @property
     def redis_dir(self) -> Path:
@@ -236,6 +261,8 @@ def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = Non
         cfg.redis.url = env["PAYRUN_REDIS_URL"]
     if env.get("PAYRUN_EMAIL_URL"):
         cfg.email.url = env["PAYRUN_EMAIL_URL"]
+    if env.get("PAYRUN_SLIPS_DIR"):
+        cfg.slips = env["PAYRUN_SLIPS_DIR"]
     cfg.home = cfg.home.expanduser().absolute()
     validate(cfg)
     return cfg
@@ -288,5 +315,10 @@ def validate(cfg: Config) -> None:
     ):
         if url and urlsplit(url).scheme not in schemes:
             problems.append(f"{name} must start with one of {', '.join(s + '://' for s in schemes)} (got {redact_url(url)!r})")
+    from scheduler.cron import entry_problems
+
+    problems.extend(entry_problems(cfg.scheduler.entries))
+    if cfg.scheduler.catchup_window_s < 0 or cfg.scheduler.poll_s <= 0 or cfg.scheduler.lock_ttl_s < 1:
+        problems.append("scheduler needs catchup_window_s >= 0, poll_s > 0 and lock_ttl_s >= 1")
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))

@@ -13,7 +13,15 @@ from payrun import redis_server
 from payrun.config import Config
 from payrun.errors import SetupError
 
-CONF = Path(__file__).resolve().parent.parent / "supervisor.conf"
+ROOT = Path(__file__).resolve().parent.parent
+CONFS = {"all": ROOT / "supervisor.conf", "worker": ROOT / "supervisor-worker.conf"}
+CONF = CONFS["all"]
+ROLES = tuple(CONFS)
+
+
+def _role(cfg: Config) -> str:
+    f = cfg.home / "supervisor.role"
+    return f.read_text().strip() if f.exists() else "all"
 
 
 def _bin(name: str) -> str:
@@ -42,18 +50,25 @@ def env(cfg: Config) -> dict[str, str]:
 
 
 def ctl(cfg: Config, *args: str) -> tuple[str, int]:
-    p = subprocess.run([_bin("supervisorctl"), "-c", str(CONF), *args], env=env(cfg),
+    p = subprocess.run([_bin("supervisorctl"), "-c", str(CONFS.get(_role(cfg), CONF)), *args], env=env(cfg),
                        capture_output=True, text=True)
     return p.stdout + p.stderr, p.returncode
 
 
-def up(cfg: Config, wait: bool = True, timeout_s: float = 60) -> str:
-    if not CONF.exists():
-        raise SetupError(f"{CONF} is missing")
+def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all") -> str:
+    """Start supervisord for a role: ``all`` (control host: everything) or ``worker``
+    (render and send workers only, against PAYRUN_REDIS_URL)."""
+    conf = CONFS[role]
+    if not conf.exists():
+        raise SetupError(f"{conf} is missing")
+    if role == "worker" and cfg.embedded_redis:
+        raise SetupError("a worker-only host needs PAYRUN_REDIS_URL: the control host's Redis "
+                         "(`payrun config redis-url` there)")
     out, code = ctl(cfg, "status")
     if "no such file" not in out and "refused" not in out.lower() and code in (0, 3):
         return "supervisord is already running:\n" + out.rstrip()
-    p = subprocess.run([_bin("supervisord"), "-c", str(CONF)], env=env(cfg), capture_output=True, text=True)
+    (cfg.home / "supervisor.role").write_text(role)
+    p = subprocess.run([_bin("supervisord"), "-c", str(conf)], env=env(cfg), capture_output=True, text=True)
     if p.returncode != 0:
         raise SetupError(f"supervisord failed to start: {(p.stderr or p.stdout).strip()}")
     if not wait:
@@ -76,9 +91,11 @@ def down(cfg: Config) -> str:
         stopped = redis_server.stop(cfg)
         return "supervisord is not running" + ("; stopped the embedded Redis" if stopped else "")
     # workers first (they finish their jobs within the grace), the ledger drains, Redis last
-    ctl(cfg, "stop", "pdf-render:*", "send-email", "control")
-    ctl(cfg, "stop", "ledger", "provider")
-    ctl(cfg, "stop", "redis")
+    ctl(cfg, "stop", "pdf-render:*", "send-email", "control", "reaper")
+    if _role(cfg) == "all":
+        ctl(cfg, "stop", "ledger", "provider")
+        ctl(cfg, "stop", "redis")
+    ctl(cfg, "stop", "all")
     out, _ = ctl(cfg, "shutdown")
     redis_server.stop(cfg)  # an embedded server started outside supervisord, if any
     return out.strip() or "stopped"

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import wait_for
 from payrun import payroll
 
@@ -45,3 +47,69 @@ def test_up_run_status_down(tmp_path, monkeypatch):
 
     cfg = config.load(env={"PAYRUN_HOME": str(home)})
     assert not redis_server.ping(redis_server.connect(cfg, socket_timeout=1))  # Redis stopped too
+
+
+@pytest.mark.slow
+def test_control_and_worker_only_host_stop_of_the_worker_host_loses_nothing(tmp_path):
+    from payrun import config, redis_server
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
+    control = dict(base, PAYRUN_HOME=str(tmp_path / "control"))
+    n = 150
+    payroll.seed(payroll.PayrollDB(tmp_path / "control" / "payroll.db"), companies=3, employees=n, seed=9,
+                 month="2026-11")
+    up = payrun("up", env=control)
+    assert up.returncode == 0, up.stderr + up.stdout
+    worker_host = None
+    try:
+        url = payrun("config", "redis-url", env=control).stdout.strip()
+        worker_host = dict(base, PAYRUN_HOME=str(tmp_path / "worker"), PAYRUN_REDIS_URL=url,
+                           PAYRUN_SLIPS_DIR=str(tmp_path / "control" / "slips"))
+        (tmp_path / "worker").mkdir()
+        up_w = payrun("up", "--role", "worker", env=worker_host)
+        assert up_w.returncode == 0, up_w.stderr + up_w.stdout
+        assert "pdf-render" in up_w.stdout and "ledger" not in up_w.stdout
+        assert json.loads(payrun("run", "--month", "2026-11", "--json", env=control).stdout)["jobs_created"] == n
+
+        def done() -> int:
+            out = payrun("status", "--json", env=control)
+            return json.loads(out.stdout)["total"]["done"] if out.returncode == 0 else 0
+
+        wait_for(lambda: done() >= 20, timeout_s=120, interval_s=0.5, what="the run to be under way")
+        stopped = payrun("down", env=worker_host)  # the whole second host goes away mid-run
+        assert stopped.returncode == 0, stopped.stderr
+        wait_for(lambda: done() == n, timeout_s=240, interval_s=1, what="every slip, with the worker host gone")
+        cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "control")})
+        conn = redis_server.connect(cfg)
+        assert conn.zcard("rq:failed:pdf-render") == 0 and conn.zcard("rq:failed:send-email") == 0
+    finally:
+        if worker_host is not None:
+            payrun("down", env=worker_host)
+        payrun("down", env=control)
+
+
+@pytest.mark.slow
+def test_supervisorctl_stop_of_one_worker_lets_its_job_finish(tmp_path):
+    from payrun import config, redis_server
+    from jobs.runtime import PayrunJob, make_queue
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
+    env.update(PAYRUN_HOME=str(tmp_path / "h"), PAYRUN_TEST_JOBS="1")
+    up = payrun("up", env=env)
+    assert up.returncode == 0, up.stderr + up.stdout
+    try:
+        cfg = config.load(env={"PAYRUN_HOME": env["PAYRUN_HOME"]})
+        conn = redis_server.connect(cfg)
+        make_queue("pdf-render", conn).enqueue_call("jobs.testing.sleep", args=(4,), job_id="finish-me", timeout=20)
+        wait_for(lambda: conn.zcard("rq:wip:pdf-render") == 1, timeout_s=30, what="a worker to take the job")
+        worker = PayrunJob.fetch("finish-me", connection=conn).worker_name
+        pid = int(worker.rsplit(".", 1)[1])
+        out = subprocess.run([sys.executable, "-m", "payrun.cli", "ps"], env=env, capture_output=True, text=True)
+        program = next(ln.split()[0] for ln in out.stdout.splitlines() if f"pid {pid}," in ln)
+        from payrun import supervise
+
+        stop_out, _ = supervise.ctl(cfg, "stop", program)
+        assert "stopped" in stop_out
+        assert PayrunJob.fetch("finish-me", connection=conn).get_status() == "finished"
+    finally:
+        payrun("down", env=env)
