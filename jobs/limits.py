@@ -31,11 +31,6 @@ from payrun import keys
 RATE_HEADROOM = 0.99
 """Sends start at 99% of the configured rate."""
 
-_NOW = """
-local t = redis.call('TIME')
-return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
-
 _ACQUIRE_SLOT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -137,7 +132,8 @@ class Limiter:
 
     def in_use(self) -> int:
         """Slots held now (expired leases not counted). Reads only."""
-        now_ms = int(self.conn.eval(_NOW, 0))
+        sec, usec = self.conn.time()  # not EVAL: a read-only user may run this
+        now_ms = int(sec) * 1000 + int(usec) // 1000
         return int(self.conn.zcount(self.k_slots, now_ms, "+inf"))
 
     # ---- rate -------------------------------------------------------------------

@@ -582,13 +582,14 @@ def _print_tree(d: dict[str, Any], prefix: str = "") -> None:
 
 
 @config_group.command(name="redis-url")
+@click.option("--readonly", is_flag=True, help="The read-only user's URL (it cannot write).")
 @pass_ctx
 @handle_errors
-def config_redis_url(c: Ctx) -> None:
+def config_redis_url(c: Ctx, readonly: bool) -> None:
     """Print the Redis URL with credentials: rq info -u "$(payrun config redis-url)"."""
     from payrun import redis_server
 
-    click.echo(redis_server.url(c.cfg))
+    click.echo(redis_server.url(c.cfg, readonly=readonly))
 
 
 def _register_packages() -> None:

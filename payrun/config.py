@@ -95,6 +95,8 @@ class ProviderConfig:
 class RedisConfig:
     url: str = ""
     """redis://… or unix://…; '' = embedded server started by payrun under PAYRUN_HOME/redis."""
+    readonly_url: str = ""
+    """A read-only user's URL for `payrun console --readonly` on an external Redis."""
 
 
 @dataclass
@@ -188,6 +190,7 @@ class Config:
         }
         if redact:
             d["redis"]["url"] = redact_url(d["redis"]["url"])
+            d["redis"]["readonly_url"] = redact_url(d["redis"]["readonly_url"])
             d["email"]["url"] = redact_url(d["email"]["url"])
             d["effective"]["email_url"] = redact_url(d["effective"]["email_url"])
         return d

@@ -48,14 +48,23 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def _password(cfg: Config) -> str:
-    pw_file = cfg.redis_dir / "password"
+def _secret(cfg: Config, name: str) -> str:
+    pw_file = cfg.redis_dir / name
     if not pw_file.exists():
         private_dir(cfg.redis_dir)
         fd = os.open(pw_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(24))
     return pw_file.read_text().strip()
+
+
+def _password(cfg: Config) -> str:
+    return _secret(cfg, "password")
+
+
+READONLY_USER = "payrun-ro"
+READONLY_ACL = "on ~* &* -@all +@read +@connection +time +info"
+"""The console's read-only user: may read every key, may write none (not even by EVAL)."""
 
 
 def _socket_path(cfg: Config) -> Path:
@@ -73,16 +82,23 @@ def _tcp_port(cfg: Config) -> int:
     return port
 
 
-def embedded_url(cfg: Config) -> str:
-    pw = quote(_password(cfg), safe="")
+def embedded_url(cfg: Config, readonly: bool = False) -> str:
+    pw = quote(_secret(cfg, "ro-password") if readonly else _password(cfg), safe="")
     sock = _socket_path(cfg)
+    user = READONLY_USER if readonly else ""
     if len(str(sock)) <= MAX_SOCKET_PATH:
-        return f"unix://{sock}?password={pw}"
-    return f"redis://:{pw}@127.0.0.1:{_tcp_port(cfg)}/0"
+        return f"unix://{sock}?password={pw}" + (f"&username={user}" if user else "")
+    return f"redis://{user}:{pw}@127.0.0.1:{_tcp_port(cfg)}/0"
 
 
-def url(cfg: Config) -> str:
-    """The URL every part uses, credentials included (``payrun config redis-url``)."""
+def url(cfg: Config, readonly: bool = False) -> str:
+    """The URL every part uses, credentials included (``payrun config redis-url``).
+    ``readonly``: the console's read-only user (embedded Redis; for an external one, set
+    redis.readonly_url to a user made with ``ACL SETUSER payrun-ro <READONLY_ACL> >pw``)."""
+    if readonly:
+        if cfg.redis.url:
+            return cfg.redis.readonly_url or cfg.redis.url
+        return embedded_url(cfg, readonly=True)
     return cfg.redis.url or embedded_url(cfg)
 
 
@@ -101,6 +117,7 @@ def write_conf(cfg: Config, daemonize: bool) -> Path:
         f"{listen}"
         "protected-mode yes\n"
         f"requirepass {pw}\n"
+        f"user {READONLY_USER} {READONLY_ACL} >{_secret(cfg, 'ro-password')}\n"
         f"dir {d}\n"
         "appendonly yes\n"
         "appendfsync everysec\n"

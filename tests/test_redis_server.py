@@ -1,0 +1,52 @@
+"""The embedded Redis: unix socket, password, append-only file, a read-only user."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import redis
+
+from payrun import config, redis_server
+
+
+@pytest.fixture
+def embedded(tmp_path):
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
+    conn = redis_server.ensure_running(cfg)
+    yield cfg, conn
+    redis_server.stop(cfg)
+
+
+def test_locked_down(embedded):
+    cfg, conn = embedded
+    conf = (cfg.redis_dir / "redis.conf").read_text()
+    assert "port 0" in conf and "unixsocket " in conf and "appendonly yes" in conf
+    assert stat.S_IMODE(os.stat(cfg.redis_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(cfg.redis_dir / "password").st_mode) == 0o600
+    no_password = redis.Redis(unix_socket_path=str(cfg.redis_dir / "redis.sock"))
+    with pytest.raises(redis.AuthenticationError):
+        no_password.set("x", 1)
+    assert conn.set("x", 1)
+
+
+def test_readonly_user_reads_but_cannot_write(embedded):
+    cfg, conn = embedded
+    conn.set("k", "v")
+    conn.rpush("rq:queue:pdf-render", "job-1")
+    ro = redis.Redis.from_url(redis_server.url(cfg, readonly=True))
+    assert ro.get("k") == b"v" and ro.llen("rq:queue:pdf-render") == 1 and ro.time()
+    for write in (lambda: ro.set("k", "w"), lambda: ro.lpop("rq:queue:pdf-render"),
+                  lambda: ro.eval("return redis.call('DEL', KEYS[1])", 1, "k"), lambda: ro.flushall()):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            write()
+    assert conn.get("k") == b"v"
+
+
+def test_restart_keeps_data(embedded):
+    cfg, conn = embedded
+    conn.rpush("rq:queue:pdf-render", "a", "b")
+    assert redis_server.stop(cfg)
+    conn2 = redis_server.ensure_running(cfg)
+    assert conn2.lrange("rq:queue:pdf-render", 0, -1) == [b"a", b"b"]
