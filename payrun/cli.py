@@ -390,6 +390,33 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
             return
 
 
+@cli.command()
+@click.option("--before", required=True, help="Remove ledger history of months before this one (YYYY-MM).")
+@click.option("--slips", is_flag=True, help="Also delete those months' slip PDFs.")
+@click.option("--dry-run", is_flag=True, help="Say what would go, remove nothing.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def prune(c: Ctx, before: str, slips: bool, dry_run: bool, as_json: bool) -> None:
+    """Remove old months from the ledger (and optionally their slips). Redis needs no
+    pruning: finished jobs expire after a day, failed ones after 30 days."""
+    from payrun import retention
+    from payrun.runs import validate_month
+
+    try:
+        validate_month(before)
+    except PayrunError:
+        raise PayrunError(f"--before must look like 2026-11 (YYYY-MM), got {before!r}")
+    r = retention.prune(c.cfg, c.ledger(), before, slips=slips, dry_run=dry_run)
+    if as_json:
+        click.echo(json.dumps({**vars(r), "dry_run": dry_run}))
+        return
+    verb = "would remove" if dry_run else "removed"
+    click.echo(f"{verb} {r.jobs:,} jobs, {r.attempts:,} attempts, {r.runs} pay-run rows"
+               + (f", {r.slip_dirs} slip folders" if slips else "")
+               + (f" (months {', '.join(r.months)})" if r.months else " (nothing before " + before + ")"))
+
+
 # ---- processes -------------------------------------------------------------------
 
 @cli.command()

@@ -11,7 +11,7 @@ from payrun import payroll
 from payrun.cli import cli
 
 COMMANDS = ["seed", "import", "run", "status", "worker", "ledger", "provider", "redis", "demo", "up",
-            "down", "ps", "failed", "retry", "job", "reap", "limits show", "limits set", "config show", "config redis-url"]
+            "down", "ps", "failed", "retry", "job", "reap", "limits show", "limits set", "prune", "config show", "config redis-url"]
 
 
 @pytest.fixture
@@ -90,3 +90,20 @@ def test_limits_set_and_show(runner, conn):
 def test_unknown_job(runner, conn):
     msg = one_line_error(runner.invoke(cli, ["job", "nope"]))
     assert "no job 'nope'" in msg
+
+
+def test_prune_keeps_later_months(runner, cfg):
+    from payrun.ledger import Ledger
+
+    ledger = Ledger(cfg.ledger_path)
+    ledger.create_jobs([{"id": f"render-{m}-emp-1", "kind": "render", "month": m, "company_id": 1}
+                        for m in ("2026-09", "2026-10", "2026-11")])
+    for m in ("2026-09", "2026-10"):
+        (cfg.slips_dir / m / "1").mkdir(parents=True)
+    dry = json.loads(runner.invoke(cli, ["prune", "--before", "2026-11", "--slips", "--dry-run", "--json"]).output)
+    assert dry["jobs"] == 2 and dry["slip_dirs"] == 2 and (cfg.slips_dir / "2026-09").exists()
+    out = runner.invoke(cli, ["prune", "--before", "2026-11", "--slips"])
+    assert out.exit_code == 0 and "removed 2 jobs" in out.output
+    assert [r["month"] for r in ledger.jobs(limit=10)] == ["2026-11"]
+    assert not (cfg.slips_dir / "2026-09").exists()
+    one_line_error(runner.invoke(cli, ["prune", "--before", "last-year"]))

@@ -1,0 +1,41 @@
+"""Retention. Redis forgets on its own: finished jobs after a day (result_ttl), failed
+jobs after 30 days (failure_ttl), sent idempotency keys after 90 days, ledger events once
+applied. The ledger keeps history until `payrun prune --before YYYY-MM` removes the
+months before that one (jobs, attempts, pay-run rows), and with --slips their PDFs."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+from payrun.config import Config
+from payrun.ledger import Ledger
+
+
+@dataclass
+class Pruned:
+    months: list[str]
+    jobs: int
+    attempts: int
+    runs: int
+    slip_dirs: int
+
+
+def prune(cfg: Config, ledger: Ledger, before: str, slips: bool = False, dry_run: bool = False) -> Pruned:
+    db = ledger.db.conn
+    months = [r[0] for r in db.execute(
+        "SELECT DISTINCT month FROM jobs WHERE month < ? UNION SELECT DISTINCT month FROM payroll_runs WHERE month < ?"
+        " ORDER BY 1", (before, before)) if r[0]]
+    jobs = db.execute("SELECT COUNT(*) FROM jobs WHERE month < ?", (before,)).fetchone()[0]
+    attempts = db.execute(
+        "SELECT COUNT(*) FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE month < ?)", (before,)).fetchone()[0]
+    runs = db.execute("SELECT COUNT(*) FROM payroll_runs WHERE month < ?", (before,)).fetchone()[0]
+    slip_dirs = [cfg.slips_dir / m for m in months if (cfg.slips_dir / m).is_dir()] if slips else []
+    if not dry_run:
+        with db:
+            db.execute("DELETE FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE month < ?)", (before,))
+            db.execute("DELETE FROM jobs WHERE month < ?", (before,))
+            db.execute("DELETE FROM payroll_runs WHERE month < ?", (before,))
+        for d in slip_dirs:
+            shutil.rmtree(d)
+    return Pruned(months, jobs, attempts, runs, len(slip_dirs))

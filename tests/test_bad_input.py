@@ -1,0 +1,75 @@
+"""Bad input everywhere (property-based): a clear one-line error and a non-zero exit,
+nothing half-written, never a traceback shown to the user."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from payrun import config
+from payrun.cli import cli
+from payrun.errors import ConfigError
+
+SECTIONS = {
+    "": ["home", "timezone", "slips", "bogus"],
+    "render": ["workers", "timeout_s", "nope"],
+    "email": ["url", "lanes", "timeout_s", "sender"],
+    "limits": ["email_concurrency", "email_rate_per_s", "db_concurrency"],
+    "lease": ["visibility_s", "grace_s", "stuck_after_s", "reap_every_s"],
+    "metrics": ["port"],
+    "render.retry": ["base_s", "cap_s", "attempts", "jitter"],
+}
+values = st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=False, allow_infinity=False, width=32),
+                   st.booleans(), st.text(alphabet=st.characters(blacklist_categories=["Cs", "Cc"]), max_size=20))
+
+
+def toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)  # a TOML basic string is JSON-compatible for these characters
+    return repr(v)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(st.sampled_from(list(SECTIONS)), st.dictionaries(st.integers(0, 3), values, max_size=3),
+                       max_size=4), st.text(max_size=30))
+def test_config_loader_accepts_or_explains(tmp_path_factory, tables, garbage):
+    d = tmp_path_factory.mktemp("cfg")
+    lines = []
+    for section, entries in tables.items():
+        if section:
+            lines.append(f"[{section}]")
+        for i, v in entries.items():
+            names = SECTIONS[section]
+            lines.append(f"{names[i % len(names)]} = {toml_value(v)}")
+    for text in ("\n".join(lines), garbage):
+        p = d / "payrun.toml"
+        p.write_text(text, encoding="utf-8")
+        try:
+            config.load(p, env={"PAYRUN_HOME": str(d)})
+        except ConfigError as e:
+            assert str(e) and "\n" not in str(e)
+
+
+month_like = st.one_of(st.text(max_size=12), st.from_regex(r"\d{4}-\d{2}", fullmatch=True))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=st.lists(st.one_of(st.sampled_from(["--month", "--company", "--json", "--employees", "--companies",
+                                                "--before", "--cap", "--rate", "--queue", "--error"]),
+                               month_like), max_size=4),
+       command=st.sampled_from([["run"], ["status"], ["seed"], ["prune"], ["failed"], ["retry"],
+                                ["limits", "set"], ["worker"], ["import"]]))
+def test_cli_arguments_never_show_a_traceback(cfg, args, command):
+    if command == ["seed"] and "--employees" not in args:
+        args = [*args, "--employees", "3", "--companies", "1"]  # keep a valid seed small
+    result = CliRunner().invoke(cli, [*command, *args])
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    if result.exit_code not in (0,):
+        assert result.exit_code in (1, 2)
+        assert result.output.strip(), "a failure must say why"
