@@ -149,10 +149,13 @@ def default_month() -> str:
 @cli.command()
 @click.option("--month", required=True, help="Month to pay, YYYY-MM.")
 @click.option("--company", type=int, default=None, help="Only this company id.")
+@click.option("--resume", is_flag=True,
+              help="Complete a fan-out that died half-way (run row still 'fanning-out'): enqueue only "
+                   "the missing jobs. Only once the process that started it is gone.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 @pass_ctx
 @handle_errors
-def run(c: Ctx, month: str, company: int | None, as_json: bool) -> None:
+def run(c: Ctx, month: str, company: int | None, resume: bool, as_json: bool) -> None:
     """Create one render job per employee for MONTH, once.
 
     Takes the lock lock:payroll:<month> and inserts one payroll_runs row per company;
@@ -171,7 +174,7 @@ def run(c: Ctx, month: str, company: int | None, as_json: bool) -> None:
             bar.length = total
             bar.update(n - bar.pos)
 
-    result = runs.start_run(c.cfg, conn, ledger, db, month, company, progress=progress)
+    result = runs.start_run(c.cfg, conn, ledger, db, month, company, progress=progress, resume=resume)
     if bar is not None:
         bar.render_finish()
     if as_json:
@@ -181,8 +184,15 @@ def run(c: Ctx, month: str, company: int | None, as_json: bool) -> None:
     else:
         if result.created:
             click.echo(f"created {result.jobs:,} render jobs for {len(result.created)} companies ({month})")
+        if result.resumed:
+            click.echo(f"completed the interrupted fan-out of companies {_ids(result.resumed)}")
         if result.already:
+            stuck = [r["company_id"] for r in ledger.runs(month)
+                     if r["status"] == "fanning-out" and r["company_id"] in result.already]
             click.echo(f"already run for {month}, nothing created: companies {_ids(result.already)}")
+            if stuck:
+                click.echo(f"note: the fan-out of companies {_ids(stuck)} never finished; if the process "
+                           f"that ran it is gone: payrun run --month {month} --resume")
         if result.aborted:
             click.echo(f"stopped early: {result.aborted}")
     sys.exit(1 if result.aborted else 0)

@@ -55,6 +55,8 @@ class RunResult:
     already: list[int] = field(default_factory=list)
     """Companies whose run for this month already exists (unique row)."""
     aborted: str | None = None
+    resumed: list[int] = field(default_factory=list)
+    """Companies whose half-done fan-out this call completed (``resume``)."""
 
     @property
     def jobs(self) -> int:
@@ -64,7 +66,8 @@ class RunResult:
         return {
             "month": self.month, "owner": self.owner, "locked_by": self.locked_by,
             "jobs_created": self.jobs, "companies_created": sorted(self.created),
-            "companies_already_run": sorted(self.already), "aborted": self.aborted,
+            "companies_already_run": sorted(self.already), "companies_resumed": sorted(self.resumed),
+            "aborted": self.aborted,
         }
 
 
@@ -101,8 +104,14 @@ def start_run(
     company_id: int | None = None,
     owner: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    resume: bool = False,
 ) -> RunResult:
-    """Create the month's jobs once. Safe to call again, or on two servers at once."""
+    """Create the month's jobs once. Safe to call again, or on two servers at once.
+
+    ``resume``: a company whose run row is still ``fanning-out`` (its fan-out died half-way)
+    is completed: only the jobs missing from Redis are enqueued. Use it only once the
+    process that started that run is known to be gone (we hold the month's lock, so it
+    does not hold it any more)."""
     from payrun import payroll
 
     validate_month(month)
@@ -125,7 +134,11 @@ def start_run(
         retry = Retry(max=cfg.render.retry.attempts - 1) if cfg.render.retry.attempts > 1 else None
         meta_retry = vars(cfg.render.retry)
         for cid in companies:
-            if not ledger.claim_run(cid, month, owner):
+            claimed, resuming = ledger.claim_run(cid, month, owner), False
+            if not claimed and resume:
+                row = next((r for r in ledger.runs(month) if r["company_id"] == cid), None)
+                resuming = row is not None and row["status"] == "fanning-out"
+            if not claimed and not resuming:
                 result.already.append(cid)
                 done += payroll.count_employees(payroll_db, month, cid)
                 if progress:
@@ -140,6 +153,14 @@ def start_run(
                     return
                 if not extend(conn, month, owner):
                     raise LockLost(f"lock:payroll:{month} is no longer ours")
+                if resuming:  # keep only the jobs the dead fan-out never enqueued
+                    with conn.pipeline(transaction=False) as p:
+                        for snap in batch:
+                            p.exists(queue.job_class.key_for(keys.render_job_id(month, snap["employee"]["id"])))
+                        present = p.execute()
+                    batch[:] = [snap for snap, there in zip(batch, present) if not there]
+                    if not batch:
+                        return
                 ledger.create_jobs(
                     {"id": keys.render_job_id(month, s["employee"]["id"]), "kind": "render",
                      "company_id": cid, "employee_id": s["employee"]["id"], "month": month,
@@ -171,8 +192,11 @@ def start_run(
                 if len(batch) >= CHUNK:
                     flush()
             flush()
-            ledger.finish_run(cid, month, created)
+            ledger.finish_run(cid, month, created if not resuming else
+                              payroll.count_employees(payroll_db, month, cid))
             result.created[cid] = created
+            if resuming:
+                result.resumed.append(cid)
     except LockLost as e:
         result.aborted = str(e)
     finally:

@@ -268,3 +268,22 @@ def test_bad_address_fixed_then_retried_is_delivered(world, provider):
     job = ledger.job(listed[0]["id"])
     assert job["status"] == "done" and [h["outcome"] for h in job["history"]] == ["failed", "done"]
     assert json.loads(runner.invoke(cli, ["failed", "--json"]).output) == []
+
+
+def test_a_fan_out_that_died_half_way_is_resumed_with_only_the_missing_jobs(world):
+    cfg, conn, db, ledger = world
+    # a fan-out that died after its first 4 jobs of company 1: row still 'fanning-out'
+    assert ledger.claim_run(1, MONTH, "dead-owner")
+    snaps = [s for s in payroll.snapshots(db, MONTH) if s["company"]["id"] == 1][:4]
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    for s in snaps:
+        q.enqueue_call("jobs.tasks.render_slip", args=(s,), job_id=keys.render_job_id(MONTH, s["employee"]["id"]))
+    plain = runs.start_run(cfg, conn, ledger, db, MONTH)
+    assert plain.already == [1] and plain.created == {2: payroll.count_employees(db, MONTH, 2)}
+    resumed = runs.start_run(cfg, conn, ledger, db, MONTH, resume=True)
+    n1 = payroll.count_employees(db, MONTH, 1)
+    assert resumed.resumed == [1] and resumed.created[1] == n1 - 4
+    ids = q.get_job_ids()
+    assert len(ids) == len(set(ids)) == 12  # every employee once
+    assert {r["status"] for r in ledger.runs(MONTH)} == {"enqueued"}
+    assert runs.start_run(cfg, conn, ledger, db, MONTH, resume=True).jobs == 0
