@@ -22,6 +22,7 @@ Deadlines (``jobs.policy`` holds the arithmetic):
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -50,6 +51,8 @@ KILL_MARGIN_S = 2
 ALIVE_TTL_S = 10
 """A worker whose payrun:alive key is older than this is presumed dead."""
 ALIVE_EVERY_S = 2
+SCHEDULER_CHECK_S = 5
+"""How often a worker checks that RQ's scheduler for its queues runs (and restarts it)."""
 
 log = logging.getLogger("payrun.worker")
 
@@ -146,6 +149,30 @@ class EventsMixin:
         self.in_hand: tuple[Job, Queue] | None = None
         self._requeue_ids: set[str] = set()
 
+    def ensure_scheduler(self) -> None:
+        """Restart RQ's scheduler for our queues if it died, at most every SCHEDULER_CHECK_S.
+
+        The scheduler is a forked process that exits on the first Redis error (a Redis
+        restart), and its lock outlives it by 61 s; RQ itself only looks again at its
+        10-minute maintenance, so retries (the scheduled registry) would wait that long.
+        A worker that lost the lock race to another worker's scheduler also takes over
+        here within seconds once that one is gone. Call from the main thread (it forks)."""
+        now = time.monotonic()
+        if now < getattr(self, "_next_scheduler_check", 0.0):
+            return
+        self._next_scheduler_check = now + SCHEDULER_CHECK_S
+        current = self.scheduler
+        process = getattr(current, "_process", None) if current is not None else None
+        if process is not None and process.is_alive():
+            return
+        try:
+            if current is not None and process is not None:
+                log.warning("Worker %s: RQ scheduler (pid %s) is gone; starting another", self.name, process.pid)
+                current.release_locks()  # only locks still holding its own name
+            self._start_scheduler(burst=False)
+        except Exception as e:  # Redis still down: try again at the next check
+            log.warning("Worker %s: cannot start the RQ scheduler yet: %s", self.name, e)
+
     def execute_job(self, job: Job, queue: Queue) -> None:
         self.in_hand = (job, queue)
         try:
@@ -159,14 +186,16 @@ class EventsMixin:
         job.meta = job.get_meta(refresh=True)
         attempt = int(job.meta.get("attempt", 0))
         job.meta["budget_start"] = int(job.meta.get("budget_start", 0)) + 1
+        if job.meta.get("kind") == "email" and job.meta.get("key"):
+            # before the job is back on its queue: another lane may take it at once, and
+            # would find the key still claimed by this attempt ("being sent": a retry spent)
+            idempotency.release(self.connection, job.meta["key"], f"{job.id}:{attempt}")
         with self.connection.pipeline() as pipe:
             if getattr(self, "execution", None) is not None:
                 self.cleanup_execution(job, pipeline=pipe)
             queue._enqueue_job(job, pipeline=pipe, at_front=True)
             events.emit(pipe, job.id, "queued", attempt=attempt, outcome="requeued", error=reason)
             pipe.execute()
-        if job.meta.get("kind") == "email" and job.meta.get("key"):
-            idempotency.release(self.connection, job.meta["key"], f"{job.id}:{attempt}")
         log.warning("Worker %s: %s returned to the front of %s (%s)", self.name, job.id, queue.name, reason)
 
     # horse / lane side: about to run
@@ -234,6 +263,11 @@ class RenderWorker(EventsMixin, Worker):
 
         started = time.monotonic()
         slip.warm_up()
+        # Everything alive now (WeasyPrint, fonts, the parsed template and CSS) is moved out
+        # of the collector's sight: otherwise the first collection in each forked child walks
+        # it all and the kernel copies those pages (~25 ms of CPU per render, measured).
+        gc.collect()
+        gc.freeze()
         log.info("Worker %s: WeasyPrint warmed in %.2f s", self.name, time.monotonic() - started)
         self._liveness = Liveness(self.connection, [self.name]).start()
         super().bootstrap(*args, **kwargs)
@@ -261,6 +295,16 @@ class RenderWorker(EventsMixin, Worker):
         if self._liveness is not None:
             self._liveness.stop()
         raise SystemExit(0)
+
+    @property
+    def dequeue_timeout(self) -> int:
+        # wake up every few seconds when idle, so heartbeat() can look after the scheduler
+        return min(super().dequeue_timeout, SCHEDULER_CHECK_S)
+
+    def heartbeat(self, *args: Any, **kwargs: Any) -> None:
+        super().heartbeat(*args, **kwargs)
+        if not self.is_horse and self.scheduler is not None:
+            self.ensure_scheduler()
 
     def maintain_heartbeats(self, job: Job) -> None:
         super().maintain_heartbeats(job)
@@ -342,11 +386,18 @@ def worker_name(kind: str, index: int | None = None) -> str:
     return base if index is None else f"{base}.{index:02d}"
 
 
-def lane_loop(lane: LaneWorker, stop: threading.Event, poll_s: int = 1, limiter=None) -> int:
+def lane_loop(lane: LaneWorker, stop: threading.Event, poll_s: int = 1, limiter=None,
+              fatal: threading.Event | None = None) -> int:
     """Dequeue and run jobs until ``stop`` is set; a job in hand is always finished.
 
     With a ``limiter``, a lane first takes a global concurrency slot and only then
-    dequeues: a job never waits for a slot while holding a lane or a lease."""
+    dequeues: a job never waits for a slot while holding a lane or a lease.
+
+    An error around a job (not from the job: RQ handles those) means Redis failed under
+    us mid-job: the lane sets ``fatal`` and stops, and the process exits non-zero for its
+    supervisor to restart it (what RQ's own worker does, rq #1968); the reaper returns
+    the jobs it held once its liveness lapses. A lane thread that died silently instead
+    would leave the process running with fewer lanes, for good."""
     lane.register_birth()
     lane.set_state("idle")
     done = 0
@@ -379,6 +430,12 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, poll_s: int = 1, limiter=
                     lane.execute_job(job, queue)
                     lane.heartbeat()
                     done += 1
+            except Exception as e:
+                log.error("Lane %s: %s while running a job; the process exits for a restart", lane.name, e)
+                if fatal is not None:
+                    fatal.set()
+                stop.set()
+                break
             finally:
                 if slot is not None:
                     try:
@@ -386,7 +443,10 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, poll_s: int = 1, limiter=
                     except Exception:  # Redis down: the slot's lease frees it
                         pass
     finally:
-        lane.register_death()
+        try:
+            lane.register_death()
+        except Exception:  # Redis down: the worker key expires by itself
+            pass
     return done
 
 
@@ -410,9 +470,10 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
     counts: list[int] = [0] * lanes
     deadline: list[float] = []
     forced = threading.Event()
+    fatal = threading.Event()
 
     def run(i: int) -> None:
-        counts[i] = lane_loop(workers[i], stop, limiter=limiter)
+        counts[i] = lane_loop(workers[i], stop, limiter=limiter, fatal=fatal)
 
     def on_signal(signum, frame):
         if stop.is_set():
@@ -432,6 +493,10 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
         t.start()
     try:
         while any(t.is_alive() for t in threads):
+            if fatal.is_set():
+                break  # Redis failed mid-job: exit for a restart (below)
+            if not burst:
+                workers[0].ensure_scheduler()
             if burst and all(q.count == 0 for q in queues) and all(w.in_hand is None for w in workers):
                 stop.set()
             if forced.is_set() or (deadline and time.monotonic() >= deadline[0]):
@@ -448,5 +513,11 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
         stop.set()
         liveness.stop()
         if workers[0].scheduler:
-            workers[0].stop_scheduler()
+            try:
+                workers[0].stop_scheduler()
+            except Exception:
+                pass
+    if fatal.is_set():
+        log.error("send-email %d: exiting after a Redis failure mid-job (restart me)", os.getpid())
+        raise SystemExit(1)
     return sum(counts)
