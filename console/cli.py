@@ -1,8 +1,194 @@
 """The console's commands of `payrun` (registered onto the main click group). Importing
-this module must not import textual: the TUI is loaded only by `payrun console`."""
+this module must not import textual: the TUI is loaded only by `payrun console`.
+
+  payrun console [--readonly]          the TUI
+  payrun queues|workers|running [--json]   the console's views as text or JSON
+  payrun drain [--queue Q] / payrun resume [--queue Q]
+  payrun stop-worker NAME               graceful: finish the job in hand, then exit
+  payrun audit [--last N] [--json]      who did what from the console and these commands
+"""
 
 from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+QUEUE_CHOICE = click.Choice(["pdf-render", "send-email", "control"])
+
+
+def _age(s: float | None) -> str:
+    from console.fmt import duration
+
+    return duration(s)
+
+
+def handle_errors(fn):
+    """Like payrun.cli's: a PayrunError is one line `payrun: …` and exit 2. (Not imported
+    from payrun.cli: under `python -m payrun.cli` that module is __main__, a second copy.)"""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from payrun.errors import PayrunError
+
+        try:
+            return fn(*args, **kwargs)
+        except PayrunError as e:
+            click.echo(f"payrun: {e}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("payrun: interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+pass_ctx = click.pass_obj
+"""The group's context object (payrun.cli.Ctx: .cfg, .redis())."""
 
 
 def register(cli) -> None:
     """Add this package's commands to the `payrun` group."""
+
+    def source(c):
+        from console.data import Source
+
+        return Source(c.cfg)
+
+    def snapshot_or_fail(c):
+        from payrun.errors import PayrunError
+
+        snap = source(c).snapshot()
+        if snap.error and "Redis" in snap.error:
+            raise PayrunError(snap.error + " (is `payrun up` running? `payrun config redis-url` names it)")
+        return snap
+
+    @cli.command()
+    @click.option("--readonly", is_flag=True, help="Look only: every action is hidden and refused.")
+    @click.option("--interval", "interval_s", type=click.FloatRange(0.2, 60), default=1.0, show_default=True,
+                  help="Seconds between refreshes (the next starts when the last has returned).")
+    @pass_ctx
+    @handle_errors
+    def console(c, readonly: bool, interval_s: float) -> None:
+        """The on-call console: live queues, workers, running and failed jobs, the HR line
+        with its ETA; retry, drain, resume, stop a worker, change limits (each audited)."""
+        from console.app import ConsoleApp
+        from console.data import Source
+
+        ConsoleApp(Source(c.cfg), readonly=readonly, interval_s=interval_s).run()
+
+    @cli.command()
+    @click.option("--json", "as_json", is_flag=True)
+    @pass_ctx
+    @handle_errors
+    def queues(c, as_json: bool) -> None:
+        """Per queue: waiting, running, retrying, failed, oldest waiting job's age, jobs
+        finished per minute (last 10 min), drained or not. Reads only."""
+        from console.fmt import spark
+
+        snap = snapshot_or_fail(c)
+        if as_json:
+            d = snap.to_dict()
+            click.echo(json.dumps({"taken_at": d["taken_at"], "suspended": d["suspended"],
+                                   "paused_queues": d["paused_queues"], "queues": d["queues"],
+                                   "limits": d["limits"]}))
+            return
+        click.echo(f"{'queue':<11} {'waiting':>8} {'running':>8} {'retrying':>8} {'failed':>7} {'oldest':>7}  per min (10 min)")
+        for q in snap.queues:
+            click.echo(f"{q.name:<11} {q.depth:>8,} {q.running:>8,} {q.retrying:>8,} {q.failed:>7,} "
+                       f"{_age(q.oldest_age_s):>7}  {spark(q.per_min)} {q.per_min[-1]}/min"
+                       + ("  DRAINED" if q.paused or snap.suspended else ""))
+        if snap.suspended:
+            click.echo("all intake stopped (RQ suspended): `payrun resume`")
+        if snap.limits:
+            lim = snap.limits
+            click.echo(f"email limits: {lim.in_use} / {lim.cap} in flight, {lim.rate_per_s:g}/s, "
+                       f"{lim.http_429:,} 429s seen")
+
+    @cli.command()
+    @click.option("--json", "as_json", is_flag=True)
+    @pass_ctx
+    @handle_errors
+    def workers(c, as_json: bool) -> None:
+        """Every RQ worker: host, pid, queues, state, current job and for how long, last
+        heartbeat, whether its liveness key is alive. Reads only."""
+        snap = snapshot_or_fail(c)
+        if as_json:
+            click.echo(json.dumps(snap.to_dict()["workers"]))
+            return
+        if not snap.workers:
+            click.echo("no workers registered (`payrun up` starts them)")
+        for w in snap.workers:
+            click.echo(f"{w.name:<34} {w.host}:{w.pid} {w.queues:<10} {w.state:<9} "
+                       f"{(w.job_id or '-'):<30} {_age(w.job_elapsed_s):>6}  beat {_age(w.heartbeat_age_s)} ago"
+                       + ("" if w.alive else "  NO LIVENESS") + ("  stopping" if w.stopping else ""))
+
+    @cli.command()
+    @click.option("--json", "as_json", is_flag=True)
+    @pass_ctx
+    @handle_errors
+    def running(c, as_json: bool) -> None:
+        """Jobs being worked on now: elapsed against timeout, lease left, stuck (dead worker,
+        lapsed lease, or running over lease.stuck_after_s). Reads only."""
+        snap = snapshot_or_fail(c)
+        if as_json:
+            click.echo(json.dumps(snap.to_dict()["running"]))
+            return
+        if not snap.running:
+            click.echo("nothing running")
+        for r in snap.running:
+            to = f"{r.timeout_s:g}" if r.timeout_s else "?"
+            click.echo(f"{r.job_id:<36} {r.queue:<10} {r.worker:<34} {_age(r.elapsed_s):>6} / {to} s"
+                       + ("  NEAR TIMEOUT" if r.near_timeout else "") + (f"  STUCK: {r.stuck}" if r.stuck else ""))
+
+    @cli.command()
+    @click.option("--queue", type=QUEUE_CHOICE, default=None, help="Only this queue (default: every queue).")
+    @pass_ctx
+    @handle_errors
+    def drain(c, queue: str | None) -> None:
+        """Stop intake: workers finish the jobs they hold and take no new ones (from QUEUE,
+        or from every queue). Undo with `payrun resume`."""
+        from console import actions
+
+        click.echo(actions.drain(c.cfg, c.redis(), queue, via="cli").message)
+
+    @cli.command()
+    @click.option("--queue", type=QUEUE_CHOICE, default=None, help="Only this queue (default: everything).")
+    @pass_ctx
+    @handle_errors
+    def resume(c, queue: str | None) -> None:
+        """Resume intake on QUEUE, or everywhere (lifts every drain)."""
+        from console import actions
+
+        click.echo(actions.resume(c.cfg, c.redis(), queue, via="cli").message)
+
+    @cli.command(name="stop-worker")
+    @click.argument("name")
+    @pass_ctx
+    @handle_errors
+    def stop_worker(c, name: str) -> None:
+        """Gracefully stop one worker (names: `payrun workers`): it finishes its job, then exits."""
+        from console import actions
+
+        click.echo(actions.stop_worker(c.cfg, c.redis(), name, via="cli").message)
+
+    @cli.command()
+    @click.option("--last", type=click.IntRange(1, 100_000), default=20, show_default=True)
+    @click.option("--json", "as_json", is_flag=True)
+    @pass_ctx
+    @handle_errors
+    def audit(c, last: int, as_json: bool) -> None:
+        """The audit log: every action from the console and from drain/resume/stop-worker."""
+        from console import actions
+
+        rows = actions.read_audit(c.cfg, last)
+        if as_json:
+            click.echo(json.dumps(rows))
+            return
+        if not rows:
+            click.echo(f"no actions recorded in {actions.audit_path(c.cfg)}")
+        for r in rows:
+            click.echo(f"{r['ts']}  {r['who']:<10} {r['via']:<7} {r['command']}  ({r['count']}) {r['message']}")
+

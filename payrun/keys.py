@@ -9,6 +9,9 @@ EMAIL_QUEUE = "send-email"
 CONTROL_QUEUE = "control"
 QUEUES = (RENDER_QUEUE, EMAIL_QUEUE, CONTROL_QUEUE)
 
+PAUSED_QUEUES = "payrun:paused-queues"
+"""Queues drained by `payrun drain --queue Q`: workers take nothing from them until resumed."""
+
 EVENTS_STREAM = "payrun:events"
 """Stream of job state changes, written by workers, applied to SQLite by `payrun ledger`."""
 EVENTS_GROUP = "ledger"

@@ -1,0 +1,187 @@
+"""What an operator can do, shared by the console and its `payrun` commands, each written
+to the audit log ($PAYRUN_HOME/audit.log, one JSON object a line: who, when, what, the
+equivalent command, how many, outcome).
+
+  retry        payrun.deadletters.retry (fresh attempt budget; a send picks up a fixed address)
+  drain        stop intake: one queue (the set payrun:paused-queues, honoured by payrun's
+               workers) or everywhere (RQ's global suspension, honoured by every RQ worker)
+  resume       lift it
+  stop-worker  graceful stop of one worker: it finishes the job in hand, then exits
+               (RQ's shutdown command over pubsub for a forking worker; SIGTERM to the
+               process for a send-email process, whose lanes do not listen to pubsub)
+  limits       jobs.limits.set_limits (cap / rate, read by every sender on its next send)
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shlex
+import signal
+import socket
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from console.data import SUSPENDED_KEY, paused_queues_key
+from payrun import keys
+from payrun.errors import PayrunError
+
+
+class ActionError(PayrunError):
+    """An action that cannot be done as asked (the message says what to do instead)."""
+
+
+@dataclass
+class Outcome:
+    what: str
+    command: str
+    count: int
+    ok: bool = True
+    message: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def who() -> str:
+    return os.environ.get("USER") or getpass.getuser()
+
+
+def audit_path(cfg) -> Path:
+    return Path(cfg.home) / "audit.log"
+
+
+def audit(cfg, outcome: Outcome, via: str) -> None:
+    """Append one line; the file is created 0600 (its directory is PAYRUN_HOME, 0700)."""
+    line = json.dumps({
+        "ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "who": who(), "via": via,
+        "what": outcome.what, "command": outcome.command, "count": outcome.count, "ok": outcome.ok,
+        "message": outcome.message, **({"detail": outcome.detail} if outcome.detail else {}),
+    })
+    path = audit_path(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as f:
+        f.write(line + "\n")
+
+
+def read_audit(cfg, last: int = 50) -> list[dict[str, Any]]:
+    path = audit_path(cfg)
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()[-last:]
+    return [json.loads(x) for x in lines if x.strip()]
+
+
+# ---- the actions ----------------------------------------------------------------------
+
+def retry_command(job_ids: list[str]) -> str:
+    shown = job_ids[:3]
+    return "payrun retry " + " ".join(shlex.quote(i) for i in shown) + (f" … ({len(job_ids)} ids)" if len(job_ids) > 3 else "")
+
+
+def retry(cfg, conn, job_ids: list[str], command: str | None = None, via: str = "console") -> Outcome:
+    from payrun import deadletters
+
+    db = None
+    if Path(cfg.payroll_path).exists():
+        from payrun.payroll import PayrollDB
+
+        db = PayrollDB(cfg.payroll_path)
+    try:
+        requeued, missing = deadletters.retry(cfg, conn, list(job_ids), db)
+    finally:
+        if db is not None:
+            db.db.close()
+    out = Outcome("retry", command or retry_command(list(job_ids)), len(requeued), ok=not missing,
+                  message=f"requeued {len(requeued)} job(s)" + (f"; {len(missing)} no longer failed" if missing else ""),
+                  detail={"asked": len(job_ids), "not_found": missing[:20]})
+    audit(cfg, out, via)
+    return out
+
+
+def _check_queue(queue: str | None) -> None:
+    if queue is not None and queue not in keys.QUEUES:
+        raise ActionError(f"unknown queue {queue!r} (choose from {', '.join(keys.QUEUES)})")
+
+
+def drain(cfg, conn, queue: str | None = None, via: str = "console") -> Outcome:
+    _check_queue(queue)
+    if queue:
+        conn.sadd(paused_queues_key(), queue)
+        msg = f"intake stopped on {queue}: workers finish what they hold and take nothing new from it"
+    else:
+        from rq.suspension import suspend
+
+        suspend(conn)
+        msg = "intake stopped everywhere (RQ suspended): workers finish what they hold and wait"
+    out = Outcome("drain", "payrun drain" + (f" --queue {queue}" if queue else ""), 1, message=msg,
+                  detail={"queue": queue or "*"})
+    audit(cfg, out, via)
+    return out
+
+
+def resume(cfg, conn, queue: str | None = None, via: str = "console") -> Outcome:
+    """One queue, or (no queue) everything: the global suspension and every paused queue."""
+    _check_queue(queue)
+    if queue:
+        n = conn.srem(paused_queues_key(), queue)
+        msg = f"intake resumed on {queue}" if n else f"{queue} was not drained"
+    else:
+        from rq.suspension import resume as rq_resume
+
+        paused = sorted(m.decode() if isinstance(m, bytes) else m for m in conn.smembers(paused_queues_key()))
+        was = bool(conn.exists(SUSPENDED_KEY))
+        rq_resume(conn)
+        conn.delete(paused_queues_key())
+        n = int(was) + len(paused)
+        msg = "intake resumed everywhere" + (f" (was drained: {', '.join((['all'] if was else []) + paused)})" if n else " (nothing was drained)")
+    out = Outcome("resume", "payrun resume" + (f" --queue {queue}" if queue else ""), int(n), message=msg,
+                  detail={"queue": queue or "*"})
+    audit(cfg, out, via)
+    return out
+
+
+def stop_worker(cfg, conn, name: str, via: str = "console") -> Outcome:
+    """Finish the job in hand, then exit (supervisord's autorestart starts a fresh one;
+    `payrun drain` first if it should not take work again)."""
+    raw = conn.hgetall(f"rq:worker:{name}")
+    h = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v) for k, v in raw.items()}
+    if not h or h.get("death"):
+        raise ActionError(f"no live worker named {name!r} (see `payrun workers`)")
+    queues = h.get("queues", "").split(",")
+    command = f"payrun stop-worker {name}"
+    if keys.EMAIL_QUEUE in queues:
+        host, pid = h.get("hostname"), int(h.get("pid") or 0)
+        if host != socket.gethostname() or not pid:
+            raise ActionError(f"{name} is a send-email lane on {host}: its process does not listen to RQ's "
+                              f"shutdown command; run `kill -TERM {pid}` on {host} (stops all its lanes gracefully)")
+        os.kill(pid, signal.SIGTERM)
+        msg = f"SIGTERM to send-email process {pid}: its lanes finish their sends, then it exits"
+    else:
+        from rq.command import send_shutdown_command
+
+        send_shutdown_command(conn, name)
+        msg = f"{name}: shutdown requested; it finishes its job, then exits"
+    out = Outcome("stop-worker", command, 1, message=msg, detail={"worker": name, "pid": h.get("pid"),
+                                                                   "host": h.get("hostname")})
+    audit(cfg, out, via)
+    return out
+
+
+def set_limits(cfg, conn, cap: int | None = None, rate_per_s: float | None = None, via: str = "console") -> Outcome:
+    from jobs.limits import set_limits as _set
+
+    if cap is None and rate_per_s is None:
+        raise ActionError("give a cap and/or a rate")
+    if cap is not None and not 1 <= cap <= 10_000:
+        raise ActionError(f"cap {cap} is not in the range 1<=cap<=10000")
+    if rate_per_s is not None and not 0.1 <= rate_per_s <= 100_000:
+        raise ActionError(f"rate {rate_per_s:g} is not in the range 0.1<=rate<=100000")
+    _set(conn, "email", cap=cap, rate_per_s=rate_per_s)
+    cmd = "payrun limits set" + (f" --cap {cap}" if cap is not None else "") + (f" --rate {rate_per_s:g}" if rate_per_s is not None else "")
+    out = Outcome("limits", cmd, 1, message="email limits now " + cmd.split("set ", 1)[1],
+                  detail={"cap": cap, "rate_per_s": rate_per_s})
+    audit(cfg, out, via)
+    return out

@@ -1,0 +1,315 @@
+"""The on-call console: a small App; views in screens/, confirmations in dialogs/.
+
+Refresh: one thread worker reads a snapshot (console.data.Source); the next poll is
+scheduled when the last has returned, so a slow Redis delays data, never keys. A ticker
+on the UI thread ages the "last refresh" line every second, so a stale view says so.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from typing import Any, Callable
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.timer import Timer
+
+from console import actions
+from console.data import Snapshot, Source
+from console.fmt import duration
+
+WRITE_ACTIONS = frozenset({
+    "retry_one", "retry_selected", "retry_all", "drain", "drain_all", "resume", "resume_all",
+    "stop_worker", "limits",
+})
+"""Bindings that change something: hidden and refused with --readonly."""
+
+
+class ConsoleApp(App):
+    CSS_PATH = "console.tcss"
+    TITLE = "payrun console"
+    ENABLE_COMMAND_PALETTE = False  # `:` is the command bar; ctrl+p would take footer room
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("colon", "command_bar", "Cmd", key_display=":"),
+    ]
+
+    def __init__(self, source: Source, readonly: bool = False, interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.time, poll: bool = True, no_blink: bool = False):
+        super().__init__()
+        self.source = source
+        self.readonly = readonly
+        self.interval_s = interval_s
+        self.clock = clock
+        self.poll_enabled = poll
+        self.no_blink = no_blink
+        self.snapshot: Snapshot | None = None
+        self.last_ok_at: float | None = None
+        self.polls = 0
+        self._polling = False
+        self._again = False
+        self._next: Timer | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------
+    def on_mount(self) -> None:
+        from console.screens.overview import OverviewScreen
+
+        self.push_screen(OverviewScreen())
+        self.set_interval(1.0, self._tick)
+        self.refresh_now()
+
+    def _tick(self) -> None:
+        from console.widgets.status import StatusBar
+
+        for bar in self.screen.query(StatusBar):
+            bar.update_text()
+
+    # ---- polling ----------------------------------------------------------------------
+    def refresh_now(self) -> None:
+        """Poll now (after an action), or right after the poll in flight."""
+        if self._polling:
+            self._again = True
+            return
+        if self._next is not None:
+            self._next.stop()
+            self._next = None
+        self._polling = True
+        self._poll()
+
+    @work(thread=True, exit_on_error=False, group="poll")
+    def _poll(self) -> None:
+        try:
+            snap = self.source.snapshot()
+        except Exception as e:  # Source.snapshot catches its own; this is the last guard
+            snap = Snapshot(taken_at=self.clock(), error=f"refresh failed: {type(e).__name__}: {e}")
+        try:
+            self.call_from_thread(self._got, snap)
+        except RuntimeError:  # the app is closing
+            pass
+
+    def _got(self, snap: Snapshot) -> None:
+        self._polling = False
+        self.polls += 1
+        self.snapshot = snap
+        if not snap.error or "Redis" not in snap.error:
+            self.last_ok_at = snap.taken_at
+        show = getattr(self.screen, "show_snapshot", None)
+        if show is not None:
+            show(snap)
+        self._tick()
+        if self._again:
+            self._again = False
+            self.refresh_now()
+        elif self.poll_enabled:
+            self._next = self.set_timer(self.interval_s, self.refresh_now)
+
+    def stale_reason(self, now: float) -> str | None:
+        snap = self.snapshot
+        if snap is None:
+            return None
+        ref = self.last_ok_at if self.last_ok_at is not None else snap.taken_at
+        age = max(0.0, now - ref)
+        if snap.error and "Redis" in snap.error:
+            return f"last refresh {duration(age)} ago: {snap.error}"
+        if age > max(3.0, 3 * self.interval_s):
+            return f"last refresh {duration(age)} ago (Redis slow; still trying)"
+        if snap.error:
+            return snap.error
+        return None
+
+    # ---- actions: refused when read-only, run off the UI thread, audited ---------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if self.readonly and action in WRITE_ACTIONS:
+            return False
+        return True
+
+    def refuse_if_readonly(self, what: str) -> bool:
+        if self.readonly:
+            self.notify(f"read-only console: {what} refused", severity="error")
+            return True
+        return False
+
+    def act(self, label: str, fn: Callable[..., actions.Outcome], *args: Any, **kw: Any) -> None:
+        """Run an action (console.actions) in a thread; tell the outcome and its command."""
+        if self.refuse_if_readonly(label):
+            return
+
+        def run() -> None:
+            try:
+                out = fn(self.source.cfg, self.source.action_conn, *args, **kw)
+                msg, sev = f"{out.message}\n(same as: {out.command})", "information" if out.ok else "warning"
+            except Exception as e:
+                msg, sev = f"{label} failed: {e}", "error"
+            self.call_from_thread(self._acted, msg, sev)
+
+        self.run_worker(run, thread=True, exit_on_error=False, group="actions", name=label)
+
+    def _acted(self, msg: str, severity: str) -> None:
+        self.notify(msg, severity=severity, timeout=8)
+        self.refresh_now()
+        reload = getattr(self.screen, "reload", None)
+        if reload is not None:
+            reload()
+
+    # ---- navigation & commands -------------------------------------------------------
+    def action_help(self) -> None:
+        from console.screens.help import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.screen))
+
+    def action_command_bar(self) -> None:
+        from console.widgets.command_bar import CommandBar
+
+        if not self.screen.query(CommandBar):
+            self.screen.mount(CommandBar())
+
+    def go(self, name: str, **kw: Any) -> None:
+        """Show a view on top of the overview (Esc goes back to it)."""
+        from console.screens.failed import FailedScreen
+        from console.screens.overview import OverviewScreen
+        from console.screens.running import RunningScreen, WorkersScreen
+
+        while len(self.screen_stack) > 2 and not isinstance(self.screen, OverviewScreen):
+            self.pop_screen()
+        if name == "overview":
+            return
+        screen = {"failed": FailedScreen, "running": RunningScreen, "workers": WorkersScreen}[name](**kw)
+        self.push_screen(screen)
+
+    def run_command(self, text: str) -> None:
+        try:
+            words = shlex.split(text)
+        except ValueError as e:
+            self.notify(f"command: {e}", severity="error")
+            return
+        word, args = words[0].lower(), words[1:]
+        word = {"q": "quit", "f": "failed", "r": "running", "w": "workers", "o": "overview", "h": "help",
+                "?": "help"}.get(word, word)
+        fn = getattr(self, f"command_{word}", None)
+        if fn is None:
+            self.notify(f"unknown command {word!r}: try :help", severity="error")
+            return
+        fn(args)
+
+    def command_quit(self, args: list[str]) -> None:
+        self.exit()
+
+    def command_help(self, args: list[str]) -> None:
+        self.action_help()
+
+    def command_overview(self, args: list[str]) -> None:
+        self.go("overview")
+
+    def command_failed(self, args: list[str]) -> None:
+        self.go("failed", filter_text=" ".join(args))
+
+    def command_running(self, args: list[str]) -> None:
+        self.go("running")
+
+    def command_workers(self, args: list[str]) -> None:
+        self.go("workers")
+
+    def command_retry(self, args: list[str]) -> None:
+        if not args:
+            self.notify(":retry ID… (for a filter: / in the failed view, then A)", severity="warning")
+            return
+        from console.dialogs.confirm import ConfirmKey, ConfirmTyped
+
+        if self.refuse_if_readonly("retry"):
+            return
+        cmd = actions.retry_command(args)
+        dialog = (ConfirmKey(f"Retry {args[0]}?", "requeue with a fresh attempt budget", cmd) if len(args) == 1
+                  else ConfirmTyped("Retry these failed jobs?", len(args), args[:5], cmd))
+        self.push_screen(dialog, lambda ok: ok and self.act("retry", actions.retry, list(args), cmd))
+
+    def command_drain(self, args: list[str]) -> None:
+        self.confirm_drain(args[0] if args else None)
+
+    def command_resume(self, args: list[str]) -> None:
+        self.confirm_resume(args[0] if args else None)
+
+    def command_stop(self, args: list[str]) -> None:
+        if not args:
+            self.notify(":stop WORKER (names in :workers)", severity="warning")
+            return
+        self.confirm_stop(args[0])
+
+    def command_limits(self, args: list[str]) -> None:
+        if not args:
+            self.ask_limits()
+            return
+        kv = dict(a.split("=", 1) for a in args if "=" in a)
+        try:
+            cap = int(kv["cap"]) if "cap" in kv else None
+            rate = float(kv["rate"]) if "rate" in kv else None
+        except ValueError:
+            self.notify(":limits cap=N rate=R (numbers)", severity="error")
+            return
+        self.confirm_limits(cap, rate)
+
+    def command_audit(self, args: list[str]) -> None:
+        rows = actions.read_audit(self.source.cfg, 8)
+        text = "\n".join(f"{r['ts'][11:19]} {r['who']} {r['command']} ({r['count']})" for r in rows) or "no actions yet"
+        self.notify(text, title=f"audit log: {actions.audit_path(self.source.cfg)}", timeout=15)
+
+    # ---- confirmations shared by the screens ---------------------------------------
+    def confirm_drain(self, queue: str | None) -> None:
+        from console.dialogs.confirm import ConfirmKey, ConfirmTyped
+
+        if self.refuse_if_readonly("drain"):
+            return
+        if queue:
+            body = (f"Workers finish the {queue} jobs they hold and take no new ones from {queue}.\n"
+                    "Jobs keep waiting in the queue; resume with u.")
+            self.push_screen(ConfirmKey(f"Drain {queue}?", body, f"payrun drain --queue {queue}"),
+                             lambda ok: ok and self.act("drain", actions.drain, queue))
+        else:
+            self.push_screen(ConfirmTyped("Drain EVERY queue (stop all intake)?", 3, list(actions.keys.QUEUES),
+                                          "payrun drain", expect="all", what="queues stop taking work"),
+                             lambda ok: ok and self.act("drain", actions.drain, None))
+
+    def confirm_resume(self, queue: str | None) -> None:
+        from console.dialogs.confirm import ConfirmKey
+
+        if self.refuse_if_readonly("resume"):
+            return
+        what = queue or "every queue (lifts all drains)"
+        cmd = "payrun resume" + (f" --queue {queue}" if queue else "")
+        self.push_screen(ConfirmKey(f"Resume {what}?", "Workers take new jobs again.", cmd),
+                         lambda ok: ok and self.act("resume", actions.resume, queue))
+
+    def confirm_stop(self, worker: str) -> None:
+        from console.dialogs.confirm import ConfirmKey
+
+        if self.refuse_if_readonly("stop worker"):
+            return
+        body = ("It finishes the job in hand, then exits (supervisord starts a fresh one:\n"
+                "drain first if it should take no more work). A send-email lane stops its whole process.")
+        self.push_screen(ConfirmKey(f"Stop worker {worker}?", body, f"payrun stop-worker {worker}"),
+                         lambda ok: ok and self.act("stop worker", actions.stop_worker, worker))
+
+    def ask_limits(self) -> None:
+        from console.dialogs.confirm import LimitsDialog
+
+        if self.refuse_if_readonly("limits"):
+            return
+        lim = self.snapshot.limits if self.snapshot else None
+        cfg = self.source.cfg
+        self.push_screen(LimitsDialog(lim.cap if lim else cfg.limits.email_concurrency,
+                                      lim.rate_per_s if lim else cfg.limits.email_rate_per_s),
+                         lambda v: v and self.confirm_limits(*v))
+
+    def confirm_limits(self, cap: int | None, rate: float | None) -> None:
+        from console.dialogs.confirm import ConfirmKey
+
+        if self.refuse_if_readonly("limits"):
+            return
+        cmd = "payrun limits set" + (f" --cap {cap}" if cap is not None else "") + (
+            f" --rate {rate:g}" if rate is not None else "")
+        self.push_screen(ConfirmKey("Change the email limits?", "Every sender on every host uses them on its next send.",
+                                    cmd),
+                         lambda ok: ok and self.act("limits", actions.set_limits, cap, rate))

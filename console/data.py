@@ -1,0 +1,492 @@
+"""What the console shows, as plain data: one read-only snapshot of Redis and the ledger.
+
+No textual here: `payrun queues|workers|running --json` print the same snapshots, and the
+benchmark times them. Nothing in this module writes to Redis or to SQLite:
+
+- RQ's registry ``count`` / ``get_job_ids()`` run cleanup, which *moves* jobs; we read
+  the keys themselves (LLEN, ZCOUNT, ZCARD, ZREVRANGE, HMGET) in pipelines;
+- the ledger is opened ``mode=ro`` (``ReadOnlyLedger``), never migrated.
+
+Sources of each figure
+  depth          LLEN rq:queue:<q>
+  running        ZCOUNT rq:wip:<q> (leases; an expired one is also *stuck*)
+  retrying       ZCARD rq:scheduled:<q> (waiting out a backoff)
+  failed         ZCARD rq:failed:<q>
+  oldest         enqueued_at of LINDEX rq:queue:<q> 0 (RQ pops from the left)
+  throughput     ZCOUNT rq:finished:<q> by minute: a finished job is scored
+                 ended_at + result_ttl, and payrun's jobs keep results FINISHED_TTL_S
+  workers        rq:workers -> HGETALL rq:worker:<name>, EXISTS payrun:alive:<name>
+  stuck          jobs.reaper.find_stuck (dead worker, lapsed lease) + running longer
+                 than lease.stuck_after_s (the rule `payrun status` uses)
+  HR line        the ledger's slip counts (payrun.status), ETA from the send rate
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable
+from zoneinfo import ZoneInfo
+
+from payrun import keys
+from payrun.ledger import STATES, Ledger
+
+FINISHED_TTL_S = 24 * 3600
+"""result_ttl of payrun's render and email jobs (payrun/runs.py, jobs/tasks.py): a finished
+job's score in rq:finished:<q> is its end time plus this."""
+SPARK_MINUTES = 10
+"""Throughput history shown per queue, in one-minute buckets (newest last)."""
+RATE_WINDOW_MIN = 5
+"""The ETA uses the send rate of the last this-many minutes."""
+DEADLINE = (9, 0)
+"""The design's promise: every slip delivered by 09:00 (local time, config.timezone)."""
+NEAR_TIMEOUT = 0.8
+"""A running job past this fraction of its timeout is highlighted."""
+PAGE_SIZE = 50
+HR_MIN_INTERVAL_S = 2.0
+"""The HR line (a scan of the ledger: ~150 ms at 50,000 slips) is recomputed when the
+ledger has changed and at most this often; queues, workers and running jobs are read on
+every refresh. The snapshot says how old the HR figures are (``status_at``)."""
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
+
+
+def parse_ts(v: Any) -> float | None:
+    """An RQ timestamp (``2026-11-01T02:00:01.123456Z``) as a UNIX time."""
+    s = _s(v)
+    if not s:
+        return None
+    try:
+        dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def paused_queues_key() -> str:
+    """Set of queue names whose intake is stopped (`payrun drain --queue Q`)."""
+    return getattr(keys, "PAUSED_QUEUES", "payrun:paused-queues")
+
+
+SUSPENDED_KEY = "rq:suspended"
+"""RQ's global suspension flag (rq.suspension): no worker takes a new job."""
+
+
+# ---- the snapshot -------------------------------------------------------------------
+
+@dataclass
+class QueueRow:
+    name: str
+    depth: int
+    running: int
+    retrying: int
+    failed: int
+    oldest_age_s: float | None
+    per_min: list[int]
+    paused: bool
+
+    @property
+    def rate_per_s(self) -> float:
+        recent = self.per_min[-RATE_WINDOW_MIN:]
+        return sum(recent) / (60.0 * len(recent)) if recent else 0.0
+
+
+@dataclass
+class WorkerRow:
+    name: str
+    host: str
+    pid: int | None
+    queues: str
+    state: str
+    job_id: str | None
+    job_elapsed_s: float | None
+    heartbeat_age_s: float | None
+    alive: bool
+    stopping: bool
+    kind: str  # render | email | control
+
+    @property
+    def process(self) -> str:
+        """host:pid: one send-email process runs many lanes (each an RQ worker)."""
+        return f"{self.host}:{self.pid}"
+
+
+@dataclass
+class RunningRow:
+    job_id: str
+    queue: str
+    worker: str
+    elapsed_s: float | None
+    timeout_s: float | None
+    lease_left_s: float
+    stuck: str | None
+
+    @property
+    def near_timeout(self) -> bool:
+        return bool(self.timeout_s and self.elapsed_s is not None and self.elapsed_s >= NEAR_TIMEOUT * self.timeout_s)
+
+
+@dataclass
+class Limits:
+    cap: int
+    rate_per_s: float
+    in_use: int
+    waits: int
+    http_429: int
+    paused_for_s: float
+
+
+@dataclass
+class Snapshot:
+    taken_at: float
+    queues: list[QueueRow] = field(default_factory=list)
+    workers: list[WorkerRow] = field(default_factory=list)
+    running: list[RunningRow] = field(default_factory=list)
+    limits: Limits | None = None
+    status: dict[str, Any] | None = None
+    eta: dict[str, Any] | None = None
+    suspended: bool = False
+    paused_queues: list[str] = field(default_factory=list)
+    status_at: float | None = None
+    """When the HR figures were computed (they may be up to HR_MIN_INTERVAL_S older)."""
+    error: str | None = None
+    """Set when a part could not be read (the rest of the snapshot is still shown)."""
+    took_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for q, row in zip(d["queues"], self.queues):
+            q["rate_per_s"] = round(row.rate_per_s, 3)
+        for r, row in zip(d["running"], self.running):
+            r["near_timeout"] = row.near_timeout
+        return d
+
+
+# ---- the read-only ledger -------------------------------------------------------------
+
+class ReadOnlyLedger(Ledger):
+    """The ledger's queries on a ``mode=ro`` connection: no migration, no chmod, no WAL
+    switch. Usable from any one thread at a time (the console polls from a worker thread)."""
+
+    def __init__(self, path: Path | str):  # noqa: D107 - deliberately not calling Ledger.__init__
+        import sqlite_utils
+
+        self.path = Path(path)
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout = 2000")
+        conn.execute("PRAGMA query_only = 1")
+        conn.execute("PRAGMA cache_size = -65536")  # 64 MB: the HR query's pages stay cached
+        conn.execute("PRAGMA mmap_size = 268435456")
+        self.db = sqlite_utils.Database(conn)
+
+    def data_version(self) -> int:
+        """Changes whenever another connection (the `payrun ledger` writer) commits."""
+        return int(self.db.conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+def company_names(payroll_path: Path) -> dict[int, str]:
+    if not Path(payroll_path).exists():
+        return {}
+    conn = sqlite3.connect(f"file:{payroll_path}?mode=ro", uri=True)
+    try:
+        return {int(i): n for i, n in conn.execute("SELECT id, name FROM companies")}
+    except sqlite3.Error:
+        return {}
+    finally:
+        conn.close()
+
+
+# ---- readers ------------------------------------------------------------------------
+
+def read_queues(conn, now: float, queues=keys.QUEUES) -> tuple[list[QueueRow], bool, list[str]]:
+    """Per queue figures, RQ's global suspension and the paused queues. 2 round trips."""
+    with conn.pipeline(transaction=False) as p:
+        for q in queues:
+            p.llen(f"rq:queue:{q}")
+            p.zcount(f"rq:wip:{q}", "-inf", "+inf")
+            p.zcard(f"rq:scheduled:{q}")
+            p.zcard(f"rq:failed:{q}")
+            p.lindex(f"rq:queue:{q}", 0)
+            for i in range(SPARK_MINUTES, 0, -1):
+                lo = now - 60 * i + FINISHED_TTL_S
+                p.zcount(f"rq:finished:{q}", f"({lo}", lo + 60)
+        p.exists(SUSPENDED_KEY)
+        p.smembers(paused_queues_key())
+        res = p.execute()
+    per = 5 + SPARK_MINUTES
+    heads = [res[i * per + 4] for i in range(len(queues))]
+    with conn.pipeline(transaction=False) as p:
+        for h in heads:
+            p.hget(f"rq:job:{_s(h)}", "enqueued_at") if h else p.echo("")
+        enq = p.execute()
+    paused = sorted(_s(m) for m in res[-1])
+    rows = []
+    for i, q in enumerate(queues):
+        r = res[i * per:(i + 1) * per]
+        t = parse_ts(enq[i])
+        rows.append(QueueRow(q, int(r[0]), int(r[1]), int(r[2]), int(r[3]),
+                             max(0.0, now - t) if t else None, [int(x) for x in r[5:]], q in paused))
+    return rows, bool(res[-2]), paused
+
+
+def _kind(name: str, queues: str) -> str:
+    if keys.EMAIL_QUEUE in queues.split(","):
+        return "email"
+    return "render" if keys.RENDER_QUEUE in queues.split(",") else "control"
+
+
+def read_workers(conn, now: float) -> list[WorkerRow]:
+    wkeys = sorted(_s(k) for k in conn.smembers("rq:workers"))
+    if not wkeys:
+        return []
+    with conn.pipeline(transaction=False) as p:
+        for k in wkeys:
+            p.hgetall(k)
+            p.exists(keys.alive(k.split(":", 2)[-1]))
+        res = p.execute()
+    infos = []
+    for i, k in enumerate(wkeys):
+        h = {_s(a): _s(b) for a, b in res[2 * i].items()}
+        if not h or h.get("death"):
+            continue
+        infos.append((k.split(":", 2)[-1], h, bool(res[2 * i + 1])))
+    with conn.pipeline(transaction=False) as p:
+        for _, h, _ in infos:
+            p.hget(f"rq:job:{h['current_job']}", "started_at") if h.get("current_job") else p.echo("")
+        started = p.execute()
+    out = []
+    for (name, h, alive), st in zip(infos, started):
+        hb = parse_ts(h.get("last_heartbeat"))
+        t0 = parse_ts(st) if h.get("current_job") else None
+        pid = int(h["pid"]) if h.get("pid", "").isdigit() else None
+        out.append(WorkerRow(
+            name=name, host=h.get("hostname", "?"), pid=pid, queues=h.get("queues", ""),
+            state=h.get("state", "?"), job_id=h.get("current_job") or None,
+            job_elapsed_s=max(0.0, now - t0) if t0 else None,
+            heartbeat_age_s=max(0.0, now - hb) if hb else None, alive=alive,
+            stopping=bool(h.get("shutdown_requested_date")), kind=_kind(name, h.get("queues", "")),
+        ))
+    return out
+
+
+def read_running(conn, now: float, stuck_after_s: float, queues=keys.QUEUES) -> list[RunningRow]:
+    from jobs.reaper import find_stuck
+
+    with conn.pipeline(transaction=False) as p:
+        for q in queues:
+            p.zrange(f"rq:wip:{q}", 0, -1, withscores=True)
+        wips = p.execute()
+    entries = [(q, _s(m).split(":", 1)[0], float(score)) for q, w in zip(queues, wips) for m, score in w]
+    if not entries:
+        return []
+    with conn.pipeline(transaction=False) as p:
+        for _, job_id, _ in entries:
+            p.hmget(f"rq:job:{job_id}", "started_at", "timeout", "worker_name")
+        fields = p.execute()
+    stuck = {s.job_id: s.reason for s in find_stuck(conn, now, queues)}
+    out = []
+    for (q, job_id, lease), (st, to, w) in zip(entries, fields):
+        t0 = parse_ts(st)
+        elapsed = max(0.0, now - t0) if t0 else None
+        reason = stuck.get(job_id)
+        if reason is None and elapsed is not None and elapsed > stuck_after_s:
+            reason = f"running {elapsed / 60:.0f} min (over {stuck_after_s / 60:g} min)"
+        out.append(RunningRow(job_id, q, _s(w), elapsed, float(_s(to)) if _s(to) else None, lease - now, reason))
+    out.sort(key=lambda r: -(r.elapsed_s or 0))
+    return out
+
+
+def read_limits(conn, cfg) -> Limits:
+    name = "email"
+    now_ms = int(time.time() * 1000)
+    with conn.pipeline(transaction=False) as p:
+        p.hgetall(keys.limit_conf(name))
+        p.zcount(keys.limit_slots(name), now_ms, "+inf")
+        p.hgetall(keys.limit_stats(name))
+        p.pttl(keys.limit_pause(name))
+        conf, in_use, stats, pause = p.execute()
+    conf = {_s(k): _s(v) for k, v in conf.items()}
+    stats = {_s(k): int(v) for k, v in stats.items()}
+    return Limits(cap=int(float(conf.get("cap", cfg.limits.email_concurrency))),
+                  rate_per_s=float(conf.get("rate_per_s", cfg.limits.email_rate_per_s)),
+                  in_use=int(in_use), waits=stats.get("waits", 0), http_429=stats.get("http_429", 0),
+                  paused_for_s=max(0, int(pause)) / 1000)
+
+
+def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis_stuck: list[str],
+              month: str | None = None, now: float | None = None) -> dict[str, Any]:
+    """The same figures as payrun.status.report (per company and total), from a read-only
+    ledger and the stuck ids already found in Redis."""
+    if month is None:
+        months = ledger.months()
+        month = months[-1] if months else None
+    counts = ledger.slip_counts(month) if month else {}
+    if month:
+        for _, cid in ledger.stuck_jobs(month, stuck_after_s, redis_stuck, now=now).items():
+            if cid in counts:
+                counts[cid]["stuck"] += 1
+    total = {s: 0 for s in STATES} | {"stuck": 0, "total": 0}
+    companies = []
+    for cid in sorted(counts):
+        row = counts[cid]
+        for k in total:
+            total[k] += row.get(k, 0)
+        companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **row})
+    return {"month": month, "total": total, "companies": companies}
+
+
+def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str) -> dict[str, Any]:
+    """When the last slip should be delivered at the recent rate, and whether that is
+    before the 09:00 deadline (the next one after ``now``)."""
+    remaining = max(0, total.get("total", 0) - total.get("done", 0) - total.get("failed", 0))
+    zone = ZoneInfo(tz)
+    local = datetime.fromtimestamp(now, zone)
+    deadline = local.replace(hour=DEADLINE[0], minute=DEADLINE[1], second=0, microsecond=0)
+    if deadline <= local:
+        deadline += timedelta(days=1)
+    out: dict[str, Any] = {"remaining": remaining, "rate_per_s": round(rate_per_s, 3),
+                           "deadline": deadline.isoformat(), "at": None, "on_time": None}
+    if remaining == 0:
+        out.update(at=local.isoformat(), on_time=True)
+    elif rate_per_s > 0:
+        at = local + timedelta(seconds=remaining / rate_per_s)
+        out.update(at=at.isoformat(), on_time=at <= deadline)
+    return out
+
+
+def connect(cfg, url: str):
+    """A client that fails fast: 2 s timeouts and no retries, so a Redis outage shows on
+    screen within seconds (redis-py would otherwise back off and retry for longer)."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from payrun import redis_server
+
+    return redis_server.connect(cfg, url, socket_timeout=2, socket_connect_timeout=2, retry=Retry(NoBackoff(), 0))
+
+
+# ---- the source ---------------------------------------------------------------------
+
+class Source:
+    """Everything the console reads, for one configuration. ``snapshot()`` never raises:
+    a part that fails leaves its previous value out and sets ``error``."""
+
+    def __init__(self, cfg, conn=None, clock: Callable[[], float] = time.time, action_conn=None):
+        self.cfg = cfg
+        self.clock = clock
+        self._conn = conn
+        self._action_conn = action_conn if action_conn is not None else conn
+        self._ledger: ReadOnlyLedger | None = None
+        self._names: dict[int, str] | None = None
+        self._lock = threading.Lock()
+        self._hr: tuple[int, float, tuple, dict] | None = None  # data_version, computed at, stuck ids, report
+
+    @property
+    def conn(self):
+        """For looking: the read-only Redis user where there is one (the embedded server
+        has it; an external Redis needs redis.readonly_url), so a read cannot write."""
+        if self._conn is None:
+            from payrun import redis_server
+
+            self._conn = connect(self.cfg, redis_server.url(self.cfg, readonly=True))
+        return self._conn
+
+    @property
+    def action_conn(self):
+        """For confirmed actions only: the full-rights client."""
+        if self._action_conn is None:
+            from payrun import redis_server
+
+            self._action_conn = connect(self.cfg, redis_server.url(self.cfg))
+        return self._action_conn
+
+    def ledger(self) -> ReadOnlyLedger | None:
+        if self._ledger is None and Path(self.cfg.ledger_path).exists():
+            self._ledger = ReadOnlyLedger(self.cfg.ledger_path)
+        return self._ledger
+
+    def names(self) -> dict[int, str]:
+        if not self._names:
+            self._names = company_names(self.cfg.payroll_path)
+        return self._names
+
+    # -- the overview ---------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            t0 = time.perf_counter()
+            now = self.clock()
+            snap = Snapshot(taken_at=now)
+            errors = []
+            try:
+                conn = self.conn
+                snap.queues, snap.suspended, snap.paused_queues = read_queues(conn, now)
+                snap.workers = read_workers(conn, now)
+                snap.running = read_running(conn, now, self.cfg.lease.stuck_after_s)
+                snap.limits = read_limits(conn, self.cfg)
+            except Exception as e:  # Redis down or slow: say so, keep going with the ledger
+                errors.append(f"Redis unreachable ({type(e).__name__}: {str(e)[:80]})")
+                snap.queues, snap.workers, snap.running = [], [], []
+            try:
+                led = self.ledger()
+                if led is not None:
+                    stuck_ids = tuple(sorted(r.job_id for r in snap.running if r.stuck))
+                    snap.status, snap.status_at = self._hr_report(led, stuck_ids, now)
+                    rate = self.delivery_rate(snap.queues)
+                    snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone)
+            except Exception as e:
+                errors.append(f"ledger unreadable ({type(e).__name__}: {str(e)[:80]})")
+            snap.error = "; ".join(errors) or None
+            snap.took_s = time.perf_counter() - t0
+            return snap
+
+    def _hr_report(self, led: ReadOnlyLedger, stuck_ids: tuple, now: float) -> tuple[dict[str, Any], float]:
+        version = led.data_version()
+        if self._hr is not None:
+            v, at, ids, report = self._hr
+            fresh = v == version and ids == stuck_ids
+            if fresh or (ids == stuck_ids and time.monotonic() - at < HR_MIN_INTERVAL_S):
+                return report, self._hr_taken
+        report = hr_report(led, self.names(), self.cfg.lease.stuck_after_s, list(stuck_ids), now=now)
+        self._hr = (version, time.monotonic(), stuck_ids, report)
+        self._hr_taken = now
+        return report, now
+
+    @staticmethod
+    def delivery_rate(queues: list[QueueRow]) -> float:
+        """Slips delivered per second recently: the send rate, or before any send has
+        finished, the render rate (every slip passes through both)."""
+        by = {q.name: q.rate_per_s for q in queues}
+        return by.get(keys.EMAIL_QUEUE) or by.get(keys.RENDER_QUEUE) or 0.0
+
+    # -- failed jobs ---------------------------------------------------------------
+    def failed_page(self, flt: "FailedFilter", offset: int = 0, limit: int = PAGE_SIZE) -> "FailedPage":
+        with self._lock:
+            from console import failed
+
+            return failed.page(self.conn, self.ledger(), flt, offset, limit)
+
+    def failed_ids(self, flt: "FailedFilter") -> list[str]:
+        with self._lock:
+            from console import failed
+
+            return failed.matching_ids(self.conn, self.ledger(), flt)
+
+    def job_detail(self, job_id: str) -> dict[str, Any]:
+        with self._lock:
+            from console import failed
+
+            return failed.detail(self.conn, self.ledger(), job_id)
+
+
+from console.failed import FailedFilter, FailedPage  # noqa: E402  (re-exported)
+
+__all__ = ["Source", "Snapshot", "QueueRow", "WorkerRow", "RunningRow", "Limits", "FailedFilter", "FailedPage",
+           "ReadOnlyLedger", "hr_report", "eta", "read_queues", "read_workers", "read_running", "read_limits"]

@@ -1,0 +1,123 @@
+"""Confirmations whose friction grows with the action's reach.
+
+- ``ConfirmKey``: one job, one queue, one worker: a keypress (y), anything else cancels.
+- ``ConfirmTyped``: a bulk action: the count, a sample, the equivalent `payrun` command,
+  confirmed only by typing the count (or the word shown) and Enter.
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Static
+
+
+class ConfirmKey(ModalScreen[bool]):
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes, do it"),
+        Binding("n,escape", "answer(False)", "Cancel"),
+    ]
+
+    def __init__(self, title: str, body: str, command: str):
+        super().__init__()
+        self.title_text, self.body, self.command = title, body, command
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="confirm"):
+            yield Static(self.title_text, classes="dialog-title")
+            yield Static(self.body, classes="dialog-body")
+            yield Static(f"same as: [b]{self.command}[/b]", classes="dialog-command", markup=True)
+            yield Static("[b]y[/b] do it · [b]n[/b]/Esc cancel", classes="dialog-keys", markup=True)
+
+    def on_key(self, event) -> None:
+        if event.key not in ("y", "n", "escape"):
+            event.stop()
+            self.dismiss(False)
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class ConfirmTyped(ModalScreen[bool]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, title: str, count: int, sample: list[str], command: str, expect: str | None = None,
+                 what: str = "jobs"):
+        super().__init__()
+        self.title_text, self.count, self.sample, self.command = title, count, sample, command
+        self.expect = expect if expect is not None else str(count)
+        self.what = what
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="confirm bulk"):
+            yield Static(self.title_text, classes="dialog-title")
+            yield Static(f"{self.count:,} {self.what}", classes="dialog-count")
+            if self.sample:
+                more = f"\n  … and {self.count - len(self.sample):,} more" if self.count > len(self.sample) else ""
+                yield Static("  " + "\n  ".join(self.sample) + more, classes="dialog-sample")
+            yield Static(f"same as: [b]{self.command}[/b]", classes="dialog-command", markup=True)
+            yield Static(f"Type [b]{self.expect}[/b] and Enter to confirm · Esc cancels", classes="dialog-keys",
+                         markup=True)
+            yield Input(placeholder=self.expect, id="typed")
+
+    def on_mount(self) -> None:
+        inp = self.query_one("#typed", Input)
+        inp.cursor_blink = False if getattr(self.app, "no_blink", False) else inp.cursor_blink
+        inp.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        if event.value.strip().replace(",", "") == self.expect.replace(",", ""):
+            self.dismiss(True)
+        else:
+            self.query_one("#typed", Input).value = ""
+            self.notify(f"not confirmed: type {self.expect} exactly", severity="warning")
+
+    def action_cancel(self) -> None:
+        self.dismiss(False)
+
+
+class LimitsDialog(ModalScreen[tuple | None]):
+    """Ask for a new cap and/or rate; returns (cap, rate) with None for unchanged."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, cap: int, rate: float):
+        super().__init__()
+        self.cap, self.rate = cap, rate
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="confirm"):
+            yield Static("Change the email limits (every sender, every host, next send)", classes="dialog-title")
+            yield Static(f"in force: cap {self.cap} in flight, rate {self.rate:g}/s", classes="dialog-body")
+            yield Input(placeholder=f"cap (now {self.cap}; empty = unchanged)", id="cap")
+            yield Input(placeholder=f"rate per s (now {self.rate:g}; empty = unchanged)", id="rate")
+            yield Static("Enter to continue · Esc cancels", classes="dialog-keys")
+
+    def on_mount(self) -> None:
+        for inp in self.query(Input):
+            if getattr(self.app, "no_blink", False):
+                inp.cursor_blink = False
+        self.query_one("#cap", Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        if event.input.id == "cap":
+            self.query_one("#rate", Input).focus()
+            return
+        cap_s, rate_s = self.query_one("#cap", Input).value.strip(), self.query_one("#rate", Input).value.strip()
+        try:
+            cap = int(cap_s) if cap_s else None
+            rate = float(rate_s) if rate_s else None
+        except ValueError:
+            self.notify("cap must be a whole number, rate a number", severity="error")
+            return
+        if cap is None and rate is None:
+            self.dismiss(None)
+            return
+        self.dismiss((cap, rate))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,239 @@
+"""Dead letters for the console, one page at a time (never the whole registry).
+
+- No text or company in the filter: page RQ's failed registries themselves, newest first
+  (ZREVRANGE with scores over the one or three ``rq:failed:<q>`` keys, merged), then
+  HMGET the page's jobs. The count is ZCARD.
+- Company or text: the ledger answers (``status = 'failed'`` with LIMIT/OFFSET, and a
+  COUNT), since it holds the company and the last error of every job; each row on the
+  page is then checked against Redis (ZSCORE) so a job retried meanwhile shows as such.
+  The ledger trails Redis by its backlog (about a second when `payrun ledger` runs).
+
+Filter syntax (the console's ``/`` and `payrun failed`'s options):
+  ``queue:send-email company:3 refused``  ->  queue, company id, text in the last error
+  (the text matches as `payrun failed --error` does: a case-insensitive substring)
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from payrun import keys
+
+
+@dataclass(frozen=True)
+class FailedFilter:
+    queue: str | None = None
+    company: int | None = None
+    text: str | None = None
+
+    @classmethod
+    def parse(cls, s: str) -> "FailedFilter":
+        """``queue:Q company:N words…``; unknown queue names raise ValueError."""
+        queue = company = None
+        words = []
+        try:
+            parts = shlex.split(s or "")
+        except ValueError:
+            parts = (s or "").split()
+        for w in parts:
+            k, sep, v = w.partition(":")
+            if sep and k in ("queue", "q"):
+                if v not in keys.QUEUES:
+                    raise ValueError(f"unknown queue {v!r} (choose from {', '.join(keys.QUEUES)})")
+                queue = v
+            elif sep and k in ("company", "c"):
+                if not v.isdigit():
+                    raise ValueError(f"company:{v} is not a company id (a number)")
+                company = int(v)
+            else:
+                words.append(w)
+        return cls(queue, company, " ".join(words) or None)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.queue:
+            parts.append(f"queue:{self.queue}")
+        if self.company is not None:
+            parts.append(f"company:{self.company}")
+        if self.text:
+            parts.append(self.text)
+        return " ".join(parts)
+
+    @property
+    def uses_ledger(self) -> bool:
+        return self.company is not None or bool(self.text)
+
+    def command(self) -> str:
+        """The equivalent `payrun retry` for every job matching this filter."""
+        cmd = "payrun retry --all"
+        if self.queue:
+            cmd += f" --queue {self.queue}"
+        if self.company is not None:
+            cmd += f" --company {self.company}"
+        if self.text:
+            cmd += f" --error {shlex.quote(self.text)}"
+        return cmd
+
+
+@dataclass
+class FailedPage:
+    rows: list[dict[str, Any]]
+    total: int
+    offset: int
+    flt: FailedFilter
+    source: str
+    took_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
+
+
+def _queues(flt: FailedFilter) -> tuple[str, ...]:
+    return (flt.queue,) if flt.queue else keys.QUEUES
+
+
+def _meta(raw: Any) -> dict[str, Any]:
+    try:
+        m = json.loads(_s(raw)) if raw else {}
+        return m if isinstance(m, dict) else {}
+    except ValueError:
+        return {}
+
+
+def _redis_rows(conn, ids: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    with conn.pipeline(transaction=False) as p:
+        for job_id, _ in ids:
+            p.hmget(f"rq:job:{job_id}", "meta", "ended_at", "description")
+        res = p.execute()
+    rows = []
+    for (job_id, q), (meta, ended, desc) in zip(ids, res):
+        m = _meta(meta)
+        rows.append({"id": job_id, "queue": q, "company": None, "kind": m.get("kind"),
+                     "attempts": int(m.get("attempt", 0) or 0), "error": m.get("last_error") or "",
+                     "ended_at": _s(ended) or None, "in_redis": True})
+    return rows
+
+
+def _add_companies(ledger, rows: list[dict[str, Any]]) -> None:
+    if ledger is None or not rows:
+        return
+    marks = ",".join("?" * len(rows))
+    got = {r["id"]: r["company_id"] for r in
+           ledger.db.query(f"SELECT id, company_id FROM jobs WHERE id IN ({marks})", [r["id"] for r in rows])}
+    for r in rows:
+        r["company"] = got.get(r["id"])
+
+
+def _ledger_where(flt: FailedFilter) -> tuple[str, list[Any]]:
+    where, args = ["status = 'failed'"], []
+    if flt.queue:
+        where.append("queue = ?")
+        args.append(flt.queue)
+    if flt.company is not None:
+        where.append("company_id = ?")
+        args.append(flt.company)
+    if flt.text:
+        where.append("last_error LIKE ? ESCAPE '\\'")
+        args.append("%" + flt.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+    return " AND ".join(where), args
+
+
+def page(conn, ledger, flt: FailedFilter, offset: int = 0, limit: int = 50) -> FailedPage:
+    t0 = time.perf_counter()
+    if flt.uses_ledger and ledger is not None:
+        where, args = _ledger_where(flt)
+        total = ledger.db.conn.execute(f"SELECT COUNT(*) FROM jobs WHERE {where}", args).fetchone()[0]
+        rows = [
+            {"id": r["id"], "queue": r["queue"], "company": r["company_id"], "kind": r["kind"],
+             "attempts": r["attempts"], "error": r["last_error"] or "", "ended_at": r["finished_at"]}
+            for r in ledger.db.query(
+                f"SELECT id, queue, company_id, kind, attempts, last_error, finished_at FROM jobs WHERE {where}"
+                " ORDER BY finished_at DESC, id LIMIT ? OFFSET ?", [*args, limit, offset])
+        ]
+        with conn.pipeline(transaction=False) as p:
+            for r in rows:
+                p.zscore(f"rq:failed:{r['queue']}", r["id"])
+            for r, score in zip(rows, p.execute()):
+                r["in_redis"] = score is not None
+        return FailedPage(rows, total, offset, flt, "ledger", time.perf_counter() - t0)
+    if flt.uses_ledger:  # no ledger file: scan Redis (correct, slower)
+        ids = matching_ids(conn, None, flt)
+        total = len(ids)
+        chunk = ids[offset:offset + limit]
+        qs = _queue_of(conn, chunk)
+        rows = _redis_rows(conn, list(zip(chunk, qs)))
+        return FailedPage(rows, total, offset, flt, "redis-scan", time.perf_counter() - t0)
+    qs = _queues(flt)
+    with conn.pipeline(transaction=False) as p:
+        for q in qs:
+            p.zcard(f"rq:failed:{q}")
+            p.zrevrange(f"rq:failed:{q}", 0, offset + limit - 1, withscores=True)
+        res = p.execute()
+    total = sum(int(res[2 * i]) for i in range(len(qs)))
+    merged = sorted(((float(sc), _s(m), q) for i, q in enumerate(qs) for m, sc in res[2 * i + 1]),
+                    key=lambda t: (-t[0], t[1]))
+    chosen = [(m, q) for _, m, q in merged[offset:offset + limit]]
+    rows = _redis_rows(conn, chosen)
+    _add_companies(ledger, rows)
+    return FailedPage(rows, total, offset, flt, "redis", time.perf_counter() - t0)
+
+
+def _queue_of(conn, ids: list[str]) -> list[str]:
+    with conn.pipeline(transaction=False) as p:
+        for job_id in ids:
+            p.hget(f"rq:job:{job_id}", "origin")
+        return [_s(o) for o in p.execute()]
+
+
+def matching_ids(conn, ledger, flt: FailedFilter) -> list[str]:
+    """Every failed job id matching ``flt`` (what "retry all matching" acts on)."""
+    if flt.uses_ledger and ledger is not None:
+        where, args = _ledger_where(flt)
+        ids = [r[0] for r in ledger.db.conn.execute(
+            f"SELECT id, queue FROM jobs WHERE {where} ORDER BY finished_at DESC, id", args)]
+        return ids
+    out: list[str] = []
+    for q in _queues(flt):
+        ids = [_s(m) for m in conn.zrevrange(f"rq:failed:{q}", 0, -1)]
+        if not flt.uses_ledger:
+            out += ids
+            continue
+        text = (flt.text or "").lower()
+        for i in range(0, len(ids), 1000):
+            chunk = ids[i:i + 1000]
+            with conn.pipeline(transaction=False) as p:
+                for job_id in chunk:
+                    p.hget(f"rq:job:{job_id}", "meta")
+                metas = p.execute()
+            for job_id, raw in zip(chunk, metas):
+                err = (_meta(raw).get("last_error") or "").lower()
+                if text in err:
+                    out.append(job_id)
+    return out
+
+
+def detail(conn, ledger, job_id: str) -> dict[str, Any]:
+    """One job: ledger row with its attempt history, RQ status, last error, traceback."""
+    out: dict[str, Any] = {"id": job_id, "ledger": None, "rq_status": None, "traceback": None, "meta": {}}
+    if ledger is not None:
+        out["ledger"] = ledger.job(job_id)
+    try:
+        from jobs.runtime import PayrunJob
+
+        job = PayrunJob.fetch(job_id, connection=conn)
+        out["rq_status"] = _s(job.get_status(refresh=False))
+        out["meta"] = {k: v for k, v in job.meta.items() if k in ("kind", "key", "attempt", "last_error", "retry")}
+        out["origin"] = job.origin
+        out["func"] = job.func_name
+        result = job.latest_result()
+        if result is not None and result.exc_string:
+            out["traceback"] = result.exc_string
+    except Exception as e:  # gone from Redis (expired, deleted) or Redis down
+        out["rq_error"] = f"{type(e).__name__}: {e}"
+    return out

@@ -1,0 +1,58 @@
+"""Pure text formatting for the console and its commands (no textual)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from payrun.status import hr_line
+
+BARS = "▁▂▃▄▅▆▇█"
+
+
+def spark(values: list[int]) -> str:
+    """A text sparkline, one character per value (0 is the lowest bar, max the highest)."""
+    if not values:
+        return ""
+    top = max(values)
+    if top <= 0:
+        return BARS[0] * len(values)
+    return "".join(BARS[min(len(BARS) - 1, round(v / top * (len(BARS) - 1)))] for v in values)
+
+
+def duration(s: float | None) -> str:
+    """3s, 4m05s, 2h03m; '-' for unknown."""
+    if s is None:
+        return "-"
+    s = int(round(s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def clock(ts: float, tz: str) -> str:
+    return datetime.fromtimestamp(ts, ZoneInfo(tz)).strftime("%H:%M:%S")
+
+
+def eta_text(eta: dict[str, Any] | None) -> str:
+    if not eta:
+        return ""
+    if eta["remaining"] == 0:
+        return "all delivered"
+    if not eta.get("at"):
+        return "ETA unknown: nothing delivered in the last 5 min"
+    at = datetime.fromisoformat(eta["at"])
+    deadline = datetime.fromisoformat(eta["deadline"])
+    verdict = "on time for" if eta["on_time"] else "LATE for"
+    day = "" if at.date() == deadline.date() or at.date() < deadline.date() else f" {at:%d %b}"
+    return f"ETA {at:%H:%M}{day} — {verdict} {deadline:%H:%M}"
+
+
+def answer(counts: dict[str, int], eta: dict[str, Any] | None = None) -> str:
+    """The HR line: "49,992 sent, 8 stuck, 0 failed — ETA 02:31 — on time for 09:00"."""
+    line = hr_line(counts)
+    e = eta_text(eta)
+    return f"{line} — {e}" if e else line

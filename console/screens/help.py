@@ -1,0 +1,59 @@
+"""? — the keys of the view underneath, the : commands, and the rules behind the figures."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+COMMANDS = [
+    (":failed [filter]", "failed jobs (filter: queue:Q company:N text)"),
+    (":running  :workers  :overview", "views (Esc goes back)"),
+    (":retry ID…", "payrun retry ID…"),
+    (":drain [queue]  :resume [queue]", "payrun drain / resume [--queue Q]"),
+    (":stop WORKER", "payrun stop-worker WORKER"),
+    (":limits cap=N rate=R", "payrun limits set --cap N --rate R"),
+    (":audit", "the last actions (payrun audit)"),
+    (":q", "quit"),
+]
+
+RULES = """stuck = its worker lost liveness (10 s), its lease lapsed, or running over lease.stuck_after_s
+oldest = age of the job at the head of the queue; done/min from RQ's finished registry
+ETA = slips left ÷ delivery rate of the last 5 min; deadline 09:00 local
+Nothing here writes to Redis unless you confirm an action; every action is in audit.log"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,question_mark,q", "app.pop_screen", "Close")]
+
+    def __init__(self, under):
+        super().__init__()
+        self.under = under
+
+    def compose(self) -> ComposeResult:
+        t = Text()
+        t.append(f"Keys in {getattr(self.under, 'CRUMB', '') or 'this view'}\n", style="bold underline")
+        seen = set()
+        for b in [*getattr(self.under, "BINDINGS", []), *self.app.BINDINGS]:
+            if b.action in seen:
+                continue
+            seen.add(b.action)
+            if self.under.check_action(b.action, ()) is False:
+                continue
+            t.append(f"  {(b.key_display or b.key):<12}", style="bold")
+            t.append(f" {b.description or b.action}\n")
+        t.append("  Tab          next table\n", style="")
+        t.append("\nCommands (:)\n", style="bold underline")
+        for c, d in COMMANDS:
+            if self.app.readonly and c.split()[0] in (":retry", ":drain", ":stop", ":limits"):
+                continue
+            t.append(f"  {c:<32}", style="bold")
+            t.append(f" {d}\n")
+        t.append("\n" + RULES + "\n", style="dim")
+        if self.app.readonly:
+            t.append("\nREAD-ONLY: actions are hidden and refused.\n", style="bold yellow")
+        with VerticalScroll(id="help"):
+            yield Static(t)

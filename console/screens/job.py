@@ -1,0 +1,89 @@
+"""One job: the ledger row, every attempt, the last error and the traceback."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Footer, Static
+
+from console import actions
+from console.screens.base import ConsoleScreen
+from console.widgets.status import StatusBar
+
+
+def render_detail(d: dict) -> Text:
+    t = Text()
+    led = d.get("ledger")
+    t.append(f"{d['id']}\n", style="bold")
+    if led:
+        t.append(f"{led['kind']} · company {led.get('company_id')} · {led.get('key') or ''}\n")
+        t.append(f"ledger: {led['status']} after {led['attempts']} attempt(s)"
+                 f"{' on ' + led['worker'] if led.get('worker') else ''}\n")
+        if led.get("last_error"):
+            t.append("last error: ", style="bold")
+            t.append(f"{led['last_error']}\n", style="red")
+        t.append("\nattempts\n", style="bold underline")
+        for h in led.get("history", []):
+            delay = f"  retry in {h['delay_s']:.1f} s" if h.get("delay_s") else ""
+            t.append(f"  #{h['attempt']} {(h.get('started_at') or '?')[11:19]} → {(h.get('ended_at') or '…')[11:19]} "
+                     f"{h.get('outcome')}{delay}  {h.get('error') or ''}\n")
+    else:
+        t.append("(not in the ledger)\n", style="dim")
+    t.append(f"\nin Redis: {d.get('rq_status') or d.get('rq_error') or '?'}")
+    if d.get("func"):
+        t.append(f" · {d['func']} on {d.get('origin')}")
+    t.append("\n")
+    if d.get("traceback"):
+        t.append("\nlast traceback\n", style="bold underline")
+        t.append(d["traceback"].rstrip() + "\n", style="dim")
+    return t
+
+
+class JobScreen(ConsoleScreen):
+    CRUMB = "job"
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("r", "retry_one", "Retry"),
+    ]
+
+    def __init__(self, job_id: str):
+        super().__init__()
+        self.job_id = job_id
+        self.detail: dict | None = None
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(f"job {self.job_id}")
+        with VerticalScroll(id="job-scroll"):
+            yield Static("loading…", id="job")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#job-scroll").focus()
+        self.reload()
+
+    def reload(self) -> None:
+        self._load()
+
+    @work(thread=True, exit_on_error=False, group="job")
+    def _load(self) -> None:
+        try:
+            d = self.app.source.job_detail(self.job_id)
+        except Exception as e:
+            d = {"id": self.job_id, "rq_error": f"{type(e).__name__}: {e}"}
+        self.app.call_from_thread(self._show, d)
+
+    def _show(self, d: dict) -> None:
+        self.detail = d
+        self.query_one("#job", Static).update(render_detail(d))
+
+    def action_retry_one(self) -> None:
+        from console.dialogs.confirm import ConfirmKey
+
+        if self.app.refuse_if_readonly("retry"):
+            return
+        cmd = f"payrun retry {self.job_id}"
+        self.app.push_screen(ConfirmKey(f"Retry {self.job_id}?", "Requeue it with a fresh attempt budget.", cmd),
+                             lambda ok: ok and self.app.act("retry", actions.retry, [self.job_id], cmd))

@@ -1,0 +1,177 @@
+"""The overview: the HR answer per company and in total with its ETA, the queues, the
+limits in force and the worker processes, all live."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import Footer, Static
+
+from console.data import Snapshot
+from console.fmt import answer, duration, spark
+from console.screens.base import ConsoleScreen
+from console.widgets.status import StatusBar
+from console.widgets.table import LiveTable
+
+
+def _n(v: int) -> str:
+    return f"{v:,}"
+
+
+class OverviewScreen(ConsoleScreen):
+    CRUMB = "overview"
+    BINDINGS = [
+        Binding("enter", "drill", "Open", show=False),
+        Binding("f", "failed", "Failed"),
+        Binding("r", "running", "Running"),
+        Binding("w", "workers", "Workers"),
+        Binding("d", "drain", "Drain"),
+        Binding("u", "resume", "Resume"),
+        Binding("D", "drain_all", "Drain all", show=False),
+        Binding("U", "resume_all", "Resume all", show=False),
+        Binding("l", "limits", "Limits"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(self.CRUMB)
+        yield Static("", id="answer")
+        yield LiveTable([("id", "id"), ("company", "company"), ("sent", "sent"), ("waiting", "in progress"),
+                         ("stuck", "stuck"), ("failed", "failed"), ("total", "slips")], id="companies")
+        yield LiveTable([("queue", "queue"), ("waiting", "waiting"), ("running", "running"), ("retry", "retry"),
+                         ("failed", "failed"), ("oldest", "oldest"), ("rate", "done/min, 10 min")], id="queues")
+        yield Static("", id="limits")
+        yield LiveTable([("proc", "worker process"), ("kind", "kind"), ("busy", "busy"), ("job", "longest job"),
+                         ("beat", "beat")], id="procs")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#queues", LiveTable).focus()
+        if self.app.snapshot is not None:
+            self.show_snapshot(self.app.snapshot)
+
+    def show_snapshot(self, snap: Snapshot) -> None:
+        st = snap.status
+        ans = self.query_one("#answer", Static)
+        if st and st.get("month"):
+            t = Text()
+            t.append(f"{st['month']} total: ", style="bold")
+            t.append(answer(st["total"], snap.eta), style="bold")
+            if snap.eta and snap.eta.get("on_time") is False:
+                t.stylize("bold red")
+            ans.update(t)
+        else:
+            ans.update("no pay run in the ledger yet: `payrun run --month YYYY-MM` starts one")
+        with self.app.batch_update():
+            self.query_one("#companies", LiveTable).sync([
+                (str(c["id"]), (str(c["id"]), c["name"][:24], _n(c["done"]),
+                                _n(c["queued"] + c["running"] + c["retrying"] - c["stuck"]),
+                                Text(_n(c["stuck"]), style="bold red") if c["stuck"] else "0",
+                                Text(_n(c["failed"]), style="bold red") if c["failed"] else "0", _n(c["total"])))
+                for c in (st or {}).get("companies", [])
+            ])
+            rows = []
+            for q in snap.queues:
+                name = Text(q.name)
+                if q.paused or snap.suspended:
+                    name.append(" ⏸", style="bold yellow")
+                rows.append((q.name, (name, _n(q.depth), _n(q.running), _n(q.retrying),
+                                      Text(_n(q.failed), style="red") if q.failed else "0",
+                                      duration(q.oldest_age_s),
+                                      f"{spark(q.per_min)} {q.per_min[-1] if q.per_min else 0:>5,}")))
+            self.query_one("#queues", LiveTable).sync(rows)
+            self.query_one("#procs", LiveTable).sync(self._process_rows(snap))
+        self.query_one("#limits", Static).update(self._limits_text(snap))
+
+    @staticmethod
+    def _limits_text(snap: Snapshot) -> Text:
+        t = Text()
+        lim = snap.limits
+        if lim:
+            t.append("email ")
+            t.append(f"{lim.in_use}/{lim.cap}", style="bold")
+            t.append(" in flight · ")
+            t.append(f"{lim.rate_per_s:g}/s", style="bold")
+            t.append(f" · {lim.waits:,} waits · ")
+            t.append(f"{lim.http_429:,} 429s", style="bold red" if lim.http_429 else "")
+            if lim.paused_for_s:
+                t.append(f" · paused {lim.paused_for_s:.0f}s (429)", style="bold yellow")
+        if snap.suspended:
+            t.append("  ⏸ ALL INTAKE STOPPED", style="bold yellow")
+        elif snap.paused_queues:
+            t.append(f"  ⏸ drained: {', '.join(snap.paused_queues)}", style="bold yellow")
+        return t
+
+    @staticmethod
+    def _process_rows(snap: Snapshot) -> list[tuple[str, tuple]]:
+        procs: dict[str, list] = defaultdict(list)
+        for w in snap.workers:
+            procs[w.process].append(w)
+        rows = []
+        for key in sorted(procs, key=lambda k: (procs[k][0].kind, k)):
+            ws = procs[key]
+            busy = [w for w in ws if w.job_id]
+            longest = max(busy, key=lambda w: w.job_elapsed_s or 0, default=None)
+            dead = [w for w in ws if not w.alive]
+            beat = max((w.heartbeat_age_s or 0) for w in ws)
+            kind = Text(ws[0].kind)
+            if any(w.stopping for w in ws):
+                kind.append(" stopping", style="yellow")
+            if dead:
+                kind.append(" NO LIVENESS", style="bold red")
+            job = f"{longest.job_id} {duration(longest.job_elapsed_s)}" if longest else "idle"
+            rows.append((key, (f"{ws[0].host[:18]}:{ws[0].pid}", kind, f"{len(busy)}/{len(ws)}", job,
+                               duration(beat))))
+        return rows
+
+    def on_data_table_row_selected(self, event) -> None:
+        """Enter on a row (the table consumes the key; this is its message)."""
+        event.stop()
+        self.action_drill()
+
+    # ---- keys -------------------------------------------------------------------------
+    def _focused(self) -> tuple[str, str | None]:
+        f = self.focused
+        if isinstance(f, LiveTable):
+            return f.id or "", f.current_key
+        return "", None
+
+    def action_drill(self) -> None:
+        where, key = self._focused()
+        if where == "queues" and key:
+            self.app.go("failed", filter_text=f"queue:{key}")
+        elif where == "companies" and key:
+            self.app.go("failed", filter_text=f"company:{key}")
+        elif where == "procs":
+            self.app.go("workers")
+
+    def action_failed(self) -> None:
+        self.app.go("failed")
+
+    def action_running(self) -> None:
+        self.app.go("running")
+
+    def action_workers(self) -> None:
+        self.app.go("workers")
+
+    def action_drain(self) -> None:
+        where, key = self._focused()
+        if where == "queues" and key:
+            self.app.confirm_drain(key)
+        else:
+            self.notify("select a queue (Tab to the queues table), or D to drain every queue", severity="warning")
+
+    def action_resume(self) -> None:
+        where, key = self._focused()
+        self.app.confirm_resume(key if where == "queues" else None)
+
+    def action_drain_all(self) -> None:
+        self.app.confirm_drain(None)
+
+    def action_resume_all(self) -> None:
+        self.app.confirm_resume(None)
+
+    def action_limits(self) -> None:
+        self.app.ask_limits()

@@ -1,0 +1,48 @@
+"""The `:` command bar (k9s style): `:failed queue:send-email`, `:drain pdf-render`, `:q`."""
+
+from __future__ import annotations
+
+from textual.binding import Binding
+from textual.widgets import Input
+
+
+class CommandBar(Input):
+    DEFAULT_CSS = """
+    CommandBar { dock: bottom; height: 1; border: none; padding: 0 1; background: $boost; }
+    CommandBar:focus { border: none; }
+    """
+    BINDINGS = [Binding("escape", "close", "Close", show=False),
+                Binding("up", "history(-1)", show=False), Binding("down", "history(1)", show=False)]
+    history: list[str] = []
+
+    def __init__(self) -> None:
+        super().__init__(placeholder=": failed | running | workers | overview | retry ID… | drain [Q] | resume [Q] | "
+                                     "stop WORKER | limits cap=N rate=R | audit | help | q", id="command-bar")
+        self._pos = len(self.history)
+
+    def on_mount(self) -> None:
+        if getattr(self.app, "no_blink", False):
+            self.cursor_blink = False
+        self.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        text = event.value.strip()
+        if text:
+            CommandBar.history.append(text)
+        self.remove()
+        if text:
+            self.app.run_command(text)
+
+    def on_blur(self) -> None:
+        self.remove()
+
+    def action_close(self) -> None:
+        self.remove()
+
+    def action_history(self, step: int) -> None:
+        if not self.history:
+            return
+        self._pos = max(0, min(len(self.history) - 1, self._pos + step))
+        self.value = self.history[self._pos]
+        self.cursor_position = len(self.value)

@@ -1,0 +1,78 @@
+"""A DataTable keyed by id whose rows are synced in place from each snapshot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.coordinate import Coordinate
+from textual.widgets import DataTable
+
+
+class LiveTable(DataTable):
+    """Rows keyed by a stable id (job id, worker name, queue). ``sync`` updates changed
+    cells in place, removes rows gone, appends new ones; a reorder rebuilds once and keeps
+    the cursor on the same key."""
+
+    DEFAULT_CSS = """
+    LiveTable { height: auto; max-height: 100%; }
+    """
+
+    def __init__(self, columns: list[tuple[str, str]], **kw: Any):
+        kw.setdefault("cursor_type", "row")
+        kw.setdefault("zebra_stripes", False)
+        super().__init__(**kw)
+        self._columns = columns
+        self._cells: dict[str, tuple] = {}
+
+    def on_mount(self) -> None:
+        for key, label in self._columns:
+            self.add_column(label, key=key)
+
+    @property
+    def current_key(self) -> str | None:
+        if not self.row_count:
+            return None
+        try:
+            return self.coordinate_to_cell_key(Coordinate(self.cursor_row, 0)).row_key.value
+        except Exception:
+            return None
+
+    def keys(self) -> list[str]:
+        return list(self._cells)
+
+    def sync(self, rows: list[tuple[str, tuple]]) -> None:
+        wanted = [k for k, _ in rows]
+        if wanted == list(self._cells):
+            cols = [k for k, _ in self._columns]
+            for key, cells in rows:
+                old = self._cells[key]
+                for i, (a, b) in enumerate(zip(old, cells)):
+                    if str(a) != str(b) or type(a) is not type(b):
+                        self.update_cell(key, cols[i], b)
+                self._cells[key] = cells
+            return
+        keep = self.current_key
+        gone = set(self._cells) - set(wanted)
+        order_same = [k for k in self._cells if k not in gone] == wanted[: len(self._cells) - len(gone)]
+        if order_same:  # only removals at any place and additions at the end
+            for k in gone:
+                self.remove_row(k)
+                del self._cells[k]
+            cols = [k for k, _ in self._columns]
+            for key, cells in rows:
+                if key in self._cells:
+                    if tuple(map(str, self._cells[key])) != tuple(map(str, cells)):
+                        for i, (a, b) in enumerate(zip(self._cells[key], cells)):
+                            if str(a) != str(b):
+                                self.update_cell(key, cols[i], b)
+                else:
+                    self.add_row(*cells, key=key)
+                self._cells[key] = cells
+        else:
+            self.clear()
+            self._cells = {}
+            for key, cells in rows:
+                self.add_row(*cells, key=key)
+                self._cells[key] = cells
+        if keep is not None and keep in self._cells:
+            self.move_cursor(row=self.get_row_index(keep), animate=False)

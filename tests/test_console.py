@@ -1,0 +1,441 @@
+"""The on-call console against a real Redis with real jobs: Pilot drives the keys
+(App.run_test at 80x24), the assertions read Redis, the ledger and the audit log."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import wait_for
+from console import actions
+from console.app import ConsoleApp
+from console.data import Snapshot, Source
+from console.failed import FailedFilter
+from jobs.runtime import PayrunJob, make_queue, run_lanes
+from payrun import keys, ledger as ledger_mod, payroll, runs, status
+from payrun.ledger import Ledger
+from payrun.provider import Provider
+
+MONTH = "2026-11"
+SIZE = (80, 24)
+WRITES = {"set", "setex", "hset", "hsetnx", "hdel", "hincrby", "del", "unlink", "expire", "pexpire", "zadd", "zrem",
+          "zremrangebyscore", "lpush", "rpush", "lrem", "lpop", "rpop", "sadd", "srem", "xadd", "xack", "xdel",
+          "persist", "rename", "eval", "evalsha", "publish", "incr", "incrby"}
+
+
+def sync(fn):
+    """Run an async Pilot test with asyncio.run (no async pytest plugin needed)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+def writes(conn) -> dict[str, int]:
+    stats = conn.info("commandstats")
+    return {k[len("cmdstat_"):]: v["calls"] for k, v in stats.items() if k[len("cmdstat_"):] in WRITES}
+
+
+async def settle(pilot, until=lambda: True, timeout_s: float = 20.0, what: str = "the console") -> None:
+    """Let thread workers finish and the UI catch up, until ``until()`` holds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        await pilot.pause()
+        if until():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+def text_of(app, selector: str) -> str:
+    return str(app.screen.query_one(selector).render())
+
+
+def cells(app, table: str, key: str) -> list[str]:
+    return [str(c) for c in app.screen.query_one(table).get_row(key)]
+
+
+# ---- worlds -----------------------------------------------------------------------------
+
+@pytest.fixture
+def provider(monkeypatch):
+    p = Provider(latency_s=0.01, rate_per_s=1000).start()
+    monkeypatch.setenv("PAYRUN_EMAIL_URL", p.url)
+    from jobs import tasks
+
+    tasks.settings.cache_clear()
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def payrun_world(cfg, conn, provider):
+    """Company 1's run done (one slip refused by the provider), company 2 fanned out and
+    waiting: real fan-out, real render and send lanes, the ledger applied."""
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.seed(db, companies=2, employees=8, seed=3, month=MONTH)
+    ledger = Ledger(cfg.ledger_path)
+    first = db.conn.execute("SELECT id FROM employees WHERE company_id = 1 ORDER BY id LIMIT 1").fetchone()[0]
+    db.conn.execute("UPDATE employees SET email = 'nobody@nowhere.invalid' WHERE id = ?", (first,))
+    db.conn.commit()
+    runs.start_run(cfg, conn, ledger, db, MONTH, company_id=1)
+    run_lanes(conn, [keys.RENDER_QUEUE], lanes=2, burst=True)
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=4, burst=True)
+    runs.start_run(cfg, conn, ledger, db, MONTH, company_id=2)
+    ledger_mod.drain(conn, ledger)
+    n1, n2 = (db.conn.execute("SELECT COUNT(*) FROM employees WHERE company_id = ?", (c,)).fetchone()[0] for c in (1, 2))
+    yield cfg, conn, ledger, first, n1, n2
+    ledger.close()
+    db.close()
+
+
+@pytest.fixture
+def failed_world(cfg, conn, monkeypatch):
+    """Seven jobs failed for good by real lanes: 3 refused functions and 2 TypeErrors on
+    pdf-render, 2 refused on send-email; each with a ledger row (company 1 or 2)."""
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    ledger = Ledger(cfg.ledger_path)
+    plan = [("r-refused-1", keys.RENDER_QUEUE, "jobs.testing.nope", (), 1),
+            ("r-refused-2", keys.RENDER_QUEUE, "jobs.testing.nope", (), 2),
+            ("r-refused-3", keys.RENDER_QUEUE, "jobs.testing.nope", (), 1),
+            ("r-typeerr-1", keys.RENDER_QUEUE, "jobs.testing.sleep", ("x",), 1),
+            ("r-typeerr-2", keys.RENDER_QUEUE, "jobs.testing.sleep", ("x",), 2),
+            ("e-refused-1", keys.EMAIL_QUEUE, "jobs.testing.nope", (), 1),
+            ("e-refused-2", keys.EMAIL_QUEUE, "jobs.testing.nope", (), 2)]
+    ledger.create_jobs([{"id": j, "kind": "render" if q == keys.RENDER_QUEUE else "email", "company_id": c,
+                         "month": MONTH, "queue": q} for j, q, _, _, c in plan])
+    for job_id, q, func, args, _ in plan:
+        make_queue(q, conn).enqueue_call(func, args=args, job_id=job_id, timeout=5, meta={"kind": "test"})
+    run_lanes(conn, [keys.RENDER_QUEUE, keys.EMAIL_QUEUE], lanes=2, burst=True)
+    ledger_mod.drain(conn, ledger)
+    assert conn.zcard(f"rq:failed:{keys.RENDER_QUEUE}") == 5 and conn.zcard(f"rq:failed:{keys.EMAIL_QUEUE}") == 2
+    yield cfg, conn, ledger
+    ledger.close()
+
+
+def make_app(cfg, conn, **kw) -> ConsoleApp:
+    kw.setdefault("no_blink", True)
+    return ConsoleApp(Source(cfg, conn), **kw)
+
+
+# ---- the layering -------------------------------------------------------------------------
+
+def test_console_cli_and_data_layer_never_import_textual():
+    code = ("import sys, console.cli, console.data, console.actions, console.failed, console.fmt, payrun.cli; "
+            "print(any(m == 'textual' or m.startswith('textual.') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# ---- the overview ----------------------------------------------------------------------
+
+@sync
+async def test_overview_shows_the_right_numbers(payrun_world):
+    cfg, conn, ledger, bad, n1, n2 = payrun_world
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None and app.snapshot.status, what="first refresh")
+        snap = app.snapshot
+        assert snap.error is None
+        # the HR line: the same figures as `payrun status`
+        report = status.report(cfg, ledger, conn=conn)
+        assert snap.status["total"] == report["total"]
+        assert report["total"] | {} == {"queued": n2, "running": 0, "retrying": 0, "done": n1 - 1, "failed": 1,
+                                        "stuck": 0, "total": n1 + n2}
+        answer = text_of(app, "#answer")
+        assert f"{n1 - 1} sent, {n2} in progress, 1 failed" in answer
+        assert cells(app, "#companies", "1")[2:7] == [str(n1 - 1), "0", "0", "1", str(n1)]
+        assert cells(app, "#companies", "2")[2:7] == ["0", str(n2), "0", "0", str(n2)]
+        # the queues: company 2 waits to render; one send failed for good
+        render = cells(app, "#queues", keys.RENDER_QUEUE)
+        assert render[1:5] == [str(n2), "0", "0", "0"]
+        assert render[5].endswith("s")  # age of the oldest waiting job
+        assert cells(app, "#queues", keys.EMAIL_QUEUE)[1:5] == ["0", "0", "0", "1"]
+        # throughput: the renders and sends of company 1 finished within the last minute
+        q = {r.name: r for r in snap.queues}
+        assert q[keys.RENDER_QUEUE].per_min[-1] == n1 and q[keys.EMAIL_QUEUE].per_min[-1] == n1 - 1
+        assert "45" in text_of(app, "#limits")
+        # Enter on the send-email row drills down to its failed jobs
+        table = app.screen.query_one("#queues")
+        table.focus()
+        table.move_cursor(row=table.get_row_index(keys.EMAIL_QUEUE))
+        await pilot.press("enter")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None, what="failed page")
+        assert app.screen.page.total == 1
+        assert app.screen.page.rows[0]["id"] == keys.email_job_id(MONTH, bad)
+        assert "refused" in app.screen.page.rows[0]["error"].lower() or app.screen.page.rows[0]["error"]
+        await pilot.press("escape")
+        assert app.screen.CRUMB == "overview"
+
+
+def test_looking_never_writes_to_redis(payrun_world):
+    cfg, conn, ledger, bad, *_ = payrun_world
+    src = Source(cfg, conn)
+    before = writes(conn)
+    snap = src.snapshot()
+    src.failed_page(FailedFilter())
+    src.failed_page(FailedFilter.parse("company:1 nowhere"))
+    src.failed_ids(FailedFilter.parse("queue:send-email"))
+    src.job_detail(keys.email_job_id(MONTH, bad))
+    assert snap.error is None and snap.queues
+    after = writes(conn)
+    assert {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)} == {}
+
+
+def test_json_twins(payrun_world):
+    from payrun.cli import cli
+
+    cfg, conn, ledger, bad, n1, n2 = payrun_world
+    runner = CliRunner()
+    q = json.loads(runner.invoke(cli, ["queues", "--json"], catch_exceptions=False).output)
+    by = {r["name"]: r for r in q["queues"]}
+    assert by[keys.RENDER_QUEUE]["depth"] == n2 and by[keys.EMAIL_QUEUE]["failed"] == 1
+    assert q["limits"]["cap"] == cfg.limits.email_concurrency
+    assert json.loads(runner.invoke(cli, ["workers", "--json"], catch_exceptions=False).output) == []
+    assert json.loads(runner.invoke(cli, ["running", "--json"], catch_exceptions=False).output) == []
+    text = runner.invoke(cli, ["queues"], catch_exceptions=False).output
+    assert keys.RENDER_QUEUE in text and "per min" in text
+
+
+# ---- failed jobs and retry -----------------------------------------------------------------
+
+@sync
+async def test_retry_all_filtered_requeues_exactly_the_matching_jobs(failed_world):
+    cfg, conn, ledger = failed_world
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("f")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None, what="failed page")
+        assert app.screen.page.total == 7
+        await pilot.press("slash")
+        await pilot.press(*"queue:pdf-render refused")
+        await pilot.press("enter")
+        await settle(pilot, lambda: app.screen.page.flt.text == "refused" and app.screen.page.total == 3,
+                     what="filtered page")
+        assert sorted(r["id"] for r in app.screen.page.rows) == ["r-refused-1", "r-refused-2", "r-refused-3"]
+        await pilot.press("A")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmTyped", what="bulk preview")
+        dialog = app.screen
+        assert dialog.count == 3 and sorted(dialog.sample) == ["r-refused-1", "r-refused-2", "r-refused-3"]
+        assert dialog.command == "payrun retry --all --queue pdf-render --error refused"
+        await pilot.press("2", "enter")  # the wrong count does nothing
+        assert app.screen is dialog and conn.llen(f"rq:queue:{keys.RENDER_QUEUE}") == 0
+        await pilot.press("3", "enter")
+        await settle(pilot, lambda: conn.llen(f"rq:queue:{keys.RENDER_QUEUE}") == 3, what="the retry")
+    queued = sorted(m.decode() for m in conn.lrange(f"rq:queue:{keys.RENDER_QUEUE}", 0, -1))
+    assert queued == ["r-refused-1", "r-refused-2", "r-refused-3"]
+    assert sorted(m.decode() for m in conn.zrange(f"rq:failed:{keys.RENDER_QUEUE}", 0, -1)) == ["r-typeerr-1",
+                                                                                                 "r-typeerr-2"]
+    assert conn.zcard(f"rq:failed:{keys.EMAIL_QUEUE}") == 2
+    job = PayrunJob.fetch("r-refused-2", connection=conn)
+    assert job.get_status() == "queued" and "last_error" not in job.meta
+    entry = actions.read_audit(cfg)[-1]
+    assert entry["what"] == "retry" and entry["count"] == 3 and entry["via"] == "console"
+    assert entry["command"] == "payrun retry --all --queue pdf-render --error refused" and entry["who"]
+
+
+@sync
+async def test_retry_selected_and_one_by_company(failed_world):
+    cfg, conn, ledger = failed_world
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *"failed company:2", "enter")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 3,
+                     what="company 2's failed jobs")
+        assert {r["id"] for r in app.screen.page.rows} == {"r-refused-2", "r-typeerr-2", "e-refused-2"}
+        await pilot.press("r")  # one job: a keypress
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
+        one = app.screen.command
+        await pilot.press("y")
+        await settle(pilot, lambda: sum(conn.llen(f"rq:queue:{q}") for q in keys.QUEUES) == 1, what="one retry")
+        assert one.startswith("payrun retry ")
+        ledger_mod.drain(conn, ledger)  # what `payrun ledger` does within a second
+        await settle(pilot, lambda: app.screen.page.total == 2 and len(app.screen.page.rows) == 2,
+                     what="the page to drop the retried job")
+        await pilot.press("space", "space", "R")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmTyped")
+        assert app.screen.count == 2
+        await pilot.press("2", "enter")
+        await settle(pilot, lambda: sum(conn.llen(f"rq:queue:{q}") for q in keys.QUEUES) == 3, what="bulk retry")
+    assert conn.zcard(f"rq:failed:{keys.RENDER_QUEUE}") + conn.zcard(f"rq:failed:{keys.EMAIL_QUEUE}") == 4
+    assert [e["count"] for e in actions.read_audit(cfg)] == [1, 2]
+
+
+@sync
+async def test_job_detail_shows_attempts_and_traceback(failed_world):
+    cfg, conn, ledger = failed_world
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *"failed queue:pdf-render TypeError", "enter")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 2)
+        await pilot.press("enter")
+        await settle(pilot, lambda: getattr(app.screen, "detail", None) is not None, what="job detail")
+        shown = text_of(app, "#job")
+        assert "TypeError" in shown and "#1" in shown and "Traceback" in shown
+
+
+# ---- read-only ------------------------------------------------------------------------
+
+@sync
+async def test_readonly_hides_and_refuses_actions(failed_world):
+    cfg, conn, ledger = failed_world
+    before = writes(conn)
+    app = make_app(cfg, conn, readonly=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        assert "READ-ONLY" in text_of(app, "StatusBar")
+        assert app.screen.check_action("drain", ()) is False and app.screen.check_action("failed", ()) is True
+        await pilot.press("D", "d", "u", "l")
+        assert app.screen.CRUMB == "overview"  # no dialog opened
+        await pilot.press("f")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None)
+        footer_keys = {b.binding.action for b in app.screen.active_bindings.values() if b.enabled}
+        assert "retry_one" not in footer_keys and "filter" in footer_keys
+        await pilot.press("r", "A", "space", "R")
+        assert app.screen.CRUMB == "failed"
+        await pilot.press("colon", *"retry r-refused-1", "enter")
+        await pilot.press("colon", *"drain", "enter")
+        await pilot.press("colon", *"limits cap=1", "enter")
+        await pilot.pause()
+        assert app.screen.CRUMB == "failed"
+    after = writes(conn)
+    assert after == before
+    assert actions.read_audit(cfg) == []
+    assert conn.zcard(f"rq:failed:{keys.RENDER_QUEUE}") == 5 and not conn.exists("rq:suspended")
+
+
+# ---- drain, stop a worker, limits ----------------------------------------------------------
+
+@pytest.fixture
+def worker_env(cfg, tmp_path):
+    conf = tmp_path / "payrun.toml"
+    conf.write_text("[render]\ntimeout_s = 20\n[email]\ntimeout_s = 20\n[lease]\ngrace_s = 20\nvisibility_s = 60\n")
+    return dict(os.environ, PAYRUN_CONFIG=str(conf), PAYRUN_TEST_JOBS="1")
+
+
+@sync
+async def test_drain_stops_intake_and_a_stopped_worker_finishes_its_job_and_exits(cfg, conn, worker_env, tmp_path):
+    w = subprocess.Popen([sys.executable, "-m", "payrun.cli", "worker", keys.RENDER_QUEUE], env=worker_env,
+                         stdout=open(tmp_path / "w.log", "ab"), stderr=subprocess.STDOUT)
+    try:
+        q = make_queue(keys.RENDER_QUEUE, conn)
+        q.enqueue_call("jobs.testing.sleep", args=(3,), job_id="long-1", timeout=20, meta={"kind": "test"})
+        wait_for(lambda: conn.zcard(f"rq:wip:{keys.RENDER_QUEUE}") == 1, timeout_s=60, what="the worker to start long-1")
+        app = make_app(cfg, conn, interval_s=0.3)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot, lambda: app.snapshot is not None and app.snapshot.running, what="running job")
+            assert app.snapshot.running[0].job_id == "long-1" and not app.snapshot.running[0].stuck
+            await pilot.press("D")  # every queue: typed confirmation
+            await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmTyped")
+            assert app.screen.command == "payrun drain"
+            await pilot.press(*"all", "enter")
+            await settle(pilot, lambda: conn.exists("rq:suspended"), what="drain")
+            q.enqueue_call("jobs.testing.noop", job_id="after-1", timeout=20, meta={"kind": "test"})
+            await pilot.press("w")
+            await settle(pilot, lambda: app.screen.CRUMB == "workers" and app.screen.query_one("#workers").row_count == 1)
+            name = app.screen.query_one("#workers").current_key
+            await pilot.press("s")
+            await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
+            assert app.screen.command == f"payrun stop-worker {name}"
+            await pilot.press("y")
+            await settle(pilot, lambda: any(e["what"] == "stop-worker" for e in actions.read_audit(cfg)),
+                         what="stop requested")
+        assert w.wait(timeout=40) == 0
+        assert PayrunJob.fetch("long-1", connection=conn).get_status() == "finished"  # it finished its job
+        assert PayrunJob.fetch("after-1", connection=conn).get_status() == "queued"  # and took no new one
+        assert conn.lrange(f"rq:queue:{keys.RENDER_QUEUE}", 0, -1) == [b"after-1"]
+        assert [e["what"] for e in actions.read_audit(cfg)] == ["drain", "stop-worker"]
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+    out = CliRunner().invoke(__import__("payrun.cli", fromlist=["cli"]).cli, ["resume"], catch_exceptions=False)
+    assert "resumed everywhere" in out.output and not conn.exists("rq:suspended")
+
+
+def test_drain_and_resume_one_queue_from_the_cli(cfg, conn):
+    from payrun.cli import cli
+
+    runner = CliRunner()
+    out = runner.invoke(cli, ["drain", "--queue", keys.EMAIL_QUEUE], catch_exceptions=False)
+    assert out.exit_code == 0 and keys.EMAIL_QUEUE in out.output
+    snap = Source(cfg, conn).snapshot()
+    assert snap.paused_queues == [keys.EMAIL_QUEUE] and not snap.suspended
+    assert [q.paused for q in snap.queues] == [q.name == keys.EMAIL_QUEUE for q in snap.queues]
+    bad = runner.invoke(cli, ["drain", "--queue", "nope"])
+    assert bad.exit_code == 2 and "nope" in bad.output
+    runner.invoke(cli, ["resume", "--queue", keys.EMAIL_QUEUE], catch_exceptions=False)
+    assert Source(cfg, conn).snapshot().paused_queues == []
+    log = actions.read_audit(cfg)
+    assert [(e["command"], e["via"]) for e in log] == [(f"payrun drain --queue {keys.EMAIL_QUEUE}", "cli"),
+                                                        (f"payrun resume --queue {keys.EMAIL_QUEUE}", "cli")]
+    assert json.loads(runner.invoke(cli, ["audit", "--json"]).output)[0]["what"] == "drain"
+
+
+@sync
+async def test_change_limits_from_the_command_bar(cfg, conn):
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("l")
+        await settle(pilot, lambda: type(app.screen).__name__ == "LimitsDialog")
+        await pilot.press(*"30", "enter", *"20", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
+        assert app.screen.command == "payrun limits set --cap 30 --rate 20"
+        await pilot.press("y")
+        await settle(pilot, lambda: conn.hget(keys.limit_conf("email"), "cap") == b"30", what="new cap")
+        await settle(pilot, lambda: app.snapshot.limits.cap == 30, what="the overview to show it")
+    assert float(conn.hget(keys.limit_conf("email"), "rate_per_s")) == 20.0
+
+
+# ---- a stale view says so, and keys never wait for Redis -----------------------------------
+
+@sync
+async def test_unreachable_redis_is_said_and_keys_still_work(cfg, tmp_path):
+    from console.data import connect
+
+    now = [1_800_000_000.0]
+    dead = connect(cfg, f"unix://{tmp_path / 'no.sock'}")
+    app = ConsoleApp(Source(cfg, dead, clock=lambda: now[0]), clock=lambda: now[0], no_blink=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        now[0] += 12
+        app._tick()
+        await pilot.pause()
+        assert "last refresh 12s ago: Redis unreachable" in text_of(app, "StatusBar")
+        await pilot.press("f")
+        assert app.screen.CRUMB == "failed"
+
+
+class SlowSource(Source):
+    def snapshot(self) -> Snapshot:
+        time.sleep(3)
+        return super().snapshot()
+
+
+@sync
+async def test_a_slow_refresh_never_blocks_the_keys(cfg, conn):
+    app = ConsoleApp(SlowSource(cfg, conn), no_blink=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        t0 = time.monotonic()
+        await pilot.press("r")
+        await pilot.pause()
+        assert app.screen.CRUMB == "running" and time.monotonic() - t0 < 1.0
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert type(app.screen).__name__ == "HelpScreen"
+        app.exit()
