@@ -18,13 +18,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from jobs import events, idempotency
+from jobs import events
 from jobs.policy import should_reap
 from payrun import keys
 
 _REQUEUE = """
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 if redis.call('EXISTS', KEYS[3]) == 0 then return 2 end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[5], 'state') == 'sending'
+   and redis.call('HGET', KEYS[5], 'owner') == ARGV[3] then
+  redis.call('DEL', KEYS[5])
+end
 redis.call('HSET', KEYS[3], 'status', 'queued')
 redis.call('LREM', KEYS[4], 0, ARGV[2])
 redis.call('LPUSH', KEYS[2], ARGV[2])
@@ -76,17 +80,23 @@ def reap(conn, now: float | None = None) -> list[Stuck]:
 
     returned: list[Stuck] = []
     for s in find_stuck(conn, now):
-        done = conn.eval(_REQUEUE, 4, f"rq:wip:{s.queue}", f"rq:queue:{s.queue}", f"rq:job:{s.job_id}",
-                         f"rq:queue:{s.queue}:intermediate", s.member, s.job_id)
-        if int(done) != 1:
-            continue  # another reaper got there first, or the job is gone
-        returned.append(s)
+        # Read the attempt *before* returning the job: once it is back on its queue a
+        # worker may start the next attempt at once (and bump the attempt) — releasing
+        # the dead attempt's idempotency claim after that missed it, and the new attempt
+        # found the key "being sent" for the claim's whole TTL, burning its retries.
+        # The claim is released inside the same script, before the job is enqueued.
         try:
             meta = PayrunJob.fetch(s.job_id, connection=conn).meta
         except Exception:
             meta = {}
         attempt = meta.get("attempt")
+        key, token = "", ""
         if meta.get("kind") == "email" and meta.get("key") and attempt:
-            idempotency.release(conn, meta["key"], f"{s.job_id}:{attempt}")
+            key, token = meta["key"], f"{s.job_id}:{attempt}"
+        done = conn.eval(_REQUEUE, 5, f"rq:wip:{s.queue}", f"rq:queue:{s.queue}", f"rq:job:{s.job_id}",
+                         f"rq:queue:{s.queue}:intermediate", keys.idem_state(key), s.member, s.job_id, token)
+        if int(done) != 1:
+            continue  # another reaper got there first, or the job is gone
+        returned.append(s)
         events.emit(conn, s.job_id, "queued", attempt=attempt, outcome="reaped", error=f"returned by the reaper: {s.reason}")
     return returned

@@ -296,6 +296,21 @@ class RenderWorker(EventsMixin, Worker):
             self._liveness.stop()
         raise SystemExit(0)
 
+    def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
+        """RQ's dequeue, over the queues not drained (`payrun drain --queue Q`)."""
+        every = self._ordered_queues
+        while not (open_ := intake_queues(self.connection, every)):
+            if self._stop_requested:
+                return None
+            self.set_state("suspended")
+            self.heartbeat()
+            time.sleep(1)
+        self._ordered_queues = open_
+        try:
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        finally:
+            self._ordered_queues = every
+
     @property
     def dequeue_timeout(self) -> int:
         # wake up every few seconds when idle, so heartbeat() can look after the scheduler
@@ -386,6 +401,23 @@ def worker_name(kind: str, index: int | None = None) -> str:
     return base if index is None else f"{base}.{index:02d}"
 
 
+IDLE_POLL_S = 0.25
+"""How often an idle lane looks for work (an LLEN); it holds no email slot meanwhile."""
+
+
+def intake_queues(conn, queues: list[Queue]) -> list[Queue]:
+    """The queues a worker may take from now: those not drained by `payrun drain --queue`."""
+    paused = {m.decode() if isinstance(m, bytes) else m for m in conn.smembers(keys.PAUSED_QUEUES)}
+    return [q for q in queues if q.name not in paused]
+
+
+def any_waiting(conn, queues: list[Queue]) -> bool:
+    with conn.pipeline(transaction=False) as pipe:
+        for q in queues:
+            pipe.llen(q.key)
+        return any(pipe.execute())
+
+
 def lane_loop(lane: LaneWorker, stop: threading.Event, poll_s: int = 1, limiter=None,
               fatal: threading.Event | None = None) -> int:
     """Dequeue and run jobs until ``stop`` is set; a job in hand is always finished.
@@ -405,16 +437,20 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, poll_s: int = 1, limiter=
         while not stop.is_set():
             slot = None
             try:
-                if is_suspended(lane.connection):
+                open_ = intake_queues(lane.connection, lane.queues)
+                if is_suspended(lane.connection) or not open_:
                     stop.wait(poll_s)
                     lane.heartbeat()
                     continue
                 if limiter is not None:
+                    if not any_waiting(lane.connection, open_):  # idle: hold no slot
+                        stop.wait(IDLE_POLL_S)
+                        continue
                     slot = limiter.slot(stop, holder=f"{lane.name}:{uuid.uuid4().hex[:8]}")
                     if slot is None:
                         break
                 result = Queue.dequeue_any(
-                    lane.queues, poll_s, connection=lane.connection, job_class=lane.job_class,
+                    open_, poll_s, connection=lane.connection, job_class=lane.job_class,
                     serializer=lane.serializer,
                 )
             except DequeueTimeout:

@@ -15,6 +15,7 @@ Tables
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -372,14 +373,77 @@ def drain(conn, ledger: Ledger, consumer: str = "ledger-1") -> int:
             return total
 
 
+RECONCILE_EVERY_S = 5.0
+RECONCILE_AFTER_S = 5.0
+_OPEN = ("queued", "running", "retrying")
+
+
+def reconcile(conn, ledger: Ledger, older_than_s: float = RECONCILE_AFTER_S, limit: int = 2000,
+              now: float | None = None, after_id: str = "") -> tuple[int, str]:
+    """Apply final states the event stream never carried.
+
+    A worker reports a job's end *after* RQ recorded it (finished/failed), in a second
+    write; if Redis goes away between the two (a restart, a failover) or the worker is
+    SIGKILLed there, the event is lost and the ledger row would say running/queued for
+    good although RQ is done with the job. So the ledger looks at rows still open and not
+    updated for ``older_than_s``, reads their RQ status, and applies ``done``/``failed``
+    for jobs RQ finished. Anything else (queued, started, scheduled, gone) is left alone:
+    a later event will tell. Applying a final state twice gives the same row.
+
+    Looks at up to ``limit`` open rows with ids after ``after_id`` (50,000 queued rows are
+    read in slices, one per call). Returns (rows changed, the id to continue after; "" once
+    the end was reached)."""
+    now = time.time() if now is None else now
+    cutoff = datetime.fromtimestamp(now - older_than_s, timezone.utc).isoformat(timespec="milliseconds")
+    marks = ",".join("?" * len(_OPEN))
+    ids = [r[0] for r in ledger.db.execute(
+        f"SELECT id FROM jobs WHERE status IN ({marks}) AND updated_at < ? AND id > ? ORDER BY id LIMIT ?",
+        (*_OPEN, cutoff, after_id, limit),
+    ).fetchall()]
+    cursor = ids[-1] if len(ids) >= limit else ""
+    if not ids:
+        return 0, cursor
+    with conn.pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            pipe.hmget(f"rq:job:{job_id}", "status", "meta")
+        found = pipe.execute()
+    events: list[dict[str, str]] = []
+    for job_id, (status, raw_meta) in zip(ids, found):
+        status = status.decode() if isinstance(status, bytes) else status
+        if status not in ("finished", "failed"):
+            continue
+        try:
+            meta = json.loads(raw_meta) if raw_meta else {}
+        except ValueError:
+            meta = {}
+        final = "done" if status == "finished" else "failed"
+        ev = {"job": job_id, "status": final, "ts": utcnow(), "outcome": final}
+        if meta.get("attempt"):
+            ev["attempt"] = str(meta["attempt"])
+        if final == "failed":
+            ev["error"] = str(meta.get("last_error") or "failed (found in RQ; its event was lost)")
+        events.append(ev)
+    if events:
+        ledger.apply(events)
+    return len(events), cursor
+
+
 def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, observer=None) -> None:
-    """The `payrun ledger` loop: block up to 1 s for events, apply in batches, until stop()."""
+    """The `payrun ledger` loop: block up to 1 s for events, apply in batches, until stop().
+    Every RECONCILE_EVERY_S it also reconciles open rows against RQ (see ``reconcile``)."""
     import redis
 
     wait = 0.5
+    next_reconcile = time.monotonic() + RECONCILE_EVERY_S
+    cursor = ""
     while not stop():
         try:
             apply_pending(conn, ledger, consumer, block_ms=1000, observer=observer)
+            if time.monotonic() >= next_reconcile:
+                next_reconcile = time.monotonic() + RECONCILE_EVERY_S
+                fixed, cursor = reconcile(conn, ledger, after_id=cursor)
+                if fixed and log:
+                    log.warning("ledger: %d job(s) finished in RQ without their event; reconciled", fixed)
             wait = 0.5
         except (redis.ConnectionError, redis.TimeoutError) as e:
             if log:

@@ -1,7 +1,288 @@
-"""The scheduling commands of `payrun` (registered onto the main click group)."""
+"""The scheduling commands of `payrun` (registered onto the main click group).
+
+  payrun scheduler [--name N]                       rq-scheduler + the cron pass (run two)
+  payrun schedule [--json]                          each entry: next fire time, last run, missed ticks
+  payrun resend --employee ID --month M [--json]    one-off: re-render with current data, send again
+  payrun remind --company ID --in 30m [--json]      delayed: reminder emails, no earlier than that
+  payrun bank [--host H] [--port P]                 the simulated payroll bank (salary credits API)
+"""
 
 from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+
+import click
+
+from payrun.errors import InputError, PayrunError
+
+
+def handle_errors(fn):
+    """Like payrun.cli's: a PayrunError is one line `payrun: …` and exit 2. (Not imported
+    from payrun.cli: under `python -m payrun.cli` that module is __main__, a second copy.)"""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PayrunError as e:
+            click.echo(f"payrun: {e}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("payrun: interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+pass_ctx = click.pass_obj
+"""The group's context object (payrun.cli.Ctx: .cfg, .redis(), .ledger(), .payroll())."""
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _maybe_redis(cfg):
+    from payrun import redis_server
+
+    conn = redis_server.connect(cfg, socket_timeout=2, socket_connect_timeout=2)
+    return conn if redis_server.ping(conn) else None
+
+
+def schedule_view(cfg, conn=None, now=None) -> list[dict]:
+    """Each cron entry: next fire time (configured zone and UTC), last run, outcome, missed
+    ticks. Used by `payrun schedule` (and usable by the console)."""
+    from datetime import timezone
+    from zoneinfo import ZoneInfo
+
+    from scheduler import cron, service
+
+    zone = ZoneInfo(cfg.timezone)
+    now = now or service.clock()
+    store = None
+    if cfg.ledger_path.exists():
+        from scheduler.store import Store
+
+        store = Store(cfg.ledger_path)
+    rows = []
+    try:
+        for e in cron.load_entries(cfg.scheduler.entries):
+            nxt = cron.next_after(e.spec, zone, now)
+            row = {
+                "name": e.name, "cron": e.cron, "job": e.job, "zone": cfg.timezone,
+                "next_local": nxt.astimezone(zone).isoformat(), "next_utc": nxt.astimezone(timezone.utc).isoformat(),
+                "last_run": None, "outcome": None, "jobs": 0, "detail": None, "missed": 0, "last_missed": None,
+                "coalesced": 0, "duplicates_stopped": 0, "handled_until": None,
+            }
+            if store is not None:
+                row.update(store.summary(e.name))
+            if conn is not None:
+                raw = conn.get(service.cursor_key(e.name))
+                if raw is not None:
+                    from datetime import datetime
+
+                    row["handled_until"] = datetime.fromtimestamp(float(raw), timezone.utc).isoformat(timespec="seconds")
+            rows.append(row)
+    finally:
+        if store is not None:
+            store.close()
+    return rows
+
+
+def schedulers_alive(conn) -> list[str]:
+    names = []
+    for k in conn.scan_iter("rq:scheduler_instance:*"):
+        if not conn.hexists(k, "death"):
+            names.append(k.decode().split(":", 2)[2])
+    return sorted(names)
 
 
 def register(cli) -> None:
     """Add this package's commands to the `payrun` group."""
+
+    @cli.command(name="scheduler")
+    @click.option("--name", default=None, help="This scheduler's name (default: host.pid).")
+    @pass_ctx
+    @handle_errors
+    def scheduler_cmd(c, name: str | None) -> None:
+        """Run rq-scheduler plus the cron pass: each configured entry (in the configured
+        time zone) enqueues one tick job per scheduled time on the control queue, however
+        many schedulers run. Missed ticks fire once on return within
+        scheduler.catchup_window_s; older ones are recorded as missed."""
+        from scheduler import cron
+        from scheduler.service import PayrunScheduler
+
+        cron.load_entries(c.cfg.scheduler.entries)  # refuse a bad entry before touching Redis
+        _setup_logging()
+        PayrunScheduler(c.cfg, c.redis(), name=name).run()
+
+    @cli.command(name="schedule")
+    @click.option("--json", "as_json", is_flag=True, help="Machine-readable.")
+    @pass_ctx
+    @handle_errors
+    def schedule_cmd(c, as_json: bool) -> None:
+        """List the cron entries: next fire time (configured zone and UTC), last run,
+        its outcome, and missed ticks."""
+        conn = _maybe_redis(c.cfg)
+        rows = schedule_view(c.cfg, conn)
+        alive = schedulers_alive(conn) if conn is not None else None
+        if as_json:
+            click.echo(json.dumps({"timezone": c.cfg.timezone, "schedulers": alive, "entries": rows}))
+            return
+        for r in rows:
+            nl, nu = r["next_local"], r["next_utc"]
+            click.echo(f"{r['name']:<12} {r['cron']:<14} {r['job']:<11} next {nl[:16].replace('T', ' ')} "
+                       f"{r['zone']} ({nu[11:16]} UTC {nu[:10]})")
+            last = (f"last {r['last_run'][:16].replace('T', ' ')} UTC: {r['outcome']}, {r['jobs']} job(s)"
+                    if r["last_run"] else "never run")
+            if r["detail"]:
+                last += f" — {r['detail']}"
+            if r["duplicates_stopped"]:
+                last += f"; {r['duplicates_stopped']} duplicate run(s) stopped"
+            click.echo(f"{'':<12} {last}")
+            if r["missed"]:
+                click.echo(f"{'':<12} MISSED {r['missed']} tick(s), newest {r['last_missed'][:16].replace('T', ' ')} UTC")
+        if alive is None:
+            click.echo("schedulers: Redis not reachable")
+        else:
+            click.echo(f"schedulers alive: {len(alive)}" + (f" ({', '.join(alive)})" if alive else
+                                                              " — no tick fires until one runs: payrun scheduler"))
+
+    @cli.command(name="resend")
+    @click.option("--employee", "employee_id", required=True, help="Employee id, e.g. emp-00017.")
+    @click.option("--month", required=True, help="YYYY-MM.")
+    @click.option("--json", "as_json", is_flag=True)
+    @pass_ctx
+    @handle_errors
+    def resend_cmd(c, employee_id: str, month: str, as_json: bool) -> None:
+        """Send an employee's slip again (HR's button): re-rendered from the current
+        payroll data and sent with a new key slip:<month>:<employee>:resend-<n>, even
+        though the original was sent."""
+        out = resend(c.cfg, c.redis(), c.ledger(), c.payroll(), employee_id, month)
+        if as_json:
+            click.echo(json.dumps(out))
+        else:
+            click.echo(f"queued resend {out['key']} for {out['email']} (job {out['job']})")
+
+    @cli.command(name="remind")
+    @click.option("--company", "company_id", type=int, required=True, help="Company id.")
+    @click.option("--in", "delay", required=True, help="Delay: 30m, 2h, 1h30m, 45s.")
+    @click.option("--message", default=None, help="The reminder text (default: a bank-details reminder).")
+    @click.option("--json", "as_json", is_flag=True)
+    @pass_ctx
+    @handle_errors
+    def remind_cmd(c, company_id: int, delay: str, message: str | None, as_json: bool) -> None:
+        """Email every active employee of a company a reminder, no earlier than --in from
+        now. The jobs wait in RQ's scheduled registry (not in a sleeping worker); the
+        send-email worker's scheduler moves them to the queue when due."""
+        from scheduler.cron import parse_duration
+
+        try:
+            delta = parse_duration(delay)
+        except ValueError as e:
+            raise InputError(f"--in: {e}")
+        if delta.total_seconds() < 1:
+            raise InputError("--in must be at least 1s")
+        out = remind(c.cfg, c.redis(), c.ledger(), c.payroll(), company_id, delta, message)
+        if as_json:
+            click.echo(json.dumps(out))
+        else:
+            click.echo(f"{out['scheduled']} reminder(s) for company {company_id} scheduled for {out['due_at']} "
+                       f"(batch {out['batch']})")
+
+    @cli.command(name="bank")
+    @click.option("--host", default=None, help="Listen address (default: from scheduler.bank_url).")
+    @click.option("--port", type=int, default=None, help="Port (default: from scheduler.bank_url, 8026).")
+    @pass_ctx
+    @handle_errors
+    def bank_cmd(c, host: str | None, port: int | None) -> None:
+        """Serve the simulated payroll bank: GET /v1/credits?month=M&company=ID answers
+        whether each employee's salary reached the account (from the payroll database)."""
+        from urllib.parse import urlsplit
+
+        from scheduler.bank import Bank
+
+        u = urlsplit(c.cfg.scheduler.bank_url)
+        _setup_logging()
+        try:
+            bank = Bank(c.cfg.payroll_path, host or u.hostname or "127.0.0.1", port if port is not None else (u.port or 8026))
+        except OSError as e:
+            raise InputError(f"cannot listen: {e}")
+        bank.serve_forever()
+
+
+# ---- the one-off and delayed jobs ----------------------------------------------------
+
+def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
+    from jobs import idempotency
+    from jobs.runtime import make_queue
+    from payrun import keys, payroll
+    from payrun.runs import validate_month
+
+    validate_month(month)
+    snap = payroll.employee_snapshot(db, month, employee_id)
+    queue = make_queue(keys.RENDER_QUEUE, conn)
+    while True:  # n: a counter in Redis; never reuse a key that exists
+        n = int(conn.incr(f"payrun:resend:{month}:{employee_id}"))
+        key = f"{keys.idem_key(month, employee_id)}:resend-{n}"
+        job_id = f"resend-{month}-{employee_id}-{n}"
+        if not idempotency.state(conn, key) and not conn.exists(queue.job_class.key_for(job_id)) \
+                and ledger.job(job_id) is None:
+            break
+    snap["key"] = key
+    ledger.create_jobs([{"id": job_id, "kind": "resend", "company_id": snap["company"]["id"],
+                         "employee_id": employee_id, "month": month, "key": key, "queue": keys.RENDER_QUEUE}])
+    retry = cfg.render.retry
+    from rq import Retry
+
+    queue.enqueue_call("jobs.oneoff.resend_slip", args=(snap,), job_id=job_id, timeout=cfg.render.timeout_s,
+                       retry=Retry(max=retry.attempts - 1) if retry.attempts > 1 else None,
+                       result_ttl=24 * 3600, failure_ttl=30 * 24 * 3600, description=f"resend slip {key}",
+                       meta={"kind": "resend", "key": key, "company": snap["company"]["id"], "retry": vars(retry)})
+    return {"job": job_id, "key": key, "n": n, "email": snap["employee"]["email"], "month": month,
+            "employee": employee_id}
+
+
+def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None) -> dict:
+    from datetime import datetime, timezone
+
+    from rq import Retry
+
+    from jobs.runtime import make_queue
+    from payrun import keys
+
+    company = db.conn.execute("SELECT name FROM companies WHERE id = ?", (company_id,)).fetchone()
+    if company is None:
+        raise InputError(f"no company {company_id} in the payroll database")
+    employees = db.conn.execute("SELECT id, name_en, email FROM employees WHERE company_id = ? AND active = 1"
+                                " ORDER BY id", (company_id,)).fetchall()
+    if not employees:
+        raise InputError(f"company {company_id} has no active employees")
+    name = company[0]
+    due = datetime.now(timezone.utc) + delta
+    batch = f"c{company_id}-{due.strftime('%Y%m%dT%H%M%SZ')}"
+    subject = f"Reminder from {name} payroll"
+    text = message or (f"This is a reminder from {name} payroll: please check that your bank account details "
+                       f"are up to date before payday.")
+    queue = make_queue(keys.EMAIL_QUEUE, conn)
+    retry = cfg.email.retry
+    rows, ids = [], []
+    for emp_id, emp_name, email in employees:
+        job_id = f"remind-{batch}-{emp_id}"
+        key = f"remind:{batch}:{emp_id}"
+        payload = {"key": key, "to": email, "to_name": emp_name, "employee_id": emp_id, "company_name": name,
+                   "subject": subject, "text": f"Dear {emp_name},\n\n{text}\n", "due_at": due.isoformat()}
+        rows.append({"id": job_id, "kind": "reminder", "company_id": company_id, "employee_id": emp_id,
+                     "key": key, "queue": keys.EMAIL_QUEUE})
+        ids.append((job_id, payload, key))
+    ledger.create_jobs(rows)
+    for job_id, payload, key in ids:
+        queue.enqueue_at(due, "jobs.oneoff.send_reminder", payload, job_id=job_id, job_timeout=cfg.email.timeout_s,
+                         retry=Retry(max=retry.attempts - 1) if retry.attempts > 1 else None,
+                         result_ttl=24 * 3600, failure_ttl=30 * 24 * 3600, description=f"reminder {key}",
+                         meta={"kind": "email", "key": key, "retry": vars(retry)})
+    return {"company": company_id, "scheduled": len(ids), "due_at": due.isoformat(timespec="seconds"),
+            "batch": batch, "jobs": [i[0] for i in ids]}

@@ -1,0 +1,132 @@
+"""One-off and delayed job functions (enqueued by `payrun resend` and `payrun remind`).
+
+resend_slip(snapshot)   pdf-render: HR's "send the slip again". The snapshot is taken now
+                        (current data) and carries the key slip:<month>:<employee>:resend-<n>;
+                        renders to <employee>.resend-<n>.pdf, then enqueues the usual
+                        send_slip job under that new key, so it is sent even though the
+                        original key was sent (and a retried resend is still sent once).
+send_reminder(payload)  send-email: a short reminder email, enqueued with RQ's enqueue_in
+                        (it waits in the scheduled registry, not in a sleeping worker).
+                        Same idempotency claim and global limits as a slip.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rq import get_current_job
+
+from jobs import idempotency
+from jobs.errors import Throttled, TransientError
+
+
+def resend_path(month: str, company_id: int, employee_id: str, n: int) -> str:
+    return f"{month}/{company_id}/{employee_id}.resend-{n}.pdf"
+
+
+def resend_number(key: str) -> int:
+    return int(key.rsplit("resend-", 1)[1])
+
+
+def resend_email_job_id(month: str, employee_id: str, n: int) -> str:
+    return f"email-{month}-{employee_id}-resend-{n}"
+
+
+def resend_slip(snapshot: dict[str, Any]) -> dict[str, Any]:
+    from jobs import slip, tasks
+    from jobs.events import emit
+    from jobs.runtime import make_queue
+    from payrun import keys
+
+    cfg = tasks.settings()
+    job = get_current_job()
+    n = resend_number(snapshot["key"])
+    month, emp = snapshot["month"], snapshot["employee"]["id"]
+    rel = resend_path(month, snapshot["company"]["id"], emp, n)
+    slip.write_slip(cfg.slips_dir / rel, slip.render_pdf(snapshot))
+    if job is None:
+        return {"slip": rel}
+    conn = job.connection
+    payload = tasks.email_payload(snapshot, rel)
+    email_id = resend_email_job_id(month, emp, n)
+    queue = make_queue(keys.EMAIL_QUEUE, conn)
+    if not conn.exists(queue.job_class.key_for(email_id)):
+        with conn.pipeline() as pipe:
+            pipe.multi()
+            emit(pipe, email_id, "queued", kind="email", company=payload["company_id"], employee=emp,
+                 month=month, key=payload["key"], queue=keys.EMAIL_QUEUE)
+            queue.enqueue_call(
+                "jobs.tasks.send_slip", args=(payload,), job_id=email_id, timeout=cfg.email.timeout_s,
+                retry=tasks._retry(cfg.email.retry), description=f"resend slip {payload['key']}",
+                meta={"kind": "email", "key": payload["key"], "retry": vars(cfg.email.retry)},
+                result_ttl=24 * 3600, failure_ttl=30 * 24 * 3600, pipeline=pipe,
+            )
+            pipe.execute()
+    return {"slip": rel, "email_job": email_id}
+
+
+# A reminder has no slip. jobs.mail.Message always carries one attachment, so the
+# reminder carries a one-page PDF notice built here without WeasyPrint (send-email
+# hosts do not load it). Latin text only (the PDF uses a standard font).
+def notice_pdf(lines: list[str]) -> bytes:
+    def esc(s: str) -> str:
+        s = s.encode("latin-1", "replace").decode("latin-1")
+        return s.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+
+    text = "BT /F1 13 Tf 72 760 Td 18 TL " + " ".join(f"({esc(line)}) '" for line in lines) + " ET"
+    objs = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 595 842] /Resources << /Font << /F1 4 0 R >> >>"
+        b" /Contents 5 0 R >>",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>",
+        b"<< /Length %d >>\nstream\n" % len(text.encode("latin-1")) + text.encode("latin-1") + b"\nendstream",
+    ]
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for i, body in enumerate(objs, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % i + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
+    return bytes(out)
+
+
+def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
+    """payload: key, to, to_name, employee_id, company_name, subject, text, due_at."""
+    from jobs import mail, tasks
+
+    cfg = tasks.settings()
+    job = get_current_job()
+    conn = job.connection
+    key = payload["key"]
+    token = f"{job.id}:{job.meta.get('attempt', 0)}"
+    state = idempotency.claim(conn, key, token, cfg.email.timeout_s + cfg.lease.visibility_s)
+    if state == idempotency.SENT:
+        return {"skipped": "already sent", "key": key}
+    if state == idempotency.BUSY:
+        raise TransientError(f"another attempt is sending {key} right now")
+    msg = mail.Message(
+        to_addr=payload["to"], to_name=payload["to_name"], subject=payload["subject"],
+        text_body=payload["text"], attachment_name="reminder.pdf",
+        attachment_bytes=notice_pdf([payload["subject"], "", *payload["text"].splitlines()]),
+        idempotency_key=key, sender=cfg.email.sender,
+    )
+    lim = tasks.limiter(conn)
+    try:
+        if not lim.token(deadline_s=time.monotonic() + cfg.email.timeout_s / 2):
+            raise Throttled("waited too long for the global send rate; retrying", retry_after_s=1)
+        message_id = tasks.transport().send(msg)
+    except Throttled as e:
+        idempotency.release(conn, key, token)
+        if e.retry_after_s:
+            lim.pause(e.retry_after_s)
+        raise
+    except BaseException:
+        idempotency.release(conn, key, token)
+        raise
+    idempotency.mark_sent(conn, key, token, message_id)
+    return {"sent": key, "message_id": message_id, "sent_at": time.time()}

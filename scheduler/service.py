@@ -1,0 +1,333 @@
+"""`payrun scheduler`: rq-scheduler with a JSON job class, plus our cron pass.
+
+Run two of them (supervisor.conf runs scheduler-a and scheduler-b, as two servers would).
+Every tick still fires once:
+
+- Each pass (every ``scheduler.poll_s``) runs under rq-scheduler's per-pass lock
+  ``rq:scheduler_lock`` — an optimisation for the ordinary day, not a guarantee (it is
+  taken per pass and expires under a paused process; rq-scheduler #312).
+- The guarantee: for each entry a shared cursor ``payrun:cron:cursor:<entry>`` (the last
+  instant a scheduler handled) gives the due ticks ``(cursor, now]`` (scheduler/cron.py
+  ``plan``). A tick is enqueued only by the scheduler that wins
+  ``SET payrun:cron:tick:<entry>:<stamp> claimed:<token> NX``, and only inside a
+  MULTI/EXEC that WATCHes that marker — a claimer paused until its claim expired and
+  another scheduler took the tick enqueues nothing. The tick job's id is deterministic
+  (``tick-<entry>-<stamp>``) and it carries the time it stands for (UTC ISO).
+- The tick job then takes its own lock and unique row (scheduler/ticks.py).
+- Catch-up: when no scheduler ran at a tick's time, the newest due tick within
+  ``scheduler.catchup_window_s`` (6 h) fires once on return; older due ticks are recorded
+  as missed (cron_runs rows via a control job, and an ERROR line here).
+
+rq-scheduler's own ``cron()`` is not used for the entries: its cron strings follow the
+host's zone, one job id is reused for every run, the job does not know which time it
+stands for, missed ticks are neither caught up on purpose nor reported, and moving a job
+from its sorted set to a queue is not atomic between two instances. Its sorted set and
+loop still serve any job scheduled with its API (moved atomically here: ZREM first).
+
+TEST ONLY: ``PAYRUN_CLOCK_FILE`` names a file holding epoch seconds; when set, the cron
+pass reads "now" from it instead of the system clock, so a test can move time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from redis import WatchError
+from rq import Queue
+from rq.serializers import JSONSerializer
+from rq_scheduler import Scheduler
+
+from jobs.runtime import PayrunJob, make_queue
+from payrun import keys
+from payrun.config import Config
+from scheduler import cron, ticks
+
+log = logging.getLogger("payrun.scheduler")
+UTC = timezone.utc
+
+CLAIM_TTL_S = 30
+"""A claimed tick not enqueued within this (the claimer died or froze) may be claimed again."""
+ENTRIES_KEY = "payrun:cron:entries"
+STATE_KEY = "payrun:cron:state"
+MISSED_CAP = 50
+"""At most this many missed-tick rows per entry per pass (the newest); the rest are counted."""
+
+_ADVANCE = """
+local cur = redis.call('GET', KEYS[1])
+if (not cur) or tonumber(cur) < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) return 1 end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def cursor_key(entry: str) -> str:
+    return f"payrun:cron:cursor:{entry}"
+
+
+def marker_key(entry: str, stamp: str) -> str:
+    return f"payrun:cron:tick:{entry}:{stamp}"
+
+
+# ---- the clock -------------------------------------------------------------------------
+
+def clock() -> datetime:
+    """Now, in UTC. TEST ONLY override: PAYRUN_CLOCK_FILE holding epoch seconds."""
+    path = os.environ.get("PAYRUN_CLOCK_FILE")
+    if path:
+        for _ in range(50):  # the test rewrites the file; a torn read is retried
+            try:
+                return datetime.fromtimestamp(float(open(path).read().strip()), UTC)
+            except (ValueError, OSError):
+                time.sleep(0.01)
+        raise RuntimeError(f"PAYRUN_CLOCK_FILE {path} does not hold epoch seconds")
+    return datetime.now(UTC)
+
+
+# ---- the cron pass ---------------------------------------------------------------------
+
+class CronPass:
+    """One scheduler's view of the cron entries; ``run(now)`` is one pass."""
+
+    def __init__(self, conn, cfg: Config, name: str | None = None):
+        self.conn = conn
+        self.cfg = cfg
+        self.zone = ZoneInfo(cfg.timezone)
+        self.entries = cron.load_entries(cfg.scheduler.entries)
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.window_s = float(cfg.scheduler.catchup_window_s)
+        self.marker_ttl_s = int(max(self.window_s, 3600) + 86400)
+        self.control = make_queue(keys.CONTROL_QUEUE, conn)
+
+    def register(self, now: datetime) -> None:
+        """Write the entries (and their next times) to Redis for `payrun schedule`."""
+        with self.conn.pipeline() as pipe:
+            pipe.delete(ENTRIES_KEY)
+            for e in self.entries:
+                pipe.hset(ENTRIES_KEY, e.name, json.dumps({"cron": e.cron, "job": e.job, "zone": self.cfg.timezone}))
+            pipe.execute()
+
+    def run(self, now: datetime) -> list[dict[str, Any]]:
+        actions: list[dict[str, Any]] = []
+        for e in self.entries:
+            try:
+                actions.extend(self._entry(e, now))
+            except Exception:  # one entry's trouble must not stop the others
+                log.exception("cron %s: pass failed", e.name)
+        self.conn.hset(STATE_KEY, mapping={"last_pass": now.isoformat(), "last_pass_by": self.name})
+        return actions
+
+    def _cursor(self, e: cron.Entry, now: datetime) -> datetime:
+        key = cursor_key(e.name)
+        raw = self.conn.get(key)
+        if raw is None:  # first start ever (or Redis lost it): from now on, no backfill
+            self.conn.set(key, repr(now.timestamp()), nx=True)
+            raw = self.conn.get(key)
+        return datetime.fromtimestamp(float(raw), UTC)
+
+    def _entry(self, e: cron.Entry, now: datetime) -> list[dict[str, Any]]:
+        cursor = self._cursor(e, now)
+        if cursor >= now:
+            return []
+        p = cron.plan(e.spec, self.zone, cursor, now, self.window_s)
+        actions: list[dict[str, Any]] = []
+        advance_to = now
+        if p.missed:
+            actions.append(self._record_missed(e, p.missed, now))
+        if p.fire is not None:
+            outcome = self.fire(e, p.fire, coalesced=len(p.coalesced))
+            actions.append({"entry": e.name, "tick": cron.iso(p.fire), "outcome": outcome})
+            if outcome in ("claimed-elsewhere", "lost", "error"):
+                # not known to be enqueued: keep the cursor before it, look again next pass
+                advance_to = p.fire - timedelta(seconds=1)
+        if advance_to > cursor:
+            self.conn.eval(_ADVANCE, 1, cursor_key(e.name), repr(advance_to.timestamp()))
+        return actions
+
+    def _claim_and_enqueue(self, marker: str, enqueue) -> str:
+        """'fired' | 'done-elsewhere' | 'claimed-elsewhere' | 'lost' | 'error'."""
+        token = f"claimed:{self.name}:{uuid.uuid4().hex[:8]}"
+        if not self.conn.set(marker, token, nx=True, ex=CLAIM_TTL_S):
+            held = self.conn.get(marker) or b""
+            return "claimed-elsewhere" if held.startswith(b"claimed:") else "done-elsewhere"
+        try:
+            with self.conn.pipeline() as pipe:
+                pipe.watch(marker)
+                held = pipe.get(marker)
+                if (held.decode() if isinstance(held, bytes) else held) != token:
+                    return "lost"
+                pipe.multi()
+                enqueue(pipe)
+                pipe.set(marker, f"fired:{self.name}", ex=self.marker_ttl_s)
+                pipe.execute()
+                return "fired"
+        except WatchError:
+            return "lost"
+        except Exception:
+            log.exception("enqueue under %s failed", marker)
+            return "error"
+
+    def fire(self, e: cron.Entry, t: datetime, coalesced: int = 0) -> str:
+        st = cron.stamp(t)
+        scheduled_for = cron.iso(t)
+        options: dict[str, Any] = {"coalesced": coalesced}
+        if e.job == "payroll":
+            options["month"] = e.month
+
+        def enqueue(pipe) -> None:
+            self.control.enqueue_call(
+                "scheduler.ticks.run_tick", args=(e.name, e.job, scheduled_for, options),
+                job_id=ticks.tick_job_id(e.name, st), timeout=int(self.cfg.scheduler.tick_timeout_s),
+                result_ttl=7 * 24 * 3600, failure_ttl=30 * 24 * 3600,
+                description=f"cron tick {e.name} {scheduled_for} ({e.cron} {self.cfg.timezone})",
+                meta={"kind": "tick", "entry": e.name, "scheduled_for": scheduled_for, "scheduler": self.name},
+                pipeline=pipe,
+            )
+
+        outcome = self._claim_and_enqueue(marker_key(e.name, st), enqueue)
+        if outcome == "fired":
+            late = (clock() - t).total_seconds()
+            (log.warning if coalesced or late > 120 else log.info)(
+                "cron %s: tick %s enqueued (%s)%s", e.name, self._both(t), ticks.tick_job_id(e.name, st),
+                f"; caught up {late / 60:.0f} min late, {coalesced} earlier tick(s) superseded" if late > 120 else "")
+        elif outcome in ("lost", "error"):
+            log.warning("cron %s: tick %s: %s", e.name, scheduled_for, outcome)
+        return outcome
+
+    def _record_missed(self, e: cron.Entry, missed: list[datetime], now: datetime) -> dict[str, Any]:
+        newest = missed[-1]
+        shown = missed[-MISSED_CAP:]
+        detail = (f"no scheduler was running at the tick's time and none came back within the "
+                  f"{self.window_s / 3600:g} h catch-up window (back at {now.astimezone(self.zone):%Y-%m-%d %H:%M %Z})")
+        if len(missed) > len(shown):
+            detail += f"; {len(missed) - len(shown)} older tick(s) not listed"
+        if e.job == "payroll":
+            months = sorted({cron.pay_month(t, self.zone, e.month) for t in missed})
+            detail += "; run it by hand: " + ", ".join(f"payrun run --month {m}" for m in months)
+
+        def enqueue(pipe) -> None:
+            self.control.enqueue_call(
+                "scheduler.ticks.record_not_run", args=(e.name, e.job, [cron.iso(t) for t in shown], "missed", detail),
+                job_id=f"missed-{e.name}-{cron.stamp(newest)}", timeout=60, result_ttl=7 * 24 * 3600,
+                failure_ttl=30 * 24 * 3600, meta={"kind": "tick"}, description=f"record missed ticks of {e.name}",
+                pipeline=pipe,
+            )
+
+        outcome = self._claim_and_enqueue(marker_key(e.name, "missed-" + cron.stamp(newest)), enqueue)
+        if outcome == "fired":
+            log.error("cron %s: MISSED %d tick(s), newest %s: %s", e.name, len(missed), self._both(newest), detail)
+        return {"entry": e.name, "missed": [cron.iso(t) for t in missed], "outcome": outcome}
+
+    def _both(self, t: datetime) -> str:
+        return f"{t.astimezone(self.zone):%Y-%m-%d %H:%M %Z} / {t.astimezone(UTC):%H:%M} UTC"
+
+    def next_fire(self, e: cron.Entry, now: datetime) -> datetime:
+        return cron.next_after(e.spec, self.zone, now)
+
+
+# ---- rq-scheduler, JSON, atomic moves, our pass -----------------------------------------
+
+class JSONQueue(Queue):
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("serializer", JSONSerializer)
+        kwargs.setdefault("job_class", PayrunJob)
+        super().__init__(*args, **kwargs)
+
+
+class PayrunScheduler(Scheduler):
+    """rq-scheduler's loop with a JSON job class, an owner-checked pass lock, an atomic
+    move out of its sorted set, and the cron pass of every entry in each pass."""
+
+    job_class = PayrunJob
+    queue_class = JSONQueue
+
+    def __init__(self, cfg: Config, connection, name: str | None = None):
+        name = name or f"{socket.gethostname()}.{os.getpid()}"
+        super().__init__(queue_name=keys.CONTROL_QUEUE, interval=cfg.scheduler.poll_s, connection=connection,
+                         job_class=PayrunJob, queue_class=JSONQueue, name=name)
+        self.cron = CronPass(connection, cfg, name=name)
+        self._stopping = False
+
+    def register_birth(self) -> None:
+        """As rq-scheduler's, but a restart under the same name (supervisord restarting
+        scheduler-a after a crash) takes over the stale record instead of refusing."""
+        if self.connection.exists(self.key) and not self.connection.hexists(self.key, "death"):
+            log.warning("scheduler %s: a record under this name is still alive in Redis; taking it over", self.name)
+            self.connection.hset(self.key, "death", time.time())
+        super().register_birth()
+
+    def acquire_lock(self) -> bool:
+        self._lock_acquired = bool(self.connection.set(self.scheduler_lock_key, self.name, nx=True,
+                                                       ex=int(self._interval) + 10))
+        return self._lock_acquired
+
+    def remove_lock(self) -> None:
+        if self._lock_acquired:
+            self.connection.eval(_RELEASE, 1, self.scheduler_lock_key, self.name)
+            self._lock_acquired = False
+
+    def get_jobs_to_queue(self, with_times: bool = False):
+        return self.get_jobs(clock().replace(tzinfo=None), with_times=with_times)
+
+    def enqueue_job(self, job) -> None:
+        """Move a due job from the sorted set to its queue — only the instance whose ZREM
+        removed it (rq-scheduler's own move can enqueue a job twice from two instances)."""
+        if not self.connection.zrem(self.scheduled_jobs_key, job.id):
+            return
+        super().enqueue_job(job)
+
+    def enqueue_jobs(self):
+        self.cron.run(clock())
+        return list(super().enqueue_jobs())
+
+    def _install_signal_handlers(self) -> None:
+        def stop(signum, frame):
+            self._stopping = True
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+
+    def run(self, burst: bool = False) -> None:
+        self.register_birth()
+        self._install_signal_handlers()
+        now = clock()
+        self.cron.register(now)
+        for e in self.cron.entries:
+            log.info("cron %s: '%s' (%s) runs %s; next %s", e.name, e.cron, self.cron.cfg.timezone, e.job,
+                     self.cron._both(self.cron.next_fire(e, now)))
+        log.info("scheduler %s: polling every %g s, catch-up window %g h", self.name, self._interval,
+                 self.cron.window_s / 3600)
+        try:
+            while not self._stopping:
+                started = time.monotonic()
+                try:
+                    self.heartbeat()
+                    if self.acquire_lock():
+                        try:
+                            self.enqueue_jobs()
+                        finally:
+                            self.remove_lock()
+                    if burst:
+                        break
+                except Exception as e:  # Redis blip: keep going, ticks are not lost (cursor)
+                    log.warning("scheduler %s: pass failed: %s", self.name, e)
+                while not self._stopping and time.monotonic() - started < self._interval:
+                    time.sleep(min(0.05, self._interval))
+        finally:
+            try:
+                self.remove_lock()
+                self.register_death()
+            except Exception:
+                pass
+            log.info("scheduler %s: stopped", self.name)

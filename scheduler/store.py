@@ -1,0 +1,155 @@
+"""Scheduler tables in the ledger's SQLite file (control host only).
+
+cron_runs     UNIQUE(entry, scheduled_for): one row per tick. For entries other than the
+              pay run the row is the tick's second guard (after its Redis lock): a tick
+              whose row exists does nothing. For the pay run the guard is
+              payroll_runs(company_id, month) (payrun/runs.py) and this row records the
+              tick's outcome. Ticks that did not run are rows too: status 'missed' (past
+              the catch-up window) or 'coalesced' (superseded by a newer tick on catch-up).
+bank_credits  per (month, employee): whether the salary reached the account, as last
+              reported by the payroll bank.
+
+Created with CREATE TABLE IF NOT EXISTS on the ledger file; the ledger's own migrations
+(payrun/ledger.py) are not touched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from payrun.ledger import Ledger, utcnow
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS cron_runs (
+    entry TEXT NOT NULL,
+    scheduled_for TEXT NOT NULL,          -- UTC ISO 8601, the time the tick stands for
+    job TEXT,
+    owner TEXT,
+    status TEXT NOT NULL,                 -- running | enqueued | aborted | failed | missed | coalesced
+    jobs INTEGER NOT NULL DEFAULT 0,
+    detail TEXT,
+    duplicates_stopped INTEGER NOT NULL DEFAULT 0,
+    created_at TEXT,
+    updated_at TEXT,
+    PRIMARY KEY (entry, scheduled_for)
+);
+CREATE INDEX IF NOT EXISTS cron_runs_status ON cron_runs(entry, status);
+CREATE TABLE IF NOT EXISTS bank_credits (
+    month TEXT NOT NULL,
+    employee_id TEXT NOT NULL,
+    company_id INTEGER,
+    status TEXT NOT NULL,                 -- credited | pending | returned
+    amount INTEGER,                       -- poisha
+    credited_at TEXT,
+    reason TEXT,
+    checked_at TEXT,
+    PRIMARY KEY (month, employee_id)
+);
+"""
+
+RAN = ("running", "enqueued", "aborted", "failed")
+NOT_RUN = ("missed", "coalesced")
+
+
+class Store:
+    def __init__(self, ledger_path: Path | str):
+        self.ledger = Ledger(ledger_path)
+        self.db = self.ledger.db
+        with self.db.conn:
+            self.db.conn.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.ledger.close()
+
+    # ---- ticks ---------------------------------------------------------------------
+
+    def claim_tick(self, entry: str, scheduled_for: str, job: str, owner: str) -> bool:
+        """Insert the tick's unique row; False (and the duplicate counted) if it exists."""
+        now = utcnow()
+        with self.db.conn:
+            cur = self.db.conn.execute(
+                "INSERT OR IGNORE INTO cron_runs (entry, scheduled_for, job, owner, status, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, 'running', ?, ?)", (entry, scheduled_for, job, owner, now, now))
+            if cur.rowcount == 1:
+                return True
+            self.db.conn.execute(
+                "UPDATE cron_runs SET duplicates_stopped = duplicates_stopped + 1, updated_at = ?"
+                " WHERE entry = ? AND scheduled_for = ?", (now, entry, scheduled_for))
+        return False
+
+    def finish_tick(self, entry: str, scheduled_for: str, status: str, jobs: int = 0,
+                    detail: str | None = None, owner: str | None = None) -> None:
+        with self.db.conn:
+            self.db.conn.execute(
+                "UPDATE cron_runs SET status = ?, jobs = ?, detail = ?, updated_at = ? WHERE entry = ?"
+                " AND scheduled_for = ?" + (" AND owner = ?" if owner else ""),
+                (status, jobs, detail, utcnow(), entry, scheduled_for, *((owner,) if owner else ())))
+
+    def record_not_run(self, entry: str, job: str, ticks: list[str], status: str, detail: str) -> int:
+        """Rows for ticks that did not run (missed / coalesced). Idempotent."""
+        now = utcnow()
+        with self.db.conn:
+            cur = self.db.conn.executemany(
+                "INSERT OR IGNORE INTO cron_runs (entry, scheduled_for, job, status, detail, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)", [(entry, t, job, status, detail, now, now) for t in ticks])
+        return cur.rowcount
+
+    def tick(self, entry: str, scheduled_for: str) -> dict[str, Any] | None:
+        rows = list(self.db.query("SELECT * FROM cron_runs WHERE entry = ? AND scheduled_for = ?",
+                                  (entry, scheduled_for)))
+        return dict(rows[0]) if rows else None
+
+    def ticks(self, entry: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        sql = "SELECT * FROM cron_runs" + (" WHERE entry = ?" if entry else "")
+        sql += " ORDER BY scheduled_for DESC LIMIT ?"
+        return [dict(r) for r in self.db.query(sql, ((entry,) if entry else ()) + (limit,))]
+
+    def summary(self, entry: str) -> dict[str, Any]:
+        """For `payrun schedule` and the console: the last tick that ran, and missed ticks."""
+        q = self.db.conn.execute
+        marks = ",".join("?" * len(RAN))
+        last = q(f"SELECT scheduled_for, status, jobs, detail, duplicates_stopped FROM cron_runs"
+                 f" WHERE entry = ? AND status IN ({marks}) ORDER BY scheduled_for DESC LIMIT 1",
+                 (entry, *RAN)).fetchone()
+        missed = q("SELECT COUNT(*), MAX(scheduled_for) FROM cron_runs WHERE entry = ? AND status = 'missed'",
+                   (entry,)).fetchone()
+        coalesced = q("SELECT COUNT(*) FROM cron_runs WHERE entry = ? AND status = 'coalesced'",
+                      (entry,)).fetchone()[0]
+        return {
+            "last_run": last[0] if last else None,
+            "outcome": last[1] if last else None,
+            "jobs": last[2] if last else 0,
+            "detail": last[3] if last else None,
+            "duplicates_stopped": last[4] if last else 0,
+            "missed": missed[0],
+            "last_missed": missed[1],
+            "coalesced": coalesced,
+        }
+
+    # ---- bank credits --------------------------------------------------------------
+
+    def record_credits(self, month: str, company_id: int, credits: list[dict[str, Any]]) -> int:
+        now = utcnow()
+        with self.db.conn:
+            self.db.conn.executemany(
+                "INSERT INTO bank_credits (month, employee_id, company_id, status, amount, credited_at, reason,"
+                " checked_at) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(month, employee_id) DO UPDATE SET"
+                " status = excluded.status, amount = excluded.amount, credited_at = excluded.credited_at,"
+                " reason = excluded.reason, checked_at = excluded.checked_at, company_id = excluded.company_id",
+                [(month, c["employee"], company_id, c["status"], c.get("amount"), c.get("credited_at"),
+                  c.get("reason"), now) for c in credits])
+        return len(credits)
+
+    def credit_counts(self, month: str, company_id: int | None = None) -> dict[str, int]:
+        sql = "SELECT status, COUNT(*) FROM bank_credits WHERE month = ?"
+        args: tuple = (month,)
+        if company_id is not None:
+            sql += " AND company_id = ?"
+            args += (company_id,)
+        return {s: n for s, n in self.db.conn.execute(sql + " GROUP BY status", args)}
+
+    def credit(self, month: str, employee_id: str) -> dict[str, Any] | None:
+        rows = list(self.db.query("SELECT * FROM bank_credits WHERE month = ? AND employee_id = ?",
+                                  (month, employee_id)))
+        return dict(rows[0]) if rows else None

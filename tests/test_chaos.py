@@ -1,0 +1,275 @@
+"""Chaos runs (issue 3): real worker processes, the real session Redis (or payrun's own
+embedded one), the local provider in this process; assertions on the provider's counts
+and on the ledger. Run with ``pytest -m slow tests/test_chaos.py -s`` to see the figures.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from cluster import Cluster, scrub_env
+from payrun import keys, payroll
+from payrun.provider import Provider
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # minutes each on 2 busy cores
+
+
+def delivered_keys(cluster: Cluster) -> list[str]:
+    with payroll.PayrollDB(cluster.cfg.payroll_path) as db:
+        return [s["key"] for s in payroll.snapshots(db, cluster.month)]
+
+
+def assert_all_delivered_once(cluster: Cluster, provider: Provider, n: int) -> dict:
+    st = provider.stats()
+    assert st["delivered"] == n, st
+    missing = [k for k in delivered_keys(cluster) if provider.delivery(k) is None]
+    assert missing == [], missing[:5]
+    total = cluster.progress()
+    assert total["done"] == n and total["failed"] == 0, total
+    rows = cluster.ledger.db.execute(
+        "SELECT kind, status, COUNT(*) FROM jobs WHERE month = ? GROUP BY kind, status", (cluster.month,)
+    ).fetchall()
+    assert sorted(map(tuple, rows)) == [("email", "done", n), ("render", "done", n)], rows
+    return st
+
+
+@pytest.fixture
+def base_env(redis_url):
+    env = scrub_env()
+    env["PAYRUN_REDIS_URL"] = redis_url
+    return env
+
+
+# ---- 1. provider outage: full jitter vs the herd ---------------------------------------
+
+# Why these numbers (measured on this 2-core machine, then chosen so that the retry
+# policy is what decides the outcome):
+# - 503 and 429 answers are immediate, so the send-email process churns through failing
+#   jobs at its CPU speed, ~40 jobs/s (one process, GIL-bound): N=100 queued sends all
+#   fail once within ~3 s, inside the 6 s outage (a shorter outage leaves part of the
+#   backlog *queued*, and a queue drains at lane speed whatever the retry policy).
+# - Successful sends cost the process more (PDF read, upload, RQ bookkeeping): measured
+#   ~20/s with 16 lanes at 0.2 s latency. The limit must be well below that (10/s), or
+#   the lanes themselves keep the rate under it and neither policy can exceed it (seen
+#   with a 20/s limit: both runs peaked at 21 requests/s).
+# - With no jitter, the jobs that failed together come back together: the first pass's
+#   failures (~40/s) all return exactly one ceiling later, the limiter's window fills,
+#   every further try is a 429 answered at once and lanes churn at ~40 requests/s; each
+#   429 then sends the group back together again (the herd).
+# - Full jitter spreads a retry over random(0, ceiling), so N jobs that failed at once come
+#   due at about N / ceiling per second, which must stay below the limit: 100 / 16 s ~ 6/s
+#   for 10/s. With base_s = 0.5 the ceilings (1, 2, 4 s) are far shorter than a backlog of
+#   this size needs (measured: both policies then recover at the same lane-bound rate),
+#   hence base_s = 8, cap_s = 16: the first retry waits random(0, 16 s).
+OUTAGE_N = int(os.environ.get("CHAOS_OUTAGE_N", 100))
+OUTAGE_S = float(os.environ.get("CHAOS_OUTAGE_S", 6))
+OUTAGE_RATE = float(os.environ.get("CHAOS_OUTAGE_RATE", 10))
+OUTAGE_LANES = int(os.environ.get("CHAOS_OUTAGE_LANES", 16))
+OUTAGE_LATENCY = float(os.environ.get("CHAOS_OUTAGE_LATENCY", 0.2))
+OUTAGE_BASE = float(os.environ.get("CHAOS_OUTAGE_BASE", 8))
+OUTAGE_CAP = float(os.environ.get("CHAOS_OUTAGE_CAP", 16))
+
+
+def outage_run(conn, base_env, home, jitter: bool) -> dict:
+    conn.flushdb()
+    provider = Provider(latency_s=OUTAGE_LATENCY, rate_per_s=OUTAGE_RATE).start()
+    env = dict(base_env, PAYRUN_EMAIL_URL=provider.url)
+    toml = (
+        "[render]\ntimeout_s = 5\n"
+        f"[email]\nlanes = {OUTAGE_LANES}\ntimeout_s = 5\n"
+        f"[email.retry]\nbase_s = {OUTAGE_BASE}\ncap_s = {OUTAGE_CAP}\nattempts = 30\n"
+        f"jitter = {'true' if jitter else 'false'}\n"
+        "[lease]\ngrace_s = 5\nvisibility_s = 20\n"
+    )
+    try:
+        with Cluster(home, env, toml) as cluster:
+            cluster.seed(OUTAGE_N)
+            cluster.start(render=2, email=False)
+            t0 = time.monotonic()
+            assert cluster.run(conn) == OUTAGE_N
+            # a backlog of sends builds up while the slips render (in production the renders
+            # of 50,000 slips run far ahead of 40 sends/s); then the provider goes down as
+            # the sends start
+            deadline = time.monotonic() + 180
+            while conn.llen(f"rq:queue:{keys.EMAIL_QUEUE}") < OUTAGE_N:
+                assert time.monotonic() < deadline, "renders did not finish"
+                time.sleep(0.2)
+            rendered_s = time.monotonic() - t0
+            cluster.start_email()
+            deadline = time.monotonic() + 60
+            while provider.stats()["received"] == 0:
+                assert time.monotonic() < deadline, cluster.log_tail("email-0")
+                time.sleep(0.01)
+            provider.outage(OUTAGE_S)
+            outage_end = time.time() + OUTAGE_S
+            t1 = time.monotonic()
+            cluster.wait_done(conn, OUTAGE_N, timeout_s=240, what=f"outage run (jitter={jitter})")
+            sent_s = time.monotonic() - t1
+            st = assert_all_delivered_once(cluster, provider, OUTAGE_N)
+    finally:
+        provider.stop()
+    recovery = {int(s): n for s, n in st["received_per_second"].items() if int(s) >= math.ceil(outage_end)}
+    during = {int(s): n for s, n in st["received_per_second"].items() if int(s) < math.ceil(outage_end)}
+    return {
+        "jitter": jitter, "render_s": round(rendered_s, 1), "send_s": round(sent_s, 1),
+        "delivered": st["delivered"], "duplicates_refused": st["duplicates_refused"],
+        "received": st["received"], "outage_5xx": st["outage_5xx"], "throttled_429": st["throttled_429"],
+        "max_admitted_1s": st["max_rate_1s"], "max_requests_1s_recovery": max(recovery.values(), default=0),
+        "max_requests_1s_outage": max(during.values(), default=0),
+        "recovery_per_second": [recovery[s] for s in sorted(recovery)],
+    }
+
+
+def test_provider_outage_full_jitter_keeps_recovery_under_the_limit_no_jitter_herds(conn, base_env, tmp_path):
+    bound = OUTAGE_RATE * 1.10
+    jittered = outage_run(conn, base_env, tmp_path / "jitter", jitter=True)
+    print(f"\n[outage] limit {OUTAGE_RATE:g}/s (bound {bound:g}), lanes {OUTAGE_LANES}, latency {OUTAGE_LATENCY} s, "
+          f"outage {OUTAGE_S:g} s, {OUTAGE_N} slips")
+    print(f"[outage] full jitter: {jittered}")
+    herd = outage_run(conn, base_env, tmp_path / "herd", jitter=False)
+    print(f"[outage] no jitter:   {herd}")
+    assert jittered["max_requests_1s_recovery"] <= bound, jittered
+    assert herd["max_requests_1s_recovery"] > bound, herd
+
+
+# ---- 2. kill -9 of random workers -------------------------------------------------------
+
+def chaos_config(extra: str = "") -> str:
+    """Short deadlines so a chaos run takes minutes: job timeouts 5 s < lease 20 s, grace 5 s."""
+    return (
+        "[render]\ntimeout_s = 5\n[render.retry]\nbase_s = 0.5\ncap_s = 4.0\nattempts = 10\n"
+        "[email]\nlanes = 8\ntimeout_s = 5\n[email.retry]\nbase_s = 0.5\ncap_s = 4.0\nattempts = 10\n"
+        "[lease]\ngrace_s = 5\nvisibility_s = 20\n" + extra
+    )
+
+
+def reaped_count(cluster: Cluster) -> int:
+    return cluster.log_tail("reaper", 10**7).count("returned ")
+
+
+def test_kill_9_of_random_workers_loses_nothing_and_sends_nothing_twice(conn, base_env, tmp_path):
+    n = 1000
+    provider = Provider(latency_s=0.1, rate_per_s=1000).start()
+    env = dict(base_env, PAYRUN_EMAIL_URL=provider.url)
+    rng = random.Random(3)
+    kills: list[str] = []
+    try:
+        with Cluster(tmp_path / "home", env, chaos_config()) as cluster:
+            cluster.seed(n)
+            cluster.start(render=2)
+            t0 = time.monotonic()
+            assert cluster.run(conn) == n
+            next_kill = [time.monotonic() + 3]
+
+            def chaos():  # every 2-5 s a random worker dies (SIGKILL: nothing runs on the way out)
+                if time.monotonic() < next_kill[0] or len(kills) >= 40:
+                    return
+                if cluster.progress()["done"] >= n * 0.95:
+                    return  # let the tail finish: the reaper still has kills to clean up
+                victim = rng.choice(cluster.workers())
+                cluster.signal(victim, signal.SIGKILL)
+                kills.append(victim)
+                next_kill[0] = time.monotonic() + rng.uniform(2, 5)
+
+            cluster.wait_done(conn, n, timeout_s=420, what="kill -9 run", tick=chaos)
+            elapsed = time.monotonic() - t0
+            st = assert_all_delivered_once(cluster, provider, n)
+            reaped = reaped_count(cluster)
+            restarts = {name: p.restarts for name, p in cluster.procs.items()}
+    finally:
+        provider.stop()
+    print(f"\n[kill -9] {n} slips in {elapsed:.1f} s; {len(kills)} SIGKILLs "
+          f"(render {sum(k.startswith('render') for k in kills)}, email {sum(k.startswith('email') for k in kills)}); "
+          f"restarts {restarts}; jobs returned by the reaper {reaped}; provider delivered {st['delivered']}, "
+          f"duplicates_refused {st['duplicates_refused']}, received {st['received']}")
+    assert len(kills) >= 10, kills  # the chaos really happened
+
+
+# ---- 3. rolling SIGTERM (a deploy) ------------------------------------------------------
+
+def test_rolling_sigterm_of_every_worker_loses_nothing_and_each_exits_within_the_grace(conn, base_env, tmp_path):
+    n = 400
+    grace_s = 5
+    margin_s = 3
+    provider = Provider(latency_s=0.2, rate_per_s=1000).start()
+    env = dict(base_env, PAYRUN_EMAIL_URL=provider.url)
+    stops: list[dict] = []
+    try:
+        with Cluster(tmp_path / "home", env, chaos_config()) as cluster:
+            cluster.seed(n)
+            cluster.start(render=2)
+            for name in cluster.workers():
+                cluster.wait_alive(conn, name)
+            t0 = time.monotonic()
+            assert cluster.run(conn) == n
+            for round_ in range(2):  # two deploys during the run
+                for name in cluster.workers():
+                    signalled = time.monotonic()
+                    pid = cluster.signal(name, signal.SIGTERM)
+                    ex = cluster.wait_exit(name, pid, timeout_s=grace_s + 30)
+                    stops.append({"round": round_, "name": name, "code": ex["code"],
+                                  "exit_s": round(ex["at"] - signalled, 2)})
+                    cluster.wait_alive(conn, name)  # its replacement is up before the next one goes
+            done_at_end_of_deploys = cluster.progress()["done"]
+            cluster.wait_done(conn, n, timeout_s=300, what="rolling deploy run")
+            elapsed = time.monotonic() - t0
+            st = assert_all_delivered_once(cluster, provider, n)
+    finally:
+        provider.stop()
+    print(f"\n[rolling SIGTERM] {n} slips in {elapsed:.1f} s; {done_at_end_of_deploys} done when the 2nd deploy ended; "
+          f"stops {stops}; delivered {st['delivered']}, duplicates_refused {st['duplicates_refused']}")
+    assert done_at_end_of_deploys < n  # the deploys happened during the run
+    for s in stops:
+        assert s["code"] == 0, s
+        assert s["exit_s"] <= grace_s + margin_s, s
+
+
+# ---- 4. Redis stopped and restarted mid-run ---------------------------------------------
+
+def test_redis_stopped_and_restarted_mid_run_loses_nothing(tmp_path):
+    """payrun's own embedded Redis (not the session one): a clean SHUTDOWN, a few seconds
+    down, then started again. Processes run as under supervisord (PAYRUN_REDIS_SUPERVISED:
+    they wait for Redis instead of starting their own); any that exits is restarted."""
+    from payrun import redis_server
+
+    n = 300
+    provider = Provider(latency_s=0.1, rate_per_s=1000).start()
+    env = scrub_env()
+    env.update(PAYRUN_EMAIL_URL=provider.url, PAYRUN_REDIS_SUPERVISED="1")
+    cluster = None
+    try:
+        cluster = Cluster(tmp_path / "h", env, chaos_config())
+        assert cluster.cfg.embedded_redis
+        conn = redis_server.ensure_running(cluster.cfg)
+        cluster.seed(n)
+        cluster.start(render=2)
+        t0 = time.monotonic()
+        assert cluster.run(conn) == n
+        deadline = time.monotonic() + 120
+        while cluster.progress()["done"] < n // 4:
+            assert time.monotonic() < deadline, cluster.progress()
+            time.sleep(0.1)
+        at_stop = cluster.progress()
+        assert redis_server.stop(cluster.cfg)
+        down_at = time.monotonic()
+        time.sleep(4)  # the outage itself (not a wait for a condition)
+        conn = redis_server.ensure_running(cluster.cfg)
+        down_s = time.monotonic() - down_at
+        cluster.wait_done(conn, n, timeout_s=300, what="run across a Redis restart")
+        elapsed = time.monotonic() - t0
+        st = assert_all_delivered_once(cluster, provider, n)
+        exits = {name: [(e["code"], round(e["after_s"], 1)) for e in p.exits] for name, p in cluster.procs.items()}
+        print(f"\n[redis restart] {n} slips in {elapsed:.1f} s; Redis down {down_s:.1f} s at {at_stop['done']} done; "
+              f"process exits (code, uptime s) {exits}; reaped {reaped_count(cluster)}; "
+              f"delivered {st['delivered']}, duplicates_refused {st['duplicates_refused']}")
+    finally:
+        provider.stop()
+        if cluster is not None:
+            cluster.shutdown()
+            redis_server.stop(cluster.cfg)

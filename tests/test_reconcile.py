@@ -1,0 +1,47 @@
+"""Ledger reconciliation (a final state whose event was lost) and the reaper's release of
+a dead attempt's idempotency claim before the job is back on its queue."""
+
+from __future__ import annotations
+
+import time
+
+from jobs import idempotency, reaper
+from jobs.runtime import PayrunJob, make_queue
+from payrun import keys
+from payrun import ledger as ledger_mod
+from payrun.ledger import Ledger
+
+
+def test_a_job_finished_in_rq_whose_done_event_was_lost_is_reconciled(conn, cfg):
+    ledger = Ledger(cfg.ledger_path)
+    ledger.create_jobs([{"id": f"job-{i}", "kind": "email"} for i in range(3)])
+    ledger.apply([{"job": "job-0", "status": "running", "attempt": "1"},
+                  {"job": "job-1", "status": "running", "attempt": "1"}])
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    for i in range(3):
+        q.enqueue_call("jobs.tasks.noop", job_id=f"job-{i}", meta={"attempt": 1, "last_error": "boom"})
+    conn.hset("rq:job:job-0", "status", "finished")  # done in RQ, its event never written
+    conn.hset("rq:job:job-1", "status", "failed")
+    assert ledger_mod.reconcile(conn, ledger, now=time.time()) == (0, "")  # too recent: events may be on the way
+    fixed, cursor = ledger_mod.reconcile(conn, ledger, now=time.time() + 60)
+    assert fixed == 2 and cursor == ""
+    assert ledger.job("job-0")["status"] == "done" and ledger.job("job-0")["finished_at"]
+    assert ledger.job("job-1")["status"] == "failed" and ledger.job("job-1")["last_error"] == "boom"
+    assert ledger.job("job-2")["status"] == "queued"  # still queued in RQ: left alone
+    assert ledger_mod.reconcile(conn, ledger, now=time.time() + 60) == (0, "")
+    fixed, cursor = ledger_mod.reconcile(conn, ledger, now=time.time() + 60, limit=1)
+    assert (fixed, cursor) == (0, "job-2")  # sliced: the next call goes on after job-2
+
+
+def test_the_reaper_releases_the_dead_attempts_claim_before_the_job_is_queued(conn):
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    job = q.enqueue_call("jobs.tasks.noop", job_id="send-dead", meta={"kind": "email", "key": "slip:k", "attempt": 2})
+    conn.lrem(q.key, 0, job.id)
+    conn.zadd("rq:wip:send-email", {"send-dead:e1": time.time() + 300})
+    conn.hset(job.key, mapping={"worker_name": "email.gone.1", "status": "started"})
+    assert idempotency.claim(conn, "slip:k", "send-dead:2", 60) == idempotency.OK
+    assert [s.job_id for s in reaper.reap(conn)] == ["send-dead"]
+    assert idempotency.state(conn, "slip:k") == {}  # released: the next attempt may send at once
+    assert q.get_job_ids() == ["send-dead"]
+    assert idempotency.claim(conn, "slip:k", "send-dead:3", 60) == idempotency.OK
+    assert PayrunJob.fetch("send-dead", connection=conn).get_status() == "queued"

@@ -1,0 +1,395 @@
+"""Cron that fires once, with real processes: two `payrun scheduler` processes on a
+controllable clock (PAYRUN_CLOCK_FILE, test-only), real control workers, real signals;
+plus the one-off (resend) and delayed (remind) jobs and the simulated bank."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from rq.registry import ScheduledJobRegistry
+
+from conftest import wait_for
+from jobs import reaper
+from jobs.runtime import PayrunJob, make_queue
+from payrun import keys, payroll, runs
+from payrun.ledger import Ledger
+from scheduler import cron, service, ticks
+from scheduler.bank import Bank, credit_status
+from scheduler.store import Store
+
+UTC = timezone.utc
+MONTH = "2026-11"
+PAY_TICK = datetime(2026, 11, 30, 20, 0, tzinfo=UTC)  # 1 December 02:00 Asia/Dhaka
+
+
+def utc(*a) -> datetime:
+    return datetime(*a, tzinfo=UTC)
+
+
+@pytest.fixture
+def world(cfg, conn, tmp_path, monkeypatch):
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.seed(db, companies=2, employees=12, seed=3, month=MONTH)
+    db.close()
+    bank = Bank(cfg.payroll_path).start()
+    clock_file = tmp_path / "clock"
+    yield {"cfg": cfg, "conn": conn, "tmp": tmp_path, "bank": bank, "clock": clock_file, "mp": monkeypatch}
+    bank.stop()
+
+
+def set_clock(path, t: datetime) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(repr(t.timestamp()))
+    os.replace(tmp, path)
+
+
+def write_config(w, entries: list[dict], **sched) -> dict:
+    lines = ["[scheduler]", f'bank_url = "{w["bank"].url}"', "poll_s = 0.1"]
+    lines += [f"{k} = {v!r}" for k, v in sched.items()]
+    for e in entries:
+        lines += ["[[scheduler.entries]]"] + [f'{k} = "{v}"' for k, v in e.items()]
+    conf = w["tmp"] / "payrun.toml"
+    conf.write_text("\n".join(lines) + "\n")
+    env = dict(os.environ, PAYRUN_CONFIG=str(conf), PAYRUN_CLOCK_FILE=str(w["clock"]))
+    w["mp"].setenv("PAYRUN_CONFIG", str(conf))  # this process too (ticks run in-process here and there)
+    from jobs import tasks
+    from payrun import config as config_mod
+
+    tasks.settings.cache_clear()
+    w["cfg"] = config_mod.load()
+    return env
+
+
+def spawn(env, *args, log) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "payrun.cli", *args], env=env,
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+
+
+def stop(p: subprocess.Popen, timeout: float = 30) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def marker(conn, entry: str, t: datetime) -> bytes | None:
+    return conn.get(service.marker_key(entry, cron.stamp(t)))
+
+
+def job_ids(conn, prefix: str) -> set[str]:
+    return {k.decode()[len("rq:job:"):] for k in conn.scan_iter(f"rq:job:{prefix}*", count=1000)}
+
+
+def rows(w, entry: str | None = None) -> list[dict]:
+    s = Store(w["cfg"].ledger_path)
+    try:
+        return s.ticks(entry)
+    finally:
+        s.close()
+
+
+ENTRIES = [
+    {"name": "payroll", "cron": "0 2 1 * *", "job": "payroll"},
+    {"name": "bank-status", "cron": "*/15 * * * *", "job": "bank-status"},
+    {"name": "reaper", "cron": "*/5 * * * *", "job": "reaper"},
+]
+
+
+def test_two_schedulers_each_tick_once_in_the_ledger_and_one_set_of_jobs_in_redis(world):
+    w, conn = world, world["conn"]
+    env = write_config(w, ENTRIES)
+    start = PAY_TICK - timedelta(minutes=2, seconds=30)
+    set_clock(w["clock"], start)
+    scheds = [spawn(env, "scheduler", "--name", f"sched-{c}", log=w["tmp"] / f"sched-{c}.log") for c in "ab"]
+    control = spawn(env, "worker", "control", log=w["tmp"] / "control.log")
+    try:
+        wait_for(lambda: all(conn.exists(service.cursor_key(e["name"])) for e in ENTRIES), timeout_s=30,
+                 what="the schedulers' first pass")
+        expected: dict[str, list[datetime]] = {"payroll": [], "bank-status": [], "reaper": []}
+        for step in range(12):  # 01:57:30 .. 02:57:30 Dhaka, one reaper tick per step
+            tick = PAY_TICK + timedelta(minutes=5 * step)
+            set_clock(w["clock"], tick + timedelta(seconds=7))
+            due = ["reaper"] + (["bank-status"] if tick.minute % 15 == 0 else []) + (["payroll"] if step == 0 else [])
+            for name in due:
+                expected[name].append(tick)
+                wait_for(lambda: (marker(conn, name, tick) or b"").startswith(b"fired:"), timeout_s=15,
+                         what=f"{name} tick {tick}")
+        # every tick job ran, and everything it created was made once
+        total = sum(len(v) for v in expected.values())
+        wait_for(lambda: sum(1 for r in rows(w) if r["status"] == "enqueued") == total, timeout_s=90,
+                 interval_s=0.3, what="every tick to finish")
+        wait_for(lambda: make_queue(keys.CONTROL_QUEUE, conn).count == 0 and conn.zcard("rq:wip:control") == 0,
+                 timeout_s=60, what="control queue empty and nothing running")
+    finally:
+        for p in scheds + [control]:
+            stop(p)
+    ledger_rows = rows(w)
+    assert len(ledger_rows) == total  # exactly one row per tick, no extras
+    for name, times in expected.items():
+        assert sorted(r["scheduled_for"] for r in rows(w, name)) == [cron.iso(t) for t in times]
+    assert all(r["duplicates_stopped"] == 0 and r["status"] == "enqueued" for r in ledger_rows)
+    # Redis: one tick job per tick, each run once
+    tick_ids = job_ids(conn, "tick-")
+    assert tick_ids == {ticks.tick_job_id(n, cron.stamp(t)) for n, ts in expected.items() for t in ts}
+    for jid in tick_ids:
+        job = PayrunJob.fetch(jid, connection=conn)
+        assert job.get_status() == "finished" and job.meta["attempt"] == 1, jid
+    # ... and one set of real jobs: one reaper job per reaper tick, 12 render jobs, bank
+    # checks (2 companies) for the bank ticks after the pay run
+    assert len(job_ids(conn, "reap-")) == 12
+    assert make_queue(keys.RENDER_QUEUE, conn).count == 12 and len(job_ids(conn, "render-")) == 12
+    bank_jobs = job_ids(conn, "bank-")
+    assert len(bank_jobs) in (6, 8)  # the 02:00 bank tick may run before or after the pay-run tick
+    assert len(bank_jobs) == 2 * sum(1 for r in rows(w, "bank-status") if r["jobs"])
+    # the bank check recorded, per employee, whether the salary reached the account
+    s = Store(w["cfg"].ledger_path)
+    try:
+        got = {r["employee_id"]: r["status"] for r in s.db.query("SELECT * FROM bank_credits WHERE month = ?", (MONTH,))}
+    finally:
+        s.close()
+    assert len(got) == 12 and all(st == credit_status(7, MONTH, e)[0] for e, st in got.items())
+    fired_by = {(conn.get(service.marker_key(n, cron.stamp(t))) or b"").decode() for n, ts in expected.items() for t in ts}
+    print("ticks fired by:", sorted(fired_by))
+
+
+def test_concurrent_cron_passes_claim_each_tick_once(world):
+    """Many passes at once, same clock (no rq-scheduler lock): the markers alone decide."""
+    import threading
+
+    w, conn = world, world["conn"]
+    write_config(w, [{"name": "reaper", "cron": "* * * * *", "job": "reaper"}])
+    t0 = utc(2026, 11, 30, 20, 0, 30)
+    passes = [service.CronPass(conn, w["cfg"], name=f"p{i}") for i in range(8)]
+    passes[0].run(t0)  # the cursor starts here
+    for minute in range(1, 11):
+        now = t0 + timedelta(minutes=minute)
+        barrier = threading.Barrier(len(passes))
+
+        def go(p, now=now):
+            barrier.wait()
+            p.run(now)
+
+        threads = [threading.Thread(target=go, args=(p,)) for p in passes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    assert make_queue(keys.CONTROL_QUEUE, conn).count == 10
+    assert len(set(make_queue(keys.CONTROL_QUEUE, conn).get_job_ids())) == 10
+
+
+def pause_pids(paths) -> list[int]:
+    return [int(p.read_text()) for p in paths]
+
+
+def test_paused_owner_lock_expires_unique_row_stops_second_run_and_owner_enqueues_nothing(world):
+    w, conn = world, world["conn"]
+    env = write_config(w, [{"name": "bank-status", "cron": "*/15 * * * *", "job": "bank-status"}], lock_ttl_s=2)
+    ledger = Ledger(w["cfg"].ledger_path)
+    for cid in (1, 2):  # a pay run exists, so the bank check has work to create
+        ledger.claim_run(cid, MONTH, "earlier")
+        ledger.finish_run(cid, MONTH, 6)
+    ledger.close()
+    tick = utc(2026, 12, 1, 4, 0)
+    entry = service.CronPass(conn, w["cfg"]).entries[0]
+    assert service.CronPass(conn, w["cfg"]).fire(entry, tick) == "fired"
+    lock = ticks.lock_key("bank-status", cron.stamp(tick))
+    pause_dir = w["tmp"] / "pause"
+    pause_dir.mkdir()
+    a = spawn(dict(env, PAYRUN_TEST_TICK_PAUSE=str(pause_dir)), "worker", "control", log=w["tmp"] / "a.log")
+    b = None
+    try:
+        reached = pause_dir / "reached-bank-status-after-row"
+        wait_for(reached.exists, timeout_s=30, what="the first run to insert its row")
+        horse = int(reached.read_text())
+        assert conn.get(lock)  # the owner holds the lock, and its row is in
+        for pid in (a.pid, horse):  # the whole server pauses (GC, VM, SIGSTOP)
+            os.kill(pid, signal.SIGSTOP)
+        (pause_dir / "go").write_text("")
+        wait_for(lambda: not conn.exists(lock), timeout_s=10, what="the paused owner's lock to expire")
+        # its liveness lapses; the reaper hands the tick to another control worker
+        returned = wait_for(lambda: reaper.reap(conn), timeout_s=30, interval_s=0.5, what="the reaper")
+        assert [s.job_id for s in returned] == [ticks.tick_job_id("bank-status", cron.stamp(tick))]
+        b = spawn(env, "worker", "control", log=w["tmp"] / "b.log")
+        wait_for(lambda: (rows(w, "bank-status") or [{}])[0].get("duplicates_stopped") == 1, timeout_s=30,
+                 what="the second run to be stopped by the unique row")
+        assert job_ids(conn, "bank-") == set()
+        for pid in (horse, a.pid):
+            os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: rows(w, "bank-status")[0]["status"] == "aborted", timeout_s=30,
+                 what="the woken owner to give up")
+    finally:
+        for pid in (a.pid,):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        stop(a)
+        if b is not None:
+            stop(b)
+    row = rows(w, "bank-status")[0]
+    assert row["duplicates_stopped"] == 1 and row["jobs"] == 0 and "paused" in row["detail"]
+    assert job_ids(conn, "bank-") == set()  # nobody enqueued the tick's work twice — or at all
+    assert make_queue(keys.CONTROL_QUEUE, conn).count == 0
+
+
+def test_catch_up_fires_a_missed_tick_once_within_the_window_and_records_it_past_the_window(world):
+    w, conn = world, world["conn"]
+    env = write_config(w, [ENTRIES[0], ENTRIES[1]])
+    set_clock(w["clock"], PAY_TICK - timedelta(hours=1))  # 01:00 Dhaka
+    s = spawn(env, "scheduler", log=w["tmp"] / "s1.log")
+    wait_for(lambda: conn.exists(service.cursor_key("payroll")), timeout_s=30, what="the first pass")
+    stop(s)
+    # nobody runs at 02:00; one scheduler is back at 07:30 (5 h 30 late, inside 6 h)
+    set_clock(w["clock"], PAY_TICK + timedelta(hours=5, minutes=30))
+    s = spawn(env, "scheduler", log=w["tmp"] / "s2.log")
+    try:
+        wait_for(lambda: (marker(conn, "payroll", PAY_TICK) or b"").startswith(b"fired:"), timeout_s=30,
+                 what="the missed pay-run tick to fire on return")
+        wait_for(lambda: float(conn.get(service.cursor_key("payroll"))) >= (PAY_TICK + timedelta(hours=5)).timestamp(),
+                 timeout_s=10, what="the pass to finish")
+    finally:
+        stop(s)
+    assert job_ids(conn, "tick-payroll-") == {ticks.tick_job_id("payroll", cron.stamp(PAY_TICK))}
+    # bank-status every 15 min: the newest due tick fires once, the others are superseded
+    bank_ticks = job_ids(conn, "tick-bank-status-")
+    assert bank_ticks == {ticks.tick_job_id("bank-status", cron.stamp(PAY_TICK + timedelta(hours=5, minutes=30)))}
+    tick_job = PayrunJob.fetch(ticks.tick_job_id("payroll", cron.stamp(PAY_TICK)), connection=conn)
+    assert tick_job.args[2] == "2026-11-30T20:00:00+00:00"  # it carries the time it stands for
+    # down again until 1 January 11:00 Dhaka: the 02:00 tick is 9 h old, past the window
+    jan = utc(2026, 12, 31, 20, 0)
+    set_clock(w["clock"], jan + timedelta(hours=9))
+    s = spawn(env, "scheduler", log=w["tmp"] / "s3.log")
+    try:
+        wait_for(lambda: conn.get(service.marker_key("payroll", "missed-" + cron.stamp(jan))), timeout_s=30,
+                 what="the missed tick to be recorded")
+    finally:
+        stop(s)
+    assert ticks.tick_job_id("payroll", cron.stamp(jan)) not in job_ids(conn, "tick-payroll-")
+    assert "MISSED 1 tick(s)" in (w["tmp"] / "s3.log").read_text()  # on the console
+    subprocess.run([sys.executable, "-m", "payrun.cli", "worker", "control", "--burst"], env=env, timeout=120,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    by_time = {r["scheduled_for"]: r for r in rows(w, "payroll")}  # and in the ledger
+    assert by_time[cron.iso(PAY_TICK)]["status"] == "enqueued" and by_time[cron.iso(PAY_TICK)]["jobs"] == 12, by_time
+    missed = by_time[cron.iso(jan)]
+    assert missed["status"] == "missed" and "payrun run --month 2026-12" in missed["detail"]
+    view = subprocess.run([sys.executable, "-m", "payrun.cli", "schedule", "--json"], env=env, timeout=60,
+                          capture_output=True, text=True, check=True)
+    payroll_view = next(e for e in json.loads(view.stdout)["entries"] if e["name"] == "payroll")
+    assert payroll_view["missed"] == 1 and payroll_view["last_run"] == cron.iso(PAY_TICK)
+    assert payroll_view["next_local"].startswith("2027-02-01T02:00:00+06:00")
+    assert payroll_view["next_utc"].startswith("2027-01-31T20:00:00+00:00")
+
+
+def test_cron_and_payrun_run_for_the_same_month_make_one_set_of_jobs(world):
+    w, conn = world, world["conn"]
+    env = write_config(w, [ENTRIES[0]])
+    entry = service.CronPass(conn, w["cfg"]).entries[0]
+    assert service.CronPass(conn, w["cfg"]).fire(entry, PAY_TICK) == "fired"
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "payrun.cli", "run", "--month", MONTH, "--json"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL),
+        subprocess.Popen([sys.executable, "-m", "payrun.cli", "worker", "control", "--burst"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+    ]
+    for p in procs:
+        p.wait(timeout=120)
+    wait_for(lambda: rows(w, "payroll") and rows(w, "payroll")[0]["status"] != "running", timeout_s=30,
+             what="the tick's outcome")
+    assert make_queue(keys.RENDER_QUEUE, conn).count == 12 and len(job_ids(conn, "render-")) == 12
+    ledger = Ledger(w["cfg"].ledger_path)
+    assert len(ledger.jobs(kind="render", limit=100)) == 12 and len(ledger.runs(MONTH)) == 2
+    ledger.close()
+    # either side may have won; together they made one set
+    run_out = json.loads(procs[0].stdout.read() or b"{}")
+    assert run_out["jobs_created"] + rows(w, "payroll")[0]["jobs"] == 12
+
+
+def test_a_delayed_reminder_is_not_runnable_before_its_time_and_runs_soon_after(world, monkeypatch):
+    from payrun.provider import Provider
+
+    w, conn = world, world["conn"]
+    provider = Provider(latency_s=0.01, rate_per_s=1000).start()
+    try:
+        env = write_config(w, [ENTRIES[0]])
+        env["PAYRUN_EMAIL_URL"] = provider.url
+        sender = spawn(env, "worker", "send-email", "--lanes", "4", log=w["tmp"] / "send.log")
+        try:
+            out = subprocess.run([sys.executable, "-m", "payrun.cli", "remind", "--company", "1", "--in", "4s",
+                                  "--json"], env=env, capture_output=True, text=True, timeout=60, check=True)
+            res = json.loads(out.stdout)
+            due = datetime.fromisoformat(res["due_at"])
+            n = res["scheduled"]
+            assert n >= 1
+            queue = make_queue(keys.EMAIL_QUEUE, conn)
+            registry = ScheduledJobRegistry(queue=queue)
+            assert set(registry.get_job_ids()) == set(res["jobs"]) and queue.count == 0
+            assert all(PayrunJob.fetch(j, connection=conn).get_status() == "scheduled" for j in res["jobs"])
+            while datetime.now(UTC) < due - timedelta(seconds=0.5):  # not runnable before its time
+                assert provider.stats()["delivered"] == 0 and queue.count == 0
+                time.sleep(0.1)
+            wait_for(lambda: provider.stats()["delivered"] == n, timeout_s=10, what="the reminders to go out")
+            assert datetime.now(UTC) - due < timedelta(seconds=8)
+            for j in res["jobs"]:
+                job = PayrunJob.fetch(j, connection=conn)
+                assert job.get_status() == "finished"
+                assert job.started_at.replace(tzinfo=UTC) >= due - timedelta(seconds=1)  # RQ stamps whole seconds
+        finally:
+            stop(sender)
+    finally:
+        provider.stop()
+
+
+def test_resend_rerenders_current_data_and_sends_with_a_new_key(world, monkeypatch):
+    from jobs.runtime import RenderWorker, run_lanes
+    from payrun.provider import Provider
+    from scheduler.cli import resend
+
+    w, conn = world, world["conn"]
+    provider = Provider(latency_s=0.01, rate_per_s=1000).start()
+    monkeypatch.setenv("PAYRUN_EMAIL_URL", provider.url)
+    from jobs import tasks
+
+    tasks.settings.cache_clear()
+    cfg = tasks.settings()
+    try:
+        db = payroll.PayrollDB(cfg.payroll_path)
+        ledger = Ledger(cfg.ledger_path)
+        runs.start_run(cfg, conn, ledger, db, MONTH, company_id=1)
+
+        def work():
+            RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn).work(burst=True, logging_level="WARNING")
+            run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
+
+        work()
+        emp = db.conn.execute("SELECT id FROM employees WHERE company_id = 1 ORDER BY id").fetchone()[0]
+        original = f"slip:{MONTH}:{emp}"
+        assert provider.delivery(original) is not None
+        db.conn.execute("UPDATE employees SET name_en = 'Renamed Person' WHERE id = ?", (emp,))
+        db.conn.commit()
+        first = resend(cfg, conn, ledger, db, emp, MONTH)
+        second = resend(cfg, conn, ledger, db, emp, MONTH)
+        assert (first["key"], second["key"]) == (f"{original}:resend-1", f"{original}:resend-2")
+        work()
+        stats = provider.stats()
+        assert provider.delivery(first["key"]) and provider.delivery(second["key"])
+        assert stats["duplicates_refused"] == 0
+        import pypdf
+
+        path = cfg.slips_dir / MONTH / "1" / f"{emp}.resend-1.pdf"
+        text = "\n".join(p.extract_text() for p in pypdf.PdfReader(str(path)).pages)
+        assert "Renamed Person" in text
+        ledger.close()
+        db.close()
+    finally:
+        provider.stop()
