@@ -16,7 +16,7 @@ from typing import Any
 from rq import Retry, get_current_job
 
 from jobs import events, idempotency
-from jobs.errors import PermanentError, Throttled, TransientError
+from jobs.errors import PermanentError, Throttled
 from payrun import config as config_mod
 from payrun import keys
 
@@ -146,7 +146,10 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
     if state == idempotency.SENT:
         return {"skipped": "already sent", "key": key}
     if state == idempotency.BUSY:
-        raise TransientError(f"another attempt is sending {key} right now")
+        # not a failure of ours: wait out the other attempt's claim, spending no attempt
+        left_ms = conn.pttl(keys.idem_state(key))
+        raise Throttled(f"another attempt is sending {key} right now",
+                        retry_after_s=max(1.0, left_ms / 1000) if left_ms and left_ms > 0 else 1.0)
     path = Path(cfg.slips_dir) / payload["slip"]
     try:
         pdf = path.read_bytes()

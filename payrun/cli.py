@@ -230,15 +230,17 @@ def _maybe_redis(c: Ctx):
 @cli.command(name="failed")
 @click.option("--queue", type=click.Choice(["pdf-render", "send-email", "control"]), default=None)
 @click.option("--error", "error_text", default=None, help="Only jobs whose last error contains TEXT.")
+@click.option("--company", type=int, default=None, help="Only jobs of this company id.")
 @click.option("--limit", type=click.IntRange(1, 1_000_000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
-def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, limit: int, as_json: bool) -> None:
+def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int | None, limit: int,
+               as_json: bool) -> None:
     """List failed jobs (dead letters), newest first, with their last error."""
     from payrun import deadletters
 
-    rows = deadletters.failed(c.redis(), queue, error_text, limit)
+    rows = deadletters.failed(c.redis(), queue, error_text, limit, company=company, ledger=_maybe_ledger(c))
     if as_json:
         click.echo(json.dumps(rows))
         return
@@ -247,8 +249,18 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, limit: int, as
         return
     for r in rows:
         click.echo(f"{r['id']:<36} {r['queue']:<10} attempts={r['attempts']:<2} {r['error']}")
-    click.echo(f"{len(rows)} failed job(s); retry with: payrun retry ID… or payrun retry --all"
-               + (f" --queue {queue}" if queue else "") + (f" --error {error_text!r}" if error_text else ""))
+    click.echo(f"{len(rows)} failed job(s); retry with: payrun retry ID… or {_retry_all(queue, error_text, company)}")
+
+
+def _retry_all(queue: str | None, error_text: str | None, company: int | None) -> str:
+    import shlex
+
+    return "payrun retry --all" + (f" --queue {queue}" if queue else "") + (
+        f" --error {shlex.quote(error_text)}" if error_text else "") + (f" --company {company}" if company else "")
+
+
+def _maybe_ledger(c: Ctx):
+    return c.ledger() if c.cfg.ledger_path.exists() else None
 
 
 @cli.command(name="job")
@@ -327,33 +339,44 @@ def limits_set(c: Ctx, cap: int | None, rate: float | None) -> None:
 
     if cap is None and rate is None:
         raise PayrunError("give --cap and/or --rate")
+    from console import actions
+
     set_limits(c.redis(), "email", cap=cap, rate_per_s=rate)
-    click.echo("email limits now: " + ", ".join(
-        x for x in (f"cap {cap}" if cap else "", f"rate {rate:g}/s" if rate else "") if x))
+    said = ", ".join(x for x in (f"cap {cap}" if cap else "", f"rate {rate:g}/s" if rate else "") if x)
+    command = "payrun limits set" + (f" --cap {cap}" if cap else "") + (f" --rate {rate:g}" if rate else "")
+    actions.audit(c.cfg, actions.Outcome("limits", command, 1, message=f"email limits now: {said}"), via="cli")
+    click.echo(f"email limits now: {said}")
 
 
 @cli.command(name="retry")
 @click.argument("job_ids", nargs=-1)
-@click.option("--all", "all_", is_flag=True, help="Every failed job (narrow with --queue/--error).")
+@click.option("--all", "all_", is_flag=True, help="Every failed job (narrow with --queue/--error/--company).")
 @click.option("--queue", type=click.Choice(["pdf-render", "send-email", "control"]), default=None)
 @click.option("--error", "error_text", default=None, help="Only jobs whose last error contains TEXT.")
+@click.option("--company", type=int, default=None, help="Only jobs of this company id.")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
 def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, error_text: str | None,
-              as_json: bool) -> None:
+              company: int | None, as_json: bool) -> None:
     """Requeue failed jobs with a fresh attempt budget. A send job picks up an email
-    address fixed in the payroll database since its snapshot."""
+    address fixed in the payroll database since its snapshot. Written to the audit log."""
+    from console import actions
     from payrun import deadletters
 
     if bool(job_ids) == all_:
-        raise PayrunError("name job ids, or use --all (with optional --queue/--error), not both")
-    if (queue or error_text) and not all_:
-        raise PayrunError("--queue and --error narrow --all; with job ids they are not used")
+        raise PayrunError("name job ids, or use --all (with optional --queue/--error/--company), not both")
+    if (queue or error_text or company is not None) and not all_:
+        raise PayrunError("--queue, --error and --company narrow --all; with job ids they are not used")
     conn = c.redis()
-    ids = list(job_ids) or [r["id"] for r in deadletters.failed(conn, queue, error_text)]
+    ids = list(job_ids) or [r["id"] for r in deadletters.failed(conn, queue, error_text, company=company,
+                                                                  ledger=_maybe_ledger(c))]
+    command = _retry_all(queue, error_text, company) if all_ else "payrun retry " + " ".join(job_ids)
     db = c.payroll() if c.cfg.payroll_path.exists() else None
     requeued, missing = deadletters.retry(c.cfg, conn, ids, db)
+    actions.audit(c.cfg, actions.Outcome("retry", command, len(requeued), ok=not missing,
+                                         message=f"requeued {len(requeued)} job(s)",
+                                         detail={"asked": len(ids), "not_found": missing[:20]}), via="cli")
     if as_json:
         click.echo(json.dumps({"requeued": requeued, "not_found": missing}))
     else:
@@ -373,6 +396,8 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
     import signal
     import time
 
+    from redis import exceptions as redis_errors
+
     from jobs import reaper
 
     conn = c.redis()
@@ -384,7 +409,13 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
         signal.signal(signal.SIGINT, lambda *a: stopping.append(1))
     log = logging.getLogger("payrun.reaper")
     while True:
-        returned = reaper.reap(conn)
+        try:
+            returned = reaper.reap(conn)
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as e:
+            if not loop:
+                raise PayrunError(f"Redis unavailable: {e}")
+            log.warning("reaper: Redis unavailable (%s); trying again in %d s", e, every)
+            returned = []
         if as_json and not loop:
             click.echo(json.dumps([vars(s) for s in returned]))
         for s in returned:

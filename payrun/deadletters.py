@@ -18,9 +18,10 @@ def _registry(conn, queue: str) -> FailedJobRegistry:
     return FailedJobRegistry(queue=q, job_class=PayrunJob, serializer=q.serializer)
 
 
-def failed(conn, queue: str | None = None, error: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-    """Failed jobs, newest first, optionally only one queue and/or whose last error
-    contains ``error`` (case-insensitive)."""
+def failed(conn, queue: str | None = None, error: str | None = None, limit: int | None = None,
+           company: int | None = None, ledger=None) -> list[dict[str, Any]]:
+    """Failed jobs, newest first, optionally only one queue, whose last error contains
+    ``error`` (case-insensitive), and (with the ``ledger``) of one ``company``."""
     out: list[dict[str, Any]] = []
     for qname in ([queue] if queue else [keys.RENDER_QUEUE, keys.EMAIL_QUEUE, keys.CONTROL_QUEUE]):
         reg = _registry(conn, qname)
@@ -36,6 +37,12 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
                 "attempts": job.meta.get("attempt", 0), "error": last_error,
                 "ended_at": job.ended_at.isoformat() if job.ended_at else None,
             })
+    if ledger is not None and out:
+        companies = ledger.companies_of([r["id"] for r in out])
+        for r in out:
+            r["company"] = companies.get(r["id"])
+    if company is not None:
+        out = [r for r in out if r.get("company") == company]
     out.sort(key=lambda r: r["ended_at"] or "", reverse=True)
     return out[:limit] if limit else out
 

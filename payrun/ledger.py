@@ -282,6 +282,15 @@ class Ledger:
                 out[r["id"]] = r["company_id"]
         return out
 
+    def companies_of(self, job_ids: list[str]) -> dict[str, int]:
+        """job id -> company id, for the ids the ledger knows."""
+        out: dict[str, int] = {}
+        for chunk in iter_chunks(list(job_ids), 500):
+            marks = ",".join("?" * len(chunk))
+            for r in self.db.query(f"SELECT id, company_id FROM jobs WHERE id IN ({marks})", tuple(chunk)):
+                out[r["id"]] = r["company_id"]
+        return out
+
     def months(self) -> list[str]:
         return [r["month"] for r in self.db.query("SELECT DISTINCT month FROM payroll_runs ORDER BY month")]
 

@@ -107,3 +107,14 @@ def test_prune_keeps_later_months(runner, cfg):
     assert [r["month"] for r in ledger.jobs(limit=10)] == ["2026-11"]
     assert not (cfg.slips_dir / "2026-09").exists()
     one_line_error(runner.invoke(cli, ["prune", "--before", "last-year"]))
+
+
+def test_cli_retry_and_limits_are_audited(runner, cfg, conn):
+    from console import actions
+
+    runner.invoke(cli, ["limits", "set", "--cap", "40"])
+    out = runner.invoke(cli, ["retry", "no-such-job"])
+    assert out.exit_code == 1 and "not among failed jobs: no-such-job" in out.output
+    entries = actions.read_audit(cfg)
+    assert [e["command"] for e in entries[-2:]] == ["payrun limits set --cap 40", "payrun retry no-such-job"]
+    assert all(e["via"] == "cli" and e["who"] for e in entries[-2:])
