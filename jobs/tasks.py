@@ -179,7 +179,7 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
         message_id = transport().send(msg)
     except Throttled as e:  # a 429: every sender on every host waits, not just us
         idempotency.release(conn, key, token)
-        if e.retry_after_s:
+        if e.retry_after_s and cfg.limits.pause_on_429:
             lim.pause(e.retry_after_s)
         raise
     except BaseException:

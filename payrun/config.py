@@ -69,6 +69,9 @@ class LimitsConfig:
     """The provider's limit: sends started per second across every host."""
     db_concurrency: int = 60
     """Ledger/DB connections workers may hold at once (seed: 60 of 200)."""
+    pause_on_429: bool = True
+    """A 429's Retry-After pauses every sender on every host. false = only the job that got
+    it waits (the chaos suite turns it off to show what the retry policy alone does)."""
 
 
 @dataclass
