@@ -22,7 +22,17 @@ from payrun import keys
 
 log = logging.getLogger("payrun.jobs")
 
-ALLOWED_FUNCTIONS = frozenset({"jobs.tasks.render_slip", "jobs.tasks.send_slip", "jobs.tasks.noop", "jobs.oneoff.resend_slip", "jobs.oneoff.send_reminder", "scheduler.ticks.run_tick", "scheduler.ticks.record_not_run", "scheduler.ticks.reap", "scheduler.bank.check_company"})
+ALLOWED_FUNCTIONS = frozenset({
+    "jobs.tasks.render_slip",
+    "jobs.tasks.send_slip",
+    "jobs.tasks.noop",
+    "jobs.oneoff.resend_slip",
+    "jobs.oneoff.send_reminder",
+    "scheduler.ticks.run_tick",
+    "scheduler.ticks.record_not_run",
+    "scheduler.ticks.reap",
+    "scheduler.bank.check_company",
+})
 """Job functions a payrun worker agrees to run (JSON still lets a job name any import path)."""
 
 TEST_FUNCTIONS = frozenset({"jobs.testing.hang", "jobs.testing.sleep", "jobs.testing.noop"})
