@@ -606,6 +606,23 @@ def down(c: Ctx) -> None:
     click.echo(supervise.down(c.cfg))
 
 
+@cli.command(name="supervisor-env")
+@click.option("--role", type=click.Choice(["all", "worker"]), default="all", show_default=True)
+@pass_ctx
+@handle_errors
+def supervisor_env(c: Ctx, role: str) -> None:
+    """Print the environment supervisor.conf expects, for plain supervisord/supervisorctl:
+    eval "$(payrun supervisor-env)" && supervisord -c supervisor.conf"""
+    import shlex
+
+    from payrun import supervise
+
+    e = supervise.env(c.cfg)
+    for k in supervise.ENV_KEYS:
+        click.echo(f"export {k}={shlex.quote(e[k])}")
+    click.echo(f"# then: supervisord -c {supervise.CONFS[role]} ; supervisorctl -c {supervise.CONFS[role]} status")
+
+
 @cli.command()
 @pass_ctx
 @handle_errors

@@ -34,6 +34,11 @@ def _bin(name: str) -> str:
     return found
 
 
+ENV_KEYS = ("PAYRUN_HOME", "PAYRUN_BIN", "PAYRUN_RENDER_WORKERS", "PAYRUN_REDIS_AUTOSTART",
+            "PAYRUN_PROVIDER_AUTOSTART", "PAYRUN_REDIS_SUPERVISED")
+"""What supervisor.conf reads from the environment (`payrun supervisor-env` prints them)."""
+
+
 def env(cfg: Config) -> dict[str, str]:
     redis_server.private_dir(cfg.home)
     redis_server.private_dir(cfg.log_dir)

@@ -113,3 +113,30 @@ def test_supervisorctl_stop_of_one_worker_lets_its_job_finish(tmp_path):
         assert PayrunJob.fetch("finish-me", connection=conn).get_status() == "finished"
     finally:
         payrun("down", env=env)
+
+
+def test_plain_supervisord_and_supervisorctl_work_with_the_printed_environment(tmp_path):
+    import shlex
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
+    env["PAYRUN_HOME"] = str(tmp_path / "h")
+    printed = payrun("supervisor-env", env=env)
+    assert printed.returncode == 0, printed.stderr
+    for line in printed.stdout.splitlines():
+        if line.startswith("export "):
+            k, v = line[len("export "):].split("=", 1)
+            env[k] = shlex.split(v)[0] if v else ""
+    bindir = os.path.dirname(sys.executable)
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "supervisor.conf")
+    started = subprocess.run([os.path.join(bindir, "supervisord"), "-c", conf], env=env, capture_output=True, text=True)
+    assert started.returncode == 0, started.stderr
+    try:
+        def running():
+            out = subprocess.run([os.path.join(bindir, "supervisorctl"), "-c", conf, "status"], env=env,
+                                 capture_output=True, text=True).stdout
+            return "redis" in out and all(" RUNNING " in ln for ln in out.splitlines() if ln.strip()) and out
+
+        assert "ledger" in wait_for(running, timeout_s=60, interval_s=0.5, what="every program RUNNING")
+    finally:
+        down = payrun("down", env={k: v for k, v in env.items() if not k.startswith("PAYRUN_") or k == "PAYRUN_HOME"})
+    assert down.returncode == 0, down.stderr
