@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from payrun import config
@@ -73,3 +73,45 @@ def test_cli_arguments_never_show_a_traceback(cfg, args, command):
     if result.exit_code not in (0,):
         assert result.exit_code in (1, 2)
         assert result.output.strip(), "a failure must say why"
+
+
+cron_field = st.one_of(st.just("*"), st.integers(-5, 70).map(str), st.text(alphabet="0123456789*/-,abcxyzJANMON ",
+                                                                         max_size=8))
+
+
+@settings(max_examples=300, deadline=None)
+@example("0 0 30 2 *")  # a valid form that never fires
+@example("61 * * * *")
+@given(st.one_of(st.lists(cron_field, min_size=0, max_size=7).map(" ".join), st.text(max_size=40)))
+def test_cron_expressions_parse_or_say_why(expr):
+    """Any string: a valid cron spec whose next fire time exists, or a CronError naming why."""
+    from datetime import datetime, timezone
+    from zoneinfo import ZoneInfo
+
+    from scheduler.cron import CronError, next_after, parse
+
+    try:
+        spec = parse(expr)
+    except CronError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    try:
+        nxt = next_after(spec, ZoneInfo("Asia/Dhaka"), datetime(2026, 11, 29, tzinfo=timezone.utc))
+    except CronError as e:  # e.g. "30 of February": a valid form that never fires
+        assert "never" in str(e).lower() or str(e)
+        return
+    assert nxt > datetime(2026, 11, 29, tzinfo=timezone.utc)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=12))
+def test_durations_parse_or_say_why(text):
+    from scheduler.cron import parse_duration
+    from payrun.errors import PayrunError
+
+    try:
+        d = parse_duration(text)
+    except (PayrunError, ValueError) as e:
+        assert str(e)
+        return
+    assert d.total_seconds() > 0

@@ -9,6 +9,9 @@ import math
 import os
 import random
 import signal
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -185,7 +188,26 @@ def test_kill_9_of_random_workers_loses_nothing_and_sends_nothing_twice(conn, ba
                 kills.append(victim)
                 next_kill[0] = time.monotonic() + rng.uniform(2, 5)
 
-            cluster.wait_done(conn, n, timeout_s=420, what="kill -9 run", tick=chaos)
+            # an operator's script runs `rq info` in a loop all along (its registry cleanup
+            # writes to Redis: it must not corrupt a job or break a worker)
+            rq_info_runs: list[int] = []
+            stop_info = threading.Event()
+
+            def rq_info_loop():
+                rq = os.path.join(os.path.dirname(sys.executable), "rq")
+                while not stop_info.is_set():
+                    out = subprocess.run([rq, "info", "-u", env["PAYRUN_REDIS_URL"]], capture_output=True,
+                                         timeout=60)
+                    rq_info_runs.append(out.returncode)
+                    stop_info.wait(0.5)
+
+            info_thread = threading.Thread(target=rq_info_loop, daemon=True)
+            info_thread.start()
+            try:
+                cluster.wait_done(conn, n, timeout_s=420, what="kill -9 run", tick=chaos)
+            finally:
+                stop_info.set()
+                info_thread.join(timeout=60)
             elapsed = time.monotonic() - t0
             st = assert_all_delivered_once(cluster, provider, n)
             reaped = reaped_count(cluster)
@@ -197,6 +219,8 @@ def test_kill_9_of_random_workers_loses_nothing_and_sends_nothing_twice(conn, ba
           f"restarts {restarts}; jobs returned by the reaper {reaped}; provider delivered {st['delivered']}, "
           f"duplicates_refused {st['duplicates_refused']}, received {st['received']}")
     assert len(kills) >= 10, kills  # the chaos really happened
+    print(f"[kill -9] rq info ran {len(rq_info_runs)} times alongside, exit codes {sorted(set(rq_info_runs))}")
+    assert len(rq_info_runs) >= 10 and set(rq_info_runs) == {0}
 
 
 # ---- 3. rolling SIGTERM (a deploy) ------------------------------------------------------
