@@ -25,6 +25,7 @@ import mimetypes
 import os
 import re
 import secrets
+import threading
 from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import unquote, urlsplit
@@ -373,19 +374,29 @@ def _document(html: str) -> Any:
         stylesheets=[_stylesheet()], font_config=font_config)
 
 
+_RENDER_LOCK = threading.RLock()
+"""One render at a time per process. The font configuration and stylesheet are shared, and
+fontconfig/WeasyPrint are not safe to drive from several threads at once (two threads
+building the stylesheet together crashed the process). Render workers fork one job at a
+time, so this lock is never contended there."""
+
+
 def html_to_pdf(html: str) -> bytes:
     """Any HTML -> PDF through the slip fonts and the assets-only fetcher."""
-    return _document(html).write_pdf()
+    with _RENDER_LOCK:
+        return _document(html).write_pdf()
 
 
 def render_pdf(snapshot: Mapping[str, Any]) -> bytes:
     """Validate the snapshot, then render the one-page A4 slip to PDF bytes."""
     validate(snapshot)
-    document = _document(render_html(snapshot))
-    if len(document.pages) != 1:
-        raise PermanentError(f"{_who(snapshot)}: the slip does not fit on one page; "
-                             "shorten the longest names or addresses in the payroll data")
-    return document.write_pdf()
+    html = render_html(snapshot)
+    with _RENDER_LOCK:
+        document = _document(html)
+        if len(document.pages) != 1:
+            raise PermanentError(f"{_who(snapshot)}: the slip does not fit on one page; "
+                                 "shorten the longest names or addresses in the payroll data")
+        return document.write_pdf()
 
 
 def warm_up() -> None:
