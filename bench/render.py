@@ -35,6 +35,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--slips", type=int, default=None, help="pool jobs (default 600; quick 200)")
+    ap.add_argument("--workers", type=int, default=None, help="pool size (default: one per core)")
     ap.add_argument("--renders", type=int, default=None, help="warm renders to time (default 40; quick 15)")
     a = ap.parse_args()
     n_pool = a.slips or (200 if a.quick else 600)
@@ -72,9 +73,10 @@ def main() -> None:
         say(f"CPU limit = {CORES} cores / {warm:.3f} s = {cpu_limit:.1f} slips/s")
 
         # 2. the pool: one pdf-render worker per core, fed by the real fan-out
-        workers = [b.spawn(f"render-{i}", ["worker", "pdf-render"]) for i in range(CORES)]
-        ready_s = b.wait_workers(conn, CORES)
-        say(f"{CORES} pdf-render workers warm and registered after {ready_s:.1f} s")
+        pool = a.workers or CORES
+        workers = [b.spawn(f"render-{i}", ["worker", "pdf-render"]) for i in range(pool)]
+        ready_s = b.wait_workers(conn, pool)
+        say(f"{pool} pdf-render workers warm and registered after {ready_s:.1f} s")
         from payrun import runs
         from payrun.ledger import Ledger
 
