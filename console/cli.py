@@ -11,7 +11,6 @@ this module must not import textual: the TUI is loaded only by `payrun console`.
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
@@ -24,29 +23,8 @@ def _age(s: float | None) -> str:
     return duration(s)
 
 
-def handle_errors(fn):
-    """Like payrun.cli's: a PayrunError is one line `payrun: …` and exit 2. (Not imported
-    from payrun.cli: under `python -m payrun.cli` that module is __main__, a second copy.)"""
-    import functools
+from payrun.clitools import handle_errors, pass_ctx  # noqa: E402
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from payrun.errors import PayrunError
-
-        try:
-            return fn(*args, **kwargs)
-        except PayrunError as e:
-            click.echo(f"payrun: {e}", err=True)
-            sys.exit(2)
-        except KeyboardInterrupt:
-            click.echo("payrun: interrupted", err=True)
-            sys.exit(130)
-
-    return wrapper
-
-
-pass_ctx = click.pass_obj
-"""The group's context object (payrun.cli.Ctx: .cfg, .redis())."""
 
 
 def register(cli) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -15,22 +14,7 @@ from payrun import config as config_mod
 from payrun.errors import PayrunError
 
 
-def _fail(message: str, code: int = 2) -> None:
-    click.echo(f"payrun: {message}", err=True)
-    sys.exit(code)
-
-
-def handle_errors(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except PayrunError as e:
-            _fail(str(e))
-        except KeyboardInterrupt:
-            _fail("interrupted", 130)
-
-    return wrapper
+from payrun.clitools import handle_errors  # noqa: E402
 
 
 class Ctx:

@@ -9,36 +9,16 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import sys
 
 import click
 
-from payrun.errors import InputError, PayrunError
+from payrun.errors import InputError
 
 
-def handle_errors(fn):
-    """Like payrun.cli's: a PayrunError is one line `payrun: …` and exit 2. (Not imported
-    from payrun.cli: under `python -m payrun.cli` that module is __main__, a second copy.)"""
+from payrun.clitools import handle_errors, pass_ctx  # noqa: E402
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except PayrunError as e:
-            click.echo(f"payrun: {e}", err=True)
-            sys.exit(2)
-        except KeyboardInterrupt:
-            click.echo("payrun: interrupted", err=True)
-            sys.exit(130)
-
-    return wrapper
-
-
-pass_ctx = click.pass_obj
-"""The group's context object (payrun.cli.Ctx: .cfg, .redis(), .ledger(), .payroll())."""
 
 
 def _setup_logging() -> None:

@@ -355,7 +355,7 @@ def test_resend_rerenders_current_data_and_sends_with_a_new_key(world, monkeypat
     from payrun.provider import Provider
     from scheduler.cli import resend
 
-    w, conn = world, world["conn"]
+    conn = world["conn"]
     provider = Provider(latency_s=0.01, rate_per_s=1000).start()
     monkeypatch.setenv("PAYRUN_EMAIL_URL", provider.url)
     from jobs import tasks

@@ -1,0 +1,32 @@
+"""What every `payrun` command shares, wherever it is defined (payrun/, scheduler/,
+console/). Its own module, not payrun.cli: under `python -m payrun.cli` that module is
+__main__, and importing it again would make a second copy."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import click
+
+pass_ctx = click.pass_obj
+"""The group's context object (payrun.cli.Ctx: .cfg, .redis(), .ledger(), .payroll())."""
+
+
+def handle_errors(fn):
+    """A PayrunError becomes one line `payrun: …` on stderr and exit 2; Ctrl-C exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from payrun.errors import PayrunError
+
+        try:
+            return fn(*args, **kwargs)
+        except PayrunError as e:
+            click.echo(f"payrun: {e}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("payrun: interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
