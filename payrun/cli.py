@@ -482,6 +482,7 @@ def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> N
     w = RenderWorker([make_queue(q, conn) for q in queues], connection=conn,
                      name=worker_name("render" if keys.RENDER_QUEUE in queues else "control"))
     w.grace_s = c.cfg.lease.grace_s
+    w.jobs_per_horse = c.cfg.render.jobs_per_horse
     w.work(burst=burst, with_scheduler=True, logging_level="INFO")
 
 
