@@ -288,12 +288,16 @@ class RenderWorker(EventsMixin, Worker):
         parent_r, horse_w = os.pipe()
         horse_r, parent_w = os.pipe()
         pid = os.fork()
-        if pid == 0:
-            os.setpgrp()
-            os.close(parent_r)
-            os.close(parent_w)
-            self._horse_loop(horse_r, horse_w)
-            os._exit(0)
+        if pid == 0:  # the horse never returns into the worker's code: it exits from here
+            code = 1
+            try:
+                os.setpgrp()
+                os.close(parent_r)
+                os.close(parent_w)
+                self._horse_loop(horse_r, horse_w)
+                code = 0
+            finally:
+                os._exit(code)
         os.close(horse_r)
         os.close(horse_w)
         self._horse_pid, self._to_horse, self._from_horse, self._horse_jobs = pid, parent_w, parent_r, 0
@@ -318,7 +322,10 @@ class RenderWorker(EventsMixin, Worker):
                     self.perform_job(job, queue)
                 except BaseException:  # noqa: BLE001 - like RQ's horse: exit, the parent handles it
                     os._exit(1)
-                os.write(w, b"1\n")
+                try:
+                    os.write(w, b"1\n")
+                except OSError:  # the worker is gone (killed): this job is done, stop here
+                    return
 
     def _reap_horse(self) -> None:
         for fd in (self._to_horse, self._from_horse):
