@@ -36,6 +36,15 @@ def emit(conn, job_id: str, status: str, **fields: Any) -> None:
     and log it as one line with job_id, queue, attempt and outcome as fields."""
     ev = event(job_id, status, **fields)
     conn.xadd(keys.EVENTS_STREAM, ev)
+    _log_event(job_id, status, ev)
+
+
+def log_emitted(job_id: str, status: str, **fields: Any) -> None:
+    """The log line of an event written by a script (XADD inside Lua, atomic with its change)."""
+    _log_event(job_id, status, event(job_id, status, **fields))
+
+
+def _log_event(job_id: str, status: str, ev: dict[str, str]) -> None:
     _log.info("job %s %s%s", job_id, ev.get("outcome", status),
               f" (attempt {ev['attempt']})" if "attempt" in ev else "",
               extra={"job_id": job_id, "queue": ev.get("queue") or _queue_of(job_id),

@@ -109,6 +109,18 @@ def shutdown_deadline(signal_at_s: float, grace_s: float) -> float:
     return signal_at_s + grace_s
 
 
+DEQUEUED_SETTLE_S = 10.0
+"""How long a job may sit taken-but-not-started (RQ's intermediate list, outside the
+started registry) before the reaper presumes its worker died in between. A live worker
+crosses that gap in a few Redis round trips (milliseconds)."""
+
+
+def is_stranded(first_seen_s: float | None, now_s: float, settle_s: float = DEQUEUED_SETTLE_S) -> bool:
+    """A job seen taken from its queue but not started since ``first_seen_s``: stranded
+    once that is ``settle_s`` ago (never on the first sighting)."""
+    return first_seen_s is not None and now_s - first_seen_s >= settle_s
+
+
 def should_reap(lease_expires_s: float, now_s: float, worker_alive: bool) -> str | None:
     """Why a running job must go back to its queue, or None: its lease ran out (nobody
     renewed it), or its worker's liveness key is gone (the worker died)."""

@@ -11,6 +11,19 @@ send with the same key (the provider dedupes a send that did go out).
 
 RQ's own cleanup would instead move such a job to *failed* (or retry it, spending an
 attempt) and, run from two places at once, can enqueue it twice.
+
+It also returns jobs *stranded between dequeue and start*. RQ takes a job by moving it
+from the queue to ``rq:queue:<q>:intermediate`` (BLMOVE), and only then records the
+execution in the started registry; a worker killed, or stopped by SIGTERM while idle
+(RQ raises StopRequested wherever it is), in that gap of a few round trips leaves the
+job in the intermediate list only: in no queue, in no registry, invisible to the check
+above. RQ's maintenance would find it after 10 minutes and *fail* it. Each reaper pass
+marks the ids it sees there (``payrun:dequeued-seen:<q>``, id -> first seen); an id still
+there, not started, ``DEQUEUED_SETTLE_S`` after it was first seen goes back to the front
+of its queue, through a script whose first step is LREM (exactly once, again).
+
+The ledger event of a return is written by the same script (XADD), so no worker can
+start the returned job and report it before the return itself is recorded.
 """
 
 from __future__ import annotations
@@ -19,9 +32,11 @@ import time
 from dataclasses import dataclass
 
 from jobs import events
-from jobs.policy import should_reap
+from jobs.policy import DEQUEUED_SETTLE_S, is_stranded, should_reap
 from payrun import keys
 
+# KEYS: wip, queue, job hash, intermediate list, idempotency state, events stream
+# ARGV: wip member, job id, idempotency token ('' = none), then the event's fields
 _REQUEUE = """
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 if redis.call('EXISTS', KEYS[3]) == 0 then return 2 end
@@ -31,7 +46,31 @@ if ARGV[3] ~= '' and redis.call('HGET', KEYS[5], 'state') == 'sending'
 end
 redis.call('HSET', KEYS[3], 'status', 'queued')
 redis.call('LREM', KEYS[4], 0, ARGV[2])
+redis.call('LREM', KEYS[2], 0, ARGV[2])
 redis.call('LPUSH', KEYS[2], ARGV[2])
+redis.call('XADD', KEYS[6], '*', unpack(ARGV, 4))
+return 1
+"""
+
+# KEYS: intermediate list, queue, job hash, wip, dequeued-seen hash, events stream
+# ARGV: job id, then the event's fields
+_RETURN_DEQUEUED = """
+local prefix = ARGV[1] .. ':'
+for _, m in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+  if string.sub(m, 1, string.len(prefix)) == prefix then
+    redis.call('HDEL', KEYS[5], ARGV[1])
+    return 0
+  end
+end
+redis.call('HDEL', KEYS[5], ARGV[1])
+if redis.call('LREM', KEYS[1], 0, ARGV[1]) == 0 then return 0 end
+if redis.call('EXISTS', KEYS[3]) == 0 then return 2 end
+local st = redis.call('HGET', KEYS[3], 'status')
+if st == 'finished' or st == 'failed' or st == 'canceled' or st == 'stopped' then return 3 end
+redis.call('HSET', KEYS[3], 'status', 'queued')
+redis.call('LREM', KEYS[2], 0, ARGV[1])
+redis.call('LPUSH', KEYS[2], ARGV[1])
+redis.call('XADD', KEYS[6], '*', unpack(ARGV, 2))
 return 1
 """
 
@@ -43,6 +82,8 @@ class Stuck:
     member: str
     worker: str
     reason: str
+    where: str = "started"
+    """started: in RQ's started registry; dequeued: taken from its queue, never started."""
 
 
 def _text(v) -> str:
@@ -71,7 +112,88 @@ def find_stuck(conn, now: float | None = None, queues=keys.QUEUES) -> list[Stuck
             reason = should_reap(lease_expires_s=float(expiry), now_s=now, worker_alive=is_alive)
             if reason:
                 out.append(Stuck(job_id, q, member, worker, reason.format(worker=worker or "?")))
+    return out + find_stranded(conn, now, queues)
+
+
+def _dequeued_not_started(conn, q: str) -> list[str]:
+    """Ids in the queue's intermediate list with no execution in its started registry."""
+    with conn.pipeline(transaction=False) as pipe:
+        pipe.lrange(f"rq:queue:{q}:intermediate", 0, -1)
+        pipe.zrange(f"rq:wip:{q}", 0, -1)
+        taken, started = pipe.execute()
+    running = {_text(m).split(":", 1)[0] for m in started}
+    return list(dict.fromkeys(i for i in map(_text, taken) if i not in running))
+
+
+def find_stranded(conn, now: float | None = None, queues=keys.QUEUES,
+                  settle_s: float = DEQUEUED_SETTLE_S) -> list[Stuck]:
+    """Jobs taken from their queue and not started for ``settle_s`` since a reaper pass
+    first saw them (``mark_dequeued``). Reads only."""
+    now = time.time() if now is None else now
+    out: list[Stuck] = []
+    for q in queues:
+        ids = _dequeued_not_started(conn, q)
+        if not ids:
+            continue
+        seen = conn.hmget(keys.dequeued_seen(q), ids)
+        for job_id, first in zip(ids, seen):
+            first_s = float(first) if first else None
+            if is_stranded(first_s, now, settle_s):
+                out.append(Stuck(job_id, q, job_id, "", f"taken from {q} by a worker that stopped before starting it "
+                                 f"({now - first_s:.0f} s ago)", where="dequeued"))
     return out
+
+
+def mark_dequeued(conn, now: float | None = None, queues=keys.QUEUES) -> None:
+    """Record when each taken-not-started job was first seen; forget ids gone since."""
+    now = time.time() if now is None else now
+    for q in queues:
+        ids = set(_dequeued_not_started(conn, q))
+        seen = {_text(f) for f in conn.hkeys(keys.dequeued_seen(q))}
+        with conn.pipeline(transaction=False) as pipe:
+            for job_id in ids - seen:
+                pipe.hsetnx(keys.dequeued_seen(q), job_id, repr(now))
+            gone = seen - ids
+            if gone:
+                pipe.hdel(keys.dequeued_seen(q), *gone)
+            pipe.execute()
+
+
+def _event_args(job_id: str, outcome: str, attempt, error: str) -> list[str]:
+    ev = events.event(job_id, "queued", attempt=attempt, outcome=outcome, error=error)
+    return [x for kv in ev.items() for x in kv]
+
+
+def return_dequeued(conn, s: Stuck) -> bool:
+    """Put one stranded job back at the front of its queue, once (see the module doc)."""
+    done = conn.eval(_RETURN_DEQUEUED, 6, f"rq:queue:{s.queue}:intermediate", f"rq:queue:{s.queue}",
+                     f"rq:job:{s.job_id}", f"rq:wip:{s.queue}", keys.dequeued_seen(s.queue), keys.EVENTS_STREAM,
+                     s.job_id, *_event_args(s.job_id, "reaped", None, f"returned by the reaper: {s.reason}"))
+    return int(done) == 1
+
+
+def return_dequeued_now(conn, queues, settle_s: float = 1.0, poll_s: float = 0.05) -> list[Stuck]:
+    """At a worker's exit: the jobs of these queues that stay taken-not-started for
+    ``settle_s`` (polled; a live worker crosses that gap in milliseconds) go back at once
+    rather than at the reaper's next passes. Returns what it returned."""
+    candidates = {q: set(_dequeued_not_started(conn, q)) for q in queues}
+    deadline = time.monotonic() + settle_s
+    while any(candidates.values()) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        candidates = {q: ids & set(_dequeued_not_started(conn, q)) for q, ids in candidates.items()}
+    returned = []
+    for q, ids in candidates.items():
+        for job_id in ids:
+            s = Stuck(job_id, q, job_id, "", f"taken from {q} by a worker that stopped before starting it",
+                      where="dequeued")
+            if return_dequeued(conn, s):
+                _log_return(s)
+                returned.append(s)
+    return returned
+
+
+def _log_return(s: Stuck) -> None:
+    events.log_emitted(s.job_id, "queued", outcome="reaped", error=f"returned by the reaper: {s.reason}")
 
 
 def reap(conn, now: float | None = None) -> list[Stuck]:
@@ -79,7 +201,13 @@ def reap(conn, now: float | None = None) -> list[Stuck]:
     from jobs.runtime import PayrunJob
 
     returned: list[Stuck] = []
+    mark_dequeued(conn, now)
     for s in find_stuck(conn, now):
+        if s.where == "dequeued":
+            if return_dequeued(conn, s):
+                _log_return(s)
+                returned.append(s)
+            continue
         # Read the attempt *before* returning the job: once it is back on its queue a
         # worker may start the next attempt at once (and bump the attempt) — releasing
         # the dead attempt's idempotency claim after that missed it, and the new attempt
@@ -93,10 +221,12 @@ def reap(conn, now: float | None = None) -> list[Stuck]:
         key, token = "", ""
         if meta.get("kind") == "email" and meta.get("key") and attempt:
             key, token = meta["key"], f"{s.job_id}:{attempt}"
-        done = conn.eval(_REQUEUE, 5, f"rq:wip:{s.queue}", f"rq:queue:{s.queue}", f"rq:job:{s.job_id}",
-                         f"rq:queue:{s.queue}:intermediate", keys.idem_state(key), s.member, s.job_id, token)
+        error = f"returned by the reaper: {s.reason}"
+        done = conn.eval(_REQUEUE, 6, f"rq:wip:{s.queue}", f"rq:queue:{s.queue}", f"rq:job:{s.job_id}",
+                         f"rq:queue:{s.queue}:intermediate", keys.idem_state(key), keys.EVENTS_STREAM,
+                         s.member, s.job_id, token, *_event_args(s.job_id, "reaped", attempt, error))
         if int(done) != 1:
             continue  # another reaper got there first, or the job is gone
+        events.log_emitted(s.job_id, "queued", attempt=attempt, outcome="reaped", error=error)
         returned.append(s)
-        events.emit(conn, s.job_id, "queued", attempt=attempt, outcome="reaped", error=f"returned by the reaper: {s.reason}")
     return returned

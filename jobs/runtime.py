@@ -403,6 +403,8 @@ class RenderWorker(EventsMixin, Worker):
     def teardown(self) -> None:
         if not self.is_horse and self._horse_pid and self.jobs_per_horse > 1:
             self._stop_horse()
+        if not self.is_horse:
+            return_stranded(self.connection, [q.name for q in self.queues], self.name)
         super().teardown()
         if self._liveness is not None and not self.is_horse:
             self._liveness.stop()
@@ -524,6 +526,19 @@ class Liveness:
             self.conn.delete(*[keys.alive(n) for n in self.names])
         except Exception:
             pass
+
+
+def return_stranded(conn, queue_names: list[str], who: str) -> None:
+    """On the way out: a job this worker took from its queue but had not started (a
+    SIGTERM while idle lands wherever RQ is, possibly just after its BLMOVE) goes back
+    to the front now, not at the reaper's next passes."""
+    from jobs import reaper
+
+    try:
+        for s in reaper.return_dequeued_now(conn, queue_names):
+            log.warning("Worker %s: %s was taken but not started; returned to the front of %s", who, s.job_id, s.queue)
+    except Exception as e:  # Redis down: the reaper returns it later
+        log.warning("Worker %s: could not check for jobs taken but not started: %s", who, e)
 
 
 def worker_name(kind: str, index: int | None = None) -> str:
@@ -677,6 +692,8 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
                 t.join(timeout=0.2)
     finally:
         stop.set()
+        if not fatal.is_set():
+            return_stranded(conn, queue_names, f"send-email {os.getpid()}")
         liveness.stop()
         if workers[0].scheduler:
             try:

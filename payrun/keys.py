@@ -38,6 +38,11 @@ def alive(worker_name: str) -> str:
     return f"payrun:alive:{worker_name}"
 
 
+def dequeued_seen(queue: str) -> str:
+    """Hash job id -> when a reaper first saw it taken from ``queue`` but not started."""
+    return f"payrun:dequeued-seen:{queue}"
+
+
 def render_job_id(month: str, employee_id: str) -> str:
     return f"render-{month}-{employee_id}"
 

@@ -263,8 +263,46 @@ class Cluster:
                 except redis.RedisError:
                     pass
             if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: not finished after {timeout_s} s: {last}; logs in {self.log_dir}")
+                raise AssertionError(f"{what}: not finished after {timeout_s} s: {last}; logs in {self.log_dir}\n"
+                                     + self.explain_open(conn))
             time.sleep(0.25)
+
+    def explain_open(self, conn, limit: int = 3) -> str:
+        """For a run that did not finish: the slips not done, with their ledger rows and
+        attempts, their RQ job hashes and registries, and every log line naming them."""
+        rows = self.ledger.db.execute(
+            "SELECT r.key FROM jobs r LEFT JOIN jobs e ON e.key = r.key AND e.kind = 'email'"
+            " WHERE r.kind = 'render' AND r.month = ? AND COALESCE(e.status, '') != 'done' LIMIT ?",
+            (self.month, limit)).fetchall()
+        out: list[str] = []
+        for (key,) in rows:
+            out.append(f"== slip {key}")
+            for j in self.ledger.db.query("SELECT * FROM jobs WHERE key = ?", (key,)):
+                job_id = j["id"]
+                out.append(f"ledger {j}")
+                for a in self.ledger.db.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)):
+                    out.append(f"  attempt {a}")
+                try:
+                    h = conn.hgetall(f"rq:job:{job_id}")
+                    out.append(f"  rq hash {({k.decode(): v.decode(errors='replace')[:300] for k, v in h.items() if k != b'data'})}")
+                    for q in keys.QUEUES:
+                        for lst in (f"rq:queue:{q}", f"rq:queue:{q}:intermediate"):
+                            if conn.lpos(lst, job_id) is not None:
+                                out.append(f"  in {lst}")
+                    for reg in ("started", "scheduled", "failed", "finished", "deferred"):
+                        for q in keys.QUEUES:
+                            if conn.zscore(f"rq:{reg}:{q}", job_id) is not None:
+                                out.append(f"  in rq:{reg}:{q}")
+                except redis.RedisError as e:
+                    out.append(f"  redis: {e}")
+            # the email job id of this slip
+            emp = key.split(":", 2)[-1]
+            for name in (keys.render_job_id(self.month, emp), keys.email_job_id(self.month, emp)):
+                for log in sorted(self.log_dir.glob("*.log")):
+                    for line in log.read_text(errors="replace").splitlines():
+                        if name in line:
+                            out.append(f"  {log.stem}: {line[:400]}")
+        return "\n".join(out)
 
     def log_tail(self, name: str, chars: int = 3000) -> str:
         path = self.log_dir / f"{name}.log"

@@ -74,6 +74,14 @@ def test_lease_arithmetic():
     assert shutdown_deadline(10, 30) == 40
 
 
+def test_is_stranded():
+    from jobs.policy import is_stranded
+
+    assert not is_stranded(None, now_s=100)  # first sighting
+    assert not is_stranded(95, now_s=100, settle_s=10)
+    assert is_stranded(90, now_s=100, settle_s=10)
+
+
 def test_should_reap():
     from jobs.policy import should_reap
 

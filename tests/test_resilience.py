@@ -153,6 +153,66 @@ def test_two_reapers_at_once_return_a_job_exactly_once(conn):
     assert conn.zcard("rq:wip:pdf-render") == 0
 
 
+def strand(conn, queue: str, job_id: str) -> None:
+    """As RQ's dequeue does (BLMOVE queue -> intermediate), by a worker that then died."""
+    q = make_queue(queue, conn)
+    assert conn.lmove(q.key, q.intermediate_queue_key) == job_id.encode()
+
+
+def test_a_job_taken_by_a_worker_that_died_before_starting_it_is_returned_once(conn):
+    """The gap between RQ's BLMOVE and the started registry: the job is in no queue and
+    no registry. The reaper returns it once it has sat there DEQUEUED_SETTLE_S (first
+    pass: seen; later pass: returned), exactly once with eight reapers at once."""
+    queue = make_queue(keys.RENDER_QUEUE, conn)
+    for i in range(5):
+        enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.noop", job_id=f"taken-{i}")
+        strand(conn, keys.RENDER_QUEUE, f"taken-{i}")
+    # one that a live worker has started: in the intermediate list *and* the registry
+    enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.noop", job_id="starting-1")
+    strand(conn, keys.RENDER_QUEUE, "starting-1")
+    conn.zadd("rq:wip:pdf-render", {"starting-1:e": time.time() + 60})
+    conn.set(keys.alive("render.alive.1"), 1, ex=10)
+    conn.hset("rq:job:starting-1", "worker_name", "render.alive.1")
+    assert queue.get_job_ids() == []
+    t0 = time.time()
+    assert reaper.reap(conn, now=t0) == []  # first sighting: a live worker may be mid-gap
+    assert reaper.find_stuck(conn, now=t0 + 5) == []
+    stuck = reaper.find_stuck(conn, now=t0 + 10)
+    assert sorted(s.job_id for s in stuck) == [f"taken-{i}" for i in range(5)]
+    assert all(s.where == "dequeued" and "before starting it" in s.reason for s in stuck)
+    results: list[list] = []
+    barrier = threading.Barrier(8)
+
+    def run():
+        barrier.wait()
+        results.append(reaper.reap(conn, now=t0 + 11))
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(s.job_id for r in results for s in r) == [f"taken-{i}" for i in range(5)]
+    assert sorted(queue.get_job_ids()) == [f"taken-{i}" for i in range(5)]
+    assert conn.lrange(queue.intermediate_queue_key, 0, -1) == [b"starting-1"]
+    assert status_of(conn, "taken-0") == "queued"
+    # the ledger hears of each return once, in the same step as the return
+    evs = [ledger_mod._decode(f) for _, f in conn.xrange(keys.EVENTS_STREAM)]
+    reaped = [e for e in evs if e.get("outcome") == "reaped"]
+    assert sorted(e["job"] for e in reaped) == [f"taken-{i}" for i in range(5)]
+    assert all(e["status"] == "queued" and "attempt" not in e for e in reaped)
+    assert conn.hkeys(keys.dequeued_seen(keys.RENDER_QUEUE)) == []  # no marks left behind
+
+
+def test_a_worker_stopping_returns_what_it_took_but_did_not_start_at_once(conn):
+    enqueue(conn, keys.EMAIL_QUEUE, "jobs.testing.noop", job_id="taken-e")
+    strand(conn, keys.EMAIL_QUEUE, "taken-e")
+    returned = reaper.return_dequeued_now(conn, [keys.EMAIL_QUEUE], settle_s=0.2)
+    assert [s.job_id for s in returned] == ["taken-e"]
+    assert make_queue(keys.EMAIL_QUEUE, conn).get_job_ids() == ["taken-e"]
+    assert reaper.return_dequeued_now(conn, [keys.EMAIL_QUEUE], settle_s=0.2) == []
+
+
 def test_a_live_worker_job_is_not_reaped(conn):
     conn.set(keys.alive("render.alive.1"), 1, ex=10)
     job = enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.noop", job_id="alive-1")
