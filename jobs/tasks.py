@@ -184,9 +184,11 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
     try:
         import time as _time
 
+        tr = transport()
+        prepared = tr.prepare(msg)  # before the wait: at the start time, only the send is left
         if not lim.token(deadline_s=_time.monotonic() + cfg.email.timeout_s / 2):
             raise Throttled("waited too long for the global send rate; retrying", retry_after_s=1)
-        message_id = transport().send(msg)
+        message_id = tr.send(msg, prepared)
     except Throttled as e:  # a 429: every sender on every host waits, not just us
         idempotency.release(conn, key, token)
         if e.retry_after_s and cfg.limits.pause_on_429:
