@@ -45,10 +45,10 @@ class RenderConfig:
     """pdf-render worker processes per host; 0 = one per core."""
     timeout_s: int = 30
     """A render running longer is killed (even inside C code) and retried."""
-    jobs_per_horse: int = 1
-    """Renders one forked, warm work horse serves before it is replaced. 1 = fork per job
-    (RQ's way, the default). 100 measured 0.81 of the CPU limit against 0.58, but the
-    kill -9 chaos run once left a slip queued with it: EXPERIMENTAL until that is found."""
+    jobs_per_horse: int = 100
+    """Renders one forked, warm work horse serves before it is replaced (it is replaced at
+    once when killed: timeout, grace, crash). 1 = fork per job, RQ's way: each fork
+    re-copies the pages a render touches, ~40 ms of CPU on a ~65 ms render (bench/render.py)."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 

@@ -22,12 +22,13 @@ from payrun.ledger import Ledger
 FAST_RETRY = {"base_s": 0.1, "cap_s": 0.2, "attempts": 2}
 
 
-@pytest.fixture
-def env(cfg, tmp_path):
-    """Environment for worker processes: short timeout and grace, test jobs allowed."""
+@pytest.fixture(params=[100, 1], ids=["warm-horse", "fork-per-job"])
+def env(cfg, tmp_path, request):
+    """Environment for worker processes: short timeout and grace, test jobs allowed; each
+    render-worker test runs with the default warm horse and with RQ's fork per job."""
     conf = tmp_path / "payrun.toml"
     conf.write_text(
-        "[render]\ntimeout_s = 2\n[email]\ntimeout_s = 2\n[lease]\ngrace_s = 2\n"
+        f"[render]\ntimeout_s = 2\njobs_per_horse = {request.param}\n[email]\ntimeout_s = 2\n[lease]\ngrace_s = 2\n"
     )
     e = dict(os.environ, PAYRUN_CONFIG=str(conf), PAYRUN_TEST_JOBS="1")
     return e
