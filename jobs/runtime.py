@@ -36,6 +36,8 @@ from typing import Any
 from rq import Queue, SimpleWorker, Worker
 from rq.exceptions import DequeueTimeout
 from rq.job import Job, JobStatus
+from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
+from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 from rq.suspension import is_suspended
 from rq.timeouts import TimerDeathPenalty
@@ -53,6 +55,8 @@ ALIVE_TTL_S = 10
 """A worker whose payrun:alive key is older than this is presumed dead."""
 ALIVE_EVERY_S = 2
 SCHEDULER_CHECK_S = 5
+HEARTBEAT_EVERY_S = 1.0
+"""At most one plain worker heartbeat per second (RQ sends one before and after every job)."""
 """How often a worker checks that RQ's scheduler for its queues runs (and restarts it)."""
 
 log = logging.getLogger("payrun.worker")
@@ -148,6 +152,19 @@ def _one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+class PayrunScheduler(RQScheduler):
+    """RQ's scheduler process (moves due retries from the scheduled registry to their
+    queue), made to die with the worker that forked it, like a work horse."""
+
+    def start(self):
+        self._payrun_parent = os.getpid()
+        return super().start()
+
+    def work(self):
+        die_with_parent(getattr(self, "_payrun_parent", os.getppid()))
+        return super().work()
+
+
 class EventsMixin:
     """Failure classification and ledger events, shared by every payrun worker class."""
 
@@ -188,6 +205,41 @@ class EventsMixin:
             self._start_scheduler(burst=False)
         except Exception as e:  # Redis still down: try again at the next check
             log.warning("Worker %s: cannot start the RQ scheduler yet: %s", self.name, e)
+
+    # RQ writes the worker's heartbeat (HSET + EXPIRE, two round trips) three times per job
+    # and its state twice: between two renders that is ~8 round trips while the core idles.
+    # The worker key lives worker_ttl + 60 s (480 s); liveness is our own key (Liveness).
+    def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:
+        last = getattr(self, "last_heartbeat", None)
+        if (timeout is None and pipeline is None and last is not None
+                and (utcnow() - last).total_seconds() < HEARTBEAT_EVERY_S):
+            return
+        super().heartbeat(timeout, pipeline)
+
+    def set_state(self, state: str, pipeline=None) -> None:
+        if pipeline is None and state == getattr(self, "_state", None):
+            return  # already so in Redis (nobody else writes a worker's state)
+        super().set_state(state, pipeline)
+
+    def _start_scheduler(self, burst: bool = False, logging_level: str | None = "INFO",
+                         date_format: str = DEFAULT_LOGGING_DATE_FORMAT, log_format: str = DEFAULT_LOGGING_FORMAT):
+        """RQ's own method (rq 2.12, worker/base.py), with PayrunScheduler for RQScheduler."""
+        self.scheduler = PayrunScheduler(
+            self.queues, connection=self.connection,
+            logging_level=logging_level if logging_level is not None else self.log.level,
+            date_format=date_format, log_format=log_format, serializer=self.serializer,
+        )
+        self.scheduler.acquire_locks()
+        if self.scheduler.acquired_locks:
+            if burst:
+                try:
+                    self.scheduler.register_birth()
+                    self.scheduler.enqueue_scheduled_jobs()
+                finally:
+                    self.scheduler.release_locks()
+                    self.scheduler.register_death()
+            else:
+                self.scheduler.start()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         self.in_hand = (job, queue)
@@ -295,6 +347,7 @@ class RenderWorker(EventsMixin, Worker):
 
     # ---- a horse that serves several jobs ---------------------------------------------
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
+        self._parent_pid = os.getpid()
         if self.jobs_per_horse <= 1:
             return super().fork_work_horse(job, queue)
         if not self._horse_pid:
@@ -307,7 +360,12 @@ class RenderWorker(EventsMixin, Worker):
             self._spawn_horse()
             os.write(self._to_horse, line)
 
+    def main_work_horse(self, job: Job, queue: Queue) -> None:  # RQ's fork-per-job horse
+        die_with_parent(self._parent_pid)
+        super().main_work_horse(job, queue)
+
     def _spawn_horse(self) -> None:
+        self._parent_pid = os.getpid()
         parent_r, horse_w = os.pipe()
         horse_r, parent_w = os.pipe()
         pid = os.fork()
@@ -315,6 +373,7 @@ class RenderWorker(EventsMixin, Worker):
             code = 1
             try:
                 os.setpgrp()
+                die_with_parent(self._parent_pid)
                 os.close(parent_r)
                 os.close(parent_w)
                 self._horse_loop(horse_r, horse_w)
@@ -549,6 +608,23 @@ class Liveness:
             self.conn.delete(*[keys.alive(n) for n in self.names])
         except Exception:
             pass
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a work horse: be killed (SIGKILL) when the worker that forked it dies. A worker
+    killed with -9 (OOM killer, crash) would otherwise leave its horse running the job to
+    the end, after the reaper has already returned that job to the queue: the job would
+    run twice and the orphan would keep writing into Redis. Linux only (prctl
+    PR_SET_PDEATHSIG); elsewhere the orphan finishes its job, as with plain RQ."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the worker died before the line above
+        os._exit(1)
 
 
 def return_stranded(conn, queue_names: list[str], who: str) -> None:

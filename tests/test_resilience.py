@@ -46,6 +46,27 @@ def enqueue(conn, queue: str, func: str, *args, job_id: str, timeout: int = 2, r
     )
 
 
+def children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def status_of(conn, job_id: str) -> str:
     return PayrunJob.fetch(job_id, connection=conn).get_status(refresh=True)
 
@@ -119,8 +140,13 @@ def test_sigkill_loses_nothing_the_reaper_returns_the_job(conn, env, tmp_path):
     enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.sleep", 30, job_id="crash-1", timeout=40, retry=Retry(max=3))
     w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
     wait_for(lambda: worker_busy_with(conn, "crash-1"), timeout_s=30, what="the job to start")
+    kids = children(w.pid)  # its work horse and RQ's scheduler process
+    assert len(kids) >= 2, kids
     w.kill()  # SIGKILL: a crash, nothing runs on the way out
     w.wait(timeout=10)
+    # ... and they die with it (PR_SET_PDEATHSIG): no orphan finishes the job after the
+    # reaper has returned it, or keeps writing into Redis
+    wait_for(lambda: not any(alive(k) for k in kids), timeout_s=10, what=f"the worker's children {kids} to die")
     # its liveness key lapses within 10 s; until then the job is running, not stuck
     returned = wait_for(lambda: reaper.reap(conn), timeout_s=20, interval_s=0.5, what="the reaper to act")
     assert [s.job_id for s in returned] == ["crash-1"] and "gone" in returned[0].reason
