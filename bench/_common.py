@@ -398,6 +398,48 @@ def warm_render_times(n: int, snapshots: list[dict] | None = None) -> list[float
     return out
 
 
+def parallel_render_times(procs: int, n: int, snapshots: list[dict] | None = None) -> list[float]:
+    """Warm render times with ``procs`` processes rendering at once (forked from this warm
+    process, no RQ, no Redis): what a render costs when every core renders, the ceiling a
+    pool can reach (cores share caches and memory bandwidth; on a VM maybe more)."""
+    import gc
+    import json as _json
+
+    from jobs import slip
+
+    slip.warm_up()
+    gc.collect()
+    gc.freeze()
+    snaps = snapshots or [slip.SAMPLE_SNAPSHOT]
+    pipes, pids = [], []
+    for p in range(procs):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            code = 1
+            try:
+                times = []
+                for i in range(n):
+                    t = time.perf_counter()
+                    slip.render_pdf(snaps[(i + p) % len(snaps)])
+                    times.append(time.perf_counter() - t)
+                os.write(w, _json.dumps(times).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        pipes.append(r)
+        pids.append(pid)
+    out: list[float] = []
+    for r, pid in zip(pipes, pids):
+        with os.fdopen(r, "rb") as f:
+            out += _json.loads(f.read() or b"[]")
+        os.waitpid(pid, 0)
+    gc.unfreeze()
+    return out
+
+
 def harfbuzz_subset_info() -> dict[str, Any]:
     """Whether WeasyPrint subsets fonts with HarfBuzz: weasyprint/pdf/fonts.py Font.subset()
     uses it when weasyprint.text.ffi.harfbuzz_subset (dlopen of libharfbuzz-subset.so.0,

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from _common import (CORES, proc_cpu_s, MONTH, Bench, finish, harfbuzz_subset_info, job_times, load_avg, median,  # noqa: E402
-                     r4, run_main, say, seed_payroll, span_rate, warm_render_times)
+                     parallel_render_times, r4, run_main, say, seed_payroll, span_rate, warm_render_times)
 
 
 def main() -> None:
@@ -71,6 +71,10 @@ def main() -> None:
             f"{hb['libharfbuzz_subset_loaded']} from {hb['library']}, harfbuzz >= 4.1: {hb['harfbuzz_ge_4_1']})")
         cpu_limit = CORES / warm
         say(f"CPU limit = {CORES} cores / {warm:.3f} s = {cpu_limit:.1f} slips/s")
+        par = median(parallel_render_times(CORES, n_warm * 2, snaps))
+        par_limit = CORES / par
+        say(f"the same render with {CORES} processes rendering at once (no RQ): {par * 1000:.0f} ms median "
+            f"({par / warm:.2f}x the lone render): parallel ceiling {par_limit:.1f} slips/s")
 
         # 2. the pool: one pdf-render worker per core, fed by the real fan-out
         pool = a.workers or CORES
@@ -123,7 +127,7 @@ def main() -> None:
             f"between jobs per worker: {(CORES / pool_rate - horse) * 1000:.0f} ms")
         say(f"pool CPU per slip (worker parents + horses): {pool_cpu * 1000:.0f} ms vs warm render CPU "
             f"{warm_cpu * 1000:.0f} ms in-process ({pool_cpu / warm_cpu:.2f}x)")
-        say(f"pool / CPU limit = {ratio:.3f}  (target >= 0.90)")
+        say(f"pool / CPU limit = {ratio:.3f}  (target >= 0.90); pool / parallel ceiling = {pool_rate / par_limit:.3f}")
         for w in workers:
             b.stop(w)
 
@@ -149,6 +153,8 @@ def main() -> None:
             "pool_slips": len(ends), "pool_failed": failed, "pool_span_s": r4(span),
             "pool_slips_per_s": r4(pool_rate), "horse_job_median_s": r4(horse),
             "first_start_to_last_end_s": r4(ends[-1] - starts[0]) if ends and starts else None,
+            "parallel_render_s": r4(par), "parallel_ceiling_slips_per_s": r4(par_limit),
+            "pool_vs_parallel_ceiling": r4(pool_rate / par_limit),
             "ratio": r4(ratio), "target": ">= 0.90",
         })
 
