@@ -100,6 +100,8 @@ def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None) -> dict
         rss = peak_rss_mb(w.pid)
         threads = len(__import__("psutil").Process(w.pid).threads())
         st = b.provider_stats()
+        if st.get("throttles"):
+            say(f"[{label}] first 429s (time, span of the window's admissions, last gaps in ms): {st['throttles'][:4]}")
         accepted = sorted(b.provider_get(f"/v1/messages/{p['key']}")["accepted_at"] for p in payloads)
         i10, i90 = int(0.1 * n), int(0.9 * n) - 1
         sustained = (i90 - i10) / (accepted[i90] - accepted[i10])

@@ -417,7 +417,20 @@ class HttpTransport:
         }, ensure_ascii=False).encode("utf-8")
 
     def prepare(self, msg: Message) -> bytes:
-        """The request body: build it before waiting for the rate limiter's start time."""
+        """The request body, and this thread's connection if it has none: both before
+        waiting for the rate limiter's start time, so that at that moment only the request
+        leaves (a first send that also connects arrives late, and the provider counts
+        arrivals). A failed connect is left to send(), which reports it."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and (conn.sock is None or _peer_closed(conn.sock)):
+            self._drop(conn)  # closed by the server while idle: reconnect now, not at the start time
+        if getattr(self._local, "conn", None) is None:
+            conn = self._new_conn()
+            try:
+                conn.connect()
+                self._local.conn = conn
+            except (OSError, http.client.HTTPException):
+                self._drop(conn)
         return self.body(msg)
 
     def send(self, msg: Message, prepared: bytes | None = None) -> str:

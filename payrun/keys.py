@@ -66,6 +66,11 @@ def limit_tat(name: str) -> str:
     return f"payrun:limit:{name}:tat"
 
 
+def limit_sends(name: str) -> str:
+    """Sorted set of the moments sends actually started (ms), over the last ~1 s: the send gate."""
+    return f"payrun:limit:{name}:sends"
+
+
 def limit_pause(name: str) -> str:
     """Until when (ms) every sender waits, after a provider's 429 Retry-After."""
     return f"payrun:limit:{name}:pause"

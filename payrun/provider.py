@@ -98,6 +98,7 @@ class _State:
         self.in_flight = 0
         self.max_in_flight = 0
         self.max_rate_1s = 0
+        self.throttles: list[dict[str, Any]] = []
         self.per_second: dict[int, int] = {}
         self.received_per_second: dict[int, int] = {}
         self.window: collections.deque[float] = collections.deque()
@@ -414,6 +415,10 @@ class Provider:
         while w and w[0] <= now - 1.0:
             w.popleft()
         if len(w) >= limit:
+            if len(st.throttles) < 100:  # what the window looked like: for diagnosing 429s
+                gaps = [round((b - a) * 1000, 1) for a, b in zip(list(w)[-12:], list(w)[-11:])]
+                st.throttles.append({"at": round(now + st.wall_offset, 3), "window_span_ms": round((now - w[0]) * 1000, 1),
+                                     "last_gaps_ms": gaps})
             return False
         w.append(now)
         sec = int(now + st.wall_offset)
@@ -439,6 +444,7 @@ class Provider:
                 per_second={str(s): n for s, n in sorted(st.per_second.items()) if s > sec - 600},
                 received_per_second={str(s): n for s, n in sorted(st.received_per_second.items()) if s > sec - 600},
                 outage_s_left=round(max(0.0, st.outage_until - now), 3),
+                throttles=list(st.throttles),
                 latency_s=self.latency_s,
                 rate_per_s=self.rate_per_s,
             )

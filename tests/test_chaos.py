@@ -178,7 +178,7 @@ def test_kill_9_of_random_workers_loses_nothing_and_sends_nothing_twice(conn, ba
             assert cluster.run(conn) == n
             next_kill = [time.monotonic() + 3]
 
-            def chaos():  # every 2-5 s a random worker dies (SIGKILL: nothing runs on the way out)
+            def chaos():  # every 1.5-3.5 s a random worker dies (SIGKILL: nothing runs on the way out)
                 if time.monotonic() < next_kill[0] or len(kills) >= 40:
                     return
                 if cluster.progress()["done"] >= n * 0.95:
@@ -186,7 +186,7 @@ def test_kill_9_of_random_workers_loses_nothing_and_sends_nothing_twice(conn, ba
                 victim = rng.choice(cluster.workers())
                 cluster.signal(victim, signal.SIGKILL)
                 kills.append(victim)
-                next_kill[0] = time.monotonic() + rng.uniform(2, 5)
+                next_kill[0] = time.monotonic() + rng.uniform(1.5, 3.5)
 
             # an operator's script runs `rq info` in a loop all along (its registry cleanup
             # writes to Redis: it must not corrupt a job or break a worker)
