@@ -15,7 +15,7 @@ def load(tmp_path, toml: str, **env):
 def test_defaults_are_the_seed_numbers(tmp_path):
     c = config.load(env={"PAYRUN_HOME": str(tmp_path)})
     assert (c.render.timeout_s, c.lease.visibility_s, c.lease.grace_s) == (30, 60, 30)
-    assert (c.limits.email_concurrency, c.limits.email_rate_per_s, c.limits.db_concurrency) == (45, 40.0, 60)
+    assert (c.limits.email_concurrency, c.limits.email_rate_per_s, c.limits.db_concurrency) == (50, 40.0, 60)
     assert (c.render.retry.base_s, c.render.retry.cap_s, c.render.retry.attempts) == (1.0, 300.0, 6)
     assert c.timezone == "Asia/Dhaka"
     assert c.home == tmp_path

@@ -164,7 +164,7 @@ async def test_overview_shows_the_right_numbers(payrun_world):
         # throughput: the renders and sends of company 1 finished within the last minute
         q = {r.name: r for r in snap.queues}
         assert q[keys.RENDER_QUEUE].per_min[-1] == n1 and q[keys.EMAIL_QUEUE].per_min[-1] == n1 - 1
-        assert "45" in text_of(app, "#limits")
+        assert "50" in text_of(app, "#limits")
         # Enter on the send-email row drills down to its failed jobs
         table = app.screen.query_one("#queues")
         table.focus()
