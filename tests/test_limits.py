@@ -72,6 +72,43 @@ def test_rate_spaces_starts_across_limiters(conn):
     assert max(sum(1 for s in starts if t0 <= s < t0 + 1.0) for t0 in starts) <= 51
 
 
+def test_the_send_gate_holds_the_limit_over_any_second_even_when_senders_bunch(conn):
+    """Senders that arrive at once (woke late, or skipped the schedule) are let through
+    at most ``limit`` per 1 s + GATE_MARGIN_S, by their real start times, on every host."""
+    from jobs.limits import GATE_MARGIN_S
+
+    a, b = limiter(conn, cap=100, rate=10.0), limiter(conn, cap=100, rate=10.0)
+    starts: list[float] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(24)
+
+    def go(lim):
+        barrier.wait()
+        assert lim.gate(deadline_s=time.monotonic() + 10) is True
+        with lock:
+            starts.append(time.monotonic())
+
+    threads = [threading.Thread(target=go, args=(a if i % 2 else b,)) for i in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    starts.sort()
+    assert len(starts) == 24, starts
+    # 10 at once, 10 one window later, 4 after the next: any 11 starts span the gate's
+    # window (measured here after the gate returned: a few ms of thread lag either way)
+    spans = [later - first for first, later in zip(starts, starts[10:])]
+    assert min(spans) >= 1.0 + GATE_MARGIN_S - 0.03, [round(x - starts[0], 3) for x in starts]
+    assert starts[-1] - starts[0] >= 2 * (1.0 + GATE_MARGIN_S) - 0.05
+    assert int(a.stats().get("gated", 0)) >= 1
+
+
+def test_the_send_gate_gives_way_to_a_429_pause(conn):
+    lim = limiter(conn, rate=10.0)
+    lim.pause(0.3)
+    assert lim.gate() is False  # reserve again after the pause, do not send now
+
+
 def test_a_429_pauses_every_sender(conn):
     lim, other = limiter(conn), limiter(conn)
     lim.pause(0.5)
