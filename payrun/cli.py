@@ -309,7 +309,8 @@ def limits_show(c: Ctx, as_json: bool) -> None:
         return
     e = data["email"]
     click.echo(f"email: {e['in_use']} / {e['cap']} in flight, {e['rate_per_s']:g}/s, "
-               f"{e.get('waits', 0):,} waits, {e.get('http_429', 0):,} 429s seen")
+               f"{e.get('waits', 0):,} waits, {e.get('gated', 0):,} held by the send gate, "
+               f"{e.get('http_429', 0):,} 429s seen")
 
 
 @limits_group.command(name="set")

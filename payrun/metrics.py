@@ -106,6 +106,8 @@ class StateCollector:
                                       value=stats.get("http_429", 0))
             yield CounterMetricFamily("payrun_limiter_waits", "Sends that had to wait for a slot or the rate.",
                                       value=stats.get("waits", 0))
+            yield CounterMetricFamily("payrun_limiter_gated", "Sends the send gate held back (senders bunched).",
+                                      value=stats.get("gated", 0))
             from payrun.ledger import backlog
 
             yield GaugeMetricFamily("payrun_ledger_backlog", "Worker events not yet applied to the ledger.",
