@@ -377,7 +377,10 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
 @handle_errors
 def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
     """Return jobs of dead workers (or with expired leases) to the front of their queue.
-    Safe to run on several hosts at once: each job is returned exactly once."""
+    Safe to run on several hosts at once: each job is returned exactly once.
+
+    A job a worker took from its queue but never started (it died in between) is
+    returned once a pass has seen it there for 10 s: run with --loop, or run again."""
     import signal
     import time
 
