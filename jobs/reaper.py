@@ -139,9 +139,13 @@ def find_stranded(conn, now: float | None = None, queues=keys.QUEUES,
         for job_id, first in zip(ids, seen):
             first_s = float(first) if first else None
             if is_stranded(first_s, now, settle_s):
-                out.append(Stuck(job_id, q, job_id, "", f"taken from {q} by a worker that stopped before starting it "
-                                 f"({now - first_s:.0f} s ago)", where="dequeued"))
+                out.append(_stranded(job_id, q, f" ({now - first_s:.0f} s ago)"))
     return out
+
+
+def _stranded(job_id: str, queue: str, since: str = "") -> Stuck:
+    return Stuck(job_id, queue, job_id, "", f"taken from {queue} by a worker that stopped before starting it{since}",
+                 where="dequeued")
 
 
 def mark_dequeued(conn, now: float | None = None, queues=keys.QUEUES) -> None:
@@ -166,10 +170,14 @@ def _event_args(job_id: str, outcome: str, attempt, error: str) -> list[str]:
 
 def return_dequeued(conn, s: Stuck) -> bool:
     """Put one stranded job back at the front of its queue, once (see the module doc)."""
+    error = f"returned by the reaper: {s.reason}"
     done = conn.eval(_RETURN_DEQUEUED, 6, f"rq:queue:{s.queue}:intermediate", f"rq:queue:{s.queue}",
                      f"rq:job:{s.job_id}", f"rq:wip:{s.queue}", keys.dequeued_seen(s.queue), keys.EVENTS_STREAM,
-                     s.job_id, *_event_args(s.job_id, "reaped", None, f"returned by the reaper: {s.reason}"))
-    return int(done) == 1
+                     s.job_id, *_event_args(s.job_id, "reaped", None, error))
+    if int(done) != 1:
+        return False
+    events.log_emitted(s.job_id, "queued", outcome="reaped", error=error)
+    return True
 
 
 def return_dequeued_now(conn, queues, settle_s: float = 1.0, poll_s: float = 0.05) -> list[Stuck]:
@@ -181,19 +189,8 @@ def return_dequeued_now(conn, queues, settle_s: float = 1.0, poll_s: float = 0.0
     while any(candidates.values()) and time.monotonic() < deadline:
         time.sleep(poll_s)
         candidates = {q: ids & set(_dequeued_not_started(conn, q)) for q, ids in candidates.items()}
-    returned = []
-    for q, ids in candidates.items():
-        for job_id in ids:
-            s = Stuck(job_id, q, job_id, "", f"taken from {q} by a worker that stopped before starting it",
-                      where="dequeued")
-            if return_dequeued(conn, s):
-                _log_return(s)
-                returned.append(s)
-    return returned
-
-
-def _log_return(s: Stuck) -> None:
-    events.log_emitted(s.job_id, "queued", outcome="reaped", error=f"returned by the reaper: {s.reason}")
+    stranded = [_stranded(job_id, q) for q, ids in candidates.items() for job_id in ids]
+    return [s for s in stranded if return_dequeued(conn, s)]
 
 
 def reap(conn, now: float | None = None) -> list[Stuck]:
@@ -205,7 +202,6 @@ def reap(conn, now: float | None = None) -> list[Stuck]:
     for s in find_stuck(conn, now):
         if s.where == "dequeued":
             if return_dequeued(conn, s):
-                _log_return(s)
                 returned.append(s)
             continue
         # Read the attempt *before* returning the job: once it is back on its queue a

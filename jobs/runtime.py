@@ -56,9 +56,9 @@ ALIVE_TTL_S = 10
 """A worker whose payrun:alive key is older than this is presumed dead."""
 ALIVE_EVERY_S = 2
 SCHEDULER_CHECK_S = 5
+"""How often a worker checks that RQ's scheduler for its queues runs (and restarts it)."""
 HEARTBEAT_EVERY_S = 1.0
 """At most one plain worker heartbeat per second (RQ sends one before and after every job)."""
-"""How often a worker checks that RQ's scheduler for its queues runs (and restarts it)."""
 
 log = logging.getLogger("payrun.worker")
 
@@ -99,7 +99,6 @@ class PayrunJob(Job):
         pipeline.hset(self.key, "meta", self.serializer.dumps(self.meta))
         pipeline.xadd(keys.EVENTS_STREAM, events.event(self.id, "running", attempt=self.meta.get("attempt"),
                                                       worker=worker_name))
-        self._running_emitted = True
 
     def _handle_success(self, result_ttl, pipeline, worker_name: str = "", *args: Any, **kwargs: Any):
         super()._handle_success(result_ttl, pipeline, worker_name, *args, **kwargs)
@@ -271,13 +270,8 @@ class EventsMixin:
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
         job.meta["attempt"] = int(job.meta.get("attempt", 0)) + 1
         job.meta.pop("retry_after", None)
-        job._running_emitted = False
-        super().prepare_job_execution(job, remove_from_intermediate_queue)  # PayrunJob adds meta + event
-        if getattr(job, "_running_emitted", False):
-            events.log_emitted(job.id, "running", attempt=job.meta["attempt"], worker=self.name)
-        else:  # not a PayrunJob
-            job.save_meta()
-            events.emit(self.connection, job.id, "running", attempt=job.meta["attempt"], worker=self.name)
+        super().prepare_job_execution(job, remove_from_intermediate_queue)  # PayrunJob writes meta + event
+        events.log_emitted(job.id, "running", attempt=job.meta["attempt"], worker=self.name)
 
     def _classify_exception(self, job: Job, exc_type, exc_value, tb) -> bool:
         verdict = classify(exc_value)
@@ -300,7 +294,7 @@ class EventsMixin:
         super().handle_job_success(job, queue, started_job_registry)
         if getattr(job, "_done_emitted", False):
             events.log_emitted(job.id, "done", attempt=job.meta.get("attempt"))
-        else:  # result_ttl = 0 (RQ skips _handle_success), or not a PayrunJob
+        else:  # result_ttl = 0: RQ skips _handle_success
             events.emit(self.connection, job.id, "done", attempt=job.meta.get("attempt"))
 
     def handle_job_failure(self, job: Job, queue: Queue, started_job_registry=None, exc_string: str = "") -> None:
@@ -345,10 +339,10 @@ class RenderWorker(EventsMixin, Worker):
         self._to_horse: int | None = None
         self._from_horse: int | None = None
         self._horse_jobs = 0
+        self._parent_pid = os.getpid()  # the worker: a horse dies with it (die_with_parent)
 
     # ---- a horse that serves several jobs ---------------------------------------------
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
-        self._parent_pid = os.getpid()
         if self.jobs_per_horse <= 1:
             return super().fork_work_horse(job, queue)
         if not self._horse_pid:
@@ -366,7 +360,6 @@ class RenderWorker(EventsMixin, Worker):
         super().main_work_horse(job, queue)
 
     def _spawn_horse(self) -> None:
-        self._parent_pid = os.getpid()
         parent_r, horse_w = os.pipe()
         horse_r, parent_w = os.pipe()
         pid = os.fork()

@@ -416,7 +416,8 @@ class Provider:
             w.popleft()
         if len(w) >= limit:
             if len(st.throttles) < 100:  # what the window looked like: for diagnosing 429s
-                gaps = [round((b - a) * 1000, 1) for a, b in zip(list(w)[-12:], list(w)[-11:])]
+                last = list(w)[-12:]
+                gaps = [round((b - a) * 1000, 1) for a, b in zip(last, last[1:])]
                 st.throttles.append({"at": round(now + st.wall_offset, 3), "window_span_ms": round((now - w[0]) * 1000, 1),
                                      "last_gaps_ms": gaps})
             return False

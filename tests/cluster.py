@@ -275,6 +275,8 @@ class Cluster:
             " WHERE r.kind = 'render' AND r.month = ? AND COALESCE(e.status, '') != 'done' LIMIT ?",
             (self.month, limit)).fetchall()
         out: list[str] = []
+        log_lines = [(log.stem, line) for log in sorted(self.log_dir.glob("*.log"))
+                     for line in log.read_text(errors="replace").splitlines()] if rows else []
         for (key,) in rows:
             out.append(f"== slip {key}")
             for j in self.ledger.db.query("SELECT * FROM jobs WHERE key = ?", (key,)):
@@ -289,7 +291,7 @@ class Cluster:
                         for lst in (f"rq:queue:{q}", f"rq:queue:{q}:intermediate"):
                             if conn.lpos(lst, job_id) is not None:
                                 out.append(f"  in {lst}")
-                    for reg in ("started", "scheduled", "failed", "finished", "deferred"):
+                    for reg in ("wip", "scheduled", "failed", "finished", "deferred"):
                         for q in keys.QUEUES:
                             if conn.zscore(f"rq:{reg}:{q}", job_id) is not None:
                                 out.append(f"  in rq:{reg}:{q}")
@@ -298,10 +300,7 @@ class Cluster:
             # the email job id of this slip
             emp = key.split(":", 2)[-1]
             for name in (keys.render_job_id(self.month, emp), keys.email_job_id(self.month, emp)):
-                for log in sorted(self.log_dir.glob("*.log")):
-                    for line in log.read_text(errors="replace").splitlines():
-                        if name in line:
-                            out.append(f"  {log.stem}: {line[:400]}")
+                out += [f"  {stem}: {line[:400]}" for stem, line in log_lines if name in line]
         return "\n".join(out)
 
     def log_tail(self, name: str, chars: int = 3000) -> str:
