@@ -84,7 +84,7 @@ if redis.call('ZCARD', KEYS[1]) >= limit then
 end
 redis.call('ZADD', KEYS[1], now, ARGV[3])
 redis.call('PEXPIRE', KEYS[1], math.ceil(window) * 2)
-return {1, '0', 'ok'}
+return {1, tostring(now), 'ok'}
 """
 
 _PAUSE = """
@@ -193,10 +193,11 @@ class Limiter:
                 self._count_wait()
             return True
 
-    def gate(self, deadline_s: float | None = None) -> bool | None:
+    def gate(self, deadline_s: float | None = None) -> float | bool | None:
         """Record this send's start in the rolling window once fewer than the limit started
         in the last 1 s + GATE_MARGIN_S; wait (a few ms, when senders bunched) until then.
-        True: go. False: a 429 pause is on (reserve again). None: past ``deadline_s``."""
+        Go: the start time recorded (Redis clock, ms; truthy). False: a 429 pause is on
+        (reserve again). None: past ``deadline_s``."""
         member = uuid.uuid4().hex[:16]
         window_ms = (1.0 + GATE_MARGIN_S) * 1000
         gated = False
@@ -204,7 +205,7 @@ class Limiter:
             ok, wait_ms, why = self._gate(keys=[self.k_sends, self.k_conf, self.k_pause],
                                           args=[self.default_rate, window_ms, member])
             if int(ok):
-                return True
+                return float(wait_ms)
             if (why.decode() if isinstance(why, bytes) else why) == "pause":
                 return False
             wait_s = float(wait_ms) / 1000

@@ -34,9 +34,25 @@ def env(cfg, tmp_path, request):
     return e
 
 
+_started: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test():
+    """A test that fails half-way must not leave its worker taking later tests' jobs."""
+    yield
+    while _started:
+        p = _started.pop()
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+
+
 def start_worker(env, queue: str, log_path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "payrun.cli", "worker", queue], env=env,
-                            stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
+    p = subprocess.Popen([sys.executable, "-m", "payrun.cli", "worker", queue], env=env,
+                         stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
+    _started.append(p)
+    return p
 
 
 def enqueue(conn, queue: str, func: str, *args, job_id: str, timeout: int = 2, retry=None, **meta):
@@ -140,8 +156,8 @@ def test_sigkill_loses_nothing_the_reaper_returns_the_job(conn, env, tmp_path):
     enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.sleep", 30, job_id="crash-1", timeout=40, retry=Retry(max=3))
     w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
     wait_for(lambda: worker_busy_with(conn, "crash-1"), timeout_s=30, what="the job to start")
-    kids = children(w.pid)  # its work horse and RQ's scheduler process
-    assert len(kids) >= 2, kids
+    kids = children(w.pid)  # its work horse (and RQ's scheduler process, once it holds its lock)
+    assert kids, "no work horse"
     w.kill()  # SIGKILL: a crash, nothing runs on the way out
     w.wait(timeout=10)
     # ... and they die with it (PR_SET_PDEATHSIG): no orphan finishes the job after the
