@@ -8,12 +8,14 @@ One named resource (``email``) has
   then sleeps until it: no caller polls, so 45 waiting lanes cost one script call per
   send. Then, awake, it passes the *send gate*: a rolling window of the moments sends
   actually started (a sorted set), which lets a send go only while fewer than the
-  limit started in the last 1 s + GATE_MARGIN_S. The provider counts arrivals in a rolling
+  limit started in the last 1 s + a margin. The provider counts arrivals in a rolling
   second, not our schedule: a sender that woke late, followed by one on time, would put
   41 arrivals in one second (measured: 429s in 6 of 7 runs of 2,000 sends paced at
   97.5% without the gate, each stopping every sender for a second). The gate's window
-  is the provider's second plus GATE_MARGIN_S for the jitter between our clock stamp
-  and the provider's;
+  is the provider's second plus a margin for the jitter between our clock stamp and
+  the provider's. The margin tunes itself: 20 ms, widened by 20 ms at each 429 (up to
+  100 ms), narrowed back by 10 ms a minute; the schedule slows with it so that senders do
+  not queue at the gate (``jobs.policy.gate_margin_ms``, ``paced_rate``);
 - a pause: when the provider answers 429 with Retry-After, every sender stops until then.
 Each decision is one Lua script using Redis's clock (hosts' clocks may differ).
 
@@ -32,16 +34,26 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from jobs.policy import (GATE_MARGIN_DECAY_MS_PER_S, GATE_MARGIN_MAX_MS, GATE_MARGIN_MIN_MS, GATE_MARGIN_STEP_MS,
+                         gate_margin_ms)
 from payrun import keys
 
 RATE_HEADROOM = 0.975
-"""Sends are scheduled at 97.5% of the configured rate; the send gate (below) absorbs
-the threads that wake late."""
+"""Sends are scheduled at 97.5% of the configured rate (or slower, see paced_rate); the
+send gate (below) absorbs the threads that wake late."""
 
-GATE_MARGIN_S = 0.02
-"""The send gate counts starts over 1 s + this: at most ``limit`` sends start in any
-1.02 s, a ceiling of 98% of the limit, above the 97.5% schedule so that the gate only
-acts when lateness bunches sends together."""
+# The gate's margin in force, as jobs.policy.gate_margin_ms computes it. KEYS[4] = the
+# gate hash; ARGV[4..6] = min, max, decay per ms.
+_MARGIN = """
+local function margin(now)
+  local g = redis.call('HMGET', KEYS[4], 'margin_ms', 'at_ms')
+  local lo, hi = tonumber(ARGV[4]), tonumber(ARGV[5])
+  local m = tonumber(g[1] or lo) - math.max(0, now - tonumber(g[2] or '0')) * tonumber(ARGV[6])
+  if m < lo then m = lo end
+  if m > hi then m = hi end
+  return m
+end
+"""
 
 _ACQUIRE_SLOT = """
 local t = redis.call('TIME')
@@ -57,12 +69,15 @@ redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 return {1, 0}
 """
 
-_RESERVE = """
+_RESERVE = _MARGIN + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local pause = tonumber(redis.call('GET', KEYS[3]) or '0')
 if pause > now then return {0, tostring(pause - now)} end
-local rate = tonumber(redis.call('HGET', KEYS[2], 'rate_per_s') or ARGV[1]) * tonumber(ARGV[2])
+local limit = tonumber(redis.call('HGET', KEYS[2], 'rate_per_s') or ARGV[1])
+local rate = limit * tonumber(ARGV[2])
+local gate_rate = math.max(1, math.floor(limit)) * 1000.0 / (1000.0 + margin(now)) * 0.995
+if gate_rate < rate then rate = gate_rate end
 local interval = 1000.0 / rate
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tat < now then tat = now end
@@ -70,13 +85,13 @@ redis.call('SET', KEYS[1], tostring(tat + interval), 'PX', math.ceil(tat + inter
 return {1, tostring(tat - now)}
 """
 
-_GATE = """
+_GATE = _MARGIN + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local pause = tonumber(redis.call('GET', KEYS[3]) or '0')
 if pause > now then return {0, tostring(pause - now), 'pause'} end
 local limit = math.max(1, math.floor(tonumber(redis.call('HGET', KEYS[2], 'rate_per_s') or ARGV[1])))
-local window = tonumber(ARGV[2])
+local window = 1000.0 + margin(now)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
 if redis.call('ZCARD', KEYS[1]) >= limit then
   local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -87,13 +102,21 @@ redis.call('PEXPIRE', KEYS[1], math.ceil(window) * 2)
 return {1, tostring(now), 'ok'}
 """
 
-_PAUSE = """
+# KEYS: pause, stats, (unused), gate hash; ARGV: pause ms, (unused), (unused), min, max,
+# decay per ms, step
+_PAUSE = _MARGIN + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local untl = now + tonumber(ARGV[1])
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
 if untl > cur then redis.call('SET', KEYS[1], untl, 'PX', tonumber(ARGV[1])) end
 redis.call('HINCRBY', KEYS[2], 'http_429', 1)
+-- widen the gate's margin, once per second (in-flight sends bring several 429s at once)
+local at = tonumber(redis.call('HGET', KEYS[4], 'at_ms') or '0')
+if now - at >= 1000 then
+  local m = math.min(tonumber(ARGV[5]), margin(now) + tonumber(ARGV[7]))
+  redis.call('HSET', KEYS[4], 'margin_ms', tostring(m), 'at_ms', tostring(now))
+end
 return untl
 """
 
@@ -119,6 +142,8 @@ class Limiter:
         self.k_pause = keys.limit_pause(name)
         self.k_sends = keys.limit_sends(name)
         self.k_stats = keys.limit_stats(name)
+        self.k_gate = keys.limit_gate(name)
+        self._margin_args = [GATE_MARGIN_MIN_MS, GATE_MARGIN_MAX_MS, GATE_MARGIN_DECAY_MS_PER_S / 1000.0]
         self._acquire = conn.register_script(_ACQUIRE_SLOT)
         self._reserve = conn.register_script(_RESERVE)
         self._pause = conn.register_script(_PAUSE)
@@ -174,8 +199,8 @@ class Limiter:
         (time.monotonic())."""
         waited = False
         while True:
-            ok, wait_ms = self._reserve(keys=[self.k_tat, self.k_conf, self.k_pause],
-                                        args=[self.default_rate, RATE_HEADROOM])
+            ok, wait_ms = self._reserve(keys=[self.k_tat, self.k_conf, self.k_pause, self.k_gate],
+                                        args=[self.default_rate, RATE_HEADROOM, "", *self._margin_args])
             wait_s = float(wait_ms) / 1000
             if deadline_s is not None and time.monotonic() + wait_s > deadline_s:
                 return False
@@ -195,15 +220,14 @@ class Limiter:
 
     def gate(self, deadline_s: float | None = None) -> float | bool | None:
         """Record this send's start in the rolling window once fewer than the limit started
-        in the last 1 s + GATE_MARGIN_S; wait (a few ms, when senders bunched) until then.
+        in the last 1 s + the margin; wait (a few ms, when senders bunched) until then.
         Go: the start time recorded (Redis clock, ms; truthy). False: a 429 pause is on
         (reserve again). None: past ``deadline_s``."""
         member = uuid.uuid4().hex[:16]
-        window_ms = (1.0 + GATE_MARGIN_S) * 1000
         gated = False
         while True:
-            ok, wait_ms, why = self._gate(keys=[self.k_sends, self.k_conf, self.k_pause],
-                                          args=[self.default_rate, window_ms, member])
+            ok, wait_ms, why = self._gate(keys=[self.k_sends, self.k_conf, self.k_pause, self.k_gate],
+                                          args=[self.default_rate, "", member, *self._margin_args])
             if int(ok):
                 return float(wait_ms)
             if (why.decode() if isinstance(why, bytes) else why) == "pause":
@@ -222,7 +246,15 @@ class Limiter:
     def pause(self, seconds: float) -> None:
         """Every sender on every host waits ``seconds`` (a provider's Retry-After). The key
         lives exactly that long, so "paused" is simply "the key exists"."""
-        self._pause(keys=[self.k_pause, self.k_stats], args=[int(seconds * 1000)])
+        self._pause(keys=[self.k_pause, self.k_stats, self.k_pause, self.k_gate],
+                    args=[int(seconds * 1000), "", "", *self._margin_args, GATE_MARGIN_STEP_MS])
+
+    def gate_margin_ms(self) -> float:
+        """The send gate's margin over 1 s in force now (ms). Reads only."""
+        sec, usec = self.conn.time()
+        now_ms = int(sec) * 1000 + int(usec) / 1000
+        m, at = self.conn.hmget(self.k_gate, "margin_ms", "at_ms")
+        return gate_margin_ms(float(m) if m else None, now_ms - float(at or 0))
 
     def _count_wait(self) -> None:
         try:

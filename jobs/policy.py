@@ -129,3 +129,39 @@ def should_reap(lease_expires_s: float, now_s: float, worker_alive: bool) -> str
     if lease_expires_s < now_s:
         return "its lease expired: worker {worker} stopped renewing it"
     return None
+
+
+GATE_MARGIN_MIN_MS = 20.0
+"""The send gate counts starts over 1 s plus a margin for the jitter between the moment
+a sender passes the gate (Redis's clock) and the moment the provider stamps its arrival.
+20 ms is enough on a quiet host (0 x 429 in 5 of 5 runs of 2,000 sends)."""
+
+GATE_MARGIN_MAX_MS = 100.0
+GATE_MARGIN_STEP_MS = 20.0
+"""Each provider pause (a 429) widens the margin by this, at most once per second: a
+noisy host (a VM whose vCPUs stall for tens of ms) bunches arrivals more than 20 ms, and
+every 429 stops all senders for the Retry-After (measured here: 14 x 429 over 600 sends
+at 20 ms gave 0.49 of the limit; 50 ms gave 0.95 and none)."""
+
+GATE_MARGIN_DECAY_MS_PER_S = 10.0 / 60.0
+"""Without a 429 the margin narrows back by 10 ms a minute, down to the minimum."""
+
+
+def gate_margin_ms(stored_ms: float | None, ms_since_raised: float) -> float:
+    """The margin in force: the stored one, narrowed back with time, within its bounds."""
+    m = GATE_MARGIN_MIN_MS if stored_ms is None else stored_ms
+    m -= max(0.0, ms_since_raised) / 1000.0 * GATE_MARGIN_DECAY_MS_PER_S
+    return min(GATE_MARGIN_MAX_MS, max(GATE_MARGIN_MIN_MS, m))
+
+
+def raised_gate_margin_ms(current_ms: float) -> float:
+    """The margin after a 429."""
+    return min(GATE_MARGIN_MAX_MS, current_ms + GATE_MARGIN_STEP_MS)
+
+
+def paced_rate(limit_per_s: float, headroom: float, margin_ms: float) -> float:
+    """Sends per second to schedule: the headroom under the limit, and no faster than the
+    gate lets through, ``floor(limit)`` starts per (1 s + margin), with 0.5% to spare, so
+    that senders are not queued at the gate (each wait there is a polling loop)."""
+    gate_rate = max(1, int(limit_per_s)) * 1000.0 / (1000.0 + margin_ms) * 0.995
+    return min(limit_per_s * headroom, gate_rate)

@@ -303,14 +303,15 @@ def limits_show(c: Ctx, as_json: bool) -> None:
 
     lim = email_limiter(c.redis(), c.cfg)
     st = lim.settings()
-    data = {"email": {"cap": st.cap, "rate_per_s": st.rate_per_s, "in_use": lim.in_use(), **lim.stats()}}
+    data = {"email": {"cap": st.cap, "rate_per_s": st.rate_per_s, "in_use": lim.in_use(), **lim.stats(),
+                      "gate_margin_ms": round(lim.gate_margin_ms(), 1)}}
     if as_json:
         click.echo(json.dumps(data))
         return
     e = data["email"]
     click.echo(f"email: {e['in_use']} / {e['cap']} in flight, {e['rate_per_s']:g}/s, "
                f"{e.get('waits', 0):,} waits, {e.get('gated', 0):,} held by the send gate, "
-               f"{e.get('http_429', 0):,} 429s seen")
+               f"{e.get('http_429', 0):,} 429s seen; send gate: 1 s + {e['gate_margin_ms']:g} ms")
 
 
 @limits_group.command(name="set")

@@ -76,6 +76,11 @@ def limit_pause(name: str) -> str:
     return f"payrun:limit:{name}:pause"
 
 
+def limit_gate(name: str) -> str:
+    """Hash: the send gate's margin over 1 s (margin_ms) and when a 429 last raised it (at_ms)."""
+    return f"payrun:limit:{name}:gate"
+
+
 def limit_stats(name: str) -> str:
     """Counters: waits (acquires that had to wait), http_429."""
     return f"payrun:limit:{name}:stats"

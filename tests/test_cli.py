@@ -84,6 +84,8 @@ def test_limits_set_and_show(runner, conn):
     assert runner.invoke(cli, ["limits", "set", "--cap", "30", "--rate", "20"]).exit_code == 0
     shown = json.loads(runner.invoke(cli, ["limits", "show", "--json"]).output)
     assert shown["email"]["cap"] == 30 and shown["email"]["rate_per_s"] == 20
+    assert shown["email"]["gate_margin_ms"] == 20  # no 429 seen: the gate's narrowest margin
+    assert "send gate: 1 s + 20 ms" in runner.invoke(cli, ["limits", "show"]).output
     one_line_error(runner.invoke(cli, ["limits", "set"]))
 
 

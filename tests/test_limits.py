@@ -74,8 +74,10 @@ def test_rate_spaces_starts_across_limiters(conn):
 
 def test_the_send_gate_holds_the_limit_over_any_second_even_when_senders_bunch(conn):
     """Senders that arrive at once (woke late, or skipped the schedule) are let through
-    at most ``limit`` per 1 s + GATE_MARGIN_S, by their real start times, on every host."""
-    from jobs.limits import GATE_MARGIN_S
+    at most ``limit`` per 1 s + the gate's margin, by their real start times, on every host."""
+    from jobs.policy import GATE_MARGIN_MIN_MS
+
+    GATE_MARGIN_S = GATE_MARGIN_MIN_MS / 1000  # no 429 yet: the margin is at its minimum
 
     a, b = limiter(conn, cap=100, rate=10.0), limiter(conn, cap=100, rate=10.0)
     starts: list[float] = []
@@ -115,6 +117,28 @@ def test_a_429_pauses_every_sender(conn):
     other.token()
     assert time.monotonic() - t0 >= 0.45
     assert other.stats()["http_429"] == 1
+
+
+def test_a_429_widens_the_send_gate_once_per_pause_and_slows_the_schedule(conn):
+    """Each pause widens the gate's margin by one step (several 429s from sends already in
+    flight count once), for every host, and the schedule spaces starts to fit the gate."""
+    from jobs.policy import GATE_MARGIN_MIN_MS, GATE_MARGIN_STEP_MS, paced_rate
+
+    lim, other = limiter(conn, rate=40.0), limiter(conn, rate=40.0)
+    assert lim.gate_margin_ms() == GATE_MARGIN_MIN_MS
+    for _ in range(3):  # three senders got a 429 at once
+        lim.pause(0.05)
+    widened = other.gate_margin_ms()
+    assert GATE_MARGIN_MIN_MS + GATE_MARGIN_STEP_MS - 0.1 <= widened <= GATE_MARGIN_MIN_MS + GATE_MARGIN_STEP_MS
+    wait_for(lambda: not conn.exists(keys.limit_pause("email")), timeout_s=2, what="the pause to end")
+    # the schedule: consecutive reservations are 1 / paced_rate apart (the TAT moves by it)
+    other.token()
+    tat1 = float(conn.get(keys.limit_tat("email")))
+    other.token()
+    tat2 = float(conn.get(keys.limit_tat("email")))
+    expected = 1000.0 / paced_rate(40.0, 0.975, widened)
+    assert abs((tat2 - tat1) - expected) < 0.2, (tat2 - tat1, expected)
+    assert expected > 1000.0 / (40.0 * 0.975)  # slower than the headroom alone
 
 
 def test_limits_change_at_run_time(conn):

@@ -93,3 +93,33 @@ def test_should_reap():
 
 def test_no_jitter_waits_the_ceiling():
     assert backoff_delay(3, 1, 300, jitter=False) == 8
+
+
+def test_gate_margin_widens_per_429_and_narrows_back_with_time():
+    from jobs.policy import (GATE_MARGIN_MAX_MS, GATE_MARGIN_MIN_MS, GATE_MARGIN_STEP_MS, gate_margin_ms,
+                             raised_gate_margin_ms)
+
+    assert gate_margin_ms(None, 0) == GATE_MARGIN_MIN_MS  # never raised
+    raised = raised_gate_margin_ms(gate_margin_ms(None, 0))
+    assert raised == GATE_MARGIN_MIN_MS + GATE_MARGIN_STEP_MS
+    assert gate_margin_ms(raised, 0) == raised
+    assert gate_margin_ms(raised, 60_000) == raised - 10.0  # 10 ms a minute
+    assert gate_margin_ms(raised, 3_600_000) == GATE_MARGIN_MIN_MS  # never below the minimum
+    m = GATE_MARGIN_MIN_MS
+    for _ in range(20):
+        m = raised_gate_margin_ms(m)
+    assert m == GATE_MARGIN_MAX_MS
+
+
+def test_paced_rate_fits_the_gate():
+    from jobs.policy import paced_rate
+
+    # at the minimum margin the headroom decides (97.5% of 40/s), as before the gate tuned itself
+    assert paced_rate(40.0, 0.975, 20.0) == 39.0
+    # wider: no faster than floor(limit) starts per (1 s + margin), so nobody queues at the gate
+    wide = paced_rate(40.0, 0.975, 60.0)
+    assert wide < 40 * 1000 / 1060
+    assert wide > 0.93 * 40
+    # evenly spaced starts at that rate: any window of 1 s + margin holds at most the limit
+    interval = 1.0 / wide
+    assert int(1.060 / interval) + 1 <= 40
