@@ -1,0 +1,75 @@
+"""The send-email process's intake: one poll wakes as many idle lanes as jobs wait,
+and honours `payrun drain --queue` and `rq suspend` (real Redis, polls driven by hand)."""
+
+from __future__ import annotations
+
+import threading
+
+from conftest import wait_for
+from jobs.runtime import Intake, make_queue
+from payrun import keys
+
+
+def _waiters(intake: Intake, n: int) -> tuple[list, list[threading.Thread]]:
+    got: list = []
+    lock = threading.Lock()
+
+    def wait():
+        r = intake.wait(30)
+        with lock:
+            got.append(r)
+
+    threads = [threading.Thread(target=wait, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: intake._idle == n, timeout_s=10, what=f"{n} idle lanes")
+    return got, threads
+
+
+def test_one_poll_wakes_one_idle_lane_per_waiting_job(conn):
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    stop = threading.Event()
+    intake = Intake(conn, [q], stop)
+    got, threads = _waiters(intake, 3)
+    assert intake.poll() == 0 and got == []  # nothing waiting: nobody wakes
+    q.enqueue_call("jobs.testing.noop", job_id="a", meta={"kind": "test"})
+    q.enqueue_call("jobs.testing.noop", job_id="b", meta={"kind": "test"})
+    assert intake.poll() == 2
+    wait_for(lambda: len(got) == 2, timeout_s=10, what="two lanes woken")
+    assert all([x.name for x in r] == [keys.EMAIL_QUEUE] for r in got)
+    assert intake._idle == 1  # the third still waits
+    stop.set()
+    intake.wake_all()
+    wait_for(lambda: len(got) == 3, timeout_s=10, what="the last lane to see the stop")
+    assert got[-1] is None
+    for t in threads:
+        t.join(timeout=5)
+
+
+def test_a_drained_queue_or_suspended_workers_wake_nobody(conn):
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    q.enqueue_call("jobs.testing.noop", job_id="a", meta={"kind": "test"})
+    stop = threading.Event()
+    intake = Intake(conn, [q], stop)
+    got, threads = _waiters(intake, 2)
+
+    conn.sadd(keys.PAUSED_QUEUES, keys.EMAIL_QUEUE)  # payrun drain --queue send-email
+    assert intake.poll() == 0 and intake.open_queues() == []
+    conn.srem(keys.PAUSED_QUEUES, keys.EMAIL_QUEUE)
+    conn.set("rq:suspended", 1)  # rq suspend / payrun drain
+    assert intake.poll() == 0 and intake.open_queues() == []
+    assert got == [] and intake._idle == 2
+
+    conn.delete("rq:suspended")  # resumed: one job, one lane
+    assert intake.poll() == 1
+    wait_for(lambda: len(got) == 1, timeout_s=10, what="one lane woken")
+    assert [x.name for x in intake.open_queues()] == [keys.EMAIL_QUEUE]
+    stop.set()
+    intake.wake_all()
+    for t in threads:
+        t.join(timeout=5)
+
+
+def test_an_idle_lane_comes_back_empty_handed_to_renew_its_heartbeat(conn):
+    intake = Intake(conn, [make_queue(keys.EMAIL_QUEUE, conn)], threading.Event())
+    assert intake.wait(0.05) == []
