@@ -328,17 +328,19 @@ def ensure_group(conn) -> None:
 
 
 def apply_pending(conn, ledger: Ledger, consumer: str = "ledger-1", block_ms: int | None = None,
-                  count: int = 1000, observer=None) -> int:
+                  count: int = 1000, observer=None, replay: bool = True) -> int:
     """Read one batch from the stream, apply it, then acknowledge and delete it.
 
-    First re-reads this consumer's unacknowledged entries (a crash between commit and ack
-    replays them; applying twice gives the same rows), then new ones. Returns how many.
+    First (with ``replay``) re-reads this consumer's unacknowledged entries (a crash
+    between commit and ack replays them; applying twice gives the same rows), then new
+    ones. Returns how many.
     """
     from payrun import keys
 
-    ensure_group(conn)
+    if replay:
+        ensure_group(conn)
     applied = 0
-    for start in ("0", ">"):
+    for start in (("0", ">") if replay else (">",)):
         resp = conn.xreadgroup(keys.EVENTS_GROUP, consumer, {keys.EVENTS_STREAM: start}, count=count,
                                block=block_ms if start == ">" else None)
         if not resp:
@@ -383,6 +385,10 @@ def drain(conn, ledger: Ledger, consumer: str = "ledger-1") -> int:
 
 
 RECONCILE_EVERY_S = 5.0
+COALESCE_S = 0.2
+"""After a small batch the ledger waits this long before reading again: rows lag by at
+most this much more, and a pay run's events are applied ~20 at a time, not 1-3."""
+COALESCE_BELOW = 200
 RECONCILE_AFTER_S = 5.0
 _OPEN = ("queued", "running", "retrying")
 
@@ -445,9 +451,15 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
     wait = 0.5
     next_reconcile = time.monotonic() + RECONCILE_EVERY_S
     cursor = ""
+    replay = True  # at start and after a Redis error: first what this consumer read and did not ack
     while not stop():
         try:
-            apply_pending(conn, ledger, consumer, block_ms=1000, observer=observer)
+            n = apply_pending(conn, ledger, consumer, block_ms=1000, observer=observer, replay=replay)
+            replay = False
+            if 0 < n < COALESCE_BELOW:
+                # a trickle (a pay run's ~100 events/s): let it gather for a moment, so one
+                # SQLite commit and one ack carry many events instead of two or three
+                time.sleep(COALESCE_S)
             if time.monotonic() >= next_reconcile:
                 next_reconcile = time.monotonic() + RECONCILE_EVERY_S
                 fixed, cursor = reconcile(conn, ledger, after_id=cursor)
@@ -455,6 +467,7 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
                     log.warning("ledger: %d job(s) finished in RQ without their event; reconciled", fixed)
             wait = 0.5
         except (redis.ConnectionError, redis.TimeoutError) as e:
+            replay = True
             if log:
                 log.warning("ledger: Redis unavailable (%s); retrying in %.1f s", e, wait)
             time.sleep(wait)
