@@ -385,9 +385,11 @@ def seed_payroll(home: Path, employees: int, companies: int, month: str = MONTH)
 
 
 def warm_render_times(n: int, snapshots: list[dict] | None = None) -> list[float]:
-    """Warm single-process render times (jobs.slip.render_pdf after warm_up)."""
+    """Warm single-process render times (jobs.slip.render_pdf after warm_up), with the
+    collector tuned as in a render worker (slip.tune_gc)."""
     from jobs import slip
 
+    slip.tune_gc()
     slip.warm_up()
     snaps = snapshots or [slip.SAMPLE_SNAPSHOT]
     out = []
@@ -407,6 +409,7 @@ def parallel_render_times(procs: int, n: int, snapshots: list[dict] | None = Non
 
     from jobs import slip
 
+    slip.tune_gc()
     slip.warm_up()
     gc.collect()
     gc.freeze()

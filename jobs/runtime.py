@@ -466,6 +466,7 @@ class RenderWorker(EventsMixin, Worker):
         from jobs import slip
 
         started = time.monotonic()
+        slip.tune_gc()
         slip.warm_up()
         # Everything alive now (WeasyPrint, fonts, the parsed template and CSS) is moved out
         # of the collector's sight: otherwise the first collection in each forked child walks
