@@ -495,12 +495,20 @@ class RenderWorker(EventsMixin, Worker):
         super().request_stop(signum, frame)
 
     def request_force_stop(self, signum, frame) -> None:
-        """Second SIGTERM: hand the job back now, then exit."""
-        if self.in_hand is not None and self.horse_pid:
+        """Second SIGTERM: hand the job back now, then exit. The job in hand may not have
+        reached a horse yet (both signals right after the dequeue), or may have just
+        finished in it: it goes back unless RQ already recorded its end."""
+        if self.in_hand is not None:
             job, queue = self.in_hand
-            self.kill_horse()
-            self.wait_for_horse()
-            self.requeue_front(job, queue, f"worker {self.name} stopped at once (second signal)")
+            if self.horse_pid:
+                self.kill_horse()
+                self.wait_for_horse()
+            try:
+                status = job.get_status(refresh=True)
+            except Exception:  # noqa: BLE001 - gone (expired): nothing to hand back
+                status = None
+            if status in (JobStatus.QUEUED, JobStatus.STARTED):
+                self.requeue_front(job, queue, f"worker {self.name} stopped at once (second signal)")
         if self._liveness is not None:
             self._liveness.stop()
         raise SystemExit(0)

@@ -130,6 +130,36 @@ def test_sigterm_finishes_within_grace_then_requeues_at_front_without_spending_a
     assert job.retries_left == 3 and job.get_status() == "queued"
     assert not worker_busy_with(conn, "long-1")
 
+def test_a_second_sigterm_before_the_horse_started_hands_the_job_back(conn):
+    """Both signals can land between the dequeue and the fork (the job already in RQ's
+    started registry, no horse yet): the job still goes back to the front, once, and a
+    job that finished in the horse meanwhile does not (CI caught the first case)."""
+    from rq.job import JobStatus
+
+    from jobs.runtime import RenderWorker
+
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    job = enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.noop", job_id="early-1")
+    enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.noop", job_id="next-1")
+    w = RenderWorker([q], connection=conn, name="render.test.early")
+    taken, _ = q.dequeue_any([q], None, connection=conn, job_class=PayrunJob, serializer=w.serializer)
+    assert taken.id == "early-1"
+    w.prepare_execution(taken)  # in rq:wip now, as the test harness sees a busy worker
+    w.in_hand = (taken, q)
+    with pytest.raises(SystemExit):
+        w.request_force_stop(signal.SIGTERM, None)
+    assert q.get_job_ids() == ["early-1", "next-1"]  # back at the front
+    assert conn.zcard(f"rq:wip:{keys.RENDER_QUEUE}") == 0
+
+    taken, _ = q.dequeue_any([q], None, connection=conn, job_class=PayrunJob, serializer=w.serializer)
+    w.prepare_execution(taken)
+    taken.set_status(JobStatus.FINISHED)  # its horse finished it just before the signal
+    w.in_hand = (taken, q)
+    with pytest.raises(SystemExit):
+        w.request_force_stop(signal.SIGTERM, None)
+    assert q.get_job_ids() == ["next-1"]  # not run twice
+
+
 
 def test_a_second_sigterm_requeues_at_once(conn, env, tmp_path):
     enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.sleep", 30, job_id="long-2", timeout=40, retry=Retry(max=3))
