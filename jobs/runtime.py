@@ -56,6 +56,7 @@ ALIVE_TTL_S = 10
 """A worker whose payrun:alive key is older than this is presumed dead."""
 ALIVE_EVERY_S = 2
 SCHEDULER_CHECK_S = 5
+SCHEDULER_STOP_S = 5.0
 """How often a worker checks that RQ's scheduler for its queues runs (and restarts it)."""
 HEARTBEAT_EVERY_S = 1.0
 """At most one plain worker heartbeat per second (RQ sends one before and after every job)."""
@@ -191,8 +192,8 @@ class EventsMixin:
         A worker that lost the lock race to another worker's scheduler also takes over
         here within seconds once that one is gone. Call from the main thread (it forks)."""
         now = time.monotonic()
-        if now < getattr(self, "_next_scheduler_check", 0.0):
-            return
+        if now < getattr(self, "_next_scheduler_check", 0.0) or getattr(self, "_stop_requested", False):
+            return  # a stopping worker stopped its scheduler on purpose: starting another kept it alive
         self._next_scheduler_check = now + SCHEDULER_CHECK_S
         current = self.scheduler
         process = getattr(current, "_process", None) if current is not None else None
@@ -205,6 +206,24 @@ class EventsMixin:
             self._start_scheduler(burst=False)
         except Exception as e:  # Redis still down: try again at the next check
             log.warning("Worker %s: cannot start the RQ scheduler yet: %s", self.name, e)
+
+    def stop_scheduler(self) -> None:
+        """RQ's, with a bound: SIGTERM, then SIGKILL after SCHEDULER_STOP_S. RQ joins the
+        scheduler process without a timeout, and a worker stuck there outlives its grace
+        (its locks expire by themselves)."""
+        process = getattr(self.scheduler, "_process", None)
+        if process is None or not process.pid:
+            return
+        try:
+            os.kill(process.pid, signal.SIGTERM)
+        except OSError:
+            pass
+        process.join(SCHEDULER_STOP_S)
+        if process.is_alive():
+            log.warning("Worker %s: RQ scheduler (pid %s) did not stop within %g s; killing it",
+                        self.name, process.pid, SCHEDULER_STOP_S)
+            process.kill()
+            process.join(1)
 
     # RQ writes the worker's heartbeat (HSET + EXPIRE, two round trips) three times per job
     # and its state twice: between two renders that is ~8 round trips while the core idles.
@@ -874,7 +893,7 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
         while any(t.is_alive() for t in threads):
             if fatal.is_set():
                 break  # Redis failed mid-job: exit for a restart (below)
-            if not burst:
+            if not burst and not stop.is_set():
                 workers[0].ensure_scheduler()
             if burst and all(q.count == 0 for q in queues) and all(w.in_hand is None for w in workers):
                 stop.set()

@@ -101,8 +101,10 @@ def test_supervisorctl_stop_of_one_worker_lets_its_job_finish(tmp_path):
         cfg = config.load(env={"PAYRUN_HOME": env["PAYRUN_HOME"]})
         conn = redis_server.connect(cfg)
         make_queue("pdf-render", conn).enqueue_call("jobs.testing.sleep", args=(4,), job_id="finish-me", timeout=20)
-        wait_for(lambda: conn.zcard("rq:wip:pdf-render") == 1, timeout_s=30, what="a worker to take the job")
-        worker = PayrunJob.fetch("finish-me", connection=conn).worker_name
+        # the worker records the execution (rq:wip) before its horse marks the job started
+        # with its name: wait for the name
+        worker = wait_for(lambda: PayrunJob.fetch("finish-me", connection=conn).worker_name, timeout_s=30,
+                          what="a worker to start the job")
         pid = int(worker.rsplit(".", 1)[1])
         out = subprocess.run([sys.executable, "-m", "payrun.cli", "ps"], env=env, capture_output=True, text=True)
         program = next(ln.split()[0] for ln in out.stdout.splitlines() if f"pid {pid}," in ln)
