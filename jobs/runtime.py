@@ -37,6 +37,7 @@ from typing import Any
 from rq import Queue, SimpleWorker, Worker
 from rq.exceptions import DequeueTimeout
 from rq.job import Job, JobStatus
+from rq.worker import WorkerStatus
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
@@ -56,10 +57,13 @@ ALIVE_TTL_S = 10
 """A worker whose payrun:alive key is older than this is presumed dead."""
 ALIVE_EVERY_S = 2
 SCHEDULER_CHECK_S = 5
-SCHEDULER_STOP_S = 5.0
 """How often a worker checks that RQ's scheduler for its queues runs (and restarts it)."""
+SCHEDULER_STOP_S = 5.0
+"""How long a stopping worker waits for its RQ scheduler process before killing it."""
 HEARTBEAT_EVERY_S = 1.0
 """At most one plain worker heartbeat per second (RQ sends one before and after every job)."""
+LANE_HEARTBEAT_EVERY_S = 10.0
+"""A send lane's plain heartbeat: each job start renews the worker key anyway."""
 
 log = logging.getLogger("payrun.worker")
 
@@ -228,10 +232,12 @@ class EventsMixin:
     # RQ writes the worker's heartbeat (HSET + EXPIRE, two round trips) three times per job
     # and its state twice: between two renders that is ~8 round trips while the core idles.
     # The worker key lives worker_ttl + 60 s (480 s); liveness is our own key (Liveness).
+    heartbeat_every_s: float = HEARTBEAT_EVERY_S
+
     def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:
         last = getattr(self, "last_heartbeat", None)
         if (timeout is None and pipeline is None and last is not None
-                and (utcnow() - last).total_seconds() < HEARTBEAT_EVERY_S):
+                and (utcnow() - last).total_seconds() < self.heartbeat_every_s):
             return
         super().heartbeat(timeout, pipeline)
 
@@ -579,9 +585,27 @@ class LaneWorker(EventsMixin, SimpleWorker):
     """One lane of a send-email process: runs jobs in its thread, timeouts by timer."""
 
     death_penalty_class = TimerDeathPenalty
+    # Every job start already renews the worker key (RQ pipelines it with the start); a
+    # send takes 1.2 s, so the plain heartbeat after it was one more round trip per send.
+    heartbeat_every_s = LANE_HEARTBEAT_EVERY_S
 
     def _install_signal_handlers(self) -> None:  # the process's main thread owns signals
         pass
+
+    def set_state(self, state: str, pipeline=None) -> None:
+        """RQ marks a worker idle after every job; a lane that goes straight on to the next
+        stays busy in Redis (one round trip less per send) and is marked idle only when it
+        waits for work (``idle()``)."""
+        if state == WorkerStatus.IDLE and pipeline is None and not getattr(self, "_waiting", False):
+            return
+        super().set_state(state, pipeline)
+
+    def idle(self) -> None:
+        self._waiting = True
+        try:
+            self.set_state(WorkerStatus.IDLE)
+        finally:
+            self._waiting = False
 
     def subscribe(self) -> None:  # one pubsub thread per lane would be 45 threads
         pass
@@ -784,13 +808,14 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
     the jobs it held once its liveness lapses. A lane thread that died silently instead
     would leave the process running with fewer lanes, for good."""
     lane.register_birth()
-    lane.set_state("idle")
+    lane.idle()
     done = 0
     try_now = True  # at start and after a job: try the queues before waiting
     try:
         while not stop.is_set():
             open_ = intake.open_queues()
             if not try_now or not open_:
+                lane.idle()
                 open_ = intake.wait(IDLE_HEARTBEAT_S)
                 if open_ is None:
                     break
