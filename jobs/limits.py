@@ -34,8 +34,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from jobs.policy import (GATE_MARGIN_DECAY_MS_PER_S, GATE_MARGIN_MAX_MS, GATE_MARGIN_MIN_MS, GATE_MARGIN_STEP_MS,
-                         gate_margin_ms)
+from jobs.policy import (GATE_FIT, GATE_MARGIN_DECAY_MS_PER_S, GATE_MARGIN_MAX_MS, GATE_MARGIN_MIN_MS,
+                         GATE_MARGIN_STEP_MS, gate_margin_ms)
 from payrun import keys
 
 RATE_HEADROOM = 0.975
@@ -69,6 +69,7 @@ redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 return {1, 0}
 """
 
+# ARGV: default rate, headroom, gate fit (jobs.policy.paced_rate), then _MARGIN's
 _RESERVE = _MARGIN + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -76,7 +77,7 @@ local pause = tonumber(redis.call('GET', KEYS[3]) or '0')
 if pause > now then return {0, tostring(pause - now)} end
 local limit = tonumber(redis.call('HGET', KEYS[2], 'rate_per_s') or ARGV[1])
 local rate = limit * tonumber(ARGV[2])
-local gate_rate = math.max(1, math.floor(limit)) * 1000.0 / (1000.0 + margin(now)) * 0.995
+local gate_rate = math.max(1, math.floor(limit)) * 1000.0 / (1000.0 + margin(now)) * tonumber(ARGV[3])
 if gate_rate < rate then rate = gate_rate end
 local interval = 1000.0 / rate
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -200,7 +201,7 @@ class Limiter:
         waited = False
         while True:
             ok, wait_ms = self._reserve(keys=[self.k_tat, self.k_conf, self.k_pause, self.k_gate],
-                                        args=[self.default_rate, RATE_HEADROOM, "", *self._margin_args])
+                                        args=[self.default_rate, RATE_HEADROOM, GATE_FIT, *self._margin_args])
             wait_s = float(wait_ms) / 1000
             if deadline_s is not None and time.monotonic() + wait_s > deadline_s:
                 return False

@@ -159,9 +159,13 @@ def raised_gate_margin_ms(current_ms: float) -> float:
     return min(GATE_MARGIN_MAX_MS, current_ms + GATE_MARGIN_STEP_MS)
 
 
+GATE_FIT = 0.995
+"""The schedule runs this fraction of the gate's own ceiling (0.5% to spare)."""
+
+
 def paced_rate(limit_per_s: float, headroom: float, margin_ms: float) -> float:
     """Sends per second to schedule: the headroom under the limit, and no faster than the
-    gate lets through, ``floor(limit)`` starts per (1 s + margin), with 0.5% to spare, so
+    gate lets through, ``floor(limit)`` starts per (1 s + margin), times GATE_FIT, so
     that senders are not queued at the gate (each wait there is a polling loop)."""
-    gate_rate = max(1, int(limit_per_s)) * 1000.0 / (1000.0 + margin_ms) * 0.995
+    gate_rate = max(1, int(limit_per_s)) * 1000.0 / (1000.0 + margin_ms) * GATE_FIT
     return min(limit_per_s * headroom, gate_rate)

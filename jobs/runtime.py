@@ -35,7 +35,6 @@ import uuid
 from typing import Any
 
 from rq import Queue, SimpleWorker, Worker
-from rq.exceptions import DequeueTimeout
 from rq.job import Job, JobStatus
 from rq.worker import WorkerStatus
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
@@ -596,16 +595,12 @@ class LaneWorker(EventsMixin, SimpleWorker):
         """RQ marks a worker idle after every job; a lane that goes straight on to the next
         stays busy in Redis (one round trip less per send) and is marked idle only when it
         waits for work (``idle()``)."""
-        if state == WorkerStatus.IDLE and pipeline is None and not getattr(self, "_waiting", False):
+        if state == WorkerStatus.IDLE and pipeline is None:
             return
         super().set_state(state, pipeline)
 
     def idle(self) -> None:
-        self._waiting = True
-        try:
-            self.set_state(WorkerStatus.IDLE)
-        finally:
-            self._waiting = False
+        super().set_state(WorkerStatus.IDLE)
 
     def subscribe(self) -> None:  # one pubsub thread per lane would be 45 threads
         pass
@@ -702,10 +697,15 @@ IDLE_HEARTBEAT_S = 30.0
 """An idle lane renews its RQ worker key (`rq info`) this often; liveness is separate."""
 
 
+def _open(queues: list[Queue], paused_raw) -> list[Queue]:
+    """``queues`` less those in the drained set (SMEMBERS payrun:paused-queues)."""
+    paused = {m.decode() if isinstance(m, bytes) else m for m in paused_raw}
+    return [q for q in queues if q.name not in paused]
+
+
 def intake_queues(conn, queues: list[Queue]) -> list[Queue]:
     """The queues a worker may take from now: those not drained by `payrun drain --queue`."""
-    paused = {m.decode() if isinstance(m, bytes) else m for m in conn.smembers(keys.PAUSED_QUEUES)}
-    return [q for q in queues if q.name not in paused]
+    return _open(queues, conn.smembers(keys.PAUSED_QUEUES))
 
 
 class Intake:
@@ -725,12 +725,10 @@ class Intake:
         self._grants = 0
         self._open: list[Queue] = list(queues)
         self._suspended = False
-        self._thread: threading.Thread | None = None
 
     def start(self) -> "Intake":
         self.poll()
-        self._thread = threading.Thread(target=self._run, name="intake", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._run, name="intake", daemon=True).start()
         return self
 
     def open_queues(self) -> list[Queue]:
@@ -768,13 +766,14 @@ class Intake:
             for q in self.queues:
                 pipe.llen(q.key)
             paused, suspended, *lengths = pipe.execute()
-        paused = {m.decode() if isinstance(m, bytes) else m for m in paused}
+        open_ = _open(self.queues, paused)
+        length = {q.name: n for q, n in zip(self.queues, lengths)}
         waiting = 0
         with self._cond:
-            self._open = [q for q in self.queues if q.name not in paused]
+            self._open = open_
             self._suspended = bool(suspended)
             if not self._suspended:
-                waiting = sum(n for q, n in zip(self.queues, lengths) if q.name not in paused)
+                waiting = sum(length[q.name] for q in open_)
             self._grants = min(waiting, self._idle)
             if self._grants:
                 self._cond.notify(self._grants)

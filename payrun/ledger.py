@@ -385,11 +385,12 @@ def drain(conn, ledger: Ledger, consumer: str = "ledger-1") -> int:
 
 
 RECONCILE_EVERY_S = 5.0
+RECONCILE_AFTER_S = 5.0
 COALESCE_S = 0.2
 """After a small batch the ledger waits this long before reading again: rows lag by at
 most this much more, and a pay run's events are applied ~20 at a time, not 1-3."""
 COALESCE_BELOW = 200
-RECONCILE_AFTER_S = 5.0
+"""A batch smaller than this is "small" (the stream is not backed up)."""
 _OPEN = ("queued", "running", "retrying")
 
 
