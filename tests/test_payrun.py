@@ -112,7 +112,9 @@ def test_pay_run_end_to_end_over_http(world, provider, caplog):
     work_everything(conn, ledger)
     # nothing logged carries a salary figure or a bank account
     logged = "\n".join(r.getMessage() for r in caplog.records)
-    assert "job render-2026-11-emp-00001" in logged  # we did capture the workers' lines
+    assert "job email-2026-11-emp-00001" in logged  # we did capture the workers' lines
+    assert "enqueued 9 render jobs of company 1" in logged  # one line per chunk, not per job
+    assert "payrun-bulk-template" not in logged
     for snap in payroll.snapshots(db, MONTH):
         t = slip.totals(snap)
         for amount in (t["net"], t["gross"], snap["earnings"]["basic"]):

@@ -1,0 +1,104 @@
+"""The fan-out's bulk enqueue writes the same job records as RQ's ``enqueue_many``,
+against the real Redis server."""
+
+from __future__ import annotations
+
+import zlib
+
+from rq import Retry
+from rq.serializers import PickleSerializer
+from rq.queue import Queue
+
+from jobs.runtime import PayrunJob, make_queue
+from payrun import bulk, keys, payroll, runs
+from payrun.ledger import Ledger
+
+OPTIONS = dict(timeout=120, retry=Retry(max=4), result_ttl=24 * 3600, failure_ttl=30 * 24 * 3600)
+ARGS = [
+    {"employee": {"id": "E1", "name": "রহিম উদ্দিন"}, "net": "৳ 52,000", "lines": [1, 2.5, None]},
+    {"employee": {"id": "E2", "name": "O'Brien <b>&amp;</b>"}, "key": "k\"2", "nested": {"a": [True, False]}},
+    {"employee": {"id": "E3"}, "empty": {}, "list": []},
+]
+
+
+def _jobs(n_from: int = 0):
+    return [(f"render-2026-11-E{i + 1 + n_from}", a, f"render slip k{i}",
+             {"kind": "render", "key": f"k{i}", "company": 7, "retry": {"attempts": 5}})
+            for i, a in enumerate(ARGS)]
+
+
+def _state(conn, queue):
+    records = {}
+    for job_id in conn.lrange(queue.key, 0, -1):
+        h = conn.hgetall(b"rq:job:" + job_id)
+        h[b"data"] = zlib.decompress(h[b"data"])
+        for ts in (b"created_at", b"enqueued_at"):
+            assert h.pop(ts)  # a timestamp in RQ's format, compared below
+        records[job_id] = h
+    return conn.lrange(queue.key, 0, -1), records, conn.smembers("rq:queues")
+
+
+def test_template_is_available_for_the_pinned_rq(conn):
+    """If this fails after an RQ upgrade, the fan-out silently takes RQ's slow path:
+    check what enqueue_many sends now and teach payrun.bulk (or accept the slower run)."""
+    tpl = bulk.template(make_queue(keys.RENDER_QUEUE, conn), runs.RENDER_FUNC, **OPTIONS)
+    assert tpl is not None
+    fields = dict(zip(tpl.fields[::2], tpl.fields[1::2]))
+    assert fields["origin"] == keys.RENDER_QUEUE and fields["status"] == "queued"
+    assert not set(bulk.PER_JOB) & set(fields)
+
+
+def test_bulk_records_equal_enqueue_many(conn):
+    queue = make_queue(keys.RENDER_QUEUE, conn)
+    with conn.pipeline() as pipe:
+        queue.enqueue_many([queue.prepare_data(runs.RENDER_FUNC, args=(a,), job_id=j, description=d, meta=m, **OPTIONS)
+                            for j, a, d, m in _jobs()], pipeline=pipe)
+        pipe.execute()
+    from_rq = _state(conn, queue)
+    conn.flushdb()
+
+    enq = bulk.BulkEnqueuer(conn, bulk.template(queue, runs.RENDER_FUNC, **OPTIONS))
+    assert enq.enqueue(enq.job_args(*j) for j in _jobs()) == len(ARGS)
+    assert _state(conn, queue) == from_rq
+
+    # and RQ reads them back as it wrote them
+    for job_id, arg, description, meta in _jobs():
+        job = PayrunJob.fetch(job_id, connection=conn)
+        assert job.func_name == runs.RENDER_FUNC and list(job.args) == [arg] and job.kwargs == {}
+        assert job.description == description and job.meta == meta
+        assert job.timeout == 120 and job.retries_left == 4 and job.origin == keys.RENDER_QUEUE
+        assert job.get_status() == "queued" and job.enqueued_at and job.created_at
+    assert queue.count == len(ARGS) and queue.job_ids == [j[0] for j in _jobs()]
+
+
+def test_bulk_appends_after_jobs_already_queued_and_empty_chunk_is_a_no_op(conn):
+    queue = make_queue(keys.RENDER_QUEUE, conn)
+    enq = bulk.BulkEnqueuer(conn, bulk.template(queue, runs.RENDER_FUNC, **OPTIONS))
+    assert enq.enqueue([]) == 0
+    assert not conn.exists(queue.key)
+    enq.enqueue(enq.job_args(*j) for j in _jobs())
+    enq.enqueue(enq.job_args(*j) for j in _jobs(n_from=10))
+    assert queue.job_ids == [j[0] for j in _jobs()] + [j[0] for j in _jobs(n_from=10)]
+
+
+def test_template_refuses_what_it_cannot_repeat(conn):
+    pickled = Queue("other", connection=conn, serializer=PickleSerializer)
+    assert bulk.template(pickled, runs.RENDER_FUNC, **OPTIONS) is None
+    # recording the template sends nothing
+    assert conn.dbsize() == 0
+
+
+def test_start_run_falls_back_to_enqueue_many(cfg, conn, monkeypatch):
+    """Without a template (an RQ this module does not know), the run is still whole."""
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.seed(db, companies=2, employees=12, seed=3, month="2026-11")
+    ledger = Ledger(cfg.ledger_path)
+    try:
+        monkeypatch.setattr(bulk, "template", lambda *a, **k: None)
+        res = runs.start_run(cfg, conn, ledger, db, "2026-11")
+        assert res.jobs == 12 and conn.llen("rq:queue:" + keys.RENDER_QUEUE) == 12
+        first = conn.lindex("rq:queue:" + keys.RENDER_QUEUE, 0).decode()
+        assert PayrunJob.fetch(first, connection=conn).func_name == runs.RENDER_FUNC
+    finally:
+        ledger.close()
+        db.close()
