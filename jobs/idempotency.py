@@ -47,18 +47,23 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
+def _run(conn, script: str, key: str, *args):
+    """EVALSHA (the script's text goes over the wire once per server, not once per send)."""
+    return conn.register_script(script)(keys=[keys.idem_state(key)], args=args)
+
+
 def claim(conn, key: str, owner: str, ttl_s: int) -> str:
-    return _text(conn.eval(_CLAIM, 1, keys.idem_state(key), owner, int(ttl_s)))
+    return _text(_run(conn, _CLAIM, key, owner, int(ttl_s)))
 
 
 def release(conn, key: str, owner: str) -> bool:
-    return bool(conn.eval(_RELEASE, 1, keys.idem_state(key), owner))
+    return bool(_run(conn, _RELEASE, key, owner))
 
 
 def mark_sent(conn, key: str, owner: str, message_id: str) -> None:
     import time
 
-    conn.eval(_MARK_SENT, 1, keys.idem_state(key), owner, message_id or "", str(int(time.time())), SENT_TTL_S)
+    _run(conn, _MARK_SENT, key, owner, message_id or "", str(int(time.time())), SENT_TTL_S)
 
 
 def state(conn, key: str) -> dict[str, str]:

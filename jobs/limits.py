@@ -55,7 +55,9 @@ local function margin(now)
 end
 """
 
+# ARGV: holder, default cap, lease ms[, a slot this holder's lane gives back first]
 _ACQUIRE_SLOT = """
+if ARGV[4] and ARGV[4] ~= '' then redis.call('ZREM', KEYS[1], ARGV[4]) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local pause = tonumber(redis.call('GET', KEYS[3]) or '0')
@@ -163,17 +165,22 @@ class Limiter:
         return Settings(cap=int(get("cap", self.default_cap)), rate_per_s=get("rate_per_s", self.default_rate))
 
     # ---- concurrency --------------------------------------------------------------
-    def try_slot(self, holder: str) -> tuple[bool, int]:
+    def try_slot(self, holder: str, previous: str | None = None) -> tuple[bool, int]:
+        """One try for a slot; ``previous``, a slot given back in the same round trip
+        (a lane going straight on to its next job), is released whatever the outcome."""
         ok, wait_ms = self._acquire(keys=[self.k_slots, self.k_conf, self.k_pause],
-                                    args=[holder, self.default_cap, self.lease_ms])
+                                    args=[holder, self.default_cap, self.lease_ms, previous or ""])
         return bool(ok), int(wait_ms)
 
-    def slot(self, stop: threading.Event | None = None, holder: str | None = None) -> str | None:
-        """Block until a slot is ours; returns its holder id (None if ``stop`` was set)."""
+    def slot(self, stop: threading.Event | None = None, holder: str | None = None,
+             previous: str | None = None) -> str | None:
+        """Block until a slot is ours; returns its holder id (None if ``stop`` was set).
+        ``previous``: see :meth:`try_slot` (released by the first try)."""
         holder = holder or uuid.uuid4().hex
         waited = False
         while True:
-            ok, wait_ms = self.try_slot(holder)
+            ok, wait_ms = self.try_slot(holder, previous)
+            previous = None
             if ok:
                 if waited:
                     self._count_wait()

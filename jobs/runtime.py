@@ -725,6 +725,8 @@ class Intake:
         self._grants = 0
         self._open: list[Queue] = list(queues)
         self._suspended = False
+        self.waiting = 0
+        """Jobs waiting in the open queues at the last poll."""
 
     def start(self) -> "Intake":
         self.poll()
@@ -754,6 +756,13 @@ class Intake:
             finally:
                 self._idle -= 1
 
+    def more_work(self) -> bool:
+        """Whether a lane that just finished a job should try for the next at once: jobs
+        were waiting at the last poll. If not, it waits here instead of spending a slot
+        try, a dequeue and a give-back on an empty queue; a job that comes meanwhile is
+        seen by the next poll (every ``poll_s``), which wakes it."""
+        return self.waiting > 0
+
     def wake_all(self) -> None:
         with self._cond:
             self._cond.notify_all()
@@ -774,6 +783,7 @@ class Intake:
             self._suspended = bool(suspended)
             if not self._suspended:
                 waiting = sum(length[q.name] for q in open_)
+            self.waiting = waiting
             self._grants = min(waiting, self._idle)
             if self._grants:
                 self._cond.notify(self._grants)
@@ -809,11 +819,15 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
     lane.register_birth()
     lane.idle()
     done = 0
-    try_now = True  # at start and after a job: try the queues before waiting
+    try_now = True  # at start, and after a job while work is waiting: try the queues first
+    held = None  # the finished job's slot, given back in the same round trip as the next try
     try:
         while not stop.is_set():
             open_ = intake.open_queues()
             if not try_now or not open_:
+                if held is not None:
+                    _give_back(limiter, held)
+                    held = None
                 lane.idle()
                 open_ = intake.wait(IDLE_HEARTBEAT_S)
                 if open_ is None:
@@ -825,7 +839,8 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
             slot = None
             try:
                 if limiter is not None:
-                    slot = limiter.slot(stop, holder=f"{lane.name}:{uuid.uuid4().hex[:8]}")
+                    previous, held = held, None
+                    slot = limiter.slot(stop, holder=f"{lane.name}:{uuid.uuid4().hex[:8]}", previous=previous)
                     if slot is None:
                         break
                 result = Queue.dequeue_any(
@@ -842,7 +857,7 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
                     lane.execute_job(job, queue)
                     lane.heartbeat()
                     done += 1
-                    try_now = True
+                    try_now = intake.more_work()
             except Exception as e:
                 log.error("Lane %s: %s while running a job; the process exits for a restart", lane.name, e)
                 if fatal is not None:
@@ -851,16 +866,25 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
                 break
             finally:
                 if slot is not None:
-                    try:
-                        limiter.release(slot)
-                    except Exception:  # Redis down: the slot's lease frees it
-                        pass
+                    if try_now and not stop.is_set():
+                        held = slot  # released by the next slot try, one round trip less
+                    else:
+                        _give_back(limiter, slot)
     finally:
+        if held is not None:
+            _give_back(limiter, held)
         try:
             lane.register_death()
         except Exception:  # Redis down: the worker key expires by itself
             pass
     return done
+
+
+def _give_back(limiter, slot: str) -> None:
+    try:
+        limiter.release(slot)
+    except Exception:  # Redis down: the slot's lease frees it
+        pass
 
 
 def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, grace_s: float = 30.0,

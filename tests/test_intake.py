@@ -73,3 +73,13 @@ def test_a_drained_queue_or_suspended_workers_wake_nobody(conn):
 def test_an_idle_lane_comes_back_empty_handed_to_renew_its_heartbeat(conn):
     intake = Intake(conn, [make_queue(keys.EMAIL_QUEUE, conn)], threading.Event())
     assert intake.wait(0.05) == []
+
+
+def test_a_lane_tries_straight_for_the_next_job_only_while_jobs_wait(conn):
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    intake = Intake(conn, [q], threading.Event())
+    assert intake.poll() == 0 and not intake.more_work()
+    q.enqueue_call("jobs.testing.noop", job_id="a", meta={"kind": "test"})
+    assert intake.poll() == 1 and intake.more_work()
+    conn.sadd(keys.PAUSED_QUEUES, keys.EMAIL_QUEUE)  # drained: its jobs are not work
+    assert intake.poll() == 0 and not intake.more_work()

@@ -50,6 +50,18 @@ def test_a_dead_holders_slot_comes_back_after_its_lease(conn):
     wait_for(lambda: lim.try_slot("other")[0], timeout_s=5, what="the lease to free the slot")
 
 
+def test_a_lane_going_on_to_its_next_job_gives_its_slot_back_in_the_same_try(conn):
+    lim = limiter(conn, cap=1)
+    assert lim.try_slot("lane-a:1")[0]
+    assert not lim.try_slot("lane-a:2")[0]  # at the cap
+    assert lim.try_slot("lane-a:2", previous="lane-a:1")[0]  # one round trip: back, then taken
+    assert lim.in_use() == 1 and not lim.try_slot("lane-b:1")[0]
+    # the previous slot is given back even when the try fails (a pause, or the cap lowered)
+    set_limits(conn, "email", cap=0)
+    assert not lim.try_slot("lane-a:3", previous="lane-a:2")[0]
+    assert lim.in_use() == 0
+
+
 def test_rate_spaces_starts_across_limiters(conn):
     a, b = limiter(conn, cap=100, rate=50.0), limiter(conn, cap=100, rate=50.0)
     starts: list[float] = []
