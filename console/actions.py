@@ -7,8 +7,9 @@ equivalent command, how many, outcome).
                workers) or everywhere (RQ's global suspension, honoured by every RQ worker)
   resume       lift it
   stop-worker  graceful stop of one worker: it finishes the job in hand, then exits
-               (RQ's shutdown command over pubsub for a forking worker; SIGTERM to the
-               process for a send-email process, whose lanes do not listen to pubsub)
+               (RQ's shutdown command over pubsub for a forking worker; for a send-email
+               process, whose lanes do not listen to pubsub, a stop key its intake polls:
+               the whole process stops gracefully, on any host)
   limits       jobs.limits.set_limits (cap / rate, read by every sender on its next send)
 """
 
@@ -18,8 +19,6 @@ import getpass
 import json
 import os
 import shlex
-import signal
-import socket
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -143,6 +142,11 @@ def resume(cfg, conn, queue: str | None = None, via: str = "console") -> Outcome
     return out
 
 
+STOP_REQUEST_TTL_S = 60
+"""A stop request for a send-email process that nobody picked up (the process died
+meanwhile) lapses, so a later process reusing that pid is not stopped by it."""
+
+
 def stop_worker(cfg, conn, name: str, via: str = "console") -> Outcome:
     """Finish the job in hand, then exit (supervisord's autorestart starts a fresh one;
     `payrun drain` first if it should not take work again)."""
@@ -153,12 +157,14 @@ def stop_worker(cfg, conn, name: str, via: str = "console") -> Outcome:
     queues = h.get("queues", "").split(",")
     command = f"payrun stop-worker {name}"
     if keys.EMAIL_QUEUE in queues:
+        # a send-email process runs many lanes and does not listen to RQ's shutdown command;
+        # its intake polls this key (20 times a second) on whatever host it runs
         host, pid = h.get("hostname"), int(h.get("pid") or 0)
-        if host != socket.gethostname() or not pid:
-            raise ActionError(f"{name} is a send-email lane on {host}: its process does not listen to RQ's "
-                              f"shutdown command; run `kill -TERM {pid}` on {host} (stops all its lanes gracefully)")
-        os.kill(pid, signal.SIGTERM)
-        msg = f"SIGTERM to send-email process {pid}: its lanes finish their sends, then it exits"
+        if not host or not pid:
+            raise ActionError(f"{name} does not say which process it is (no hostname/pid in rq:worker:{name})")
+        conn.set(keys.stop_process(host, pid), f"{name} via {via}", ex=STOP_REQUEST_TTL_S)
+        msg = (f"send-email process {pid} on {host} asked to stop: all its lanes finish their sends, "
+               f"then it exits")
     else:
         from rq.command import send_shutdown_command
 

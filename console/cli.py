@@ -147,7 +147,11 @@ def register(cli) -> None:
     @pass_ctx
     @handle_errors
     def stop_worker(c, name: str) -> None:
-        """Gracefully stop one worker (names: `payrun workers`): it finishes its job, then exits."""
+        """Gracefully stop one worker (names: `payrun workers`): it finishes its job, then exits.
+
+        A send-email lane's whole process stops (every lane finishes its send), on
+        whatever host it runs; supervisord then starts a fresh one (`payrun drain` first
+        if it should not take work again)."""
         from console import actions
 
         click.echo(actions.stop_worker(c.cfg, c.redis(), name, via="cli").message)

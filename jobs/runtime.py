@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from rq import Queue, SimpleWorker, Worker
@@ -718,8 +719,12 @@ class Intake:
     idle lanes cost 0.13 core of a 2-core machine doing nothing (measured), most of the
     sending process's CPU in a pay run whose renders keep the email queue short."""
 
-    def __init__(self, conn, queues: list[Queue], stop: threading.Event, poll_s: float = IDLE_POLL_S):
+    def __init__(self, conn, queues: list[Queue], stop: threading.Event, poll_s: float = IDLE_POLL_S,
+                 on_stop_request: Callable[[], None] | None = None):
         self.conn, self.queues, self.stop, self.poll_s = conn, queues, stop, poll_s
+        self.on_stop_request = on_stop_request
+        """Called (from the watcher thread) once `payrun stop-worker` asked this process to stop."""
+        self._stop_key = keys.stop_process(socket.gethostname(), os.getpid())
         self._cond = threading.Condition()
         self._idle = 0
         self._grants = 0
@@ -772,9 +777,14 @@ class Intake:
         with self.conn.pipeline(transaction=False) as pipe:
             pipe.smembers(keys.PAUSED_QUEUES)
             pipe.exists(WORKERS_SUSPENDED)
+            pipe.getdel(self._stop_key)
             for q in self.queues:
                 pipe.llen(q.key)
-            paused, suspended, *lengths = pipe.execute()
+            paused, suspended, stop_asked, *lengths = pipe.execute()
+        if stop_asked is not None and self.on_stop_request is not None and not self.stop.is_set():
+            who = stop_asked.decode() if isinstance(stop_asked, bytes) else stop_asked
+            log.info("send-email %d: stop requested (%s)", os.getpid(), who)
+            self.on_stop_request()
         open_ = _open(self.queues, paused)
         length = {q.name: n for q, n in zip(self.queues, lengths)}
         waiting = 0
@@ -909,7 +919,7 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
     for w in workers:
         w.grace_s = grace_s
     liveness = Liveness(conn, [w.name for w in workers]).start()
-    intake = Intake(conn, queues, stop).start()
+    intake = Intake(conn, queues, stop, on_stop_request=lambda: begin_stop("payrun stop-worker")).start()
     # retries sit in RQ's scheduled registry: lane 0 also runs RQ's scheduler for our queues
     workers[0]._start_scheduler(burst=False)
     counts: list[int] = [0] * lanes
@@ -925,8 +935,11 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
             log.warning("send-email %d: second signal: returning jobs in hand now", os.getpid())
             forced.set()
             return
+        begin_stop(signal.Signals(signum).name)
+
+    def begin_stop(why: str) -> None:
         log.info("send-email %d: %s: finishing jobs in hand (grace %g s), taking no more",
-                 os.getpid(), signal.Signals(signum).name, grace_s)
+                 os.getpid(), why, grace_s)
         deadline.append(shutdown_deadline(time.monotonic(), grace_s))
         stop.set()
         intake.wake_all()

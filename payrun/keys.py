@@ -33,6 +33,12 @@ def idem_state(key: str) -> str:
     return f"payrun:idem:{key}"
 
 
+def stop_process(host: str, pid: int | str) -> str:
+    """Set by `payrun stop-worker` for a send-email process (on any host): its intake
+    sees it within a poll and stops the process gracefully, as SIGTERM would."""
+    return f"payrun:stop:{host}:{pid}"
+
+
 def alive(worker_name: str) -> str:
     """Liveness of one worker (TTL 10 s, renewed every 2 s); gone = the worker is dead."""
     return f"payrun:alive:{worker_name}"

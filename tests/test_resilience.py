@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -306,3 +307,23 @@ def test_email_lanes_finish_their_sends_on_sigterm(conn, env, tmp_path):
     statuses = [status_of(conn, f"send-{i}") for i in range(6)]
     assert set(statuses) <= {"finished", "queued"} and "finished" in statuses
     assert conn.zcard("rq:wip:send-email") == 0  # nothing left half-done
+
+
+def test_stop_worker_stops_a_send_email_process_on_any_host(conn, env, cfg, tmp_path):
+    """No signal from here: the request goes through Redis, as it must for another host."""
+    from console import actions
+
+    for i in range(4):
+        enqueue(conn, keys.EMAIL_QUEUE, "jobs.testing.sleep", 1.0, job_id=f"send-{i}", timeout=2)
+    w = start_worker(env, keys.EMAIL_QUEUE, tmp_path / "e.log")
+    wait_for(lambda: conn.zcard("rq:wip:send-email") >= 2, timeout_s=30, what="sends in flight")
+    lane = next(n.decode().split(":", 2)[-1] for n in conn.smembers("rq:workers")
+                if b"email" in n and conn.hget(n, "pid") == str(w.pid).encode())
+    out = actions.stop_worker(cfg, conn, lane, via="test")
+    assert f"process {w.pid}" in out.message
+    assert w.wait(timeout=15) == 0
+    statuses = [status_of(conn, f"send-{i}") for i in range(4)]
+    assert set(statuses) <= {"finished", "queued"} and "finished" in statuses  # in hand: finished
+    assert conn.zcard("rq:wip:send-email") == 0
+    assert not conn.exists(keys.stop_process(socket.gethostname(), w.pid))  # taken by the process
+    assert "stop requested (" in (tmp_path / "e.log").read_text()
