@@ -210,7 +210,7 @@ class Bench:
 
     # ---- redis ----------------------------------------------------------------
     def start_redis(self) -> redis.Redis:
-        from payrun.redis_server import redis_server_binary
+        from payrun.redis_server import MEMORY_TUNING, redis_server_binary
 
         d = self.dir / "redis"
         d.mkdir(mode=0o700)
@@ -219,7 +219,7 @@ class Bench:
         conf = d / "redis.conf"
         conf.write_text(
             f"port 0\nunixsocket {sock}\nunixsocketperm 700\nrequirepass {pw}\ndir {d}\n"
-            "appendonly yes\nappendfsync everysec\nsave \"\"\ndaemonize no\nmaxclients 4000\n"
+            "appendonly yes\nappendfsync everysec\nsave \"\"\ndaemonize no\nmaxclients 4000\n" + MEMORY_TUNING
         )
         self.redis_proc = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL,
                                            stderr=subprocess.STDOUT, start_new_session=True)

@@ -78,11 +78,13 @@ def main() -> None:
         from payrun.ledger import Ledger
 
         ledger = Ledger(cfg.ledger_path)
+        mem0 = conn.info("memory")["used_memory"]
         t0 = time.monotonic()
         w0 = time.time()
         res = runs.start_run(cfg, conn, ledger, db, MONTH)
         fan = time.monotonic() - t0
-        say(f"fan-out: {res.jobs} jobs in {fan:.2f} s")
+        mem_fan = conn.info("memory")["used_memory"]
+        say(f"fan-out: {res.jobs} jobs in {fan:.2f} s; Redis +{(mem_fan - mem0) / n / 1024:.2f} KiB per slip")
         deadline = t0 + 300 + max(n * warm_before / CORES, n / RATE) * 4
         last = 0.0
         t_rendered = None
@@ -118,6 +120,11 @@ def main() -> None:
                 break
             time.sleep(0.2)
         st = b.provider_stats()
+        mem_end = conn.info("memory")["used_memory"]
+        say(f"Redis memory: {mem0 / 2**20:.1f} MiB before the run, +{(mem_fan - mem0) / 2**20:.1f} MiB after the "
+            f"fan-out, +{(mem_end - mem0) / 2**20:.1f} MiB once all done = {(mem_end - mem0) / n / 1024:.2f} KiB per "
+            f"slip (x 50,000 = {(mem_end - mem0) / n * 50_000 / 2**20:.0f} MiB; RQ keeps results 24 h, the ledger "
+            f"stream is trimmed)")
         first_send = accepted[0] - w0
         warm_after = median(warm_render_times(20, snaps))
         warm = (warm_before + warm_after) / 2
@@ -143,7 +150,8 @@ def main() -> None:
                 "render_bound_s": r4(render_bound), "provider_bound_s": r4(provider_bound),
                 "lower_bound_s": r4(bound), "fanout_s": r4(fan), "all_rendered_s": r4(t_rendered),
                 "first_delivery_s": r4(first_send), "wall_s": r4(wall), "ledger_done_s": r4(t_ledger) if t_ledger else None,
-                "http_429": st["throttled_429"], "cpu_s": cpu, "ratio": r4(ratio), "target": "<= 1.1"})
+                "http_429": st["throttled_429"], "cpu_s": cpu,
+                "redis_kib_per_slip": r4((mem_end - mem0) / n / 1024), "ratio": r4(ratio), "target": "<= 1.1"})
 
 
 if __name__ == "__main__":

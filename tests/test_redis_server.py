@@ -50,3 +50,14 @@ def test_restart_keeps_data(embedded):
     assert redis_server.stop(cfg)
     conn2 = redis_server.ensure_running(cfg)
     assert conn2.lrange("rq:queue:pdf-render", 0, -1) == [b"a", b"b"]
+
+
+def test_job_records_and_result_streams_stay_compact(embedded):
+    """A ~400-byte job payload keeps the compact hash encoding and a one-entry stream does
+    not cost a 4 KiB node: RQ keeps both for every job for 24 h (~7 KiB a slip, not ~16)."""
+    _, conn = embedded
+    assert conn.config_get("hash-max-ziplist-value")["hash-max-ziplist-value"] == "1024"
+    conn.hset("rq:job:x", mapping={"data": os.urandom(400), "status": "finished", "origin": "pdf-render"})
+    assert conn.object("encoding", "rq:job:x") in (b"ziplist", b"listpack")
+    conn.xadd("rq:results:x", {"type": 1, "return_value": "e30=" * 20})
+    assert conn.memory_usage("rq:results:x") < 2048
