@@ -41,7 +41,8 @@ _QUIET.disabled = True
 PER_JOB = ("data", "description", "meta", "created_at", "enqueued_at")
 
 _SCRIPT = """
--- KEYS[1] the queue list, KEYS[2] RQ's set of queues
+-- KEYS[1] the queue list, KEYS[2] RQ's set of queues; the job keys are built from the
+-- prefix (one Redis server, as everywhere in payrun: not for Redis Cluster)
 -- ARGV: job key prefix, created/enqueued timestamp, n template pairs, the pairs,
 --       then per job: id, data, description, meta
 local prefix, ts = ARGV[1], ARGV[2]
@@ -110,13 +111,14 @@ def template(queue: Queue, func: str, **job_options: Any) -> Template | None:
     mapping = dict(zip(record[2::2], record[3::2]))
     if mapping.get("status") != "queued" or not all(f in mapping for f in PER_JOB):
         return None
-    raw = zlib.decompress(mapping["data"])
+    # job_args() serializes each argument and meta with json.dumps: only right if the
+    # queue's serializer is exactly that (separators, non-ASCII, floats, None, nesting)
     inner = json.dumps(marker).encode()
-    head, sep, tail = raw.partition(inner)
-    expected = queue.serializer.dumps((func, None, (marker,), {}))
-    if not sep or raw != expected or tail.count(inner) or head + inner + tail != raw:
+    if queue.serializer.dumps(marker) != inner or mapping["meta"] != json.dumps({"m": 1}).encode():
         return None
-    if queue.serializer.loads(mapping["meta"]) != {"m": 1}:
+    raw = zlib.decompress(mapping["data"])
+    head, sep, tail = raw.partition(inner)
+    if not sep or inner in tail or raw != queue.serializer.dumps((func, None, (marker,), {})):
         return None
     fields: list[Any] = []
     for f, v in mapping.items():

@@ -3,6 +3,7 @@ against the real Redis server."""
 
 from __future__ import annotations
 
+import json
 import zlib
 
 from rq import Retry
@@ -84,6 +85,13 @@ def test_bulk_appends_after_jobs_already_queued_and_empty_chunk_is_a_no_op(conn)
 def test_template_refuses_what_it_cannot_repeat(conn):
     pickled = Queue("other", connection=conn, serializer=PickleSerializer)
     assert bulk.template(pickled, runs.RENDER_FUNC, **OPTIONS) is None
+
+    class CompactJSON:  # JSON, but not the bytes json.dumps gives: job_args() would differ
+        dumps = staticmethod(lambda o: json.dumps(o, separators=(",", ":")).encode())
+        loads = staticmethod(lambda b: json.loads(b))
+
+    compact = Queue("other", connection=conn, serializer=CompactJSON)
+    assert bulk.template(compact, runs.RENDER_FUNC, **OPTIONS) is None
     # recording the template sends nothing
     assert conn.dbsize() == 0
 
