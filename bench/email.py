@@ -50,7 +50,7 @@ def one_pdf() -> bytes:
     return slip.render_pdf(slip.SAMPLE_SNAPSHOT)
 
 
-def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None) -> dict:
+def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None, processes: int = 1) -> dict:
     toml = f"[limits]\nemail_concurrency = {concurrency}\n[email]\nlanes = {concurrency}\n" if concurrency else ""
     with Bench(f"email-{label}", config_toml=toml) as b:
         conn = b.start_redis()
@@ -71,11 +71,13 @@ def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None) -> dict
             dest.write_bytes(pdf)
             payloads.append(tasks.email_payload(s, rel))
 
-        w = b.spawn("send-email", ["worker", "send-email"])
-        ready = b.wait_workers(conn, cfg.email.lanes)
+        per = cfg.email.lanes // processes
+        ws = [b.spawn(f"send-email-{i}", ["worker", "send-email"] + (["--lanes", str(per)] if processes > 1 else []))
+              for i in range(processes)]
+        ready = b.wait_workers(conn, per * processes)
         time.sleep(1.0)  # lanes settle into their blocking dequeue
-        say(f"[{label}] send-email worker ready ({cfg.email.lanes} lanes) after {ready:.1f} s")
-        cpu0 = proc_cpu_s(w.pid)
+        say(f"[{label}] {processes} send-email process(es) ready ({per} lanes each) after {ready:.1f} s")
+        cpu0 = sum(proc_cpu_s(w.pid) for w in ws)
         t0 = time.time()
         te = time.monotonic()
         for p in payloads:
@@ -96,9 +98,9 @@ def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None) -> dict
             b.check_alive()
             time.sleep(0.2)
         t_end = time.time()
-        cpu = proc_cpu_s(w.pid) - cpu0
-        rss = peak_rss_mb(w.pid)
-        threads = len(__import__("psutil").Process(w.pid).threads())
+        cpu = sum(proc_cpu_s(w.pid) for w in ws) - cpu0
+        rss = sum(peak_rss_mb(w.pid) for w in ws)
+        threads = sum(len(__import__("psutil").Process(w.pid).threads()) for w in ws)
         st = b.provider_stats()
         if st.get("throttles"):
             say(f"[{label}] first 429s (time, span of the window's admissions, last gaps in ms): {st['throttles'][:4]}")
@@ -115,8 +117,9 @@ def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None) -> dict
             f"duplicates {st['duplicates_refused']}, limiter stats {lim}")
         say(f"[{label}] worker: {cpu:.2f} CPU-s over {wall:.1f} s wall = {cpu / wall:.3f} cores; "
             f"{cpu / n * 1000:.1f} ms CPU per send; peak RSS {rss:.0f} MiB; {threads} threads")
-        b.stop(w)
-        return {
+        for w in ws:
+            b.stop(w)
+        return {"processes": processes,
             "email_concurrency": cfg.limits.email_concurrency, "lanes": cfg.email.lanes, "slips": n,
             "sustained_per_s": r4(sustained), "ratio": r4(sustained / RATE), "overall_per_s": r4(overall),
             "http_429": st["throttled_429"], "max_rate_1s": st["max_rate_1s"],
@@ -133,13 +136,15 @@ def main() -> None:
     ap.add_argument("--slips", type=int, default=None)
     ap.add_argument("--cap", type=int, default=45, help="email_concurrency (and lanes) of the second variant")
     ap.add_argument("--skip-default", action="store_true", help="run only the --cap variant (experiments)")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="split the lanes over this many send-email processes (experiments; default 1)")
     a = ap.parse_args()
     n = a.slips or (600 if a.quick else 2000)
     say(f"email bench: {n} slips per variant, load {load_avg()}")
     pdf = one_pdf()
     say(f"one real slip PDF: {len(pdf):,} bytes, copied to {n} slip-store paths per variant")
-    default = None if a.skip_default else run_variant("default-50", n, pdf, None)
-    capped = run_variant(f"cap-{a.cap}", n, pdf, a.cap)
+    default = None if a.skip_default else run_variant("default-50", n, pdf, None, a.processes)
+    capped = run_variant(f"cap-{a.cap}", n, pdf, a.cap, a.processes)
     if default:
         say(f"default: {default['ratio']:.3f} of the limit, 429s {default['http_429']}, {default['cores_used']:.3f} cores")
     say(f"cap {a.cap}: {capped['ratio']:.3f}, 429s {capped['http_429']}, {capped['cores_used']:.3f} cores")
