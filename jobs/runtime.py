@@ -815,11 +815,13 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
               fatal: threading.Event | None = None) -> int:
     """Dequeue and run jobs until ``stop`` is set; a job in hand is always finished.
 
-    A lane that finished a job tries the next at once; one that found the queues empty
-    waits on ``intake`` (one poll for the whole process) until there is work. With a
-    ``limiter``, a lane first takes a global concurrency slot and only then dequeues
-    (non-blocking): a job never waits for a slot while holding a lane or a lease, and an
-    empty dequeue gives the slot straight back.
+    A lane that finished a job tries the next at once while jobs are waiting (as of the
+    intake's last poll); otherwise, or when it found the queues empty, it waits on
+    ``intake`` (one poll for the whole process) until there is work. With a ``limiter``,
+    a lane first takes a global concurrency slot and only then dequeues (non-blocking): a
+    job never waits for a slot while holding a lane or a lease, and an empty dequeue gives
+    the slot straight back. A lane going straight on keeps its slot until the next slot
+    try, which gives it back in the same script.
 
     An error around a job (not from the job: RQ handles those) means Redis failed under
     us mid-job: the lane sets ``fatal`` and stops, and the process exits non-zero for its
