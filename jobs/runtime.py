@@ -603,6 +603,13 @@ class LaneWorker(EventsMixin, SimpleWorker):
     def idle(self) -> None:
         super().set_state(WorkerStatus.IDLE)
 
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        """RQ writes the job's last_heartbeat here on its own (a round trip per send), then
+        saves the whole job record, heartbeat field included, in the success or failure
+        transaction that follows: setting it in memory gives the same record."""
+        job.ended_at = utcnow()
+        job.last_heartbeat = job.ended_at
+
     def subscribe(self) -> None:  # one pubsub thread per lane would be 45 threads
         pass
 

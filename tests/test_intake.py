@@ -83,3 +83,20 @@ def test_a_lane_tries_straight_for_the_next_job_only_while_jobs_wait(conn):
     assert intake.poll() == 1 and intake.more_work()
     conn.sadd(keys.PAUSED_QUEUES, keys.EMAIL_QUEUE)  # drained: its jobs are not work
     assert intake.poll() == 0 and not intake.more_work()
+
+
+def test_a_lane_job_record_ends_with_its_heartbeat_at_its_end(conn, cfg, monkeypatch):
+    """Lanes skip RQ's separate heartbeat write at the end of a job: the record saved with
+    the outcome carries it (and the failure path too)."""
+    from jobs.runtime import run_lanes
+
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    q.enqueue_call("jobs.testing.noop", job_id="ok", meta={"kind": "test"})
+    q.enqueue_call("os.getcwd", job_id="bad", meta={"kind": "test"})  # refused: not a payrun job
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
+    for job_id, status in (("ok", b"finished"), ("bad", b"failed")):
+        h = conn.hgetall(f"rq:job:{job_id}")
+        assert h[b"status"] == status
+        assert h[b"ended_at"] and h[b"last_heartbeat"] == h[b"ended_at"]
+        assert h[b"started_at"] <= h[b"last_heartbeat"]
