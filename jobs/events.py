@@ -39,18 +39,21 @@ def emit(conn, job_id: str, status: str, **fields: Any) -> None:
     _log_event(job_id, status, ev)
 
 
-def log_emitted(job_id: str, status: str, **fields: Any) -> None:
-    """The log line of an event written by a script (XADD inside Lua, atomic with its change)."""
-    _log_event(job_id, status, event(job_id, status, **fields))
+def log_emitted(job_id: str, status: str, duration_s: float | None = None, **fields: Any) -> None:
+    """The log line of an event written by a script (XADD inside Lua, atomic with its change).
+    ``duration_s``: how long the job ran (logged, not part of the event)."""
+    _log_event(job_id, status, event(job_id, status, **fields), duration_s)
 
 
-def _log_event(job_id: str, status: str, ev: dict[str, str]) -> None:
-    _log.info("job %s %s%s", job_id, ev.get("outcome", status),
+def _log_event(job_id: str, status: str, ev: dict[str, str], duration_s: float | None = None) -> None:
+    _log.info("job %s %s%s%s", job_id, ev.get("outcome", status),
               f" (attempt {ev['attempt']})" if "attempt" in ev else "",
+              f" in {duration_s:.2f} s" if duration_s is not None else "",
               extra={"job_id": job_id, "queue": ev.get("queue") or _queue_of(job_id),
                      "attempt": int(ev["attempt"]) if "attempt" in ev else None,
                      "outcome": ev.get("outcome", status), "error": ev.get("error"),
-                     "worker": ev.get("worker")})
+                     "worker": ev.get("worker"),
+                     "duration_s": round(duration_s, 3) if duration_s is not None else None})
 
 
 def _queue_of(job_id: str) -> str | None:

@@ -9,7 +9,7 @@ import logging
 import os
 from datetime import datetime, timezone
 
-JOB_FIELDS = ("job_id", "queue", "attempt", "outcome", "error", "worker")
+JOB_FIELDS = ("job_id", "queue", "attempt", "outcome", "error", "worker", "duration_s")
 
 
 class JsonFormatter(logging.Formatter):

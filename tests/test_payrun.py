@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from email import message_from_bytes
@@ -113,6 +114,9 @@ def test_pay_run_end_to_end_over_http(world, provider, caplog):
     # nothing logged carries a salary figure or a bank account
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "job email-2026-11-emp-00001" in logged  # we did capture the workers' lines
+    # one line per job's end, with its duration; RQ's three per-job success lines are dropped
+    assert re.search(r"job email-2026-11-emp-00001 done \(attempt 1\) in \d+\.\d\d s", logged)
+    assert "Job OK" not in logged and "Successfully completed" not in logged and "result is kept" not in logged
     assert "enqueued 9 render jobs of company 1" in logged  # one line per chunk, not per job
     assert "payrun-bulk-template" not in logged
     for snap in payroll.snapshots(db, MONTH):
