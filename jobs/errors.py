@@ -5,7 +5,9 @@ JobError
  │    ├── OutcomeUnknown the request may have been delivered (connection dropped after
  │    │                  sending): retry with the same idempotency key
  │    └── Throttled      the provider said 429: every sender pauses for its Retry-After,
- │                       and the job is retried after it without spending an attempt
+ │         │             and the job is retried after it without spending an attempt
+ │         └── RateWait  our own limiter could not give a start in time: retried without
+ │                       spending an attempt, and nobody else pauses
  └── PermanentError     retrying cannot help: bad address (SMTP 5xx, HTTP 4xx), bad data,
                         template error; fails at once with a reason HR can act on
 """
@@ -29,6 +31,10 @@ class OutcomeUnknown(TransientError):
 
 
 class Throttled(TransientError):
+    pass
+
+
+class RateWait(Throttled):
     pass
 
 

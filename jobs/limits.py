@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass
 
 from jobs.policy import (GATE_FIT, GATE_MARGIN_DECAY_MS_PER_S, GATE_MARGIN_MAX_MS, GATE_MARGIN_MIN_MS,
-                         GATE_MARGIN_STEP_MS, gate_margin_ms)
+                         GATE_MARGIN_STEP_MS, gate_margin_ms, late_for_gate)
 from payrun import keys
 
 RATE_HEADROOM = 0.975
@@ -88,7 +88,10 @@ redis.call('SET', KEYS[1], tostring(tat + interval), 'PX', math.ceil(tat + inter
 return {1, tostring(tat - now)}
 """
 
+# KEYS: sends, conf, pause, gate hash; ARGV: default rate, a start of this sender's to
+# take back first ('' for none), this start's member, then _MARGIN's
 _GATE = _MARGIN + """
+if ARGV[2] ~= '' then redis.call('ZREM', KEYS[1], ARGV[2]) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local pause = tonumber(redis.call('GET', KEYS[3]) or '0')
@@ -153,6 +156,7 @@ class Limiter:
         self._gate = conn.register_script(_GATE)
         self._waits = 0
         self._lock = threading.Lock()
+        self._passed = threading.local()  # (member, monotonic) of this thread's last gate pass
 
     def seed(self) -> None:
         """Write this config's values unless someone already set them (at run time)."""
@@ -226,19 +230,23 @@ class Limiter:
                 self._count_wait()
             return True
 
-    def gate(self, deadline_s: float | None = None) -> float | bool | None:
+    def gate(self, deadline_s: float | None = None, replace: str = "") -> float | bool | None:
         """Record this send's start in the rolling window once fewer than the limit started
         in the last 1 s + the margin; wait (a few ms, when senders bunched) until then.
         Go: the start time recorded (Redis clock, ms; truthy). False: a 429 pause is on
-        (reserve again). None: past ``deadline_s``."""
+        (reserve again). None: past ``deadline_s``. ``replace``: a start of this sender's
+        recorded earlier, taken back in the same script (see :meth:`recheck`)."""
         member = uuid.uuid4().hex[:16]
         gated = False
         while True:
             ok, wait_ms, why = self._gate(keys=[self.k_sends, self.k_conf, self.k_pause, self.k_gate],
-                                          args=[self.default_rate, "", member, *self._margin_args])
+                                          args=[self.default_rate, replace, member, *self._margin_args])
+            replace = ""
             if int(ok):
+                self._passed.last = (member, time.monotonic())
                 return float(wait_ms)
             if (why.decode() if isinstance(why, bytes) else why) == "pause":
+                self._passed.last = None
                 return False
             wait_s = float(wait_ms) / 1000
             if deadline_s is not None and time.monotonic() + wait_s > deadline_s:
@@ -250,6 +258,33 @@ class Limiter:
                 except Exception:
                     pass
             time.sleep(max(wait_s, 0.0005))
+
+    def recheck(self, deadline_s: float | None = None, now_s: float | None = None) -> bool:
+        """Call right before the request leaves. If this thread passed the gate more than
+        REGATE_LATE_MS ago (it stalled since), its start is recorded again, now, waiting
+        for room in the window and out any 429 pause that began meanwhile. False: past
+        ``deadline_s`` (the start was taken back; do not send)."""
+        last = getattr(self._passed, "last", None)
+        if last is None:
+            return True
+        member, passed_s = last
+        if not late_for_gate(passed_s, time.monotonic() if now_s is None else now_s):
+            return True
+        try:
+            self.conn.hincrby(self.k_stats, "regated", 1)
+        except Exception:
+            pass
+        while True:
+            passed = self.gate(deadline_s, replace=member)
+            if passed is None:
+                return False
+            if passed:
+                return True
+            member = ""  # a pause: taken back already; wait it out, then take a start again
+            left = self.conn.pttl(self.k_pause)
+            if deadline_s is not None and time.monotonic() + max(left, 0) / 1000 > deadline_s:
+                return False
+            time.sleep(max(left, 1) / 1000)
 
     def pause(self, seconds: float) -> None:
         """Every sender on every host waits ``seconds`` (a provider's Retry-After). The key

@@ -88,10 +88,11 @@ from dataclasses import dataclass
 from email.message import EmailMessage
 from email.policy import SMTP as SMTP_POLICY
 from email.utils import formataddr, parseaddr
+from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from jobs.errors import OutcomeUnknown, PermanentError, TransientError, Throttled
+from jobs.errors import OutcomeUnknown, PermanentError, RateWait, TransientError, Throttled
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +120,19 @@ class Message:
 
 
 class Transport(Protocol):
+    """``send``'s ``before_write`` is called right before the message leaves (the
+    limiter's recheck: a sender that stalled since its start time takes a new one);
+    False from it means do not send now (RateWait)."""
+
     def prepare(self, msg: Message) -> bytes: ...
-    def send(self, msg: Message, prepared: bytes | None = None) -> str: ...
+    def send(self, msg: Message, prepared: bytes | None = None,
+             before_write: Callable[[], bool] | None = None) -> str: ...
     def close(self) -> None: ...
+
+
+def _check_before_write(before_write: Callable[[], bool] | None) -> None:
+    if before_write is not None and not before_write():
+        raise RateWait("waited too long for the global send rate; retrying", retry_after_s=1)
 
 
 def message_id_for(key: str) -> str:
@@ -223,13 +234,15 @@ class SmtpTransport:
             data += b"\r\n"
         return data + b".\r\n"
 
-    def send(self, msg: Message, prepared: bytes | None = None) -> str:
+    def send(self, msg: Message, prepared: bytes | None = None,
+             before_write: Callable[[], bool] | None = None) -> str:
         deadline = _Deadline(self.timeout_s)
         envelope_from = parseaddr(msg.sender)[1] or msg.sender
         to = msg.to_addr
         if not to.isascii() or not envelope_from.isascii():
             raise PermanentError(f"recipient address {to!r} is not plain ASCII (SMTPUTF8 unsupported)")
         data = prepared if prepared is not None else self.prepare(msg)
+        _check_before_write(before_write)
         mid = message_id_for(msg.idempotency_key)
 
         handed_over = False  # True once the server said 354 and we start sending content
@@ -433,7 +446,8 @@ class HttpTransport:
                 self._drop(conn)
         return self.body(msg)
 
-    def send(self, msg: Message, prepared: bytes | None = None) -> str:
+    def send(self, msg: Message, prepared: bytes | None = None,
+             before_write: Callable[[], bool] | None = None) -> str:
         deadline = _Deadline(self.timeout_s)
         body = prepared if prepared is not None else self.body(msg)
         headers = dict(self._headers)
@@ -459,6 +473,7 @@ class HttpTransport:
                 except BaseException:
                     self._drop(conn)
                     raise
+            _check_before_write(before_write)
             try:
                 conn.sock.settimeout(deadline.left())
                 conn.request("POST", self.path, body=body, headers=headers)

@@ -18,7 +18,8 @@ from typing import Any
 from rq import get_current_job
 
 from jobs import idempotency
-from jobs.errors import Throttled, TransientError
+from jobs.errors import RateWait, Throttled, TransientError
+from jobs.policy import pauses_every_sender
 
 
 def resend_path(month: str, company_id: int, employee_id: str, n: int) -> str:
@@ -117,12 +118,13 @@ def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
     )
     lim = tasks.limiter(conn)
     try:
-        if not lim.token(deadline_s=time.monotonic() + cfg.email.timeout_s / 2):
-            raise Throttled("waited too long for the global send rate; retrying", retry_after_s=1)
-        message_id = tasks.transport().send(msg)
+        deadline = time.monotonic() + cfg.email.timeout_s / 2
+        if not lim.token(deadline_s=deadline):
+            raise RateWait("waited too long for the global send rate; retrying", retry_after_s=1)
+        message_id = tasks.transport().send(msg, before_write=lambda: lim.recheck(deadline_s=deadline))
     except Throttled as e:
         idempotency.release(conn, key, token)
-        if e.retry_after_s:
+        if pauses_every_sender(e) and cfg.limits.pause_on_429:
             lim.pause(e.retry_after_s)
         raise
     except BaseException:

@@ -16,7 +16,8 @@ from typing import Any
 from rq import Retry, get_current_job
 
 from jobs import events, idempotency
-from jobs.errors import PermanentError, Throttled
+from jobs.errors import PermanentError, RateWait, Throttled
+from jobs.policy import pauses_every_sender
 from payrun import config as config_mod
 from payrun import keys
 
@@ -186,12 +187,13 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
 
         tr = transport()
         prepared = tr.prepare(msg)  # before the wait: at the start time, only the send is left
-        if not lim.token(deadline_s=_time.monotonic() + cfg.email.timeout_s / 2):
-            raise Throttled("waited too long for the global send rate; retrying", retry_after_s=1)
-        message_id = tr.send(msg, prepared)
+        deadline = _time.monotonic() + cfg.email.timeout_s / 2
+        if not lim.token(deadline_s=deadline):
+            raise RateWait("waited too long for the global send rate; retrying", retry_after_s=1)
+        message_id = tr.send(msg, prepared, before_write=lambda: lim.recheck(deadline_s=deadline))
     except Throttled as e:  # a 429: every sender on every host waits, not just us
         idempotency.release(conn, key, token)
-        if e.retry_after_s and cfg.limits.pause_on_429:
+        if pauses_every_sender(e) and cfg.limits.pause_on_429:
             lim.pause(e.retry_after_s)
         raise
     except BaseException:

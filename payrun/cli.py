@@ -311,6 +311,7 @@ def limits_show(c: Ctx, as_json: bool) -> None:
     e = data["email"]
     click.echo(f"email: {e['in_use']} / {e['cap']} in flight, {e['rate_per_s']:g}/s, "
                f"{e.get('waits', 0):,} waits, {e.get('gated', 0):,} held by the send gate, "
+               f"{e.get('regated', 0):,} passed it again after a stall, "
                f"{e.get('http_429', 0):,} 429s seen; send gate: 1 s + {e['gate_margin_ms']:g} ms")
 
 

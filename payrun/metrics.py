@@ -108,6 +108,9 @@ class StateCollector:
                                       value=stats.get("waits", 0))
             yield CounterMetricFamily("payrun_limiter_gated", "Sends the send gate held back (senders bunched).",
                                       value=stats.get("gated", 0))
+            yield CounterMetricFamily("payrun_limiter_regated",
+                                      "Sends that stalled after the send gate and passed it again.",
+                                      value=stats.get("regated", 0))
             yield GaugeMetricFamily("payrun_email_gate_margin_ms",
                                     "The send gate's margin over 1 s (widened by 429s, narrows back with time).",
                                     value=lim.gate_margin_ms())

@@ -62,6 +62,34 @@ def test_a_lane_going_on_to_its_next_job_gives_its_slot_back_in_the_same_try(con
     assert lim.in_use() == 0
 
 
+def _starts(conn) -> dict[str, float]:
+    return {m.decode(): s for m, s in conn.zrange(keys.limit_sends("email"), 0, -1, withscores=True)}
+
+
+def test_a_send_that_stalled_after_the_gate_takes_a_new_start_before_it_leaves(conn):
+    lim = limiter(conn, cap=10, rate=1000.0)
+    assert lim.token()
+    (first, at), = _starts(conn).items()
+    assert lim.recheck()  # on time: nothing written
+    assert _starts(conn) == {first: at} and "regated" not in lim.stats()
+    assert lim.recheck(now_s=time.monotonic() + 0.5)  # as if this thread stalled 0.5 s
+    (second, at2), = _starts(conn).items()  # the first start taken back, a later one recorded
+    assert second != first and at2 >= at and lim.stats()["regated"] == 1
+
+
+def test_a_recheck_waits_out_a_429_pause_and_then_takes_its_start(conn):
+    lim = limiter(conn, cap=10, rate=1000.0)
+    assert lim.token()
+    lim.pause(0.2)
+    t = time.monotonic()
+    assert lim.recheck(now_s=t + 0.5)
+    assert time.monotonic() - t >= 0.15 and len(_starts(conn)) == 1
+    # and gives up (taking its start back) when the deadline comes first
+    lim.pause(5)
+    assert not lim.recheck(deadline_s=time.monotonic() + 0.3, now_s=time.monotonic() + 0.5)
+    assert _starts(conn) == {}
+
+
 def test_rate_spaces_starts_across_limiters(conn):
     a, b = limiter(conn, cap=100, rate=50.0), limiter(conn, cap=100, rate=50.0)
     starts: list[float] = []

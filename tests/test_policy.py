@@ -123,3 +123,22 @@ def test_paced_rate_fits_the_gate():
     # evenly spaced starts at that rate: any window of 1 s + margin holds at most the limit
     interval = 1.0 / wide
     assert int(1.060 / interval) + 1 <= 40
+
+
+def test_only_a_provider_429_pauses_every_sender():
+    from jobs.errors import RateWait, Throttled
+    from jobs.policy import pauses_every_sender
+
+    assert pauses_every_sender(Throttled("429 from the provider", retry_after_s=1.0))
+    assert not pauses_every_sender(RateWait("waited too long for our own limiter", retry_after_s=1.0))
+    assert not pauses_every_sender(Throttled("another attempt is sending", retry_after_s=None))
+    assert not pauses_every_sender(TransientError("connection refused"))
+
+
+def test_a_send_is_late_for_the_gate_past_half_its_smallest_margin():
+    from jobs.policy import GATE_MARGIN_MIN_MS, REGATE_LATE_MS, late_for_gate
+
+    assert REGATE_LATE_MS == GATE_MARGIN_MIN_MS / 2
+    assert not late_for_gate(100.0, 100.0 + REGATE_LATE_MS / 1000 - 0.001)
+    assert late_for_gate(100.0, 100.0 + REGATE_LATE_MS / 1000 + 0.001)
+    assert not late_for_gate(100.0, 99.0)  # a clock read before the pass is not late
