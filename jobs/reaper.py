@@ -100,19 +100,34 @@ def find_stuck(conn, now: float | None = None, queues=keys.QUEUES) -> list[Stuck
             continue
         members = [_text(m) for m, _ in entries]
         ids = [m.split(":", 1)[0] for m in members]
-        with conn.pipeline(transaction=False) as pipe:
-            for job_id in ids:
-                pipe.hget(f"rq:job:{job_id}", "worker_name")
-            workers = [_text(w) for w in pipe.execute()]
+        workers = _workers_of(conn, members, ids)
         with conn.pipeline(transaction=False) as pipe:
             for w in workers:
-                pipe.exists(keys.alive(w)) if w else pipe.echo("0")
+                pipe.exists(keys.alive(w)) if w else pipe.echo("1")
+            # no name anywhere: we cannot tell whether its worker lives, so only the lease decides
             alive = [bool(int(a)) for a in pipe.execute()]
         for member, (_, expiry), job_id, worker, is_alive in zip(members, entries, ids, workers, alive):
             reason = should_reap(lease_expires_s=float(expiry), now_s=now, worker_alive=is_alive)
             if reason:
                 out.append(Stuck(job_id, q, member, worker, reason.format(worker=worker or "?")))
     return out + find_stranded(conn, now, queues)
+
+
+def _workers_of(conn, members: list[str], ids: list[str]) -> list[str | None]:
+    """The worker running each started execution (``job_id:execution_id`` in rq:wip).
+
+    From RQ's execution record (``rq:execution:<member>``), written in the same MULTI as
+    the rq:wip entry: the job hash's ``worker_name`` is written by a later transaction,
+    so a reaper reading it just after a job started found no name and took the worker
+    for dead (a live send was returned and sent twice, caught in `payrun demo`); after
+    a retry it may still name the previous attempt's worker. The job hash is the fallback
+    for an execution record that is gone."""
+    with conn.pipeline(transaction=False) as pipe:
+        for member, job_id in zip(members, ids):
+            pipe.hget(f"rq:execution:{member}", "worker_name")
+            pipe.hget(f"rq:job:{job_id}", "worker_name")
+        names = [_text(n) for n in pipe.execute()]
+    return [by_execution or by_job or None for by_execution, by_job in zip(names[::2], names[1::2])]
 
 
 def _dequeued_not_started(conn, q: str) -> list[str]:

@@ -297,6 +297,30 @@ def test_a_live_worker_job_is_not_reaped(conn):
     assert [s.job_id for s in reaper.find_stuck(conn, now=time.time() + 120)] == ["alive-1"]  # lease lapsed
 
 
+def test_a_job_just_started_is_not_reaped_before_its_record_names_the_worker(conn):
+    """RQ records the execution (rq:wip, rq:execution:...) one transaction before it
+    writes worker_name into the job hash. A reaper pass in between took the live worker
+    for dead and returned a send that was in flight (`payrun demo`: sent twice, caught by
+    the provider's dedupe). The worker is read from the execution record now."""
+    from jobs.runtime import LaneWorker
+
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    enqueue(conn, keys.EMAIL_QUEUE, "jobs.testing.noop", job_id="window-1")
+    w = LaneWorker([q], connection=conn, name="email.test.window")
+    conn.set(keys.alive(w.name), 1, ex=10)  # the worker lives
+    taken, _ = q.dequeue_any([q], None, connection=conn, job_class=PayrunJob, serializer=w.serializer)
+    w.prepare_execution(taken)  # RQ's first transaction only: in rq:wip, no worker_name yet
+    assert conn.zcard(f"rq:wip:{keys.EMAIL_QUEUE}") == 1 and not conn.hget(taken.key, "worker_name")
+    assert reaper.find_stuck(conn) == []
+    # an earlier attempt's (dead) worker still named in the job hash does not count either
+    conn.hset(taken.key, "worker_name", "email.gone.1")
+    assert reaper.find_stuck(conn) == []
+    # the execution's own worker gone: returned
+    conn.delete(keys.alive(w.name))
+    assert [s.job_id for s in reaper.find_stuck(conn)] == ["window-1"]
+    assert "email.test.window is gone" in reaper.find_stuck(conn)[0].reason
+
+
 def test_email_lanes_finish_their_sends_on_sigterm(conn, env, tmp_path):
     for i in range(6):
         enqueue(conn, keys.EMAIL_QUEUE, "jobs.testing.sleep", 1.0, job_id=f"send-{i}", timeout=2)
