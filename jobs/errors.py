@@ -35,7 +35,9 @@ class Throttled(TransientError):
 
 
 class RateWait(Throttled):
-    pass
+    def __init__(self, message: str = "waited too long for the global send rate; retrying",
+                 retry_after_s: float | None = 1.0):
+        super().__init__(message, retry_after_s)
 
 
 class PermanentError(JobError):

@@ -132,7 +132,7 @@ class Transport(Protocol):
 
 def _check_before_write(before_write: Callable[[], bool] | None) -> None:
     if before_write is not None and not before_write():
-        raise RateWait("waited too long for the global send rate; retrying", retry_after_s=1)
+        raise RateWait()
 
 
 def message_id_for(key: str) -> str:

@@ -18,8 +18,7 @@ from typing import Any
 from rq import get_current_job
 
 from jobs import idempotency
-from jobs.errors import RateWait, Throttled, TransientError
-from jobs.policy import pauses_every_sender
+from jobs.errors import TransientError
 
 
 def resend_path(month: str, company_id: int, employee_id: str, n: int) -> str:
@@ -116,19 +115,5 @@ def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
         attachment_bytes=notice_pdf([payload["subject"], "", *payload["text"].splitlines()]),
         idempotency_key=key, sender=cfg.email.sender,
     )
-    lim = tasks.limiter(conn)
-    try:
-        deadline = time.monotonic() + cfg.email.timeout_s / 2
-        if not lim.token(deadline_s=deadline):
-            raise RateWait("waited too long for the global send rate; retrying", retry_after_s=1)
-        message_id = tasks.transport().send(msg, before_write=lambda: lim.recheck(deadline_s=deadline))
-    except Throttled as e:
-        idempotency.release(conn, key, token)
-        if pauses_every_sender(e) and cfg.limits.pause_on_429:
-            lim.pause(e.retry_after_s)
-        raise
-    except BaseException:
-        idempotency.release(conn, key, token)
-        raise
-    idempotency.mark_sent(conn, key, token, message_id)
+    message_id = tasks.send_limited(conn, cfg, msg, key, token)
     return {"sent": key, "message_id": message_id, "sent_at": time.time()}

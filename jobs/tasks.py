@@ -144,6 +144,34 @@ def limiter(conn):
         return _limiter
 
 
+def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str:
+    """Send ``msg`` under the global limits, for the attempt holding the idempotency claim
+    (``key``, ``token``): body and connection ready first, then the start time, then the
+    send (re-gated if this thread stalled after its start). A failure gives the claim
+    back, and a provider 429 pauses every sender; success marks the key sent. Returns
+    the provider's message id."""
+    import time
+
+    lim = limiter(conn)
+    try:
+        tr = transport()
+        prepared = tr.prepare(msg)  # before the wait: at the start time, only the send is left
+        deadline = time.monotonic() + cfg.email.timeout_s / 2
+        if not lim.token(deadline_s=deadline):
+            raise RateWait()
+        message_id = tr.send(msg, prepared, before_write=lambda: lim.recheck(deadline_s=deadline))
+    except Throttled as e:  # a 429: every sender on every host waits, not just us
+        idempotency.release(conn, key, token)
+        if pauses_every_sender(e) and cfg.limits.pause_on_429:
+            lim.pause(e.retry_after_s)
+        raise
+    except BaseException:
+        idempotency.release(conn, key, token)
+        raise
+    idempotency.mark_sent(conn, key, token, message_id)
+    return message_id
+
+
 def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
     from jobs import mail
 
@@ -181,25 +209,7 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
         idempotency_key=key,
         sender=cfg.email.sender,
     )
-    lim = limiter(conn)
-    try:
-        import time as _time
-
-        tr = transport()
-        prepared = tr.prepare(msg)  # before the wait: at the start time, only the send is left
-        deadline = _time.monotonic() + cfg.email.timeout_s / 2
-        if not lim.token(deadline_s=deadline):
-            raise RateWait("waited too long for the global send rate; retrying", retry_after_s=1)
-        message_id = tr.send(msg, prepared, before_write=lambda: lim.recheck(deadline_s=deadline))
-    except Throttled as e:  # a 429: every sender on every host waits, not just us
-        idempotency.release(conn, key, token)
-        if pauses_every_sender(e) and cfg.limits.pause_on_429:
-            lim.pause(e.retry_after_s)
-        raise
-    except BaseException:
-        idempotency.release(conn, key, token)
-        raise
-    idempotency.mark_sent(conn, key, token, message_id)
+    message_id = send_limited(conn, cfg, msg, key, token)
     return {"sent": key, "message_id": message_id}
 
 

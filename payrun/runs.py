@@ -170,31 +170,22 @@ def start_run(
                     batch[:] = [snap for snap, there in zip(batch, present) if not there]
                     if not batch:
                         return
+                # (job id, argument, description, meta) of each job, as RQ stores them
+                jobs = [(keys.render_job_id(month, s["employee"]["id"]), s, f"render slip {s['key']}",
+                         {"kind": "render", "key": s["key"], "company": cid, "retry": meta_retry}) for s in batch]
                 ledger.create_jobs(
-                    {"id": keys.render_job_id(month, s["employee"]["id"]), "kind": "render",
-                     "company_id": cid, "employee_id": s["employee"]["id"], "month": month,
-                     "key": s["key"], "queue": keys.RENDER_QUEUE}
-                    for s in batch
+                    {"id": job_id, "kind": "render", "company_id": cid, "employee_id": s["employee"]["id"],
+                     "month": month, "key": s["key"], "queue": keys.RENDER_QUEUE}
+                    for job_id, s, _, _ in jobs
                 )
                 if bulk_enqueuer is not None:
-                    bulk_enqueuer.enqueue(
-                        bulk_enqueuer.job_args(keys.render_job_id(month, s["employee"]["id"]), s,
-                                               f"render slip {s['key']}",
-                                               {"kind": "render", "key": s["key"], "company": cid, "retry": meta_retry})
-                        for s in batch
-                    )
+                    bulk_enqueuer.enqueue(bulk_enqueuer.job_args(*j) for j in jobs)
                 else:  # an RQ whose enqueue this module cannot repeat: its own (slower) path
                     with conn.pipeline() as pipe:
                         queue.enqueue_many(
-                            [
-                                queue.prepare_data(
-                                    RENDER_FUNC, args=(s,), job_id=keys.render_job_id(month, s["employee"]["id"]),
-                                    description=f"render slip {s['key']}",
-                                    meta={"kind": "render", "key": s["key"], "company": cid, "retry": meta_retry},
-                                    **job_options,
-                                )
-                                for s in batch
-                            ],
+                            [queue.prepare_data(RENDER_FUNC, args=(s,), job_id=job_id, description=description,
+                                                meta=meta, **job_options)
+                             for job_id, s, description, meta in jobs],
                             pipeline=pipe,
                         )
                         pipe.execute()
