@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rq import Queue, SimpleWorker, Worker
-from rq.job import Job, JobStatus
+from rq.job import Job, JobStatus, _job_stack
 from rq.worker import WorkerStatus
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.scheduler import RQScheduler
@@ -101,6 +101,7 @@ class PayrunJob(Job):
     # no longer be lost between RQ recording the end and us reporting it.
     def prepare_for_execution(self, worker_name: str, pipeline) -> None:
         super().prepare_for_execution(worker_name, pipeline)
+        pipeline.persist(self.key)  # RQ's Job.perform sends this on its own (see perform)
         pipeline.hset(self.key, "meta", self.serializer.dumps(self.meta))
         pipeline.xadd(keys.EVENTS_STREAM, events.event(self.id, "running", attempt=self.meta.get("attempt"),
                                                       worker=worker_name))
@@ -111,12 +112,19 @@ class PayrunJob(Job):
         self._done_emitted = True
 
     def perform(self) -> Any:
+        """RQ's Job.perform (rq 2.12) without its PERSIST round trip: the job key's expiry
+        is already removed in prepare_for_execution's transaction, just before."""
         allowed = allowed_functions()
         if self.func_name not in allowed:
             raise PermanentError(
                 f"refused: {self.func_name!r} is not a payrun job function (allowed: {', '.join(sorted(allowed))})"
             )
-        return super().perform()
+        _job_stack.push(self)
+        try:
+            self._result = self._execute()
+        finally:
+            assert self is _job_stack.pop()
+        return self._result
 
 
 def recover_meta(meta: dict) -> dict:
@@ -334,8 +342,34 @@ class EventsMixin:
         return True
 
     def handle_job_success(self, job: Job, queue: Queue, started_job_registry) -> None:
+        """RQ's handle_job_success (rq 2.12, worker/base.py) in one transaction, without
+        its WATCH and SMEMBERS round trips for dependent jobs: payrun enqueues none. The
+        transaction still asks whether the dependents key exists; if some other client did
+        register a dependent, RQ's own enqueue_dependents runs after it. (One registered
+        later sees this job finished, set in the same transaction, and RQ enqueues it at
+        once.) A job with repeats left goes through RQ's method unchanged."""
         job._done_emitted = False
-        super().handle_job_success(job, queue, started_job_registry)
+        if job.repeats_left is not None and job.repeats_left > 0:
+            super().handle_job_success(job, queue, started_job_registry)
+        else:
+            with self.connection.pipeline() as pipe:
+                self.increment_successful_job_count(pipeline=pipe)
+                self.increment_total_working_time(job.ended_at - job.started_at, pipe)
+                result_ttl = job.get_result_ttl(self.default_result_ttl)
+                if result_ttl != 0:
+                    execution = getattr(self, "execution", None)
+                    job._handle_success(
+                        result_ttl, pipeline=pipe, worker_name=self.name,
+                        execution_id=execution.id if execution else None,
+                        execution_started_at=execution.created_at if execution else None,
+                        execution_ended_at=job.ended_at,
+                    )
+                job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
+                self.cleanup_execution(job, pipeline=pipe)
+                pipe.exists(job.dependents_key)
+                has_dependents = pipe.execute()[-1]
+            if has_dependents:
+                queue.enqueue_dependents(job)
         if getattr(job, "_done_emitted", False):
             took = (job.ended_at - job.started_at).total_seconds() if job.ended_at and job.started_at else None
             events.log_emitted(job.id, "done", duration_s=took, attempt=job.meta.get("attempt"))
