@@ -111,6 +111,43 @@ def test_long_bengali_name_fits_one_page():
     assert "Mohammad Abdullah Al Mamun" in pdf_text(pdf)
 
 
+def _boxes(box):
+    yield box
+    for child in getattr(box, "children", ()):
+        yield from _boxes(child)
+
+
+def _box_of(page, css_class: str):
+    """The outermost layout box of the element with that class."""
+    return next(b for b in _boxes(page._page_box)
+                if b.element is not None and css_class in (b.element.get("class") or "").split())
+
+
+def test_the_widest_values_stay_inside_their_fixed_layout_boxes():
+    """The masthead and net-pay rows are fixed-layout tables (set widths, no content
+    measuring): the largest amounts validation allows and the longest company name and
+    address must still fit inside them."""
+    snap = snapshot(company__name="M" * slip.COMPANY_FIELDS["name"],
+                    company__address="Dhanmondi " * (slip.COMPANY_FIELDS["address"] // 10))
+    for section in ("earnings", "deductions"):
+        for k in snap[section]:
+            snap[section][k] = slip.MAX_AMOUNT if section == "earnings" else 0
+    with slip._RENDER_LOCK:
+        doc = slip._document(slip.render_html(snap))
+    (page,) = doc.pages
+    net = _box_of(page, "net")
+    amount = _box_of(page, "net-amount")
+    label = _box_of(page, "net-label")
+    text_right = max(b.position_x + b.width for b in _boxes(amount) if type(b).__name__ == "TextBox")
+    assert text_right <= net.content_box_x() + net.width + 0.01
+    assert label.position_x + label.margin_width() <= min(b.position_x for b in _boxes(amount)
+                                                           if type(b).__name__ == "TextBox")
+    masthead = _box_of(page, "masthead")
+    for cls in ("company-name", "company-address", "doc-month"):
+        box = _box_of(page, cls)
+        assert box.position_x + box.margin_width() <= masthead.content_box_x() + masthead.width + 0.01
+
+
 def test_format_bdt_and_words():
     assert slip.format_bdt(4500000) == "৳ 45,000.00"
     assert slip.format_bdt(0) == "৳ 0.00"
