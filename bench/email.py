@@ -83,6 +83,7 @@ def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None, process
         for p in payloads:
             tasks.enqueue_email(conn, cfg, p)
         say(f"[{label}] enqueued {n} send jobs in {time.monotonic() - te:.1f} s")
+        conn.config_resetstat()  # from here on, the senders are Redis's only clients
         deadline = time.monotonic() + 120 + n / RATE * 3
         last = 0.0
         while True:
@@ -110,6 +111,10 @@ def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None, process
         overall = (n - 1) / (accepted[-1] - accepted[0])
         wall = t_end - t0
         last_delivery = accepted[-1] + LATENCY_S - t0
+        calls = {c.removeprefix("cmdstat_"): v["calls"] for c, v in conn.info("commandstats").items()}
+        per_send = sum(calls.values()) / n
+        top = ", ".join(f"{c} {v / n:.1f}" for c, v in sorted(calls.items(), key=lambda kv: -kv[1])[:8])
+        say(f"[{label}] Redis commands run per send (those inside scripts and transactions too): {per_send:.1f} ({top})")
         lim = json.loads(json.dumps({k.decode(): v.decode() for k, v in conn.hgetall("payrun:limit:email:stats").items()}))
         say(f"[{label}] sustained (10%-90%): {sustained:.2f} sends/s = {sustained / RATE:.3f} of {RATE:g}/s; "
             f"first-to-last admission {overall:.2f}/s; max in any 1 s bucket {st['max_rate_1s']}")
@@ -127,6 +132,7 @@ def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None, process
             "duplicates_refused": st["duplicates_refused"], "worker_cpu_s": r4(cpu), "wall_s": r4(wall),
             "cores_used": r4(cpu / wall), "cpu_ms_per_send": r4(cpu / n * 1000), "peak_rss_mb": r4(rss),
             "threads": threads, "enqueue_to_last_reply_s": r4(last_delivery), "limiter_stats": lim,
+            "redis_commands_per_send": r4(per_send),
         }
 
 

@@ -128,6 +128,11 @@ def run_demo(base: Config, employees: int, companies: int, month: str, timeout_s
             st = provider.stats()
             click.echo(f"provider: {st['delivered']:,} delivered, {st['duplicates_refused']} duplicates refused, "
                        f"{st['throttled_429']} throttled (429), {st['rejected']} rejected")
+            if st["duplicates_refused"]:
+                # nothing was stopped or killed here: every second send of a slip is a bug,
+                # which the provider's Idempotency-Key dedupe hid (over SMTP: two emails)
+                say(f"warning: {st['duplicates_refused']} slip(s) were sent twice in a calm run; "
+                    f"the logs in {home / 'log'} say which")
         click.echo(f"slips: {cfg.slips_dir / month}   ledger: {cfg.ledger_path}   time: {elapsed:.1f} s")
         ok = final["total"]["done"] == total and total > 0
         if provider is not None:
