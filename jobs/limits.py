@@ -88,8 +88,10 @@ redis.call('SET', KEYS[1], tostring(tat + interval), 'PX', math.ceil(tat + inter
 return {1, tostring(tat - now)}
 """
 
-# KEYS: sends, conf, pause, gate hash; ARGV: default rate, a start of this sender's to
-# take back first ('' for none), this start's member, then _MARGIN's
+# KEYS: sends, conf, pause, gate hash, stats; ARGV: default rate, a start of this
+# sender's to take back first ('' for none), this start's member, then _MARGIN's, then the
+# stats fields to count when this start passes (waits, gated, regated: no round trip of
+# their own)
 _GATE = _MARGIN + """
 if ARGV[2] ~= '' then redis.call('ZREM', KEYS[1], ARGV[2]) end
 local t = redis.call('TIME')
@@ -105,6 +107,7 @@ if redis.call('ZCARD', KEYS[1]) >= limit then
 end
 redis.call('ZADD', KEYS[1], now, ARGV[3])
 redis.call('PEXPIRE', KEYS[1], math.ceil(window) * 2)
+for i = 7, #ARGV do redis.call('HINCRBY', KEYS[5], ARGV[i], 1) end
 return {1, tostring(now), 'ok'}
 """
 
@@ -154,7 +157,6 @@ class Limiter:
         self._reserve = conn.register_script(_RESERVE)
         self._pause = conn.register_script(_PAUSE)
         self._gate = conn.register_script(_GATE)
-        self._waits = 0
         self._lock = threading.Lock()
         self._passed = threading.local()  # (member, monotonic) of this thread's last gate pass
 
@@ -221,26 +223,27 @@ class Limiter:
                 time.sleep(wait_s)
             if not int(ok):
                 continue  # it was a pause: reserve again now that it is over
-            passed = self.gate(deadline_s)
+            passed = self.gate(deadline_s, count=("waits",) if waited else ())
             if passed is None:
                 return False
             if not passed:
                 continue  # a 429 pause began meanwhile: our reservation is void
-            if waited:
-                self._count_wait()
             return True
 
-    def gate(self, deadline_s: float | None = None, replace: str = "") -> float | bool | None:
+    def gate(self, deadline_s: float | None = None, replace: str = "",
+             count: tuple[str, ...] = ()) -> float | bool | None:
         """Record this send's start in the rolling window once fewer than the limit started
         in the last 1 s + the margin; wait (a few ms, when senders bunched) until then.
         Go: the start time recorded (Redis clock, ms; truthy). False: a 429 pause is on
         (reserve again). None: past ``deadline_s``. ``replace``: a start of this sender's
-        recorded earlier, taken back in the same script (see :meth:`recheck`)."""
+        recorded earlier, taken back in the same script (see :meth:`recheck`). ``count``:
+        stats fields counted, in the same script, when it passes ("gated" is added when
+        the gate held it back)."""
         member = uuid.uuid4().hex[:16]
-        gated = False
+        counts = list(count)
         while True:
-            ok, wait_ms, why = self._gate(keys=[self.k_sends, self.k_conf, self.k_pause, self.k_gate],
-                                          args=[self.default_rate, replace, member, *self._margin_args])
+            ok, wait_ms, why = self._gate(keys=[self.k_sends, self.k_conf, self.k_pause, self.k_gate, self.k_stats],
+                                          args=[self.default_rate, replace, member, *self._margin_args, *counts])
             replace = ""
             if int(ok):
                 self._passed.last = (member, time.monotonic())
@@ -251,12 +254,8 @@ class Limiter:
             wait_s = float(wait_ms) / 1000
             if deadline_s is not None and time.monotonic() + wait_s > deadline_s:
                 return None
-            if not gated:
-                gated = True
-                try:
-                    self.conn.hincrby(self.k_stats, "gated", 1)
-                except Exception:
-                    pass
+            if "gated" not in counts:
+                counts.append("gated")
             time.sleep(max(wait_s, 0.0005))
 
     def recheck(self, deadline_s: float | None = None, now_s: float | None = None) -> bool:
@@ -270,17 +269,14 @@ class Limiter:
         member, passed_s = last
         if not late_for_gate(passed_s, time.monotonic() if now_s is None else now_s):
             return True
-        try:
-            self.conn.hincrby(self.k_stats, "regated", 1)
-        except Exception:
-            pass
+        count = ("regated",)
         while True:
-            passed = self.gate(deadline_s, replace=member)
+            passed = self.gate(deadline_s, replace=member, count=count)
             if passed is None:
                 return False
             if passed:
                 return True
-            member = ""  # a pause: taken back already; wait it out, then take a start again
+            member, count = "", ()  # a pause: taken back already; wait it out, then take a start again
             left = self.conn.pttl(self.k_pause)
             if deadline_s is not None and time.monotonic() + max(left, 0) / 1000 > deadline_s:
                 return False
@@ -299,7 +295,7 @@ class Limiter:
         m, at = self.conn.hmget(self.k_gate, "margin_ms", "at_ms")
         return gate_margin_ms(float(m) if m else None, now_ms - float(at or 0))
 
-    def _count_wait(self) -> None:
+    def _count_wait(self) -> None:  # a slot wait (rare: the gate counts its own in its script)
         try:
             self.conn.hincrby(self.k_stats, "waits", 1)
         except Exception:
