@@ -74,6 +74,29 @@ redis.call('XADD', KEYS[6], '*', unpack(ARGV, 2))
 return 1
 """
 
+# KEYS: intermediate list, wip, dequeued-seen hash; ARGV: now (as the hash stores it).
+# One script: read apart, another reaper could return a job (deleting its mark) between
+# this pass's read of the list and of the marks, and the pass would mark it again with
+# its old sighting time, for a job back on its queue that a live worker takes next.
+_MARK_DEQUEUED = """
+local started = {}
+for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  local colon = string.find(m, ':', 1, true)
+  started[colon and string.sub(m, 1, colon - 1) or m] = true
+end
+local taken = {}
+for _, id in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  if not started[id] then
+    taken[id] = true
+    redis.call('HSETNX', KEYS[3], id, ARGV[1])
+  end
+end
+for _, id in ipairs(redis.call('HKEYS', KEYS[3])) do
+  if not taken[id] then redis.call('HDEL', KEYS[3], id) end
+end
+return 1
+"""
+
 
 @dataclass(frozen=True)
 class Stuck:
@@ -167,15 +190,7 @@ def mark_dequeued(conn, now: float | None = None, queues=keys.QUEUES) -> None:
     """Record when each taken-not-started job was first seen; forget ids gone since."""
     now = time.time() if now is None else now
     for q in queues:
-        ids = set(_dequeued_not_started(conn, q))
-        seen = {_text(f) for f in conn.hkeys(keys.dequeued_seen(q))}
-        with conn.pipeline(transaction=False) as pipe:
-            for job_id in ids - seen:
-                pipe.hsetnx(keys.dequeued_seen(q), job_id, repr(now))
-            gone = seen - ids
-            if gone:
-                pipe.hdel(keys.dequeued_seen(q), *gone)
-            pipe.execute()
+        conn.eval(_MARK_DEQUEUED, 3, f"rq:queue:{q}:intermediate", f"rq:wip:{q}", keys.dequeued_seen(q), repr(now))
 
 
 def _event_args(job_id: str, outcome: str, attempt, error: str) -> list[str]:
