@@ -154,7 +154,8 @@ def _workers_of(conn, members: list[str], ids: list[str]) -> list[str | None]:
 
 
 def _dequeued_not_started(conn, q: str) -> list[str]:
-    """Ids in the queue's intermediate list with no execution in its started registry."""
+    """Ids in the queue's intermediate list with no execution in its started registry
+    (``_MARK_DEQUEUED`` works out the same set inside its script, to mark it atomically)."""
     with conn.pipeline(transaction=False) as pipe:
         pipe.lrange(f"rq:queue:{q}:intermediate", 0, -1)
         pipe.zrange(f"rq:wip:{q}", 0, -1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +151,6 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
     send (re-gated if this thread stalled after its start). A failure gives the claim
     back, and a provider 429 pauses every sender; success marks the key sent. Returns
     the provider's message id."""
-    import time
-
     lim = limiter(conn)
     try:
         tr = transport()

@@ -124,8 +124,10 @@ def run_demo(base: Config, employees: int, companies: int, month: str, timeout_s
             final = status.report(cfg, ledger, month)
             say(f"gave up after {timeout_s} s")
         click.echo(status.format_report(final))
+        ok = final["total"]["done"] == total and total > 0
         if provider is not None:
             st = provider.stats()
+            ok = ok and st["delivered"] == total
             click.echo(f"provider: {st['delivered']:,} delivered, {st['duplicates_refused']} duplicates refused, "
                        f"{st['throttled_429']} throttled (429), {st['rejected']} rejected")
             if st["duplicates_refused"]:
@@ -134,9 +136,6 @@ def run_demo(base: Config, employees: int, companies: int, month: str, timeout_s
                 say(f"warning: {st['duplicates_refused']} slip(s) were sent twice in a calm run; "
                     f"the logs in {home / 'log'} say which")
         click.echo(f"slips: {cfg.slips_dir / month}   ledger: {cfg.ledger_path}   time: {elapsed:.1f} s")
-        ok = final["total"]["done"] == total and total > 0
-        if provider is not None:
-            ok = ok and provider.stats()["delivered"] == total
         return ok
     finally:
         for _, p in procs:
