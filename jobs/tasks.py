@@ -37,7 +37,7 @@ ALLOWED_FUNCTIONS = frozenset({
 })
 """Job functions a payrun worker agrees to run (JSON still lets a job name any import path)."""
 
-TEST_FUNCTIONS = frozenset({"jobs.testing.hang", "jobs.testing.sleep", "jobs.testing.noop"})
+TEST_FUNCTIONS = frozenset({"jobs.testing.hang", "jobs.testing.sleep", "jobs.testing.noop", "jobs.testing.spin"})
 
 
 def allowed_functions() -> frozenset[str]:

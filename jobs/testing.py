@@ -24,3 +24,13 @@ def sleep(seconds: float) -> float:
 
 def noop() -> None:
     return None
+
+
+def spin(seconds: float) -> float:
+    """Busy Python code for ``seconds``: a lane's timeout (raised between Python
+    instructions, as with RQ's timer) can interrupt it where it cannot interrupt a sleep."""
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+    return seconds

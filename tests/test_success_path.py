@@ -116,3 +116,54 @@ def test_a_dependent_job_registered_by_another_client_is_still_enqueued(conn):
 
 def test_the_render_worker_uses_the_same_success_path(conn):
     assert RenderWorker.handle_job_success is LaneWorker.handle_job_success
+
+
+class StockStart(LaneWorker):
+    """RQ's own start: the execution record and busy state in a transaction of their own."""
+
+    def prepare_execution(self, job):
+        return SimpleWorker.prepare_execution(self, job)
+
+
+def _started(conn, worker_cls, job_id: str) -> tuple[dict, dict]:
+    """Take the job as a lane does and start it (no run); the records and commands sent."""
+    _enqueue(conn, job_id)
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    w = worker_cls([q], connection=conn, name=f"email.test.{job_id}")
+    w.register_birth()
+    job, _ = q.dequeue_any([q], None, connection=conn, job_class=PayrunJob, serializer=w.serializer)
+    conn.config_resetstat()
+    w.prepare_execution(job)
+    w.prepare_job_execution(job, remove_from_intermediate_queue=True)
+    sent = {c.removeprefix("cmdstat_"): v["calls"] for c, v in conn.info("commandstats").items()}
+    key = f"rq:job:{job_id}".encode()
+    execs = conn.keys(f"rq:execution:{job_id}:*")
+    assert w.execution is not None and len(execs) == 1
+    wip = conn.zrange(f"rq:wip:{keys.EMAIL_QUEUE}", 0, -1, withscores=True)
+    worker = conn.hgetall(f"rq:worker:{w.name}")
+    record = {
+        "job": {k: v for k, v in conn.hgetall(key).items() if k not in VOLATILE},
+        "job_ttl": conn.ttl(key),
+        "wip": sorted(m.decode().replace(w.execution.id, "<execution>").replace(job_id, "<job>") for m, _ in wip),
+        "wip_ttl_ok": all(s > 0 for _, s in wip),
+        "execution": sorted(conn.hgetall(execs[0])),
+        "execution_ttl": round(conn.ttl(execs[0]), -1),
+        "execution_registry": [m.decode() == w.execution.id for m in conn.zrange(f"rq:executions:{job_id}", 0, -1)],
+        "worker_state": worker.get(b"state"),
+        "worker_job": worker.get(b"current_job") == job_id.encode(),
+        "intermediate": conn.llen(f"rq:queue:{keys.EMAIL_QUEUE}:intermediate"),
+        "running_events": [f[b"job"] == job_id.encode() for _, f in conn.xrange(keys.EVENTS_STREAM)
+                           if f.get(b"status") == b"running"],
+    }
+    conn.delete(keys.EVENTS_STREAM, f"rq:wip:{keys.EMAIL_QUEUE}")
+    return record, sent
+
+
+def test_a_lane_starts_a_job_in_one_transaction_with_the_records_rqs_start_leaves(conn):
+    ours, sent = _started(conn, LaneWorker, "start-1")
+    stock, stock_sent = _started(conn, StockStart, "start-2")
+    assert sent["exec"] == 1 and stock_sent["exec"] == 2  # one round trip less per send
+    assert ours["job"][b"status"] == JobStatus.STARTED.value.encode()
+    assert ours["worker_state"] == b"busy" and ours["worker_job"] and ours["running_events"] == [True]
+    assert ours["wip"] == ["<job>:<execution>"] and ours["execution"] and ours["execution_registry"] == [True]
+    assert ours == stock

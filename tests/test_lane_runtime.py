@@ -1,0 +1,172 @@
+"""The send lanes' cheaper plumbing keeps RQ's behaviour: job timeouts from one watchdog
+thread (jobs/watchdog.py), a Redis connection held per lane, and the serializer shortcut.
+Real Redis where Redis is involved; timeouts are polled with deadlines, never slept."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import pytest
+from rq.serializers import JSONSerializer, PickleSerializer
+from rq.timeouts import JobTimeoutException
+
+from conftest import wait_for
+from jobs import watchdog
+from jobs.runtime import LaneWorker, lane_connection, make_queue, run_lanes
+from jobs.watchdog import Watchdog, WatchdogDeathPenalty
+from payrun import keys
+
+
+def _spin_until(stop_s: float) -> None:
+    """Python instructions for an async exception to land on, bounded in time."""
+    end = time.monotonic() + stop_s
+    while time.monotonic() < end:
+        pass
+
+
+def test_a_job_past_its_timeout_gets_rqs_timeout_exception_in_its_own_thread():
+    got: list = []
+
+    def lane():
+        try:
+            with WatchdogDeathPenalty(0.2, JobTimeoutException, job_id="j"):
+                _spin_until(10)
+            got.append("finished")
+        except JobTimeoutException as e:
+            got.append(e)
+
+    t0 = time.monotonic()
+    t = threading.Thread(target=lane)
+    t.start()
+    t.join(15)
+    assert len(got) == 1 and isinstance(got[0], JobTimeoutException), got
+    assert str(got[0]) == "Task exceeded maximum timeout value (0.2 seconds)"  # RQ's message
+    assert 0.2 <= time.monotonic() - t0 < 10
+    # the class RQ catches is left alone (RQ's own timer patches its __init__ per job)
+    assert str(JobTimeoutException("x")) == "x"
+
+
+def test_a_job_that_finished_in_time_is_never_interrupted_afterwards():
+    dog = Watchdog()
+    entries = [dog.arm(0.05, threading.get_ident(), JobTimeoutException) for _ in range(20)]
+    for e in entries:
+        assert dog.disarm(e) is False
+    # keep running Python code until the watchdog has passed every deadline: nothing lands
+    wait_for(lambda: not dog._heap, timeout_s=10, interval_s=0.01, what="the watchdog to drop the disarmed deadlines")
+    _spin_until(0.1)
+    assert dog.fired == 0 and dog.pending() == 0
+
+
+def test_many_lanes_share_one_watchdog_and_only_the_late_ones_fire():
+    outcome: dict[int, str] = {}
+    before = watchdog.WATCHDOG.fired
+
+    def lane(i: int):
+        timeout, work = (0.3, 10) if i % 2 else (5, 0.05)  # odd lanes overrun their timeout
+        try:
+            with WatchdogDeathPenalty(timeout, JobTimeoutException, job_id=str(i)):
+                _spin_until(work)
+            outcome[i] = "done"
+        except JobTimeoutException:
+            outcome[i] = "timeout"
+
+    threads = [threading.Thread(target=lane, args=(i,)) for i in range(12)]
+    n_threads = threading.active_count()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert outcome == {i: ("timeout" if i % 2 else "done") for i in range(12)}
+    assert watchdog.WATCHDOG.fired - before == 6
+    assert threading.active_count() <= n_threads  # no thread per job left behind
+
+
+def test_a_zero_timeout_means_none():
+    with WatchdogDeathPenalty(0, JobTimeoutException):
+        _spin_until(0.05)
+    with WatchdogDeathPenalty(-1, JobTimeoutException):
+        _spin_until(0.05)
+
+
+def test_a_send_lane_times_out_a_job_and_its_next_job_runs_on_the_same_connection(conn, cfg, monkeypatch):
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    q.enqueue_call("jobs.testing.spin", args=(30,), job_id="slow", timeout=1, meta={"kind": "test"})
+    q.enqueue_call("jobs.testing.noop", job_id="after", meta={"kind": "test"})
+    t0 = time.monotonic()
+    assert run_lanes(conn, [keys.EMAIL_QUEUE], lanes=1, burst=True) == 2
+    assert time.monotonic() - t0 < 25  # cut at its 1 s timeout, not run for 30
+    slow = conn.hgetall("rq:job:slow")
+    assert slow[b"status"] == b"failed"
+    assert b"Task exceeded maximum timeout value (1 seconds)" in slow[b"meta"]
+    assert conn.hget("rq:job:after", "status") == b"finished"
+
+
+def test_a_lane_holds_one_connection_of_the_shared_pool(conn):
+    pool = conn.connection_pool
+    lane = lane_connection(conn)
+    try:
+        assert lane.connection_pool is pool and lane.connection is not None
+        held = lane.connection
+        in_use = len(pool._in_use_connections)
+        for i in range(50):
+            assert lane.echo(f"m{i}") == f"m{i}".encode()
+        assert lane.connection is held and len(pool._in_use_connections) == in_use
+        with lane.pipeline() as pipe:  # pipelines still take pooled connections
+            pipe.echo("p").echo("q")
+            assert pipe.execute() == [b"p", b"q"]
+    finally:
+        lane.close()
+    assert held in pool._available_connections  # handed back
+
+
+def test_a_timeout_between_a_command_and_its_reply_drops_the_lanes_connection(conn):
+    """The watchdog can land after a command went out and before its reply was read: the
+    lane's held connection would hand that stale reply to its next command."""
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    lane_conn = lane_connection(conn)
+    try:
+        w = LaneWorker([q], connection=lane_conn, name="email.test.lane")
+        lane_conn.connection.send_command("ECHO", "stale")  # the reply is never read
+        job = q.enqueue_call("jobs.testing.noop", job_id="t", meta={"kind": "test"})
+        try:
+            raise JobTimeoutException("Task exceeded maximum timeout value (1 seconds)")
+        except JobTimeoutException:
+            w.handle_exception(job, *sys.exc_info())
+        assert lane_conn.echo("fresh") == b"fresh"
+    finally:
+        lane_conn.close()
+
+
+@pytest.mark.parametrize("arg", [None, "json", "rq.serializers.JSONSerializer", PickleSerializer, JSONSerializer])
+def test_the_serializer_shortcut_answers_as_rq_does(arg):
+    import rq.serializers
+
+    from jobs import runtime
+
+    original = runtime.RQ_RESOLVE_SERIALIZER
+    assert original is rq.serializers.resolve_serializer  # the module's own is untouched
+    assert runtime._resolve_serializer_fast(arg) is original(arg)
+
+
+def test_every_rq_module_that_resolves_serializers_uses_the_shortcut():
+    import importlib
+    import pkgutil
+
+    import rq
+
+    from jobs import runtime
+
+    for info in pkgutil.walk_packages(rq.__path__, "rq."):
+        if info.name.startswith(("rq.cli", "rq.contrib")):
+            continue
+        mod = importlib.import_module(info.name)
+        fn = getattr(mod, "resolve_serializer", None)
+        if fn is None or info.name == "rq.serializers":
+            continue
+        # rq.scheduler and rq.cron resolve once per process start: not worth a patch
+        if info.name in ("rq.scheduler", "rq.cron"):
+            continue
+        assert fn is runtime._resolve_serializer_fast, f"{info.name} builds objects per job with RQ's slow check"
