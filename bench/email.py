@@ -110,6 +110,12 @@ def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None, process
         sustained = (i90 - i10) / (accepted[i90] - accepted[i10])
         overall = (n - 1) / (accepted[-1] - accepted[0])
         wall = t_end - t0
+        # how close the provider came to a 429: the shortest span of limit+1 consecutive
+        # admissions (>= 1000 ms means no rolling second ever held more than the limit)
+        k = int(RATE)
+        tightest_ms = min((accepted[i + k] - accepted[i] for i in range(len(accepted) - k)), default=0.0) * 1000
+        gaps_ms = sorted((b2 - a2) * 1000 for a2, b2 in zip(accepted[i10:i90], accepted[i10 + 1:i90 + 1]))
+        gap_p = {q: gaps_ms[int(q / 100 * (len(gaps_ms) - 1))] for q in (1, 50, 99)} if gaps_ms else {}
         last_delivery = accepted[-1] + LATENCY_S - t0
         calls = {c.removeprefix("cmdstat_"): v["calls"] for c, v in conn.info("commandstats").items()}
         per_send = sum(calls.values()) / n
@@ -118,6 +124,8 @@ def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None, process
         lim = json.loads(json.dumps({k.decode(): v.decode() for k, v in conn.hgetall("payrun:limit:email:stats").items()}))
         say(f"[{label}] sustained (10%-90%): {sustained:.2f} sends/s = {sustained / RATE:.3f} of {RATE:g}/s; "
             f"first-to-last admission {overall:.2f}/s; max in any 1 s bucket {st['max_rate_1s']}")
+        say(f"[{label}] provider's tightest {k + 1} consecutive admissions: {tightest_ms:.1f} ms (a 429 below 1000); "
+            f"gaps between admissions p1/p50/p99 {gap_p.get(1, 0):.1f}/{gap_p.get(50, 0):.1f}/{gap_p.get(99, 0):.1f} ms")
         say(f"[{label}] http_429 {st['throttled_429']}, provider max_in_flight {st['max_in_flight']}, "
             f"duplicates {st['duplicates_refused']}, limiter stats {lim}")
         say(f"[{label}] worker: {cpu:.2f} CPU-s over {wall:.1f} s wall = {cpu / wall:.3f} cores; "
@@ -132,7 +140,8 @@ def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None, process
             "duplicates_refused": st["duplicates_refused"], "worker_cpu_s": r4(cpu), "wall_s": r4(wall),
             "cores_used": r4(cpu / wall), "cpu_ms_per_send": r4(cpu / n * 1000), "peak_rss_mb": r4(rss),
             "threads": threads, "enqueue_to_last_reply_s": r4(last_delivery), "limiter_stats": lim,
-            "redis_commands_per_send": r4(per_send),
+            "redis_commands_per_send": r4(per_send), "tightest_window_ms": r4(tightest_ms),
+            "gap_ms_p1_p50_p99": [r4(gap_p.get(q, 0)) for q in (1, 50, 99)],
         }
 
 
