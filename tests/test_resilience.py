@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from rq import Retry
+from rq import Retry, SimpleWorker
 
 from conftest import wait_for
 from jobs import reaper
@@ -309,7 +309,9 @@ def test_a_job_just_started_is_not_reaped_before_its_record_names_the_worker(con
     w = LaneWorker([q], connection=conn, name="email.test.window")
     conn.set(keys.alive(w.name), 1, ex=10)  # the worker lives
     taken, _ = q.dequeue_any([q], None, connection=conn, job_class=PayrunJob, serializer=w.serializer)
-    w.prepare_execution(taken)  # RQ's first transaction only: in rq:wip, no worker_name yet
+    # RQ's first transaction only (a forking worker's parent does this; a lane writes the
+    # execution with the job's start, in one transaction): in rq:wip, no worker_name yet
+    SimpleWorker.prepare_execution(w, taken)
     assert conn.zcard(f"rq:wip:{keys.EMAIL_QUEUE}") == 1 and not conn.hget(taken.key, "worker_name")
     assert reaper.find_stuck(conn) == []
     # an earlier attempt's (dead) worker still named in the job hash does not count either
