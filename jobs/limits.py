@@ -71,6 +71,20 @@ redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 return {1, 0}
 """
 
+# A slot, then a job: KEYS as _ACQUIRE_SLOT's, then a queue and its intermediate list;
+# ARGV as _ACQUIRE_SLOT's, then the job key prefix. After the slot, RQ's non-blocking
+# dequeue of one queue (LMOVE into the intermediate list, HGETALL of the job) in the same
+# script: {1, 0, id, hash} taken (an empty hash: the job expired meanwhile, which RQ's
+# dequeue skips); {2, 0} the queue was empty, the slot given back; {0, wait ms} no slot.
+_ACQUIRE_SLOT_AND_TAKE = _ACQUIRE_SLOT.replace("return {1, 0}\n", """local id = redis.call('LMOVE', KEYS[4], KEYS[5], 'LEFT', 'RIGHT')
+if not id then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return {2, 0}
+end
+return {1, 0, id, redis.call('HGETALL', ARGV[5] .. id)}
+""")
+assert _ACQUIRE_SLOT_AND_TAKE != _ACQUIRE_SLOT
+
 # ARGV: default rate, headroom, gate fit (jobs.policy.paced_rate), then _MARGIN's
 _RESERVE = _MARGIN + """
 local t = redis.call('TIME')
@@ -131,6 +145,18 @@ return untl
 
 
 @dataclass(frozen=True)
+class Taken:
+    """A job taken off a queue together with a slot (``Limiter.take``)."""
+    slot: str
+    job_id: str
+    raw: dict  # the job's hash as HGETALL returns it; empty if it expired meanwhile
+
+
+EMPTY = "empty"
+"""``Limiter.take``: the queue was empty (no slot held)."""
+
+
+@dataclass(frozen=True)
 class Settings:
     cap: int
     rate_per_s: float
@@ -154,6 +180,7 @@ class Limiter:
         self.k_gate = keys.limit_gate(name)
         self._margin_args = [GATE_MARGIN_MIN_MS, GATE_MARGIN_MAX_MS, GATE_MARGIN_DECAY_MS_PER_S / 1000.0]
         self._acquire = conn.register_script(_ACQUIRE_SLOT)
+        self._acquire_take = conn.register_script(_ACQUIRE_SLOT_AND_TAKE)
         self._reserve = conn.register_script(_RESERVE)
         self._pause = conn.register_script(_PAUSE)
         self._gate = conn.register_script(_GATE)
@@ -196,6 +223,29 @@ class Limiter:
                 return None
             if stop is None:
                 time.sleep(min(wait_ms, 500) / 1000)
+
+    def take(self, stop: threading.Event, holder: str, queue_key: str, intermediate_key: str, job_prefix: str,
+             previous: str | None = None) -> Taken | str | None:
+        """:meth:`slot`, then RQ's non-blocking dequeue of one queue, in one script per try:
+        three round trips per send become one. Blocks while no slot is free. Returns a
+        ``Taken`` (its slot is ours), ``EMPTY`` (the queue was empty: no slot held) or
+        None (``stop`` was set while waiting). ``previous``: see :meth:`try_slot`."""
+        waited = False
+        while True:
+            r = self._acquire_take(keys=[self.k_slots, self.k_conf, self.k_pause, queue_key, intermediate_key],
+                                   args=[holder, self.default_cap, self.lease_ms, previous or "", job_prefix])
+            previous = None
+            if int(r[0]) == 1:
+                if waited:
+                    self._count_wait()
+                flat = r[3]
+                job_id = r[2].decode() if isinstance(r[2], bytes) else r[2]
+                return Taken(holder, job_id, dict(zip(flat[0::2], flat[1::2])))
+            if int(r[0]) == 2:
+                return EMPTY
+            waited = True
+            if stop.wait(min(int(r[1]), 500) / 1000):
+                return None
 
     def release(self, holder: str) -> None:
         self.conn.zrem(self.k_slots, holder)

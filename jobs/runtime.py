@@ -51,6 +51,7 @@ from rq.utils import now as utcnow
 
 from jobs import events, idempotency
 from jobs.errors import PermanentError, Throttled
+from jobs.limits import EMPTY
 from jobs.policy import backoff_delay, classify, shutdown_deadline
 from jobs.tasks import allowed_functions
 from jobs.watchdog import WatchdogDeathPenalty
@@ -685,6 +686,14 @@ class LaneWorker(EventsMixin, SimpleWorker):
     def idle(self) -> None:
         super().set_state(WorkerStatus.IDLE)
 
+    def own_queue(self, name: str) -> Queue:
+        """This lane's Queue object for ``name``, on its own connection (built once; RQ's
+        dequeue builds one per job)."""
+        queues = self.__dict__.setdefault("_own_queues", {})
+        if name not in queues:
+            queues[name] = make_queue(name, self.connection)
+        return queues[name]
+
     def prepare_execution(self, job: Job) -> None:
         """RQ (rq 2.12, executions.prepare_execution) writes the execution record and the
         busy state in a transaction of its own, right before the start transaction of
@@ -959,15 +968,33 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
             try_now = False
             slot = None
             try:
-                if limiter is not None:
+                if limiter is not None and len(open_) == 1:  # the send-email queue: one script
                     previous, held = held, None
-                    slot = limiter.slot(stop, holder=f"{lane.name}:{uuid.uuid4().hex[:8]}", previous=previous)
-                    if slot is None:
+                    queue = lane.own_queue(open_[0].name)
+                    got = limiter.take(stop, f"{lane.name}:{uuid.uuid4().hex[:8]}", queue.key,
+                                       queue.intermediate_queue_key, lane.job_class.redis_job_namespace_prefix,
+                                       previous=previous)
+                    if got is None:
                         break
-                result = Queue.dequeue_any(
-                    open_, None, connection=lane.connection, job_class=lane.job_class,
-                    serializer=lane.serializer,
-                )
+                    result = None
+                    if got is not EMPTY:
+                        slot = got.slot
+                        if got.raw:
+                            job = lane.job_class(got.job_id, connection=lane.connection, serializer=lane.serializer)
+                            job.restore(got.raw)
+                            result = job, queue
+                        else:
+                            try_now = True  # expired while queued: RQ's dequeue skips it too
+                else:
+                    if limiter is not None:
+                        previous, held = held, None
+                        slot = limiter.slot(stop, holder=f"{lane.name}:{uuid.uuid4().hex[:8]}", previous=previous)
+                        if slot is None:
+                            break
+                    result = Queue.dequeue_any(
+                        open_, None, connection=lane.connection, job_class=lane.job_class,
+                        serializer=lane.serializer,
+                    )
             except Exception as e:  # Redis blip: back off, keep the lane alive
                 log.warning("Lane %s: %s; retrying in 1 s", lane.name, e)
                 result = None

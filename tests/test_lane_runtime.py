@@ -170,3 +170,74 @@ def test_every_rq_module_that_resolves_serializers_uses_the_shortcut():
         if info.name in ("rq.scheduler", "rq.cron"):
             continue
         assert fn is runtime._resolve_serializer_fast, f"{info.name} builds objects per job with RQ's slow check"
+
+
+def _limiter(conn, cap=2):
+    from jobs.limits import Limiter
+
+    return Limiter(conn, "email", cap, 40.0, lease_s=30)
+
+
+def test_a_slot_and_a_job_come_in_one_script_as_rqs_dequeue_leaves_them(conn):
+    from rq import Queue
+
+    from jobs.limits import EMPTY, Taken
+    from jobs.runtime import PayrunJob
+
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    for i in range(2):
+        q.enqueue_call("jobs.testing.noop", job_id=f"take-{i}", meta={"kind": "test"})
+    lim = _limiter(conn)
+    stop = threading.Event()
+    got = lim.take(stop, "lane-a", q.key, q.intermediate_queue_key, PayrunJob.redis_job_namespace_prefix)
+    assert isinstance(got, Taken) and got.slot == "lane-a" and got.job_id == "take-0"
+    assert conn.zrange(lim.k_slots, 0, -1) == [b"lane-a"]  # the slot is held
+    assert conn.lrange(q.intermediate_queue_key, 0, -1) == [b"take-0"]  # where RQ's LMOVE puts it
+    ours = PayrunJob("take-0", connection=conn)
+    ours.restore(got.raw)
+    # RQ's own dequeue of the next job leaves the same kind of record and list
+    rq_job, rq_queue = Queue.dequeue_any([q], None, connection=conn, job_class=PayrunJob, serializer=JSONSerializer)
+    assert rq_job.id == "take-1" and rq_queue.name == keys.EMAIL_QUEUE
+    assert conn.lrange(q.intermediate_queue_key, 0, -1) == [b"take-0", b"take-1"]
+    a, b = ours.to_dict(), rq_job.to_dict()
+    for d in (a, b):
+        d.pop("created_at"), d.pop("enqueued_at")
+    assert a == b and ours.meta == rq_job.meta and ours.func_name == "jobs.testing.noop"
+    # an empty queue: nothing taken, the slot given back in the same script
+    assert lim.take(stop, "lane-b", q.key, q.intermediate_queue_key, "rq:job:", previous="lane-a") == EMPTY
+    assert conn.zcard(lim.k_slots) == 0
+
+
+def test_take_waits_for_a_free_slot_and_gives_up_on_stop(conn):
+    from jobs.limits import Taken
+
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    q.enqueue_call("jobs.testing.noop", job_id="wait-0", meta={"kind": "test"})
+    lim = _limiter(conn, cap=1)
+    assert lim.try_slot("other")[0]  # the only slot is held elsewhere
+    stop = threading.Event()
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(
+        lim.take(stop, "lane-a", q.key, q.intermediate_queue_key, "rq:job:")))
+    t.start()
+    wait_for(lambda: conn.llen(q.key) == 1 and t.is_alive(), timeout_s=5, what="the lane to wait")
+    lim.release("other")
+    t.join(10)
+    assert isinstance(out[0], Taken) and out[0].job_id == "wait-0"
+    assert lim.stats().get("waits") == 1
+    lim.release("lane-a")
+    assert lim.try_slot("other")[0]
+    stop.set()
+    assert lim.take(stop, "lane-b", q.key, q.intermediate_queue_key, "rq:job:") is None
+    assert conn.zrange(lim.k_slots, 0, -1) == [b"other"]
+
+
+def test_a_job_that_expired_in_the_queue_is_skipped_with_the_slot_kept(conn, cfg, monkeypatch):
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    q.enqueue_call("jobs.testing.noop", job_id="gone", meta={"kind": "test"})
+    q.enqueue_call("jobs.testing.noop", job_id="next", meta={"kind": "test"})
+    conn.delete("rq:job:gone")  # its hash lapsed (ttl) while it waited in the list
+    assert run_lanes(conn, [keys.EMAIL_QUEUE], lanes=1, burst=True, limiter=_limiter(conn)) == 1
+    assert conn.hget("rq:job:next", "status") == b"finished"
+    assert conn.zcard(_limiter(conn).k_slots) == 0
