@@ -13,7 +13,9 @@ Endpoints (all JSON; with ``token=...`` every endpoint needs ``Authorization: Be
            422 {"error": "invalid recipient address: ..."} (counts rejected)
            429 Retry-After: 1                rate limited (at once; counts throttled_429)
            5xx                               during an injected outage (counts outage_5xx)
-  GET    /v1/messages/<key>    what was delivered for that key, or 404
+  GET    /v1/messages/<key>    what was delivered for that key, or 404 (with received_at,
+                               when its headers were read, and accepted_at, its admission:
+                               the difference is this server's own processing delay)
   GET    /v1/stats             counters (below)
   POST   /v1/admin/outage      {"seconds": 180, "status": 503}: message requests answer that
                                status for the window
@@ -271,6 +273,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     # -- the message endpoint
     def _message(self) -> None:
+        self._received_at = time.time()  # headers read; the admission comes after the body
         p = self.server.provider
         st = p.state
         with st.lock:
@@ -348,6 +351,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                             "subject": str(doc.get("subject", ""))[:500],
                             "attachments": attachments,
                             "accepted_at": time.time(),
+                            "received_at": self._received_at,
                         }
                         st.delivered[key] = rec
                         st.counts["delivered"] += 1
