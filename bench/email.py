@@ -104,7 +104,14 @@ def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None, process
         threads = sum(len(__import__("psutil").Process(w.pid).threads()) for w in ws)
         st = b.provider_stats()
         if st.get("throttles"):
-            say(f"[{label}] first 429s (time, span of the window's admissions, last gaps in ms): {st['throttles'][:4]}")
+            say(f"[{label}] first 429s (time, span of the window's admissions, last gaps in ms, the provider's "
+                f"own delay from headers to admission): {st['throttles'][:4]}")
+            for w in ws:  # the senders' side of each 429: how long after its gate pass it left
+                log_path = b.log_dir / f"send-email-{ws.index(w)}.log"
+                if log_path.exists():
+                    for line in log_path.read_text(errors="replace").splitlines():
+                        if "provider 429 for" in line:
+                            say(f"[{label}] worker: {line.split('payrun.jobs: ')[-1][:200]}")
         records = [b.provider_get(f"/v1/messages/{p['key']}") for p in payloads]
         accepted = sorted(r["accepted_at"] for r in records)
         # the provider's own delay from a request's headers to its admission (reading the

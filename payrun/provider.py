@@ -331,7 +331,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
         problem = first = rec = None
         with st.lock:
-            if not p._admit_locked():
+            if not p._admit_locked(getattr(self, "_received_at", None)):
                 st.counts["throttled_429"] += 1
                 throttled = True
             else:
@@ -411,7 +411,7 @@ class Provider:
         self.stop()
 
     # -- state (also usable in-process by tests)
-    def _admit_locked(self) -> bool:
+    def _admit_locked(self, received_at: float | None = None) -> bool:
         st = self.state
         now = st.clock()
         limit = max(1, int(self.rate_per_s))
@@ -423,7 +423,9 @@ class Provider:
                 last = list(w)[-12:]
                 gaps = [round((b - a) * 1000, 1) for a, b in zip(last, last[1:])]
                 st.throttles.append({"at": round(now + st.wall_offset, 3), "window_span_ms": round((now - w[0]) * 1000, 1),
-                                     "last_gaps_ms": gaps})
+                                     "last_gaps_ms": gaps,
+                                     "admit_delay_ms": round((time.time() - received_at) * 1000, 1)
+                                     if received_at is not None else None})
             return False
         w.append(now)
         sec = int(now + st.wall_offset)

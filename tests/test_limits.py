@@ -218,3 +218,35 @@ def test_cap_holds_across_two_hosts(conn, cfg, tmp_path):
         for p in procs:
             p.wait(timeout=30)
     assert 3 <= peak <= 4, peak
+
+
+def test_a_provider_429_says_how_long_after_its_gate_pass_the_request_left(conn, cfg, monkeypatch, caplog):
+    """The sender's side of a 429, for diagnosing one: the line names the key and the time
+    from the gate pass to the write; every sender is paused."""
+    import logging
+
+    from jobs import idempotency, tasks
+    from jobs.errors import Throttled
+
+    class Refusing:  # the provider answers 429 Retry-After: 1 once the request is written
+        def prepare(self, msg):
+            return b"{}"
+
+        def send(self, msg, prepared, before_write=None):
+            assert before_write() is True
+            raise Throttled("provider: 429 rate limited", retry_after_s=1.0)
+
+    tasks.settings.cache_clear()
+    monkeypatch.setattr(tasks, "transport", lambda: Refusing())
+    monkeypatch.setattr(tasks, "_limiter", None)
+    assert idempotency.claim(conn, "2026-11:1:emp-1", "email-x:1", 60) not in (idempotency.SENT, idempotency.BUSY)
+    caplog.set_level(logging.WARNING, logger="payrun.jobs")
+    try:
+        tasks.send_limited(conn, tasks.settings(), object(), "2026-11:1:emp-1", "email-x:1")
+        raise AssertionError("the 429 must reach the job")
+    except Throttled:
+        pass
+    lines = [r.getMessage() for r in caplog.records if "provider 429" in r.getMessage()]
+    assert len(lines) == 1 and "2026-11:1:emp-1: written" in lines[0] and "after its gate pass" in lines[0]
+    assert conn.pttl(keys.limit_pause("email")) > 0  # everyone waits
+    tasks.settings.cache_clear()
