@@ -308,6 +308,11 @@ class Limiter:
                 counts.append("gated")
             time.sleep(max(wait_s, 0.0005))
 
+    def last_gate_pass_s(self) -> float | None:
+        """When this thread's last send passed the gate (time.monotonic()), if it did."""
+        last = getattr(self._passed, "last", None)
+        return last[1] if last else None
+
     def recheck(self, deadline_s: float | None = None, now_s: float | None = None) -> bool:
         """Call right before the request leaves. If this thread passed the gate more than
         REGATE_LATE_MS ago (it stalled since), its start is recorded again, now, waiting

@@ -169,9 +169,9 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
     except Throttled as e:  # a 429: every sender on every host waits, not just us
         idempotency.release(conn, key, token)
         if pauses_every_sender(e):
-            _log_provider_429(key, lim, written)
-        if pauses_every_sender(e) and cfg.limits.pause_on_429:
-            lim.pause(e.retry_after_s)
+            _log_provider_429(key, lim.last_gate_pass_s(), written)
+            if cfg.limits.pause_on_429:
+                lim.pause(e.retry_after_s)
         raise
     except BaseException:
         idempotency.release(conn, key, token)
@@ -180,17 +180,16 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
     return message_id
 
 
-def _log_provider_429(key: str, lim, written: list[float]) -> None:
+def _log_provider_429(key: str, passed_s: float | None, written: list[float]) -> None:
     """When did the refused request pass our send gate and leave? (A 429 under the gate
     means it reached the provider later than its recorded start: the line says by how
     much on our side; the provider's throttle record has its side.)"""
-    passed = getattr(lim._passed, "last", None)
     now = time.monotonic()
-    if passed is None or not written:
+    if passed_s is None or not written:
         log.warning("provider 429 for %s (not written after a gate pass)", key)
         return
     log.warning("provider 429 for %s: written %.1f ms after its gate pass, answered %.1f ms after the write",
-                key, (written[-1] - passed[1]) * 1000, (now - written[-1]) * 1000)
+                key, (written[-1] - passed_s) * 1000, (now - written[-1]) * 1000)
 
 
 def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
