@@ -15,7 +15,9 @@ One named resource (``email``) has
   is the provider's second plus a margin for the jitter between our clock stamp and
   the provider's. The margin tunes itself: 20 ms, widened by 20 ms at each 429 (up to
   100 ms), narrowed back by 10 ms a minute; the schedule slows with it so that senders do
-  not queue at the gate (``jobs.policy.gate_margin_ms``, ``paced_rate``);
+  not queue at the gate (``jobs.policy.gate_margin_ms``, ``paced_rate``). For the first
+  2 s after an idle spell the margin is at least 100 ms: a run's first requests reach
+  the provider late (cold code, fresh threads, a busy host) (``gate_window_ms``);
 - a pause: when the provider answers 429 with Retry-After, every sender stops until then.
 Each decision is one Lua script using Redis's clock (hosts' clocks may differ).
 
@@ -35,7 +37,8 @@ import uuid
 from dataclasses import dataclass
 
 from jobs.policy import (GATE_FIT, GATE_MARGIN_DECAY_MS_PER_S, GATE_MARGIN_MAX_MS, GATE_MARGIN_MIN_MS,
-                         GATE_MARGIN_STEP_MS, gate_margin_ms, late_for_gate)
+                         GATE_MARGIN_STEP_MS, GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS, gate_margin_ms,
+                         late_for_gate)
 from payrun import keys
 
 RATE_HEADROOM = 0.975
@@ -85,27 +88,37 @@ return {1, 0, id, redis.call('HGETALL', ARGV[5] .. id)}
 """)
 assert _ACQUIRE_SLOT_AND_TAKE != _ACQUIRE_SLOT
 
-# ARGV: default rate, headroom, gate fit (jobs.policy.paced_rate), then _MARGIN's
+# KEYS: tat, conf, pause, gate hash, sends; ARGV: default rate, headroom, gate fit
+# (jobs.policy.paced_rate), then _MARGIN's, the warm-up margin and its length (ms). The
+# pace fits the gate's window at the reserved time, the warm-up's included, so that
+# senders do not queue at the gate (a sliding window repeats a delay it once imposed)
 _RESERVE = _MARGIN + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local pause = tonumber(redis.call('GET', KEYS[3]) or '0')
 if pause > now then return {0, tostring(pause - now)} end
-local limit = tonumber(redis.call('HGET', KEYS[2], 'rate_per_s') or ARGV[1])
-local rate = limit * tonumber(ARGV[2])
-local gate_rate = math.max(1, math.floor(limit)) * 1000.0 / (1000.0 + margin(now)) * tonumber(ARGV[3])
-if gate_rate < rate then rate = gate_rate end
-local interval = 1000.0 / rate
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tat < now then tat = now end
+local m = margin(now)
+local warm = tonumber(ARGV[7])
+local busy = tonumber(redis.call('HGET', KEYS[4], 'busy_ms') or '0')
+if redis.call('ZCOUNT', KEYS[5], now - 1000.0 - math.max(m, warm), '+inf') == 0 then
+  busy = tat  -- the gate is idle: its warm-up begins with this start
+end
+if tat - busy < tonumber(ARGV[8]) then m = math.max(m, warm) end
+local limit = tonumber(redis.call('HGET', KEYS[2], 'rate_per_s') or ARGV[1])
+local rate = limit * tonumber(ARGV[2])
+local gate_rate = math.max(1, math.floor(limit)) * 1000.0 / (1000.0 + m) * tonumber(ARGV[3])
+if gate_rate < rate then rate = gate_rate end
+local interval = 1000.0 / rate
 redis.call('SET', KEYS[1], tostring(tat + interval), 'PX', math.ceil(tat + interval - now) + 10000)
 return {1, tostring(tat - now)}
 """
 
 # KEYS: sends, conf, pause, gate hash, stats; ARGV: default rate, a start of this
-# sender's to take back first ('' for none), this start's member, then _MARGIN's, then the
-# stats fields to count when this start passes (waits, gated, regated: no round trip of
-# their own)
+# sender's to take back first ('' for none), this start's member, then _MARGIN's, the
+# warm-up margin and its length (ms), then the stats fields to count when this start
+# passes (waits, gated, regated: no round trip of their own)
 _GATE = _MARGIN + """
 if ARGV[2] ~= '' then redis.call('ZREM', KEYS[1], ARGV[2]) end
 local t = redis.call('TIME')
@@ -113,15 +126,24 @@ local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local pause = tonumber(redis.call('GET', KEYS[3]) or '0')
 if pause > now then return {0, tostring(pause - now), 'pause'} end
 local limit = math.max(1, math.floor(tonumber(redis.call('HGET', KEYS[2], 'rate_per_s') or ARGV[1])))
-local window = 1000.0 + margin(now)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-if redis.call('ZCARD', KEYS[1]) >= limit then
-  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+-- jobs.policy.gate_window_ms: 1 s + the margin, and at least the warm-up margin during
+-- the first ARGV[8] ms after an idle spell (no start within the widest window)
+local m = margin(now)
+local widest = 1000.0 + math.max(m, tonumber(ARGV[7]))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - widest)
+local idle = redis.call('ZCARD', KEYS[1]) == 0
+local busy = now
+if not idle then busy = tonumber(redis.call('HGET', KEYS[4], 'busy_ms') or '0') end
+local window = 1000.0 + m
+if now - busy < tonumber(ARGV[8]) then window = widest end
+if redis.call('ZCOUNT', KEYS[1], now - window, '+inf') >= limit then
+  local oldest = redis.call('ZRANGEBYSCORE', KEYS[1], now - window, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   return {0, tostring(tonumber(oldest[2]) + window - now), 'gate'}
 end
 redis.call('ZADD', KEYS[1], now, ARGV[3])
-redis.call('PEXPIRE', KEYS[1], math.ceil(window) * 2)
-for i = 7, #ARGV do redis.call('HINCRBY', KEYS[5], ARGV[i], 1) end
+redis.call('PEXPIRE', KEYS[1], math.ceil(widest) * 2)
+if idle then redis.call('HSET', KEYS[4], 'busy_ms', tostring(now)) end
+for i = 9, #ARGV do redis.call('HINCRBY', KEYS[5], ARGV[i], 1) end
 return {1, tostring(now), 'ok'}
 """
 
@@ -263,8 +285,9 @@ class Limiter:
         (time.monotonic())."""
         waited = False
         while True:
-            ok, wait_ms = self._reserve(keys=[self.k_tat, self.k_conf, self.k_pause, self.k_gate],
-                                        args=[self.default_rate, RATE_HEADROOM, GATE_FIT, *self._margin_args])
+            ok, wait_ms = self._reserve(keys=[self.k_tat, self.k_conf, self.k_pause, self.k_gate, self.k_sends],
+                                        args=[self.default_rate, RATE_HEADROOM, GATE_FIT, *self._margin_args,
+                                              GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS])
             wait_s = float(wait_ms) / 1000
             if deadline_s is not None and time.monotonic() + wait_s > deadline_s:
                 return False
@@ -293,7 +316,8 @@ class Limiter:
         counts = list(count)
         while True:
             ok, wait_ms, why = self._gate(keys=[self.k_sends, self.k_conf, self.k_pause, self.k_gate, self.k_stats],
-                                          args=[self.default_rate, replace, member, *self._margin_args, *counts])
+                                          args=[self.default_rate, replace, member, *self._margin_args,
+                                                GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS, *counts])
             replace = ""
             if int(ok):
                 self._passed.last = (member, time.monotonic())

@@ -118,7 +118,7 @@ def test_rate_spaces_starts_across_limiters(conn):
 def test_the_send_gate_holds_the_limit_over_any_second_even_when_senders_bunch(conn):
     """Senders that arrive at once (woke late, or skipped the schedule) are let through
     at most ``limit`` per 1 s + the gate's margin, by their real start times, on every host."""
-    from jobs.policy import GATE_MARGIN_MIN_MS
+    from jobs.policy import GATE_MARGIN_MIN_MS, GATE_WARMUP_MARGIN_MS
 
     GATE_MARGIN_S = GATE_MARGIN_MIN_MS / 1000  # no 429 yet: the margin is at its minimum
 
@@ -141,10 +141,40 @@ def test_the_send_gate_holds_the_limit_over_any_second_even_when_senders_bunch(c
     starts.sort()
     assert len(starts) == 24, starts
     # 10 at once, 10 one window later, 4 after the next: any 11 starts span the gate's window
+    # (the first window after an idle spell a wider one: see the warm-up tests below)
     spans = [later - first for first, later in zip(starts, starts[10:])]
     assert min(spans) >= 1.0 + GATE_MARGIN_S - 1e-6, [round(x - starts[0], 3) for x in starts]
+    assert starts[10] - starts[0] >= 1.0 + GATE_WARMUP_MARGIN_MS / 1000 - 1e-6
     assert starts[-1] - starts[0] >= 2 * (1.0 + GATE_MARGIN_S) - 0.05
     assert int(a.stats()["gated"]) == 14  # each start the gate held back, counted once as it passed
+
+
+def test_the_send_gate_keeps_a_wider_margin_for_its_first_window_after_an_idle_spell(conn):
+    """A run's first requests reach the provider later than later ones: for the first
+    2 s after an idle spell the gate counts over 1 s + the warm-up margin."""
+    from jobs.policy import GATE_MARGIN_MIN_MS, GATE_WARMUP_MARGIN_MS
+
+    lim = limiter(conn, cap=100, rate=10.0)
+    first = [lim.gate() for _ in range(10)]  # an idle gate: the limit passes at once
+    between = 1.0 + (GATE_MARGIN_MIN_MS + GATE_WARMUP_MARGIN_MS) / 2000  # past the usual window, inside the warm one
+    t = time.monotonic()
+    assert lim.gate(deadline_s=t + between) is None  # the 11th needs 1 s + the warm-up margin
+    assert time.monotonic() - t < between / 2  # known at once, not after waiting
+    eleventh = lim.gate(deadline_s=time.monotonic() + 10)
+    assert eleventh - min(first) >= 1000 + GATE_WARMUP_MARGIN_MS - 0.01
+
+
+def test_after_its_warm_up_the_send_gate_counts_over_1_s_and_the_margin(conn):
+    from jobs.policy import GATE_MARGIN_MIN_MS, GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS
+
+    lim = limiter(conn, cap=100, rate=10.0)
+    first = [lim.gate() for _ in range(10)]
+    # as if these 10 came at the end of a run busy for longer than the warm-up
+    conn.hset(keys.limit_gate("email"), "busy_ms", min(first) - GATE_WARMUP_MS - 1000)
+    between = 1.0 + (GATE_MARGIN_MIN_MS + GATE_WARMUP_MARGIN_MS) / 2000
+    eleventh = lim.gate(deadline_s=time.monotonic() + between)
+    assert eleventh, "held to the warm-up margin after the warm-up"
+    assert eleventh - min(first) >= 1000 + GATE_MARGIN_MIN_MS - 0.01
 
 
 def test_the_send_gate_gives_way_to_a_429_pause(conn):
@@ -174,6 +204,7 @@ def test_a_429_widens_the_send_gate_once_per_pause_and_slows_the_schedule(conn):
     widened = other.gate_margin_ms()
     assert GATE_MARGIN_MIN_MS + GATE_MARGIN_STEP_MS - 0.1 <= widened <= GATE_MARGIN_MIN_MS + GATE_MARGIN_STEP_MS
     wait_for(lambda: not conn.exists(keys.limit_pause("email")), timeout_s=2, what="the pause to end")
+    _busy_for_long(conn)  # past the gate's warm-up (tested below)
     # the schedule: consecutive reservations are 1 / paced_rate apart (the TAT moves by it)
     other.token()
     tat1 = float(conn.get(keys.limit_tat("email")))
@@ -182,6 +213,31 @@ def test_a_429_widens_the_send_gate_once_per_pause_and_slows_the_schedule(conn):
     expected = 1000.0 / paced_rate(40.0, 0.975, widened)
     assert abs((tat2 - tat1) - expected) < 0.2, (tat2 - tat1, expected)
     assert expected > 1000.0 / (40.0 * 0.975)  # slower than the headroom alone
+
+
+def _busy_for_long(conn):
+    """The gate as in the middle of a long run: a start just now, the idle spell long ago."""
+    sec, usec = conn.time()
+    conn.zadd(keys.limit_sends("email"), {"earlier": int(sec) * 1000 + int(usec) / 1000})
+    conn.hset(keys.limit_gate("email"), "busy_ms", 0)
+
+
+def test_the_schedule_fits_the_warm_up_window_after_an_idle_spell(conn):
+    """Paced to the gate's warm-up window while it lasts, so that senders do not queue at
+    the gate (where a sliding window would repeat the delay window after window)."""
+    from jobs.policy import GATE_MARGIN_MIN_MS, GATE_WARMUP_MARGIN_MS, paced_rate
+
+    lim = limiter(conn, rate=40.0)
+    tats = []
+    for _ in range(3):
+        lim.token()
+        tats.append(float(conn.get(keys.limit_tat("email"))))
+    warm = 1000.0 / paced_rate(40.0, 0.975, GATE_WARMUP_MARGIN_MS)
+    assert all(abs((b - a) - warm) < 0.2 for a, b in zip(tats, tats[1:])), (tats, warm)
+    _busy_for_long(conn)
+    lim.token()
+    tat = float(conn.get(keys.limit_tat("email")))
+    assert abs((tat - tats[-1]) - 1000.0 / paced_rate(40.0, 0.975, GATE_MARGIN_MIN_MS)) < 0.2
 
 
 def test_limits_change_at_run_time(conn):

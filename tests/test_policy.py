@@ -142,3 +142,12 @@ def test_a_send_is_late_for_the_gate_past_half_its_smallest_margin():
     assert not late_for_gate(100.0, 100.0 + REGATE_LATE_MS / 1000 - 0.001)
     assert late_for_gate(100.0, 100.0 + REGATE_LATE_MS / 1000 + 0.001)
     assert not late_for_gate(100.0, 99.0)  # a clock read before the pass is not late
+
+
+def test_the_send_gate_window_is_wider_for_2_s_after_an_idle_spell():
+    from jobs.policy import GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS, gate_window_ms
+
+    assert gate_window_ms(20.0, 0.0) == 1000.0 + GATE_WARMUP_MARGIN_MS  # the first start after idle
+    assert gate_window_ms(20.0, GATE_WARMUP_MS - 1) == 1000.0 + GATE_WARMUP_MARGIN_MS
+    assert gate_window_ms(20.0, GATE_WARMUP_MS) == 1020.0  # warmed up: 1 s + the margin
+    assert gate_window_ms(GATE_WARMUP_MARGIN_MS + 20, 0.0) == 1000.0 + GATE_WARMUP_MARGIN_MS + 20  # a wider margin wins
