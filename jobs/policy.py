@@ -180,12 +180,15 @@ def raised_gate_margin_ms(current_ms: float) -> float:
     return min(GATE_MARGIN_MAX_MS, current_ms + GATE_MARGIN_STEP_MS)
 
 
-REGATE_LATE_MS = GATE_MARGIN_MIN_MS / 2
+REGATE_LATE_MS = GATE_MARGIN_MIN_MS / 4
 """A send that passed the gate but is about to write its request later than this (its
 thread stalled: GIL, a busy host) takes its place in the gate again first. Its first
 record would say it started earlier than it does; enough such sends bunched together
 are more arrivals in one provider second than the gate allowed (measured on a busy host:
-gate-to-write p99 45 ms, max 90 ms, and 2-4 x 429 per 600 sends)."""
+gate-to-write p99 45 ms, max 90 ms, and 2-4 x 429 per 600 sends). Lateness counts from
+when the thread asked the gate. 5 ms, a quarter of the margin: the provider's side
+(our write to its admission: p99 5-15 ms, stalls of 20-100 ms on a busy host) needs the
+rest; a re-gate is one round trip, for a few percent of sends."""
 
 
 def pauses_every_sender(exc: BaseException) -> bool:

@@ -70,11 +70,31 @@ def test_a_send_that_stalled_after_the_gate_takes_a_new_start_before_it_leaves(c
     lim = limiter(conn, cap=10, rate=1000.0)
     assert lim.token()
     (first, at), = _starts(conn).items()
-    assert lim.recheck()  # on time: nothing written
+    assert lim.recheck(now_s=lim.last_gate_pass_s())  # on time: nothing written
     assert _starts(conn) == {first: at} and "regated" not in lim.stats()
-    assert lim.recheck(now_s=time.monotonic() + 0.5)  # as if this thread stalled 0.5 s
+    assert lim.recheck(now_s=lim.last_gate_pass_s() + 0.5)  # as if this thread stalled 0.5 s
     (second, at2), = _starts(conn).items()  # the first start taken back, a later one recorded
     assert second != first and at2 >= at and lim.stats()["regated"] == 1
+
+
+def test_a_send_whose_thread_stalled_on_the_gates_reply_is_late_too(conn):
+    """The stall can come between Redis recording the start and this thread seeing the
+    reply (the GIL, a busy host): lateness counts from when the thread asked."""
+    from jobs.policy import REGATE_LATE_MS
+
+    lim = limiter(conn, cap=10, rate=1000.0)
+    script = lim._gate
+
+    def reply_seen_late(*args, **kwargs):
+        r = script(*args, **kwargs)
+        time.sleep(REGATE_LATE_MS * 2 / 1000)  # a stall injected after Redis recorded the start
+        return r
+
+    lim._gate = reply_seen_late
+    assert lim.gate()
+    lim._gate = script
+    assert lim.recheck()
+    assert lim.stats()["regated"] == 1
 
 
 def test_a_recheck_waits_out_a_429_pause_and_then_takes_its_start(conn):

@@ -138,7 +138,7 @@ def test_only_a_provider_429_pauses_every_sender():
 def test_a_send_is_late_for_the_gate_past_half_its_smallest_margin():
     from jobs.policy import GATE_MARGIN_MIN_MS, REGATE_LATE_MS, late_for_gate
 
-    assert REGATE_LATE_MS == GATE_MARGIN_MIN_MS / 2
+    assert REGATE_LATE_MS == GATE_MARGIN_MIN_MS / 4
     assert not late_for_gate(100.0, 100.0 + REGATE_LATE_MS / 1000 - 0.001)
     assert late_for_gate(100.0, 100.0 + REGATE_LATE_MS / 1000 + 0.001)
     assert not late_for_gate(100.0, 99.0)  # a clock read before the pass is not late
