@@ -50,7 +50,68 @@ def one_pdf() -> bytes:
     return slip.render_pdf(slip.SAMPLE_SNAPSHOT)
 
 
-def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None, processes: int = 1) -> dict:
+def _pcts(v: list[float]) -> list[float]:
+    v = sorted(v)
+    return [r4(v[int(0.5 * (len(v) - 1))]), r4(v[int(0.99 * (len(v) - 1))]), r4(v[-1])] if v else []
+
+
+def trace_report(label: str, lines: list[str], records: list[dict], throttles: list[dict]) -> dict:
+    """``--trace``: where each request's time went between its start (the send gate's
+    stamp, Redis clock) and the provider's admission, from the senders' ``payrun.sends``
+    lines and the provider's records (one host: one clock). A 429 means the provider saw
+    41 admissions inside 1 s although the gate spaced their starts by 1 s + its margin:
+    for each, the request of the refused window admitted latest after its start, split
+    into gate -> write (our side), write -> headers read (kernel, the provider's thread
+    waking) and headers -> admission (the provider reading and parsing the body)."""
+    writes: dict[str, list[tuple[float, float]]] = {}
+    for line in lines:
+        parts = line.split("payrun.sends: send ", 1)[-1].split()
+        if len(parts) == 5 and parts[1] == "gate" and parts[3] == "written":
+            writes.setdefault(parts[0].rstrip(":"), []).append((float(parts[4]) / 1000, float(parts[2]) / 1000))
+    admitted, refused = [], []  # (admission, headers, write, stamp) / (write, stamp)
+    for r in records:
+        ws = sorted(writes.get(r["key"], []))
+        before = [w for w in ws if w[0] <= r["accepted_at"] + 0.0005]
+        if not before:
+            continue
+        admitted.append((r["accepted_at"], r["received_at"], before[-1][0], before[-1][1]))
+        refused += [w for w in ws if w is not before[-1]]
+    admitted.sort()
+    ms = lambda a, b: (a - b) * 1000  # noqa: E731
+    out = {"requests_traced": len(admitted) + len(refused),
+           "gate_to_write_ms_p50_p99_max": _pcts([ms(w, g) for a, h, w, g in admitted]),
+           "write_to_headers_ms_p50_p99_max": _pcts([ms(h, w) for a, h, w, g in admitted]),
+           "headers_to_admission_ms_p50_p99_max": _pcts([ms(a, h) for a, h, w, g in admitted]),
+           "first_three_gate_to_admission_ms": [r4(ms(a, g)) for a, h, w, g in sorted(admitted, key=lambda x: x[3])[:3]],
+           "429s": []}
+    say(f"[{label}] trace of {out['requests_traced']} requests (p50/p99/max ms): gate -> write "
+        f"{out['gate_to_write_ms_p50_p99_max']}, write -> headers read {out['write_to_headers_ms_p50_p99_max']}, "
+        f"headers -> admission {out['headers_to_admission_ms_p50_p99_max']}; the first three requests, gate -> "
+        f"admission: {out['first_three_gate_to_admission_ms']}")
+    for t in throttles[:6]:
+        at = t["at"]
+        window = [x for x in admitted if at - 1.0 < x[0] <= at]
+        mine = [w for w in refused if w[0] <= at + 0.002]
+        if not window or not mine:
+            continue
+        rw, rg = max(mine)
+        split = lambda x: {"gate_to_write_ms": r4(ms(x[2], x[3])), "write_to_headers_ms": r4(ms(x[1], x[2])),  # noqa: E731
+                           "headers_to_admission_ms": r4(ms(x[0], x[1]))}
+        latest = max(window, key=lambda x: x[0] - x[3])  # the request of the window admitted latest after its start
+        cause = {"at": at, "provider_window_ms": r4(ms(at, window[0][0])),
+                 "our_starts_ms": r4(ms(rg, min(x[3] for x in window))),
+                 "first": split(window[0]), "latest": split(latest),
+                 "refused_gate_to_write_ms": r4(ms(rw, rg))}
+        out["429s"].append(cause)
+        say(f"[{label}] 429 at {at:.3f}: the provider's admissions in the second before it spanned "
+            f"{cause['provider_window_ms']} ms, their starts (gate) {cause['our_starts_ms']} ms; the one admitted "
+            f"latest after its start took gate -> write {cause['latest']['gate_to_write_ms']}, write -> headers "
+            f"{cause['latest']['write_to_headers_ms']}, headers -> admission {cause['latest']['headers_to_admission_ms']} ms")
+    return out
+
+
+def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None, processes: int = 1,
+                trace: bool = False) -> dict:
     toml = f"[limits]\nemail_concurrency = {concurrency}\n[email]\nlanes = {concurrency}\n" if concurrency else ""
     with Bench(f"email-{label}", config_toml=toml) as b:
         conn = b.start_redis()
@@ -72,7 +133,9 @@ def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None, process
             payloads.append(tasks.email_payload(s, rel))
 
         per = cfg.email.lanes // processes
-        ws = [b.spawn(f"send-email-{i}", ["worker", "send-email"] + (["--lanes", str(per)] if processes > 1 else []))
+        env = b.env(PAYRUN_LOG_DEBUG="payrun.sends") if trace else None
+        ws = [b.spawn(f"send-email-{i}", ["worker", "send-email"] + (["--lanes", str(per)] if processes > 1 else []),
+                      env=env)
               for i in range(processes)]
         ready = b.wait_workers(conn, per * processes)
         time.sleep(1.0)  # lanes settle into their blocking dequeue
@@ -150,7 +213,13 @@ def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None, process
             f"{cpu / n * 1000:.1f} ms CPU per send; peak RSS {rss:.0f} MiB; {threads} threads")
         for w in ws:
             b.stop(w)
-        return {"processes": processes,
+        traced = None
+        if trace:
+            lines = [line for i in range(processes) if (b.log_dir / f"send-email-{i}.log").exists()
+                     for line in (b.log_dir / f"send-email-{i}.log").read_text(errors="replace").splitlines()
+                     if "payrun.sends: send " in line]
+            traced = trace_report(label, lines, records, st.get("throttles") or [])
+        return {"processes": processes, "trace": traced,
             "email_concurrency": cfg.limits.email_concurrency, "lanes": cfg.email.lanes, "slips": n,
             "sustained_per_s": r4(sustained), "ratio": r4(sustained / RATE), "overall_per_s": r4(overall),
             "http_429": st["throttled_429"], "max_rate_1s": st["max_rate_1s"],
@@ -171,6 +240,9 @@ def main() -> None:
     ap.add_argument("--slips", type=int, default=None)
     ap.add_argument("--cap", type=int, default=45, help="email_concurrency (and lanes) of the second variant")
     ap.add_argument("--skip-default", action="store_true", help="run only the --cap variant (experiments)")
+    ap.add_argument("--trace", action="store_true",
+                    help="log every request's gate stamp and write (PAYRUN_LOG_DEBUG=payrun.sends) and print where "
+                         "each 429's window lost its time (costs the sender some CPU: not for the headline figures)")
     ap.add_argument("--processes", type=int, default=1,
                     help="split the lanes over this many send-email processes (experiments; default 1)")
     a = ap.parse_args()
@@ -178,8 +250,8 @@ def main() -> None:
     say(f"email bench: {n} slips per variant, load {load_avg()}")
     pdf = one_pdf()
     say(f"one real slip PDF: {len(pdf):,} bytes, copied to {n} slip-store paths per variant")
-    default = None if a.skip_default else run_variant("default-50", n, pdf, None, a.processes)
-    capped = run_variant(f"cap-{a.cap}", n, pdf, a.cap, a.processes)
+    default = None if a.skip_default else run_variant("default-50", n, pdf, None, a.processes, a.trace)
+    capped = run_variant(f"cap-{a.cap}", n, pdf, a.cap, a.processes, a.trace)
     if default:
         say(f"default: {default['ratio']:.3f} of the limit, 429s {default['http_429']}, {default['cores_used']:.3f} cores")
     say(f"cap {a.cap}: {capped['ratio']:.3f}, 429s {capped['http_429']}, {capped['cores_used']:.3f} cores")

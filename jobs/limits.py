@@ -324,7 +324,7 @@ class Limiter:
                                                 GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS, *counts])
             replace = ""
             if int(ok):
-                self._passed.last = (member, asked)
+                self._passed.last = (member, asked, float(wait_ms))
                 return float(wait_ms)
             if (why.decode() if isinstance(why, bytes) else why) == "pause":
                 self._passed.last = None
@@ -342,6 +342,11 @@ class Limiter:
         last = getattr(self._passed, "last", None)
         return last[1] if last else None
 
+    def last_gate_stamp_ms(self) -> float | None:
+        """The start Redis recorded for this thread's last gate pass (its clock, ms)."""
+        last = getattr(self._passed, "last", None)
+        return last[2] if last else None
+
     def recheck(self, deadline_s: float | None = None, now_s: float | None = None) -> bool:
         """Call right before the request leaves. If this thread passed the gate more than
         REGATE_LATE_MS ago (it stalled since), its start is recorded again, now, waiting
@@ -350,7 +355,7 @@ class Limiter:
         last = getattr(self._passed, "last", None)
         if last is None:
             return True
-        member, passed_s = last
+        member, passed_s, _ = last
         if not late_for_gate(passed_s, time.monotonic() if now_s is None else now_s):
             return True
         count = ("regated",)

@@ -23,6 +23,7 @@ from payrun import config as config_mod
 from payrun import keys
 
 log = logging.getLogger("payrun.jobs")
+sends_log = logging.getLogger("payrun.sends")  # one line per request, at DEBUG (payrun.logs.debug_loggers)
 
 ALLOWED_FUNCTIONS = frozenset({
     "jobs.tasks.render_slip",
@@ -163,6 +164,9 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
         def before_write() -> bool:
             ok = lim.recheck(deadline_s=deadline)
             written.append(time.monotonic())
+            if sends_log.isEnabledFor(logging.DEBUG):  # PAYRUN_LOG_DEBUG=payrun.sends
+                sends_log.debug("send %s: gate %.3f written %.3f", key, lim.last_gate_stamp_ms() or 0.0,
+                                time.time() * 1000)
             return ok
 
         message_id = tr.send(msg, prepared, before_write=before_write)

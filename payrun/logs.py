@@ -30,6 +30,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
+def debug_loggers() -> list[str]:
+    """Loggers named in PAYRUN_LOG_DEBUG (comma-separated) log at DEBUG, the rest at the
+    process's level. ``payrun.sends``: one line per email request, when it passed the
+    send gate and when it was written (for tracing 429s: ``bench/email.py --trace``)."""
+    return [n.strip() for n in os.environ.get("PAYRUN_LOG_DEBUG", "").split(",") if n.strip()]
+
+
 def setup(level: str = "INFO", as_json: bool | None = None) -> None:
     if as_json is None:
         as_json = os.environ.get("PAYRUN_LOG_JSON") == "1"
@@ -39,6 +46,8 @@ def setup(level: str = "INFO", as_json: bool | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    for name in debug_loggers():  # e.g. PAYRUN_LOG_DEBUG=payrun.sends: one topic, not RQ's chatter
+        logging.getLogger(name).setLevel(logging.DEBUG)
     if as_json:  # RQ installs its own handlers on its loggers: route them through ours
         for name in ("rq.worker", "rq.job", "rq.scheduler"):
             lg = logging.getLogger(name)

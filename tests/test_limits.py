@@ -317,6 +317,9 @@ def test_a_provider_429_says_how_long_after_its_gate_pass_the_request_left(conn,
     monkeypatch.setattr(tasks, "_limiter", None)
     assert idempotency.claim(conn, "2026-11:1:emp-1", "email-x:1", 60) not in (idempotency.SENT, idempotency.BUSY)
     caplog.set_level(logging.WARNING, logger="payrun.jobs")
+    caplog.set_level(logging.DEBUG, logger="payrun.sends")  # as PAYRUN_LOG_DEBUG=payrun.sends does
+    sec, usec = conn.time()
+    t0_ms = int(sec) * 1000 + int(usec) / 1000
     try:
         tasks.send_limited(conn, tasks.settings(), object(), "2026-11:1:emp-1", "email-x:1")
         raise AssertionError("the 429 must reach the job")
@@ -324,5 +327,10 @@ def test_a_provider_429_says_how_long_after_its_gate_pass_the_request_left(conn,
         pass
     lines = [r.getMessage() for r in caplog.records if "provider 429" in r.getMessage()]
     assert len(lines) == 1 and "2026-11:1:emp-1: written" in lines[0] and "after its gate pass" in lines[0]
+    # the trace line (bench/email.py --trace): the start Redis recorded, then the write
+    trace = [r.getMessage().split() for r in caplog.records if r.name == "payrun.sends"]
+    assert len(trace) == 1 and trace[0][:3] == ["send", "2026-11:1:emp-1:", "gate"] and trace[0][4] == "written"
+    stamp, written = float(trace[0][3]), float(trace[0][5])
+    assert t0_ms - 1 <= stamp <= written < t0_ms + 10_000
     assert conn.pttl(keys.limit_pause("email")) > 0  # everyone waits
     tasks.settings.cache_clear()

@@ -71,3 +71,21 @@ def test_json_logs_carry_job_fields_and_no_salary(conn, capsys):
     rec = json.loads(line)
     assert rec["job_id"] == "email-2026-11-emp-00001" and rec["queue"] == "send-email"
     assert rec["attempt"] == 1 and rec["outcome"] == "failed" and rec["level"] == "info"
+
+
+def test_payrun_log_debug_turns_one_topic_to_debug_and_leaves_the_rest(monkeypatch):
+    import logging
+
+    from payrun import logs
+
+    monkeypatch.setenv("PAYRUN_LOG_DEBUG", "payrun.sends, ")
+    sends, rq_worker = logging.getLogger("payrun.sends"), logging.getLogger("rq.worker")
+    before = sends.level, rq_worker.level
+    logs.setup("INFO")
+    try:
+        assert sends.isEnabledFor(logging.DEBUG)
+        assert not rq_worker.isEnabledFor(logging.DEBUG) and not logging.getLogger("payrun.jobs").isEnabledFor(logging.DEBUG)
+    finally:
+        logging.getLogger().handlers[:] = []
+        sends.setLevel(before[0])
+        rq_worker.setLevel(before[1])
