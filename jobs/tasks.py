@@ -160,16 +160,21 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
         if not lim.token(deadline_s=deadline):
             raise RateWait()
         written: list[float] = []
+        traced: list[tuple[float, float]] = []  # PAYRUN_LOG_DEBUG=payrun.sends: logged once sent, not on the way
+        tracing = sends_log.isEnabledFor(logging.DEBUG)
 
         def before_write() -> bool:
             ok = lim.recheck(deadline_s=deadline)
             written.append(time.monotonic())
-            if sends_log.isEnabledFor(logging.DEBUG):  # PAYRUN_LOG_DEBUG=payrun.sends
-                sends_log.debug("send %s: gate %.3f written %.3f", key, lim.last_gate_stamp_ms() or 0.0,
-                                time.time() * 1000)
+            if tracing:
+                traced.append((lim.last_gate_stamp_ms() or 0.0, time.time() * 1000))
             return ok
 
-        message_id = tr.send(msg, prepared, before_write=before_write)
+        try:
+            message_id = tr.send(msg, prepared, before_write=before_write)
+        finally:
+            for stamp_ms, wall_ms in traced:
+                sends_log.debug("send %s: gate %.3f written %.3f", key, stamp_ms, wall_ms)
     except Throttled as e:  # a 429: every sender on every host waits, not just us
         idempotency.release(conn, key, token)
         if pauses_every_sender(e):
