@@ -58,6 +58,21 @@ local function margin(now)
 end
 """
 
+# The margin for a start at ``at``: the warm-up margin (ARGV[7]) if the gate is idle (no
+# start in ``sends`` within the widest window: its warm-up begins with this start) or was
+# idle less than ARGV[8] ms before ``at`` (the gate hash's busy_ms), else ``m``. Also says
+# whether the gate was idle. jobs.policy.gate_window_ms; needs _MARGIN's KEYS[4].
+_WARM = """
+local function warm_margin(sends, now, at, m)
+  local warm = math.max(m, tonumber(ARGV[7]))
+  local idle = redis.call('ZCOUNT', sends, now - 1000.0 - warm, '+inf') == 0
+  local busy = at
+  if not idle then busy = tonumber(redis.call('HGET', KEYS[4], 'busy_ms') or '0') end
+  if at - busy < tonumber(ARGV[8]) then return warm, idle end
+  return m, idle
+end
+"""
+
 # ARGV: holder, default cap, lease ms[, a slot this holder's lane gives back first]
 _ACQUIRE_SLOT = """
 if ARGV[4] and ARGV[4] ~= '' then redis.call('ZREM', KEYS[1], ARGV[4]) end
@@ -92,20 +107,14 @@ assert _ACQUIRE_SLOT_AND_TAKE != _ACQUIRE_SLOT
 # (jobs.policy.paced_rate), then _MARGIN's, the warm-up margin and its length (ms). The
 # pace fits the gate's window at the reserved time, the warm-up's included, so that
 # senders do not queue at the gate (a sliding window repeats a delay it once imposed)
-_RESERVE = _MARGIN + """
+_RESERVE = _MARGIN + _WARM + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local pause = tonumber(redis.call('GET', KEYS[3]) or '0')
 if pause > now then return {0, tostring(pause - now)} end
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tat < now then tat = now end
-local m = margin(now)
-local warm = tonumber(ARGV[7])
-local busy = tonumber(redis.call('HGET', KEYS[4], 'busy_ms') or '0')
-if redis.call('ZCOUNT', KEYS[5], now - 1000.0 - math.max(m, warm), '+inf') == 0 then
-  busy = tat  -- the gate is idle: its warm-up begins with this start
-end
-if tat - busy < tonumber(ARGV[8]) then m = math.max(m, warm) end
+local m = warm_margin(KEYS[5], now, tat, margin(now))
 local limit = tonumber(redis.call('HGET', KEYS[2], 'rate_per_s') or ARGV[1])
 local rate = limit * tonumber(ARGV[2])
 local gate_rate = math.max(1, math.floor(limit)) * 1000.0 / (1000.0 + m) * tonumber(ARGV[3])
@@ -119,23 +128,18 @@ return {1, tostring(tat - now)}
 # sender's to take back first ('' for none), this start's member, then _MARGIN's, the
 # warm-up margin and its length (ms), then the stats fields to count when this start
 # passes (waits, gated, regated: no round trip of their own)
-_GATE = _MARGIN + """
+_GATE = _MARGIN + _WARM + """
 if ARGV[2] ~= '' then redis.call('ZREM', KEYS[1], ARGV[2]) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local pause = tonumber(redis.call('GET', KEYS[3]) or '0')
 if pause > now then return {0, tostring(pause - now), 'pause'} end
 local limit = math.max(1, math.floor(tonumber(redis.call('HGET', KEYS[2], 'rate_per_s') or ARGV[1])))
--- jobs.policy.gate_window_ms: 1 s + the margin, and at least the warm-up margin during
--- the first ARGV[8] ms after an idle spell (no start within the widest window)
-local m = margin(now)
-local widest = 1000.0 + math.max(m, tonumber(ARGV[7]))
+local base = margin(now)
+local widest = 1000.0 + math.max(base, tonumber(ARGV[7]))
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - widest)
-local idle = redis.call('ZCARD', KEYS[1]) == 0
-local busy = now
-if not idle then busy = tonumber(redis.call('HGET', KEYS[4], 'busy_ms') or '0') end
+local m, idle = warm_margin(KEYS[1], now, now, base)
 local window = 1000.0 + m
-if now - busy < tonumber(ARGV[8]) then window = widest end
 if redis.call('ZCOUNT', KEYS[1], now - window, '+inf') >= limit then
   local oldest = redis.call('ZRANGEBYSCORE', KEYS[1], now - window, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   return {0, tostring(tonumber(oldest[2]) + window - now), 'gate'}

@@ -135,7 +135,7 @@ def test_only_a_provider_429_pauses_every_sender():
     assert not pauses_every_sender(TransientError("connection refused"))
 
 
-def test_a_send_is_late_for_the_gate_past_half_its_smallest_margin():
+def test_a_send_is_late_for_the_gate_past_a_quarter_of_its_smallest_margin():
     from jobs.policy import GATE_MARGIN_MIN_MS, REGATE_LATE_MS, late_for_gate
 
     assert REGATE_LATE_MS == GATE_MARGIN_MIN_MS / 4
