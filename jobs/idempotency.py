@@ -12,6 +12,10 @@ good; the provider's own dedupe by Idempotency-Key covers a send whose outcome i
 
 from __future__ import annotations
 
+import hashlib
+
+from redis.exceptions import NoScriptError
+
 from payrun import keys
 
 OK, SENT, BUSY = "ok", "sent", "busy"
@@ -47,9 +51,17 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
+_SHA = {s: hashlib.sha1(s.encode()).hexdigest() for s in (_CLAIM, _RELEASE, _MARK_SENT)}
+
+
 def _run(conn, script: str, key: str, *args):
-    """EVALSHA (the script's text goes over the wire once per server, not once per send)."""
-    return conn.register_script(script)(keys=[keys.idem_state(key)], args=args)
+    """EVALSHA (the script's text goes over the wire once per server, not once per send;
+    its digest is computed once per process, not once per call as register_script does)."""
+    try:
+        return conn.evalsha(_SHA[script], 1, keys.idem_state(key), *args)
+    except NoScriptError:  # a new or flushed server: load it, then run it
+        conn.script_load(script)
+        return conn.evalsha(_SHA[script], 1, keys.idem_state(key), *args)
 
 
 def claim(conn, key: str, owner: str, ttl_s: int) -> str:

@@ -45,3 +45,17 @@ def test_the_reaper_releases_the_dead_attempts_claim_before_the_job_is_queued(co
     assert q.get_job_ids() == ["send-dead"]
     assert idempotency.claim(conn, "slip:k", "send-dead:3", 60) == idempotency.OK
     assert PayrunJob.fetch("send-dead", connection=conn).get_status() == "queued"
+
+
+def test_idempotency_claims_run_on_a_server_that_lost_its_scripts(conn):
+    """The scripts run by digest (EVALSHA): a restarted or flushed server, which no longer
+    knows them, gets them loaded again instead of the send failing."""
+    conn.script_flush()
+    assert idempotency.claim(conn, "slip:f", "send-f:1", 60) == idempotency.OK
+    assert idempotency.claim(conn, "slip:f", "send-f:2", 60) == idempotency.BUSY
+    conn.script_flush()
+    idempotency.mark_sent(conn, "slip:f", "send-f:1", "<m1@payrun>")
+    assert idempotency.claim(conn, "slip:f", "send-f:3", 60) == idempotency.SENT
+    assert idempotency.state(conn, "slip:f")["message_id"] == "<m1@payrun>"
+    conn.script_flush()
+    assert idempotency.release(conn, "slip:f", "send-f:3") is False  # sent: never released
