@@ -72,22 +72,59 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
     out, code = ctl(cfg, "status")
     if "no such file" not in out and "refused" not in out.lower() and code in (0, 3):
         return "supervisord is already running:\n" + out.rstrip()
+    note = take_over_redis(cfg) if role == "all" else ""
     (cfg.home / "supervisor.role").write_text(role)
     p = subprocess.run([_bin("supervisord"), "-c", str(conf)], env=env(cfg), capture_output=True, text=True)
     if p.returncode != 0:
         raise SetupError(f"supervisord failed to start: {(p.stderr or p.stdout).strip()}")
     if not wait:
-        return "supervisord started"
+        return note + "supervisord started"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         out, code = ctl(cfg, "status")
         lines = [ln for ln in out.splitlines() if ln.strip()]
         if lines and all(" RUNNING " in ln or " STOPPED " in ln for ln in lines):
-            return out.rstrip()
-        if any(" FATAL " in ln or " BACKOFF " in ln for ln in lines):
-            raise SetupError("a program failed to start:\n" + out.rstrip() + f"\nlogs: {cfg.log_dir}")
+            return note + out.rstrip()
+        failed = [ln.split()[0] for ln in lines if " FATAL " in ln or " BACKOFF " in ln]
+        if failed:
+            # nothing half-up: a control host missing one program is not a working control host
+            logs = "".join(_log_tail(cfg, name) for name in failed)
+            down(cfg)
+            raise SetupError(f"{', '.join(failed)} failed to start, so everything was stopped again:\n"
+                             f"{out.rstrip()}\n{logs}logs: {cfg.log_dir}")
         time.sleep(0.5)
     raise SetupError(f"not everything was running after {timeout_s:.0f} s:\n{out.rstrip()}")
+
+
+def take_over_redis(cfg: Config) -> str:
+    """Before supervisord starts its own embedded Redis: any payrun command (`payrun failed`,
+    `payrun run`, ...) starts that server in the background when it is not up, and
+    supervisord's program cannot start while it runs. Shut it down cleanly (its data is on
+    disk and the supervised server loads it) unless something is still using it."""
+    if not cfg.embedded_redis:
+        return ""
+    conn = redis_server.connect(cfg, socket_timeout=2)
+    if not redis_server.ping(conn):
+        return ""
+    me = conn.client_id()
+    others = [c for c in conn.client_list() if int(c["id"]) != me]
+    if others:
+        raise SetupError(
+            f"the embedded Redis in {cfg.redis_dir} is running outside supervisord and {len(others)} "
+            f"other connection(s) are using it (a `payrun demo`, a console, workers started by hand?): "
+            f"stop them, then run `payrun up` again")
+    redis_server.stop(cfg)
+    return ("stopped the embedded Redis another payrun command had started (its data is kept: "
+            "supervisord runs it now)\n")
+
+
+def _log_tail(cfg: Config, program: str, lines: int = 5) -> str:
+    name = program.split(":")[-1]
+    path = cfg.log_dir / f"{name}.log"
+    if not path.exists():
+        return ""
+    tail = path.read_text(errors="replace").splitlines()[-lines:]
+    return f"{path.name} ends:\n" + "".join(f"  {ln}\n" for ln in tail)
 
 
 def down(cfg: Config) -> str:

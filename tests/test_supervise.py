@@ -24,9 +24,12 @@ def test_up_run_status_down(tmp_path, monkeypatch):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
     env["PAYRUN_HOME"] = str(home)
     payroll.seed(payroll.PayrollDB(home / "payroll.db"), companies=2, employees=10, seed=5, month="2026-11")
+    # any command run before `up` starts the embedded Redis in the background: `up` takes it over
+    assert payrun("failed", env=env).returncode == 0
     up = payrun("up", env=env)
     try:
         assert up.returncode == 0, up.stderr + up.stdout
+        assert "stopped the embedded Redis another payrun command had started" in up.stdout
         for program in ("redis", "ledger", "pdf-render-00", "send-email", "control", "provider"):
             assert program in up.stdout and "RUNNING" in up.stdout
         run = payrun("run", "--month", "2026-11", "--json", env=env)
@@ -47,6 +50,41 @@ def test_up_run_status_down(tmp_path, monkeypatch):
 
     cfg = config.load(env={"PAYRUN_HOME": str(home)})
     assert not redis_server.ping(redis_server.connect(cfg, socket_timeout=1))  # Redis stopped too
+
+
+def test_up_refuses_a_redis_still_in_use_and_starts_nothing(tmp_path):
+    from payrun import config, redis_server, supervise
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
+    env["PAYRUN_HOME"] = str(tmp_path / "h")
+    cfg = config.load(env={"PAYRUN_HOME": env["PAYRUN_HOME"]})
+    user = redis_server.ensure_running(cfg)  # e.g. a console or a demo holding a connection
+    try:
+        user.ping()
+        up = payrun("up", env=env)
+        assert up.returncode == 2
+        assert "running outside supervisord" in up.stderr and "other connection(s)" in up.stderr
+        out, code = supervise.ctl(cfg, "status")
+        assert code not in (0, 3)  # supervisord was never started
+        assert user.ping()  # and the server in use was left alone
+    finally:
+        user.close()
+        redis_server.stop(cfg)
+
+
+def test_up_with_a_program_that_cannot_start_stops_everything_and_shows_its_log(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
+    env["PAYRUN_HOME"] = str(tmp_path / "h")
+    (tmp_path / "h" / "ledger.db").mkdir(parents=True)  # the ledger cannot open its database
+    up = payrun("up", env=env)
+    assert up.returncode == 2
+    assert "ledger failed to start, so everything was stopped again" in up.stderr
+    assert "ledger.log ends:" in up.stderr and "unable to open database file" in up.stderr
+    assert payrun("ps", env=env).returncode != 0  # supervisord is gone, not left half-up
+    from payrun import config, redis_server
+
+    cfg = config.load(env={"PAYRUN_HOME": env["PAYRUN_HOME"]})
+    assert not redis_server.ping(redis_server.connect(cfg, socket_timeout=1))
 
 
 @pytest.mark.slow
