@@ -680,6 +680,9 @@ _register_packages()
 
 
 def main() -> None:
+    # payroll data: every file payrun or a server it starts creates (the Redis AOF holds the
+    # jobs' salary figures, logs, locks) is readable by its owner only, as under supervisord
+    os.umask(0o077)
     cli(prog_name="payrun")
 
 

@@ -164,7 +164,7 @@ def ping(conn: redis.Redis) -> bool:
 @contextmanager
 def _start_lock(cfg: Config):
     private_dir(cfg.redis_dir)
-    with open(cfg.redis_dir / "start.lock", "w") as f:
+    with os.fdopen(os.open(cfg.redis_dir / "start.lock", os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -204,7 +204,8 @@ def ensure_running(cfg: Config) -> redis.Redis:
             return conn
         conf = write_conf(cfg, daemonize=True)
         proc = subprocess.run(
-            [redis_server_binary(), str(conf)], capture_output=True, text=True, timeout=30
+            [redis_server_binary(), str(conf)], capture_output=True, text=True, timeout=30,
+            umask=0o077,  # its AOF holds the jobs' data (salaries): owner only, whoever calls this
         )
         if proc.returncode != 0:
             raise RedisUnavailable(f"embedded redis-server failed to start: {proc.stderr.strip() or proc.stdout.strip()}")

@@ -29,6 +29,11 @@ def test_locked_down(embedded):
     with pytest.raises(redis.AuthenticationError):
         no_password.set("x", 1)
     assert conn.set("x", 1)
+    # the AOF holds the jobs' data (salaries): owner-only, even when a CLI command under a
+    # permissive umask started the server
+    files = [p for p in cfg.redis_dir.rglob("*") if p.is_file()]
+    assert any("appendonly" in str(p) for p in files)
+    assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in files if p.stat().st_mode & 0o077} == {}
 
 
 def test_readonly_user_reads_but_cannot_write(embedded):
