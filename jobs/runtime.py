@@ -209,10 +209,13 @@ class PayrunScheduler(RQScheduler):
 class _QuietJobOK(logging.Filter):
     """Drops RQ's per-job success lines ("Successfully completed ... job in ...", "...: Job
     OK (id)"): payrun's own "job <id> done (attempt n) in x s" line says the same. Three
-    lines of five per job at 100,000 jobs a night were noise at 02:00."""
+    lines of five per job at 100,000 jobs a night were noise at 02:00. And RQ's "run `rq
+    resume` to resume" names payrun's command (it also clears drained queues)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.msg if isinstance(record.msg, str) else ""
+        if msg == "Worker %s: suspended, run `rq resume` to resume":
+            record.msg = "Worker %s: intake stopped everywhere (`payrun drain`): waiting for `payrun resume`"
         if msg.startswith("Successfully completed"):
             return False
         args = record.args if isinstance(record.args, tuple) else ()
@@ -621,19 +624,40 @@ class RenderWorker(EventsMixin, Worker):
         raise SystemExit(0)
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
-        """RQ's dequeue, over the queues not drained (`payrun drain --queue Q`)."""
+        """RQ's dequeue, over the queues not drained (`payrun drain --queue Q`). A drain
+        that comes while the worker is blocked waiting for a job (up to SCHEDULER_CHECK_S)
+        still holds: a job taken from a queue closed meanwhile goes back to its front
+        untouched, and the worker waits like any drained one."""
         every = self._ordered_queues
-        while not (open_ := intake_queues(self.connection, every)):
-            if self._stop_requested:
-                return None
-            self.set_state("suspended")
-            self.heartbeat()
-            time.sleep(1)
-        self._ordered_queues = open_
-        try:
-            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
-        finally:
-            self._ordered_queues = every
+        while True:
+            while not (open_ := self._open_queues(every)):
+                if self._stop_requested or timeout is None:  # None: a burst worker, done
+                    return None
+                self.set_state("suspended")
+                self.heartbeat()
+                time.sleep(1)
+            self._ordered_queues = open_
+            try:
+                result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            finally:
+                self._ordered_queues = every
+            if result is None or self._open_queues([result[1]]):
+                return result
+            job, queue = result
+            with self.connection.pipeline() as pipe:  # LMOVE's inverse: nothing else was written yet
+                pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+                pipe.lpush(queue.key, job.id)
+                pipe.execute()
+            log.info("Worker %s: intake on %s was stopped while it waited; %s stays at the front of the queue",
+                     self.name, queue.name, job.id)
+
+    def _open_queues(self, queues: list[Queue]) -> list[Queue]:
+        """``queues`` less the drained ones; none while everything is drained (`payrun drain`)."""
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.smembers(keys.PAUSED_QUEUES)
+            pipe.exists(WORKERS_SUSPENDED)
+            paused, suspended = pipe.execute()
+        return [] if suspended else _open(queues, paused)
 
     @property
     def dequeue_timeout(self) -> int:

@@ -366,6 +366,42 @@ async def test_drain_stops_intake_and_a_stopped_worker_finishes_its_job_and_exit
     assert "resumed everywhere" in out.output and not conn.exists("rq:suspended")
 
 
+@pytest.mark.parametrize("everything", [False, True], ids=["one-queue", "everything"])
+def test_a_drain_holds_for_a_render_worker_already_waiting_for_a_job(cfg, conn, worker_env, tmp_path, everything):
+    """The worker is blocked in its dequeue (up to 5 s) when the drain comes: the job that
+    arrives next must not run. It stays at the front of its queue and runs after resume."""
+    from payrun.cli import cli
+
+    log_path = tmp_path / "w.log"
+    w = subprocess.Popen([sys.executable, "-m", "payrun.cli", "worker", keys.RENDER_QUEUE], env=worker_env,
+                         stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
+    try:
+        def worker_state():
+            names = conn.smembers("rq:workers")
+            return {conn.hget(n, "state") for n in names}
+
+        wait_for(lambda: worker_state() == {b"idle"}, timeout_s=60, what="the worker waiting for a job")
+        runner = CliRunner()
+        out = runner.invoke(cli, ["drain"] + ([] if everything else ["--queue", keys.RENDER_QUEUE]),
+                            catch_exceptions=False)
+        assert out.exit_code == 0
+        q = make_queue(keys.RENDER_QUEUE, conn)
+        q.enqueue_call("jobs.testing.noop", job_id="after-drain", timeout=20, meta={"kind": "test"})
+        # either it took the job and gave it back, or its next look saw the drain first
+        wait_for(lambda: "after-drain stays at the front" in log_path.read_text() or worker_state() == {b"suspended"},
+                 timeout_s=30, what="the worker to see the drain")
+        assert PayrunJob.fetch("after-drain", connection=conn).get_status() == "queued"
+        assert conn.lrange(q.key, 0, -1) == [b"after-drain"]
+        assert conn.llen(q.intermediate_queue_key) == 0
+        runner.invoke(cli, ["resume"], catch_exceptions=False)
+        wait_for(lambda: PayrunJob.fetch("after-drain", connection=conn).get_status() == "finished",
+                 timeout_s=30, what="the job to run after resume")
+        assert PayrunJob.fetch("after-drain", connection=conn).meta["attempt"] == 1  # no attempt spent
+    finally:
+        w.terminate()
+        w.wait(timeout=30)
+
+
 def test_drain_and_resume_one_queue_from_the_cli(cfg, conn):
     from payrun.cli import cli
 
