@@ -326,8 +326,7 @@ def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis
     """The same figures as payrun.status.report (per company and total), from a read-only
     ledger and the stuck ids already found in Redis."""
     if month is None:
-        months = ledger.months()
-        month = months[-1] if months else None
+        month = ledger.latest_month()
     counts = ledger.slip_counts(month) if month else {}
     if month:
         for _, cid in ledger.stuck_jobs(month, stuck_after_s, redis_stuck, now=now).items():

@@ -179,6 +179,11 @@ def run(c: Ctx, month: str, company: int | None, resume: bool, as_json: bool) ->
                            f"that ran it is gone: payrun run --month {month} --resume")
         if result.aborted:
             click.echo(f"stopped early: {result.aborted}")
+    if result.jobs:
+        from payrun.status import intake_notes
+
+        for note in intake_notes(conn):  # jobs created that nothing will take yet
+            click.echo(f"note: {note}", err=True)
     sys.exit(1 if result.aborted else 0)
 
 

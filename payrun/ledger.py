@@ -294,6 +294,13 @@ class Ledger:
     def months(self) -> list[str]:
         return [r["month"] for r in self.db.query("SELECT DISTINCT month FROM payroll_runs ORDER BY month")]
 
+    def latest_month(self) -> str | None:
+        """The month of the run started last (not the highest month: last month's run may
+        follow this month's, or an old month be re-run for one company)."""
+        for r in self.db.query("SELECT month FROM payroll_runs ORDER BY created_at DESC, month DESC LIMIT 1"):
+            return r["month"]
+        return None
+
 
 def iter_chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
     chunk: list[Any] = []

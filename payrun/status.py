@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from payrun.config import Config
+from payrun.errors import InputError
 from payrun.ledger import STATES, Ledger, backlog
 
 
@@ -26,9 +27,21 @@ def _company_names(cfg: Config) -> dict[int, str]:
 def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int | None = None,
            conn=None) -> dict[str, Any]:
     if month is None:
+        month = ledger.latest_month()
+    else:
+        from payrun.runs import validate_month
+
+        validate_month(month)
         months = ledger.months()
-        month = months[-1] if months else None
+        if month not in months:
+            raise InputError(f"no pay run for {month}" + (f" (runs: {', '.join(months[-12:])})" if months
+                                                           else ": `payrun run --month YYYY-MM` starts one"))
     counts = ledger.slip_counts(month, company) if month else {}
+    if month and company is not None and company not in counts:
+        known = sorted(ledger.slip_counts(month, None))
+        raise InputError(f"company {company} has no slips in the {month} run"
+                         + (f" (companies: {', '.join(map(str, known[:20]))}{' …' if len(known) > 20 else ''})"
+                            if known else ""))
     if month:
         redis_stuck: list[str] = []
         if conn is not None:
@@ -50,12 +63,52 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         for k in total:
             total[k] += row.get(k, 0)
         companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **row})
+    in_progress = total["queued"] + total["running"] + total["retrying"]
     return {
         "month": month,
         "total": total,
         "companies": companies,
         "ledger_backlog": backlog(conn) if conn is not None else None,
+        "redis_reachable": conn is not None,
+        "notes": intake_notes(conn) if conn is not None and in_progress else [],
     }
+
+
+def intake_notes(conn) -> list[str]:
+    """Why waiting jobs may not move: intake drained (`payrun drain`, which outlives `payrun
+    down`/`up`), or no live worker takes from a queue that has jobs. One round trip, plus
+    one per queue with jobs waiting."""
+    from rq.suspension import WORKERS_SUSPENDED
+
+    from payrun import keys
+
+    queues = (keys.RENDER_QUEUE, keys.EMAIL_QUEUE)
+    with conn.pipeline(transaction=False) as p:
+        p.exists(WORKERS_SUSPENDED)
+        p.smembers(keys.PAUSED_QUEUES)
+        for q in queues:
+            p.llen(f"rq:queue:{q}")
+            p.smembers(f"rq:workers:{q}")
+        suspended, paused, *per = p.execute()
+    notes = []
+    drained = sorted(m.decode() if isinstance(m, bytes) else m for m in paused)
+    if suspended:
+        notes.append("intake is drained everywhere (`payrun drain`): no worker takes a new job until `payrun resume`")
+    elif drained:
+        notes.append(f"intake is drained on {', '.join(drained)} (`payrun drain --queue`): "
+                     f"`payrun resume` restarts it")
+    for q, waiting, members in zip(queues, per[0::2], per[1::2]):
+        if not waiting or q in drained or suspended:
+            continue
+        names = [(m.decode() if isinstance(m, bytes) else m).split(":", 2)[-1] for m in members]
+        with conn.pipeline(transaction=False) as p:
+            for n in names:
+                p.exists(keys.alive(n))
+            live = sum(map(bool, p.execute())) if names else 0
+        if not live:
+            notes.append(f"{waiting:,} jobs wait on {q} and no {q} worker is running: "
+                         f"is `payrun up` running (`payrun ps`)?")
+    return notes
 
 
 def hr_line(c: dict[str, int]) -> str:
@@ -83,4 +136,7 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(f"Total: {hr_line(r['total'])}")
     if r.get("ledger_backlog"):
         lines.append(f"(ledger is {r['ledger_backlog']:,} updates behind: is `payrun ledger` running?)")
+    if r.get("redis_reachable") is False:
+        lines.append("(Redis unreachable: figures are the ledger's; stuck jobs and its backlog were not checked)")
+    lines += [f"note: {n}" for n in r.get("notes", [])]
     return "\n".join(lines)

@@ -293,3 +293,46 @@ def test_a_fan_out_that_died_half_way_is_resumed_with_only_the_missing_jobs(worl
     assert len(ids) == len(set(ids)) == 12  # every employee once
     assert {r["status"] for r in ledger.runs(MONTH)} == {"enqueued"}
     assert runs.start_run(cfg, conn, ledger, db, MONTH, resume=True).jobs == 0
+
+
+def test_status_defaults_to_the_run_started_last_and_refuses_a_month_or_company_it_does_not_know(world, provider):
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    ledger.claim_run(1, "2026-10", "late")  # last month's run for one company, started after this one
+    runner = CliRunner()
+    assert json.loads(runner.invoke(cli, ["status", "--json"]).output)["month"] == "2026-10"
+    assert json.loads(runner.invoke(cli, ["status", "--json", "--month", MONTH]).output)["total"]["queued"] == 12
+    for args, said in ((["--month", "2026-13"], "must look like 2026-11"),
+                       (["--month", "2025-01"], "no pay run for 2025-01 (runs: 2026-10, 2026-11)"),
+                       (["--month", MONTH, "--company", "999"], "company 999 has no slips in the 2026-11 run")):
+        out = runner.invoke(cli, ["status", *args])
+        assert out.exit_code == 2 and said in out.output, (args, out.output)
+
+
+def test_run_and_status_say_why_jobs_will_not_move(world, provider, monkeypatch):
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    runner = CliRunner()  # click 8.2: out.stderr is stderr alone
+    out = runner.invoke(cli, ["run", "--month", MONTH])
+    assert out.exit_code == 0
+    assert "note: 12 jobs wait on pdf-render and no pdf-render worker is running" in out.stderr
+    status = json.loads(runner.invoke(cli, ["status", "--json"]).output)
+    assert status["redis_reachable"] and status["notes"] == [
+        "12 jobs wait on pdf-render and no pdf-render worker is running: is `payrun up` running (`payrun ps`)?"]
+    runner.invoke(cli, ["drain"], catch_exceptions=False)
+    text = runner.invoke(cli, ["status"]).output
+    assert "note: intake is drained everywhere (`payrun drain`)" in text and "no pdf-render worker" not in text
+    runner.invoke(cli, ["resume"], catch_exceptions=False)
+    work_everything(conn, ledger)
+    assert json.loads(runner.invoke(cli, ["status", "--json"]).output)["notes"] == []  # all sent: nothing to say
+    monkeypatch.setenv("PAYRUN_REDIS_URL", "redis://127.0.0.1:1/0")
+    out = runner.invoke(cli, ["status"])
+    assert out.exit_code == 0 and "12 sent" in out.output
+    assert "(Redis unreachable: figures are the ledger's; stuck jobs and its backlog were not checked)" in out.output
