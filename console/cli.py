@@ -33,6 +33,7 @@ def register(cli) -> None:
     def source(c):
         from console.data import Source
 
+        c.require_home()
         return Source(c.cfg)
 
     def snapshot_or_fail(c):
@@ -53,9 +54,8 @@ def register(cli) -> None:
         """The on-call console: live queues, workers, running and failed jobs, the HR line
         with its ETA; retry, drain, resume, stop a worker, change limits (each audited)."""
         from console.app import ConsoleApp
-        from console.data import Source
 
-        ConsoleApp(Source(c.cfg), readonly=readonly, interval_s=interval_s).run()
+        ConsoleApp(source(c), readonly=readonly, interval_s=interval_s).run()
 
     @cli.command()
     @click.option("--json", "as_json", is_flag=True)

@@ -31,12 +31,24 @@ class Ctx:
     def redis(self):
         from payrun import redis_server
 
+        self.require_home()
         return redis_server.ensure_running(self.cfg)
 
     def ledger(self):
         from payrun.ledger import Ledger
 
+        self.require_home()
         return Ledger(self.cfg.ledger_path)
+
+    def require_home(self) -> None:
+        """Run from the wrong directory, a command would start a new, empty payrun in a new
+        ./var (its own Redis, its own ledger) and report "no failed jobs" from it."""
+        from payrun.errors import SetupError
+
+        home = self.cfg.home
+        if not home.exists() and self.cfg.embedded_redis:
+            raise SetupError(f"no payrun data directory at {home}: set PAYRUN_HOME to it, or run this where "
+                             f"you ran `payrun up` (a new one starts with `payrun seed` or `payrun demo`)")
 
     def payroll(self):
         from payrun.payroll import PayrollDB

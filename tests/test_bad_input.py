@@ -115,3 +115,13 @@ def test_durations_parse_or_say_why(text):
         assert str(e)
         return
     assert d.total_seconds() > 0
+
+
+def test_a_read_command_in_a_directory_with_no_payrun_refuses_instead_of_starting_an_empty_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("PAYRUN_REDIS_URL", raising=False)
+    monkeypatch.setenv("PAYRUN_HOME", str(tmp_path / "elsewhere" / "var"))
+    for args in (["failed"], ["status"], ["queues"]):
+        out = CliRunner().invoke(cli, args)
+        assert out.exit_code == 2, (args, out.output)
+        assert f"no payrun data directory at {tmp_path / 'elsewhere' / 'var'}: set PAYRUN_HOME" in out.output
+    assert not (tmp_path / "elsewhere").exists()  # no new Redis, no new ledger
