@@ -197,7 +197,17 @@ def ensure_running(cfg: Config) -> redis.Redis:
         )
     if os.environ.get("PAYRUN_REDIS_SUPERVISED"):
         # supervisord runs the embedded server as its own program: wait for it, never start a second
-        wait_until_up(conn, timeout_s=60)
+        hint = ("PAYRUN_REDIS_SUPERVISED is set (by supervisor.conf, or `eval \"$(payrun supervisor-env)\"` "
+                "in this shell): supervisord runs the embedded Redis")
+        # supervisord sets SUPERVISOR_ENABLED in its programs; a shell has only the socket to go by
+        if not os.environ.get("SUPERVISOR_ENABLED") and not (cfg.home / "supervisor.sock").exists():
+            raise RedisUnavailable(f"{hint}, but supervisord is not running in {cfg.home}: start it "
+                                   f"(`payrun up`), or `unset PAYRUN_REDIS_SUPERVISED` to let commands start Redis")
+        try:
+            wait_until_up(conn, timeout_s=60)
+        except RedisUnavailable as e:
+            raise RedisUnavailable(f"{e}: {hint}; `payrun ps` shows its state, {cfg.log_dir / 'redis.log'} "
+                                   f"its log") from None
         return conn
     with _start_lock(cfg):
         if ping(conn):

@@ -284,7 +284,7 @@ def test_redis_stopped_and_restarted_mid_run_loses_nothing(tmp_path):
     n = 300
     provider = Provider(latency_s=0.1, rate_per_s=1000).start()
     env = scrub_env()
-    env.update(PAYRUN_EMAIL_URL=provider.url, PAYRUN_REDIS_SUPERVISED="1")
+    env.update(PAYRUN_EMAIL_URL=provider.url, PAYRUN_REDIS_SUPERVISED="1", SUPERVISOR_ENABLED="1")
     cluster = None
     try:
         cluster = Cluster(tmp_path / "h", env, chaos_config())

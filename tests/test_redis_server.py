@@ -66,3 +66,18 @@ def test_job_records_and_result_streams_stay_compact(embedded):
     assert conn.object("encoding", "rq:job:x") in (b"ziplist", b"listpack")
     conn.xadd("rq:results:x", {"type": 1, "return_value": "e30=" * 20})
     assert conn.memory_usage("rq:results:x") < 2048
+
+
+def test_supervised_redis_without_supervisord_fails_at_once_and_says_why(tmp_path, monkeypatch):
+    """`eval "$(payrun supervisor-env)"` leaves PAYRUN_REDIS_SUPERVISED in the shell: with no
+    supervisord running, a command must not wait 60 s for a Redis nobody will start."""
+    import time
+
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
+    monkeypatch.setenv("PAYRUN_REDIS_SUPERVISED", "1")
+    monkeypatch.delenv("SUPERVISOR_ENABLED", raising=False)
+    t0 = time.monotonic()
+    with pytest.raises(redis_server.RedisUnavailable, match="supervisord is not running in .*unset PAYRUN_REDIS_SUPERVISED"):
+        redis_server.ensure_running(cfg)
+    assert time.monotonic() - t0 < 10
+    assert not redis_server.ping(redis_server.connect(cfg, socket_timeout=1))  # and it started none
