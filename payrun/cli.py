@@ -131,6 +131,14 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
         return
     r = payroll.import_csv(db, csv_file)
     click.echo(f"imported {r.employees} employees and {r.salary_lines} salary lines from {csv_file}")
+    ledger = _maybe_ledger(c)
+    if ledger is not None:  # salary lines for a month already run: `run` alone would skip them
+        from payrun.runs import behind as behind_
+
+        for month in ledger.months():
+            if behind := behind_(ledger, db, month):
+                click.echo(f"note: {month} was already run for companies {_ids(behind)}, before some of these "
+                           f"employees were added: `payrun run --month {month} --resume` creates their slips")
 
 
 # ---- the pay run -----------------------------------------------------------------
@@ -147,7 +155,8 @@ def default_month() -> str:
 @click.option("--company", type=int, default=None, help="Only this company id.")
 @click.option("--resume", is_flag=True,
               help="Complete a fan-out that died half-way (run row still 'fanning-out'): enqueue only "
-                   "the missing jobs. Only once the process that started it is gone.")
+                   "the missing jobs. Only once the process that started it is gone. For a company "
+                   "already run: create the slips of employees added since (salary lines, no slip job).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 @pass_ctx
 @handle_errors
@@ -178,14 +187,21 @@ def run(c: Ctx, month: str, company: int | None, resume: bool, as_json: bool) ->
     elif result.locked_by:
         click.echo(f"another pay run for {month} is in progress (lock held by {result.locked_by}); nothing created")
     else:
-        if result.created:
-            click.echo(f"created {result.jobs:,} render jobs for {len(result.created)} companies ({month})")
+        fresh = {c: n for c, n in result.created.items() if c not in result.added}
+        if fresh:
+            click.echo(f"created {sum(fresh.values()):,} render jobs for {len(fresh)} companies ({month})")
         if result.resumed:
             click.echo(f"completed the interrupted fan-out of companies {_ids(result.resumed)}")
+        if result.added:
+            click.echo(f"created {sum(result.created[c] for c in result.added):,} render jobs for employees "
+                       f"added since {month} was run: companies {_ids(result.added)}")
         if result.already:
             stuck = [r["company_id"] for r in ledger.runs(month)
                      if r["status"] == "fanning-out" and r["company_id"] in result.already]
             click.echo(f"already run for {month}, nothing created: companies {_ids(result.already)}")
+            if not resume and (late := [cid for cid in runs.behind(ledger, db, month) if cid in result.already]):
+                click.echo(f"note: companies {_ids(late)} have employees added since {month} was run, "
+                           f"with no slip: payrun run --month {month} --resume")
             if stuck:
                 click.echo(f"note: the fan-out of companies {_ids(stuck)} never finished; if the process "
                            f"that ran it is gone: payrun run --month {month} --resume")

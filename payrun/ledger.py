@@ -216,6 +216,11 @@ class Ledger:
         ]
         return row
 
+    def job_ids(self, month: str, company_id: int, kind: str) -> set[str]:
+        """The ids of one company's jobs of one kind for a month (a run's render jobs)."""
+        return {r["id"] for r in self.db.query(
+            "SELECT id FROM jobs WHERE month = ? AND company_id = ? AND kind = ?", (month, company_id, kind))}
+
     def jobs(self, status: str | None = None, month: str | None = None, kind: str | None = None,
              limit: int = 100) -> list[dict[str, Any]]:
         where, args = [], []

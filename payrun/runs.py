@@ -62,6 +62,8 @@ class RunResult:
     aborted: str | None = None
     resumed: list[int] = field(default_factory=list)
     """Companies whose half-done fan-out this call completed (``resume``)."""
+    added: list[int] = field(default_factory=list)
+    """Companies already run whose employees imported since got their jobs (``resume``)."""
 
     @property
     def jobs(self) -> int:
@@ -72,8 +74,18 @@ class RunResult:
             "month": self.month, "owner": self.owner, "locked_by": self.locked_by,
             "jobs_created": self.jobs, "companies_created": sorted(self.created),
             "companies_already_run": sorted(self.already), "companies_resumed": sorted(self.resumed),
-            "aborted": self.aborted,
+            "companies_added_to": sorted(self.added), "aborted": self.aborted,
         }
+
+
+def behind(ledger: Ledger, payroll_db, month: str) -> list[int]:
+    """Companies whose run for ``month`` is complete but has fewer render jobs than the
+    employees with salary lines for it now (imported after the run)."""
+    from payrun import payroll
+
+    return [r["company_id"] for r in ledger.runs(month) if r["status"] != "fanning-out"
+            and payroll.count_employees(payroll_db, month, r["company_id"])
+            > len(ledger.job_ids(month, r["company_id"], kind="render"))]
 
 
 def new_owner() -> str:
@@ -116,7 +128,9 @@ def start_run(
     ``resume``: a company whose run row is still ``fanning-out`` (its fan-out died half-way)
     is completed: only the jobs missing from Redis are enqueued. Use it only once the
     process that started that run is known to be gone (we hold the month's lock, so it
-    does not hold it any more)."""
+    does not hold it any more). A company whose run is complete gets jobs for the
+    employees with salary lines for the month and no slip job in the ledger (imported
+    after the run; a job's ledger row is written before it is enqueued)."""
     from payrun import payroll
 
     validate_month(month)
@@ -143,11 +157,17 @@ def start_run(
         tpl = bulk.template(queue, RENDER_FUNC, **job_options)
         bulk_enqueuer = bulk.BulkEnqueuer(conn, tpl) if tpl is not None else None
         for cid in companies:
-            claimed, resuming = ledger.claim_run(cid, month, owner), False
+            claimed, resuming, known = ledger.claim_run(cid, month, owner), False, None
             if not claimed and resume:
                 row = next((r for r in ledger.runs(month) if r["company_id"] == cid), None)
                 resuming = row is not None and row["status"] == "fanning-out"
-            if not claimed and not resuming:
+                if row is not None and not resuming:
+                    known = ledger.job_ids(month, cid, kind="render")
+                    new = [s for s in payroll.snapshots(payroll_db, month, cid)
+                           if keys.render_job_id(month, s["employee"]["id"]) not in known]
+                    if not new:
+                        known = None
+            if not claimed and not resuming and known is None:
                 result.already.append(cid)
                 done += payroll.count_employees(payroll_db, month, cid)
                 if progress:
@@ -162,7 +182,7 @@ def start_run(
                     return
                 if not extend(conn, month, owner):
                     raise LockLost(f"lock:payroll:{month} is no longer ours")
-                if resuming:  # keep only the jobs the dead fan-out never enqueued
+                if resuming or known is not None:  # keep only the jobs never enqueued
                     with conn.pipeline(transaction=False) as p:
                         for snap in batch:
                             p.exists(queue.job_class.key_for(keys.render_job_id(month, snap["employee"]["id"])))
@@ -197,16 +217,21 @@ def start_run(
                 if progress:
                     progress(done, total)
 
-            for snap in payroll.snapshots(payroll_db, month, cid):
+            for snap in (new if known is not None else payroll.snapshots(payroll_db, month, cid)):
                 batch.append(snap)
                 if len(batch) >= CHUNK:
                     flush()
             flush()
-            ledger.finish_run(cid, month, created if not resuming else
+            if known is not None and not created:  # their jobs were in Redis after all
+                result.already.append(cid)
+                continue
+            ledger.finish_run(cid, month, created if not (resuming or known is not None) else
                               payroll.count_employees(payroll_db, month, cid))
             result.created[cid] = created
             if resuming:
                 result.resumed.append(cid)
+            elif known is not None:
+                result.added.append(cid)
     except LockLost as e:
         result.aborted = str(e)
     finally:

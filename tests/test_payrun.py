@@ -336,3 +336,34 @@ def test_run_and_status_say_why_jobs_will_not_move(world, provider, monkeypatch)
     out = runner.invoke(cli, ["status"])
     assert out.exit_code == 0 and "12 sent" in out.output
     assert "(Redis unreachable: figures are the ledger's; stuck jobs and its backlog were not checked)" in out.output
+
+
+def test_employees_imported_after_their_month_was_run_get_their_slips_with_resume(world, tmp_path):
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    runner = CliRunner()
+    assert runner.invoke(cli, ["run", "--month", MONTH]).exit_code == 0
+    lines = open("docs/sample-employees.csv", encoding="utf-8").read().splitlines()
+    late = tmp_path / "late.csv"
+    late.write_text("\n".join([lines[0]] + [ln.replace(",2026-11,", f",{MONTH},") for ln in lines[1:3]]) + "\n",
+                    encoding="utf-8")
+    out = runner.invoke(cli, ["import", str(late)])
+    assert out.exit_code == 0, out.output
+    assert f"note: {MONTH} was already run for companies 1, before some of these employees" in out.output
+    assert f"payrun run --month {MONTH} --resume" in out.output
+    plain = runner.invoke(cli, ["run", "--month", MONTH])
+    assert "already run" in plain.output and "render jobs" not in plain.output  # run alone stays once-only
+    assert f"note: companies 1 have employees added since {MONTH} was run, with no slip" in plain.output
+    resumed = runner.invoke(cli, ["run", "--month", MONTH, "--resume", "--json"])
+    data = json.loads(resumed.stdout)
+    assert data["jobs_created"] == 2 and data["companies_added_to"] == [1]
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    assert {keys.render_job_id(MONTH, "emp-90001"), keys.render_job_id(MONTH, "emp-90002")} <= set(q.get_job_ids())
+    assert len(q.get_job_ids()) == 14
+    again = json.loads(runner.invoke(cli, ["run", "--month", MONTH, "--resume", "--json"]).stdout)
+    assert again["jobs_created"] == 0 and again["companies_added_to"] == []
+    assert "already run" not in runner.invoke(cli, ["import", str(late)]).output  # nothing behind now
+    assert {r["jobs"] for r in ledger.runs(MONTH) if r["company_id"] == 1} == {payroll.count_employees(db, MONTH, 1)}
