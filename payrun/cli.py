@@ -384,7 +384,10 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
     from console import actions
     from payrun import deadletters
 
-    if bool(job_ids) == all_:
+    if not job_ids and not all_:
+        raise PayrunError("name the failed jobs to retry (ids from `payrun failed`), or use --all "
+                          "(narrowed by --queue/--error/--company)")
+    if job_ids and all_:
         raise PayrunError("name job ids, or use --all (with optional --queue/--error/--company), not both")
     if (queue or error_text or company is not None) and not all_:
         raise PayrunError("--queue, --error and --company narrow --all; with job ids they are not used")

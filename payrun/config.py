@@ -213,6 +213,8 @@ def redact_url(url: str) -> str:
     if not url:
         return url
     parts = urlsplit(url)
+    if "://" not in url:  # not a URL: show it as given, less anything before an @
+        return "***@" + url.rsplit("@", 1)[1] if "@" in url else url
     netloc = parts.netloc
     if "@" in netloc:
         creds, host = netloc.rsplit("@", 1)

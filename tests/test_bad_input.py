@@ -125,3 +125,11 @@ def test_a_read_command_in_a_directory_with_no_payrun_refuses_instead_of_startin
         assert out.exit_code == 2, (args, out.output)
         assert f"no payrun data directory at {tmp_path / 'elsewhere' / 'var'}: set PAYRUN_HOME" in out.output
     assert not (tmp_path / "elsewhere").exists()  # no new Redis, no new ledger
+
+
+def test_retry_with_nothing_named_says_what_to_give():
+    out = CliRunner().invoke(cli, ["retry"])
+    assert out.exit_code == 2
+    assert "name the failed jobs to retry (ids from `payrun failed`), or use --all" in out.output
+    both = CliRunner().invoke(cli, ["retry", "--all", "some-id"])
+    assert both.exit_code == 2 and "not both" in both.output

@@ -68,6 +68,12 @@ def test_redact_url():
     assert config.redact_url("smtp://user:pw@127.0.0.1:25") == "smtp://user:***@127.0.0.1:25"
     assert config.redact_url("unix:///x.sock?password=abc") == "unix:///x.sock?password=***"
     assert config.redact_url("redis://:pw@127.0.0.1:6379/0") == "redis://:***@127.0.0.1:6379/0"
+    # not URLs (a mistyped setting): shown as given, never mangled into one, credentials hidden
+    assert config.redact_url("garbage") == "garbage"
+    assert config.redact_url("127.0.0.1:6379") == "127.0.0.1:6379"
+    assert config.redact_url("user:pw@127.0.0.1") == "***@127.0.0.1"
+    with pytest.raises(ConfigError, match=r"must start with one of redis://, rediss://, unix:// \(got 'garbage'\)"):
+        config.load(env={"PAYRUN_REDIS_URL": "garbage"})
 
 
 def test_booleans_are_typed(tmp_path):
