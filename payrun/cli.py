@@ -109,8 +109,16 @@ def seed(c: Ctx, companies: int, employees: int, seed_: int, month: str | None) 
             last[0] = n
 
         payroll.seed(db, companies=companies, employees=employees, seed=seed_, month=month, progress=progress)
-    click.echo(f"seeded {companies} companies, {employees:,} employees, salary lines for {month} "
-               f"into {c.cfg.payroll_path}")
+    click.echo(f"seeded {_n(companies, 'company', 'companies')}, {_n(employees, 'employee')}, salary lines for "
+               f"{month} into {c.cfg.payroll_path}")
+    held_c, held_e = len(list(payroll.companies(db))), payroll.count_employees(db, month)
+    if held_c > companies or held_e > employees:  # seed adds: say what a run of the month will cover
+        click.echo(f"note: the database holds more than this seed (seed adds and updates, never removes): "
+                   f"{_n(held_c, 'company', 'companies')}, {_n(held_e, 'employee')} with salary lines for {month}")
+
+
+def _n(n: int, one: str, many: str | None = None) -> str:
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
 
 
 @cli.command(name="import")
@@ -644,6 +652,7 @@ def supervisor_env(c: Ctx, role: str) -> None:
 
     from payrun import supervise
 
+    supervise.check_role(c.cfg, role)
     e = supervise.env(c.cfg)
     for k in supervise.ENV_KEYS:
         click.echo(f"export {k}={shlex.quote(e[k])}")

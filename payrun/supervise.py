@@ -66,9 +66,7 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
     conf = CONFS[role]
     if not conf.exists():
         raise SetupError(f"{conf} is missing")
-    if role == "worker" and cfg.embedded_redis:
-        raise SetupError("a worker-only host needs PAYRUN_REDIS_URL: the control host's Redis "
-                         "(`payrun config redis-url` there)")
+    check_role(cfg, role)
     out, code = ctl(cfg, "status")
     if "no such file" not in out and "refused" not in out.lower() and code in (0, 3):
         return "supervisord is already running:\n" + out.rstrip()
@@ -125,6 +123,12 @@ def _log_tail(cfg: Config, program: str, lines: int = 5) -> str:
         return ""
     tail = path.read_text(errors="replace").splitlines()[-lines:]
     return f"{path.name} ends:\n" + "".join(f"  {ln}\n" for ln in tail)
+
+
+def check_role(cfg: Config, role: str) -> None:
+    if role == "worker" and cfg.embedded_redis:
+        raise SetupError("a worker-only host needs PAYRUN_REDIS_URL: the control host's Redis "
+                         "(`payrun config redis-url` there)")
 
 
 def down(cfg: Config) -> str:

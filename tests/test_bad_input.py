@@ -133,3 +133,16 @@ def test_retry_with_nothing_named_says_what_to_give():
     assert "name the failed jobs to retry (ids from `payrun failed`), or use --all" in out.output
     both = CliRunner().invoke(cli, ["retry", "--all", "some-id"])
     assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_seed_twice_says_it_adds_and_worker_env_needs_the_control_hosts_redis(tmp_path, monkeypatch):
+    monkeypatch.delenv("PAYRUN_REDIS_URL", raising=False)
+    monkeypatch.setenv("PAYRUN_HOME", str(tmp_path / "h"))
+    runner = CliRunner()
+    first = runner.invoke(cli, ["seed", "--companies", "1", "--employees", "3", "--month", "2026-11"])
+    assert "seeded 1 company, 3 employees" in first.output and "already held" not in first.output
+    again = runner.invoke(cli, ["seed", "--companies", "1", "--employees", "2", "--month", "2026-11", "--seed", "8"])
+    assert ("note: the database holds more than this seed (seed adds and updates, never removes): "
+            "1 company, 3 employees with salary lines for 2026-11") in again.output
+    env = runner.invoke(cli, ["supervisor-env", "--role", "worker"])
+    assert env.exit_code == 2 and "a worker-only host needs PAYRUN_REDIS_URL" in env.output
