@@ -120,3 +120,12 @@ def test_cli_retry_and_limits_are_audited(runner, cfg, conn):
     entries = actions.read_audit(cfg)
     assert [e["command"] for e in entries[-2:]] == ["payrun limits set --cap 40", "payrun retry no-such-job"]
     assert all(e["via"] == "cli" and e["who"] for e in entries[-2:])
+
+
+def test_the_readmes_import_of_the_sample_files_works_on_a_fresh_install(runner, cfg):
+    """README: `payrun import --companies companies.csv && payrun import employees.csv`."""
+    first = runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
+    assert first.exit_code == 0, first.output
+    out = runner.invoke(cli, ["import", "docs/sample-employees.csv"])
+    assert out.exit_code == 0 and "imported 12 employees and 12 salary lines" in out.output, out.output
+    assert payroll.count_employees(payroll.PayrollDB(cfg.payroll_path), "2026-11") == 12
