@@ -47,7 +47,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import base as rq_worker_base
 from rq.suspension import WORKERS_SUSPENDED
 from rq.timeouts import BaseTimeoutException
-from rq.utils import now as utcnow
+from rq.utils import get_version, now as utcnow
 
 from jobs import events, idempotency
 from jobs.errors import PermanentError, Throttled
@@ -644,12 +644,26 @@ class RenderWorker(EventsMixin, Worker):
             if result is None or self._open_queues([result[1]]):
                 return result
             job, queue = result
-            with self.connection.pipeline() as pipe:  # LMOVE's inverse: nothing else was written yet
-                pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-                pipe.lpush(queue.key, job.id)
-                pipe.execute()
-            log.info("Worker %s: intake on %s was stopped while it waited; %s stays at the front of the queue",
-                     self.name, queue.name, job.id)
+            # RQ's dequeue wrote nothing but the move: LMOVE into the intermediate list (one
+            # queue), or LPOP (several). Only if the id is still ours in the intermediate list
+            # (a reaper or a stopping worker may have returned it meanwhile) does it go back.
+            back = self._give_back(keys=[queue.intermediate_queue_key, queue.key],
+                                   args=[job.id, int(len(open_) == 1 and get_version(self.connection) >= (6, 2, 0))])
+            if back:
+                log.info("Worker %s: intake on %s was stopped while it waited; %s stays at the front of the queue",
+                         self.name, queue.name, job.id)
+
+    _GIVE_BACK = """
+if ARGV[2] == '1' and redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+redis.call('LPUSH', KEYS[2], ARGV[1])
+return 1
+"""
+
+    @property
+    def _give_back(self):
+        if getattr(self, "_give_back_script", None) is None:
+            self._give_back_script = self.connection.register_script(self._GIVE_BACK)
+        return self._give_back_script
 
     def _open_queues(self, queues: list[Queue]) -> list[Queue]:
         """``queues`` less the drained ones; none while everything is drained (`payrun drain`)."""

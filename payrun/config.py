@@ -16,6 +16,8 @@ Environment variables honoured by every command:
 
 from __future__ import annotations
 
+import re
+
 import dataclasses
 import os
 import tomllib
@@ -213,8 +215,9 @@ def redact_url(url: str) -> str:
     if not url:
         return url
     parts = urlsplit(url)
-    if "://" not in url:  # not a URL: show it as given, less anything before an @
-        return "***@" + url.rsplit("@", 1)[1] if "@" in url else url
+    if "://" not in url:  # not a URL: show it as given, less anything before an @ and any password
+        shown = re.sub(r"(?i)(password=)[^&]*", r"\1***", url)
+        return "***@" + shown.rsplit("@", 1)[1] if "@" in shown else shown
     netloc = parts.netloc
     if "@" in netloc:
         creds, host = netloc.rsplit("@", 1)

@@ -72,6 +72,8 @@ def test_redact_url():
     assert config.redact_url("garbage") == "garbage"
     assert config.redact_url("127.0.0.1:6379") == "127.0.0.1:6379"
     assert config.redact_url("user:pw@127.0.0.1") == "***@127.0.0.1"
+    assert config.redact_url("redis:/localhost?password=s3cret") == "redis:/localhost?password=***"
+    assert config.redact_url("localhost:6379?db=0&Password=s3cret") == "localhost:6379?db=0&Password=***"
     with pytest.raises(ConfigError, match=r"must start with one of redis://, rediss://, unix:// \(got 'garbage'\)"):
         config.load(env={"PAYRUN_REDIS_URL": "garbage"})
 

@@ -100,3 +100,20 @@ def test_a_lane_job_record_ends_with_its_heartbeat_at_its_end(conn, cfg, monkeyp
         assert h[b"status"] == status
         assert h[b"ended_at"] and h[b"last_heartbeat"] == h[b"ended_at"]
         assert h[b"started_at"] <= h[b"last_heartbeat"]
+
+
+def test_a_render_workers_give_back_never_queues_a_job_twice(conn):
+    """The give-back of a job taken from a drained queue: only while the id is still in the
+    intermediate list (LMOVE), or always after an LPOP (several queues: no such list)."""
+    from jobs.runtime import RenderWorker, make_queue
+
+    q = make_queue("pdf-render", conn)
+    w = RenderWorker([q], connection=conn)
+    conn.rpush(q.intermediate_queue_key, "j1")
+    assert w._give_back(keys=[q.intermediate_queue_key, q.key], args=["j1", 1]) == 1
+    assert conn.lrange(q.key, 0, -1) == [b"j1"] and conn.llen(q.intermediate_queue_key) == 0
+    # a reaper or a stopping worker already returned it: nothing more
+    assert w._give_back(keys=[q.intermediate_queue_key, q.key], args=["j1", 1]) == 0
+    assert conn.lrange(q.key, 0, -1) == [b"j1"]
+    assert w._give_back(keys=[q.intermediate_queue_key, q.key], args=["j2", 0]) == 1  # after an LPOP
+    assert conn.lrange(q.key, 0, -1) == [b"j2", b"j1"]
