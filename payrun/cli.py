@@ -31,7 +31,8 @@ class Ctx:
     def redis(self):
         from payrun import redis_server
 
-        self.require_home()
+        if self.cfg.embedded_redis:
+            self.require_home()
         return redis_server.ensure_running(self.cfg)
 
     def ledger(self):
@@ -40,15 +41,22 @@ class Ctx:
         self.require_home()
         return Ledger(self.cfg.ledger_path)
 
+    HOME_MARKERS = ("payroll.db", "ledger.db", "supervisor.role")
+    """What a data directory in use holds (seed/import, the ledger, `payrun up`); a directory
+    that other commands merely created (logs, a Redis password) does not count."""
+
     def require_home(self) -> None:
         """Run from the wrong directory, a command would start a new, empty payrun in a new
         ./var (its own Redis, its own ledger) and report "no failed jobs" from it."""
         from payrun.errors import SetupError
 
+        if os.environ.get("SUPERVISOR_ENABLED") or os.environ.get("PAYRUN_REDIS_SUPERVISED"):
+            return  # supervisord's programs, or a shell with supervisor-env's PAYRUN_HOME: set on purpose
         home = self.cfg.home
-        if not home.exists() and self.cfg.embedded_redis:
-            raise SetupError(f"no payrun data directory at {home}: set PAYRUN_HOME to it, or run this where "
-                             f"you ran `payrun up` (a new one starts with `payrun seed` or `payrun demo`)")
+        if not any((home / m).exists() for m in self.HOME_MARKERS):
+            raise SetupError(f"no payrun data directory at {home} (no payroll.db or ledger.db there): set "
+                             f"PAYRUN_HOME to it, or run this where you ran `payrun up` (a new one starts "
+                             f"with `payrun seed`, `payrun import` or `payrun demo`)")
 
     def payroll(self):
         from payrun.payroll import PayrollDB
@@ -114,7 +122,8 @@ def seed(c: Ctx, companies: int, employees: int, seed_: int, month: str | None) 
     held_c, held_e = len(list(payroll.companies(db))), payroll.count_employees(db, month)
     if held_c > companies or held_e > employees:  # seed adds: say what a run of the month will cover
         click.echo(f"note: the database holds more than this seed (seed adds and updates, never removes): "
-                   f"{_n(held_c, 'company', 'companies')}, {_n(held_e, 'employee')} with salary lines for {month}")
+                   f"{_n(held_c, 'company', 'companies')} in all, {_n(held_e, 'employee')} with salary lines "
+                   f"for {month}")
 
 
 def _n(n: int, one: str, many: str | None = None) -> str:
@@ -216,9 +225,15 @@ def run(c: Ctx, month: str, company: int | None, resume: bool, as_json: bool) ->
         if result.aborted:
             click.echo(f"stopped early: {result.aborted}")
     if result.jobs:
+        from redis.exceptions import RedisError
+
         from payrun.status import intake_notes
 
-        for note in intake_notes(conn):  # jobs created that nothing will take yet
+        try:
+            notes = intake_notes(conn)  # jobs created that nothing will take yet
+        except (RedisError, OSError):  # the run itself is done: a failed look changes nothing
+            notes = []
+        for note in notes:
             click.echo(f"note: {note}", err=True)
     sys.exit(1 if result.aborted else 0)
 

@@ -216,10 +216,12 @@ class Ledger:
         ]
         return row
 
-    def job_ids(self, month: str, company_id: int, kind: str) -> set[str]:
-        """The ids of one company's jobs of one kind for a month (a run's render jobs)."""
-        return {r["id"] for r in self.db.query(
-            "SELECT id FROM jobs WHERE month = ? AND company_id = ? AND kind = ?", (month, company_id, kind))}
+    def employees_with_jobs(self, month: str) -> set[str]:
+        """Employees with any job for ``month`` (render, send, resend), whatever company
+        the job was made under: who has had a slip made or sent that month."""
+        return {r["employee_id"] for r in self.db.query(
+            "SELECT DISTINCT employee_id FROM jobs WHERE month = ? AND employee_id IS NOT NULL"
+            " AND kind != 'reminder'", (month,))}
 
     def jobs(self, status: str | None = None, month: str | None = None, kind: str | None = None,
              limit: int = 100) -> list[dict[str, Any]]:

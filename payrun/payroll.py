@@ -805,6 +805,12 @@ def company_ids_for(db: "PayrollDB | sqlite_utils.Database", month: str,
         f"SELECT DISTINCT e.company_id {where} ORDER BY e.company_id", params)]
 
 
+def employee_ids(db: "PayrollDB | sqlite_utils.Database", month: str, company_id: int | None = None) -> set[str]:
+    """The ids of the employees ``snapshots(db, month, company_id)`` yields."""
+    where, params = _scope(month, company_id)
+    return {r[0] for r in _sdb(db).conn.execute(f"SELECT e.id {where}", params)}
+
+
 def count_employees(db: "PayrollDB | sqlite_utils.Database", month: str,
                     company_id: int | None = None) -> int:
     """How many snapshots ``snapshots(db, month, company_id)`` yields."""

@@ -72,20 +72,23 @@ class RunResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "month": self.month, "owner": self.owner, "locked_by": self.locked_by,
-            "jobs_created": self.jobs, "companies_created": sorted(self.created),
+            "jobs_created": self.jobs, "companies_created": sorted(set(self.created) - set(self.added)),
             "companies_already_run": sorted(self.already), "companies_resumed": sorted(self.resumed),
             "companies_added_to": sorted(self.added), "aborted": self.aborted,
         }
 
 
 def behind(ledger: Ledger, payroll_db, month: str) -> list[int]:
-    """Companies whose run for ``month`` is complete but has fewer render jobs than the
-    employees with salary lines for it now (imported after the run)."""
+    """Companies whose run for ``month`` is complete but who have employees with salary
+    lines for it and no job of that month at all (imported after the run): what
+    ``start_run(..., resume=True)`` would create slips for."""
     from payrun import payroll
 
-    return [r["company_id"] for r in ledger.runs(month) if r["status"] != "fanning-out"
-            and payroll.count_employees(payroll_db, month, r["company_id"])
-            > len(ledger.job_ids(month, r["company_id"], kind="render"))]
+    done = [r["company_id"] for r in ledger.runs(month) if r["status"] != "fanning-out"]
+    if not done:
+        return []
+    known = ledger.employees_with_jobs(month)
+    return [cid for cid in done if payroll.employee_ids(payroll_db, month, cid) - known]
 
 
 def new_owner() -> str:
@@ -162,9 +165,9 @@ def start_run(
                 row = next((r for r in ledger.runs(month) if r["company_id"] == cid), None)
                 resuming = row is not None and row["status"] == "fanning-out"
                 if row is not None and not resuming:
-                    known = ledger.job_ids(month, cid, kind="render")
-                    new = [s for s in payroll.snapshots(payroll_db, month, cid)
-                           if keys.render_job_id(month, s["employee"]["id"]) not in known]
+                    known = ledger.employees_with_jobs(month)  # a resend by hand counts: no second slip
+                    missing = payroll.employee_ids(payroll_db, month, cid) - known
+                    new = [s for s in payroll.snapshots(payroll_db, month, cid) if s["employee"]["id"] in missing]
                     if not new:
                         known = None
             if not claimed and not resuming and known is None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from payrun.config import Config
 from payrun.errors import InputError
 from payrun.ledger import STATES, Ledger, backlog
@@ -42,6 +44,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         raise InputError(f"company {company} has no slips in the {month} run"
                          + (f" (companies: {', '.join(map(str, known[:20]))}{' …' if len(known) > 20 else ''})"
                             if known else ""))
+    redis_failed = False
     if month:
         redis_stuck: list[str] = []
         if conn is not None:
@@ -50,7 +53,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
             try:
                 redis_stuck = [s.job_id for s in find_stuck(conn)]
             except Exception:  # Redis unreachable: the ledger's own rule still applies
-                redis_stuck = []
+                redis_stuck, redis_failed = [], True
         for job_id, cid in ledger.stuck_jobs(month, cfg.lease.stuck_after_s, redis_stuck).items():
             if cid in counts and (company is None or cid == company):
                 counts[cid]["stuck"] += 1
@@ -64,13 +67,21 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
             total[k] += row.get(k, 0)
         companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **row})
     in_progress = total["queued"] + total["running"] + total["retrying"]
+    lag, notes = None, []
+    if conn is not None and not redis_failed:
+        try:
+            lag = backlog(conn)
+            notes = intake_notes(conn) if in_progress else []
+        except (RedisError, OSError):  # it went away after the first look: say so, as if never there
+            conn = None
     return {
         "month": month,
         "total": total,
         "companies": companies,
-        "ledger_backlog": backlog(conn) if conn is not None else None,
-        "redis_reachable": conn is not None,
-        "notes": intake_notes(conn) if conn is not None and in_progress else [],
+        "ledger_backlog": lag,
+        "redis_reachable": conn is not None and not redis_failed,
+        "notes": notes,
+        "months": ledger.months(),
     }
 
 
@@ -125,7 +136,9 @@ def hr_line(c: dict[str, int]) -> str:
 def format_report(r: dict[str, Any]) -> str:
     if not r["month"]:
         return "no pay run yet: `payrun run --month YYYY-MM` starts one"
-    lines = [f"Pay run {r['month']}: {r['total']['total']:,} slips"]
+    others = [m for m in r.get("months", []) if m != r["month"]]
+    lines = [f"Pay run {r['month']}: {r['total']['total']:,} slips"
+             + (f"  (other runs: {', '.join(others[-6:])}; --month picks one)" if others else "")]
     head = f"{'id':>4}  {'company':<30} {'sent':>7} {'queued':>7} {'running':>7} {'retrying':>8} {'failed':>7} {'stuck':>6}"
     lines.append(head)
     for c in r["companies"]:

@@ -112,6 +112,9 @@ def take_over_redis(cfg: Config) -> str:
             f"other connection(s) are using it (a `payrun demo`, a console, workers started by hand?): "
             f"stop them, then run `payrun up` again")
     redis_server.stop(cfg)
+    if redis_server.ping(redis_server.connect(cfg, socket_timeout=2)):
+        raise SetupError(f"the embedded Redis in {cfg.redis_dir}, started outside supervisord, did not stop "
+                         f"(see {cfg.redis_dir / 'redis.log'}); supervisord cannot run its own beside it")
     return ("stopped the embedded Redis another payrun command had started (its data is kept: "
             "supervisord runs it now)\n")
 

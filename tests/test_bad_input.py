@@ -123,8 +123,16 @@ def test_a_read_command_in_a_directory_with_no_payrun_refuses_instead_of_startin
     for args in (["failed"], ["status"], ["queues"]):
         out = CliRunner().invoke(cli, args)
         assert out.exit_code == 2, (args, out.output)
-        assert f"no payrun data directory at {tmp_path / 'elsewhere' / 'var'}: set PAYRUN_HOME" in out.output
+        assert f"no payrun data directory at {tmp_path / 'elsewhere' / 'var'} (no payroll.db" in out.output
     assert not (tmp_path / "elsewhere").exists()  # no new Redis, no new ledger
+    # commands that create the directory without using it (a Redis password, logs) do not
+    # make it count; nor does an external Redis make a ledger appear
+    assert CliRunner().invoke(cli, ["config", "redis-url"]).exit_code == 0
+    assert (tmp_path / "elsewhere" / "var").exists()
+    assert CliRunner().invoke(cli, ["status"]).exit_code == 2
+    monkeypatch.setenv("PAYRUN_REDIS_URL", "redis://127.0.0.1:1/0")
+    assert "no payrun data directory" in CliRunner().invoke(cli, ["status"]).output
+    assert not (tmp_path / "elsewhere" / "var" / "ledger.db").exists()
 
 
 def test_retry_with_nothing_named_says_what_to_give():
@@ -140,9 +148,9 @@ def test_seed_twice_says_it_adds_and_worker_env_needs_the_control_hosts_redis(tm
     monkeypatch.setenv("PAYRUN_HOME", str(tmp_path / "h"))
     runner = CliRunner()
     first = runner.invoke(cli, ["seed", "--companies", "1", "--employees", "3", "--month", "2026-11"])
-    assert "seeded 1 company, 3 employees" in first.output and "already held" not in first.output
+    assert "seeded 1 company, 3 employees" in first.output and "note:" not in first.output
     again = runner.invoke(cli, ["seed", "--companies", "1", "--employees", "2", "--month", "2026-11", "--seed", "8"])
     assert ("note: the database holds more than this seed (seed adds and updates, never removes): "
-            "1 company, 3 employees with salary lines for 2026-11") in again.output
+            "1 company in all, 3 employees with salary lines for 2026-11") in again.output
     env = runner.invoke(cli, ["supervisor-env", "--role", "worker"])
     assert env.exit_code == 2 and "a worker-only host needs PAYRUN_REDIS_URL" in env.output

@@ -89,7 +89,10 @@ def test_limits_set_and_show(runner, conn):
     one_line_error(runner.invoke(cli, ["limits", "set"]))
 
 
-def test_unknown_job(runner, conn):
+def test_unknown_job(runner, cfg, conn):
+    from payrun.ledger import Ledger
+
+    Ledger(cfg.ledger_path).close()  # a data directory in use
     msg = one_line_error(runner.invoke(cli, ["job", "nope"]))
     assert "no job 'nope'" in msg
 

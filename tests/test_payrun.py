@@ -330,6 +330,19 @@ def test_run_and_status_say_why_jobs_will_not_move(world, provider, monkeypatch)
     text = runner.invoke(cli, ["status"]).output
     assert "note: intake is drained everywhere (`payrun drain`)" in text and "no pdf-render worker" not in text
     runner.invoke(cli, ["resume"], catch_exceptions=False)
+    from redis.exceptions import ConnectionError as RedisDown
+
+    from payrun import status as status_mod
+
+    def gone(conn):
+        raise RedisDown("Redis went away after the first look")
+
+    real = status_mod.intake_notes
+    monkeypatch.setattr(status_mod, "intake_notes", gone)
+    midway = runner.invoke(cli, ["status", "--json"])
+    assert midway.exit_code == 0  # a failed second look reads as unreachable, not a traceback
+    assert json.loads(midway.output)["redis_reachable"] is False
+    monkeypatch.setattr(status_mod, "intake_notes", real)
     work_everything(conn, ledger)
     assert json.loads(runner.invoke(cli, ["status", "--json"]).output)["notes"] == []  # all sent: nothing to say
     monkeypatch.setenv("PAYRUN_REDIS_URL", "redis://127.0.0.1:1/0")
@@ -363,7 +376,31 @@ def test_employees_imported_after_their_month_was_run_get_their_slips_with_resum
     q = make_queue(keys.RENDER_QUEUE, conn)
     assert {keys.render_job_id(MONTH, "emp-90001"), keys.render_job_id(MONTH, "emp-90002")} <= set(q.get_job_ids())
     assert len(q.get_job_ids()) == 14
+    assert data["companies_created"] == []  # topped up, not run afresh
     again = json.loads(runner.invoke(cli, ["run", "--month", MONTH, "--resume", "--json"]).stdout)
     assert again["jobs_created"] == 0 and again["companies_added_to"] == []
     assert "already run" not in runner.invoke(cli, ["import", str(late)]).output  # nothing behind now
     assert {r["jobs"] for r in ledger.runs(MONTH) if r["company_id"] == 1} == {payroll.count_employees(db, MONTH, 1)}
+
+
+def test_resume_gives_no_second_slip_to_an_employee_resent_by_hand(world, tmp_path):
+    """The old way to reach a late employee was `payrun resend` (its own job id and key): a
+    later `run --resume` must not make them a second slip."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    runner = CliRunner()
+    assert runner.invoke(cli, ["run", "--month", MONTH]).exit_code == 0
+    lines = open("docs/sample-employees.csv", encoding="utf-8").read().splitlines()
+    late = tmp_path / "late.csv"
+    late.write_text("\n".join([lines[0]] + [ln.replace(",2026-11,", f",{MONTH},") for ln in lines[1:3]]) + "\n",
+                    encoding="utf-8")
+    assert runner.invoke(cli, ["import", str(late)]).exit_code == 0
+    resent = runner.invoke(cli, ["resend", "--employee", "emp-90001", "--month", MONTH])
+    assert resent.exit_code == 0, resent.output
+    data = json.loads(runner.invoke(cli, ["run", "--month", MONTH, "--resume", "--json"]).stdout)
+    assert data["jobs_created"] == 1 and data["companies_added_to"] == [1]
+    ids = make_queue(keys.RENDER_QUEUE, conn).get_job_ids()
+    assert keys.render_job_id(MONTH, "emp-90002") in ids and keys.render_job_id(MONTH, "emp-90001") not in ids
