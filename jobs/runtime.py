@@ -427,6 +427,36 @@ class EventsMixin:
                         error=job.meta.get("last_error"))
 
 
+HORSE_STOP = b"stop\n"
+"""What a worker writes to its warm horse to make it exit after the job in hand."""
+
+HORSE_EXIT_S = 5.0
+"""How long a worker waits for a horse it stopped (idle, it exits at once) before SIGKILL."""
+
+
+def reap_within(pid: int, timeout_s: float, clock=time.monotonic, pause=time.sleep) -> bool:
+    """Wait for child ``pid`` to exit, at most ``timeout_s``; then SIGKILL it and wait.
+    True if it exited by itself. A worker never hangs on a horse that does not leave."""
+    deadline = clock() + timeout_s
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if done:
+            return True
+        if clock() >= deadline:
+            break
+        pause(0.01)
+    log.warning("work horse %s did not exit within %.0f s of being told to; killing it", pid, timeout_s)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+    return False
+
+
 class RenderWorker(EventsMixin, Worker):
     """A forking worker, warmed: the parent imports WeasyPrint and renders one sample slip
     before it takes work, so its work horse starts warm. The parent checks deadlines every
@@ -500,6 +530,8 @@ class RenderWorker(EventsMixin, Worker):
         self._is_horse = True
         with os.fdopen(r, "rb") as lines:
             for line in lines:
+                if line == HORSE_STOP:
+                    return
                 job_id, queue_name, execution_id = json.loads(line)
                 try:
                     job = self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer)
@@ -522,10 +554,7 @@ class RenderWorker(EventsMixin, Worker):
                     pass
         self._to_horse = self._from_horse = None
         if self._horse_pid:
-            try:
-                os.waitpid(self._horse_pid, 0)
-            except ChildProcessError:
-                pass
+            reap_within(self._horse_pid, HORSE_EXIT_S)
         self._horse_pid = 0
 
     def monitor_work_horse(self, job: Job, queue: Queue) -> None:
@@ -561,7 +590,14 @@ class RenderWorker(EventsMixin, Worker):
 
     def _stop_horse(self) -> None:
         if self._to_horse is not None:
-            os.close(self._to_horse)  # EOF: the horse leaves its loop and exits
+            # Say so, do not count on EOF: a process forked from this worker while the
+            # horse lived (RQ's scheduler, taken over from a stopped worker) holds a copy
+            # of this pipe's write end, so closing ours is no EOF (a worker hung here).
+            try:
+                os.write(self._to_horse, HORSE_STOP)
+            except OSError:  # it is gone already
+                pass
+            os.close(self._to_horse)
             self._to_horse = None
         self._reap_horse()
 

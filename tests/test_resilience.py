@@ -353,3 +353,47 @@ def test_stop_worker_stops_a_send_email_process_on_any_host(conn, env, cfg, tmp_
     assert conn.zcard("rq:wip:send-email") == 0
     assert not conn.exists(keys.stop_process(socket.gethostname(), w.pid))  # taken by the process
     assert "stop requested (" in (tmp_path / "e.log").read_text()
+
+
+def test_a_worker_retires_its_horse_even_when_a_forked_process_holds_the_horses_pipe(conn):
+    """RQ's scheduler, forked from a render worker while its warm horse lived (it takes the
+    scheduler over from a stopped worker), holds a copy of the pipe to the horse: closing
+    the worker's end was no EOF, the horse never left, and the worker waited for it for
+    good at its jobs_per_horse-th job (seen in a run: half the render capacity gone)."""
+    import threading
+
+    from jobs.runtime import RenderWorker, make_queue
+
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    for i in range(5):
+        q.enqueue_call("jobs.tasks.noop", job_id=f"held-{i}", timeout=20, meta={"kind": "test"})
+    w = RenderWorker([q], connection=conn)
+    w.jobs_per_horse = 2
+    hold_r, hold_w = os.pipe()
+    holders = []
+    spawn = w._spawn_horse
+
+    def spawn_then_fork_a_holder():
+        spawn()
+        pid = os.fork()
+        if pid == 0:  # like the scheduler: every descriptor of the worker, kept
+            os.close(hold_w)
+            os.read(hold_r, 1)
+            os._exit(0)
+        holders.append(pid)
+
+    w._spawn_horse = spawn_then_fork_a_holder
+    hung = threading.Event()
+    release = threading.Timer(60, lambda: (hung.set(), os.close(hold_w)))
+    release.start()
+    try:
+        w.work(burst=True, logging_level="WARNING")
+    finally:
+        release.cancel()
+        if not hung.is_set():
+            os.close(hold_w)
+        for pid in holders:
+            os.waitpid(pid, 0)
+        os.close(hold_r)
+    assert not hung.is_set(), "the worker waited for its horse until the holder let go"
+    assert all(PayrunJob.fetch(f"held-{i}", connection=conn).get_status() == "finished" for i in range(5))
