@@ -284,8 +284,16 @@ def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = Non
     if env.get("PAYRUN_SLIPS_DIR"):
         cfg.slips = env["PAYRUN_SLIPS_DIR"]
     cfg.home = cfg.home.expanduser().absolute()
+    if cfg.home in SYSTEM_DIRS:  # e.g. the default ./var, run from / : payrun would make /var 0700
+        raise ConfigError(f"the data directory would be {cfg.home}, a system directory (the default ./var "
+                          f"resolves against the current directory, {Path.cwd()}): set PAYRUN_HOME, or run "
+                          f"payrun from its own directory")
     validate(cfg)
     return cfg
+
+
+SYSTEM_DIRS = frozenset(Path(p) for p in ("/", "/var", "/usr", "/etc", "/tmp", "/root", "/home", "/opt", "/srv",
+                                          "/bin", "/sbin", "/lib", "/boot", "/dev", "/proc", "/sys", "/run"))
 
 
 def validate(cfg: Config) -> None:

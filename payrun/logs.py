@@ -46,6 +46,9 @@ def setup(level: str = "INFO", as_json: bool | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # WeasyPrint logs 7 "Step n - ..." lines per render at INFO: two thirds of a render
+    # worker's log, none of it news. Its warnings (a missing font, a bad CSS rule) stay.
+    logging.getLogger("weasyprint.progress").setLevel(logging.WARNING)
     for name in debug_loggers():  # e.g. PAYRUN_LOG_DEBUG=payrun.sends: one topic, not RQ's chatter
         logging.getLogger(name).setLevel(logging.DEBUG)
     if as_json:  # RQ installs its own handlers on its loggers: route them through ours

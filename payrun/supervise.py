@@ -34,7 +34,7 @@ def _bin(name: str) -> str:
     return found
 
 
-ENV_KEYS = ("PAYRUN_HOME", "PAYRUN_BIN", "PAYRUN_RENDER_WORKERS", "PAYRUN_REDIS_AUTOSTART",
+ENV_KEYS = ("PAYRUN_HOME", "PAYRUN_CONFIG", "PAYRUN_BIN", "PAYRUN_RENDER_WORKERS", "PAYRUN_REDIS_AUTOSTART",
             "PAYRUN_PROVIDER_AUTOSTART", "PAYRUN_REDIS_SUPERVISED")
 """What supervisor.conf reads from the environment (`payrun supervisor-env` prints them)."""
 
@@ -45,6 +45,8 @@ def env(cfg: Config) -> dict[str, str]:
     e = dict(os.environ)
     e.update(
         PAYRUN_HOME=str(cfg.home),
+        # `payrun --config FILE up`: every program reads the same file (it was ignored)
+        PAYRUN_CONFIG=str(Path(cfg.source).absolute()) if cfg.source != "defaults" else "",
         PAYRUN_BIN=_bin("payrun"),
         PAYRUN_REDIS_SUPERVISED="1" if cfg.embedded_redis else "",
         PAYRUN_RENDER_WORKERS=str(cfg.render_workers),

@@ -1,5 +1,7 @@
 """Configuration loading and the validation messages users see."""
 
+from pathlib import Path
+
 import pytest
 
 from payrun import config
@@ -84,3 +86,27 @@ def test_booleans_are_typed(tmp_path):
         load(tmp_path, "[email.retry]\njitter = 0\n")
     with pytest.raises(ConfigError, match="must be int"):
         load(tmp_path, "[render]\ntimeout_s = true\n")
+
+
+def test_supervised_programs_get_the_config_file_up_was_given(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    conf = tmp_path / "ops.toml"
+    conf.write_text("[provider]\nport = 18125\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PAYRUN_CONFIG", raising=False)
+    monkeypatch.setenv("PAYRUN_HOME", str(tmp_path / "h"))
+    out = CliRunner().invoke(cli, ["--config", "ops.toml", "supervisor-env"])
+    assert out.exit_code == 0, out.output
+    assert f"export PAYRUN_CONFIG={conf}" in out.output  # absolute: supervisord's programs run elsewhere
+    plain = CliRunner().invoke(cli, ["supervisor-env"])
+    assert "export PAYRUN_CONFIG=''" in plain.output
+
+
+def test_the_default_data_directory_run_from_the_root_is_refused(monkeypatch):
+    monkeypatch.chdir("/")
+    with pytest.raises(ConfigError, match="the data directory would be /var, a system directory"):
+        config.load(env={})
+    assert config.load(env={"PAYRUN_HOME": "/srv/payrun/var"}).home == Path("/srv/payrun/var")

@@ -85,6 +85,9 @@ def test_payrun_log_debug_turns_one_topic_to_debug_and_leaves_the_rest(monkeypat
     try:
         assert sends.isEnabledFor(logging.DEBUG)
         assert not rq_worker.isEnabledFor(logging.DEBUG) and not logging.getLogger("payrun.jobs").isEnabledFor(logging.DEBUG)
+        # WeasyPrint's seven "Step n" lines per render stay out of an INFO log; its warnings do not
+        progress = logging.getLogger("weasyprint.progress")
+        assert not progress.isEnabledFor(logging.INFO) and progress.isEnabledFor(logging.WARNING)
     finally:
         logging.getLogger().handlers[:] = []
         sends.setLevel(before[0])
