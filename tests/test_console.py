@@ -437,6 +437,30 @@ async def test_change_limits_from_the_command_bar(cfg, conn):
     assert float(conn.hget(keys.limit_conf("email"), "rate_per_s")) == 20.0
 
 
+@sync
+async def test_actions_typed_in_the_command_bar_are_carried_out(cfg, conn):
+    """`:drain Q`, `:resume`, `:drain` + all: the dialog's answer must reach the action (it
+    went to the command bar, removed by then: the dialog closed and nothing happened)."""
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *f"drain {keys.EMAIL_QUEUE}", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
+        await pilot.press("y")
+        await settle(pilot, lambda: conn.sismember(keys.PAUSED_QUEUES, keys.EMAIL_QUEUE), what="queue drained")
+        await pilot.press("colon", *"drain", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmTyped")
+        await pilot.press(*"all", "enter")
+        await settle(pilot, lambda: conn.exists("rq:suspended"), what="everything drained")
+        await pilot.press("colon", *"resume", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
+        await pilot.press("y")
+        await settle(pilot, lambda: not conn.exists("rq:suspended") and not conn.smembers(keys.PAUSED_QUEUES),
+                     what="resumed")
+    assert [e["command"] for e in actions.read_audit(cfg)] == [
+        f"payrun drain --queue {keys.EMAIL_QUEUE}", "payrun drain", "payrun resume"]
+
+
 # ---- a stale view says so, and keys never wait for Redis -----------------------------------
 
 @sync

@@ -32,7 +32,9 @@ class CommandBar(Input):
             CommandBar.history.append(text)
         self.remove()
         if text:
-            self.app.run_command(text)
+            # from the app, not from here: a dialog the command opens hands its answer to
+            # whoever asked, and this bar is gone by then (the answer went nowhere)
+            self.app.call_later(self.app.run_command, text)
 
     def on_blur(self) -> None:
         self.remove()
