@@ -388,6 +388,23 @@ def backlog(conn) -> int:
         return 0
 
 
+LEDGER_STALE_S = 10.0
+"""An unapplied event older than this means the ledger is not keeping up (or not running):
+it applies events within ~0.2 s, so a small backlog alone is normal in a pay run."""
+
+
+def backlog_age_s(conn) -> float:
+    """Seconds since the oldest event not yet applied was written (0 when none is waiting)."""
+    from payrun import keys
+
+    first = conn.xrange(keys.EVENTS_STREAM, count=1)
+    if not first:
+        return 0.0
+    entry_id = first[0][0].decode() if isinstance(first[0][0], bytes) else first[0][0]
+    sec, usec = conn.time()
+    return max(0.0, sec + usec / 1e6 - int(entry_id.split("-")[0]) / 1000)
+
+
 def drain(conn, ledger: Ledger, consumer: str = "ledger-1") -> int:
     """Apply everything waiting now (tests, `payrun status --sync`, demo shutdown)."""
     total = 0

@@ -82,13 +82,19 @@ def behind(ledger: Ledger, payroll_db, month: str) -> list[int]:
     """Companies whose run for ``month`` is complete but who have employees with salary
     lines for it and no job of that month at all (imported after the run): what
     ``start_run(..., resume=True)`` would create slips for."""
+    return sorted(missing_slips(ledger, payroll_db, month))
+
+
+def missing_slips(ledger: Ledger, payroll_db, month: str) -> dict[int, int]:
+    """Per company of :func:`behind`, how many employees have no slip job."""
     from payrun import payroll
 
     done = [r["company_id"] for r in ledger.runs(month) if r["status"] != "fanning-out"]
     if not done:
-        return []
+        return {}
     known = ledger.employees_with_jobs(month)
-    return [cid for cid in done if payroll.employee_ids(payroll_db, month, cid) - known]
+    out = {cid: len(payroll.employee_ids(payroll_db, month, cid) - known) for cid in done}
+    return {cid: n for cid, n in out.items() if n}
 
 
 def new_owner() -> str:

@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 
 from payrun.config import Config
 from payrun.errors import InputError
-from payrun.ledger import STATES, Ledger, backlog
+from payrun.ledger import LEDGER_STALE_S, STATES, Ledger, backlog, backlog_age_s
 
 
 def _company_names(cfg: Config) -> dict[int, str]:
@@ -67,11 +67,26 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
             total[k] += row.get(k, 0)
         companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **row})
     in_progress = total["queued"] + total["running"] + total["retrying"]
-    lag, notes = None, []
+    lag, lag_age, notes, missing = None, None, [], {}
+    if month and cfg.payroll_path.exists():  # "all sent" must not hide people the run never covered
+        from payrun import payroll
+        from payrun.runs import missing_slips
+
+        with payroll.PayrollDB(cfg.payroll_path) as db:
+            missing = missing_slips(ledger, db, month)
+        if company is not None:
+            missing = {c: n for c, n in missing.items() if c == company}
+    total["no_slip"] = sum(missing.values())
+    for c in companies:
+        c["no_slip"] = missing.get(c["id"], 0)
+    if missing:
+        notes.append(f"{total['no_slip']:,} employees of companies {', '.join(map(str, sorted(missing)))} have "
+                     f"salary lines for {month} and no slip (added after the run): "
+                     f"payrun run --month {month} --resume")
     if conn is not None and not redis_failed:
         try:
-            lag = backlog(conn)
-            notes = intake_notes(conn) if in_progress else []
+            lag, lag_age = backlog(conn), round(backlog_age_s(conn), 1)
+            notes += intake_notes(conn) if in_progress else []
         except (RedisError, OSError):  # it went away after the first look: say so, as if never there
             conn = None
     return {
@@ -79,6 +94,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         "total": total,
         "companies": companies,
         "ledger_backlog": lag,
+        "ledger_backlog_age_s": lag_age,
         "redis_reachable": conn is not None and not redis_failed,
         "notes": notes,
         "months": ledger.months(),
@@ -130,6 +146,8 @@ def hr_line(c: dict[str, int]) -> str:
     if waiting - c["stuck"] > 0:
         parts.append(f"{waiting - c['stuck']:,} in progress")
     parts.append(f"{c['failed']:,} failed")
+    if c.get("no_slip"):
+        parts.append(f"{c['no_slip']:,} with no slip yet")
     return ", ".join(parts)
 
 
@@ -147,8 +165,9 @@ def format_report(r: dict[str, Any]) -> str:
             f"{c['retrying']:>8,} {c['failed']:>7,} {c['stuck']:>6,}"
         )
     lines.append(f"Total: {hr_line(r['total'])}")
-    if r.get("ledger_backlog"):
-        lines.append(f"(ledger is {r['ledger_backlog']:,} updates behind: is `payrun ledger` running?)")
+    if r.get("ledger_backlog") and (r.get("ledger_backlog_age_s") or 0) >= LEDGER_STALE_S:  # a few are normal
+        lines.append(f"(ledger is {r['ledger_backlog']:,} updates behind, the oldest from "
+                     f"{r['ledger_backlog_age_s']:.0f} s ago: is `payrun ledger` running?)")
     if r.get("redis_reachable") is False:
         lines.append("(Redis unreachable: figures are the ledger's; stuck jobs and its backlog were not checked)")
     lines += [f"note: {n}" for n in r.get("notes", [])]

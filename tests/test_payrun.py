@@ -366,6 +366,11 @@ def test_employees_imported_after_their_month_was_run_get_their_slips_with_resum
     out = runner.invoke(cli, ["import", str(late)])
     assert out.exit_code == 0, out.output
     assert f"note: {MONTH} was already run for companies 1, before some of these employees" in out.output
+    hr = json.loads(runner.invoke(cli, ["status", "--json"]).stdout)  # HR must not read "all done"
+    assert hr["total"]["no_slip"] == 2 and hr["companies"][0]["no_slip"] == 2
+    assert any(n.startswith(f"2 employees of companies 1 have salary lines for {MONTH} and no slip")
+               for n in hr["notes"])
+    assert "2 with no slip yet" in runner.invoke(cli, ["status"]).stdout
     assert f"payrun run --month {MONTH} --resume" in out.output
     plain = runner.invoke(cli, ["run", "--month", MONTH])
     assert "already run" in plain.output and "render jobs" not in plain.output  # run alone stays once-only
@@ -404,3 +409,19 @@ def test_resume_gives_no_second_slip_to_an_employee_resent_by_hand(world, tmp_pa
     assert data["jobs_created"] == 1 and data["companies_added_to"] == [1]
     ids = make_queue(keys.RENDER_QUEUE, conn).get_job_ids()
     assert keys.render_job_id(MONTH, "emp-90002") in ids and keys.render_job_id(MONTH, "emp-90001") not in ids
+
+
+def test_status_warns_of_a_ledger_backlog_only_when_it_is_old(world):
+    from payrun import status as status_mod
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    conn.xadd(keys.EVENTS_STREAM, {"job": "render-x", "status": "running", "ts": "2026-11-01T00:00:00.000+00:00"})
+    fresh = status_mod.report(cfg, ledger, conn=conn)
+    assert fresh["ledger_backlog"] == 1 and fresh["ledger_backlog_age_s"] < 10
+    assert "updates behind" not in status_mod.format_report(fresh)  # a pay run's normal few
+    conn.delete(keys.EVENTS_STREAM)
+    conn.xadd(keys.EVENTS_STREAM, {"job": "render-x", "status": "running", "ts": "x"}, id="1000-0")
+    stale = status_mod.report(cfg, ledger, conn=conn)
+    assert stale["ledger_backlog_age_s"] > 3600
+    assert "(ledger is 1 updates behind, the oldest from" in status_mod.format_report(stale)
