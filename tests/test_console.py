@@ -149,9 +149,11 @@ async def test_overview_shows_the_right_numbers(payrun_world):
         assert snap.error is None
         # the HR line: the same figures as `payrun status`
         report = status.report(cfg, ledger, conn=conn)
-        assert snap.status["total"] == report["total"]
+        # (status also counts employees with no slip job at all, from the payroll db: 0 here;
+        # the console's HR line does not read that db)
+        assert snap.status["total"] == {k: v for k, v in report["total"].items() if k != "no_slip"}
         assert report["total"] | {} == {"queued": n2, "running": 0, "retrying": 0, "done": n1 - 1, "failed": 1,
-                                        "stuck": 0, "total": n1 + n2}
+                                        "stuck": 0, "total": n1 + n2, "no_slip": 0}
         answer = text_of(app, "#answer")
         assert f"{n1 - 1} sent, {n2} in progress, 1 failed" in answer
         assert cells(app, "#companies", "1")[2:7] == [str(n1 - 1), "0", "0", "1", str(n1)]
