@@ -351,6 +351,17 @@ def test_run_and_status_say_why_jobs_will_not_move(world, provider, monkeypatch)
     assert "(Redis unreachable: figures are the ledger's; stuck jobs and its backlog were not checked)" in out.output
 
 
+def run_then_write_late_employees(runner, cli, tmp_path):
+    """Run MONTH, then write a CSV of two employees of company 1 (emp-90001, emp-90002)
+    with salary lines for it: people hired after the run."""
+    assert runner.invoke(cli, ["run", "--month", MONTH]).exit_code == 0
+    lines = open("docs/sample-employees.csv", encoding="utf-8").read().splitlines()
+    late = tmp_path / "late.csv"
+    late.write_text("\n".join([lines[0]] + [ln.replace(",2026-11,", f",{MONTH},") for ln in lines[1:3]]) + "\n",
+                    encoding="utf-8")
+    return late
+
+
 def test_employees_imported_after_their_month_was_run_get_their_slips_with_resume(world, tmp_path):
     from click.testing import CliRunner
 
@@ -358,11 +369,7 @@ def test_employees_imported_after_their_month_was_run_get_their_slips_with_resum
 
     cfg, conn, db, ledger = world
     runner = CliRunner()
-    assert runner.invoke(cli, ["run", "--month", MONTH]).exit_code == 0
-    lines = open("docs/sample-employees.csv", encoding="utf-8").read().splitlines()
-    late = tmp_path / "late.csv"
-    late.write_text("\n".join([lines[0]] + [ln.replace(",2026-11,", f",{MONTH},") for ln in lines[1:3]]) + "\n",
-                    encoding="utf-8")
+    late = run_then_write_late_employees(runner, cli, tmp_path)
     out = runner.invoke(cli, ["import", str(late)])
     assert out.exit_code == 0, out.output
     assert f"note: {MONTH} was already run for companies 1, before some of these employees" in out.output
@@ -397,11 +404,7 @@ def test_resume_gives_no_second_slip_to_an_employee_resent_by_hand(world, tmp_pa
 
     cfg, conn, db, ledger = world
     runner = CliRunner()
-    assert runner.invoke(cli, ["run", "--month", MONTH]).exit_code == 0
-    lines = open("docs/sample-employees.csv", encoding="utf-8").read().splitlines()
-    late = tmp_path / "late.csv"
-    late.write_text("\n".join([lines[0]] + [ln.replace(",2026-11,", f",{MONTH},") for ln in lines[1:3]]) + "\n",
-                    encoding="utf-8")
+    late = run_then_write_late_employees(runner, cli, tmp_path)
     assert runner.invoke(cli, ["import", str(late)]).exit_code == 0
     resent = runner.invoke(cli, ["resend", "--employee", "emp-90001", "--month", MONTH])
     assert resent.exit_code == 0, resent.output
