@@ -249,10 +249,31 @@ def stop(cfg: Config, timeout_s: float = 15.0) -> bool:
     if not ping(conn):
         return False
     try:
+        pid = int(conn.info("server")["process_id"])
+    except (redis.RedisError, KeyError, ValueError):
+        pid = None
+    try:
         conn.shutdown(save=True)
     except (redis.ConnectionError, redis.ResponseError):
         pass
+    # Until the process is gone, not only until it stops answering: its last act is to
+    # unlink the socket file, which would take away a new server's socket at that path
+    # (`payrun up` starting supervisord's Redis right after: it ran on, unreachable).
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and ping(connect(cfg, socket_timeout=1)):
+    while time.monotonic() < deadline and (_alive(pid) if pid else ping(connect(cfg, socket_timeout=1))):
         time.sleep(0.05)
     return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's: it exists
+        return True
+    try:  # a zombie of ours (the server was our child) has exited
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return not done
+    except ChildProcessError:
+        return True

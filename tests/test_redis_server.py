@@ -81,3 +81,14 @@ def test_supervised_redis_without_supervisord_fails_at_once_and_says_why(tmp_pat
         redis_server.ensure_running(cfg)
     assert time.monotonic() - t0 < 10
     assert not redis_server.ping(redis_server.connect(cfg, socket_timeout=1))  # and it started none
+
+
+def test_stop_returns_only_once_the_server_process_is_gone(tmp_path):
+    """Its last act is to unlink the socket file: a server started right after at the same
+    path (supervisord's, from `payrun up`) must not lose its socket to the old one."""
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
+    conn = redis_server.ensure_running(cfg)
+    pid = int(conn.info("server")["process_id"])
+    assert redis_server.stop(cfg)
+    assert not redis_server._alive(pid)
+    assert not (cfg.redis_dir / "redis.sock").exists()
