@@ -195,12 +195,15 @@ def ensure_running(cfg: Config) -> redis.Redis:
         raise RedisUnavailable(
             f"cannot reach Redis at {redact_url(cfg.redis.url)} (PAYRUN_REDIS_URL / redis.url)"
         )
-    if os.environ.get("PAYRUN_REDIS_SUPERVISED"):
-        # supervisord runs the embedded server as its own program: wait for it, never start a second
+    here = supervisord_here(cfg)
+    if os.environ.get("PAYRUN_REDIS_SUPERVISED") or here:
+        # supervisord runs the embedded server as its own program: wait for it, never start a
+        # second (a second server binding the same socket path takes it from the first)
         hint = ("PAYRUN_REDIS_SUPERVISED is set (by supervisor.conf, or `eval \"$(payrun supervisor-env)\"` "
-                "in this shell): supervisord runs the embedded Redis")
+                "in this shell): supervisord runs the embedded Redis" if not here else
+                f"supervisord runs the embedded Redis here ({cfg.home / 'supervisor.sock'})")
         # supervisord sets SUPERVISOR_ENABLED in its programs; a shell has only the socket to go by
-        if not os.environ.get("SUPERVISOR_ENABLED") and not (cfg.home / "supervisor.sock").exists():
+        if not os.environ.get("SUPERVISOR_ENABLED") and not here:
             raise RedisUnavailable(f"{hint}, but supervisord is not running in {cfg.home}: start it "
                                    f"(`payrun up`), or `unset PAYRUN_REDIS_SUPERVISED` to let commands start Redis")
         try:
@@ -226,6 +229,24 @@ def ensure_running(cfg: Config) -> redis.Redis:
             tail = log.read_text()[-500:] if log.exists() else ""
             raise RedisUnavailable(f"embedded redis-server did not come up; its log ends: {tail}")
     return conn
+
+
+def supervisord_here(cfg: Config) -> bool:
+    """Whether a supervisord answers on this data directory's socket, running everything
+    (role all: its own embedded Redis). A socket file left by a killed one does not count."""
+    import socket
+
+    sock = cfg.home / "supervisor.sock"
+    role = cfg.home / "supervisor.role"
+    if not sock.exists() or (role.exists() and role.read_text().strip() != "all"):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1)
+        try:
+            s.connect(str(sock))
+        except OSError:
+            return False
+    return True
 
 
 def serve_foreground(cfg: Config) -> None:

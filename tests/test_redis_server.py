@@ -92,3 +92,29 @@ def test_stop_returns_only_once_the_server_process_is_gone(tmp_path):
     assert redis_server.stop(cfg)
     assert not redis_server._alive(pid)
     assert not (cfg.redis_dir / "redis.sock").exists()
+
+
+def test_a_command_never_starts_a_second_redis_beside_supervisords(tmp_path, monkeypatch):
+    """With supervisord running this data directory, a command whose Redis does not answer
+    (supervisord restarting it) waits for that one: a second server would take its socket."""
+    import socket
+
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
+    redis_server.private_dir(cfg.home)
+    (cfg.home / "supervisor.role").write_text("all")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # stands in for supervisord's socket
+    listener.bind(str(cfg.home / "supervisor.sock"))
+    listener.listen(1)
+    monkeypatch.delenv("PAYRUN_REDIS_SUPERVISED", raising=False)
+
+    def gave_up(conn, timeout_s=15.0):
+        raise redis_server.RedisUnavailable(f"Redis did not answer within {timeout_s:.0f} s")
+
+    monkeypatch.setattr(redis_server, "wait_until_up", gave_up)
+    try:
+        with pytest.raises(redis_server.RedisUnavailable, match="supervisord runs the embedded Redis here"):
+            redis_server.ensure_running(cfg)
+        assert not (cfg.redis_dir / "redis.sock").exists()  # none started
+    finally:
+        listener.close()
+    assert not redis_server.supervisord_here(cfg)  # a socket file nobody answers on is stale
