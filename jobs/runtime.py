@@ -666,7 +666,7 @@ class RenderWorker(EventsMixin, Worker):
         untouched, and the worker waits like any drained one."""
         every = self._ordered_queues
         while True:
-            while not (open_ := self._open_queues(every)):
+            while not (open_ := intake_queues(self.connection, every)):
                 if self._stop_requested or timeout is None:  # None: a burst worker, done
                     return None
                 self.set_state("suspended")
@@ -677,7 +677,7 @@ class RenderWorker(EventsMixin, Worker):
                 result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
             finally:
                 self._ordered_queues = every
-            if result is None or self._open_queues([result[1]]):
+            if result is None or intake_queues(self.connection, [result[1]]):
                 return result
             job, queue = result
             # RQ's dequeue wrote nothing but the move: LMOVE into the intermediate list (one
@@ -701,13 +701,6 @@ return 1
             self._give_back_script = self.connection.register_script(self._GIVE_BACK)
         return self._give_back_script
 
-    def _open_queues(self, queues: list[Queue]) -> list[Queue]:
-        """``queues`` less the drained ones; none while everything is drained (`payrun drain`)."""
-        with self.connection.pipeline(transaction=False) as pipe:
-            pipe.smembers(keys.PAUSED_QUEUES)
-            pipe.exists(WORKERS_SUSPENDED)
-            paused, suspended = pipe.execute()
-        return [] if suspended else _open(queues, paused)
 
     @property
     def dequeue_timeout(self) -> int:
@@ -897,8 +890,13 @@ def _open(queues: list[Queue], paused_raw) -> list[Queue]:
 
 
 def intake_queues(conn, queues: list[Queue]) -> list[Queue]:
-    """The queues a worker may take from now: those not drained by `payrun drain --queue`."""
-    return _open(queues, conn.smembers(keys.PAUSED_QUEUES))
+    """The queues a worker may take from now: those not drained by `payrun drain --queue`;
+    none while everything is drained (`payrun drain`, RQ's suspension). One round trip."""
+    with conn.pipeline(transaction=False) as pipe:
+        pipe.smembers(keys.PAUSED_QUEUES)
+        pipe.exists(WORKERS_SUSPENDED)
+        paused, suspended = pipe.execute()
+    return [] if suspended else _open(queues, paused)
 
 
 class Intake:

@@ -87,14 +87,20 @@ def behind(ledger: Ledger, payroll_db, month: str) -> list[int]:
 
 def missing_slips(ledger: Ledger, payroll_db, month: str) -> dict[int, int]:
     """Per company of :func:`behind`, how many employees have no slip job."""
+    done = [r["company_id"] for r in ledger.runs(month) if r["status"] != "fanning-out"]
+    out = {cid: len(ids) for cid, ids in without_slip(ledger, payroll_db, month, done).items()}
+    return {cid: n for cid, n in out.items() if n}
+
+
+def without_slip(ledger: Ledger, payroll_db, month: str, companies: list[int]) -> dict[int, set[str]]:
+    """Per company, the employees with salary lines for ``month`` and no job of that month
+    at all (a resend by hand, or a job made under another company, counts as one)."""
     from payrun import payroll
 
-    done = [r["company_id"] for r in ledger.runs(month) if r["status"] != "fanning-out"]
-    if not done:
+    if not companies:
         return {}
     known = ledger.employees_with_jobs(month)
-    out = {cid: len(payroll.employee_ids(payroll_db, month, cid) - known) for cid in done}
-    return {cid: n for cid, n in out.items() if n}
+    return {cid: payroll.employee_ids(payroll_db, month, cid) - known for cid in companies}
 
 
 def new_owner() -> str:
@@ -166,17 +172,16 @@ def start_run(
         tpl = bulk.template(queue, RENDER_FUNC, **job_options)
         bulk_enqueuer = bulk.BulkEnqueuer(conn, tpl) if tpl is not None else None
         for cid in companies:
-            claimed, resuming, known = ledger.claim_run(cid, month, owner), False, None
+            claimed, resuming = ledger.claim_run(cid, month, owner), False
+            top_up: list[dict[str, Any]] | None = None  # a complete run's newcomers (``resume``)
             if not claimed and resume:
                 row = next((r for r in ledger.runs(month) if r["company_id"] == cid), None)
                 resuming = row is not None and row["status"] == "fanning-out"
                 if row is not None and not resuming:
-                    known = ledger.employees_with_jobs(month)  # a resend by hand counts: no second slip
-                    missing = payroll.employee_ids(payroll_db, month, cid) - known
-                    new = [s for s in payroll.snapshots(payroll_db, month, cid) if s["employee"]["id"] in missing]
-                    if not new:
-                        known = None
-            if not claimed and not resuming and known is None:
+                    missing = without_slip(ledger, payroll_db, month, [cid])[cid]
+                    top_up = [s for s in payroll.snapshots(payroll_db, month, cid)
+                              if s["employee"]["id"] in missing] or None
+            if not claimed and not resuming and top_up is None:
                 result.already.append(cid)
                 done += payroll.count_employees(payroll_db, month, cid)
                 if progress:
@@ -191,7 +196,7 @@ def start_run(
                     return
                 if not extend(conn, month, owner):
                     raise LockLost(f"lock:payroll:{month} is no longer ours")
-                if resuming or known is not None:  # keep only the jobs never enqueued
+                if resuming or top_up is not None:  # keep only the jobs never enqueued
                     with conn.pipeline(transaction=False) as p:
                         for snap in batch:
                             p.exists(queue.job_class.key_for(keys.render_job_id(month, snap["employee"]["id"])))
@@ -226,20 +231,20 @@ def start_run(
                 if progress:
                     progress(done, total)
 
-            for snap in (new if known is not None else payroll.snapshots(payroll_db, month, cid)):
+            for snap in (top_up if top_up is not None else payroll.snapshots(payroll_db, month, cid)):
                 batch.append(snap)
                 if len(batch) >= CHUNK:
                     flush()
             flush()
-            if known is not None and not created:  # their jobs were in Redis after all
+            if top_up is not None and not created:  # their jobs were in Redis after all
                 result.already.append(cid)
                 continue
-            ledger.finish_run(cid, month, created if not (resuming or known is not None) else
+            ledger.finish_run(cid, month, created if not (resuming or top_up is not None) else
                               payroll.count_employees(payroll_db, month, cid))
             result.created[cid] = created
             if resuming:
                 result.resumed.append(cid)
-            elif known is not None:
+            elif top_up is not None:
                 result.added.append(cid)
     except LockLost as e:
         result.aborted = str(e)

@@ -28,13 +28,13 @@ def _company_names(cfg: Config) -> dict[int, str]:
 
 def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int | None = None,
            conn=None) -> dict[str, Any]:
+    months = ledger.months()
     if month is None:
         month = ledger.latest_month()
     else:
         from payrun.runs import validate_month
 
         validate_month(month)
-        months = ledger.months()
         if month not in months:
             raise InputError(f"no pay run for {month}" + (f" (runs: {', '.join(months[-12:])})" if months
                                                            else ": `payrun run --month YYYY-MM` starts one"))
@@ -97,7 +97,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         "ledger_backlog_age_s": lag_age,
         "redis_reachable": conn is not None and not redis_failed,
         "notes": notes,
-        "months": ledger.months(),
+        "months": months,
     }
 
 
