@@ -188,7 +188,7 @@ class ConsoleApp(App):
             return
         word, args = words[0].lower(), words[1:]
         word = {"q": "quit", "f": "failed", "r": "running", "w": "workers", "o": "overview", "h": "help",
-                "?": "help"}.get(word, word)
+                "?": "help", "m": "month"}.get(word, word)
         fn = getattr(self, f"command_{word}", None)
         if fn is None:
             self.notify(f"unknown command {word!r}: try :help", severity="error")
@@ -250,6 +250,39 @@ class ConsoleApp(App):
             self.notify(":limits cap=N rate=R (numbers)", severity="error")
             return
         self.confirm_limits(cap, rate)
+
+    def command_month(self, args: list[str]) -> None:
+        if not args:
+            self.next_month()
+            return
+        self.show_month(None if args[0].lower() == "latest" else args[0])
+
+    # ---- the month shown -------------------------------------------------------------
+    def next_month(self) -> None:
+        """m: the month before the one shown; after the oldest, back to following the
+        run started last."""
+        months = self.source.months()
+        if not months:
+            self.notify("no pay run in the ledger yet", severity="warning")
+            return
+        following = (self.snapshot.status or {}).get("month") if self.snapshot else None
+        shown = self.source.month or following or months[-1]
+        earlier = [m for m in months if m < shown]
+        self.show_month(earlier[-1] if earlier else None)
+
+    def show_month(self, month: str | None) -> None:
+        """Pin the overview to ``month`` (None: follow the run started last)."""
+        months = self.source.months()
+        if month is not None and month not in months:
+            self.notify(f"no pay run for {month!r}: runs in the ledger are {', '.join(months[-8:]) or 'none'}",
+                        severity="error")
+            return
+        self.source.month = month
+        if month is None:
+            self.notify("following the pay run started last (m: the month before)")
+        else:
+            self.notify(f"showing {month}; m: the month before, `:month latest` follows new runs again")
+        self.refresh_now()
 
     def command_audit(self, args: list[str]) -> None:
         rows = actions.read_audit(self.source.cfg, 8)

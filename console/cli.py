@@ -48,14 +48,28 @@ def register(cli) -> None:
     @click.option("--readonly", is_flag=True, help="Look only: every action is hidden and refused.")
     @click.option("--interval", "interval_s", type=click.FloatRange(0.2, 60), default=1.0, show_default=True,
                   help="Seconds between refreshes (the next starts when the last has returned).")
+    @click.option("--month", default=None, metavar="YYYY-MM",
+                  help="The pay run whose HR line is shown (default: the run started last, followed as new "
+                       "runs start; m in the console steps to the month before).")
     @pass_ctx
     @handle_errors
-    def console(c, readonly: bool, interval_s: float) -> None:
+    def console(c, readonly: bool, interval_s: float, month: str | None) -> None:
         """The on-call console: live queues, workers, running and failed jobs, the HR line
         with its ETA; retry, drain, resume, stop a worker, change limits (each audited)."""
         from console.app import ConsoleApp
 
-        ConsoleApp(source(c), readonly=readonly, interval_s=interval_s).run()
+        src = source(c)
+        if month is not None:
+            from payrun.errors import InputError
+            from payrun.runs import validate_month
+
+            validate_month(month)
+            months = src.months()
+            if month not in months:
+                raise InputError(f"no pay run for {month} in the ledger"
+                                 + (f" (runs: {', '.join(months[-8:])})" if months else " (no run yet)"))
+            src.month = month
+        ConsoleApp(src, readonly=readonly, interval_s=interval_s).run()
 
     @cli.command()
     @click.option("--json", "as_json", is_flag=True)
@@ -98,10 +112,18 @@ def register(cli) -> None:
             return
         if not snap.workers:
             click.echo("no workers registered (`payrun up` starts them)")
+        gone = 0
         for w in snap.workers:
-            click.echo(f"{w.name:<34} {w.host}:{w.pid} {w.queues:<10} {w.state:<9} "
+            state = w.state if w.alive else "GONE"
+            gone += not w.alive
+            click.echo(f"{w.name:<34} {w.host}:{w.pid} {w.queues:<10} {state:<9} "
                        f"{(w.job_id or '-'):<30} {_age(w.job_elapsed_s):>6}  beat {_age(w.heartbeat_age_s)} ago"
-                       + ("" if w.alive else "  NO LIVENESS") + ("  stopping" if w.stopping else ""))
+                       + ("" if w.alive else "  NO LIVENESS")
+                       + (f"  (its job {w.job_returned} was handed back)" if w.job_returned else "")
+                       + ("  stopping" if w.stopping else ""))
+        if gone:
+            click.echo(f"{gone} worker(s) GONE: no liveness for over 10 s (killed or hung). The reaper hands their "
+                       "jobs back; RQ forgets them within 8 min (`rq info` lists them until then).")
 
     @cli.command()
     @click.option("--json", "as_json", is_flag=True)

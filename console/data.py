@@ -51,6 +51,10 @@ HR_MIN_INTERVAL_S = 2.0
 """The HR line (a scan of the ledger: ~150 ms at 50,000 slips) is recomputed when the
 ledger has changed and at most this often; queues, workers and running jobs are read on
 every refresh. The snapshot says how old the HR figures are (``status_at``)."""
+NO_SLIP_INTERVAL_S = 30.0
+"""Employees with salary lines and no slip (imported after the run; `payrun status`'s
+``no_slip``) are counted from the payroll db at most this often, and when the month shown
+changes: the count only moves on an import or a `payrun run --resume`."""
 
 
 def _s(v: Any) -> str:
@@ -112,6 +116,10 @@ class WorkerRow:
     alive: bool
     stopping: bool
     kind: str  # render | email | control
+    job_returned: str | None = None
+    """A worker that lost liveness (killed, or hung) keeps its RQ registration until RQ
+    drops it (up to 8 min): the job it held, once no longer running under it (the reaper
+    handed it back), is here and ``job_id`` is None."""
 
     @property
     def process(self) -> str:
@@ -192,6 +200,18 @@ class ReadOnlyLedger(Ledger):
         return int(self.db.conn.execute("PRAGMA data_version").fetchone()[0])
 
 
+def open_payroll_ro(payroll_path: Path):
+    """The payroll db as a read-only ``sqlite_utils.Database`` (None if there is none)."""
+    import sqlite_utils
+
+    if not Path(payroll_path).exists():
+        return None
+    conn = sqlite3.connect(f"file:{payroll_path}?mode=ro", uri=True, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 2000")
+    conn.execute("PRAGMA query_only = 1")
+    return sqlite_utils.Database(conn)
+
+
 def company_names(payroll_path: Path) -> dict[int, str]:
     if not Path(payroll_path).exists():
         return {}
@@ -260,19 +280,28 @@ def read_workers(conn, now: float) -> list[WorkerRow]:
         infos.append((k.split(":", 2)[-1], h, bool(res[2 * i + 1])))
     with conn.pipeline(transaction=False) as p:
         for _, h, _ in infos:
-            p.hget(f"rq:job:{h['current_job']}", "started_at") if h.get("current_job") else p.echo("")
+            if h.get("current_job"):
+                p.hmget(f"rq:job:{h['current_job']}", "started_at", "status", "worker_name")
+            else:
+                p.echo("")
         started = p.execute()
     out = []
-    for (name, h, alive), st in zip(infos, started):
+    for (name, h, alive), job in zip(infos, started):
+        job_id = h.get("current_job") or None
+        st, status, runner = (_s(v) for v in job) if job_id else ("", "", "")
+        returned = None
+        if job_id and not alive and (status != "started" or (runner and runner != name)):
+            job_id, returned = None, job_id  # the reaper gave it back (or it ended): not this worker's now
         hb = parse_ts(h.get("last_heartbeat"))
-        t0 = parse_ts(st) if h.get("current_job") else None
+        t0 = parse_ts(st) if job_id else None
         pid = int(h["pid"]) if h.get("pid", "").isdigit() else None
         out.append(WorkerRow(
             name=name, host=h.get("hostname", "?"), pid=pid, queues=h.get("queues", ""),
-            state=h.get("state", "?"), job_id=h.get("current_job") or None,
+            state=h.get("state", "?"), job_id=job_id,
             job_elapsed_s=max(0.0, now - t0) if t0 else None,
             heartbeat_age_s=max(0.0, now - hb) if hb else None, alive=alive,
             stopping=bool(h.get("shutdown_requested_date")), kind=_kind(name, h.get("queues", "")),
+            job_returned=returned,
         ))
     return out
 
@@ -322,9 +351,11 @@ def read_limits(conn, cfg) -> Limits:
 
 
 def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis_stuck: list[str],
-              month: str | None = None, now: float | None = None) -> dict[str, Any]:
+              month: str | None = None, now: float | None = None,
+              no_slip: dict[int, int] | None = None) -> dict[str, Any]:
     """The same figures as payrun.status.report (per company and total), from a read-only
-    ledger and the stuck ids already found in Redis."""
+    ledger, the stuck ids already found in Redis and ``no_slip`` (per company, employees
+    with salary lines and no slip: payrun.runs.missing_slips)."""
     if month is None:
         month = ledger.latest_month()
     counts = ledger.slip_counts(month) if month else {}
@@ -332,10 +363,11 @@ def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis
         for _, cid in ledger.stuck_jobs(month, stuck_after_s, redis_stuck, now=now).items():
             if cid in counts:
                 counts[cid]["stuck"] += 1
-    total = {s: 0 for s in STATES} | {"stuck": 0, "total": 0}
+    no_slip = no_slip or {}
+    total = {s: 0 for s in STATES} | {"stuck": 0, "total": 0, "no_slip": 0}
     companies = []
     for cid in sorted(counts):
-        row = counts[cid]
+        row = counts[cid] | {"no_slip": no_slip.get(cid, 0)}
         for k in total:
             total[k] += row.get(k, 0)
         companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **row})
@@ -378,15 +410,21 @@ class Source:
     """Everything the console reads, for one configuration. ``snapshot()`` never raises:
     a part that fails leaves its previous value out and sets ``error``."""
 
-    def __init__(self, cfg, conn=None, clock: Callable[[], float] = time.time, action_conn=None):
+    def __init__(self, cfg, conn=None, clock: Callable[[], float] = time.time, action_conn=None,
+                 month: str | None = None):
         self.cfg = cfg
         self.clock = clock
+        self.month = month
+        """The pay run shown; None follows the run started last (``Ledger.latest_month``)."""
         self._conn = conn
         self._action_conn = action_conn if action_conn is not None else conn
         self._ledger: ReadOnlyLedger | None = None
+        self._payroll = None
         self._names: dict[int, str] | None = None
         self._lock = threading.Lock()
-        self._hr: tuple[int, float, tuple, dict] | None = None  # data_version, computed at, stuck ids, report
+        self._hr: tuple[int, float, tuple, tuple, dict] | None = None
+        # (ledger data_version, computed at, stuck ids, (month, no_slip counts), report)
+        self._no_slip: tuple[str, float, dict[int, int]] | None = None  # month, computed at, counts
 
     @property
     def conn(self):
@@ -416,6 +454,30 @@ class Source:
         if not self._names:
             self._names = company_names(self.cfg.payroll_path)
         return self._names
+
+    def months(self) -> list[str]:
+        """Every month with a pay run in the ledger, oldest first."""
+        with self._lock:
+            led = self.ledger()
+            return led.months() if led is not None else []
+
+    def no_slip(self, led: ReadOnlyLedger, month: str | None) -> dict[int, int]:
+        """Per company, employees with salary lines for ``month`` and no slip (cached:
+        NO_SLIP_INTERVAL_S). Empty when there is no payroll db on this host."""
+        from payrun.runs import missing_slips
+
+        if not month:
+            return {}
+        now = time.monotonic()
+        if self._no_slip is not None:
+            m, at, counts = self._no_slip
+            if m == month and now - at < NO_SLIP_INTERVAL_S:
+                return counts
+        if self._payroll is None:
+            self._payroll = open_payroll_ro(self.cfg.payroll_path)
+        counts = missing_slips(led, self._payroll, month) if self._payroll is not None else {}
+        self._no_slip = (month, now, counts)
+        return counts
 
     # -- the overview ---------------------------------------------------------------
     def snapshot(self) -> Snapshot:
@@ -448,13 +510,16 @@ class Source:
 
     def _hr_report(self, led: ReadOnlyLedger, stuck_ids: tuple, now: float) -> tuple[dict[str, Any], float]:
         version = led.data_version()
+        month = self.month or led.latest_month()
+        no_slip = self.no_slip(led, month)
         if self._hr is not None:
-            v, at, ids, report = self._hr
-            fresh = v == version and ids == stuck_ids
-            if fresh or (ids == stuck_ids and time.monotonic() - at < HR_MIN_INTERVAL_S):
+            v, at, ids, key, report = self._hr
+            same = ids == stuck_ids and key == (month, no_slip)
+            if same and (v == version or time.monotonic() - at < HR_MIN_INTERVAL_S):
                 return report, self._hr_taken
-        report = hr_report(led, self.names(), self.cfg.lease.stuck_after_s, list(stuck_ids), now=now)
-        self._hr = (version, time.monotonic(), stuck_ids, report)
+        report = hr_report(led, self.names(), self.cfg.lease.stuck_after_s, list(stuck_ids), month=month, now=now,
+                           no_slip=no_slip)
+        self._hr = (version, time.monotonic(), stuck_ids, (month, no_slip), report)
         self._hr_taken = now
         return report, now
 

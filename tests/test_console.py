@@ -149,9 +149,7 @@ async def test_overview_shows_the_right_numbers(payrun_world):
         assert snap.error is None
         # the HR line: the same figures as `payrun status`
         report = status.report(cfg, ledger, conn=conn)
-        # (status also counts employees with no slip job at all, from the payroll db: 0 here;
-        # the console's HR line does not read that db)
-        assert snap.status["total"] == {k: v for k, v in report["total"].items() if k != "no_slip"}
+        assert snap.status["total"] == report["total"]
         assert report["total"] | {} == {"queued": n2, "running": 0, "retrying": 0, "done": n1 - 1, "failed": 1,
                                         "stuck": 0, "total": n1 + n2, "no_slip": 0}
         answer = text_of(app, "#answer")
@@ -178,6 +176,62 @@ async def test_overview_shows_the_right_numbers(payrun_world):
         assert "refused" in app.screen.page.rows[0]["error"].lower() or app.screen.page.rows[0]["error"]
         await pilot.press("escape")
         assert app.screen.CRUMB == "overview"
+
+
+def add_late_employee(db, like: str, new_id: str, month: str) -> None:
+    """A copy of employee ``like`` (same company) with salary lines for ``month`` only:
+    someone imported after that month was run."""
+    for table, key in (("employees", "id"), ("salary_lines", "employee_id")):
+        cols = [r[1] for r in db.conn.execute(f"PRAGMA table_info({table})")]
+        sel = ", ".join("?" if c == key else c for c in cols)
+        where = f"{key} = ?" + (" AND month = ?" if table == "salary_lines" else "")
+        db.conn.execute(f"INSERT INTO {table} ({', '.join(cols)}) SELECT {sel} FROM {table} WHERE {where}",
+                        (new_id, like, month) if table == "salary_lines" else (new_id, like))
+    db.conn.commit()
+
+
+@sync
+async def test_the_overview_steps_through_months_and_counts_employees_with_no_slip(payrun_world):
+    """HR asks about November while December runs: m steps back a month (pinned), and the
+    HR line counts who has salary lines and no slip, as `payrun status` does."""
+    cfg, conn, ledger, bad, n1, n2 = payrun_world
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.ensure_month(db, "2026-12")
+    runs.start_run(cfg, conn, ledger, db, "2026-12", company_id=1)  # the run started last
+    add_late_employee(db, bad, "emp-90001", MONTH)
+    db.close()
+    report = status.report(cfg, ledger, month=MONTH, conn=conn)
+    assert report["total"]["no_slip"] == 1
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None and app.snapshot.status, what="first refresh")
+        assert app.snapshot.status["month"] == "2026-12" and app.snapshot.status["total"]["no_slip"] == 0
+        assert "(pinned)" not in text_of(app, "StatusBar")
+        await pilot.press("m")
+        await settle(pilot, lambda: app.snapshot.status["month"] == MONTH, what="November")
+        st = app.snapshot.status
+        assert st["total"] == report["total"]  # the same figures as `payrun status --month`
+        assert [c["no_slip"] for c in st["companies"]] == [1, 0]
+        answer = text_of(app, "#answer")
+        assert "1 with no slip yet" in answer and "1 employee of company 1 has no slip" in answer
+        assert f"payrun run --month {MONTH} --resume" in answer
+        assert f"{MONTH} (pinned)" in text_of(app, "StatusBar")
+        await pilot.press("m")  # nothing before November: back to following the latest run
+        await settle(pilot, lambda: app.snapshot.status["month"] == "2026-12", what="back to December")
+        assert app.source.month is None
+        await pilot.press("colon", *f"month {MONTH}", "enter")
+        await settle(pilot, lambda: app.snapshot.status["month"] == MONTH, what=":month")
+        await pilot.press("colon", *"month 2025-01", "enter")
+        await pilot.pause()
+        assert app.source.month == MONTH  # an unknown month is refused, the view stays
+        await pilot.press("colon", *"month latest", "enter")
+        await settle(pilot, lambda: app.snapshot.status["month"] == "2026-12", what=":month latest")
+    from payrun.cli import cli
+
+    runner = CliRunner()
+    for bad_month, said in (("2026-13", "YYYY-MM"), ("2025-01", f"runs: {MONTH}, 2026-12")):
+        out = runner.invoke(cli, ["console", "--month", bad_month])
+        assert out.exit_code == 2 and said in out.output, out.output
 
 
 def test_looking_never_writes_to_redis(payrun_world):

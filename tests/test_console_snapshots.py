@@ -17,17 +17,20 @@ SIZE = (80, 24)
 pytest.importorskip("pytest_textual_snapshot")
 
 
-def fixed_snapshot() -> Snapshot:
+def fixed_snapshot(more_companies: int = 0) -> Snapshot:
     companies = [
         {"id": 1, "name": "Meghna Textiles Ltd", "queued": 0, "running": 3, "retrying": 1, "done": 16_402,
-         "failed": 2, "stuck": 1, "total": 16_408},
+         "failed": 2, "stuck": 1, "total": 16_408, "no_slip": 0},
         {"id": 2, "name": "Padma Pharmaceuticals", "queued": 1_204, "running": 20, "retrying": 0, "done": 15_100,
-         "failed": 0, "stuck": 0, "total": 16_324},
+         "failed": 0, "stuck": 0, "total": 16_324, "no_slip": 0},
         {"id": 3, "name": "Jamuna Steel Works", "queued": 4_070, "running": 22, "retrying": 5, "done": 13_171,
-         "failed": 0, "stuck": 0, "total": 17_268},
+         "failed": 0, "stuck": 0, "total": 17_268, "no_slip": 0},
     ]
+    companies += [{"id": 4 + i, "name": f"Sample Company {4 + i}", "queued": 0, "running": 0, "retrying": 0,
+                   "done": 800 + i, "failed": 0, "stuck": 0, "total": 800 + i, "no_slip": 2 if i == 5 else 0}
+                  for i in range(more_companies)]
     total = {k: sum(c[k] for c in companies) for k in ("queued", "running", "retrying", "done", "failed", "stuck",
-                                                         "total")}
+                                                         "total", "no_slip")}
     queues = [
         QueueRow("pdf-render", 5_274, 2, 0, 0, 312.0, [90, 118, 120, 119, 121, 120, 118, 122, 120, 119], False),
         QueueRow("send-email", 4, 43, 6, 2, 1.0, [2100, 2350, 2390, 2395, 2400, 2398, 2392, 2401, 2399, 2394],
@@ -59,12 +62,13 @@ def fixed_page(flt: FailedFilter, offset: int, limit: int) -> FailedPage:
 
 
 class FixedSource(Source):
-    def __init__(self):
+    def __init__(self, more_companies: int = 0):
         cfg = config_mod.Config()
         super().__init__(cfg, conn=object(), clock=lambda: NOW)
+        self.more_companies = more_companies
 
     def snapshot(self) -> Snapshot:
-        return fixed_snapshot()
+        return fixed_snapshot(self.more_companies)
 
     def failed_page(self, flt, offset=0, limit=50):
         return fixed_page(flt, offset, limit)
@@ -73,8 +77,8 @@ class FixedSource(Source):
         return [r["id"] for r in fixed_page(flt, 0, 50).rows]
 
 
-def app() -> ConsoleApp:
-    return ConsoleApp(FixedSource(), clock=lambda: NOW, poll=False, no_blink=True)
+def app(more_companies: int = 0) -> ConsoleApp:
+    return ConsoleApp(FixedSource(more_companies), clock=lambda: NOW, poll=False, no_blink=True)
 
 
 async def ready(pilot) -> None:
@@ -89,7 +93,8 @@ def test_overview_snapshot(snap_compare):
 
 
 def test_overview_snapshot_large(snap_compare):
-    assert snap_compare(app(), terminal_size=(200, 50), run_before=ready)
+    """A tall screen gives 30 companies the rows it has spare; 2 of them have no slip yet."""
+    assert snap_compare(app(more_companies=27), terminal_size=(200, 50), run_before=ready)
 
 
 def test_failed_list_snapshot(snap_compare):

@@ -11,9 +11,11 @@ import threading
 import time
 
 import pytest
+from click.testing import CliRunner
 from rq import Retry, SimpleWorker
 
 from conftest import wait_for
+from console.data import read_workers
 from jobs import reaper
 from jobs.runtime import PayrunJob, make_queue
 from payrun import keys
@@ -183,7 +185,7 @@ def test_a_second_sigterm_requeues_at_once(conn, env, tmp_path):
     assert PayrunJob.fetch("long-2", connection=conn).retries_left == 3
 
 
-def test_sigkill_loses_nothing_the_reaper_returns_the_job(conn, env, tmp_path):
+def test_sigkill_loses_nothing_the_reaper_returns_the_job(cfg, conn, env, tmp_path):
     enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.sleep", 30, job_id="crash-1", timeout=40, retry=Retry(max=3))
     w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
     wait_for(lambda: worker_busy_with(conn, "crash-1"), timeout_s=30, what="the job to start")
@@ -195,11 +197,24 @@ def test_sigkill_loses_nothing_the_reaper_returns_the_job(conn, env, tmp_path):
     # reaper has returned it, or keeps writing into Redis
     wait_for(lambda: not any(alive(k) for k in kids), timeout_s=10, what=f"the worker's children {kids} to die")
     # its liveness key lapses within 10 s; until then the job is running, not stuck
-    returned = wait_for(lambda: reaper.reap(conn), timeout_s=20, interval_s=0.5, what="the reaper to act")
+    assert reaper.reap(conn) == []
+    wait_for(lambda: not read_workers(conn, time.time())[0].alive, timeout_s=20, interval_s=0.2,
+             what="its liveness to lapse")
+    (gone,) = read_workers(conn, time.time())  # what `payrun workers` and the console show
+    assert (gone.job_id, gone.job_returned) == ("crash-1", None)  # still held: the reaper has not run
+    returned = reaper.reap(conn)
     assert [s.job_id for s in returned] == ["crash-1"] and "gone" in returned[0].reason
     assert make_queue(keys.RENDER_QUEUE, conn).get_job_ids() == ["crash-1"]
     assert PayrunJob.fetch("crash-1", connection=conn).retries_left == 3
     assert reaper.reap(conn) == []  # once
+    # RQ keeps the dead worker registered for minutes: it must not read as busy with the job
+    (gone,) = read_workers(conn, time.time())
+    assert (gone.alive, gone.job_id, gone.job_returned) == (False, None, "crash-1")
+    from payrun.cli import cli
+
+    Ledger(cfg.ledger_path).close()  # a data directory in use (the CLI refuses an empty one)
+    out = CliRunner().invoke(cli, ["workers"], env=env)
+    assert out.exit_code == 0 and "GONE" in out.output and "its job crash-1 was handed back" in out.output, out.output
 
 
 def test_two_reapers_at_once_return_a_job_exactly_once(conn):

@@ -16,6 +16,7 @@ COMMANDS = [
     (":drain [queue]  :resume [queue]", "payrun drain / resume [--queue Q]"),
     (":stop WORKER", "payrun stop-worker WORKER"),
     (":limits cap=N rate=R", "payrun limits set --cap N --rate R"),
+    (":month YYYY-MM | latest", "the pay run shown (m: the month before)"),
     (":audit", "the last actions (payrun audit)"),
     (":q", "quit"),
 ]

@@ -33,7 +33,10 @@ class OverviewScreen(ConsoleScreen):
         Binding("D", "drain_all", "Drain all", show=False),
         Binding("U", "resume_all", "Resume all", show=False),
         Binding("l", "limits", "Limits"),
+        Binding("m", "month", "Month"),
     ]
+    FIXED_ROWS = 1 + 5 + 1 + 1  # status bar, queues table, limits line, footer
+    """Rows of the overview besides the HR answer, the companies and the processes."""
 
     def compose(self) -> ComposeResult:
         yield StatusBar(self.CRUMB)
@@ -61,6 +64,13 @@ class OverviewScreen(ConsoleScreen):
             t.append(answer(st["total"], snap.eta), style="bold")
             if snap.eta and snap.eta.get("on_time") is False:
                 t.stylize("bold red")
+            no_slip = st["total"].get("no_slip", 0)
+            if no_slip:
+                ids = [str(c["id"]) for c in st.get("companies", []) if c.get("no_slip")]
+                whose = f"compan{'y' if len(ids) == 1 else 'ies'} {', '.join(ids[:8])}{'…' if len(ids) > 8 else ''}"
+                who = "employee of {} has" if no_slip == 1 else "employees of {} have"
+                t.append(f"\n{no_slip:,} {who.format(whose)} no slip (added after the run): "
+                         f"payrun run --month {st['month']} --resume", style="bold yellow")
             ans.update(t)
         else:
             ans.update("no pay run in the ledger yet: `payrun run --month YYYY-MM` starts one")
@@ -84,6 +94,21 @@ class OverviewScreen(ConsoleScreen):
             self.query_one("#queues", LiveTable).sync(rows)
             self.query_one("#procs", LiveTable).sync(self._process_rows(snap))
         self.query_one("#limits", Static).update(self._limits_text(snap))
+        self._fit()
+
+    def on_resize(self) -> None:
+        self._fit()
+
+    def _fit(self) -> None:
+        """Give the companies the rows a tall screen has spare: everything else first (the
+        processes their rows, at least 3), then as many company rows as fit, at least 7."""
+        companies = self.query_one("#companies", LiveTable)
+        procs = self.query_one("#procs", LiveTable)
+        answer_rows = max(1, self.query_one("#answer", Static).size.height)
+        spare = self.size.height - self.FIXED_ROWS - answer_rows - max(3, procs.row_count + 1)
+        rows = max(8, spare)
+        if companies.styles.max_height is None or companies.styles.max_height.value != rows:
+            companies.styles.max_height = rows
 
     @staticmethod
     def _limits_text(snap: Snapshot) -> Text:
@@ -112,16 +137,26 @@ class OverviewScreen(ConsoleScreen):
         rows = []
         for key in sorted(procs, key=lambda k: (procs[k][0].kind, k)):
             ws = procs[key]
-            busy = [w for w in ws if w.job_id]
+            busy = [w for w in ws if w.job_id and w.alive]
             longest = max(busy, key=lambda w: w.job_elapsed_s or 0, default=None)
             dead = [w for w in ws if not w.alive]
             beat = max((w.heartbeat_age_s or 0) for w in ws)
             kind = Text(ws[0].kind)
             if any(w.stopping for w in ws):
                 kind.append(" stopping", style="yellow")
-            if dead:
-                kind.append(" NO LIVENESS", style="bold red")
-            job = f"{longest.job_id} {duration(longest.job_elapsed_s)}" if longest else "idle"
+            if len(dead) == len(ws):
+                kind.append(" GONE", style="bold red")
+            elif dead:
+                kind.append(f" {len(dead)} NO LIVENESS", style="bold red")
+            held = [w.job_id for w in dead if w.job_id]
+            if longest:
+                job = f"{longest.job_id} {duration(longest.job_elapsed_s)}"
+            elif held:
+                job = Text(f"{held[0]} (held by a gone worker)", style="red")
+            elif dead:
+                job = "gone (its job handed back)" if any(w.job_returned for w in dead) else "gone"
+            else:
+                job = "idle"
             rows.append((key, (f"{ws[0].host[:18]}:{ws[0].pid}", kind, f"{len(busy)}/{len(ws)}", job,
                                duration(beat))))
         return rows
@@ -175,3 +210,6 @@ class OverviewScreen(ConsoleScreen):
 
     def action_limits(self) -> None:
         self.app.ask_limits()
+
+    def action_month(self) -> None:
+        self.app.next_month()

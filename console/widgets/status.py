@@ -28,7 +28,10 @@ class StatusBar(Static):
         t = Text()
         t.append(" payrun ", style="bold reverse")
         month = (snap.status or {}).get("month") if snap else None
-        t.append(f" {month or '-'} › {self.crumb} ")
+        t.append(f" {month or '-'}")
+        if app.source.month:
+            t.append(" (pinned)", style="bold")
+        t.append(f" › {self.crumb} ")
         if app.readonly:
             t.append(" READ-ONLY ", style="bold black on yellow")
             t.append(" ")
