@@ -555,3 +555,28 @@ async def test_a_slow_refresh_never_blocks_the_keys(cfg, conn):
         await pilot.pause()
         assert type(app.screen).__name__ == "HelpScreen"
         app.exit()
+
+
+# ---- the tables ------------------------------------------------------------------------------
+
+@sync
+async def test_a_cell_that_grows_widens_its_column():
+    """A value updated in place ("0/50" in flight, then "14/50") was cut to the column's first
+    width ("14/5"): a walkthrough read 14 of 5 lanes busy."""
+    from textual.app import App
+
+    from console.widgets.table import LiveTable
+
+    class One(App):
+        def compose(self):
+            yield LiveTable([("busy", "busy"), ("job", "job")], id="t")
+
+    app = One()
+    async with app.run_test(size=(80, 10)) as pilot:
+        table = app.query_one("#t", LiveTable)
+        table.sync([("p", ("0/50", "idle"))])
+        await pilot.pause()
+        table.sync([("p", ("14/50", "email-2026-11-emp-00018 1s"))])
+        await pilot.pause()
+        assert [c.content_width for c in table.columns.values()] == [5, len("email-2026-11-emp-00018 1s")]
+        assert "14/50" in "".join(s.text for s in table.render_line(1))  # as drawn, whole

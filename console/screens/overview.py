@@ -74,9 +74,10 @@ class OverviewScreen(ConsoleScreen):
             ans.update(t)
         else:
             ans.update("no pay run in the ledger yet: `payrun run --month YYYY-MM` starts one")
+        name_w = max(24, min(48, self.size.width - 56))  # 80 columns: 24; wider: whole names
         with self.app.batch_update():
             self.query_one("#companies", LiveTable).sync([
-                (str(c["id"]), (str(c["id"]), c["name"][:24], _n(c["done"]),
+                (str(c["id"]), (str(c["id"]), c["name"][:name_w], _n(c["done"]),
                                 _n(c["queued"] + c["running"] + c["retrying"] - c["stuck"]),
                                 Text(_n(c["stuck"]), style="bold red") if c["stuck"] else "0",
                                 Text(_n(c["failed"]), style="bold red") if c["failed"] else "0", _n(c["total"])))

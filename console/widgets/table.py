@@ -48,7 +48,7 @@ class LiveTable(DataTable):
                 old = self._cells[key]
                 for i, (a, b) in enumerate(zip(old, cells)):
                     if str(a) != str(b) or type(a) is not type(b):
-                        self.update_cell(key, cols[i], b)
+                        self.update_cell(key, cols[i], b, update_width=True)
                 self._cells[key] = cells
             return
         keep = self.current_key
@@ -64,7 +64,7 @@ class LiveTable(DataTable):
                     if tuple(map(str, self._cells[key])) != tuple(map(str, cells)):
                         for i, (a, b) in enumerate(zip(self._cells[key], cells)):
                             if str(a) != str(b):
-                                self.update_cell(key, cols[i], b)
+                                self.update_cell(key, cols[i], b, update_width=True)
                 else:
                     self.add_row(*cells, key=key)
                 self._cells[key] = cells
