@@ -76,8 +76,9 @@ def register(cli) -> None:
     @pass_ctx
     @handle_errors
     def queues(c, as_json: bool) -> None:
-        """Per queue: waiting, running, retrying, failed, oldest waiting job's age, jobs
-        finished per minute (last 10 min), drained or not. Reads only."""
+        """Per queue: waiting, running, retrying (waiting out a backoff), later (scheduled
+        on purpose: reminders not yet due), failed, oldest waiting job's age, jobs finished
+        per minute (last 10 min), drained or not. Reads only."""
         from console.fmt import spark
 
         snap = snapshot_or_fail(c)
@@ -87,9 +88,10 @@ def register(cli) -> None:
                                    "paused_queues": d["paused_queues"], "queues": d["queues"],
                                    "limits": d["limits"]}))
             return
-        click.echo(f"{'queue':<11} {'waiting':>8} {'running':>8} {'retrying':>8} {'failed':>7} {'oldest':>7}  per min (10 min)")
+        click.echo(f"{'queue':<11} {'waiting':>8} {'running':>8} {'retrying':>8} {'later':>6} {'failed':>7} "
+                   f"{'oldest':>7}  per min (10 min)")
         for q in snap.queues:
-            click.echo(f"{q.name:<11} {q.depth:>8,} {q.running:>8,} {q.retrying:>8,} {q.failed:>7,} "
+            click.echo(f"{q.name:<11} {q.depth:>8,} {q.running:>8,} {q.retrying:>8,} {q.later:>6,} {q.failed:>7,} "
                        f"{_age(q.oldest_age_s):>7}  {spark(q.per_min)} {q.per_min[-1]}/min"
                        + ("  DRAINED" if q.paused or snap.suspended else ""))
         if snap.suspended:

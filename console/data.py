@@ -10,7 +10,8 @@ benchmark times them. Nothing in this module writes to Redis or to SQLite:
 Sources of each figure
   depth          LLEN rq:queue:<q>
   running        ZCOUNT rq:wip:<q> (leases; an expired one is also *stuck*)
-  retrying       ZCARD rq:scheduled:<q> (waiting out a backoff)
+  retrying       ZCARD rq:scheduled:<q> (waiting out a backoff) less ``later``
+  later          ZCOUNT payrun:delayed:<q> from now on (reminders not yet due)
   failed         ZCARD rq:failed:<q>
   oldest         enqueued_at of LINDEX rq:queue:<q> 0 (RQ pops from the left)
   throughput     ZCOUNT rq:finished:<q> by minute: a finished job is scored
@@ -96,6 +97,9 @@ class QueueRow:
     oldest_age_s: float | None
     per_min: list[int]
     paused: bool
+    later: int = 0
+    """Jobs scheduled for later on purpose (`payrun remind`), not yet due: RQ's scheduled
+    registry holds them beside the retrying ones, which ``retrying`` counts."""
 
     @property
     def rate_per_s(self) -> float:
@@ -235,13 +239,14 @@ def read_queues(conn, now: float, queues=keys.QUEUES) -> tuple[list[QueueRow], b
             p.zcard(f"rq:scheduled:{q}")
             p.zcard(f"rq:failed:{q}")
             p.lindex(f"rq:queue:{q}", 0)
+            p.zcount(keys.delayed(q), f"({now}", "+inf")
             for i in range(SPARK_MINUTES, 0, -1):
                 lo = now - 60 * i + FINISHED_TTL_S
                 p.zcount(f"rq:finished:{q}", f"({lo}", lo + 60)
         p.exists(SUSPENDED_KEY)
         p.smembers(paused_queues_key())
         res = p.execute()
-    per = 5 + SPARK_MINUTES
+    per = 6 + SPARK_MINUTES
     heads = [res[i * per + 4] for i in range(len(queues))]
     with conn.pipeline(transaction=False) as p:
         for h in heads:
@@ -252,8 +257,9 @@ def read_queues(conn, now: float, queues=keys.QUEUES) -> tuple[list[QueueRow], b
     for i, q in enumerate(queues):
         r = res[i * per:(i + 1) * per]
         t = parse_ts(enq[i])
-        rows.append(QueueRow(q, int(r[0]), int(r[1]), int(r[2]), int(r[3]),
-                             max(0.0, now - t) if t else None, [int(x) for x in r[5:]], q in paused))
+        later = min(int(r[5]), int(r[2]))
+        rows.append(QueueRow(q, int(r[0]), int(r[1]), int(r[2]) - later, int(r[3]),
+                             max(0.0, now - t) if t else None, [int(x) for x in r[6:]], q in paused, later))
     return rows, bool(res[-2]), paused
 
 

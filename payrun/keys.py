@@ -44,6 +44,14 @@ def alive(worker_name: str) -> str:
     return f"payrun:alive:{worker_name}"
 
 
+def delayed(queue: str) -> str:
+    """Sorted set job id -> due time (UNIX s) of jobs scheduled for later on purpose
+    (`payrun remind --in`): they wait in RQ's scheduled registry beside jobs waiting out a
+    retry backoff, and are counted apart from them. Entries a day past due are dropped
+    when the next are added."""
+    return f"payrun:delayed:{queue}"
+
+
 def dequeued_seen(queue: str) -> str:
     """Hash job id -> when a reaper first saw it taken from ``queue`` but not started."""
     return f"payrun:dequeued-seen:{queue}"

@@ -259,6 +259,10 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None) -
                      "key": key, "queue": keys.EMAIL_QUEUE})
         ids.append((job_id, payload, key))
     ledger.create_jobs(rows)
+    with conn.pipeline(transaction=False) as p:  # counted as "later", not as retrying (payrun queues)
+        p.zadd(keys.delayed(keys.EMAIL_QUEUE), {job_id: due.timestamp() for job_id, _, _ in ids})
+        p.zremrangebyscore(keys.delayed(keys.EMAIL_QUEUE), "-inf", datetime.now(timezone.utc).timestamp() - 86400)
+        p.execute()
     for job_id, payload, key in ids:
         queue.enqueue_at(due, "jobs.oneoff.send_reminder", payload, job_id=job_id, job_timeout=cfg.email.timeout_s,
                          retry=Retry(max=retry.attempts - 1) if retry.attempts > 1 else None,

@@ -158,9 +158,9 @@ async def test_overview_shows_the_right_numbers(payrun_world):
         assert cells(app, "#companies", "2")[2:7] == ["0", str(n2), "0", "0", str(n2)]
         # the queues: company 2 waits to render; one send failed for good
         render = cells(app, "#queues", keys.RENDER_QUEUE)
-        assert render[1:5] == [str(n2), "0", "0", "0"]
-        assert render[5].endswith("s")  # age of the oldest waiting job
-        assert cells(app, "#queues", keys.EMAIL_QUEUE)[1:5] == ["0", "0", "0", "1"]
+        assert render[1:6] == [str(n2), "0", "0", "0", "0"]  # waiting, running, retry, later, failed
+        assert render[6].endswith("s")  # age of the oldest waiting job
+        assert cells(app, "#queues", keys.EMAIL_QUEUE)[1:6] == ["0", "0", "0", "0", "1"]
         # throughput: the renders and sends of company 1 finished within the last minute
         q = {r.name: r for r in snap.queues}
         assert q[keys.RENDER_QUEUE].per_min[-1] == n1 and q[keys.EMAIL_QUEUE].per_min[-1] == n1 - 1

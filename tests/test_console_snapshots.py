@@ -34,7 +34,7 @@ def fixed_snapshot(more_companies: int = 0) -> Snapshot:
     queues = [
         QueueRow("pdf-render", 5_274, 2, 0, 0, 312.0, [90, 118, 120, 119, 121, 120, 118, 122, 120, 119], False),
         QueueRow("send-email", 4, 43, 6, 2, 1.0, [2100, 2350, 2390, 2395, 2400, 2398, 2392, 2401, 2399, 2394],
-                 False),
+                 False, 120),
         QueueRow("control", 0, 0, 0, 0, None, [0] * 10, False),
     ]
     workers = [WorkerRow("render.app1.4101", "app1", 4101, "pdf-render", "busy", "render-2026-11-emp-31877", 0.4,

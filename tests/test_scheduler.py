@@ -320,6 +320,7 @@ def test_cron_and_payrun_run_for_the_same_month_make_one_set_of_jobs(world):
 
 
 def test_a_delayed_reminder_is_not_runnable_before_its_time_and_runs_soon_after(world, monkeypatch):
+    from console.data import read_queues
     from payrun.provider import Provider
 
     w, conn = world, world["conn"]
@@ -338,6 +339,9 @@ def test_a_delayed_reminder_is_not_runnable_before_its_time_and_runs_soon_after(
             queue = make_queue(keys.EMAIL_QUEUE, conn)
             registry = ScheduledJobRegistry(queue=queue)
             assert set(registry.get_job_ids()) == set(res["jobs"]) and queue.count == 0
+            # `payrun queues` counts them as "later", not as retrying (both wait in that registry)
+            (row,) = [r for r in read_queues(conn, time.time())[0] if r.name == keys.EMAIL_QUEUE]
+            assert (row.retrying, row.later) == (0, n)
             assert all(PayrunJob.fetch(j, connection=conn).get_status() == "scheduled" for j in res["jobs"])
             while datetime.now(UTC) < due - timedelta(seconds=0.5):  # not runnable before its time
                 assert provider.stats()["delivered"] == 0 and queue.count == 0

@@ -33,7 +33,7 @@ class OverviewScreen(ConsoleScreen):
         Binding("D", "drain_all", "Drain all", show=False),
         Binding("U", "resume_all", "Resume all", show=False),
         Binding("l", "limits", "Limits"),
-        Binding("m", "month", "Month"),
+        Binding("m", "month", "Month before (again: back to the latest)", show=False),
     ]
     FIXED_ROWS = 1 + 5 + 1 + 1  # status bar, queues table, limits line, footer
     """Rows of the overview besides the HR answer, the companies and the processes."""
@@ -44,7 +44,7 @@ class OverviewScreen(ConsoleScreen):
         yield LiveTable([("id", "id"), ("company", "company"), ("sent", "sent"), ("waiting", "in progress"),
                          ("stuck", "stuck"), ("failed", "failed"), ("total", "slips")], id="companies")
         yield LiveTable([("queue", "queue"), ("waiting", "waiting"), ("running", "running"), ("retry", "retry"),
-                         ("failed", "failed"), ("oldest", "oldest"), ("rate", "done/min, 10 min")], id="queues")
+                         ("later", "later"), ("failed", "failed"), ("oldest", "oldest"), ("rate", "done/min, 10 min")], id="queues")
         yield Static("", id="limits")
         yield LiveTable([("proc", "worker process"), ("kind", "kind"), ("busy", "busy"), ("job", "longest job"),
                          ("beat", "beat")], id="procs")
@@ -88,7 +88,7 @@ class OverviewScreen(ConsoleScreen):
                 name = Text(q.name)
                 if q.paused or snap.suspended:
                     name.append(" ⏸", style="bold yellow")
-                rows.append((q.name, (name, _n(q.depth), _n(q.running), _n(q.retrying),
+                rows.append((q.name, (name, _n(q.depth), _n(q.running), _n(q.retrying), _n(q.later),
                                       Text(_n(q.failed), style="red") if q.failed else "0",
                                       duration(q.oldest_age_s),
                                       f"{spark(q.per_min)} {q.per_min[-1] if q.per_min else 0:>5,}")))
