@@ -259,20 +259,26 @@ class ConsoleApp(App):
 
     # ---- the month shown -------------------------------------------------------------
     def next_month(self) -> None:
-        """m: the month before the one shown; after the oldest, back to following the
-        run started last."""
-        months = self.source.months()
+        """m: the month before the one shown. After the oldest: back to following the run
+        started last, or, when a higher month exists than that one (an old month re-run
+        last), to the highest month, pinned. Reads the last snapshot: no key waits on the
+        refresh thread."""
+        snap = self.snapshot
+        months = snap.months if snap else []
         if not months:
             self.notify("no pay run in the ledger yet", severity="warning")
             return
-        following = (self.snapshot.status or {}).get("month") if self.snapshot else None
-        shown = self.source.month or following or months[-1]
+        latest = snap.latest_month or months[-1]
+        shown = self.source.month or latest
         earlier = [m for m in months if m < shown]
-        self.show_month(earlier[-1] if earlier else None)
+        if earlier:
+            self.show_month(earlier[-1])
+        else:
+            self.show_month(None if months[-1] == latest else months[-1])
 
     def show_month(self, month: str | None) -> None:
         """Pin the overview to ``month`` (None: follow the run started last)."""
-        months = self.source.months()
+        months = self.snapshot.months if self.snapshot else []
         if month is not None and month not in months:
             self.notify(f"no pay run for {month!r}: runs in the ledger are {', '.join(months[-8:]) or 'none'}",
                         severity="error")

@@ -52,10 +52,6 @@ HR_MIN_INTERVAL_S = 2.0
 """The HR line (a scan of the ledger: ~150 ms at 50,000 slips) is recomputed when the
 ledger has changed and at most this often; queues, workers and running jobs are read on
 every refresh. The snapshot says how old the HR figures are (``status_at``)."""
-NO_SLIP_INTERVAL_S = 30.0
-"""Employees with salary lines and no slip (imported after the run; `payrun status`'s
-``no_slip``) are counted from the payroll db at most this often, and when the month shown
-changes: the count only moves on an import or a `payrun run --resume`."""
 
 
 def _s(v: Any) -> str:
@@ -99,7 +95,9 @@ class QueueRow:
     paused: bool
     later: int = 0
     """Jobs scheduled for later on purpose (`payrun remind`), not yet due: RQ's scheduled
-    registry holds them beside the retrying ones, which ``retrying`` counts."""
+    registry holds them beside the retrying ones, which ``retrying`` counts. (A reminder
+    deleted by hand before it is due is still subtracted until its due time; one past due
+    that no worker's scheduler has moved yet counts as retrying.)"""
 
     @property
     def rate_per_s(self) -> float:
@@ -169,6 +167,10 @@ class Snapshot:
     paused_queues: list[str] = field(default_factory=list)
     status_at: float | None = None
     """When the HR figures were computed (they may be up to HR_MIN_INTERVAL_S older)."""
+    months: list[str] = field(default_factory=list)
+    """Every month with a pay run in the ledger, oldest first."""
+    latest_month: str | None = None
+    """The run started last: what the overview shows unless a month is pinned."""
     error: str | None = None
     """Set when a part could not be read (the rest of the snapshot is still shown)."""
     took_s: float = 0.0
@@ -372,8 +374,8 @@ def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis
     no_slip = no_slip or {}
     total = {s: 0 for s in STATES} | {"stuck": 0, "total": 0, "no_slip": 0}
     companies = []
-    for cid in sorted(counts):
-        row = counts[cid] | {"no_slip": no_slip.get(cid, 0)}
+    for cid in sorted(set(counts) | set(no_slip)):
+        row = counts.get(cid, {k: 0 for k in (*STATES, "stuck", "total")}) | {"no_slip": no_slip.get(cid, 0)}
         for k in total:
             total[k] += row.get(k, 0)
         companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **row})
@@ -430,7 +432,7 @@ class Source:
         self._lock = threading.Lock()
         self._hr: tuple[int, float, tuple, tuple, dict] | None = None
         # (ledger data_version, computed at, stuck ids, (month, no_slip counts), report)
-        self._no_slip: tuple[str, float, dict[int, int]] | None = None  # month, computed at, counts
+        self._no_slip: tuple[tuple, dict[int, int]] | None = None  # (what it depends on, counts)
 
     @property
     def conn(self):
@@ -462,27 +464,32 @@ class Source:
         return self._names
 
     def months(self) -> list[str]:
-        """Every month with a pay run in the ledger, oldest first."""
+        """Every month with a pay run in the ledger, oldest first. (For the CLI: the console
+        reads ``Snapshot.months``, so that no key waits on this lock.)"""
         with self._lock:
             led = self.ledger()
             return led.months() if led is not None else []
 
     def no_slip(self, led: ReadOnlyLedger, month: str | None) -> dict[int, int]:
-        """Per company, employees with salary lines for ``month`` and no slip (cached:
-        NO_SLIP_INTERVAL_S). Empty when there is no payroll db on this host."""
+        """Per company, employees with salary lines for ``month`` and no slip (as `payrun
+        status` counts them). Recounted only when the month, the payroll db (an import) or
+        the month's run rows (a `run --resume` updates them) have changed. Empty when this
+        host has no payroll db; raises sqlite3.Error when it cannot be read."""
         from payrun.runs import missing_slips
 
         if not month:
             return {}
-        now = time.monotonic()
-        if self._no_slip is not None:
-            m, at, counts = self._no_slip
-            if m == month and now - at < NO_SLIP_INTERVAL_S:
-                return counts
         if self._payroll is None:
             self._payroll = open_payroll_ro(self.cfg.payroll_path)
-        counts = missing_slips(led, self._payroll, month) if self._payroll is not None else {}
-        self._no_slip = (month, now, counts)
+            if self._payroll is None:
+                return {}
+        version = self._payroll.conn.execute("PRAGMA data_version").fetchone()[0]
+        runs = tuple((r["company_id"], r["status"], r["jobs"], r["updated_at"]) for r in led.runs(month))
+        key = (month, version, runs)
+        if self._no_slip is not None and self._no_slip[0] == key:
+            return self._no_slip[1]
+        counts = missing_slips(led, self._payroll, month)
+        self._no_slip = (key, counts)
         return counts
 
     # -- the overview ---------------------------------------------------------------
@@ -505,7 +512,8 @@ class Source:
                 led = self.ledger()
                 if led is not None:
                     stuck_ids = tuple(sorted(r.job_id for r in snap.running if r.stuck))
-                    snap.status, snap.status_at = self._hr_report(led, stuck_ids, now)
+                    snap.months, snap.latest_month = led.months(), led.latest_month()
+                    snap.status, snap.status_at = self._hr_report(led, stuck_ids, now, snap.latest_month, errors)
                     rate = self.delivery_rate(snap.queues)
                     snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone)
             except Exception as e:
@@ -514,10 +522,15 @@ class Source:
             snap.took_s = time.perf_counter() - t0
             return snap
 
-    def _hr_report(self, led: ReadOnlyLedger, stuck_ids: tuple, now: float) -> tuple[dict[str, Any], float]:
+    def _hr_report(self, led: ReadOnlyLedger, stuck_ids: tuple, now: float, latest: str | None,
+                   errors: list[str]) -> tuple[dict[str, Any], float]:
         version = led.data_version()
-        month = self.month or led.latest_month()
-        no_slip = self.no_slip(led, month)
+        month = self.month or latest
+        try:
+            no_slip = self.no_slip(led, month)
+        except sqlite3.Error as e:  # the HR line stands without it
+            no_slip = {}
+            errors.append(f"payroll db unreadable ({str(e)[:60]}): employees with no slip not counted")
         if self._hr is not None:
             v, at, ids, key, report = self._hr
             same = ids == stuck_ids and key == (month, no_slip)

@@ -221,6 +221,11 @@ async def test_the_overview_steps_through_months_and_counts_employees_with_no_sl
         assert app.source.month is None
         await pilot.press("colon", *f"month {MONTH}", "enter")
         await settle(pilot, lambda: app.snapshot.status["month"] == MONTH, what=":month")
+        assert app.snapshot.status["total"]["no_slip"] == 1
+        with payroll.PayrollDB(cfg.payroll_path) as db:  # what the yellow line says to do
+            assert runs.start_run(cfg, conn, ledger, db, MONTH, resume=True).added == [1]
+        await settle(pilot, lambda: app.snapshot.status["total"]["no_slip"] == 0, what="the top-up counted")
+        assert "no slip" not in text_of(app, "#answer")
         await pilot.press("colon", *"month 2025-01", "enter")
         await pilot.pause()
         assert app.source.month == MONTH  # an unknown month is refused, the view stays

@@ -93,7 +93,7 @@ def test_overview_snapshot(snap_compare):
 
 
 def test_overview_snapshot_large(snap_compare):
-    """A tall screen gives 30 companies the rows it has spare; 2 of them have no slip yet."""
+    """A tall screen gives 30 companies the rows it has spare; 2 employees of one have no slip yet."""
     assert snap_compare(app(more_companies=27), terminal_size=(200, 50), run_before=ready)
 
 

@@ -35,7 +35,7 @@ class OverviewScreen(ConsoleScreen):
         Binding("l", "limits", "Limits"),
         Binding("m", "month", "Month before (again: back to the latest)", show=False),
     ]
-    FIXED_ROWS = 1 + 5 + 1 + 1  # status bar, queues table, limits line, footer
+    FIXED_ROWS = 1 + 4 + 1 + 1  # status bar, queues table (header, 3 queues), limits line, footer
     """Rows of the overview besides the HR answer, the companies and the processes."""
 
     def compose(self) -> ComposeResult:
@@ -96,6 +96,7 @@ class OverviewScreen(ConsoleScreen):
             self.query_one("#procs", LiveTable).sync(self._process_rows(snap))
         self.query_one("#limits", Static).update(self._limits_text(snap))
         self._fit()
+        self.call_after_refresh(self._fit)  # the answer's new height is known after layout
 
     def on_resize(self) -> None:
         self._fit()

@@ -98,8 +98,12 @@ class WorkersScreen(ConsoleScreen):
     def show_snapshot(self, snap: Snapshot) -> None:
         rows = []
         for w in sorted(snap.workers, key=lambda w: (w.kind, w.name)):
-            state = Text(w.state + (" (stopping)" if w.stopping else ""), style="yellow" if w.stopping else "")
-            rows.append((w.name, (w.name, f"{w.host[:16]}:{w.pid}", w.queues, state, w.job_id or "",
+            if not w.alive:
+                state = Text("GONE", style="bold red")
+            else:
+                state = Text(w.state + (" (stopping)" if w.stopping else ""), style="yellow" if w.stopping else "")
+            job = w.job_id or (Text(f"{w.job_returned} (handed back)", style="dim") if w.job_returned else "")
+            rows.append((w.name, (w.name, f"{w.host[:16]}:{w.pid}", w.queues, state, job,
                                   duration(w.job_elapsed_s), duration(w.heartbeat_age_s),
                                   Text("yes", style="green") if w.alive else Text("NO", style="bold red"))))
         with self.app.batch_update():
