@@ -142,7 +142,9 @@ class OverviewScreen(ConsoleScreen):
             busy = [w for w in ws if w.job_id and w.alive]
             longest = max(busy, key=lambda w: w.job_elapsed_s or 0, default=None)
             dead = [w for w in ws if not w.alive]
-            beat = max((w.heartbeat_age_s or 0) for w in ws)
+            # the freshest lane: a send process's idle lanes beat only when they take a job
+            # (their liveness is renewed every 2 s regardless), so the stalest read as a hang
+            beat = min((w.heartbeat_age_s for w in ws if w.heartbeat_age_s is not None), default=None)
             kind = Text(ws[0].kind)
             if any(w.stopping for w in ws):
                 kind.append(" stopping", style="yellow")
