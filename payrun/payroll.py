@@ -811,6 +811,15 @@ def employee_ids(db: "PayrollDB | sqlite_utils.Database", month: str, company_id
     return {r[0] for r in _sdb(db).conn.execute(f"SELECT e.id {where}", params)}
 
 
+def employee_ids_by_company(db: "PayrollDB | sqlite_utils.Database", month: str) -> dict[int, set[str]]:
+    """``employee_ids`` of every company at once (one query, not one per company)."""
+    where, params = _scope(month, None)
+    out: dict[int, set[str]] = {}
+    for cid, emp in _sdb(db).conn.execute(f"SELECT e.company_id, e.id {where}", params):
+        out.setdefault(cid, set()).add(emp)
+    return out
+
+
 def count_employees(db: "PayrollDB | sqlite_utils.Database", month: str,
                     company_id: int | None = None) -> int:
     """How many snapshots ``snapshots(db, month, company_id)`` yields."""

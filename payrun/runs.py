@@ -100,7 +100,10 @@ def without_slip(ledger: Ledger, payroll_db, month: str, companies: list[int]) -
     if not companies:
         return {}
     known = ledger.employees_with_jobs(month)
-    return {cid: payroll.employee_ids(payroll_db, month, cid) - known for cid in companies}
+    if len(companies) == 1:
+        return {companies[0]: payroll.employee_ids(payroll_db, month, companies[0]) - known}
+    every = payroll.employee_ids_by_company(payroll_db, month)
+    return {cid: every.get(cid, set()) - known for cid in companies}
 
 
 def new_owner() -> str:
