@@ -1031,6 +1031,11 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
                     _give_back(limiter, held)
                     held = None
                 lane.idle()
+                # Throttled (LANE_HEARTBEAT_EVERY_S). A lane woken often but seldom the one to
+                # get the job never reached the idle timeout's heartbeat below: its worker key
+                # lapsed ~90 s after its last job (a job start sets job timeout + 60 s), and the
+                # next hset left a record with no host, pid or queues (`rq info`: "None None").
+                lane.heartbeat()
                 open_ = intake.wait(IDLE_HEARTBEAT_S)
                 if open_ is None:
                     break

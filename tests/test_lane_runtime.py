@@ -14,7 +14,7 @@ from rq.timeouts import JobTimeoutException
 
 from conftest import wait_for
 from jobs import watchdog
-from jobs.runtime import LaneWorker, lane_connection, make_queue, run_lanes
+from jobs.runtime import LaneWorker, lane_connection, lane_loop, make_queue, run_lanes
 from jobs.watchdog import Watchdog, WatchdogDeathPenalty
 from payrun import keys
 
@@ -102,6 +102,44 @@ def test_a_send_lane_times_out_a_job_and_its_next_job_runs_on_the_same_connectio
     assert slow[b"status"] == b"failed"
     assert b"Task exceeded maximum timeout value (1 seconds)" in slow[b"meta"]
     assert conn.hget("rq:job:after", "status") == b"finished"
+
+
+class _WakesWithNothing:
+    """An intake that wakes its lane at once, every time, with the queue open and empty: as
+    a busy send process's watcher wakes idle lanes that then find the job taken by another."""
+
+    def __init__(self, queue, stop):
+        self.queue, self.stop = queue, stop
+
+    def open_queues(self):
+        return [self.queue]
+
+    def wait(self, timeout_s):
+        return None if self.stop.wait(0.01) else [self.queue]
+
+    def more_work(self):
+        return False
+
+
+def test_a_lane_woken_often_without_a_job_keeps_its_worker_record(conn, monkeypatch):
+    """Such a lane never reached the idle timeout's heartbeat: its worker key lapsed ~90 s
+    after its last job, and the next write left a record with no host, pid or queues
+    (`rq info`: "email.vm.1.00 (None None None)"; the console: a phantom control worker)."""
+    monkeypatch.setattr(LaneWorker, "heartbeat_every_s", 0.05)
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    lane = LaneWorker([q], connection=lane_connection(conn), name="email.test.00")
+    stop = threading.Event()
+    t = threading.Thread(target=lane_loop, args=(lane, stop, _WakesWithNothing(q, stop)))
+    t.start()
+    try:
+        wait_for(lambda: conn.exists(lane.key), timeout_s=5, what="the lane's birth")
+        conn.expire(lane.key, 5)  # as a job start leaves it (job timeout + 60 s), closer to lapsing
+        wait_for(lambda: conn.ttl(lane.key) > 60, timeout_s=5, interval_s=0.05, what="an idle heartbeat")
+        assert conn.hget(lane.key, "hostname") and conn.hget(lane.key, "queues") == keys.EMAIL_QUEUE.encode()
+    finally:
+        stop.set()
+        t.join(10)
+    assert not t.is_alive() and conn.hget(lane.key, "death")  # registered its death on the way out
 
 
 def test_a_lane_holds_one_connection_of_the_shared_pool(conn):
