@@ -382,9 +382,10 @@ def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis
     return {"month": month, "total": total, "companies": companies}
 
 
-def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str) -> dict[str, Any]:
+def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: bool = False) -> dict[str, Any]:
     """When the last slip should be delivered at the recent rate, and whether that is
-    before the 09:00 deadline (the next one after ``now``)."""
+    before the 09:00 deadline (the next one after ``now``). ``drained``: intake is
+    stopped on a queue every slip passes through, so nothing will arrive until a resume."""
     remaining = max(0, total.get("total", 0) - total.get("done", 0) - total.get("failed", 0))
     zone = ZoneInfo(tz)
     local = datetime.fromtimestamp(now, zone)
@@ -392,9 +393,12 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str) -> dict[s
     if deadline <= local:
         deadline += timedelta(days=1)
     out: dict[str, Any] = {"remaining": remaining, "rate_per_s": round(rate_per_s, 3),
-                           "deadline": deadline.isoformat(), "at": None, "on_time": None}
+                           "deadline": deadline.isoformat(), "at": None, "on_time": None,
+                           "drained": drained and remaining > 0, "no_slip": total.get("no_slip", 0)}
     if remaining == 0:
         out.update(at=local.isoformat(), on_time=True)
+    elif drained:
+        pass  # no ETA: nothing moves until `payrun resume`
     elif rate_per_s > 0:
         at = local + timedelta(seconds=remaining / rate_per_s)
         out.update(at=at.isoformat(), on_time=at <= deadline)
@@ -516,8 +520,10 @@ class Source:
                     stuck_ids = tuple(sorted(r.job_id for r in snap.running if r.stuck))
                     snap.months, snap.latest_month = led.months(), led.latest_month()
                     snap.status, snap.status_at = self._hr_report(led, stuck_ids, now, snap.latest_month, errors)
-                    rate = self.delivery_rate(snap.queues)
-                    snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone)
+                    started = led.run_started(snap.status["month"]) if snap.status["month"] else None
+                    rate = self.delivery_rate(snap.queues, now - started if started else None)
+                    drained = snap.suspended or bool({keys.RENDER_QUEUE, keys.EMAIL_QUEUE} & set(snap.paused_queues))
+                    snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone, drained)
             except Exception as e:
                 errors.append(f"ledger unreadable ({type(e).__name__}: {str(e)[:80]})")
             snap.error = "; ".join(errors) or None
@@ -545,10 +551,16 @@ class Source:
         return report, now
 
     @staticmethod
-    def delivery_rate(queues: list[QueueRow]) -> float:
+    def delivery_rate(queues: list[QueueRow], running_s: float | None = None) -> float:
         """Slips delivered per second recently: the send rate, or before any send has
-        finished, the render rate (every slip passes through both)."""
-        by = {q.name: q.rate_per_s for q in queues}
+        finished, the render rate (every slip passes through both). ``running_s``: how
+        long ago the run started; in its first RATE_WINDOW_MIN minutes the rate is over
+        that time (at least 10 s), not over empty minutes before it (which read as LATE)."""
+        window = None
+        if running_s is not None and running_s < 60 * RATE_WINDOW_MIN:
+            window = max(10.0, running_s)
+        by = {q.name: q.rate_per_s if window is None else sum(q.per_min[-RATE_WINDOW_MIN:]) / window
+              for q in queues}
         return by.get(keys.EMAIL_QUEUE) or by.get(keys.RENDER_QUEUE) or 0.0
 
     # -- failed jobs ---------------------------------------------------------------

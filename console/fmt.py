@@ -41,7 +41,9 @@ def eta_text(eta: dict[str, Any] | None) -> str:
     if not eta:
         return ""
     if eta["remaining"] == 0:
-        return "all delivered"
+        return "all slips made are delivered" if eta.get("no_slip") else "all delivered"
+    if eta.get("drained"):
+        return "no ETA: intake drained (resume with u or `payrun resume`)"
     if not eta.get("at"):
         return "ETA unknown: nothing delivered in the last 5 min"
     at = datetime.fromisoformat(eta["at"])

@@ -585,3 +585,28 @@ async def test_a_cell_that_grows_widens_its_column():
         await pilot.pause()
         assert [c.content_width for c in table.columns.values()] == [5, len("email-2026-11-emp-00018 1s")]
         assert "14/50" in "".join(s.text for s in table.render_line(1))  # as drawn, whole
+
+
+# ---- the ETA ---------------------------------------------------------------------------------
+
+def test_the_eta_is_not_late_in_a_runs_first_minutes_nor_given_while_drained_or_over_missing_slips():
+    """Walkthrough: 5 s into a run the console said "ETA 09:13 — LATE for 09:00" (the rate
+    was over 5 minutes, 4 of them before the run); drained, it still promised a time; with
+    employees who have no slip it said "all delivered"."""
+    from console.data import QueueRow, Source, eta
+    from console.fmt import eta_text
+
+    now = 1_793_478_300.0  # 02:25 in Dhaka
+    sends = QueueRow(keys.EMAIL_QUEUE, 0, 40, 0, 0, None, [0] * 9 + [150], False)  # 150 sent in 5 s
+    assert Source.delivery_rate([sends]) == pytest.approx(0.5)  # over 5 minutes: the old figure
+    rate = Source.delivery_rate([sends], running_s=5)
+    assert rate == pytest.approx(15.0)  # over 10 s at least, not over empty minutes
+    assert Source.delivery_rate([sends], running_s=900) == pytest.approx(0.5)  # a long run: 5 minutes
+    total = {"queued": 49_850, "running": 0, "retrying": 0, "done": 150, "failed": 0, "stuck": 0, "total": 50_000}
+    assert "on time for 09:00" in eta_text(eta(total, rate, now, "Asia/Dhaka"))
+    assert "LATE" in eta_text(eta(total, 0.5, now, "Asia/Dhaka"))
+    drained = eta(total, rate, now, "Asia/Dhaka", drained=True)
+    assert drained["at"] is None and eta_text(drained).startswith("no ETA: intake drained")
+    finished = total | {"queued": 0, "done": 50_000}
+    assert eta_text(eta(finished, 0.0, now, "Asia/Dhaka")) == "all delivered"
+    assert eta_text(eta(finished | {"no_slip": 3}, 0.0, now, "Asia/Dhaka")) == "all slips made are delivered"
