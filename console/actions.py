@@ -176,15 +176,23 @@ def stop_worker(cfg, conn, name: str, via: str = "console") -> Outcome:
     return out
 
 
+def limits_problem(cap: int | None, rate_per_s: float | None) -> str | None:
+    """Why these email limits cannot be set, or None: asked before the confirmation too."""
+    if cap is None and rate_per_s is None:
+        return "give a cap and/or a rate"
+    if cap is not None and not 1 <= cap <= 10_000:
+        return f"cap {cap} is not in the range 1<=cap<=10000"
+    if rate_per_s is not None and not 0.1 <= rate_per_s <= 100_000:
+        return f"rate {rate_per_s:g} is not in the range 0.1<=rate<=100000"
+    return None
+
+
 def set_limits(cfg, conn, cap: int | None = None, rate_per_s: float | None = None, via: str = "console") -> Outcome:
     from jobs.limits import set_limits as _set
 
-    if cap is None and rate_per_s is None:
-        raise ActionError("give a cap and/or a rate")
-    if cap is not None and not 1 <= cap <= 10_000:
-        raise ActionError(f"cap {cap} is not in the range 1<=cap<=10000")
-    if rate_per_s is not None and not 0.1 <= rate_per_s <= 100_000:
-        raise ActionError(f"rate {rate_per_s:g} is not in the range 0.1<=rate<=100000")
+    problem = limits_problem(cap, rate_per_s)
+    if problem:
+        raise ActionError(problem)
     _set(conn, "email", cap=cap, rate_per_s=rate_per_s)
     cmd = "payrun limits set" + (f" --cap {cap}" if cap is not None else "") + (f" --rate {rate_per_s:g}" if rate_per_s is not None else "")
     out = Outcome("limits", cmd, 1, message="email limits now " + cmd.split("set ", 1)[1],

@@ -249,6 +249,10 @@ class ConsoleApp(App):
         except ValueError:
             self.notify(":limits cap=N rate=R (numbers)", severity="error")
             return
+        problem = actions.limits_problem(cap, rate)
+        if problem:
+            self.notify(f":limits: {problem}", severity="error")
+            return
         self.confirm_limits(cap, rate)
 
     def command_month(self, args: list[str]) -> None:

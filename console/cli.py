@@ -114,6 +114,9 @@ def register(cli) -> None:
             return
         if not snap.workers:
             click.echo("no workers registered (`payrun up` starts them)")
+        else:
+            click.echo(f"{'worker':<34} {'host:pid'} {'queues':<10} {'state':<9} {'job':<30} {'for':>6}  "
+                       "RQ heartbeat (an idle send lane beats every 10 s or so)")
         gone = 0
         for w in snap.workers:
             state = w.state if w.alive else "GONE"

@@ -280,7 +280,8 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
     """List failed jobs (dead letters), newest first, with their last error."""
     from payrun import deadletters
 
-    rows = deadletters.failed(c.redis(), queue, error_text, limit, company=company, ledger=_maybe_ledger(c))
+    every = deadletters.failed(c.redis(), queue, error_text, None, company=company, ledger=_maybe_ledger(c))
+    rows = every[:limit]
     if as_json:
         click.echo(json.dumps(rows))
         return
@@ -289,7 +290,9 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         return
     for r in rows:
         click.echo(f"{r['id']:<36} {r['queue']:<10} attempts={r['attempts']:<2} {r['error']}")
-    click.echo(f"{len(rows)} failed job(s); retry with: payrun retry ID… or {_retry_all(queue, error_text, company)}")
+    shown = (f"{len(every):,} failed job(s)" if len(rows) == len(every) else
+             f"{len(every):,} failed jobs, the newest {len(rows):,} shown (--limit N for more)")
+    click.echo(f"{shown}; retry with: payrun retry ID… or {_retry_all(queue, error_text, company)}")
 
 
 def _retry_all(queue: str | None, error_text: str | None, company: int | None) -> str:
@@ -333,7 +336,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
     if row:
         click.echo(f"{row['id']}  {row['kind']}  {row['status']}  attempts={row['attempts']}  key={row['key']}")
         if row.get("last_error"):
-            click.echo(f"last error: {row['last_error']}")
+            earlier = " (of an earlier attempt)" if row["status"] == "done" else ""
+            click.echo(f"last error{earlier}: {row['last_error']}")
         for h in row["history"]:
             delay = f"  retry in {h['delay_s']:.1f} s" if h.get("delay_s") else ""
             click.echo(f"  #{h['attempt']} {h.get('started_at') or '?'} -> {h.get('ended_at') or '…'} "

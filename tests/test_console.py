@@ -489,7 +489,10 @@ async def test_change_limits_from_the_command_bar(cfg, conn):
         await settle(pilot, lambda: app.snapshot is not None)
         await pilot.press("l")
         await settle(pilot, lambda: type(app.screen).__name__ == "LimitsDialog")
-        await pilot.press(*"30", "enter", *"20", "enter")
+        await pilot.press(*"0", "enter", "enter")  # refused in the dialog, not after the confirmation
+        await pilot.pause()
+        assert type(app.screen).__name__ == "LimitsDialog"
+        await pilot.press("shift+tab", "backspace", *"30", "enter", *"20", "enter")
         await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
         assert app.screen.command == "payrun limits set --cap 30 --rate 20"
         await pilot.press("y")
@@ -610,3 +613,14 @@ def test_the_eta_is_not_late_in_a_runs_first_minutes_nor_given_while_drained_or_
     finished = total | {"queued": 0, "done": 50_000}
     assert eta_text(eta(finished, 0.0, now, "Asia/Dhaka")) == "all delivered"
     assert eta_text(eta(finished | {"no_slip": 3}, 0.0, now, "Asia/Dhaka")) == "all slips made are delivered"
+
+
+def test_payrun_failed_says_how_many_failed_not_how_many_it_showed(failed_world):
+    from payrun.cli import cli
+
+    runner = CliRunner()
+    out = runner.invoke(cli, ["failed", "--limit", "3"], catch_exceptions=False).output
+    assert len(out.strip().splitlines()) == 4  # three jobs, then the count
+    assert "7 failed jobs, the newest 3 shown (--limit N for more)" in out
+    assert "7 failed job(s); retry with" in runner.invoke(cli, ["failed"], catch_exceptions=False).output
+    assert len(json.loads(runner.invoke(cli, ["failed", "--limit", "3", "--json"]).output)) == 3

@@ -117,6 +117,12 @@ class LimitsDialog(ModalScreen[tuple | None]):
         if cap is None and rate is None:
             self.dismiss(None)
             return
+        from console.actions import limits_problem
+
+        problem = limits_problem(cap, rate)
+        if problem:  # said now, not after the confirmation
+            self.notify(problem, severity="error")
+            return
         self.dismiss((cap, rate))
 
     def action_cancel(self) -> None:

@@ -206,7 +206,7 @@ class FailedScreen(ConsoleScreen):
     @work(thread=True, exit_on_error=False, group="failed-count")
     def _count_then_confirm(self, flt: FailedFilter) -> None:
         ids = self.app.source.failed_ids(flt)
-        self.app.call_from_thread(self._bulk, ids, f"Retry every failed job matching: {flt or 'everything'}?",
+        self.app.call_from_thread(self._bulk, ids, f"Retry every failed job matching: {str(flt) or 'everything'}?",
                                   flt.command())
 
     def _bulk(self, ids: list[str], title: str, command: str) -> None:
