@@ -346,6 +346,13 @@ async def test_job_detail_shows_attempts_and_traceback(failed_world):
         await settle(pilot, lambda: getattr(app.screen, "detail", None) is not None, what="job detail")
         shown = text_of(app, "#job")
         assert "TypeError" in shown and "#1" in shown and "Traceback" in shown
+        # attempt times on the console's clock (Asia/Dhaka by default), and it says so
+        detail = app.screen.detail
+        started = detail["ledger"]["history"][0]["started_at"]
+        from console.data import parse_ts
+        from console.fmt import clock
+
+        assert f"attempts ({cfg.timezone})" in shown and f"#1 {clock(parse_ts(started), cfg.timezone)}" in shown
 
 
 # ---- read-only ------------------------------------------------------------------------

@@ -14,7 +14,18 @@ from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 
 
-def render_detail(d: dict) -> Text:
+def _hms(iso: str | None, tz: str | None, missing: str) -> str:
+    """An attempt's time as the console's clock shows it (config.timezone), not UTC."""
+    if not iso:
+        return missing
+    from console.data import parse_ts
+    from console.fmt import clock
+
+    ts = parse_ts(iso)
+    return clock(ts, tz) if ts is not None and tz else iso[11:19]
+
+
+def render_detail(d: dict, tz: str | None = None) -> Text:
     t = Text()
     led = d.get("ledger")
     t.append(f"{d['id']}\n", style="bold")
@@ -25,10 +36,10 @@ def render_detail(d: dict) -> Text:
         if led.get("last_error"):
             t.append("last error: ", style="bold")
             t.append(f"{led['last_error']}\n", style="red")
-        t.append("\nattempts\n", style="bold underline")
+        t.append(f"\nattempts ({tz or 'UTC'})\n", style="bold underline")
         for h in led.get("history", []):
             delay = f"  retry in {h['delay_s']:.1f} s" if h.get("delay_s") else ""
-            t.append(f"  #{h['attempt']} {(h.get('started_at') or '?')[11:19]} → {(h.get('ended_at') or '…')[11:19]} "
+            t.append(f"  #{h['attempt']} {_hms(h.get('started_at'), tz, '?')} → {_hms(h.get('ended_at'), tz, '…')} "
                      f"{h.get('outcome')}{delay}  {h.get('error') or ''}\n")
     else:
         t.append("(not in the ledger)\n", style="dim")
@@ -77,7 +88,7 @@ class JobScreen(ConsoleScreen):
 
     def _show(self, d: dict) -> None:
         self.detail = d
-        self.query_one("#job", Static).update(render_detail(d))
+        self.query_one("#job", Static).update(render_detail(d, self.app.source.cfg.timezone))
 
     def action_retry_one(self) -> None:
         from console.dialogs.confirm import ConfirmKey
