@@ -157,12 +157,14 @@ def format_report(r: dict[str, Any]) -> str:
     others = [m for m in r.get("months", []) if m != r["month"]]
     lines = [f"Pay run {r['month']}: {r['total']['total']:,} slips"
              + (f"  (other runs: {', '.join(others[-6:])}; --month picks one)" if others else "")]
+    no_slip = bool(r["total"].get("no_slip"))  # the column only when someone has no slip
     head = f"{'id':>4}  {'company':<30} {'sent':>7} {'queued':>7} {'running':>7} {'retrying':>8} {'failed':>7} {'stuck':>6}"
-    lines.append(head)
+    lines.append(head + (f" {'no slip':>8}" if no_slip else ""))
     for c in r["companies"]:
         lines.append(
             f"{c['id']:>4}  {c['name'][:30]:<30} {c['done']:>7,} {c['queued']:>7,} {c['running']:>7,} "
             f"{c['retrying']:>8,} {c['failed']:>7,} {c['stuck']:>6,}"
+            + (f" {c.get('no_slip', 0):>8,}" if no_slip else "")
         )
     lines.append(f"Total: {hr_line(r['total'])}")
     if r.get("ledger_backlog") and (r.get("ledger_backlog_age_s") or 0) >= LEDGER_STALE_S:  # a few are normal

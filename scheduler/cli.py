@@ -170,8 +170,14 @@ def register(cli) -> None:
         if as_json:
             click.echo(json.dumps(out))
         else:
-            click.echo(f"{out['scheduled']} reminder(s) for company {company_id} scheduled for {out['due_at']} "
-                       f"(batch {out['batch']})")
+            from datetime import datetime
+            from zoneinfo import ZoneInfo
+
+            due = datetime.fromisoformat(out["due_at"])
+            local = due.astimezone(ZoneInfo(c.cfg.timezone))
+            click.echo(f"{out['scheduled']} reminder(s) for company {company_id} scheduled for "
+                       f"{local:%Y-%m-%d %H:%M:%S} {c.cfg.timezone} ({due:%H:%M:%S} UTC; batch {out['batch']}); "
+                       "`payrun queues` counts them as later until then")
 
     @cli.command(name="bank")
     @click.option("--host", default=None, help="Listen address (default: from scheduler.bank_url).")

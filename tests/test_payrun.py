@@ -377,7 +377,10 @@ def test_employees_imported_after_their_month_was_run_get_their_slips_with_resum
     assert hr["total"]["no_slip"] == 2 and hr["companies"][0]["no_slip"] == 2
     assert any(n.startswith(f"2 employees of companies 1 have salary lines for {MONTH} and no slip")
                for n in hr["notes"])
-    assert "2 with no slip yet" in runner.invoke(cli, ["status"]).stdout
+    text = runner.invoke(cli, ["status"]).stdout
+    assert "2 with no slip yet" in text
+    head, first = text.splitlines()[1:3]
+    assert head.endswith(" no slip") and first.endswith(" 2")  # company 1's row says who
     assert f"payrun run --month {MONTH} --resume" in out.output
     plain = runner.invoke(cli, ["run", "--month", MONTH])
     assert "already run" in plain.output and "render jobs" not in plain.output  # run alone stays once-only

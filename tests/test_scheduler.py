@@ -354,6 +354,9 @@ def test_a_delayed_reminder_is_not_runnable_before_its_time_and_runs_soon_after(
             for j in res["jobs"]:
                 job = PayrunJob.fetch(j, connection=conn)
                 assert job.started_at.replace(tzinfo=UTC) >= due - timedelta(seconds=1)  # RQ stamps whole seconds
+            text = subprocess.run([sys.executable, "-m", "payrun.cli", "remind", "--company", "1", "--in", "2h"],
+                                  env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+            assert "Asia/Dhaka (" in text and " UTC; batch " in text, text  # the operator's clock first
         finally:
             stop(sender)
     finally:
