@@ -116,7 +116,7 @@ def register(cli) -> None:
             click.echo("no workers registered (`payrun up` starts them)")
         else:
             click.echo(f"{'worker':<34} {'host:pid'} {'queues':<10} {'state':<9} {'job':<30} {'for':>6}  "
-                       "RQ heartbeat (an idle send lane beats every 10 s or so)")
+                       "RQ heartbeat (an idle send lane beats every 30 s; liveness is separate)")
         gone = 0
         for w in snap.workers:
             state = w.state if w.alive else "GONE"
