@@ -189,6 +189,10 @@ def test_sigkill_loses_nothing_the_reaper_returns_the_job(cfg, conn, env, tmp_pa
     enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.sleep", 30, job_id="crash-1", timeout=40, retry=Retry(max=3))
     w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
     wait_for(lambda: worker_busy_with(conn, "crash-1"), timeout_s=30, what="the job to start")
+    # RQ writes the worker's current_job from the work horse, a moment after the execution
+    # (rq:wip) is recorded: a kill in between leaves a dead worker that never named its job
+    wait_for(lambda: any(conn.hget(k, "current_job") == b"crash-1" for k in conn.keys("rq:worker:render.*")),
+             timeout_s=30, what="the worker to name its job")
     kids = children(w.pid)  # its work horse (and RQ's scheduler process, once it holds its lock)
     assert kids, "no work horse"
     w.kill()  # SIGKILL: a crash, nothing runs on the way out
