@@ -60,14 +60,9 @@ def register(cli) -> None:
 
         src = source(c)
         if month is not None:
-            from payrun.errors import InputError
-            from payrun.runs import validate_month
+            from payrun.status import check_run_month
 
-            validate_month(month)
-            months = src.months()
-            if month not in months:
-                raise InputError(f"no pay run for {month} in the ledger"
-                                 + (f" (runs: {', '.join(months[-8:])})" if months else " (no run yet)"))
+            check_run_month(src.months(), month)
             src.month = month
         ConsoleApp(src, readonly=readonly, interval_s=interval_s).run()
 

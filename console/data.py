@@ -474,10 +474,10 @@ class Source:
             led = self.ledger()
             return led.months() if led is not None else []
 
-    def no_slip(self, led: ReadOnlyLedger, month: str | None) -> dict[int, int]:
+    def no_slip(self, led: ReadOnlyLedger, month: str | None, rows: list[dict[str, Any]]) -> dict[int, int]:
         """Per company, employees with salary lines for ``month`` and no slip (as `payrun
         status` counts them). Recounted only when the month, the payroll db (an import) or
-        the month's run rows (a `run --resume` updates them) have changed. Empty when this
+        the month's run rows (``rows``: a `run --resume` updates them) have changed. Empty when this
         host has no payroll db; raises sqlite3.Error when it cannot be read."""
         from payrun.runs import missing_slips
 
@@ -488,7 +488,6 @@ class Source:
             if self._payroll is None:
                 return {}
         version = self._payroll.conn.execute("PRAGMA data_version").fetchone()[0]
-        rows = led.runs(month)
         runs = tuple((r["company_id"], r["status"], r["jobs"], r["updated_at"]) for r in rows)
         key = (month, version, runs)
         if self._no_slip is not None and (self._no_slip[0] == key or (
@@ -518,9 +517,14 @@ class Source:
                 led = self.ledger()
                 if led is not None:
                     stuck_ids = tuple(sorted(r.job_id for r in snap.running if r.stuck))
-                    snap.months, snap.latest_month = led.months(), led.latest_month()
-                    snap.status, snap.status_at = self._hr_report(led, stuck_ids, now, snap.latest_month, errors)
-                    started = led.run_started(snap.status["month"]) if snap.status["month"] else None
+                    runs = led.runs()  # read once: the months, the run started last, the shown month's rows
+                    snap.months = sorted({r["month"] for r in runs})
+                    last = max(runs, key=lambda r: (r["created_at"] or "", r["month"]), default=None)
+                    snap.latest_month = last["month"] if last else None  # as Ledger.latest_month
+                    month = self.month or snap.latest_month
+                    rows = [r for r in runs if r["month"] == month]
+                    snap.status, snap.status_at = self._hr_report(led, stuck_ids, now, month, rows, errors)
+                    started = max((parse_ts(r["created_at"]) or 0.0 for r in rows), default=0.0)
                     rate = self.delivery_rate(snap.queues, now - started if started else None)
                     drained = snap.suspended or bool({keys.RENDER_QUEUE, keys.EMAIL_QUEUE} & set(snap.paused_queues))
                     snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone, drained)
@@ -530,12 +534,11 @@ class Source:
             snap.took_s = time.perf_counter() - t0
             return snap
 
-    def _hr_report(self, led: ReadOnlyLedger, stuck_ids: tuple, now: float, latest: str | None,
-                   errors: list[str]) -> tuple[dict[str, Any], float]:
+    def _hr_report(self, led: ReadOnlyLedger, stuck_ids: tuple, now: float, month: str | None,
+                   rows: list[dict[str, Any]], errors: list[str]) -> tuple[dict[str, Any], float]:
         version = led.data_version()
-        month = self.month or latest
         try:
-            no_slip = self.no_slip(led, month)
+            no_slip = self.no_slip(led, month, rows)
         except sqlite3.Error as e:  # the HR line stands without it
             no_slip = {}
             errors.append(f"payroll db unreadable ({str(e)[:60]}): employees with no slip not counted")

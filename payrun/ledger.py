@@ -301,13 +301,6 @@ class Ledger:
     def months(self) -> list[str]:
         return [r["month"] for r in self.db.query("SELECT DISTINCT month FROM payroll_runs ORDER BY month")]
 
-    def run_started(self, month: str) -> float | None:
-        """When the last of ``month``'s runs was started (UNIX time), or None."""
-        for r in self.db.query("SELECT max(created_at) AS at FROM payroll_runs WHERE month = ?", (month,)):
-            if r["at"]:
-                return datetime.fromisoformat(r["at"].replace("Z", "+00:00")).timestamp()
-        return None
-
     def latest_month(self) -> str | None:
         """The month of the run started last (not the highest month: last month's run may
         follow this month's, or an old month be re-run for one company)."""

@@ -26,18 +26,23 @@ def _company_names(cfg: Config) -> dict[int, str]:
         return {int(c["id"]): c["name"] for c in payroll.companies(db)}
 
 
+def check_run_month(months: list[str], month: str) -> None:
+    """``month`` well formed and run (one of ``months``, the ledger's), or InputError."""
+    from payrun.runs import validate_month
+
+    validate_month(month)
+    if month not in months:
+        raise InputError(f"no pay run for {month}" + (f" (runs: {', '.join(months[-12:])})" if months
+                                                       else ": `payrun run --month YYYY-MM` starts one"))
+
+
 def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int | None = None,
            conn=None) -> dict[str, Any]:
     months = ledger.months()
     if month is None:
         month = ledger.latest_month()
     else:
-        from payrun.runs import validate_month
-
-        validate_month(month)
-        if month not in months:
-            raise InputError(f"no pay run for {month}" + (f" (runs: {', '.join(months[-12:])})" if months
-                                                           else ": `payrun run --month YYYY-MM` starts one"))
+        check_run_month(months, month)
     counts = ledger.slip_counts(month, company) if month else {}
     if month and company is not None and company not in counts:
         known = sorted(ledger.slip_counts(month, None))
