@@ -95,6 +95,10 @@ def register(cli) -> None:
             lim = snap.limits
             click.echo(f"email limits: {lim.in_use} / {lim.cap} in flight, {lim.rate_per_s:g}/s, "
                        f"{lim.http_429:,} 429s seen")
+            if lim.outage and lim.outage["pauses"]:
+                from payrun.status import outage_text
+
+                click.echo(outage_text(lim.outage, c.cfg.timezone))
 
     @cli.command()
     @click.option("--json", "as_json", is_flag=True)

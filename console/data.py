@@ -152,6 +152,8 @@ class Limits:
     waits: int
     http_429: int
     paused_for_s: float
+    outage: dict | None = None
+    """The provider failing sends in a row, or down (jobs.limits.read_outage)."""
 
 
 @dataclass
@@ -349,13 +351,19 @@ def read_limits(conn, cfg) -> Limits:
         p.zcount(keys.limit_slots(name), now_ms, "+inf")
         p.hgetall(keys.limit_stats(name))
         p.pttl(keys.limit_pause(name))
-        conf, in_use, stats, pause = p.execute()
+        p.exists(keys.limit_outage(name))
+        conf, in_use, stats, pause, failing = p.execute()
     conf = {_s(k): _s(v) for k, v in conf.items()}
     stats = {_s(k): int(v) for k, v in stats.items()}
+    outage = None
+    if failing:  # rare: a second round trip only then
+        from jobs.limits import read_outage
+
+        outage = read_outage(conn, name, now_ms=now_ms)
     return Limits(cap=int(float(conf.get("cap", cfg.limits.email_concurrency))),
                   rate_per_s=float(conf.get("rate_per_s", cfg.limits.email_rate_per_s)),
                   in_use=int(in_use), waits=stats.get("waits", 0), http_429=stats.get("http_429", 0),
-                  paused_for_s=max(0, int(pause)) / 1000)
+                  paused_for_s=max(0, int(pause)) / 1000, outage=outage)
 
 
 def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis_stuck: list[str],

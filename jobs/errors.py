@@ -6,8 +6,11 @@ JobError
  │    │                  sending): retry with the same idempotency key
  │    └── Throttled      the provider said 429: every sender pauses for its Retry-After,
  │         │             and the job is retried after it without spending an attempt
- │         └── RateWait  our own limiter could not give a start in time: retried without
- │                       spending an attempt, and nobody else pauses
+ │         ├── RateWait  our own limiter could not give a start in time: retried without
+ │         │             spending an attempt, and nobody else pauses
+ │         └── ProviderDown  the provider failed limits.outage_after sends in a row (an
+ │                       outage): every sender pauses, and this job is retried after it
+ │                       without spending an attempt
  └── PermanentError     retrying cannot help: bad address (SMTP 5xx, HTTP 4xx), bad data,
                         template error; fails at once with a reason HR can act on
 """
@@ -38,6 +41,10 @@ class RateWait(Throttled):
     def __init__(self, message: str = "waited too long for the global send rate; retrying",
                  retry_after_s: float | None = 1.0):
         super().__init__(message, retry_after_s)
+
+
+class ProviderDown(Throttled):
+    pass
 
 
 class PermanentError(JobError):

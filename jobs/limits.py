@@ -18,7 +18,12 @@ One named resource (``email``) has
   not queue at the gate (``jobs.policy.gate_margin_ms``, ``paced_rate``). For the first
   2 s after an idle spell the margin is at least 100 ms: a run's first requests reach
   the provider late (cold code, fresh threads, a busy host) (``gate_window_ms``);
-- a pause: when the provider answers 429 with Retry-After, every sender stops until then.
+- a pause: when the provider answers 429 with Retry-After, every sender stops until then;
+- an outage pause: when the provider fails ``limits.outage_after`` sends in a row (5xx,
+  connections refused or dropped, timeouts) every sender stops for outage_pause_s, then
+  the cap is 1 (one send probes the provider) until a send succeeds; each failed probe
+  pauses again, twice as long (``jobs.policy.outage_pause_s``). Sends held back by it
+  spend no attempt (ProviderDown), so a long outage fails no job.
 Each decision is one Lua script using Redis's clock (hosts' clocks may differ).
 
 The values in force live in the hash ``payrun:limit:<name>`` (fields ``cap``,
@@ -36,6 +41,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from jobs.policy import outage_pause_s as outage_pause_s_for
 from jobs.policy import (GATE_FIT, GATE_MARGIN_DECAY_MS_PER_S, GATE_MARGIN_MAX_MS, GATE_MARGIN_MIN_MS,
                          GATE_MARGIN_STEP_MS, GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS, gate_margin_ms,
                          late_for_gate)
@@ -73,7 +79,10 @@ local function warm_margin(sends, now, at, m)
 end
 """
 
-# ARGV: holder, default cap, lease ms[, a slot this holder's lane gives back first]
+# KEYS: slots, conf, pause, outage; ARGV: holder, default cap, lease ms[, a slot this
+# holder's lane gives back first]. After an outage pause the cap is 1 (one send probes the
+# provider) until a send succeeds. {1, 0, 1 if the provider is failing sends} a slot;
+# {0, wait ms} none.
 _ACQUIRE_SLOT = """
 if ARGV[4] and ARGV[4] ~= '' then redis.call('ZREM', KEYS[1], ARGV[4]) end
 local t = redis.call('TIME')
@@ -81,37 +90,39 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local pause = tonumber(redis.call('GET', KEYS[3]) or '0')
 if pause > now then return {0, pause - now} end
 local cap = tonumber(redis.call('HGET', KEYS[2], 'cap') or ARGV[2])
+if redis.call('HEXISTS', KEYS[4], 'trips') == 1 then cap = 1 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= cap then
   return {0, 200}
 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-return {1, 0}
+return {1, 0, redis.call('EXISTS', KEYS[4])}
 """
 
 # A slot, then a job: KEYS as _ACQUIRE_SLOT's, then a queue and its intermediate list;
 # ARGV as _ACQUIRE_SLOT's, then the job key prefix. After the slot, RQ's non-blocking
 # dequeue of one queue (LMOVE into the intermediate list, HGETALL of the job) in the same
-# script: {1, 0, id, hash} taken (an empty hash: the job expired meanwhile, which RQ's
-# dequeue skips); {2, 0} the queue was empty, the slot given back; {0, wait ms} no slot.
-_ACQUIRE_SLOT_AND_TAKE = _ACQUIRE_SLOT.replace("return {1, 0}\n", """local id = redis.call('LMOVE', KEYS[4], KEYS[5], 'LEFT', 'RIGHT')
+# script: {1, 0, id, hash, failing} taken (an empty hash: the job expired meanwhile, which
+# RQ's dequeue skips); {2, 0} the queue was empty, the slot given back; {0, wait ms} no slot.
+_ACQUIRE_SLOT_AND_TAKE = _ACQUIRE_SLOT.replace("return {1, 0, redis.call('EXISTS', KEYS[4])}\n", """local id = redis.call('LMOVE', KEYS[5], KEYS[6], 'LEFT', 'RIGHT')
 if not id then
   redis.call('ZREM', KEYS[1], ARGV[1])
   return {2, 0}
 end
-return {1, 0, id, redis.call('HGETALL', ARGV[5] .. id)}
+return {1, 0, id, redis.call('HGETALL', ARGV[5] .. id), redis.call('EXISTS', KEYS[4])}
 """)
 assert _ACQUIRE_SLOT_AND_TAKE != _ACQUIRE_SLOT
 
-# KEYS: tat, conf, pause, gate hash, sends; ARGV: default rate, headroom, gate fit
+# KEYS: tat, conf, pause, gate hash, sends, outage; ARGV: default rate, headroom, gate fit
 # (jobs.policy.paced_rate), then _MARGIN's, the warm-up margin and its length (ms). The
 # pace fits the gate's window at the reserved time, the warm-up's included, so that
-# senders do not queue at the gate (a sliding window repeats a delay it once imposed)
+# senders do not queue at the gate (a sliding window repeats a delay it once imposed).
+# {1, wait ms} reserved; {0, wait ms, 1 if an outage pause} paused
 _RESERVE = _MARGIN + _WARM + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local pause = tonumber(redis.call('GET', KEYS[3]) or '0')
-if pause > now then return {0, tostring(pause - now)} end
+if pause > now then return {0, tostring(pause - now), redis.call('HEXISTS', KEYS[6], 'trips')} end
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tat < now then tat = now end
 local m = warm_margin(KEYS[5], now, tat, margin(now))
@@ -170,6 +181,70 @@ return untl
 """
 
 
+# KEYS: outage, pause, stats; ARGV: sends in a row that make an outage, the error, the
+# outage hash's life (ms), then the pause (ms) for trip 1, 2, ... (the last one repeats;
+# jobs.policy.outage_pause_s). {0, 0, streak, 0}: counted; {1, ms, streak, trips}: an
+# outage, every sender paused from now; {2, ms left, streak, trips}: paused already
+_PROVIDER_FAILED = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local streak = redis.call('HINCRBY', KEYS[1], 'streak', 1)
+if streak == 1 then redis.call('HSET', KEYS[1], 'first_ms', now) end
+redis.call('HSET', KEYS[1], 'last_ms', now, 'last_error', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
+if streak < tonumber(ARGV[1]) then return {0, 0, streak, 0} end
+local pause = tonumber(redis.call('GET', KEYS[2]) or '0')
+if pause > now then
+  return {2, pause - now, streak, tonumber(redis.call('HGET', KEYS[1], 'trips') or '0')}
+end
+local trips = redis.call('HINCRBY', KEYS[1], 'trips', 1)
+if trips == 1 then redis.call('HSET', KEYS[1], 'opened_ms', now) end
+local ms = tonumber(ARGV[3 + math.min(trips, #ARGV - 3)])
+redis.call('SET', KEYS[2], now + ms, 'PX', ms)
+redis.call('HINCRBY', KEYS[3], 'outage_pauses', 1)
+return {1, ms, streak, trips}
+"""
+
+# KEYS: outage, stats. A send succeeded: the streak of failures ends. {0}: there was none;
+# {1}: failures, no pause yet; {2, trips, ms since the first failure}: an outage ended
+_PROVIDER_OK = """
+local h = redis.call('HMGET', KEYS[1], 'trips', 'first_ms', 'streak')
+if not h[3] then return {0} end
+redis.call('DEL', KEYS[1])
+if not h[1] then return {1} end
+redis.call('HINCRBY', KEYS[2], 'outages', 1)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return {2, tonumber(h[1]), now - tonumber(h[2] or now)}
+"""
+
+OUTAGE_TTL_S = 600
+"""A streak of failures (or an outage) with no send for this long is forgotten."""
+
+OUTAGE_HINT_S = 60.0
+"""A success ends a streak of failures with a round trip of its own only while this
+process saw one within this long (a failure of its own, or a slot taken while the outage
+hash existed): the other sends pay nothing."""
+
+_outage_hint: dict[str, float] = {}
+"""Per resource, the time.monotonic() until which this process's successes end a streak
+(OUTAGE_HINT_S). Per process, not per Limiter: the lanes' jobs build their own."""
+
+
+def _hint(name: str) -> None:
+    _outage_hint[name] = time.monotonic() + OUTAGE_HINT_S
+
+
+@dataclass(frozen=True)
+class Down:
+    """``Limiter.provider_failed``: the provider is down; every sender waits ``wait_s``."""
+    streak: int
+    trips: int
+    wait_s: float
+    started: bool
+    """This failure started the pause (else one was on already)."""
+
+
 @dataclass(frozen=True)
 class Taken:
     """A job taken off a queue together with a slot (``Limiter.take``)."""
@@ -191,8 +266,16 @@ class Settings:
 class Limiter:
     """The limits of one resource. Thread-safe: lanes of one process share it."""
 
-    def __init__(self, conn, name: str, cap: int, rate_per_s: float, lease_s: float):
+    def __init__(self, conn, name: str, cap: int, rate_per_s: float, lease_s: float,
+                 outage_after: int = 0, outage_pause_s: float = 5.0, outage_pause_max_s: float = 30.0):
         self.conn = conn
+        self.outage_after = int(outage_after)
+        pauses = []
+        for trips in range(1, 64):
+            pauses.append(int(outage_pause_s_for(trips, outage_pause_s, outage_pause_max_s) * 1000))
+            if pauses[-1] >= outage_pause_max_s * 1000:
+                break
+        self._outage_pauses_ms = pauses
         self.name = name
         self.default_cap = cap
         self.default_rate = rate_per_s
@@ -204,12 +287,15 @@ class Limiter:
         self.k_sends = keys.limit_sends(name)
         self.k_stats = keys.limit_stats(name)
         self.k_gate = keys.limit_gate(name)
+        self.k_outage = keys.limit_outage(name)
         self._margin_args = [GATE_MARGIN_MIN_MS, GATE_MARGIN_MAX_MS, GATE_MARGIN_DECAY_MS_PER_S / 1000.0]
         self._acquire = conn.register_script(_ACQUIRE_SLOT)
         self._acquire_take = conn.register_script(_ACQUIRE_SLOT_AND_TAKE)
         self._reserve = conn.register_script(_RESERVE)
         self._pause = conn.register_script(_PAUSE)
         self._gate = conn.register_script(_GATE)
+        self._failed = conn.register_script(_PROVIDER_FAILED)
+        self._ok = conn.register_script(_PROVIDER_OK)
         self._lock = threading.Lock()
         self._passed = threading.local()  # (member, monotonic) of this thread's last gate pass
 
@@ -227,9 +313,11 @@ class Limiter:
     def try_slot(self, holder: str, previous: str | None = None) -> tuple[bool, int]:
         """One try for a slot; ``previous``, a slot given back in the same round trip
         (a lane going straight on to its next job), is released whatever the outcome."""
-        ok, wait_ms = self._acquire(keys=[self.k_slots, self.k_conf, self.k_pause],
-                                    args=[holder, self.default_cap, self.lease_ms, previous or ""])
-        return bool(ok), int(wait_ms)
+        r = self._acquire(keys=[self.k_slots, self.k_conf, self.k_pause, self.k_outage],
+                          args=[holder, self.default_cap, self.lease_ms, previous or ""])
+        if len(r) > 2 and int(r[2]):
+            _hint(self.name)
+        return bool(r[0]), int(r[1])
 
     def slot(self, stop: threading.Event | None = None, holder: str | None = None,
              previous: str | None = None) -> str | None:
@@ -258,12 +346,15 @@ class Limiter:
         None (``stop`` was set while waiting). ``previous``: see :meth:`try_slot`."""
         waited = False
         while True:
-            r = self._acquire_take(keys=[self.k_slots, self.k_conf, self.k_pause, queue_key, intermediate_key],
+            r = self._acquire_take(keys=[self.k_slots, self.k_conf, self.k_pause, self.k_outage, queue_key,
+                                         intermediate_key],
                                    args=[holder, self.default_cap, self.lease_ms, previous or "", job_prefix])
             previous = None
             if int(r[0]) == 1:
                 if waited:
                     self._count_wait()
+                if int(r[4]):
+                    _hint(self.name)
                 flat = r[3]
                 job_id = r[2].decode() if isinstance(r[2], bytes) else r[2]
                 return Taken(holder, job_id, dict(zip(flat[0::2], flat[1::2])))
@@ -286,12 +377,16 @@ class Limiter:
     def token(self, deadline_s: float | None = None) -> bool:
         """Block until this send may start: its reserved start time, after any 429 pause,
         then through the send gate. False if that would be after ``deadline_s``
-        (time.monotonic())."""
+        (time.monotonic()), or at once during an outage pause (the job goes back, its
+        slot freed: after the pause one send at a time probes the provider)."""
         waited = False
         while True:
-            ok, wait_ms = self._reserve(keys=[self.k_tat, self.k_conf, self.k_pause, self.k_gate, self.k_sends],
-                                        args=[self.default_rate, RATE_HEADROOM, GATE_FIT, *self._margin_args,
-                                              GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS])
+            ok, wait_ms, *outage = self._reserve(
+                keys=[self.k_tat, self.k_conf, self.k_pause, self.k_gate, self.k_sends, self.k_outage],
+                args=[self.default_rate, RATE_HEADROOM, GATE_FIT, *self._margin_args,
+                      GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS])
+            if outage and int(outage[0]):
+                return False
             wait_s = float(wait_ms) / 1000
             if deadline_s is not None and time.monotonic() + wait_s > deadline_s:
                 return False
@@ -381,6 +476,35 @@ class Limiter:
         self._pause(keys=[self.k_pause, self.k_stats, self.k_pause, self.k_gate],
                     args=[int(seconds * 1000), "", "", *self._margin_args, GATE_MARGIN_STEP_MS])
 
+    # ---- provider outages -----------------------------------------------------------
+    def provider_failed(self, error: str) -> Down | None:
+        """Count a send the provider failed (jobs.policy.counts_as_provider_failure).
+        None: not an outage (yet), the job retries as usual. A ``Down``: the provider
+        failed ``outage_after`` sends in a row, so every sender on every host waits
+        ``wait_s`` (this call started that pause, or one was on already)."""
+        if self.outage_after < 2:
+            return None
+        tripped, ms, streak, trips = self._failed(
+            keys=[self.k_outage, self.k_pause, self.k_stats],
+            args=[self.outage_after, error[:300], OUTAGE_TTL_S * 1000, *self._outage_pauses_ms])
+        _hint(self.name)
+        if not int(tripped):
+            return None
+        return Down(streak=int(streak), trips=int(trips), wait_s=max(0, int(ms)) / 1000, started=int(tripped) == 1)
+
+    def provider_ok(self) -> tuple[int, float] | None:
+        """A send succeeded: end any streak of failures. (pauses, seconds since the first
+        failure) when that ended an outage, else None. Costs a round trip only while this
+        process has lately seen the provider fail (OUTAGE_HINT_S)."""
+        if self.outage_after < 2 or time.monotonic() >= _outage_hint.get(self.name, 0.0):
+            return None
+        r = self._ok(keys=[self.k_outage, self.k_stats])
+        if int(r[0]) == 0:
+            _outage_hint.pop(self.name, None)
+        if int(r[0]) != 2:
+            return None
+        return int(r[1]), int(r[2]) / 1000
+
     def gate_margin_ms(self) -> float:
         """The send gate's margin over 1 s in force now (ms). Reads only."""
         sec, usec = self.conn.time()
@@ -410,6 +534,39 @@ def set_limits(conn, name: str, cap: int | None = None, rate_per_s: float | None
         conn.hset(keys.limit_conf(name), mapping=mapping)
 
 
+def read_outage(conn, name: str = "email", now_ms: float | None = None) -> dict | None:
+    """The provider's failing streak or outage as status and the console show it, or None.
+    Reads only (a read-only user may run it): HGETALL and PTTL.
+    state: "failing" (sends failed in a row, not yet an outage), "paused" (every sender
+    waits ``paused_for_s``), "probing" (one send at a time until one succeeds)."""
+    with conn.pipeline(transaction=False) as p:
+        p.hgetall(keys.limit_outage(name))
+        p.pttl(keys.limit_pause(name))
+        raw, pause_ms = p.execute()
+    if not raw:
+        return None
+    h = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+         for k, v in raw.items()}
+    if now_ms is None:
+        now_ms = time.time() * 1000
+    trips = int(h.get("trips", 0))
+    paused_for_s = max(0, int(pause_ms or 0)) / 1000
+    first = float(h.get("first_ms", now_ms))
+    opened = float(h["opened_ms"]) if "opened_ms" in h else None
+    return {
+        "state": "failing" if not trips else ("paused" if paused_for_s > 0 else "probing"),
+        "failed_in_a_row": int(h.get("streak", 0)),
+        "pauses": trips,
+        "paused_for_s": round(paused_for_s, 1),
+        "since": round(first / 1000, 3),
+        "for_s": round(max(0.0, now_ms - first) / 1000, 1),
+        "outage_since": round(opened / 1000, 3) if opened else None,
+        "last_error": h.get("last_error", ""),
+    }
+
+
 def email_limiter(conn, cfg) -> Limiter:
-    return Limiter(conn, "email", cfg.limits.email_concurrency, cfg.limits.email_rate_per_s,
-                   lease_s=cfg.email.timeout_s + 15)
+    lim = cfg.limits
+    return Limiter(conn, "email", lim.email_concurrency, lim.email_rate_per_s, lease_s=cfg.email.timeout_s + 15,
+                   outage_after=lim.outage_after, outage_pause_s=lim.outage_pause_s,
+                   outage_pause_max_s=lim.outage_pause_max_s)

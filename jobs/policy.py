@@ -92,6 +92,32 @@ def classify(exc: BaseException) -> Verdict:
     return Verdict(False, f"{name}: {exc}")
 
 
+# ---- provider outages -------------------------------------------------------
+
+def counts_as_provider_failure(exc: BaseException) -> bool:
+    """Whether a send's failure says the provider is not working (an HTTP 5xx, an SMTP 4xx,
+    a refused, dropped or timed-out connection, an outcome left unknown): what a provider
+    outage looks like. Not a 429 (its Retry-After pauses senders already), not our own
+    limiter's wait (RateWait), not a permanent error (a bad address is one employee's)."""
+    from jobs.errors import Throttled
+
+    if isinstance(exc, Throttled):
+        return False
+    if isinstance(exc, TransientError):
+        return True
+    return isinstance(exc, TRANSIENT_BUILTINS)
+
+
+def outage_pause_s(trips: int, first_s: float, max_s: float) -> float:
+    """How long every sender waits after the ``trips``-th time in a row (1-based) that the
+    provider failed ``limits.outage_after`` sends in a row: ``first_s``, doubled each time
+    the send that probes it after a pause fails too, at most ``max_s`` (defaults 5, 10,
+    20, 30, 30 s: a provider back from an outage gets its next request within 30 s)."""
+    if trips < 1:
+        raise ValueError(f"trips is 1-based, got {trips}")
+    return min(max_s, first_s * (2 ** min(trips - 1, 62)))
+
+
 # ---- lease arithmetic ------------------------------------------------------
 
 def lease_expired(last_heartbeat_s: float, now_s: float, visibility_s: float) -> bool:
@@ -194,10 +220,12 @@ rest; a re-gate is one round trip, for a few percent of sends."""
 def pauses_every_sender(exc: BaseException) -> bool:
     """A 429 from the provider pauses every sender on every host for its Retry-After; a
     send that only waited too long for our own limiter (RateWait) must not: a pause then
-    would lengthen the very wait that timed out."""
-    from jobs.errors import RateWait, Throttled
+    would lengthen the very wait that timed out; nor must a job held back by an outage
+    pause (ProviderDown), which that pause already covers."""
+    from jobs.errors import ProviderDown, RateWait, Throttled
 
-    return isinstance(exc, Throttled) and not isinstance(exc, RateWait) and bool(exc.retry_after_s)
+    return (isinstance(exc, Throttled) and not isinstance(exc, (RateWait, ProviderDown))
+            and bool(exc.retry_after_s))
 
 
 def late_for_gate(passed_s: float, now_s: float) -> bool:

@@ -17,8 +17,8 @@ from typing import Any
 from rq import Retry, get_current_job
 
 from jobs import events, idempotency
-from jobs.errors import PermanentError, RateWait, Throttled
-from jobs.policy import pauses_every_sender
+from jobs.errors import PermanentError, ProviderDown, RateWait, Throttled
+from jobs.policy import counts_as_provider_failure, pauses_every_sender
 from payrun import config as config_mod
 from payrun import keys
 
@@ -150,14 +150,17 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
     """Send ``msg`` under the global limits, for the attempt holding the idempotency claim
     (``key``, ``token``): body and connection ready first, then the start time, then the
     send (re-gated if this thread stalled after its start). A failure gives the claim
-    back, and a provider 429 pauses every sender; success marks the key sent. Returns
-    the provider's message id."""
+    back, a provider 429 pauses every sender, and so does a provider failing
+    ``limits.outage_after`` sends in a row (ProviderDown: no attempt spent); success
+    marks the key sent. Returns the provider's message id."""
     lim = limiter(conn)
+    sent = False  # the request was handed to the transport: its failure is the provider's
     try:
         tr = transport()
         prepared = tr.prepare(msg)  # before the wait: at the start time, only the send is left
         deadline = time.monotonic() + cfg.email.timeout_s / 2
         if not lim.token(deadline_s=deadline):
+            _raise_if_provider_down(conn)
             raise RateWait()
         written: list[float] = []
         traced: list[tuple[float, float]] = []  # PAYRUN_LOG_DEBUG=payrun.sends: logged once sent, not on the way
@@ -171,6 +174,7 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
             return ok
 
         try:
+            sent = True
             message_id = tr.send(msg, prepared, before_write=before_write)
         finally:
             for stamp_ms, wall_ms in traced:
@@ -182,11 +186,64 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
             if cfg.limits.pause_on_429:
                 lim.pause(e.retry_after_s)
         raise
-    except BaseException:
+    except BaseException as e:
         idempotency.release(conn, key, token)
+        if sent and counts_as_provider_failure(e):
+            _count_provider_failure(lim, key, e)
         raise
     idempotency.mark_sent(conn, key, token, message_id)
+    _count_provider_success(lim)
     return message_id
+
+
+def _count_provider_failure(lim, key: str, e: BaseException) -> None:
+    """The provider failed this send. Raises ProviderDown (no attempt spent) if that makes
+    ``limits.outage_after`` failures in a row, or came back during the outage pause;
+    otherwise returns, and the job retries as usual."""
+    try:
+        down = lim.provider_failed(f"{type(e).__name__}: {_one_line(str(e))}")
+    except Exception:  # Redis unreachable: the send's own error says more
+        log.warning("could not count a provider failure of %s", key, exc_info=True)
+        return
+    if down is None:
+        return
+    if down.started:
+        log.error("email provider down: %d sends in a row failed (last: %s); every sender pauses %.0f s "
+                  "(pause %d), then one send probes it", down.streak, _one_line(str(e)), down.wait_s, down.trips)
+    raise ProviderDown(f"email provider down ({down.streak} sends in a row failed), every sender paused "
+                       f"{down.wait_s:.0f} s, no attempt spent; last error: {e}", retry_after_s=down.wait_s) from e
+
+
+def _raise_if_provider_down(conn) -> None:
+    """A send that gave up waiting for a start because of an outage pause says so (and
+    spends no attempt either way)."""
+    from jobs.limits import read_outage
+
+    try:
+        out = read_outage(conn)
+    except Exception:
+        return
+    if out and out["pauses"]:
+        raise ProviderDown(f"email provider down for {out['for_s']:.0f} s ({out['failed_in_a_row']} sends in a "
+                           f"row failed), not sent, no attempt spent; last error: {out['last_error']}",
+                           retry_after_s=max(1.0, out["paused_for_s"]))
+
+
+def _count_provider_success(lim) -> None:
+    try:
+        ended = lim.provider_ok()
+    except Exception:  # the send is delivered and marked; a streak left behind expires
+        log.warning("could not record a provider success", exc_info=True)
+        return
+    if ended:
+        pauses, for_s = ended
+        log.warning("email provider answering again: sends resume after %.0f s of failures (%d pause%s)",
+                    for_s, pauses, "" if pauses == 1 else "s")
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _log_provider_429(key: str, passed_s: float | None, written: list[float]) -> None:

@@ -358,13 +358,17 @@ def limits_group() -> None:
 @pass_ctx
 @handle_errors
 def limits_show(c: Ctx, as_json: bool) -> None:
-    """The limits in force, slots in use, waits and 429s seen."""
-    from jobs.limits import email_limiter
+    """The limits in force, slots in use, waits, 429s seen and any provider outage (sends
+    failing in a row: every sender pauses, then one send probes the provider)."""
+    from jobs.limits import email_limiter, read_outage
 
-    lim = email_limiter(c.redis(), c.cfg)
+    conn = c.redis()
+    lim = email_limiter(conn, c.cfg)
     st = lim.settings()
+    outage = read_outage(conn)
     data = {"email": {"cap": st.cap, "rate_per_s": st.rate_per_s, "in_use": lim.in_use(), **lim.stats(),
-                      "gate_margin_ms": round(lim.gate_margin_ms(), 1)}}
+                      "gate_margin_ms": round(lim.gate_margin_ms(), 1), "outage": outage,
+                      "outage_after": c.cfg.limits.outage_after}}
     if as_json:
         click.echo(json.dumps(data))
         return
@@ -373,6 +377,15 @@ def limits_show(c: Ctx, as_json: bool) -> None:
                f"{e.get('waits', 0):,} waits, {e.get('gated', 0):,} held by the send gate, "
                f"{e.get('regated', 0):,} passed it again after a stall, "
                f"{e.get('http_429', 0):,} 429s seen; send gate: 1 s + {e['gate_margin_ms']:g} ms")
+    if outage and outage["pauses"]:
+        from payrun.status import outage_text
+
+        click.echo(outage_text(outage, c.cfg.timezone))
+    elif outage:
+        click.echo(f"the provider failed the last {outage['failed_in_a_row']:,} sends (an outage pause after "
+                   f"{c.cfg.limits.outage_after} in a row); last: {outage['last_error'][:120]}")
+    click.echo(f"provider outages: {e.get('outages', 0):,} ended, {e.get('outage_pauses', 0):,} pauses"
+               + ("" if c.cfg.limits.outage_after else " (the outage pause is off: limits.outage_after = 0)"))
 
 
 @limits_group.command(name="set")

@@ -83,6 +83,17 @@ class LimitsConfig:
     pause_on_429: bool = True
     """A 429's Retry-After pauses every sender on every host. false = only the job that got
     it waits (the chaos suite turns it off to show what the retry policy alone does)."""
+    outage_after: int = 10
+    """A provider outage: when this many sends in a row, across every host, fail with a
+    5xx, a connection refused or dropped or a timeout, every sender pauses
+    (outage_pause_s), then one send at a time probes the provider until one succeeds.
+    Sends refused while it is down spend no attempt, so an outage longer than the retry
+    policy's ~30 s sends nothing to the failed list. 0 = off: each job retries on its own
+    and gives up after its attempts."""
+    outage_pause_s: float = 5.0
+    """The first pause of an outage; each failed probe doubles it."""
+    outage_pause_max_s: float = 30.0
+    """The longest pause: a provider back from an outage gets its next request within this."""
 
 
 @dataclass
@@ -325,6 +336,11 @@ def validate(cfg: Config) -> None:
         problems.append(f"limits.email_concurrency must be >= 1 (got {cfg.limits.email_concurrency})")
     if cfg.limits.email_rate_per_s <= 0:
         problems.append(f"limits.email_rate_per_s must be > 0 (got {cfg.limits.email_rate_per_s})")
+    if cfg.limits.outage_after < 0 or cfg.limits.outage_after == 1:
+        problems.append(f"limits.outage_after must be 0 (off) or >= 2 sends in a row (got {cfg.limits.outage_after})")
+    if not 0 < cfg.limits.outage_pause_s <= cfg.limits.outage_pause_max_s:
+        problems.append(f"limits needs 0 < outage_pause_s <= outage_pause_max_s (got outage_pause_s="
+                        f"{cfg.limits.outage_pause_s}, outage_pause_max_s={cfg.limits.outage_pause_max_s})")
     if not -1 <= cfg.metrics.port <= 65535:
         problems.append(f"metrics.port must be -1 (off), 0 (any free port) or a port number (got {cfg.metrics.port})")
     if cfg.lease.reap_every_s < 1:

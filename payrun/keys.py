@@ -95,6 +95,13 @@ def limit_gate(name: str) -> str:
     return f"payrun:limit:{name}:gate"
 
 
+def limit_outage(name: str) -> str:
+    """Hash: a provider failing sends in a row (streak, first_ms, last_ms, last_error) and,
+    once that tripped the outage pause, how many pauses in a row (trips, opened_ms). Gone
+    once a send succeeds; expires 10 min after its last failure."""
+    return f"payrun:limit:{name}:outage"
+
+
 def limit_stats(name: str) -> str:
-    """Counters: waits (acquires that had to wait), http_429."""
+    """Counters: waits (acquires that had to wait), http_429, outage_pauses, outages."""
     return f"payrun:limit:{name}:stats"

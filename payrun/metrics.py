@@ -111,6 +111,18 @@ class StateCollector:
             yield CounterMetricFamily("payrun_limiter_regated",
                                       "Sends that stalled after the send gate and passed it again.",
                                       value=stats.get("regated", 0))
+            from jobs.limits import read_outage
+
+            outage = read_outage(self.conn) or {}
+            yield GaugeMetricFamily("payrun_email_provider_down",
+                                    "1 while the provider is down (sends failing in a row paused every sender).",
+                                    value=1 if outage.get("pauses") else 0)
+            yield GaugeMetricFamily("payrun_email_provider_failed_in_a_row",
+                                    "Sends the provider failed in a row (0 after a success).",
+                                    value=outage.get("failed_in_a_row", 0))
+            yield CounterMetricFamily("payrun_email_outage_pauses",
+                                      "Pauses of every sender for a provider outage.",
+                                      value=stats.get("outage_pauses", 0))
             yield GaugeMetricFamily("payrun_email_gate_margin_ms",
                                     "The send gate's margin over 1 s (widened by 429s, narrows back with time).",
                                     value=lim.gate_margin_ms())

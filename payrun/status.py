@@ -88,12 +88,18 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         notes.append(f"{total['no_slip']:,} employees of companies {', '.join(map(str, sorted(missing)))} have "
                      f"salary lines for {month} and no slip (added after the run): "
                      f"payrun run --month {month} --resume")
+    outage = None
     if conn is not None and not redis_failed:
         try:
             lag, lag_age = backlog(conn), round(backlog_age_s(conn), 1)
             notes += intake_notes(conn) if in_progress else []
+            from jobs.limits import read_outage
+
+            outage = read_outage(conn)
+            if outage and outage["pauses"]:
+                notes.insert(0, outage_text(outage, cfg.timezone))
         except (RedisError, OSError):  # it went away after the first look: say so, as if never there
-            conn = None
+            conn, outage = None, None
     return {
         "month": month,
         "total": total,
@@ -103,7 +109,20 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         "redis_reachable": conn is not None and not redis_failed,
         "notes": notes,
         "months": months,
+        "provider_outage": outage,
     }
+
+
+def outage_text(out: dict[str, Any], tz: str) -> str:
+    """One line on a provider outage (jobs.limits.read_outage), for the on-call engineer."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    since = datetime.fromtimestamp(out["outage_since"] or out["since"], ZoneInfo(tz)).strftime("%H:%M:%S")
+    now = (f"every sender paused for {out['paused_for_s']:.0f} s more, then one send probes it"
+           if out["state"] == "paused" else "one send at a time probes it")
+    return (f"the email provider is down since {since} ({out['failed_in_a_row']:,} sends in a row failed, last: "
+            f"{out['last_error'][:120]}): {now}; the sends held back spend no attempt and go out once it answers")
 
 
 def intake_notes(conn) -> list[str]:

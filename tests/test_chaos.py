@@ -85,7 +85,8 @@ def base_env(redis_url):
 #   same lane-bound rate).
 # - The global 429 pause (limits.pause_on_429, on by default) is off in both runs: it stops
 #   a herd by itself (measured: the no-jitter run then never exceeded the bound), which
-#   would hide what the retry policy does.
+#   would hide what the retry policy does. So is the outage pause (limits.outage_after):
+#   it stops sending during the outage altogether (the next test).
 OUTAGE_N = int(os.environ.get("CHAOS_OUTAGE_N", 100))
 OUTAGE_S = float(os.environ.get("CHAOS_OUTAGE_S", 6))
 OUTAGE_RATE = float(os.environ.get("CHAOS_OUTAGE_RATE", 10))
@@ -106,6 +107,7 @@ def outage_run(conn, base_env, home, jitter: bool, pause_on_429: bool = False) -
         f"jitter = {'true' if jitter else 'false'}\n"
         "[lease]\ngrace_s = 5\nvisibility_s = 20\n"
         f"[limits]\npause_on_429 = {'true' if pause_on_429 else 'false'}\n"
+        "outage_after = 0\n"  # the outage pause would stop the herd too (test below)
     )
     try:
         with Cluster(home, env, toml) as cluster:
@@ -165,6 +167,68 @@ def test_provider_outage_full_jitter_keeps_recovery_under_the_limit_no_jitter_he
     print(f"[outage] no jitter:   {herd}")
     assert jittered["max_requests_per_s_over_2s_recovery"] <= bound, jittered
     assert herd["max_requests_per_s_over_2s_recovery"] > bound, herd
+
+
+# ---- 1b. an outage longer than the retry policy lasts ------------------------------------
+
+# Each job may fail 3 times, with waits of random(0, 1 s) and random(0, 2 s): on its own it
+# gives up ~2 s into an outage. The outage lasts 15 s. With the outage pause (5 failures in
+# a row pause every sender 1, 2, 4, 4... s, then one send probes) no job spends an attempt
+# after the pause begins, so all are delivered once the provider is back; without it,
+# nearly every job fails.
+LONG_OUTAGE_N = 60
+LONG_OUTAGE_S = 15.0
+
+
+def long_outage_run(conn, base_env, home, outage_after: int) -> dict:
+    conn.flushdb()
+    provider = Provider(latency_s=0.2, rate_per_s=40).start()
+    env = dict(base_env, PAYRUN_EMAIL_URL=provider.url)
+    toml = (
+        "[render]\ntimeout_s = 5\n"
+        "[email]\nlanes = 8\ntimeout_s = 5\n[email.retry]\nbase_s = 0.5\ncap_s = 2.0\nattempts = 3\n"
+        "[lease]\ngrace_s = 5\nvisibility_s = 20\n"
+        f"[limits]\noutage_after = {outage_after}\noutage_pause_s = 1.0\noutage_pause_max_s = 4.0\n"
+    )
+    try:
+        with Cluster(home, env, toml) as cluster:
+            cluster.seed(LONG_OUTAGE_N)
+            cluster.start(render=2, email=False)
+            assert cluster.run(conn) == LONG_OUTAGE_N
+            deadline = time.monotonic() + 180
+            while conn.llen(f"rq:queue:{keys.EMAIL_QUEUE}") < LONG_OUTAGE_N:
+                assert time.monotonic() < deadline, "renders did not finish"
+                time.sleep(0.2)
+            provider.outage(LONG_OUTAGE_S)  # before the first send: every send meets it
+            t0 = time.monotonic()
+            cluster.start_email()
+            total = cluster.wait_done(conn, LONG_OUTAGE_N, timeout_s=240, what=f"long outage (after={outage_after})")
+            st = provider.stats()
+            if outage_after:
+                st = assert_all_delivered_once(cluster, provider, LONG_OUTAGE_N)
+            send_log = cluster.log_tail("email-0", 10**7)
+            return {"outage_after": outage_after, "s": round(time.monotonic() - t0, 1), "done": total["done"],
+                    "failed": total["failed"], "outage_5xx": st["outage_5xx"], "delivered": st["delivered"],
+                    "duplicates_refused": st["duplicates_refused"],
+                    "pauses_logged": send_log.count("email provider down:"),
+                    "recovered_logged": send_log.count("email provider answering again")}
+    finally:
+        provider.stop()
+
+
+def test_an_outage_longer_than_the_retry_budget_fails_no_job_with_the_outage_pause(conn, base_env, tmp_path):
+    paused = long_outage_run(conn, base_env, tmp_path / "paused", outage_after=5)
+    print(f"\n[long outage] {LONG_OUTAGE_S:g} s, {LONG_OUTAGE_N} slips, 3 attempts each")
+    print(f"[long outage] outage pause: {paused}")
+    alone = long_outage_run(conn, base_env, tmp_path / "alone", outage_after=0)
+    print(f"[long outage] retry policy alone: {alone}")
+    assert paused["done"] == LONG_OUTAGE_N and paused["failed"] == 0, paused
+    # 5 failures, the sends already on their way when the pause began (8 lanes), and one
+    # probe per pause (1 + 2 + 4 + 4 + 4 s < 15 s: about 5) reach the down provider
+    assert paused["outage_5xx"] <= 5 + 8 + 8, paused
+    assert paused["pauses_logged"] >= 2 and paused["recovered_logged"] == 1, paused
+    assert alone["failed"] >= LONG_OUTAGE_N // 2, alone
+    assert alone["outage_5xx"] > 2 * paused["outage_5xx"], alone
 
 
 # ---- 2. kill -9 of random workers -------------------------------------------------------

@@ -123,8 +123,15 @@ class OverviewScreen(ConsoleScreen):
             t.append(f"{lim.rate_per_s:g}/s", style="bold")
             t.append(f" · {lim.waits:,} waits · ")
             t.append(f"{lim.http_429:,} 429s", style="bold red" if lim.http_429 else "")
-            if lim.paused_for_s:
+            out = lim.outage
+            if out and out["pauses"]:
+                t.append(f" · PROVIDER DOWN {duration(out['for_s'])}, {out['failed_in_a_row']:,} failed in a row, "
+                         + (f"paused {out['paused_for_s']:.0f}s" if out["state"] == "paused" else "probing"),
+                         style="bold red")
+            elif lim.paused_for_s:
                 t.append(f" · paused {lim.paused_for_s:.0f}s (429)", style="bold yellow")
+            if out and not out["pauses"] and out["failed_in_a_row"] >= 2:
+                t.append(f" · provider failed the last {out['failed_in_a_row']:,} sends", style="yellow")
         if snap.suspended:
             t.append("  ⏸ ALL INTAKE STOPPED", style="bold yellow")
         elif snap.paused_queues:
