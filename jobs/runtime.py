@@ -210,7 +210,14 @@ class _QuietJobOK(logging.Filter):
     """Drops RQ's per-job success lines ("Successfully completed ... job in ...", "...: Job
     OK (id)"): payrun's own "job <id> done (attempt n) in x s" line says the same. Three
     lines of five per job at 100,000 jobs a night were noise at 02:00. And RQ's "run `rq
-    resume` to resume" names payrun's command (it also clears drained queues)."""
+    resume` to resume" names payrun's command (it also clears drained queues).
+
+    A job failing with one of payrun's own errors (jobs.errors: a 503, a 429, an outage, a
+    bad address) is logged on one line, its error's class and message, without RQ's
+    traceback (40 lines per failed send during a provider outage). Anything else, a bug,
+    keeps its traceback."""
+
+    RQ_FAILED = "Worker %s: job %s: exception raised while executing (%s)\n%s"
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.msg if isinstance(record.msg, str) else ""
@@ -219,6 +226,14 @@ class _QuietJobOK(logging.Filter):
         if msg.startswith("Successfully completed"):
             return False
         args = record.args if isinstance(record.args, tuple) else ()
+        if msg == self.RQ_FAILED and len(args) == 4 and isinstance(args[3], str):
+            last = args[3].rstrip().rsplit("\n", 1)[-1]
+            if last.startswith("jobs.errors."):
+                record.msg = "Worker %s: job %s: %s"
+                record.args = (args[0], args[1], last[len("jobs.errors."):])
+                if not last.startswith("jobs.errors.PermanentError"):
+                    record.levelno, record.levelname = logging.WARNING, "WARNING"  # retried
+            return True
         if msg == "Worker %s: %s: %s (%s)" and len(args) > 2 and "Job OK" in str(args[2]):
             return False
         return True

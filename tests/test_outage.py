@@ -275,3 +275,27 @@ def test_the_console_limits_line_shows_the_outage():
     line = Overview._limits_text(Snapshot(taken_at=0, limits=Limits(**base | {"paused_for_s": 0.0},
                                                                     outage=failing))).plain
     assert "provider failed the last 4 sends" in line and "DOWN" not in line
+
+
+def test_a_job_failing_with_our_own_error_is_one_log_line_and_a_bug_keeps_its_traceback():
+    import traceback
+
+    from jobs.runtime import _QuietJobOK
+
+    def rq_record(exc: BaseException) -> logging.LogRecord:
+        try:
+            raise exc
+        except BaseException as e:
+            text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        return logging.LogRecord("rq.worker", logging.ERROR, __file__, 1, _QuietJobOK.RQ_FAILED,
+                                 ("email.vm.1.00", "email-2026-11-emp-1", "jobs.tasks.send_slip", text), None)
+
+    quiet = _QuietJobOK()
+    r = rq_record(ProviderDown("email provider down (10 sends in a row failed)", retry_after_s=5))
+    assert quiet.filter(r) and r.levelname == "WARNING"
+    assert r.getMessage() == ("Worker email.vm.1.00: job email-2026-11-emp-1: "
+                              "ProviderDown: email provider down (10 sends in a row failed)")
+    r = rq_record(PermanentError("HTTP 422 bad address"))
+    assert quiet.filter(r) and r.levelname == "ERROR" and "\n" not in r.getMessage()
+    r = rq_record(KeyError("a bug"))
+    assert quiet.filter(r) and r.levelname == "ERROR" and "Traceback" in r.getMessage()
