@@ -4,6 +4,8 @@ JobError
  ├── TransientError     worth retrying: timeouts, connection errors, SMTP 4xx, HTTP 429/5xx
  │    ├── OutcomeUnknown the request may have been delivered (connection dropped after
  │    │                  sending): retry with the same idempotency key
+ │    ├── RecipientDeferred  SMTP 4xx for this recipient (greylisting, a full mailbox):
+ │    │                  retried as usual; one address's trouble, not the provider's
  │    └── Throttled      the provider said 429: every sender pauses for its Retry-After,
  │         │             and the job is retried after it without spending an attempt
  │         ├── RateWait  our own limiter could not give a start in time: retried without
@@ -30,6 +32,10 @@ class TransientError(JobError):
 
 
 class OutcomeUnknown(TransientError):
+    pass
+
+
+class RecipientDeferred(TransientError):
     pass
 
 

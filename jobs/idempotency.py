@@ -16,6 +16,7 @@ import hashlib
 
 from redis.exceptions import NoScriptError
 
+from jobs.limits import OUTAGE_OK_LUA, outage_ended
 from payrun import keys
 
 OK, SENT, BUSY = "ok", "sent", "busy"
@@ -43,6 +44,11 @@ redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
 return 1
 """
 
+# The same, and the send's success ends the provider's streak of failures (jobs.limits:
+# KEYS[2..4] = outage, stats, pause), in the same round trip.
+_MARK_SENT_OK = OUTAGE_OK_LUA + _MARK_SENT.replace("return 1\n", "return outage_ok(KEYS[2], KEYS[3], KEYS[4])\n")
+assert _MARK_SENT_OK.endswith("return outage_ok(KEYS[2], KEYS[3], KEYS[4])\n")
+
 SENT_TTL_S = 90 * 24 * 3600
 """How long a sent key is remembered (a slip is resent deliberately with a new key)."""
 
@@ -51,17 +57,18 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
-_SHA = {s: hashlib.sha1(s.encode()).hexdigest() for s in (_CLAIM, _RELEASE, _MARK_SENT)}
+_SHA = {s: hashlib.sha1(s.encode()).hexdigest() for s in (_CLAIM, _RELEASE, _MARK_SENT, _MARK_SENT_OK)}
 
 
-def _run(conn, script: str, key: str, *args):
+def _run(conn, script: str, key: str, *args, more_keys: tuple[str, ...] = ()):
     """EVALSHA (the script's text goes over the wire once per server, not once per send;
     its digest is computed once per process, not once per call as register_script does)."""
+    ks = (keys.idem_state(key), *more_keys)
     try:
-        return conn.evalsha(_SHA[script], 1, keys.idem_state(key), *args)
+        return conn.evalsha(_SHA[script], len(ks), *ks, *args)
     except NoScriptError:  # a new or flushed server: load it, then run it
         conn.script_load(script)
-        return conn.evalsha(_SHA[script], 1, keys.idem_state(key), *args)
+        return conn.evalsha(_SHA[script], len(ks), *ks, *args)
 
 
 def claim(conn, key: str, owner: str, ttl_s: int) -> str:
@@ -72,10 +79,18 @@ def release(conn, key: str, owner: str) -> bool:
     return bool(_run(conn, _RELEASE, key, owner))
 
 
-def mark_sent(conn, key: str, owner: str, message_id: str) -> None:
+def mark_sent(conn, key: str, owner: str, message_id: str,
+              outage_keys: tuple[str, str, str] | None = None) -> tuple[int, float] | None:
+    """Record the key sent. With ``outage_keys`` (jobs.limits.Limiter.outage_keys) the
+    success also ends the provider's streak of failures, in the same script: returns
+    (pauses, seconds since the first failure) if that ended an outage."""
     import time
 
-    _run(conn, _MARK_SENT, key, owner, message_id or "", str(int(time.time())), SENT_TTL_S)
+    args = (owner, message_id or "", str(int(time.time())), SENT_TTL_S)
+    if outage_keys is None:
+        _run(conn, _MARK_SENT, key, *args)
+        return None
+    return outage_ended(_run(conn, _MARK_SENT_OK, key, *args, more_keys=outage_keys))
 
 
 def state(conn, key: str) -> dict[str, str]:

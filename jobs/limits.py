@@ -36,6 +36,7 @@ holding a worker or its lease, and waiting never spends a retry attempt.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
@@ -81,8 +82,7 @@ end
 
 # KEYS: slots, conf, pause, outage; ARGV: holder, default cap, lease ms[, a slot this
 # holder's lane gives back first]. After an outage pause the cap is 1 (one send probes the
-# provider) until a send succeeds. {1, 0, 1 if the provider is failing sends} a slot;
-# {0, wait ms} none.
+# provider) until a send succeeds. {1, 0} a slot; {0, wait ms} none.
 _ACQUIRE_SLOT = """
 if ARGV[4] and ARGV[4] ~= '' then redis.call('ZREM', KEYS[1], ARGV[4]) end
 local t = redis.call('TIME')
@@ -96,20 +96,20 @@ if redis.call('ZCARD', KEYS[1]) >= cap then
   return {0, 200}
 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-return {1, 0, redis.call('EXISTS', KEYS[4])}
+return {1, 0}
 """
 
 # A slot, then a job: KEYS as _ACQUIRE_SLOT's, then a queue and its intermediate list;
 # ARGV as _ACQUIRE_SLOT's, then the job key prefix. After the slot, RQ's non-blocking
 # dequeue of one queue (LMOVE into the intermediate list, HGETALL of the job) in the same
-# script: {1, 0, id, hash, failing} taken (an empty hash: the job expired meanwhile, which
-# RQ's dequeue skips); {2, 0} the queue was empty, the slot given back; {0, wait ms} no slot.
-_ACQUIRE_SLOT_AND_TAKE = _ACQUIRE_SLOT.replace("return {1, 0, redis.call('EXISTS', KEYS[4])}\n", """local id = redis.call('LMOVE', KEYS[5], KEYS[6], 'LEFT', 'RIGHT')
+# script: {1, 0, id, hash} taken (an empty hash: the job expired meanwhile, which RQ's
+# dequeue skips); {2, 0} the queue was empty, the slot given back; {0, wait ms} no slot.
+_ACQUIRE_SLOT_AND_TAKE = _ACQUIRE_SLOT.replace("return {1, 0}\n", """local id = redis.call('LMOVE', KEYS[5], KEYS[6], 'LEFT', 'RIGHT')
 if not id then
   redis.call('ZREM', KEYS[1], ARGV[1])
   return {2, 0}
 end
-return {1, 0, id, redis.call('HGETALL', ARGV[5] .. id), redis.call('EXISTS', KEYS[4])}
+return {1, 0, id, redis.call('HGETALL', ARGV[5] .. id)}
 """)
 assert _ACQUIRE_SLOT_AND_TAKE != _ACQUIRE_SLOT
 
@@ -182,9 +182,13 @@ return untl
 
 
 # KEYS: outage, pause, stats; ARGV: sends in a row that make an outage, the error, the
-# outage hash's life (ms), then the pause (ms) for trip 1, 2, ... (the last one repeats;
-# jobs.policy.outage_pause_s). {0, 0, streak, 0}: counted; {1, ms, streak, trips}: an
-# outage, every sender paused from now; {2, ms left, streak, trips}: paused already
+# outage hash's life (ms), when the failed send started (Redis ms; 0 = now), a pause the
+# provider asked for (a 503's Retry-After, ms; 0 = none), then the pause (ms) for trip 1,
+# 2, ... (the last one repeats; jobs.policy.outage_pause_s). A failure trips a pause when
+# the streak is long enough, unless an outage pause is on or the send started before it
+# ended (it was in flight, not the probe): that one is held, no new pause.
+# {0, 0, streak, 0}: counted; {1, ms, streak, trips}: every sender paused from now;
+# {2, ms left, streak, trips}: held during an outage already paused
 _PROVIDER_FAILED = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -193,46 +197,49 @@ if streak == 1 then redis.call('HSET', KEYS[1], 'first_ms', now) end
 redis.call('HSET', KEYS[1], 'last_ms', now, 'last_error', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
 if streak < tonumber(ARGV[1]) then return {0, 0, streak, 0} end
-local pause = tonumber(redis.call('GET', KEYS[2]) or '0')
-if pause > now then
-  return {2, pause - now, streak, tonumber(redis.call('HGET', KEYS[1], 'trips') or '0')}
+local h = redis.call('HMGET', KEYS[1], 'trips', 'paused_until')
+local trips = tonumber(h[1] or '0')
+local untl = tonumber(h[2] or '0')
+local started = tonumber(ARGV[4])
+if started <= 0 then started = now end
+if trips > 0 and (now < untl or started < untl) then
+  return {2, math.max(0, untl - now), streak, trips}
 end
-local trips = redis.call('HINCRBY', KEYS[1], 'trips', 1)
+trips = redis.call('HINCRBY', KEYS[1], 'trips', 1)
 if trips == 1 then redis.call('HSET', KEYS[1], 'opened_ms', now) end
-local ms = tonumber(ARGV[3 + math.min(trips, #ARGV - 3)])
-redis.call('SET', KEYS[2], now + ms, 'PX', ms)
+local ms = tonumber(ARGV[5 + math.min(trips, #ARGV - 5)])
+local asked = tonumber(ARGV[5])
+if asked > ms then ms = math.min(asked, tonumber(ARGV[#ARGV])) end
+untl = now + ms
+if untl > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], untl, 'PX', ms) end
+redis.call('HSET', KEYS[1], 'paused_until', untl)
 redis.call('HINCRBY', KEYS[3], 'outage_pauses', 1)
 return {1, ms, streak, trips}
 """
 
-# KEYS: outage, stats. A send succeeded: the streak of failures ends. {0}: there was none;
-# {1}: failures, no pause yet; {2, trips, ms since the first failure}: an outage ended
-_PROVIDER_OK = """
-local h = redis.call('HMGET', KEYS[1], 'trips', 'first_ms', 'streak')
-if not h[3] then return {0} end
-redis.call('DEL', KEYS[1])
-if not h[1] then return {1} end
-redis.call('HINCRBY', KEYS[2], 'outages', 1)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return {2, tonumber(h[1]), now - tonumber(h[2] or now)}
+OUTAGE_OK_LUA = """
+local function outage_ok(outage, stats, pause)
+  local h = redis.call('HMGET', outage, 'trips', 'first_ms', 'streak', 'paused_until')
+  if not h[3] then return {0} end
+  redis.call('DEL', outage)
+  if not h[1] then return {1} end
+  redis.call('HINCRBY', stats, 'outages', 1)
+  if h[4] and tonumber(redis.call('GET', pause) or '0') == tonumber(h[4]) then redis.call('DEL', pause) end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return {2, tonumber(h[1]), now - tonumber(h[2] or now)}
+end
 """
+"""A send succeeded: the streak of failures ends, and an outage with it (its pause lifted
+if still on, a 429's left alone). {0}: there was none; {1}: failures, no pause yet; {2,
+pauses, ms since the first failure}: an outage ended. Run by every success inside the
+script that marks its key sent (jobs.idempotency.mark_sent): no round trip of its own."""
+
+# KEYS: outage, stats, pause
+_PROVIDER_OK = OUTAGE_OK_LUA + "return outage_ok(KEYS[1], KEYS[2], KEYS[3])\n"
 
 OUTAGE_TTL_S = 600
 """A streak of failures (or an outage) with no send for this long is forgotten."""
-
-OUTAGE_HINT_S = 60.0
-"""A success ends a streak of failures with a round trip of its own only while this
-process saw one within this long (a failure of its own, or a slot taken while the outage
-hash existed): the other sends pay nothing."""
-
-_outage_hint: dict[str, float] = {}
-"""Per resource, the time.monotonic() until which this process's successes end a streak
-(OUTAGE_HINT_S). Per process, not per Limiter: the lanes' jobs build their own."""
-
-
-def _hint(name: str) -> None:
-    _outage_hint[name] = time.monotonic() + OUTAGE_HINT_S
 
 
 @dataclass(frozen=True)
@@ -263,6 +270,17 @@ class Settings:
     rate_per_s: float
 
 
+@functools.lru_cache(maxsize=8)
+def _outage_pauses_ms(first_s: float, max_s: float) -> list[int]:
+    """The outage pause for trip 1, 2, ... until it reaches ``max_s`` (ms)."""
+    pauses: list[int] = []
+    for trips in range(1, 64):
+        pauses.append(int(outage_pause_s_for(trips, first_s, max_s) * 1000))
+        if pauses[-1] >= max_s * 1000:
+            break
+    return pauses
+
+
 class Limiter:
     """The limits of one resource. Thread-safe: lanes of one process share it."""
 
@@ -270,12 +288,7 @@ class Limiter:
                  outage_after: int = 0, outage_pause_s: float = 5.0, outage_pause_max_s: float = 30.0):
         self.conn = conn
         self.outage_after = int(outage_after)
-        pauses = []
-        for trips in range(1, 64):
-            pauses.append(int(outage_pause_s_for(trips, outage_pause_s, outage_pause_max_s) * 1000))
-            if pauses[-1] >= outage_pause_max_s * 1000:
-                break
-        self._outage_pauses_ms = pauses
+        self._outage_pauses_ms = _outage_pauses_ms(outage_pause_s, outage_pause_max_s)
         self.name = name
         self.default_cap = cap
         self.default_rate = rate_per_s
@@ -313,11 +326,9 @@ class Limiter:
     def try_slot(self, holder: str, previous: str | None = None) -> tuple[bool, int]:
         """One try for a slot; ``previous``, a slot given back in the same round trip
         (a lane going straight on to its next job), is released whatever the outcome."""
-        r = self._acquire(keys=[self.k_slots, self.k_conf, self.k_pause, self.k_outage],
-                          args=[holder, self.default_cap, self.lease_ms, previous or ""])
-        if len(r) > 2 and int(r[2]):
-            _hint(self.name)
-        return bool(r[0]), int(r[1])
+        ok, wait_ms = self._acquire(keys=[self.k_slots, self.k_conf, self.k_pause, self.k_outage],
+                                    args=[holder, self.default_cap, self.lease_ms, previous or ""])
+        return bool(ok), int(wait_ms)
 
     def slot(self, stop: threading.Event | None = None, holder: str | None = None,
              previous: str | None = None) -> str | None:
@@ -353,8 +364,6 @@ class Limiter:
             if int(r[0]) == 1:
                 if waited:
                     self._count_wait()
-                if int(r[4]):
-                    _hint(self.name)
                 flat = r[3]
                 job_id = r[2].decode() if isinstance(r[2], bytes) else r[2]
                 return Taken(holder, job_id, dict(zip(flat[0::2], flat[1::2])))
@@ -477,33 +486,33 @@ class Limiter:
                     args=[int(seconds * 1000), "", "", *self._margin_args, GATE_MARGIN_STEP_MS])
 
     # ---- provider outages -----------------------------------------------------------
-    def provider_failed(self, error: str) -> Down | None:
-        """Count a send the provider failed (jobs.policy.counts_as_provider_failure).
-        None: not an outage (yet), the job retries as usual. A ``Down``: the provider
-        failed ``outage_after`` sends in a row, so every sender on every host waits
-        ``wait_s`` (this call started that pause, or one was on already)."""
+    def provider_failed(self, error: str, started_ms: float = 0, asked_s: float | None = None) -> Down | None:
+        """Count a send the provider failed (jobs.policy.counts_as_provider_failure);
+        ``started_ms``: when it passed the send gate (Redis clock; 0 = unknown, counts as
+        now); ``asked_s``: a pause the provider asked for (a 503's Retry-After, honoured
+        up to the longest outage pause). None: not an outage (yet), the job retries as
+        usual. A ``Down``: the provider failed ``outage_after`` sends in a row, so every
+        sender on every host waits ``wait_s`` (this call started that pause, or one was
+        on already, or the send was in flight when it ended: it was not the probe)."""
         if self.outage_after < 2:
             return None
         tripped, ms, streak, trips = self._failed(
             keys=[self.k_outage, self.k_pause, self.k_stats],
-            args=[self.outage_after, error[:300], OUTAGE_TTL_S * 1000, *self._outage_pauses_ms])
-        _hint(self.name)
+            args=[self.outage_after, error[:300], OUTAGE_TTL_S * 1000, int(started_ms or 0),
+                  int((asked_s or 0) * 1000), *self._outage_pauses_ms])
         if not int(tripped):
             return None
         return Down(streak=int(streak), trips=int(trips), wait_s=max(0, int(ms)) / 1000, started=int(tripped) == 1)
 
     def provider_ok(self) -> tuple[int, float] | None:
-        """A send succeeded: end any streak of failures. (pauses, seconds since the first
-        failure) when that ended an outage, else None. Costs a round trip only while this
-        process has lately seen the provider fail (OUTAGE_HINT_S)."""
-        if self.outage_after < 2 or time.monotonic() >= _outage_hint.get(self.name, 0.0):
-            return None
-        r = self._ok(keys=[self.k_outage, self.k_stats])
-        if int(r[0]) == 0:
-            _outage_hint.pop(self.name, None)
-        if int(r[0]) != 2:
-            return None
-        return int(r[1]), int(r[2]) / 1000
+        """A send succeeded: end any streak of failures (the send path does this inside
+        jobs.idempotency.mark_sent, at no cost). (pauses, seconds since the first
+        failure) when that ended an outage, else None."""
+        return outage_ended(self._ok(keys=[self.k_outage, self.k_stats, self.k_pause]))
+
+    def outage_keys(self) -> tuple[str, str, str] | None:
+        """The keys OUTAGE_OK_LUA needs (outage, stats, pause); None when outages are off."""
+        return (self.k_outage, self.k_stats, self.k_pause) if self.outage_after >= 2 else None
 
     def gate_margin_ms(self) -> float:
         """The send gate's margin over 1 s in force now (ms). Reads only."""
@@ -532,6 +541,14 @@ def set_limits(conn, name: str, cap: int | None = None, rate_per_s: float | None
         mapping["rate_per_s"] = float(rate_per_s)
     if mapping:
         conn.hset(keys.limit_conf(name), mapping=mapping)
+
+
+def outage_ended(reply) -> tuple[int, float] | None:
+    """OUTAGE_OK_LUA's reply: (pauses, seconds since the first failure) if it ended an
+    outage, else None."""
+    if not reply or int(reply[0]) != 2:
+        return None
+    return int(reply[1]), int(reply[2]) / 1000
 
 
 def read_outage(conn, name: str = "email", now_ms: float | None = None) -> dict | None:

@@ -92,7 +92,7 @@ from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from jobs.errors import OutcomeUnknown, PermanentError, RateWait, TransientError, Throttled
+from jobs.errors import OutcomeUnknown, PermanentError, RateWait, RecipientDeferred, TransientError, Throttled
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +285,8 @@ class SmtpTransport:
                     raise smtplib.SMTPDataError(code, reply)
             except smtplib.SMTPRecipientsRefused as e:
                 code, reply = next(iter(e.recipients.values()))
+                if 400 <= code < 500:  # this address, for now: no sign the server is down
+                    raise RecipientDeferred(f"SMTP deferred recipient {to!r}: {code} {_short(reply)}") from None
                 raise _classify_smtp(code, reply, f"SMTP refused recipient {to!r}") from None
             except smtplib.SMTPResponseException as e:
                 # SMTPSenderRefused, SMTPDataError, SMTPAuthenticationError, SMTPConnectError, ...

@@ -96,16 +96,32 @@ def classify(exc: BaseException) -> Verdict:
 
 def counts_as_provider_failure(exc: BaseException) -> bool:
     """Whether a send's failure says the provider is not working (an HTTP 5xx, an SMTP 4xx,
-    a refused, dropped or timed-out connection, an outcome left unknown): what a provider
-    outage looks like. Not a 429 (its Retry-After pauses senders already), not our own
-    limiter's wait (RateWait), not a permanent error (a bad address is one employee's)."""
-    from jobs.errors import Throttled
+    a refused, dropped or timed-out connection, an outcome left unknown, a send the job's
+    timeout cut short: a provider that hangs): what a provider outage looks like. Not a
+    429 (its Retry-After pauses senders already), not our own limiter's wait (RateWait),
+    not one recipient's trouble (RecipientDeferred, a permanent error)."""
+    from jobs.errors import RecipientDeferred, Throttled
 
-    if isinstance(exc, Throttled):
+    if isinstance(exc, (Throttled, RecipientDeferred)):
         return False
     if isinstance(exc, TransientError):
         return True
+    if any(c.__name__ == "JobTimeoutException" for c in type(exc).__mro__):  # RQ's, raised in the send
+        return True
     return isinstance(exc, TRANSIENT_BUILTINS)
+
+
+OUTAGE_HOLDS_PER_JOB = 10
+"""How many times one job may be held back by an outage without spending an attempt.
+In an outage most jobs are held once or twice (they wait in the queue while senders are
+paused); a job held more often is one the provider fails every time (a message it
+chokes on), and counting its attempts again lets it reach the failed list instead of
+holding the run open for good."""
+
+
+def outage_hold_is_free(holds_so_far: int, limit: int = OUTAGE_HOLDS_PER_JOB) -> bool:
+    """Whether the next hold of a job already held ``holds_so_far`` times spends no attempt."""
+    return holds_so_far < limit
 
 
 def outage_pause_s(trips: int, first_s: float, max_s: float) -> float:

@@ -50,9 +50,9 @@ from rq.timeouts import BaseTimeoutException
 from rq.utils import get_version, now as utcnow
 
 from jobs import events, idempotency
-from jobs.errors import PermanentError, Throttled
+from jobs.errors import PermanentError, ProviderDown, Throttled
 from jobs.limits import EMPTY
-from jobs.policy import backoff_delay, classify, shutdown_deadline
+from jobs.policy import backoff_delay, classify, outage_hold_is_free, shutdown_deadline
 from jobs.tasks import allowed_functions
 from jobs.watchdog import WatchdogDeathPenalty
 from payrun import keys
@@ -379,11 +379,18 @@ class EventsMixin:
             job.meta["retry_after"] = verdict.retry_after_s
         if not verdict.transient:
             job.retries_left = 0
+        elif isinstance(exc_value, ProviderDown) and not outage_hold_is_free(int(job.meta.get("outage_holds", 0))):
+            # held back by outages OUTAGE_HOLDS_PER_JOB times: a message the provider fails
+            # every time, not an outage any more; this one spends its attempt
+            job.meta["last_error"] = _one_line(f"{verdict.reason} (held {job.meta.get('outage_holds')} times "
+                                               "already: this attempt counts)")
         elif isinstance(exc_value, Throttled):
             # waiting for the provider's limit is not a failed attempt: RQ's retry takes
             # one from the budget, we give it back (and keep the backoff where it was)
             job.retries_left = (job.retries_left or 0) + 1
             job.meta["budget_start"] = int(job.meta.get("budget_start", 0)) + 1
+            if isinstance(exc_value, ProviderDown):
+                job.meta["outage_holds"] = int(job.meta.get("outage_holds", 0)) + 1
         job.save_meta()
         return True
 

@@ -131,19 +131,23 @@ def transport():
         return _transports[k]
 
 
-_limiter = None
+_limiters: dict[int, Any] = {}
 _limiter_lock = threading.Lock()
 
 
 def limiter(conn):
-    """This process's view of the global email limits (one per process, shared by lanes)."""
-    global _limiter
+    """The global email limits seen through ``conn``: one Limiter per connection, so each
+    send lane (its own connection) builds its own once, not again whenever the lane
+    before it was another one."""
     from jobs.limits import email_limiter
 
     with _limiter_lock:
-        if _limiter is None or _limiter.conn is not conn:
-            _limiter = email_limiter(conn, settings())
-        return _limiter
+        lim = _limiters.get(id(conn))
+        if lim is None or lim.conn is not conn:
+            if len(_limiters) > 256:  # connections come and go in tests and tools
+                _limiters.clear()
+            lim = _limiters[id(conn)] = email_limiter(conn, settings())
+        return lim
 
 
 def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str:
@@ -191,8 +195,11 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
         if sent and counts_as_provider_failure(e):
             _count_provider_failure(lim, key, e)
         raise
-    idempotency.mark_sent(conn, key, token, message_id)
-    _count_provider_success(lim)
+    ended = idempotency.mark_sent(conn, key, token, message_id, outage_keys=lim.outage_keys())
+    if ended:
+        pauses, for_s = ended
+        log.warning("email provider answering again: sends resume after %.0f s of failures (%d pause%s)",
+                    for_s, pauses, "" if pauses == 1 else "s")
     return message_id
 
 
@@ -201,7 +208,8 @@ def _count_provider_failure(lim, key: str, e: BaseException) -> None:
     ``limits.outage_after`` failures in a row, or came back during the outage pause;
     otherwise returns, and the job retries as usual."""
     try:
-        down = lim.provider_failed(f"{type(e).__name__}: {_one_line(str(e))}")
+        down = lim.provider_failed(f"{type(e).__name__}: {_one_line(str(e))}", started_ms=lim.last_gate_stamp_ms() or 0,
+                                   asked_s=getattr(e, "retry_after_s", None))
     except Exception:  # Redis unreachable: the send's own error says more
         log.warning("could not count a provider failure of %s", key, exc_info=True)
         return
@@ -227,18 +235,6 @@ def _raise_if_provider_down(conn) -> None:
         raise ProviderDown(f"email provider down for {out['for_s']:.0f} s ({out['failed_in_a_row']} sends in a "
                            f"row failed), not sent, no attempt spent; last error: {out['last_error']}",
                            retry_after_s=max(1.0, out["paused_for_s"]))
-
-
-def _count_provider_success(lim) -> None:
-    try:
-        ended = lim.provider_ok()
-    except Exception:  # the send is delivered and marked; a streak left behind expires
-        log.warning("could not record a provider success", exc_info=True)
-        return
-    if ended:
-        pauses, for_s = ended
-        log.warning("email provider answering again: sends resume after %.0f s of failures (%d pause%s)",
-                    for_s, pauses, "" if pauses == 1 else "s")
 
 
 def _one_line(text: str, limit: int = 200) -> str:

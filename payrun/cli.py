@@ -385,7 +385,7 @@ def limits_show(c: Ctx, as_json: bool) -> None:
         click.echo(f"the provider failed the last {outage['failed_in_a_row']:,} sends (an outage pause after "
                    f"{c.cfg.limits.outage_after} in a row); last: {outage['last_error'][:120]}")
     click.echo(f"provider outages: {e.get('outages', 0):,} ended, {e.get('outage_pauses', 0):,} pauses"
-               + ("" if c.cfg.limits.outage_after else " (the outage pause is off: limits.outage_after = 0)"))
+               + ("" if c.cfg.limits.outage_after else " (this config turns the outage pause off: limits.outage_after = 0)"))
 
 
 @limits_group.command(name="set")

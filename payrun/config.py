@@ -338,8 +338,8 @@ def validate(cfg: Config) -> None:
         problems.append(f"limits.email_rate_per_s must be > 0 (got {cfg.limits.email_rate_per_s})")
     if cfg.limits.outage_after < 0 or cfg.limits.outage_after == 1:
         problems.append(f"limits.outage_after must be 0 (off) or >= 2 sends in a row (got {cfg.limits.outage_after})")
-    if not 0 < cfg.limits.outage_pause_s <= cfg.limits.outage_pause_max_s:
-        problems.append(f"limits needs 0 < outage_pause_s <= outage_pause_max_s (got outage_pause_s="
+    if not 0.1 <= cfg.limits.outage_pause_s <= cfg.limits.outage_pause_max_s <= 3600:
+        problems.append(f"limits needs 0.1 <= outage_pause_s <= outage_pause_max_s <= 3600 (got outage_pause_s="
                         f"{cfg.limits.outage_pause_s}, outage_pause_max_s={cfg.limits.outage_pause_max_s})")
     if not -1 <= cfg.metrics.port <= 65535:
         problems.append(f"metrics.port must be -1 (off), 0 (any free port) or a port number (got {cfg.metrics.port})")

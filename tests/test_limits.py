@@ -314,7 +314,7 @@ def test_a_provider_429_says_how_long_after_its_gate_pass_the_request_left(conn,
 
     tasks.settings.cache_clear()
     monkeypatch.setattr(tasks, "transport", lambda: Refusing())
-    monkeypatch.setattr(tasks, "_limiter", None)
+    monkeypatch.setattr(tasks, "_limiters", {})
     assert idempotency.claim(conn, "2026-11:1:emp-1", "email-x:1", 60) not in (idempotency.SENT, idempotency.BUSY)
     caplog.set_level(logging.WARNING, logger="payrun.jobs")
     caplog.set_level(logging.DEBUG, logger="payrun.sends")  # as PAYRUN_LOG_DEBUG=payrun.sends does

@@ -135,6 +135,11 @@ def test_smtp_4xx_recipient_is_transient(smtpd):
     assert not isinstance(ei.value, OutcomeUnknown)
     assert "451" in str(ei.value)
     assert smtpd.messages == []
+    # one address's trouble (greylisting), not a sign the server is down: no outage pause
+    from jobs.errors import RecipientDeferred
+    from jobs.policy import counts_as_provider_failure
+
+    assert isinstance(ei.value, RecipientDeferred) and not counts_as_provider_failure(ei.value)
 
 
 def test_smtp_5xx_recipient_is_permanent(smtpd):

@@ -9,15 +9,17 @@ import json
 import logging
 import smtplib
 import socket
+import threading
 import time
 
 import pytest
 
-from conftest import wait_for
-from jobs import idempotency, limits, tasks
-from jobs.errors import OutcomeUnknown, PermanentError, ProviderDown, RateWait, Throttled, TransientError
+from jobs import idempotency, tasks
+from jobs.errors import (OutcomeUnknown, PermanentError, ProviderDown, RateWait, RecipientDeferred, Throttled,
+                         TransientError)
 from jobs.limits import Limiter, read_outage
-from jobs.policy import classify, counts_as_provider_failure, outage_pause_s, pauses_every_sender
+from jobs.policy import (OUTAGE_HOLDS_PER_JOB, classify, counts_as_provider_failure, outage_hold_is_free,
+                         outage_pause_s, pauses_every_sender)
 from payrun import config, keys
 from payrun.provider import Provider
 
@@ -32,14 +34,24 @@ def test_the_outage_pause_doubles_with_each_failed_probe_up_to_its_ceiling():
         outage_pause_s(0, 5, 30)
 
 
+def _job_timeout():
+    from rq.timeouts import JobTimeoutException
+
+    from jobs.watchdog import timeout_exception
+
+    return timeout_exception(JobTimeoutException, 30)()  # what the watchdog raises in a send
+
+
 @pytest.mark.parametrize("exc, counts", [
     (TransientError("HTTP 503 provider outage"), True),
     (OutcomeUnknown("connection dropped after the request was sent"), True),
     (ConnectionRefusedError(111, "refused"), True),
     (socket.timeout("timed out"), True),
     (smtplib.SMTPServerDisconnected("gone"), True),
+    (_job_timeout(), True),  # a provider that hangs: the job's timeout ends the send
     (Throttled("HTTP 429", retry_after_s=1.0), False),  # the 429 pause covers it
     (RateWait(), False),  # our own limiter
+    (RecipientDeferred("SMTP deferred recipient: 451 greylisted"), False),  # one address's
     (PermanentError("HTTP 422 bad address"), False),  # one employee's problem
     (ValueError("a bug"), False),
 ])
@@ -54,11 +66,16 @@ def test_a_job_held_back_by_an_outage_is_transient_and_pauses_nobody_by_itself()
     assert not pauses_every_sender(down)  # the outage pause is already on
 
 
+def test_a_job_is_held_for_free_a_bounded_number_of_times():
+    assert [outage_hold_is_free(n) for n in (0, 9, 10, 50)] == [True, True, False, False]
+    assert OUTAGE_HOLDS_PER_JOB == 10
+
+
 @pytest.mark.parametrize("toml, problem", [
     ("[limits]\noutage_after = 1\n", "outage_after must be 0 (off) or >= 2"),
     ("[limits]\noutage_after = -3\n", "outage_after must be 0 (off) or >= 2"),
-    ("[limits]\noutage_pause_s = 0\n", "0 < outage_pause_s <= outage_pause_max_s"),
-    ("[limits]\noutage_pause_s = 60.0\noutage_pause_max_s = 30.0\n", "0 < outage_pause_s <= outage_pause_max_s"),
+    ("[limits]\noutage_pause_s = 0\n", "0.1 <= outage_pause_s <= outage_pause_max_s <= 3600"),
+    ("[limits]\noutage_pause_s = 60.0\noutage_pause_max_s = 30.0\n", "0.1 <= outage_pause_s <= outage_pause_max_s <= 3600"),
 ])
 def test_outage_settings_are_validated_at_start(tmp_path, toml, problem):
     p = tmp_path / "payrun.toml"
@@ -67,19 +84,34 @@ def test_outage_settings_are_validated_at_start(tmp_path, toml, problem):
         config.load(p, env={"PAYRUN_HOME": str(tmp_path)})
 
 
-def test_the_defaults_and_off():
+def test_the_defaults_and_off(tmp_path):
     d = config.LimitsConfig()
     assert (d.outage_after, d.outage_pause_s, d.outage_pause_max_s) == (10, 5.0, 30.0)
+    p = tmp_path / "payrun.toml"
+    p.write_text("[limits]\noutage_after = 0\n")
+    assert config.load(p, env={"PAYRUN_HOME": str(tmp_path)}).limits.outage_after == 0
 
 
 # ---- the limiter, in Redis -------------------------------------------------------------
 
 
-def limiter(conn, after=3, first_s=0.3, max_s=0.6, cap=5) -> Limiter:
+def limiter(conn, after=3, first_s=30.0, max_s=60.0, cap=5) -> Limiter:
     lim = Limiter(conn, "email", cap, 1000.0, lease_s=30, outage_after=after, outage_pause_s=first_s,
                   outage_pause_max_s=max_s)
     lim.seed()
     return lim
+
+
+def end_pause(conn) -> None:
+    """The pause runs out now (tests do not wait 30 s for it): its key goes, and the end
+    the outage recorded moves to now."""
+    assert conn.delete(keys.limit_pause("email")) == 1
+    conn.hset(keys.limit_outage("email"), "paused_until", int(now_ms(conn)) - 1)
+
+
+def now_ms(conn) -> float:
+    sec, usec = conn.time()
+    return int(sec) * 1000 + int(usec) / 1000
 
 
 def test_sends_failing_in_a_row_pause_every_sender_then_one_probe_at_a_time(conn):
@@ -89,73 +121,143 @@ def test_sends_failing_in_a_row_pause_every_sender_then_one_probe_at_a_time(conn
     assert read_outage(conn)["state"] == "failing"
     down = lim.provider_failed("TransientError: HTTP 503 provider outage")
     assert down is not None and down.started and (down.streak, down.trips) == (3, 1)
-    assert 0.25 <= down.wait_s <= 0.3
+    assert 29 <= down.wait_s <= 30
     out = read_outage(conn)
     assert out["state"] == "paused" and out["pauses"] == 1 and out["failed_in_a_row"] == 3
     assert out["last_error"] == "TransientError: HTTP 503 provider outage" and out["outage_since"]
     # nobody takes a slot while paused, on any host
     ok, wait_ms = other_host.try_slot("lane-a")
-    assert not ok and 0 < wait_ms <= 300
+    assert not ok and 0 < wait_ms <= 30_000
     # a send in flight when the pause began fails too: it is held back, the pause unchanged
     late = other_host.provider_failed("HTTP 503")
     assert late is not None and not late.started and late.trips == 1 and late.wait_s <= down.wait_s
     # after the pause: one send probes the provider, the others wait
-    wait_for(lambda: lim.try_slot("probe")[0], timeout_s=5, interval_s=0.02, what="the pause to end")
+    end_pause(conn)
     assert read_outage(conn)["state"] == "probing"
+    assert lim.try_slot("probe")[0]
     assert other_host.try_slot("lane-b") == (False, 200)
     # the probe fails: a pause twice as long
     lim.release("probe")
     again = lim.provider_failed("HTTP 503")
-    assert again.started and again.trips == 2 and 0.5 <= again.wait_s <= 0.6
-    wait_for(lambda: other_host.try_slot("probe-2")[0], timeout_s=5, interval_s=0.02, what="the second pause")
+    assert again.started and again.trips == 2 and 59 <= again.wait_s <= 60
+    end_pause(conn)
+    assert other_host.try_slot("probe-2")[0]
     # the next probe succeeds: the outage is over, the cap is back for every host
     ended = other_host.provider_ok()
-    assert ended is not None and ended[0] == 2 and ended[1] >= 0.5
+    assert ended is not None and ended[0] == 2 and ended[1] >= 0
     assert read_outage(conn) is None
     assert lim.try_slot("lane-c")[0] and lim.try_slot("lane-d")[0]  # 3 of 5 held
     stats = lim.stats()
     assert stats["outage_pauses"] == 2 and stats["outages"] == 1
 
 
-def test_a_success_between_failures_means_no_outage(conn):
+def test_a_send_in_flight_when_the_pause_ended_is_not_the_probe(conn):
+    """A failure of a send that started before the pause ended (a slow request, in flight
+    all along) is held; only a send started after it (the probe) can pause again."""
+    lim = limiter(conn, after=2)
+    started_before = now_ms(conn) - 1000  # a slow request, sent a second before the outage began
+    lim.provider_failed("HTTP 503")
+    assert lim.provider_failed("HTTP 503").trips == 1
+    end_pause(conn)
+    late = lim.provider_failed("TimeoutError: timed out", started_ms=started_before)
+    assert late is not None and not late.started and late.trips == 1 and late.wait_s == 0
+    assert read_outage(conn)["state"] == "probing" and read_outage(conn)["pauses"] == 1
+    probe = lim.provider_failed("HTTP 503", started_ms=now_ms(conn))
+    assert probe.started and probe.trips == 2
+
+
+def test_a_503s_retry_after_lengthens_the_pause_up_to_its_ceiling(conn):
+    lim = limiter(conn, after=2, first_s=5, max_s=30)
+    lim.provider_failed("HTTP 503")
+    assert 19 <= lim.provider_failed("HTTP 503", asked_s=20).wait_s <= 20
+    end_pause(conn)
+    assert 29 <= lim.provider_failed("HTTP 503", asked_s=600).wait_s <= 30
+
+
+def test_a_success_anywhere_ends_the_streak_and_lifts_the_outage_pause(conn):
+    """The success path does it inside the script that marks the key sent: every host's
+    success counts, at no extra round trip."""
+    from jobs import idempotency
+
     lim = limiter(conn, after=3)
     for _ in range(5):
         assert lim.provider_failed("HTTP 503") is None
         assert lim.provider_failed("HTTP 503") is None
-        assert lim.provider_ok() is None  # a streak ended, no outage to report
+        assert idempotency.claim(conn, "k", "o", 60) == idempotency.OK
+        assert idempotency.mark_sent(conn, "k", "o", "m-1", outage_keys=lim.outage_keys()) is None  # no outage
+        conn.delete(keys.idem_state("k"))
     assert read_outage(conn) is None and not conn.exists(keys.limit_pause("email"))
+    for _ in range(3):
+        lim.provider_failed("HTTP 503")
+    assert conn.pttl(keys.limit_pause("email")) > 0
+    # a send in flight all along succeeds: the provider is back, nobody waits out the pause
+    assert idempotency.claim(conn, "k2", "o", 60) == idempotency.OK
+    ended = idempotency.mark_sent(conn, "k2", "o", "m-2", outage_keys=lim.outage_keys())
+    assert ended is not None and ended[0] == 1
+    assert read_outage(conn) is None and not conn.exists(keys.limit_pause("email"))
+    assert idempotency.state(conn, "k2")["state"] == "sent"
 
 
-def test_a_success_ends_a_streak_another_process_counted_once_it_has_seen_it(conn):
-    """A process learns of another's failures when it takes a slot (the same script), so
-    its successes pay a round trip only then; before that they cost nothing."""
-    failing, healthy = limiter(conn, after=3), limiter(conn, after=3)
-    failing.provider_failed("HTTP 503")
-    failing.provider_failed("HTTP 503")
-    limits._outage_hint.clear()  # what the healthy process knows: nothing yet
-    assert healthy.provider_ok() is None and read_outage(conn)["failed_in_a_row"] == 2  # not seen yet
-    assert healthy.try_slot("lane")[0]
-    assert healthy.provider_ok() is None  # a streak, not an outage, ended
-    assert read_outage(conn) is None
-    assert failing.provider_failed("HTTP 503") is None  # counting starts again
+def test_an_outage_success_leaves_a_429_pause_alone(conn):
+    lim = limiter(conn, after=2)
+    lim.provider_failed("HTTP 503")
+    lim.provider_failed("HTTP 503")
+    end_pause(conn)
+    lim.pause(20)  # the provider's Retry-After, meanwhile
+    assert lim.provider_ok() is not None
+    assert conn.pttl(keys.limit_pause("email")) > 10_000
 
 
 def test_off_counts_nothing(conn):
     lim = limiter(conn, after=0)
     for _ in range(20):
         assert lim.provider_failed("HTTP 503") is None
-    assert read_outage(conn) is None and lim.try_slot("x")[0]
+    assert read_outage(conn) is None and lim.try_slot("x")[0] and lim.outage_keys() is None
 
 
 def test_a_sender_waiting_for_its_start_gives_up_at_once_when_an_outage_pause_begins(conn):
     """Its job goes back without an attempt spent and its slot is freed: after the pause
     only the probe may send (a 429 pause is waited out instead)."""
     lim = limiter(conn, after=2, first_s=20, max_s=20)
-    lim.provider_failed("HTTP 503")
-    assert lim.provider_failed("HTTP 503").started
+    waiting = threading.Event()
+    result = []
+    lim.pause(2)  # a 429 pause: a sender waits it out ...
+    t = threading.Thread(target=lambda: (waiting.set(), result.append(lim.token(deadline_s=time.monotonic() + 60))))
     t0 = time.monotonic()
-    assert lim.token(deadline_s=time.monotonic() + 60) is False
-    assert time.monotonic() - t0 < 2
+    t.start()
+    waiting.wait(5)
+    lim.provider_failed("HTTP 503")
+    assert lim.provider_failed("HTTP 503").started  # ... but an outage pause begins meanwhile
+    t.join(30)
+    assert result == [False] and time.monotonic() - t0 < 15
+
+
+def test_taking_a_job_during_an_outage(conn):
+    """The lanes' path (slot and job in one script): nothing while paused, one at a time
+    while probing, all lanes again once a send succeeded."""
+    from jobs.limits import EMPTY
+
+    lim = limiter(conn, after=2, cap=5)
+    q, inter = f"rq:queue:{keys.EMAIL_QUEUE}", f"rq:queue:{keys.EMAIL_QUEUE}:intermediate"
+    conn.rpush(q, *[f"job-{i}" for i in range(5)])
+    lim.provider_failed("HTTP 503")
+    lim.provider_failed("HTTP 503")
+    stop = threading.Event()
+    timer = threading.Timer(0.5, stop.set)
+    timer.start()
+    assert lim.take(stop, "lane-0", q, inter, "rq:job:") is None  # paused: waited until stopped
+    timer.cancel()
+    end_pause(conn)
+    first = lim.take(threading.Event(), "lane-1", q, inter, "rq:job:")
+    assert first not in (None, EMPTY) and first.job_id == "job-0"
+    stop2 = threading.Event()
+    timer = threading.Timer(0.5, stop2.set)
+    timer.start()
+    assert lim.take(stop2, "lane-2", q, inter, "rq:job:") is None  # the probe holds the only slot
+    timer.cancel()
+    assert lim.provider_ok() is not None
+    got = [lim.take(threading.Event(), f"lane-{i}", q, inter, "rq:job:") for i in (3, 4)]
+    assert [g.job_id for g in got] == ["job-1", "job-2"]
 
 
 # ---- the send path, against the local provider ----------------------------------------
@@ -165,11 +267,11 @@ def test_a_sender_waiting_for_its_start_gives_up_at_once_when_an_outage_pause_be
 def outage_cfg(cfg, monkeypatch, tmp_path):
     provider = Provider(latency_s=0.0, rate_per_s=1000).start()
     toml = tmp_path / "outage.toml"
-    toml.write_text("[limits]\noutage_after = 3\noutage_pause_s = 0.5\noutage_pause_max_s = 1.0\n")
+    toml.write_text("[limits]\noutage_after = 3\noutage_pause_s = 30.0\noutage_pause_max_s = 60.0\n")
     monkeypatch.setenv("PAYRUN_CONFIG", str(toml))
     monkeypatch.setenv("PAYRUN_EMAIL_URL", provider.url)
     tasks.settings.cache_clear()
-    monkeypatch.setattr(tasks, "_limiter", None)
+    monkeypatch.setattr(tasks, "_limiters", {})
     monkeypatch.setattr(tasks, "_transports", {})
     try:
         yield tasks.settings(), provider
@@ -194,7 +296,7 @@ def test_a_provider_503_storm_holds_back_sends_without_spending_attempts_and_end
         conn, outage_cfg, caplog):
     cfg, provider = outage_cfg
     caplog.set_level(logging.WARNING, logger="payrun.jobs")
-    provider.outage(60, 503)
+    provider.outage(600, 503)
     errors = []
     for n in range(4):
         try:
@@ -207,12 +309,13 @@ def test_a_provider_503_storm_holds_back_sends_without_spending_attempts_and_end
     assert isinstance(errors[2], ProviderDown) and "3 sends in a row failed" in str(errors[2])
     assert "no attempt spent" in str(errors[2]) and "503" in str(errors[2]) and errors[2].retry_after_s > 0
     # a send starting during the pause does not reach the provider at all
-    assert isinstance(errors[3], ProviderDown)
+    assert isinstance(errors[3], ProviderDown) and "not sent" in str(errors[3])
     assert provider.stats()["outage_5xx"] == 3
     assert any("email provider down: 3 sends in a row failed" in r.getMessage() for r in caplog.records)
     assert read_outage(conn)["state"] == "paused"
     provider.end_outage()
-    wait_for(lambda: read_outage(conn)["state"] == "probing", timeout_s=5, interval_s=0.02, what="the pause to end")
+    end_pause(conn)
+    assert read_outage(conn)["state"] == "probing"
     assert _send(conn, cfg, 10)  # the probe: delivered
     assert read_outage(conn) is None
     assert any("email provider answering again" in r.getMessage() for r in caplog.records)
@@ -252,7 +355,6 @@ def test_status_limits_and_queues_say_the_provider_is_down(cfg, conn):
     assert queues.exit_code == 0 and "the email provider is down since" in queues.output, queues.output
     assert json.loads(runner.invoke(cli, ["queues", "--json"]).output)["limits"]["outage"]["state"] == "paused"
     # once a send succeeds, all of it is gone
-    limits._outage_hint["email"] = time.monotonic() + 60
     assert lim.provider_ok() is not None
     data = json.loads(runner.invoke(cli, ["status", "--json"]).output)
     assert data["provider_outage"] is None and not any("provider" in n for n in data["notes"])
@@ -299,3 +401,63 @@ def test_a_job_failing_with_our_own_error_is_one_log_line_and_a_bug_keeps_its_tr
     assert quiet.filter(r) and r.levelname == "ERROR" and "\n" not in r.getMessage()
     r = rq_record(KeyError("a bug"))
     assert quiet.filter(r) and r.levelname == "ERROR" and "Traceback" in r.getMessage()
+
+
+def test_the_runtime_gives_a_held_job_its_attempt_back_a_bounded_number_of_times():
+    from jobs.runtime import EventsMixin
+
+    class Job:  # what _classify_exception touches of an RQ job
+        def __init__(self, holds):
+            self.meta = {"attempt": 3, "outage_holds": holds}
+            self.retries_left = 2  # RQ has already taken this attempt off
+
+        def save_meta(self):
+            pass
+
+    down = ProviderDown("email provider down (10 sends in a row failed)", retry_after_s=5.0)
+    free = Job(holds=0)
+    EventsMixin._classify_exception(None, free, ProviderDown, down, None)
+    assert free.retries_left == 3 and free.meta["outage_holds"] == 1 and free.meta["retry_after"] == 5.0
+    spent = Job(holds=OUTAGE_HOLDS_PER_JOB)
+    EventsMixin._classify_exception(None, spent, ProviderDown, down, None)
+    assert spent.retries_left == 2 and spent.meta["outage_holds"] == OUTAGE_HOLDS_PER_JOB
+    assert "this attempt counts" in spent.meta["last_error"]
+
+
+def test_a_provider_that_hangs_makes_an_outage_too(conn, cfg, monkeypatch, tmp_path):
+    """Requests accepted and never answered: each send ends in the job's timeout (RQ's
+    JobTimeoutException from the watchdog, which runs out before the transport's own
+    deadline), and those count as the provider failing."""
+    from rq.timeouts import JobTimeoutException
+
+    from jobs.watchdog import WatchdogDeathPenalty
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held = []
+    accepting = threading.Thread(target=lambda: [held.append(server.accept()) for _ in range(4)], daemon=True)
+    accepting.start()
+    toml = tmp_path / "hang.toml"
+    toml.write_text("[email]\ntimeout_s = 1\n[limits]\noutage_after = 2\noutage_pause_s = 30.0\n"
+                    "outage_pause_max_s = 60.0\n")
+    monkeypatch.setenv("PAYRUN_CONFIG", str(toml))
+    monkeypatch.setenv("PAYRUN_EMAIL_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+    tasks.settings.cache_clear()
+    monkeypatch.setattr(tasks, "_limiters", {})
+    monkeypatch.setattr(tasks, "_transports", {})
+    outcomes = []
+    try:
+        for n in range(2):
+            try:
+                with WatchdogDeathPenalty(0.3, JobTimeoutException, job_id=f"email-{n}"):
+                    _send(conn, tasks.settings(), n)
+            except BaseException as e:  # noqa: BLE001 - the job's outcome, whatever it is
+                outcomes.append(e)
+    finally:
+        server.close()
+        for c, _ in held:
+            c.close()
+        tasks.settings.cache_clear()
+    assert not isinstance(outcomes[0], ProviderDown) and isinstance(outcomes[1], ProviderDown), outcomes
+    assert read_outage(conn)["state"] == "paused"
