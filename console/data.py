@@ -270,7 +270,14 @@ def read_queues(conn, now: float, queues=keys.QUEUES) -> tuple[list[QueueRow], b
 def _kind(name: str, queues: str) -> str:
     if keys.EMAIL_QUEUE in queues.split(","):
         return "email"
-    return "render" if keys.RENDER_QUEUE in queues.split(",") else "control"
+    if keys.RENDER_QUEUE in queues.split(","):
+        return "render"
+    # a record that lost its fields (its key lapsed, then one write recreated it) still
+    # has payrun's name: email.<host>.<pid>.<lane>, render.<host>.<pid>
+    for prefix, kind in (("email.", "email"), ("render.", "render")):
+        if name.startswith(prefix):
+            return kind
+    return "control"
 
 
 def read_workers(conn, now: float) -> list[WorkerRow]:
@@ -305,8 +312,13 @@ def read_workers(conn, now: float) -> list[WorkerRow]:
         hb = parse_ts(h.get("last_heartbeat"))
         t0 = parse_ts(st) if job_id else None
         pid = int(h["pid"]) if h.get("pid", "").isdigit() else None
+        host = h.get("hostname")
+        parts = name.split(".")
+        if (pid is None or not host) and len(parts) >= 3 and parts[0] in ("email", "render") \
+                and parts[2].isdigit():  # a record that lost its fields: payrun's name says them
+            host, pid = host or parts[1], pid or int(parts[2])
         out.append(WorkerRow(
-            name=name, host=h.get("hostname", "?"), pid=pid, queues=h.get("queues", ""),
+            name=name, host=host or "?", pid=pid, queues=h.get("queues", ""),
             state=h.get("state", "?"), job_id=job_id,
             job_elapsed_s=max(0.0, now - t0) if t0 else None,
             heartbeat_age_s=max(0.0, now - hb) if hb else None, alive=alive,
@@ -390,10 +402,14 @@ def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis
     return {"month": month, "total": total, "companies": companies}
 
 
-def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: bool = False) -> dict[str, Any]:
+def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: bool = False,
+        provider_down_s: float | None = None) -> dict[str, Any]:
     """When the last slip should be delivered at the recent rate, and whether that is
     before the 09:00 deadline (the next one after ``now``). ``drained``: intake is
-    stopped on a queue every slip passes through, so nothing will arrive until a resume."""
+    stopped on a queue every slip passes through, so nothing will arrive until a resume.
+    ``provider_down_s``: the email provider has been down this long (an outage pause):
+    no slip is delivered until it answers, so no time is promised; ``if_back_now`` says
+    when the rest would be delivered if it answered now, at ``rate_per_s``."""
     remaining = max(0, total.get("total", 0) - total.get("done", 0) - total.get("failed", 0))
     zone = ZoneInfo(tz)
     local = datetime.fromtimestamp(now, zone)
@@ -402,11 +418,16 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
         deadline += timedelta(days=1)
     out: dict[str, Any] = {"remaining": remaining, "rate_per_s": round(rate_per_s, 3),
                            "deadline": deadline.isoformat(), "at": None, "on_time": None,
-                           "drained": drained and remaining > 0, "no_slip": total.get("no_slip", 0)}
+                           "drained": drained and remaining > 0, "no_slip": total.get("no_slip", 0),
+                           "provider_down_s": provider_down_s if remaining > 0 else None}
     if remaining == 0:
         out.update(at=local.isoformat(), on_time=True)
     elif drained:
         pass  # no ETA: nothing moves until `payrun resume`
+    elif provider_down_s is not None:
+        if rate_per_s > 0:
+            back = local + timedelta(seconds=remaining / rate_per_s)
+            out.update(if_back_now=back.isoformat(), on_time_if_back_now=back <= deadline)
     elif rate_per_s > 0:
         at = local + timedelta(seconds=remaining / rate_per_s)
         out.update(at=at.isoformat(), on_time=at <= deadline)
@@ -535,7 +556,9 @@ class Source:
                     started = max((parse_ts(r["created_at"]) or 0.0 for r in rows), default=0.0)
                     rate = self.delivery_rate(snap.queues, now - started if started else None)
                     drained = snap.suspended or bool({keys.RENDER_QUEUE, keys.EMAIL_QUEUE} & set(snap.paused_queues))
-                    snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone, drained)
+                    out = snap.limits.outage if snap.limits else None
+                    down = out["for_s"] if out and out["pauses"] else None
+                    snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone, drained, down)
             except Exception as e:
                 errors.append(f"ledger unreadable ({type(e).__name__}: {str(e)[:80]})")
             snap.error = "; ".join(errors) or None

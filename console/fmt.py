@@ -44,6 +44,14 @@ def eta_text(eta: dict[str, Any] | None) -> str:
         return "all slips made are delivered" if eta.get("no_slip") else "all delivered"
     if eta.get("drained"):
         return "no ETA: intake drained (resume with u or `payrun resume`)"
+    if eta.get("provider_down_s") is not None:
+        text = f"no ETA: email provider down {duration(eta['provider_down_s'])}"
+        if eta.get("if_back_now"):
+            back = datetime.fromisoformat(eta["if_back_now"])
+            deadline = datetime.fromisoformat(eta["deadline"])
+            text += (f" (back now: done {back:%H:%M}, "
+                     f"{'on time for' if eta['on_time_if_back_now'] else 'LATE for'} {deadline:%H:%M})")
+        return text
     if not eta.get("at"):
         return "ETA unknown: nothing delivered in the last 5 min"
     at = datetime.fromisoformat(eta["at"])

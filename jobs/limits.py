@@ -331,9 +331,10 @@ class Limiter:
         return bool(ok), int(wait_ms)
 
     def slot(self, stop: threading.Event | None = None, holder: str | None = None,
-             previous: str | None = None) -> str | None:
+             previous: str | None = None, on_wait=None) -> str | None:
         """Block until a slot is ours; returns its holder id (None if ``stop`` was set).
-        ``previous``: see :meth:`try_slot` (released by the first try)."""
+        ``previous``: see :meth:`try_slot` (released by the first try). ``on_wait``:
+        called before each wait (a lane renews its worker record: a pause may last)."""
         holder = holder or uuid.uuid4().hex
         waited = False
         while True:
@@ -344,17 +345,20 @@ class Limiter:
                     self._count_wait()
                 return holder
             waited = True
+            if on_wait is not None:
+                on_wait()
             if stop is not None and stop.wait(min(wait_ms, 500) / 1000):
                 return None
             if stop is None:
                 time.sleep(min(wait_ms, 500) / 1000)
 
     def take(self, stop: threading.Event, holder: str, queue_key: str, intermediate_key: str, job_prefix: str,
-             previous: str | None = None) -> Taken | str | None:
+             previous: str | None = None, on_wait=None) -> Taken | str | None:
         """:meth:`slot`, then RQ's non-blocking dequeue of one queue, in one script per try:
         three round trips per send become one. Blocks while no slot is free. Returns a
         ``Taken`` (its slot is ours), ``EMPTY`` (the queue was empty: no slot held) or
-        None (``stop`` was set while waiting). ``previous``: see :meth:`try_slot`."""
+        None (``stop`` was set while waiting). ``previous``: see :meth:`try_slot`.
+        ``on_wait``: see :meth:`slot`."""
         waited = False
         while True:
             r = self._acquire_take(keys=[self.k_slots, self.k_conf, self.k_pause, self.k_outage, queue_key,
@@ -370,6 +374,8 @@ class Limiter:
             if int(r[0]) == 2:
                 return EMPTY
             waited = True
+            if on_wait is not None:
+                on_wait()
             if stop.wait(min(int(r[1]), 500) / 1000):
                 return None
 

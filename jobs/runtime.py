@@ -1070,9 +1070,11 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
                 if limiter is not None and len(open_) == 1:  # the send-email queue: one script
                     previous, held = held, None
                     queue = lane.own_queue(open_[0].name)
+                    # waiting for a slot can last (an outage pause: up to 30 s at a time, for
+                    # minutes): the lane renews its worker record meanwhile, or it lapses
                     got = limiter.take(stop, f"{lane.name}:{uuid.uuid4().hex[:8]}", queue.key,
                                        queue.intermediate_queue_key, lane.job_class.redis_job_namespace_prefix,
-                                       previous=previous)
+                                       previous=previous, on_wait=lane.heartbeat)
                     if got is None:
                         break
                     result = None
@@ -1087,7 +1089,8 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
                 else:
                     if limiter is not None:
                         previous, held = held, None
-                        slot = limiter.slot(stop, holder=f"{lane.name}:{uuid.uuid4().hex[:8]}", previous=previous)
+                        slot = limiter.slot(stop, holder=f"{lane.name}:{uuid.uuid4().hex[:8]}", previous=previous,
+                                            on_wait=lane.heartbeat)
                         if slot is None:
                             break
                     result = Queue.dequeue_any(

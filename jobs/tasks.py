@@ -198,7 +198,7 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
     ended = idempotency.mark_sent(conn, key, token, message_id, outage_keys=lim.outage_keys())
     if ended:
         pauses, for_s = ended
-        log.warning("email provider answering again: sends resume after %.0f s of failures (%d pause%s)",
+        log.warning("email provider answering again: sends resume (its first failure %.0f s ago, %d pause%s)",
                     for_s, pauses, "" if pauses == 1 else "s")
     return message_id
 

@@ -54,6 +54,9 @@ class Ctx:
             return  # supervisord's programs, or a shell with supervisor-env's PAYRUN_HOME: set on purpose
         home = self.cfg.home
         if not any((home / m).exists() for m in self.HOME_MARKERS):
+            if any((home / "demo" / m).exists() for m in self.HOME_MARKERS):
+                raise SetupError(f"no payrun data directory at {home}; `payrun demo` keeps its data in "
+                                 f"{home / 'demo'}: PAYRUN_HOME={home / 'demo'} payrun ...")
             raise SetupError(f"no payrun data directory at {home} (no payroll.db or ledger.db there): set "
                              f"PAYRUN_HOME to it, or run this where you ran `payrun up` (a new one starts "
                              f"with `payrun seed`, `payrun import` or `payrun demo`)")

@@ -118,7 +118,7 @@ def outage_text(out: dict[str, Any], tz: str) -> str:
     from datetime import datetime
     from zoneinfo import ZoneInfo
 
-    since = datetime.fromtimestamp(out["outage_since"] or out["since"], ZoneInfo(tz)).strftime("%H:%M:%S")
+    since = datetime.fromtimestamp(out["outage_since"] or out["since"], ZoneInfo(tz)).strftime("%H:%M:%S %Z")
     now = (f"every sender paused for {out['paused_for_s']:.0f} s more, then one send probes it"
            if out["state"] == "paused" else "one send at a time probes it")
     return (f"the email provider is down since {since} ({out['failed_in_a_row']:,} sends in a row failed, last: "

@@ -133,6 +133,11 @@ def test_a_read_command_in_a_directory_with_no_payrun_refuses_instead_of_startin
     monkeypatch.setenv("PAYRUN_REDIS_URL", "redis://127.0.0.1:1/0")
     assert "no payrun data directory" in CliRunner().invoke(cli, ["status"]).output
     assert not (tmp_path / "elsewhere" / "var" / "ledger.db").exists()
+    # `payrun demo` ran here: its data is one level down, and the message says so
+    (tmp_path / "elsewhere" / "var" / "demo").mkdir()
+    (tmp_path / "elsewhere" / "var" / "demo" / "ledger.db").touch()
+    out = CliRunner().invoke(cli, ["status"]).output
+    assert f"`payrun demo` keeps its data in {tmp_path / 'elsewhere' / 'var' / 'demo'}" in out, out
 
 
 def test_retry_with_nothing_named_says_what_to_give():

@@ -142,6 +142,35 @@ def test_a_lane_woken_often_without_a_job_keeps_its_worker_record(conn, monkeypa
     assert not t.is_alive() and conn.hget(lane.key, "death")  # registered its death on the way out
 
 
+def test_a_lane_waiting_out_a_long_pause_keeps_its_worker_record(conn, monkeypatch):
+    """During a provider outage the lanes wait for a slot for minutes (every sender paused,
+    then one probe at a time); a walkthrough saw their worker keys lapse there and turn
+    into a phantom "?:None control" process in the console."""
+    monkeypatch.setattr(LaneWorker, "heartbeat_every_s", 0.05)
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    q.enqueue_call("jobs.tasks.noop", job_id="waiting")
+    lim = _limiter(conn)
+    lim.pause(120)  # as an outage pause sets it
+    lane = LaneWorker([q], connection=lane_connection(conn), name="email.test.00")
+    stop = threading.Event()
+    t = threading.Thread(target=lane_loop, args=(lane, stop, _WakesWithWork(q, stop)), kwargs={"limiter": lim})
+    t.start()
+    try:
+        wait_for(lambda: conn.exists(lane.key), timeout_s=5, what="the lane's birth")
+        conn.expire(lane.key, 5)
+        wait_for(lambda: conn.ttl(lane.key) > 60, timeout_s=5, interval_s=0.05, what="a heartbeat while waiting")
+        assert conn.hget(lane.key, "hostname") and conn.llen(q.key) == 1  # still waiting, nothing taken
+    finally:
+        stop.set()
+        t.join(10)
+    assert not t.is_alive()
+
+
+class _WakesWithWork(_WakesWithNothing):
+    def more_work(self):
+        return True
+
+
 def test_a_lane_holds_one_connection_of_the_shared_pool(conn):
     pool = conn.connection_pool
     lane = lane_connection(conn)

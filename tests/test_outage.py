@@ -461,3 +461,30 @@ def test_a_provider_that_hangs_makes_an_outage_too(conn, cfg, monkeypatch, tmp_p
         tasks.settings.cache_clear()
     assert not isinstance(outcomes[0], ProviderDown) and isinstance(outcomes[1], ProviderDown), outcomes
     assert read_outage(conn)["state"] == "paused"
+
+
+def test_a_lane_record_that_lost_its_fields_still_shows_as_its_process(conn):
+    """What a lapsed worker key leaves once one write recreates it: only a heartbeat. The
+    console groups it under its process by payrun's name, not as a "?:None control"."""
+    from console.data import read_workers
+
+    conn.sadd("rq:workers", "rq:worker:email.vm.4564.33")
+    conn.hset("rq:worker:email.vm.4564.33", "last_heartbeat", "2026-12-02T01:33:00.000000Z")
+    (w,) = read_workers(conn, time.time())
+    assert (w.kind, w.host, w.pid) == ("email", "vm", 4564)
+
+
+def test_the_eta_promises_no_time_while_the_provider_is_down():
+    """Walkthrough: 2 minutes into a 3-minute outage the console still said "ETA 08:28 —
+    on time for 09:00" while nothing went out."""
+    from console.data import eta
+    from console.fmt import eta_text
+
+    now = 1_793_478_300.0  # 02:25 in Dhaka
+    total = {"queued": 40_000, "running": 0, "retrying": 0, "done": 10_000, "failed": 0, "stuck": 0, "total": 50_000}
+    down = eta(total, 37.0, now, "Asia/Dhaka", provider_down_s=146)
+    assert down["at"] is None and down["on_time"] is None
+    assert eta_text(down) == "no ETA: email provider down 2m26s (back now: done 02:43, on time for 09:00)"
+    assert eta_text(eta(total, 0.0, now, "Asia/Dhaka", provider_down_s=146)) == "no ETA: email provider down 2m26s"
+    done = eta(total | {"queued": 0, "done": 50_000}, 0.0, now, "Asia/Dhaka", provider_down_s=146)
+    assert eta_text(done) == "all delivered"
