@@ -363,15 +363,13 @@ def read_limits(conn, cfg) -> Limits:
         p.zcount(keys.limit_slots(name), now_ms, "+inf")
         p.hgetall(keys.limit_stats(name))
         p.pttl(keys.limit_pause(name))
-        p.exists(keys.limit_outage(name))
-        conf, in_use, stats, pause, failing = p.execute()
+        p.hgetall(keys.limit_outage(name))
+        conf, in_use, stats, pause, outage_raw = p.execute()
     conf = {_s(k): _s(v) for k, v in conf.items()}
     stats = {_s(k): int(v) for k, v in stats.items()}
-    outage = None
-    if failing:  # rare: a second round trip only then
-        from jobs.limits import read_outage
+    from jobs.limits import outage_from
 
-        outage = read_outage(conn, name, now_ms=now_ms)
+    outage = outage_from(outage_raw, pause, now_ms=now_ms)
     return Limits(cap=int(float(conf.get("cap", cfg.limits.email_concurrency))),
                   rate_per_s=float(conf.get("rate_per_s", cfg.limits.email_rate_per_s)),
                   in_use=int(in_use), waits=stats.get("waits", 0), http_429=stats.get("http_429", 0),

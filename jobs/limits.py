@@ -23,7 +23,7 @@ One named resource (``email``) has
   connections refused or dropped, timeouts) every sender stops for outage_pause_s, then
   the cap is 1 (one send probes the provider) until a send succeeds; each failed probe
   pauses again, twice as long (``jobs.policy.outage_pause_s``). Sends held back by it
-  spend no attempt (ProviderDown), so a long outage fails no job.
+  spend no attempt (ProviderDown): only the failures before the pause do.
 Each decision is one Lua script using Redis's clock (hosts' clocks may differ).
 
 The values in force live in the hash ``payrun:limit:<name>`` (fields ``cap``,
@@ -42,10 +42,10 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from jobs.policy import outage_pause_s as outage_pause_s_for
 from jobs.policy import (GATE_FIT, GATE_MARGIN_DECAY_MS_PER_S, GATE_MARGIN_MAX_MS, GATE_MARGIN_MIN_MS,
                          GATE_MARGIN_STEP_MS, GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS, gate_margin_ms,
                          late_for_gate)
+from jobs.policy import outage_pause_s as outage_pause_s_for
 from payrun import keys
 
 RATE_HEADROOM = 0.975
@@ -271,14 +271,14 @@ class Settings:
 
 
 @functools.lru_cache(maxsize=8)
-def _outage_pauses_ms(first_s: float, max_s: float) -> list[int]:
+def _outage_pauses_ms(first_s: float, max_s: float) -> tuple[int, ...]:
     """The outage pause for trip 1, 2, ... until it reaches ``max_s`` (ms)."""
     pauses: list[int] = []
     for trips in range(1, 64):
         pauses.append(int(outage_pause_s_for(trips, first_s, max_s) * 1000))
         if pauses[-1] >= max_s * 1000:
             break
-    return pauses
+    return tuple(pauses)
 
 
 class Limiter:
@@ -566,6 +566,12 @@ def read_outage(conn, name: str = "email", now_ms: float | None = None) -> dict 
         p.hgetall(keys.limit_outage(name))
         p.pttl(keys.limit_pause(name))
         raw, pause_ms = p.execute()
+    return outage_from(raw, pause_ms, now_ms)
+
+
+def outage_from(raw: dict, pause_ms: int | None, now_ms: float | None = None) -> dict | None:
+    """read_outage's answer from the outage hash (HGETALL) and the pause key's PTTL, for a
+    caller that reads them in its own pipeline."""
     if not raw:
         return None
     h = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)

@@ -188,11 +188,6 @@ def make_queue(name: str, conn) -> Queue:
     return Queue(name, connection=conn, serializer=JSONSerializer, job_class=PayrunJob)
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 class PayrunScheduler(RQScheduler):
     """RQ's scheduler process (moves due retries from the scheduled registry to their
     queue), made to die with the worker that forked it, like a work horse."""
@@ -373,7 +368,7 @@ class EventsMixin:
 
     def _classify_exception(self, job: Job, exc_type, exc_value, tb) -> bool:
         verdict = classify(exc_value)
-        job.meta["last_error"] = _one_line(verdict.reason)
+        job.meta["last_error"] = events.one_line(verdict.reason)
         job.meta["error_attempt"] = job.meta.get("attempt")
         if verdict.retry_after_s:
             job.meta["retry_after"] = verdict.retry_after_s
@@ -382,7 +377,7 @@ class EventsMixin:
         elif isinstance(exc_value, ProviderDown) and not outage_hold_is_free(int(job.meta.get("outage_holds", 0))):
             # held back by outages OUTAGE_HOLDS_PER_JOB times: a message the provider fails
             # every time, not an outage any more; this one spends its attempt
-            job.meta["last_error"] = _one_line(f"{verdict.reason} (held {job.meta.get('outage_holds')} times "
+            job.meta["last_error"] = events.one_line(f"{verdict.reason} (held {job.meta.get('outage_holds')} times "
                                                "already: this attempt counts)")
         elif isinstance(exc_value, Throttled):
             # waiting for the provider's limit is not a failed attempt: RQ's retry takes
@@ -437,7 +432,7 @@ class EventsMixin:
         job.meta = job.get_meta(refresh=True)  # the horse may have died holding newer meta
         if job.meta.get("error_attempt") != job.meta.get("attempt"):
             # no exception handler ran for this attempt: the horse was killed (timeout in C code)
-            job.meta["last_error"] = _one_line(exc_string or "work horse terminated")
+            job.meta["last_error"] = events.one_line(exc_string or "work horse terminated")
             job.meta["error_attempt"] = job.meta.get("attempt")
         super().handle_job_failure(job, queue, started_job_registry, exc_string)
         status = job.get_status(refresh=True)

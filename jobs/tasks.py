@@ -208,8 +208,8 @@ def _count_provider_failure(lim, key: str, e: BaseException) -> None:
     ``limits.outage_after`` failures in a row, or came back during the outage pause;
     otherwise returns, and the job retries as usual."""
     try:
-        down = lim.provider_failed(f"{type(e).__name__}: {_one_line(str(e))}", started_ms=lim.last_gate_stamp_ms() or 0,
-                                   asked_s=getattr(e, "retry_after_s", None))
+        down = lim.provider_failed(f"{type(e).__name__}: {events.one_line(e, 200)}",
+                                   started_ms=lim.last_gate_stamp_ms() or 0, asked_s=getattr(e, "retry_after_s", None))
     except Exception:  # Redis unreachable: the send's own error says more
         log.warning("could not count a provider failure of %s", key, exc_info=True)
         return
@@ -217,7 +217,7 @@ def _count_provider_failure(lim, key: str, e: BaseException) -> None:
         return
     if down.started:
         log.error("email provider down: %d sends in a row failed (last: %s); every sender pauses %.0f s "
-                  "(pause %d), then one send probes it", down.streak, _one_line(str(e)), down.wait_s, down.trips)
+                  "(pause %d), then one send probes it", down.streak, events.one_line(e, 200), down.wait_s, down.trips)
     raise ProviderDown(f"email provider down ({down.streak} sends in a row failed), every sender paused "
                        f"{down.wait_s:.0f} s, no attempt spent; last error: {e}", retry_after_s=down.wait_s) from e
 
@@ -235,11 +235,6 @@ def _raise_if_provider_down(conn) -> None:
         raise ProviderDown(f"email provider down for {out['for_s']:.0f} s ({out['failed_in_a_row']} sends in a "
                            f"row failed), not sent, no attempt spent; last error: {out['last_error']}",
                            retry_after_s=max(1.0, out["paused_for_s"]))
-
-
-def _one_line(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _log_provider_429(key: str, passed_s: float | None, written: list[float]) -> None:
