@@ -283,11 +283,14 @@ def test_take_waits_for_a_free_slot_and_gives_up_on_stop(conn):
     lim = _limiter(conn, cap=1)
     assert lim.try_slot("other")[0]  # the only slot is held elsewhere
     stop = threading.Event()
+    waiting = threading.Event()
     out: list = []
     t = threading.Thread(target=lambda: out.append(
-        lim.take(stop, "lane-a", q.key, q.intermediate_queue_key, "rq:job:")))
+        lim.take(stop, "lane-a", q.key, q.intermediate_queue_key, "rq:job:", on_wait=waiting.set)))
     t.start()
-    wait_for(lambda: conn.llen(q.key) == 1 and t.is_alive(), timeout_s=5, what="the lane to wait")
+    # released only once the lane found the slot taken (releasing earlier raced its first try)
+    assert waiting.wait(5), "the lane never waited for the slot"
+    assert conn.llen(q.key) == 1 and t.is_alive()
     lim.release("other")
     t.join(10)
     assert isinstance(out[0], Taken) and out[0].job_id == "wait-0"
