@@ -52,8 +52,10 @@ def log_emitted(job_id: str, status: str, duration_s: float | None = None, **fie
 
 
 def _log_event(job_id: str, status: str, ev: dict[str, str], duration_s: float | None = None) -> None:
+    held = ev.get("outcome") == "held"  # a try held back by the provider: no attempt spent
     _log.info("job %s %s%s%s", job_id, ev.get("outcome", status),
-              f" (attempt {ev['attempt']})" if "attempt" in ev else "",
+              (f" (try {ev['attempt']}, no attempt spent)" if held else f" (attempt {ev['attempt']})")
+              if "attempt" in ev else "",
               f" in {duration_s:.2f} s" if duration_s is not None else "",
               extra={"job_id": job_id, "queue": ev.get("queue") or _queue_of(job_id),
                      "attempt": int(ev["attempt"]) if "attempt" in ev else None,

@@ -384,6 +384,7 @@ class EventsMixin:
             # one from the budget, we give it back (and keep the backoff where it was)
             job.retries_left = (job.retries_left or 0) + 1
             job.meta["budget_start"] = int(job.meta.get("budget_start", 0)) + 1
+            job.meta["held_attempt"] = job.meta.get("attempt")  # the ledger shows it as "held"
             if isinstance(exc_value, ProviderDown):
                 job.meta["outage_holds"] = int(job.meta.get("outage_holds", 0)) + 1
         job.save_meta()
@@ -437,8 +438,10 @@ class EventsMixin:
         super().handle_job_failure(job, queue, started_job_registry, exc_string)
         status = job.get_status(refresh=True)
         if status in (JobStatus.SCHEDULED, JobStatus.QUEUED):
+            held = job.meta.get("held_attempt") is not None and job.meta.get("held_attempt") == job.meta.get("attempt")
             events.emit(self.connection, job.id, "retrying", attempt=job.meta.get("attempt"),
-                        error=job.meta.get("last_error"), delay=job.meta.get("last_delay"))
+                        error=job.meta.get("last_error"), delay=job.meta.get("last_delay"),
+                        **({"outcome": "held"} if held else {}))
         else:
             events.emit(self.connection, job.id, "failed", attempt=job.meta.get("attempt"),
                         error=job.meta.get("last_error"))

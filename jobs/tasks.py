@@ -38,7 +38,8 @@ ALLOWED_FUNCTIONS = frozenset({
 })
 """Job functions a payrun worker agrees to run (JSON still lets a job name any import path)."""
 
-TEST_FUNCTIONS = frozenset({"jobs.testing.hang", "jobs.testing.sleep", "jobs.testing.noop", "jobs.testing.spin"})
+TEST_FUNCTIONS = frozenset({"jobs.testing.hang", "jobs.testing.sleep", "jobs.testing.noop", "jobs.testing.spin",
+                            "jobs.testing.throttled_once"})
 
 
 def allowed_functions() -> frozenset[str]:

@@ -34,3 +34,15 @@ def spin(seconds: float) -> float:
     while time.monotonic() < end:
         n += 1
     return seconds
+
+
+def throttled_once() -> str:
+    """Held back by the provider's rate limit on its first try (as a send is by a 429 or
+    an outage pause), done on the next: that try must spend no attempt."""
+    from rq import get_current_job
+
+    from jobs.errors import Throttled
+
+    if int(get_current_job().meta.get("attempt", 1)) == 1:
+        raise Throttled("provider rate limit: not sent, no attempt spent", 0.2)
+    return "sent"

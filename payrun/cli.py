@@ -318,6 +318,7 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
     """One job: its ledger row, every attempt (time, outcome, error, delay chosen) and the
     last traceback RQ kept."""
     from jobs.runtime import PayrunJob
+    from payrun.ledger import tries_text
 
     row = c.ledger().job(job_id)
     conn = _maybe_redis(c)
@@ -338,6 +339,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
         return
     if row:
         click.echo(f"{row['id']}  {row['kind']}  {row['status']}  attempts={row['attempts']}  key={row['key']}")
+        if any(h.get("outcome") == "held" for h in row["history"]):
+            click.echo(tries_text(row))
         if row.get("last_error"):
             earlier = " (of an earlier attempt)" if row["status"] == "done" else ""
             click.echo(f"last error{earlier}: {row['last_error']}")

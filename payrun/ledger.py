@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -191,7 +191,7 @@ class Ledger:
             sets.append("finished_at = NULL")
         c.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*args, job_id))
         outcome = ev.get("outcome") or status
-        if attempt is not None and outcome in ("running", "retrying", "done", "failed", "requeued", "reaped"):
+        if attempt is not None and outcome in ("running", "retrying", "held", "done", "failed", "requeued", "reaped"):
             if outcome == "running":
                 c.execute(
                     "INSERT INTO attempts (job_id, attempt, worker, started_at, outcome) VALUES (?,?,?,?, 'running')"
@@ -307,6 +307,19 @@ class Ledger:
         for r in self.db.query("SELECT month FROM payroll_runs ORDER BY created_at DESC, month DESC LIMIT 1"):
             return r["month"]
         return None
+
+
+def tries_text(row: Mapping[str, Any]) -> str:
+    """How many tries a job's ledger ``row`` (with its history) had, in words: tries held
+    back by the provider's rate limit or an outage (outcome "held") spent no attempt, and
+    a reader at 02:00 must not count them against the retry budget."""
+    tries = int(row.get("attempts") or 0)
+    held = sum(1 for h in row.get("history", ()) if h.get("outcome") == "held")
+    if not held:
+        return f"{tries} attempt{'' if tries == 1 else 's'}"
+    spent = tries - held
+    return (f"{tries} tries: {spent} attempt{'' if spent == 1 else 's'}, {held} held back by the provider "
+            "(no attempt spent)")
 
 
 def iter_chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:

@@ -32,7 +32,8 @@ class Observed:
     def __init__(self, registry: CollectorRegistry):
         self.duration = Histogram("payrun_job_duration_seconds", "Duration of one attempt of a job, by queue.",
                                   ["queue"], buckets=DURATION_BUCKETS, registry=registry)
-        self.attempts = Counter("payrun_job_attempts_total", "Attempts that ended, by queue and outcome.",
+        self.attempts = Counter("payrun_job_attempts_total", "Attempts that ended, by queue and outcome (held: a try held back by the provider's "
+                                "rate limit or an outage, which spends no attempt and is not a retry).",
                                 ["queue", "outcome"], registry=registry)
         self.retries = Counter("payrun_job_retries_total", "Attempts that failed and were scheduled again.",
                                ["queue"], registry=registry)
@@ -53,13 +54,13 @@ class Observed:
                     self._started.clear()
                 return
             outcome = ev.get("outcome") or status
-            if outcome not in ("done", "failed", "retrying", "requeued", "reaped"):
+            if outcome not in ("done", "failed", "retrying", "held", "requeued", "reaped"):
                 return
             started = self._started.pop(job, None)
         self.attempts.labels(queue, outcome).inc()
         if outcome == "retrying":
             self.retries.labels(queue).inc()
-        if started is not None and outcome in ("done", "failed", "retrying"):
+        if started is not None and outcome in ("done", "failed", "retrying", "held"):
             self.duration.labels(started[1]).observe(max(0.0, (ts - started[0]).total_seconds()))
 
 

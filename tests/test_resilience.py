@@ -118,6 +118,31 @@ def test_a_render_hung_in_c_code_is_killed_at_its_timeout_retried_then_failed(co
     assert "timeout" in job["last_error"]
 
 
+def test_a_try_held_back_by_the_provider_spends_no_attempt_and_the_ledger_says_held(conn, env, tmp_path, cfg):
+    from payrun.ledger import tries_text
+
+    # no Retry at all: a job with no retries left still gets its held try back
+    enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.throttled_once", job_id="held-1")
+    w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
+    try:
+        wait_for(lambda: status_of(conn, "held-1") == "finished", timeout_s=30, what="the held job to finish")
+    finally:
+        w.terminate()
+        w.wait(timeout=20)
+    ledger = Ledger(cfg.ledger_path)
+    ledger.create_jobs([{"id": "held-1", "kind": "render"}])
+    ledger_mod.drain(conn, ledger)
+    job = ledger.job("held-1")
+    assert job["status"] == "done" and job["attempts"] == 2
+    assert [h["outcome"] for h in job["history"]] == ["held", "done"]
+    assert tries_text(job) == "2 tries: 1 attempt, 1 held back by the provider (no attempt spent)"
+    assert "job held-1 held (try 1, no attempt spent)" in (tmp_path / "w.log").read_text()
+    from payrun.cli import cli
+
+    out = CliRunner().invoke(cli, ["job", "held-1"], env=env)
+    assert out.exit_code == 0 and "1 held back by the provider" in out.output, out.output
+
+
 def test_sigterm_finishes_within_grace_then_requeues_at_front_without_spending_an_attempt(conn, env, tmp_path, cfg):
     enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.sleep", 30, job_id="long-1", timeout=40, retry=Retry(max=3))
     w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")

@@ -11,6 +11,7 @@ from textual.widgets import Footer, Static
 
 from console import actions
 from console.screens.base import ConsoleScreen
+from payrun.ledger import tries_text
 from console.widgets.status import StatusBar
 
 
@@ -31,7 +32,7 @@ def render_detail(d: dict, tz: str | None = None) -> Text:
     t.append(f"{d['id']}\n", style="bold")
     if led:
         t.append(f"{led['kind']} · company {led.get('company_id')} · {led.get('key') or ''}\n")
-        t.append(f"ledger: {led['status']} after {led['attempts']} attempt(s)"
+        t.append(f"ledger: {led['status']} after {tries_text(led)}"
                  f"{' on ' + led['worker'] if led.get('worker') else ''}\n")
         if led.get("last_error"):
             t.append("last error: ", style="bold")
