@@ -115,7 +115,9 @@ def _redis_rows(conn, ids: list[tuple[str, str]]) -> list[dict[str, Any]]:
     for (job_id, q), (meta, ended, desc) in zip(ids, res):
         m = _meta(meta)
         rows.append({"id": job_id, "queue": q, "company": None, "kind": m.get("kind"),
-                     "attempts": int(m.get("attempt", 0) or 0), "error": m.get("last_error") or "",
+                     # attempts spent: tries held back by the provider spent none
+                     "attempts": int(m.get("attempt", 0) or 0) - int(m.get("held", 0) or 0),
+                     "error": m.get("last_error") or "",
                      "ended_at": _s(ended) or None, "in_redis": True})
     return rows
 
@@ -151,9 +153,11 @@ def page(conn, ledger, flt: FailedFilter, offset: int = 0, limit: int = 50) -> F
         total = ledger.db.conn.execute(f"SELECT COUNT(*) FROM jobs WHERE {where}", args).fetchone()[0]
         rows = [
             {"id": r["id"], "queue": r["queue"], "company": r["company_id"], "kind": r["kind"],
-             "attempts": r["attempts"], "error": r["last_error"] or "", "ended_at": r["finished_at"]}
+             "attempts": r["attempts"] - r["held"], "error": r["last_error"] or "", "ended_at": r["finished_at"]}
             for r in ledger.db.query(
-                f"SELECT id, queue, company_id, kind, attempts, last_error, finished_at FROM jobs WHERE {where}"
+                "SELECT id, queue, company_id, kind, attempts, last_error, finished_at, (SELECT COUNT(*) FROM"
+                " attempts a WHERE a.job_id = jobs.id AND a.outcome = 'held') AS held"
+                f" FROM jobs WHERE {where}"
                 " ORDER BY finished_at DESC, id LIMIT ? OFFSET ?", [*args, limit, offset])
         ]
         with conn.pipeline(transaction=False) as p:

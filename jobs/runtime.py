@@ -385,6 +385,7 @@ class EventsMixin:
             job.retries_left = (job.retries_left or 0) + 1
             job.meta["budget_start"] = int(job.meta.get("budget_start", 0)) + 1
             job.meta["held_attempt"] = job.meta.get("attempt")  # the ledger shows it as "held"
+            job.meta["held"] = int(job.meta.get("held", 0)) + 1  # tries that spent no attempt
             if isinstance(exc_value, ProviderDown):
                 job.meta["outage_holds"] = int(job.meta.get("outage_holds", 0)) + 1
         job.save_meta()

@@ -36,13 +36,16 @@ def spin(seconds: float) -> float:
     return seconds
 
 
-def throttled_once() -> str:
+def throttled_once(then_fail: bool = False) -> str:
     """Held back by the provider's rate limit on its first try (as a send is by a 429 or
-    an outage pause), done on the next: that try must spend no attempt."""
+    an outage pause), then done (or ``then_fail``: a permanent error) on the next: the
+    held try must spend no attempt."""
     from rq import get_current_job
 
-    from jobs.errors import Throttled
+    from jobs.errors import PermanentError, Throttled
 
     if int(get_current_job().meta.get("attempt", 1)) == 1:
         raise Throttled("provider rate limit: not sent, no attempt spent", 0.2)
+    if then_fail:
+        raise PermanentError("HTTP 422 invalid recipient address")
     return "sent"

@@ -292,7 +292,8 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         click.echo("no failed jobs")
         return
     for r in rows:
-        click.echo(f"{r['id']:<36} {r['queue']:<10} attempts={r['attempts']:<2} {r['error']}")
+        held = f" (+{r['held']} held)" if r.get("held") else ""  # tries held back by the provider: no attempt spent
+        click.echo(f"{r['id']:<36} {r['queue']:<10} attempts={r['attempts'] - r.get('held', 0):<2}{held} {r['error']}")
     shown = (f"{len(every):,} failed job(s)" if len(rows) == len(every) else
              f"{len(every):,} failed jobs, the newest {len(rows):,} shown (--limit N for more)")
     click.echo(f"{shown}; retry with: payrun retry ID… or {_retry_all(queue, error_text, company)}")

@@ -34,7 +34,7 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
                 continue
             out.append({
                 "id": job.id, "queue": qname, "kind": job.meta.get("kind"), "key": job.meta.get("key"),
-                "attempts": job.meta.get("attempt", 0), "error": last_error,
+                "attempts": job.meta.get("attempt", 0), "held": int(job.meta.get("held", 0)), "error": last_error,
                 "ended_at": job.ended_at.isoformat() if job.ended_at else None,
             })
     if ledger is not None and out:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -123,14 +124,16 @@ def test_a_try_held_back_by_the_provider_spends_no_attempt_and_the_ledger_says_h
 
     # no Retry at all: a job with no retries left still gets its held try back
     enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.throttled_once", job_id="held-1")
+    enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.throttled_once", True, job_id="held-2")
     w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
     try:
         wait_for(lambda: status_of(conn, "held-1") == "finished", timeout_s=30, what="the held job to finish")
+        wait_for(lambda: status_of(conn, "held-2") == "failed", timeout_s=30, what="the other to fail")
     finally:
         w.terminate()
         w.wait(timeout=20)
     ledger = Ledger(cfg.ledger_path)
-    ledger.create_jobs([{"id": "held-1", "kind": "render"}])
+    ledger.create_jobs([{"id": "held-1", "kind": "render"}, {"id": "held-2", "kind": "render"}])
     ledger_mod.drain(conn, ledger)
     job = ledger.job("held-1")
     assert job["status"] == "done" and job["attempts"] == 2
@@ -141,6 +144,15 @@ def test_a_try_held_back_by_the_provider_spends_no_attempt_and_the_ledger_says_h
 
     out = CliRunner().invoke(cli, ["job", "held-1"], env=env)
     assert out.exit_code == 0 and "1 held back by the provider" in out.output, out.output
+    # the failed list counts attempts spent (the budget), the held try beside them
+    out = CliRunner().invoke(cli, ["failed"], env=env)
+    assert out.exit_code == 0 and "held-2" in out.output and "attempts=1  (+1 held)" in out.output, out.output
+    out = CliRunner().invoke(cli, ["failed", "--json"], env=env)
+    assert [(r["id"], r["attempts"], r["held"]) for r in json.loads(out.output)] == [("held-2", 2, 1)]
+    from console.failed import FailedFilter, page
+
+    for flt in (FailedFilter(), FailedFilter(text="422")):  # from Redis, and from the ledger
+        assert [(r["id"], r["attempts"]) for r in page(conn, ledger, flt).rows] == [("held-2", 1)], flt
 
 
 def test_sigterm_finishes_within_grace_then_requeues_at_front_without_spending_an_attempt(conn, env, tmp_path, cfg):
