@@ -29,6 +29,14 @@ def utcnow() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
+def outcome_of(ev: dict[str, str]) -> str:
+    """An event's outcome: "held" for a try held back by the provider (a retrying event
+    with held=1, spent no attempt), else its outcome field or its status."""
+    if ev.get("held") == "1" and ev.get("status") == "retrying":
+        return "held"
+    return ev.get("outcome") or ev.get("status", "")
+
+
 def event(job_id: str, status: str, **fields: Any) -> dict[str, str]:
     ev = {"job": job_id, "status": status, "ts": utcnow()}
     for k, v in fields.items():
@@ -52,14 +60,15 @@ def log_emitted(job_id: str, status: str, duration_s: float | None = None, **fie
 
 
 def _log_event(job_id: str, status: str, ev: dict[str, str], duration_s: float | None = None) -> None:
-    held = ev.get("outcome") == "held"  # a try held back by the provider: no attempt spent
-    _log.info("job %s %s%s%s", job_id, ev.get("outcome", status),
+    outcome = outcome_of(ev)
+    held = outcome == "held"  # a try held back by the provider: no attempt spent
+    _log.info("job %s %s%s%s", job_id, outcome,
               (f" (try {ev['attempt']}, no attempt spent)" if held else f" (attempt {ev['attempt']})")
               if "attempt" in ev else "",
               f" in {duration_s:.2f} s" if duration_s is not None else "",
               extra={"job_id": job_id, "queue": ev.get("queue") or _queue_of(job_id),
                      "attempt": int(ev["attempt"]) if "attempt" in ev else None,
-                     "outcome": ev.get("outcome", status), "error": ev.get("error"),
+                     "outcome": outcome, "error": ev.get("error"),
                      "worker": ev.get("worker"),
                      "duration_s": round(duration_s, 3) if duration_s is not None else None})
 

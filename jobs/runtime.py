@@ -368,6 +368,7 @@ class EventsMixin:
 
     def _classify_exception(self, job: Job, exc_type, exc_value, tb) -> bool:
         verdict = classify(exc_value)
+        job._held_try = False
         job.meta["last_error"] = events.one_line(verdict.reason)
         job.meta["error_attempt"] = job.meta.get("attempt")
         if verdict.retry_after_s:
@@ -384,8 +385,10 @@ class EventsMixin:
             # one from the budget, we give it back (and keep the backoff where it was)
             job.retries_left = (job.retries_left or 0) + 1
             job.meta["budget_start"] = int(job.meta.get("budget_start", 0)) + 1
-            job.meta["held_attempt"] = job.meta.get("attempt")  # the ledger shows it as "held"
             job.meta["held"] = int(job.meta.get("held", 0)) + 1  # tries that spent no attempt
+            # handle_job_failure runs next in this process on this job object (RQ's
+            # perform_job); a parent that finds its horse dead has a fresh one: not held
+            job._held_try = True
             if isinstance(exc_value, ProviderDown):
                 job.meta["outage_holds"] = int(job.meta.get("outage_holds", 0)) + 1
         job.save_meta()
@@ -439,10 +442,12 @@ class EventsMixin:
         super().handle_job_failure(job, queue, started_job_registry, exc_string)
         status = job.get_status(refresh=True)
         if status in (JobStatus.SCHEDULED, JobStatus.QUEUED):
-            held = job.meta.get("held_attempt") is not None and job.meta.get("held_attempt") == job.meta.get("attempt")
+            # a held try stays a "retrying" event with held=1: a ledger or metrics process
+            # of an older version (workers upgraded first) records it as a retry, a
+            # current one as "held"
             events.emit(self.connection, job.id, "retrying", attempt=job.meta.get("attempt"),
                         error=job.meta.get("last_error"), delay=job.meta.get("last_delay"),
-                        **({"outcome": "held"} if held else {}))
+                        held=1 if getattr(job, "_held_try", False) else None)
         else:
             events.emit(self.connection, job.id, "failed", attempt=job.meta.get("attempt"),
                         error=job.meta.get("last_error"))

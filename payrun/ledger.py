@@ -8,7 +8,7 @@ committed (applying is idempotent: the same event gives the same row).
 
 Tables
   jobs          one row per job (render or email): status, attempts, last error, times
-  attempts      one row per attempt of a job: worker, start, end, outcome, error, delay
+  attempts      one row per try of a job: worker, start, end, outcome (held: spent no attempt), error, delay
   payroll_runs  UNIQUE(company_id, month): the second guard (after the Redis lock) that
                 makes a pay run happen once
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timezone
@@ -25,7 +26,13 @@ from typing import Any
 
 import sqlite_utils
 
+from jobs.events import outcome_of
+
 STATES = ("queued", "running", "retrying", "done", "failed")
+
+MIGRATE_WAIT_MS = 900_000
+"""How long a process opening a ledger being upgraded waits for the upgrade (building
+migration 2's indexes took 5 s per million job rows here, 35 s at five million)."""
 
 MIGRATIONS = [
     """
@@ -76,10 +83,10 @@ MIGRATIONS = [
     # 100,000 table rows at 50,000 slips: 158 against 330 ms per count in one run. Each
     # new index starts with the old one's columns, so every other query keeps its index.
     """
-    DROP INDEX IF EXISTS jobs_month_kind;
     CREATE INDEX IF NOT EXISTS jobs_month_kind_slip ON jobs(month, kind, company_id, key, status);
-    DROP INDEX IF EXISTS jobs_key;
     CREATE INDEX IF NOT EXISTS jobs_key_status ON jobs(key, kind, status);
+    DROP INDEX IF EXISTS jobs_month_kind;
+    DROP INDEX IF EXISTS jobs_key;
     """,
 ]
 
@@ -106,11 +113,30 @@ class Ledger:
         self._migrate()
 
     def _migrate(self) -> None:
-        version = self.db.conn.execute("PRAGMA user_version").fetchone()[0]
-        for number, sql in enumerate(MIGRATIONS[version:], start=version + 1):
-            with self.db.conn:
-                self.db.conn.executescript(sql)
-                self.db.conn.execute(f"PRAGMA user_version = {number}")
+        """Bring the schema to version len(MIGRATIONS), once, whichever process opens the
+        ledger first after an upgrade: in one IMMEDIATE transaction, the version re-read
+        under the write lock (so processes started together do the work once), every
+        statement inside it (executescript would commit each one, leaving a moment with
+        the old index dropped and the new one not built). Writers that arrive meanwhile
+        wait up to their busy timeout; processes that open the ledger wait for it to end."""
+        conn = self.db.conn
+        if conn.execute("PRAGMA user_version").fetchone()[0] >= len(MIGRATIONS):
+            return
+        conn.execute(f"PRAGMA busy_timeout = {MIGRATE_WAIT_MS}")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                for number, sql in enumerate(MIGRATIONS[version:], start=version + 1):
+                    for statement in filter(None, (part.strip() for part in sql.split(";"))):
+                        conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version = {number}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        finally:
+            conn.execute("PRAGMA busy_timeout = 10000")
 
     def close(self) -> None:
         self.db.close()
@@ -200,7 +226,7 @@ class Ledger:
         if status == "queued" and ev.get("reset") == "1":  # retried by hand: fresh budget
             sets.append("finished_at = NULL")
         c.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*args, job_id))
-        outcome = ev.get("outcome") or status
+        outcome = outcome_of(ev)
         if attempt is not None and outcome in ("running", "retrying", "held", "done", "failed", "requeued", "reaped"):
             if outcome == "running":
                 c.execute(
@@ -320,16 +346,17 @@ class Ledger:
 
 
 def tries_text(row: Mapping[str, Any]) -> str:
-    """How many tries a job's ledger ``row`` (with its history) had, in words: tries held
-    back by the provider's rate limit or an outage (outcome "held") spent no attempt, and
-    a reader at 02:00 must not count them against the retry budget."""
+    """How many tries a job's ledger ``row`` (with its history) had, in words. A try held
+    back (outcome "held": a wait for the provider's rate limit, a provider outage, or
+    another send of the same slip still in flight) spent no attempt, and a reader at 02:00
+    must not count it against the retry budget."""
     tries = int(row.get("attempts") or 0)
     held = sum(1 for h in row.get("history", ()) if h.get("outcome") == "held")
     if not held:
         return f"{tries} attempt{'' if tries == 1 else 's'}"
     spent = tries - held
-    return (f"{tries} tries: {spent} attempt{'' if spent == 1 else 's'}, {held} held back by the provider "
-            "(no attempt spent)")
+    return (f"{tries} {'try' if tries == 1 else 'tries'}: {spent} attempt{'' if spent == 1 else 's'} spent, "
+            f"{held} held back (rate limit, provider outage or a send already in flight: no attempt spent)")
 
 
 def iter_chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -525,5 +552,15 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
             replay = True
             if log:
                 log.warning("ledger: Redis unavailable (%s); retrying in %.1f s", e, wait)
+            time.sleep(wait)
+            wait = min(wait * 2, 10.0)
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e):
+                raise
+            # another process holds the write lock longer than the busy timeout (a newer
+            # payrun upgrading the schema): the batch was rolled back and not acknowledged
+            replay = True
+            if log:
+                log.warning("ledger: the SQLite file is locked by another process (%s); retrying in %.1f s", e, wait)
             time.sleep(wait)
             wait = min(wait * 2, 10.0)

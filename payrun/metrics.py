@@ -19,6 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from jobs.events import outcome_of
 from payrun import keys
 
 log = logging.getLogger("payrun.metrics")
@@ -53,7 +54,7 @@ class Observed:
                 if len(self._started) > 200_000:  # events lost to a crash must not grow this forever
                     self._started.clear()
                 return
-            outcome = ev.get("outcome") or status
+            outcome = outcome_of(ev)
             if outcome not in ("done", "failed", "retrying", "held", "requeued", "reaped"):
                 return
             started = self._started.pop(job, None)

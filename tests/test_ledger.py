@@ -4,7 +4,12 @@ reads its slip states from indexes alone (a query plan, not a timing)."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 
+import pytest
+
+from payrun import ledger as ledger_mod
 from payrun.ledger import MIGRATIONS, Ledger
 
 MONTH = "2026-11"
@@ -23,15 +28,28 @@ def _rows():
     return out
 
 
-def test_a_version_1_ledger_is_upgraded_in_place_and_counts_the_same(tmp_path):
-    path = tmp_path / "ledger.db"
+def _version_1(path, rows) -> None:
     old = sqlite3.connect(path)
     old.executescript(MIGRATIONS[0])
     old.execute("PRAGMA user_version = 1")
     old.executemany("INSERT INTO jobs (id, kind, company_id, employee_id, month, key, status)"
-                    " VALUES (?,?,?,?,?,?,?)", _rows())
+                    " VALUES (?,?,?,?,?,?,?)", rows)
     old.commit()
     old.close()
+
+
+def _schema(path) -> tuple[int, set[str]]:
+    c = sqlite3.connect(path)
+    try:
+        return (c.execute("PRAGMA user_version").fetchone()[0],
+                {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'jobs_%'")})
+    finally:
+        c.close()
+
+
+def test_a_version_1_ledger_is_upgraded_in_place_and_counts_the_same(tmp_path):
+    path = tmp_path / "ledger.db"
+    _version_1(path, _rows())
 
     led = Ledger(path)
     assert led.db.conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
@@ -54,3 +72,46 @@ def test_the_hr_count_reads_slip_states_from_indexes_alone(tmp_path):
     plan = " / ".join(r[3] for r in led.db.conn.execute(sql, {"month": MONTH}))
     assert "SEARCH r USING COVERING INDEX jobs_month_kind_slip" in plan, plan
     assert "SEARCH e USING COVERING INDEX jobs_key_status" in plan, plan
+
+
+def test_an_upgrade_that_fails_half_way_leaves_the_old_schema_whole(tmp_path, monkeypatch):
+    path = tmp_path / "ledger.db"
+    _version_1(path, _rows())
+    monkeypatch.setattr(ledger_mod, "MIGRATIONS", [MIGRATIONS[0], MIGRATIONS[1] + "CREATE INDEX broken ON nope(x);"])
+    with pytest.raises(sqlite3.OperationalError):
+        Ledger(path)
+    # nothing of migration 2 happened: not the new indexes, not the old ones dropped
+    assert _schema(path) == (1, {"jobs_month_kind", "jobs_key", "jobs_status"})
+
+
+def test_processes_opening_an_old_ledger_together_upgrade_it_once(tmp_path):
+    """`payrun up` starts the ledger, the scheduler and workers at once: each opens the
+    ledger; one upgrades it, the others wait for it and find it done."""
+    path = tmp_path / "ledger.db"
+    rows = [(f"render-{i}", "render", 1 + i % 60, f"emp-{i}", MONTH, f"slip:{MONTH}:emp-{i}", "done")
+            for i in range(60_000)]
+    _version_1(path, rows)
+    code = "import sys; from payrun.ledger import Ledger; Ledger(sys.argv[1]).close(); print('opened')"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert _schema(path) == (len(MIGRATIONS), {"jobs_month_kind_slip", "jobs_key_status", "jobs_status"})
+
+
+def test_a_held_try_is_a_retrying_event_that_a_current_ledger_records_as_held(tmp_path):
+    """Workers send a held try as status "retrying" with held=1: a ledger of the version
+    before (workers upgraded first, on another host) records a retry, as it always did;
+    this one records "held" (and counts it as no attempt spent)."""
+    from jobs.events import event, outcome_of
+
+    led = Ledger(tmp_path / "ledger.db")
+    led.create_jobs([{"id": "email-1", "kind": "email"}])
+    held = event("email-1", "retrying", attempt=1, error="provider down", delay=5.0, held=1)
+    assert outcome_of(held) == "held" and "outcome" not in held
+    led.apply([event("email-1", "running", attempt=1), held,
+               event("email-1", "running", attempt=2), event("email-1", "retrying", attempt=2, error="HTTP 503"),
+               event("email-1", "running", attempt=3), event("email-1", "done", attempt=3)])
+    job = led.job("email-1")
+    assert [h["outcome"] for h in job["history"]] == ["held", "retrying", "done"]
+    assert job["status"] == "done" and job["attempts"] == 3

@@ -418,10 +418,12 @@ def test_the_runtime_gives_a_held_job_its_attempt_back_a_bounded_number_of_times
     free = Job(holds=0)
     EventsMixin._classify_exception(None, free, ProviderDown, down, None)
     assert free.retries_left == 3 and free.meta["outage_holds"] == 1 and free.meta["retry_after"] == 5.0
+    assert free._held_try and free.meta["held"] == 1  # the ledger shows this try as "held"
     spent = Job(holds=OUTAGE_HOLDS_PER_JOB)
     EventsMixin._classify_exception(None, spent, ProviderDown, down, None)
     assert spent.retries_left == 2 and spent.meta["outage_holds"] == OUTAGE_HOLDS_PER_JOB
     assert "this attempt counts" in spent.meta["last_error"]
+    assert not getattr(spent, "_held_try", False) and "held" not in spent.meta
 
 
 def test_a_provider_that_hangs_makes_an_outage_too(conn, cfg, monkeypatch, tmp_path):
