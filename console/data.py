@@ -401,9 +401,11 @@ def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis
 
 
 def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: bool = False,
-        provider_down_s: float | None = None) -> dict[str, Any]:
+        provider_down_s: float | None = None, started: float | None = None) -> dict[str, Any]:
     """When the last slip should be delivered at the recent rate, and whether that is
-    before the 09:00 deadline (the next one after ``now``). ``drained``: intake is
+    before the 09:00 deadline: the first one at or after ``started`` (when the run
+    began: a run started at 01:00 and still going at 09:05 is late, not on time for
+    tomorrow's 09:00), or without it the next one after ``now``. ``drained``: intake is
     stopped on a queue every slip passes through, so nothing will arrive until a resume.
     ``provider_down_s``: the email provider has been down this long (an outage pause):
     no slip is delivered until it answers, so no time is promised; ``if_back_now`` says
@@ -411,8 +413,9 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
     remaining = max(0, total.get("total", 0) - total.get("done", 0) - total.get("failed", 0))
     zone = ZoneInfo(tz)
     local = datetime.fromtimestamp(now, zone)
-    deadline = local.replace(hour=DEADLINE[0], minute=DEADLINE[1], second=0, microsecond=0)
-    if deadline <= local:
+    anchor = datetime.fromtimestamp(min(started, now), zone) if started else local
+    deadline = anchor.replace(hour=DEADLINE[0], minute=DEADLINE[1], second=0, microsecond=0)
+    if deadline < anchor:
         deadline += timedelta(days=1)
     out: dict[str, Any] = {"remaining": remaining, "rate_per_s": round(rate_per_s, 3),
                            "deadline": deadline.isoformat(), "at": None, "on_time": None,
@@ -556,7 +559,8 @@ class Source:
                     drained = snap.suspended or bool({keys.RENDER_QUEUE, keys.EMAIL_QUEUE} & set(snap.paused_queues))
                     out = snap.limits.outage if snap.limits else None
                     down = out["for_s"] if out and out["pauses"] else None
-                    snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone, drained, down)
+                    snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone, drained, down,
+                                   started=started or None)
             except Exception as e:
                 errors.append(f"ledger unreadable ({type(e).__name__}: {str(e)[:80]})")
             snap.error = "; ".join(errors) or None

@@ -622,6 +622,24 @@ def test_the_eta_is_not_late_in_a_runs_first_minutes_nor_given_while_drained_or_
     assert eta_text(eta(finished | {"no_slip": 3}, 0.0, now, "Asia/Dhaka")) == "all slips made are delivered"
 
 
+def test_a_run_still_going_after_its_0900_is_late_not_on_time_for_tomorrow():
+    """Walkthrough at 50,000 slips: a run still going after 09:00 read "ETA 10:54 — on time
+    for 09:00", the next morning's 09:00. The deadline is the first 09:00 after the run
+    began."""
+    from console.data import eta
+    from console.fmt import eta_text
+
+    total = {"queued": 10_000, "running": 0, "retrying": 0, "done": 40_000, "failed": 0, "stuck": 0, "total": 50_000}
+    started = 1_793_473_200.0  # 01:00 in Dhaka, on the 1st
+    now = started + 8 * 3600 + 300  # 09:05
+    late = eta(total, 10.0, now, "Asia/Dhaka", started=started)
+    assert late["on_time"] is False and eta_text(late) == "ETA 09:21 — LATE for 09:00", eta_text(late)
+    assert eta(total, 10.0, started + 3600, "Asia/Dhaka", started=started)["on_time"] is True  # 02:00: 02:16
+    # a run begun after 09:00 (a rerun, a demo) has until the next morning's 09:00
+    rerun = eta(total, 10.0, started + 9.5 * 3600 + 60, "Asia/Dhaka", started=started + 9.5 * 3600)
+    assert rerun["on_time"] is True and eta_text(rerun).endswith("on time for 09:00")
+
+
 def test_payrun_failed_says_how_many_failed_not_how_many_it_showed(failed_world):
     from payrun.cli import cli
 

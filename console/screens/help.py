@@ -23,7 +23,7 @@ COMMANDS = [
 
 RULES = """stuck = its worker lost liveness (10 s), its lease lapsed, or running over lease.stuck_after_s
 oldest = age of the job at the head of the queue; done/min from RQ's finished registry
-ETA = slips left ÷ delivery rate of the last 5 min; deadline 09:00 local
+ETA = slips left ÷ delivery rate of the last 5 min; deadline the first 09:00 local after the run began
 Nothing here writes to Redis unless you confirm an action; every action is in audit.log"""
 
 
