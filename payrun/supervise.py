@@ -79,11 +79,17 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
         raise SetupError(f"supervisord failed to start: {(p.stderr or p.stdout).strip()}")
     if not wait:
         return note + "supervisord started"
+    # supervisord calls a program RUNNING once it has lived `startsecs`, not once it serves:
+    # on a loaded host the embedded Redis (a Python wrapper that execs redis-server) can be
+    # RUNNING before its socket exists, and a script's next command would fail to connect
+    own_redis = role == "all" and cfg.embedded_redis
+    conn = redis_server.connect(cfg, socket_timeout=2) if own_redis else None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         out, code = ctl(cfg, "status")
         lines = [ln for ln in out.splitlines() if ln.strip()]
-        if lines and all(" RUNNING " in ln or " STOPPED " in ln for ln in lines):
+        if (lines and all(" RUNNING " in ln or " STOPPED " in ln for ln in lines)
+                and (conn is None or redis_server.ping(conn))):
             return note + out.rstrip()
         failed = [ln.split()[0] for ln in lines if " FATAL " in ln or " BACKOFF " in ln]
         if failed:
@@ -93,7 +99,9 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
             raise SetupError(f"{', '.join(failed)} failed to start, so everything was stopped again:\n"
                              f"{out.rstrip()}\n{logs}logs: {cfg.log_dir}")
         time.sleep(0.5)
-    raise SetupError(f"not everything was running after {timeout_s:.0f} s:\n{out.rstrip()}")
+    waiting = "" if conn is None or redis_server.ping(conn) else \
+        f"the embedded Redis does not answer on {cfg.redis_dir} (see {cfg.log_dir / 'redis.log'})\n"
+    raise SetupError(f"not everything was running after {timeout_s:.0f} s:\n{waiting}{out.rstrip()}")
 
 
 def take_over_redis(cfg: Config) -> str:

@@ -180,3 +180,28 @@ def test_plain_supervisord_and_supervisorctl_work_with_the_printed_environment(t
     finally:
         down = payrun("down", env={k: v for k, v in env.items() if not k.startswith("PAYRUN_") or k == "PAYRUN_HOME"})
     assert down.returncode == 0, down.stderr
+
+
+def test_up_returns_only_once_the_embedded_redis_answers(tmp_path, monkeypatch):
+    """supervisord calls Redis RUNNING after `startsecs`, before a loaded host has created its
+    socket (CI saw `payrun up` return 0 and the next connect fail): `up` also waits for a PONG."""
+    from payrun import config, redis_server, supervise
+
+    (tmp_path / "h").mkdir()
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
+    running = "redis   RUNNING   pid 1, uptime 0:00:02\nledger   RUNNING   pid 2, uptime 0:00:02\n"
+    statuses = iter(["unix:///x/supervisor.sock no such file"])
+    monkeypatch.setattr(supervise, "ctl", lambda cfg, *a: (next(statuses, running), 0))
+    monkeypatch.setattr(supervise, "take_over_redis", lambda cfg: "")
+    monkeypatch.setattr(supervise.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "", ""))
+    monkeypatch.setattr(supervise.time, "sleep", lambda s: None)
+    pongs = iter([False, False, True])
+    pinged = []
+    monkeypatch.setattr(redis_server, "ping", lambda conn: pinged.append(1) or next(pongs))
+    assert "RUNNING" in supervise.up(cfg, timeout_s=30)
+    assert len(pinged) == 3  # every status said RUNNING; up went on until the server answered
+
+    monkeypatch.setattr(redis_server, "ping", lambda conn: False)
+    statuses = iter(["unix:///x/supervisor.sock no such file"])
+    with pytest.raises(supervise.SetupError, match="does not answer"):
+        supervise.up(cfg, timeout_s=0.2)
