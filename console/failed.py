@@ -21,7 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobs.events import NO_ATTEMPT_OUTCOMES, RETURNED_FIELD, attempts_spent
 from payrun import keys
+
+_FREE = ",".join(f"'{o}'" for o in NO_ATTEMPT_OUTCOMES)  # SQL list of the outcomes that spent no attempt
 
 
 @dataclass(frozen=True)
@@ -109,14 +112,15 @@ def _meta(raw: Any) -> dict[str, Any]:
 def _redis_rows(conn, ids: list[tuple[str, str]]) -> list[dict[str, Any]]:
     with conn.pipeline(transaction=False) as p:
         for job_id, _ in ids:
-            p.hmget(f"rq:job:{job_id}", "meta", "ended_at", "description")
+            p.hmget(f"rq:job:{job_id}", "meta", "ended_at", "description", RETURNED_FIELD)
         res = p.execute()
     rows = []
-    for (job_id, q), (meta, ended, desc) in zip(ids, res):
+    for (job_id, q), (meta, ended, desc, returned) in zip(ids, res):
         m = _meta(meta)
         rows.append({"id": job_id, "queue": q, "company": None, "kind": m.get("kind"),
-                     # attempts spent: tries held back by the provider spent none
-                     "attempts": int(m.get("attempt", 0) or 0) - int(m.get("held", 0) or 0),
+                     # attempts spent: tries held back by the provider or handed back spent none
+                     "attempts": attempts_spent(int(m.get("attempt", 0) or 0), int(m.get("held", 0) or 0),
+                                                int(_s(returned) or 0)),
                      "error": m.get("last_error") or "",
                      "ended_at": _s(ended) or None, "in_redis": True})
     return rows
@@ -153,10 +157,11 @@ def page(conn, ledger, flt: FailedFilter, offset: int = 0, limit: int = 50) -> F
         total = ledger.db.conn.execute(f"SELECT COUNT(*) FROM jobs WHERE {where}", args).fetchone()[0]
         rows = [
             {"id": r["id"], "queue": r["queue"], "company": r["company_id"], "kind": r["kind"],
-             "attempts": r["attempts"] - r["held"], "error": r["last_error"] or "", "ended_at": r["finished_at"]}
+             "attempts": attempts_spent(r["attempts"], r["free"]), "error": r["last_error"] or "",
+             "ended_at": r["finished_at"]}
             for r in ledger.db.query(
                 "SELECT id, queue, company_id, kind, attempts, last_error, finished_at, (SELECT COUNT(*) FROM"
-                " attempts a WHERE a.job_id = jobs.id AND a.outcome = 'held') AS held"
+                f" attempts a WHERE a.job_id = jobs.id AND a.outcome IN ({_FREE})) AS free"
                 f" FROM jobs WHERE {where}"
                 " ORDER BY finished_at DESC, id LIMIT ? OFFSET ?", [*args, limit, offset])
         ]

@@ -25,6 +25,25 @@ def one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+NO_ATTEMPT_OUTCOMES = ("held", "requeued", "reaped")
+"""Outcomes of a try that spent none of the job's retry budget: held back by the provider
+(rate limit, outage, a send of the same slip in flight), handed back by a worker told to
+stop (SIGTERM, a deploy), returned by the reaper after its worker died. Every try counts
+in ``attempts``; only the others are attempts *spent*."""
+
+RETURNED_FIELD = "payrun_returned"
+"""Field of RQ's job hash (``rq:job:<id>``; RQ keeps fields it does not know) counting the
+job's tries handed back by a stopping worker or returned by the reaper: the Redis side of
+the outcomes above (the meta's ``held`` counts the other kind). A Lua script can add to it
+atomically with the return, which it could not do inside the JSON meta."""
+
+
+def attempts_spent(tries: int, held: int = 0, returned: int = 0) -> int:
+    """Attempts of the retry budget spent by ``tries`` tries of which ``held`` were held
+    back by the provider and ``returned`` handed back or reaped."""
+    return max(0, int(tries) - int(held) - int(returned))
+
+
 def utcnow() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 

@@ -37,6 +37,7 @@ from payrun import keys
 
 # KEYS: wip, queue, job hash, intermediate list, idempotency state, events stream
 # ARGV: wip member, job id, idempotency token ('' = none), then the event's fields
+# The job hash's returned-tries counter (events.RETURNED_FIELD) goes up with the return.
 _REQUEUE = """
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 if redis.call('EXISTS', KEYS[3]) == 0 then return 2 end
@@ -45,13 +46,16 @@ if ARGV[3] ~= '' and redis.call('HGET', KEYS[5], 'state') == 'sending'
   redis.call('DEL', KEYS[5])
 end
 redis.call('HSET', KEYS[3], 'status', 'queued')
+redis.call('HINCRBY', KEYS[3], '%s', 1)
 redis.call('LREM', KEYS[4], 0, ARGV[2])
 redis.call('LREM', KEYS[2], 0, ARGV[2])
 redis.call('LPUSH', KEYS[2], ARGV[2])
 redis.call('XADD', KEYS[6], '*', unpack(ARGV, 4))
 return 1
-"""
+""" % events.RETURNED_FIELD
 
+# A job stranded between dequeue and start never began a try (its attempt counter did not
+# move), so its return is not counted as a returned try.
 # KEYS: intermediate list, queue, job hash, wip, dequeued-seen hash, events stream
 # ARGV: job id, then the event's fields
 _RETURN_DEQUEUED = """

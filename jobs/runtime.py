@@ -355,6 +355,7 @@ class EventsMixin:
             if getattr(self, "execution", None) is not None:
                 self.cleanup_execution(job, pipeline=pipe)
             queue._enqueue_job(job, pipeline=pipe, at_front=True)
+            pipe.hincrby(job.key, events.RETURNED_FIELD, 1)  # a try that spent no attempt
             events.emit(pipe, job.id, "queued", attempt=attempt, outcome="requeued", error=reason)
             pipe.execute()
         log.warning("Worker %s: %s returned to the front of %s (%s)", self.name, job.id, queue.name, reason)

@@ -281,6 +281,7 @@ def _maybe_redis(c: Ctx):
 def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int | None, limit: int,
                as_json: bool) -> None:
     """List failed jobs (dead letters), newest first, with their last error."""
+    from jobs.events import attempts_spent
     from payrun import deadletters
 
     every = deadletters.failed(c.redis(), queue, error_text, None, company=company, ledger=_maybe_ledger(c))
@@ -292,8 +293,10 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         click.echo("no failed jobs")
         return
     for r in rows:
-        held = f" (+{r['held']} held)" if r.get("held") else ""  # tries held back by the provider: no attempt spent
-        click.echo(f"{r['id']:<36} {r['queue']:<10} attempts={r['attempts'] - r.get('held', 0):<2}{held} {r['error']}")
+        # tries held back by the provider or handed back by a stopping worker spent no attempt
+        free = ", ".join(f"+{r[k]} {k}" for k in ("held", "returned") if r.get(k))
+        spent = attempts_spent(r["attempts"], r.get("held", 0), r.get("returned", 0))
+        click.echo(f"{r['id']:<36} {r['queue']:<10} attempts={spent:<2}{f' ({free})' if free else ''} {r['error']}")
     shown = (f"{len(every):,} failed job(s)" if len(rows) == len(every) else
              f"{len(every):,} failed jobs, the newest {len(rows):,} shown (--limit N for more)")
     click.echo(f"{shown}; retry with: payrun retry ID… or {_retry_all(queue, error_text, company)}")
@@ -319,6 +322,7 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
     """One job: its ledger row, every attempt (time, outcome, error, delay chosen) and the
     last traceback RQ kept."""
     from jobs.runtime import PayrunJob
+    from jobs.events import NO_ATTEMPT_OUTCOMES
     from payrun.ledger import tries_text
 
     row = c.ledger().job(job_id)
@@ -340,7 +344,7 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
         return
     if row:
         click.echo(f"{row['id']}  {row['kind']}  {row['status']}  attempts={row['attempts']}  key={row['key']}")
-        if any(h.get("outcome") == "held" for h in row["history"]):
+        if any(h.get("outcome") in NO_ATTEMPT_OUTCOMES for h in row["history"]):
             click.echo(tries_text(row))
         if row.get("last_error"):
             earlier = " (of an earlier attempt)" if row["status"] == "done" else ""

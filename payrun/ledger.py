@@ -26,7 +26,7 @@ from typing import Any
 
 import sqlite_utils
 
-from jobs.events import outcome_of
+from jobs.events import attempts_spent, outcome_of
 
 STATES = ("queued", "running", "retrying", "done", "failed")
 
@@ -348,15 +348,23 @@ class Ledger:
 def tries_text(row: Mapping[str, Any]) -> str:
     """How many tries a job's ledger ``row`` (with its history) had, in words. A try held
     back (outcome "held": a wait for the provider's rate limit, a provider outage, or
-    another send of the same slip still in flight) spent no attempt, and a reader at 02:00
-    must not count it against the retry budget."""
+    another send of the same slip still in flight) or handed back (outcome "requeued": its
+    worker was stopped, a deploy; "reaped": its worker died) spent no attempt, and a reader
+    at 02:00 must not count it against the retry budget."""
     tries = int(row.get("attempts") or 0)
-    held = sum(1 for h in row.get("history", ()) if h.get("outcome") == "held")
-    if not held:
+    outcomes = [h.get("outcome") for h in row.get("history", ())]
+    held = outcomes.count("held")
+    returned = outcomes.count("requeued") + outcomes.count("reaped")
+    if not held and not returned:
         return f"{tries} attempt{'' if tries == 1 else 's'}"
-    spent = tries - held
+    spent = attempts_spent(tries, held, returned)
+    free = []
+    if held:
+        free.append(f"{held} held back (rate limit, provider outage or a send already in flight)")
+    if returned:
+        free.append(f"{returned} handed back (its worker stopped or died)")
     return (f"{tries} {'try' if tries == 1 else 'tries'}: {spent} attempt{'' if spent == 1 else 's'} spent, "
-            f"{held} held back (rate limit, provider outage or a send already in flight: no attempt spent)")
+            f"{', '.join(free)}: no attempt spent")
 
 
 def iter_chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:

@@ -17,7 +17,7 @@ from rq import Retry, SimpleWorker
 
 from conftest import wait_for
 from console.data import read_workers
-from jobs import reaper
+from jobs import events, reaper
 from jobs.runtime import PayrunJob, make_queue
 from payrun import keys
 from payrun import ledger as ledger_mod
@@ -139,7 +139,7 @@ def test_a_try_held_back_by_the_provider_spends_no_attempt_and_the_ledger_says_h
     assert job["status"] == "done" and job["attempts"] == 2
     assert [h["outcome"] for h in job["history"]] == ["held", "done"]
     assert tries_text(job) == ("2 tries: 1 attempt spent, 1 held back (rate limit, provider outage or a send "
-                               "already in flight: no attempt spent)")
+                               "already in flight): no attempt spent")
     assert "job held-1 held (try 1, no attempt spent)" in (tmp_path / "w.log").read_text()
     from payrun.cli import cli
 
@@ -149,11 +149,57 @@ def test_a_try_held_back_by_the_provider_spends_no_attempt_and_the_ledger_says_h
     out = CliRunner().invoke(cli, ["failed"], env=env)
     assert out.exit_code == 0 and "held-2" in out.output and "attempts=1  (+1 held)" in out.output, out.output
     out = CliRunner().invoke(cli, ["failed", "--json"], env=env)
-    assert [(r["id"], r["attempts"], r["held"]) for r in json.loads(out.output)] == [("held-2", 2, 1)]
+    assert [(r["id"], r["attempts"], r["held"], r["returned"]) for r in json.loads(out.output)] == [("held-2", 2, 1, 0)]
     from console.failed import FailedFilter, page
 
     for flt in (FailedFilter(), FailedFilter(text="422")):  # from Redis, and from the ledger
         assert [(r["id"], r["attempts"]) for r in page(conn, ledger, flt).rows] == [("held-2", 1)], flt
+
+
+def test_a_try_returned_by_the_reaper_is_not_counted_as_an_attempt_spent(conn, env, tmp_path, cfg):
+    """The on-call engineer reads `attempts=` against the retry budget: a try whose worker
+    died (or was stopped by a deploy) and was handed back spent none of it."""
+    from console.failed import FailedFilter, page
+    from payrun.cli import cli
+    from payrun.ledger import tries_text
+
+    job = enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.throttled_once", True, job_id="back-1")
+    ledger = Ledger(cfg.ledger_path)
+    ledger.create_jobs([{"id": "back-1", "kind": "render"}])
+    # try 1: taken by a worker that died with it
+    conn.lrem(make_queue(keys.RENDER_QUEUE, conn).key, 0, job.id)
+    conn.zadd("rq:wip:pdf-render", {f"{job.id}:exec1": time.time() + 300})
+    conn.hset(job.key, mapping={"worker_name": "render.gone.1", "status": "started"})
+    job.meta["attempt"] = 1
+    job.save_meta()
+    events.emit(conn, job.id, "running", attempt=1, worker="render.gone.1")
+    assert [s.job_id for s in reaper.reap(conn)] == ["back-1"]
+    # try 2: a live worker, a permanent error
+    w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
+    try:
+        wait_for(lambda: status_of(conn, "back-1") == "failed", timeout_s=30, what="the job to fail")
+    finally:
+        w.terminate()
+        w.wait(timeout=20)
+    ledger_mod.drain(conn, ledger)
+    row = ledger.job("back-1")
+    assert row["attempts"] == 2 and [h["outcome"] for h in row["history"]] == ["reaped", "failed"]
+    assert tries_text(row) == "2 tries: 1 attempt spent, 1 handed back (its worker stopped or died): no attempt spent"
+    out = CliRunner().invoke(cli, ["job", "back-1"], env=env)
+    assert out.exit_code == 0 and "1 attempt spent, 1 handed back" in out.output, out.output
+    out = CliRunner().invoke(cli, ["failed"], env=env)
+    assert out.exit_code == 0 and "attempts=1  (+1 returned)" in out.output, out.output
+    out = CliRunner().invoke(cli, ["failed", "--json"], env=env)
+    assert [(r["attempts"], r["held"], r["returned"]) for r in json.loads(out.output)] == [(2, 0, 1)]
+    for flt in (FailedFilter(), FailedFilter(text="422")):  # from Redis, and from the ledger
+        assert [(r["id"], r["attempts"]) for r in page(conn, ledger, flt).rows] == [("back-1", 1)], flt
+
+
+def test_attempts_spent_leaves_out_held_and_returned_tries():
+    assert events.attempts_spent(6, held=3, returned=1) == 2
+    assert events.attempts_spent(2) == 2
+    assert events.attempts_spent(1, held=1, returned=1) == 0  # never below zero
+    assert set(events.NO_ATTEMPT_OUTCOMES) == {"held", "requeued", "reaped"}
 
 
 def test_sigterm_finishes_within_grace_then_requeues_at_front_without_spending_an_attempt(conn, env, tmp_path, cfg):
@@ -170,6 +216,7 @@ def test_sigterm_finishes_within_grace_then_requeues_at_front_without_spending_a
     job = PayrunJob.fetch("long-1", connection=conn)
     assert job.retries_left == 3 and job.get_status() == "queued"
     assert not worker_busy_with(conn, "long-1")
+    assert conn.hget(job.key, events.RETURNED_FIELD) == b"1"  # a try that spent no attempt
 
 def test_a_second_sigterm_before_the_horse_started_hands_the_job_back(conn):
     """Both signals can land between the dequeue and the fork (the job already in RQ's
@@ -248,6 +295,7 @@ def test_sigkill_loses_nothing_the_reaper_returns_the_job(cfg, conn, env, tmp_pa
     assert make_queue(keys.RENDER_QUEUE, conn).get_job_ids() == ["crash-1"]
     assert PayrunJob.fetch("crash-1", connection=conn).retries_left == 3
     assert reaper.reap(conn) == []  # once
+    assert conn.hget("rq:job:crash-1", events.RETURNED_FIELD) == b"1"  # a try that spent no attempt
     # RQ keeps the dead worker registered for minutes: it must not read as busy with the job
     (gone,) = read_workers(conn, time.time())
     assert (gone.alive, gone.job_id, gone.job_returned) == (False, None, "crash-1")
@@ -281,6 +329,8 @@ def test_two_reapers_at_once_return_a_job_exactly_once(conn):
     assert sorted(returned) == sorted(f"dead-{i}" for i in range(20))
     assert sorted(queue.get_job_ids()) == sorted(f"dead-{i}" for i in range(20))
     assert conn.zcard("rq:wip:pdf-render") == 0
+    # each counted once as a returned try, with the return itself
+    assert {conn.hget(f"rq:job:dead-{i}", events.RETURNED_FIELD) for i in range(20)} == {b"1"}
 
 
 def strand(conn, queue: str, job_id: str) -> None:
@@ -332,6 +382,8 @@ def test_a_job_taken_by_a_worker_that_died_before_starting_it_is_returned_once(c
     assert sorted(e["job"] for e in reaped) == [f"taken-{i}" for i in range(5)]
     assert all(e["status"] == "queued" and "attempt" not in e for e in reaped)
     assert conn.hkeys(keys.dequeued_seen(keys.RENDER_QUEUE)) == []  # no marks left behind
+    # never started, so no try was returned: nothing counted
+    assert conn.hget("rq:job:taken-0", events.RETURNED_FIELD) is None
 
 
 def test_a_worker_stopping_returns_what_it_took_but_did_not_start_at_once(conn):
