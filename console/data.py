@@ -34,7 +34,7 @@ from typing import Any, Callable
 from zoneinfo import ZoneInfo
 
 from payrun import keys
-from payrun.ledger import STATES, Ledger
+from payrun.ledger import STATES, Ledger, latest_month
 
 FINISHED_TTL_S = 24 * 3600
 """result_ttl of payrun's render and email jobs (payrun/runs.py, jobs/tasks.py): a finished
@@ -549,8 +549,7 @@ class Source:
                     stuck_ids = tuple(sorted(r.job_id for r in snap.running if r.stuck))
                     runs = led.runs()  # read once: the months, the run started last, the shown month's rows
                     snap.months = sorted({r["month"] for r in runs})
-                    last = max(runs, key=lambda r: (r["created_at"] or "", r["month"]), default=None)
-                    snap.latest_month = last["month"] if last else None  # as Ledger.latest_month
+                    snap.latest_month = latest_month(runs)
                     month = self.month or snap.latest_month
                     rows = [r for r in runs if r["month"] == month]
                     snap.status, snap.status_at = self._hr_report(led, stuck_ids, now, month, rows, errors)

@@ -162,7 +162,8 @@ class Ledger:
             )
 
     def runs(self, month: str | None = None) -> list[dict[str, Any]]:
-        sql = "SELECT * FROM payroll_runs"
+        """Pay-run rows (one per company and month); ``seq`` is their insertion order."""
+        sql = "SELECT rowid AS seq, * FROM payroll_runs"
         args: tuple = ()
         if month:
             sql += " WHERE month = ?"
@@ -340,9 +341,14 @@ class Ledger:
     def latest_month(self) -> str | None:
         """The month of the run started last (not the highest month: last month's run may
         follow this month's, or an old month be re-run for one company)."""
-        for r in self.db.query("SELECT month FROM payroll_runs ORDER BY created_at DESC, month DESC LIMIT 1"):
-            return r["month"]
-        return None
+        return latest_month(self.runs())
+
+
+def latest_month(runs: Iterable[Mapping[str, Any]]) -> str | None:
+    """The month of the run started last among ledger ``runs`` rows: the latest created_at,
+    and of two claimed in the same millisecond (a fast host), the one inserted last."""
+    last = max(runs, key=lambda r: (r.get("created_at") or "", r.get("seq") or 0), default=None)
+    return last["month"] if last else None
 
 
 def tries_text(row: Mapping[str, Any]) -> str:

@@ -115,3 +115,22 @@ def test_a_held_try_is_a_retrying_event_that_a_current_ledger_records_as_held(tm
     job = led.job("email-1")
     assert [h["outcome"] for h in job["history"]] == ["held", "retrying", "done"]
     assert job["status"] == "done" and job["attempts"] == 3
+
+
+def test_the_run_started_last_wins_a_tie_in_the_same_millisecond(tmp_path, monkeypatch):
+    """CI, on a fast host, claimed last month's run in the same millisecond as this month's:
+    `payrun status` picked the higher month. Of two runs claimed at the same instant the
+    one inserted last is the run started last (the console reads it the same way)."""
+    monkeypatch.setattr(ledger_mod, "utcnow", lambda: "2026-12-01T01:00:00.000+00:00")
+    led = Ledger(tmp_path / "ledger.db")
+    led.claim_run(1, "2026-11", "a")
+    led.claim_run(2, "2026-11", "a")
+    led.claim_run(1, "2026-10", "late")
+    assert led.latest_month() == "2026-10"
+    assert ledger_mod.latest_month(led.runs()) == "2026-10"
+    led.claim_run(3, "2026-11", "b")
+    assert led.latest_month() == "2026-11"
+    monkeypatch.setattr(ledger_mod, "utcnow", lambda: "2026-11-30T23:59:59.999+00:00")  # clock stepped back
+    led.claim_run(4, "2026-09", "old")
+    assert led.latest_month() == "2026-11"  # the timestamps still decide first
+    assert ledger_mod.latest_month([]) is None
