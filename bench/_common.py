@@ -72,6 +72,10 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def mean(xs: list[float]) -> float:
+    return statistics.fmean(xs) if xs else float("nan")
+
+
 def parse_ts(v: bytes | str | None) -> float | None:
     """An RQ timestamp (ended_at / started_at) as a UNIX time."""
     if not v:
