@@ -109,18 +109,22 @@ def _meta(raw: Any) -> dict[str, Any]:
         return {}
 
 
-def _redis_rows(conn, ids: list[tuple[str, str]]) -> list[dict[str, Any]]:
+def _redis_rows(conn, ids: list[tuple[str, str]], ledger=None) -> list[dict[str, Any]]:
     with conn.pipeline(transaction=False) as p:
         for job_id, _ in ids:
             p.hmget(f"rq:job:{job_id}", "meta", "ended_at", "description", RETURNED_FIELD)
         res = p.execute()
+    # a worker of the version before the Redis count (a rolling deploy) reported its
+    # returned tries to the ledger only
+    in_ledger = ledger.returned_tries([i for i, _ in ids]) if ledger is not None and ids else {}
     rows = []
     for (job_id, q), (meta, ended, desc, returned) in zip(ids, res):
         m = _meta(meta)
+        returned = max(int(_s(returned) or 0), in_ledger.get(job_id, 0))
         rows.append({"id": job_id, "queue": q, "company": None, "kind": m.get("kind"),
                      # attempts spent: tries held back by the provider or handed back spent none
                      "attempts": attempts_spent(int(m.get("attempt", 0) or 0), int(m.get("held", 0) or 0),
-                                                int(_s(returned) or 0)),
+                                                returned),
                      "error": m.get("last_error") or "",
                      "ended_at": _s(ended) or None, "in_redis": True})
     return rows
@@ -188,7 +192,7 @@ def page(conn, ledger, flt: FailedFilter, offset: int = 0, limit: int = 50) -> F
     merged = sorted(((float(sc), _s(m), q) for i, q in enumerate(qs) for m, sc in res[2 * i + 1]),
                     key=lambda t: (-t[0], t[1]))
     chosen = [(m, q) for _, m, q in merged[offset:offset + limit]]
-    rows = _redis_rows(conn, chosen)
+    rows = _redis_rows(conn, chosen, ledger)
     _add_companies(ledger, rows)
     return FailedPage(rows, total, offset, flt, "redis", time.perf_counter() - t0)
 

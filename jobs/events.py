@@ -80,9 +80,9 @@ def log_emitted(job_id: str, status: str, duration_s: float | None = None, **fie
 
 def _log_event(job_id: str, status: str, ev: dict[str, str], duration_s: float | None = None) -> None:
     outcome = outcome_of(ev)
-    held = outcome == "held"  # a try held back by the provider: no attempt spent
+    free = outcome in NO_ATTEMPT_OUTCOMES  # held back, handed back or reaped: no attempt spent
     _log.info("job %s %s%s%s", job_id, outcome,
-              (f" (try {ev['attempt']}, no attempt spent)" if held else f" (attempt {ev['attempt']})")
+              (f" (try {ev['attempt']}, no attempt spent)" if free else f" (attempt {ev['attempt']})")
               if "attempt" in ev else "",
               f" in {duration_s:.2f} s" if duration_s is not None else "",
               extra={"job_id": job_id, "queue": ev.get("queue") or _queue_of(job_id),

@@ -37,7 +37,9 @@ from payrun import keys
 
 # KEYS: wip, queue, job hash, intermediate list, idempotency state, events stream
 # ARGV: wip member, job id, idempotency token ('' = none), then the event's fields
-# The job hash's returned-tries counter (events.RETURNED_FIELD) goes up with the return.
+# The job hash's returned-tries counter (events.RETURNED_FIELD) goes up with the return
+# when the try had begun (status 'started': a worker that died between recording the
+# execution and its horse starting the job never moved the attempt counter).
 _REQUEUE = """
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 if redis.call('EXISTS', KEYS[3]) == 0 then return 2 end
@@ -45,8 +47,10 @@ if ARGV[3] ~= '' and redis.call('HGET', KEYS[5], 'state') == 'sending'
    and redis.call('HGET', KEYS[5], 'owner') == ARGV[3] then
   redis.call('DEL', KEYS[5])
 end
+if redis.call('HGET', KEYS[3], 'status') == 'started' then
+  redis.call('HINCRBY', KEYS[3], '%s', 1)
+end
 redis.call('HSET', KEYS[3], 'status', 'queued')
-redis.call('HINCRBY', KEYS[3], '%s', 1)
 redis.call('LREM', KEYS[4], 0, ARGV[2])
 redis.call('LREM', KEYS[2], 0, ARGV[2])
 redis.call('LPUSH', KEYS[2], ARGV[2])
@@ -245,10 +249,13 @@ def reap(conn, now: float | None = None) -> list[Stuck]:
         # found the key "being sent" for the claim's whole TTL, burning its retries.
         # The claim is released inside the same script, before the job is enqueued.
         try:
-            meta = PayrunJob.fetch(s.job_id, connection=conn).meta
+            job = PayrunJob.fetch(s.job_id, connection=conn)
+            meta, began = job.meta, job.get_status(refresh=False) == "started"
         except Exception:
-            meta = {}
-        attempt = meta.get("attempt")
+            meta, began = {}, False
+        # a try that never began (its horse never started it) has no attempt of its own:
+        # the counter still holds the previous try's, whose ledger row must stay as it is
+        attempt = meta.get("attempt") if began else None
         key, token = "", ""
         if meta.get("kind") == "email" and meta.get("key") and attempt:
             key, token = meta["key"], f"{s.job_id}:{attempt}"

@@ -346,8 +346,16 @@ class EventsMixin:
         its idempotency claim released (a resend uses the same key; the provider dedupes)."""
         job.meta = job.get_meta(refresh=True)
         attempt = int(job.meta.get("attempt", 0))
-        job.meta["budget_start"] = int(job.meta.get("budget_start", 0)) + 1
-        if job.meta.get("kind") == "email" and job.meta.get("key"):
+        # a second signal can land between the dequeue and the horse's start (the job in
+        # the started registry, its status still queued): that try never began, its
+        # attempt counter never moved, so it is neither a returned try nor a ledger row
+        try:
+            began = job.get_status(refresh=True) == JobStatus.STARTED
+        except Exception:  # noqa: BLE001 - gone: count nothing
+            began = False
+        if began:
+            job.meta["budget_start"] = int(job.meta.get("budget_start", 0)) + 1
+        if began and job.meta.get("kind") == "email" and job.meta.get("key"):
             # before the job is back on its queue: another lane may take it at once, and
             # would find the key still claimed by this attempt ("being sent": a retry spent)
             idempotency.release(self.connection, job.meta["key"], f"{job.id}:{attempt}")
@@ -355,8 +363,10 @@ class EventsMixin:
             if getattr(self, "execution", None) is not None:
                 self.cleanup_execution(job, pipeline=pipe)
             queue._enqueue_job(job, pipeline=pipe, at_front=True)
-            pipe.hincrby(job.key, events.RETURNED_FIELD, 1)  # a try that spent no attempt
-            events.emit(pipe, job.id, "queued", attempt=attempt, outcome="requeued", error=reason)
+            if began:
+                pipe.hincrby(job.key, events.RETURNED_FIELD, 1)  # a try that spent no attempt
+            events.emit(pipe, job.id, "queued", attempt=attempt if began else None, outcome="requeued",
+                        error=reason)
             pipe.execute()
         log.warning("Worker %s: %s returned to the front of %s (%s)", self.name, job.id, queue.name, reason)
 

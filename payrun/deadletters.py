@@ -46,8 +46,10 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
             })
     if ledger is not None and out:
         companies = ledger.companies_of([r["id"] for r in out])
+        returned = ledger.returned_tries([r["id"] for r in out])
         for r in out:
             r["company"] = companies.get(r["id"])
+            r["returned"] = max(r["returned"], returned.get(r["id"], 0))
     if company is not None:
         out = [r for r in out if r.get("company") == company]
     out.sort(key=lambda r: r["ended_at"] or "", reverse=True)

@@ -8,7 +8,8 @@ committed (applying is idempotent: the same event gives the same row).
 
 Tables
   jobs          one row per job (render or email): status, attempts, last error, times
-  attempts      one row per try of a job: worker, start, end, outcome (held: spent no attempt), error, delay
+  attempts      one row per try of a job: worker, start, end, outcome (held, requeued, reaped:
+                spent no attempt), error, delay
   payroll_runs  UNIQUE(company_id, month): the second guard (after the Redis lock) that
                 makes a pay run happen once
 """
@@ -333,6 +334,18 @@ class Ledger:
             marks = ",".join("?" * len(chunk))
             for r in self.db.query(f"SELECT id, company_id FROM jobs WHERE id IN ({marks})", tuple(chunk)):
                 out[r["id"]] = r["company_id"]
+        return out
+
+    def returned_tries(self, job_ids: list[str]) -> dict[str, int]:
+        """job id -> tries the ledger recorded as handed back or reaped (no attempt spent),
+        for the ids that had any. A worker of the version before this count existed (during
+        a rolling deploy) still reports the outcome, but does not count it in Redis."""
+        out: dict[str, int] = {}
+        for chunk in iter_chunks(list(job_ids), 500):
+            marks = ",".join("?" * len(chunk))
+            for r in self.db.query(f"SELECT job_id, COUNT(*) AS n FROM attempts WHERE job_id IN ({marks})"
+                                   " AND outcome IN ('requeued', 'reaped') GROUP BY job_id", tuple(chunk)):
+                out[r["job_id"]] = r["n"]
         return out
 
     def months(self) -> list[str]:

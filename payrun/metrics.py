@@ -34,7 +34,8 @@ class Observed:
         self.duration = Histogram("payrun_job_duration_seconds", "Duration of one attempt of a job, by queue.",
                                   ["queue"], buckets=DURATION_BUCKETS, registry=registry)
         self.attempts = Counter("payrun_job_attempts_total", "Attempts that ended, by queue and outcome (held: a try held back by the provider's "
-                                "rate limit or an outage, which spends no attempt and is not a retry).",
+                                "rate limit or an outage; requeued / reaped: handed back by a stopping worker / "
+                                "returned after its worker died. None of them spends an attempt or is a retry).",
                                 ["queue", "outcome"], registry=registry)
         self.retries = Counter("payrun_job_retries_total", "Attempts that failed and were scheduled again.",
                                ["queue"], registry=registry)

@@ -84,24 +84,28 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
     # RUNNING before its socket exists, and a script's next command would fail to connect
     own_redis = role == "all" and cfg.embedded_redis
     conn = redis_server.connect(cfg, socket_timeout=2) if own_redis else None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out, code = ctl(cfg, "status")
-        lines = [ln for ln in out.splitlines() if ln.strip()]
-        if (lines and all(" RUNNING " in ln or " STOPPED " in ln for ln in lines)
-                and (conn is None or redis_server.ping(conn))):
-            return note + out.rstrip()
-        failed = [ln.split()[0] for ln in lines if " FATAL " in ln or " BACKOFF " in ln]
-        if failed:
-            # nothing half-up: a control host missing one program is not a working control host
-            logs = "".join(_log_tail(cfg, name) for name in failed)
-            down(cfg)
-            raise SetupError(f"{', '.join(failed)} failed to start, so everything was stopped again:\n"
-                             f"{out.rstrip()}\n{logs}logs: {cfg.log_dir}")
-        time.sleep(0.5)
-    waiting = "" if conn is None or redis_server.ping(conn) else \
-        f"the embedded Redis does not answer on {cfg.redis_dir} (see {cfg.log_dir / 'redis.log'})\n"
-    raise SetupError(f"not everything was running after {timeout_s:.0f} s:\n{waiting}{out.rstrip()}")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            out, code = ctl(cfg, "status")
+            lines = [ln for ln in out.splitlines() if ln.strip()]
+            if (lines and all(" RUNNING " in ln or " STOPPED " in ln for ln in lines)
+                    and (conn is None or redis_server.ping(conn))):
+                return note + out.rstrip()
+            failed = [ln.split()[0] for ln in lines if " FATAL " in ln or " BACKOFF " in ln]
+            if failed:
+                # nothing half-up: a control host missing one program is not a working control host
+                logs = "".join(_log_tail(cfg, name) for name in failed)
+                down(cfg)
+                raise SetupError(f"{', '.join(failed)} failed to start, so everything was stopped again:\n"
+                                 f"{out.rstrip()}\n{logs}logs: {cfg.log_dir}")
+            time.sleep(0.5)
+        waiting = "" if conn is None or redis_server.ping(conn) else \
+            f"the embedded Redis does not answer on {cfg.redis_dir} (see {cfg.log_dir / 'redis.log'})\n"
+        raise SetupError(f"not everything was running after {timeout_s:.0f} s:\n{waiting}{out.rstrip()}")
+    finally:
+        if conn is not None:
+            conn.close()
 
 
 def take_over_redis(cfg: Config) -> str:

@@ -193,6 +193,29 @@ def test_a_try_returned_by_the_reaper_is_not_counted_as_an_attempt_spent(conn, e
     assert [(r["attempts"], r["held"], r["returned"]) for r in json.loads(out.output)] == [(2, 0, 1)]
     for flt in (FailedFilter(), FailedFilter(text="422")):  # from Redis, and from the ledger
         assert [(r["id"], r["attempts"]) for r in page(conn, ledger, flt).rows] == [("back-1", 1)], flt
+    # returned by a reaper of the version before the Redis count (a rolling deploy): the
+    # ledger's record of it still counts
+    conn.hdel(job.key, events.RETURNED_FIELD)
+    out = CliRunner().invoke(cli, ["failed", "--json"], env=env)
+    assert [(r["attempts"], r["returned"]) for r in json.loads(out.output)] == [(2, 1)]
+    assert [(r["id"], r["attempts"]) for r in page(conn, ledger, FailedFilter()).rows] == [("back-1", 1)]
+
+
+def test_a_job_whose_worker_died_before_its_horse_started_it_is_returned_without_a_try(conn):
+    """The worker records the execution (rq:wip) before its horse starts the job: a death
+    in between is returned by the reaper, but no try began, so none is counted returned
+    and the ledger gets no attempt (it would overwrite the previous try's row)."""
+    queue = make_queue(keys.RENDER_QUEUE, conn)
+    job = enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.noop", job_id="unstarted-1")
+    conn.lrem(queue.key, 0, job.id)
+    conn.zadd("rq:wip:pdf-render", {f"{job.id}:exec1": time.time() + 300})
+    conn.hset(job.key, mapping={"worker_name": "render.gone.2"})  # status still 'queued'
+    assert [s.job_id for s in reaper.reap(conn)] == ["unstarted-1"]
+    assert queue.get_job_ids() == ["unstarted-1"]
+    assert conn.hget(job.key, events.RETURNED_FIELD) is None
+    (ev,) = [e for e in (ledger_mod._decode(f) for _, f in conn.xrange(keys.EVENTS_STREAM))
+             if e.get("outcome") == "reaped"]
+    assert "attempt" not in ev
 
 
 def test_attempts_spent_leaves_out_held_and_returned_tries():
@@ -238,6 +261,11 @@ def test_a_second_sigterm_before_the_horse_started_hands_the_job_back(conn):
         w.request_force_stop(signal.SIGTERM, None)
     assert q.get_job_ids() == ["early-1", "next-1"]  # back at the front
     assert conn.zcard(f"rq:wip:{keys.RENDER_QUEUE}") == 0
+    # that try never began: no returned try counted, and no attempt for the ledger to record
+    assert conn.hget("rq:job:early-1", events.RETURNED_FIELD) is None
+    (ev,) = [ledger_mod._decode(f) for _, f in conn.xrange(keys.EVENTS_STREAM)
+             if ledger_mod._decode(f).get("outcome") == "requeued"]
+    assert ev["job"] == "early-1" and "attempt" not in ev
 
     taken, _ = q.dequeue_any([q], None, connection=conn, job_class=PayrunJob, serializer=w.serializer)
     w.prepare_execution(taken)
