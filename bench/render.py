@@ -46,6 +46,8 @@ def main() -> None:
     ap.add_argument("--renders", type=int, default=None, help="warm renders to time (default 40; quick 15)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="pool rounds, each bracketed by warm renders (default 8; quick 4)")
+    ap.add_argument("--jobs-per-horse", type=int, default=None,
+                    help="render.jobs_per_horse for the pool (default: payrun's default)")
     a = ap.parse_args()
     n_pool = a.slips or (200 if a.quick else 600)
     n_warm = a.renders or (15 if a.quick else 40)
@@ -53,7 +55,8 @@ def main() -> None:
     n_bracket = 8 if a.quick else 12  # warm renders before and after each round
     logging.getLogger("weasyprint").setLevel(logging.ERROR)
 
-    with Bench("render") as b:
+    conf = f"[render]\njobs_per_horse = {a.jobs_per_horse}\n" if a.jobs_per_horse else ""
+    with Bench("render", config_toml=conf) as b:
         load0 = load_avg()
         say(f"render bench: {CORES} cores, load {load0}, pool {n_pool} slips in {rounds} rounds, "
             f"{n_warm} warm renders")
@@ -97,7 +100,8 @@ def main() -> None:
         pool = a.workers or CORES
         workers = [b.spawn(f"render-{i}", ["worker", "pdf-render"]) for i in range(pool)]
         ready_s = b.wait_workers(conn, pool)
-        say(f"{pool} pdf-render workers warm and registered after {ready_s:.1f} s")
+        jph = b.config().render.jobs_per_horse
+        say(f"{pool} pdf-render workers warm and registered after {ready_s:.1f} s (a horse serves {jph} jobs)")
         from payrun import runs
         from payrun.ledger import Ledger
 
@@ -212,7 +216,7 @@ def main() -> None:
             "gap_between_jobs_p90_s": r4(gap_p90),
             "parallel_render_s": r4(par), "parallel_ceiling_slips_per_s": r4(par_limit),
             "pool_vs_parallel_ceiling": r4(vs_par),
-            "ratio_median_based": r4(ratio_med), "ratio": r4(ratio), "target": ">= 0.90",
+            "jobs_per_horse": jph, "ratio_median_based": r4(ratio_med), "ratio": r4(ratio), "target": ">= 0.90",
         })
 
 

@@ -14,7 +14,7 @@ from payrun import config as config_mod
 from payrun.errors import PayrunError
 
 
-from payrun.clitools import handle_errors  # noqa: E402
+from payrun.clitools import FilePath, handle_errors  # noqa: E402
 
 
 class Ctx:
@@ -77,7 +77,7 @@ def _setup_logging(level: str = "INFO") -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", envvar="PAYRUN_CONFIG", type=click.Path(dir_okay=False),
+@click.option("--config", "config_path", envvar="PAYRUN_CONFIG", type=FilePath(dir_okay=False),
               help="TOML configuration file (default: $PAYRUN_CONFIG; none = built-in defaults).")
 @click.version_option(package_name="payrun")
 @click.pass_context
@@ -134,7 +134,7 @@ def _n(n: int, one: str, many: str | None = None) -> str:
 
 
 @cli.command(name="import")
-@click.argument("csv_file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("csv_file", type=FilePath(exists=True, dir_okay=False))
 @click.option("--companies", "companies_csv", is_flag=True,
               help="The file lists companies (id,name,address) instead of employees.")
 @pass_ctx

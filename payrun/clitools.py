@@ -9,6 +9,16 @@ import sys
 
 import click
 
+class FilePath(click.Path):
+    """click.Path that turns a name no file can have (a NUL byte) into a usage error:
+    click's own check passes it to os.stat, which raises ValueError (a traceback)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and "\x00" in value:
+            self.fail("a file name cannot contain a NUL byte", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 pass_ctx = click.pass_obj
 """The group's context object (payrun.cli.Ctx: .cfg, .redis(), .ledger(), .payroll())."""
 

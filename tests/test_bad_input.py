@@ -64,6 +64,7 @@ month_like = st.one_of(st.text(max_size=12), st.from_regex(r"\d{4}-\d{2}", fullm
                                month_like), max_size=4),
        command=st.sampled_from([["run"], ["status"], ["seed"], ["prune"], ["failed"], ["retry"],
                                 ["limits", "set"], ["worker"], ["import"]]))
+@example(args=["\x00"], command=["import"])  # click's own path check raised ValueError (found by hypothesis)
 def test_cli_arguments_never_show_a_traceback(cfg, args, command):
     if command == ["seed"] and "--employees" not in args:
         args = [*args, "--employees", "3", "--companies", "1"]  # keep a valid seed small
@@ -159,3 +160,9 @@ def test_seed_twice_says_it_adds_and_worker_env_needs_the_control_hosts_redis(tm
             "1 company in all, 3 employees with salary lines for 2026-11") in again.output
     env = runner.invoke(cli, ["supervisor-env", "--role", "worker"])
     assert env.exit_code == 2 and "a worker-only host needs PAYRUN_REDIS_URL" in env.output
+
+
+def test_a_file_name_with_a_nul_byte_is_a_usage_error(cfg):
+    for argv in (["import", "a\x00b.csv"], ["--config", "a\x00b.toml", "status"]):
+        result = CliRunner().invoke(cli, argv)
+        assert result.exit_code == 2 and "cannot contain a NUL byte" in result.output, (argv, result.output)
