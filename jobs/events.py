@@ -25,7 +25,10 @@ def one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-NO_ATTEMPT_OUTCOMES = ("held", "requeued", "reaped")
+RETURNED_OUTCOMES = ("requeued", "reaped")
+"""Outcomes of a try handed back by a worker told to stop, or returned by the reaper."""
+
+NO_ATTEMPT_OUTCOMES = ("held", *RETURNED_OUTCOMES)
 """Outcomes of a try that spent none of the job's retry budget: held back by the provider
 (rate limit, outage, a send of the same slip in flight), handed back by a worker told to
 stop (SIGTERM, a deploy), returned by the reaper after its worker died. Every try counts

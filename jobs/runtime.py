@@ -100,9 +100,14 @@ class PayrunJob(Job):
             kwargs["serializer"] = JSONSerializer
         super().__init__(*args, **kwargs)
 
+    returned_tries = 0
+    """Tries handed back or reaped (events.RETURNED_FIELD), as loaded with the job."""
+
     def restore(self, raw_data) -> None:
         super().restore(raw_data)
         self.meta = recover_meta(self.meta)
+        k = events.RETURNED_FIELD
+        self.returned_tries = int(raw_data.get(k.encode(), raw_data.get(k)) or 0)
 
     def get_retry_interval(self) -> float:
         policy = self.meta.get("retry") or {}

@@ -26,11 +26,7 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
     for qname in ([queue] if queue else [keys.RENDER_QUEUE, keys.EMAIL_QUEUE, keys.CONTROL_QUEUE]):
         reg = _registry(conn, qname)
         ids = reg.get_job_ids(desc=True, cleanup=False)
-        with conn.pipeline(transaction=False) as p:
-            for job_id in ids:
-                p.hget(f"rq:job:{job_id}", events.RETURNED_FIELD)
-            returned = p.execute() if ids else []
-        for job, back in zip(PayrunJob.fetch_many(ids, connection=conn, serializer=reg.serializer), returned):
+        for job in PayrunJob.fetch_many(ids, connection=conn, serializer=reg.serializer):
             if job is None:
                 continue
             last_error = job.meta.get("last_error") or ""
@@ -41,7 +37,7 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
                 # tries; of them held (by the provider) and returned (by a stopping worker or
                 # the reaper) spent no attempt: events.attempts_spent
                 "attempts": job.meta.get("attempt", 0), "held": int(job.meta.get("held", 0)),
-                "returned": int(back or 0), "error": last_error,
+                "returned": job.returned_tries, "error": last_error,
                 "ended_at": job.ended_at.isoformat() if job.ended_at else None,
             })
     if ledger is not None and out:

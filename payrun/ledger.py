@@ -27,7 +27,7 @@ from typing import Any
 
 import sqlite_utils
 
-from jobs.events import attempts_spent, outcome_of
+from jobs.events import RETURNED_OUTCOMES, attempts_spent, outcome_of
 
 STATES = ("queued", "running", "retrying", "done", "failed")
 
@@ -343,8 +343,9 @@ class Ledger:
         out: dict[str, int] = {}
         for chunk in iter_chunks(list(job_ids), 500):
             marks = ",".join("?" * len(chunk))
+            returned = ",".join(f"'{o}'" for o in RETURNED_OUTCOMES)
             for r in self.db.query(f"SELECT job_id, COUNT(*) AS n FROM attempts WHERE job_id IN ({marks})"
-                                   " AND outcome IN ('requeued', 'reaped') GROUP BY job_id", tuple(chunk)):
+                                   f" AND outcome IN ({returned}) GROUP BY job_id", tuple(chunk)):
                 out[r["job_id"]] = r["n"]
         return out
 
@@ -373,7 +374,7 @@ def tries_text(row: Mapping[str, Any]) -> str:
     tries = int(row.get("attempts") or 0)
     outcomes = [h.get("outcome") for h in row.get("history", ())]
     held = outcomes.count("held")
-    returned = outcomes.count("requeued") + outcomes.count("reaped")
+    returned = sum(outcomes.count(o) for o in RETURNED_OUTCOMES)
     if not held and not returned:
         return f"{tries} attempt{'' if tries == 1 else 's'}"
     spent = attempts_spent(tries, held, returned)
