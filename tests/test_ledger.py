@@ -30,6 +30,7 @@ def _rows():
 
 def _version_1(path, rows) -> None:
     old = sqlite3.connect(path)
+    old.execute("PRAGMA journal_mode = WAL")  # as every ledger payrun wrote (Ledger.__init__)
     old.executescript(MIGRATIONS[0])
     old.execute("PRAGMA user_version = 1")
     old.executemany("INSERT INTO jobs (id, kind, company_id, employee_id, month, key, status)"
