@@ -33,10 +33,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
+
+import redis
 
 from rq import Queue, SimpleWorker, Worker
 from rq.executions import Execution
+from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus, _job_stack
 from rq.worker import WorkerStatus
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
@@ -576,9 +580,8 @@ class RenderWorker(EventsMixin, Worker):
                     return
                 job_id, queue_name, execution_id = json.loads(line)
                 try:
-                    job = self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer)
+                    job, self.execution = self._fetch_for_horse(job_id, execution_id)
                     queue = make_queue(queue_name, self.connection)
-                    self.execution = Execution.fetch(execution_id, job_id, connection=self.connection)
                     self.perform_job(job, queue)
                 except BaseException:  # noqa: BLE001 - like RQ's horse: exit, the parent handles it
                     os._exit(1)
@@ -586,6 +589,25 @@ class RenderWorker(EventsMixin, Worker):
                     os.write(w, b"1\n")
                 except OSError:  # the worker is gone (killed): this job is done, stop here
                     return
+
+    def _fetch_for_horse(self, job_id: str, execution_id: str) -> tuple[Job, Execution]:
+        """RQ's ``Job.fetch`` and ``Execution.fetch`` (rq 2.12: HGETALL each, the same
+        errors when either is gone) in one round trip instead of two."""
+        execution = Execution(id=execution_id, job_id=job_id, connection=self.connection)
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.job_class.key_for(job_id))
+            pipe.hgetall(execution.key)
+            raw_job, raw_execution = pipe.execute()
+        if not raw_job:
+            raise NoSuchJobError(f"No such job: {self.job_class.key_for(job_id)}")
+        job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+        job.restore(raw_job)
+        if not raw_execution:
+            raise ValueError(f"Execution {execution_id} not found in Redis")
+        execution.created_at = datetime.fromtimestamp(float(raw_execution[b"created_at"]), tz=timezone.utc)
+        execution.last_heartbeat = datetime.fromtimestamp(float(raw_execution[b"last_heartbeat"]), tz=timezone.utc)
+        execution.worker_name = raw_execution.get(b"worker_name", b"").decode()
+        return job, execution
 
     def _reap_horse(self) -> None:
         for fd in (self._to_horse, self._from_horse):
@@ -605,14 +627,17 @@ class RenderWorker(EventsMixin, Worker):
         import select
 
         job.started_at = utcnow()
+        long_job = False
         while True:
             ready, _, _ = select.select([self._from_horse], [], [], self.job_monitoring_interval)
             if ready:
                 reply = os.read(self._from_horse, 64)
                 break
+            long_job = True
             self.set_current_job_working_time((utcnow() - job.started_at).total_seconds())
             self.maintain_heartbeats(job)  # may kill the horse: the read then sees EOF
-        self.set_current_job_working_time(0)
+        if long_job:  # (the horse sets it to 0 as each job starts: a job under a second never moved it)
+            self.set_current_job_working_time(0)
         if reply.startswith(b"1"):
             self._horse_jobs += 1
             if self._horse_jobs >= self.jobs_per_horse:
@@ -701,11 +726,81 @@ class RenderWorker(EventsMixin, Worker):
             self._liveness.stop()
         raise SystemExit(0)
 
+    # Between two renders RQ's loop sends ~8 round trips while the core idles: the
+    # suspension check, the worker's state (idle, then busy again), the drain check
+    # (twice: before and after a wait), the move, the job's fetch, the working-time
+    # reset. While jobs are waiting, one script does what matters of it (the drain and
+    # suspension checks, RQ's move into the intermediate list, the job's hash); the
+    # state stays busy, and is set idle only when the worker does wait for work.
+    # KEYS: drained set, suspension key, the queue, its intermediate list; ARGV: the
+    # queue's name, the job key prefix. {1, id, hash}: taken; {0}: closed, or empty. A job
+    # whose hash expired while queued is skipped (RQ's dequeue does too) and dropped.
+    _TAKE = """
+if redis.call('EXISTS', KEYS[2]) == 1 or redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {0} end
+while true do
+  local id = redis.call('LMOVE', KEYS[3], KEYS[4], 'LEFT', 'RIGHT')
+  if not id then return {0} end
+  local h = redis.call('HGETALL', ARGV[2] .. id)
+  if #h > 0 then return {1, id, h} end
+  redis.call('LREM', KEYS[4], 1, id)
+end
+"""
+
+    def _take_at_once(self) -> tuple[Job, Queue] | None:
+        """The next job of the worker's one queue, if one is waiting and intake is open,
+        in one round trip (RQ's non-blocking dequeue of one queue: LMOVE into its
+        intermediate list, then the job). None: RQ's dequeue, with its wait, decides."""
+        self._took_at_once = False
+        queues = self._ordered_queues
+        if self._stop_requested or len(queues) != 1 or get_version(self.connection) < (6, 2, 0):
+            return None
+        queue = queues[0]
+        self.heartbeat()  # (at most once a second; it also looks after RQ's scheduler)
+        if getattr(self, "_take_script", None) is None:
+            self._take_script = self.connection.register_script(self._TAKE)
+        try:
+            got = self._take_script(keys=[keys.PAUSED_QUEUES, WORKERS_SUSPENDED, queue.key,
+                                          queue.intermediate_queue_key],
+                                    args=[queue.name, self.job_class.redis_job_namespace_prefix])
+        except redis.exceptions.ConnectionError:
+            return None  # RQ's dequeue reports it and waits for Redis
+        if not got or int(got[0]) != 1:
+            return None
+        job_id, flat = got[1].decode(), got[2]
+        job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+        job.restore(dict(zip(flat[::2], flat[1::2])))
+        job.redis_server_version = self.get_redis_server_version()
+        self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)  # RQ's line for a dequeue
+        self._took_at_once = True
+        return job, queue
+
+    def check_for_suspension(self, burst: bool) -> None:
+        if getattr(self, "_took_at_once", False):
+            return  # the take about to run checks `rq suspend` itself, in its script
+        super().check_for_suspension(burst)
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        self._idle_after_job = False
+        self._in_job = True
+        try:
+            super().execute_job(job, queue)
+        finally:
+            self._in_job = False
+
+    def set_state(self, state: str, pipeline=None) -> None:
+        if state == WorkerStatus.IDLE and pipeline is None and getattr(self, "_in_job", False):
+            return  # RQ's "idle" after each job: written by the dequeue if it has to wait
+        super().set_state(state, pipeline)
+
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
-        """RQ's dequeue, over the queues not drained (`payrun drain --queue Q`). A drain
-        that comes while the worker is blocked waiting for a job (up to SCHEDULER_CHECK_S)
-        still holds: a job taken from a queue closed meanwhile goes back to its front
-        untouched, and the worker waits like any drained one."""
+        """A job waiting in the queue is taken at once (``_take_at_once``); otherwise RQ's
+        dequeue, over the queues not drained (`payrun drain --queue Q`). A drain that comes
+        while the worker is blocked waiting for a job (up to SCHEDULER_CHECK_S) still holds:
+        a job taken from a queue closed meanwhile goes back to its front untouched, and the
+        worker waits like any drained one."""
+        taken = self._take_at_once()
+        if taken is not None:
+            return taken
         every = self._ordered_queues
         while True:
             while not (open_ := intake_queues(self.connection, every)):

@@ -117,3 +117,74 @@ def test_a_render_workers_give_back_never_queues_a_job_twice(conn):
     assert conn.lrange(q.key, 0, -1) == [b"j1"]
     assert w._give_back(keys=[q.intermediate_queue_key, q.key], args=["j2", 0]) == 1  # after an LPOP
     assert conn.lrange(q.key, 0, -1) == [b"j2", b"j1"]
+
+
+def _render_worker(conn):
+    from jobs.runtime import RenderWorker
+
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    return RenderWorker([q], connection=conn, name="render.test.1"), q
+
+
+def test_a_render_worker_takes_a_waiting_job_in_one_round_trip_as_rqs_dequeue_would(conn):
+    """With jobs waiting, the render worker's dequeue is one script: RQ's move into the
+    intermediate list (which the horse's start removes it from) and the job's hash, in
+    queue order; the job is the one RQ's own fetch builds."""
+    from jobs.runtime import PayrunJob
+
+    w, q = _render_worker(conn)
+    for i in (1, 2):
+        q.enqueue_call("jobs.tasks.noop", job_id=f"r{i}", timeout=5, meta={"kind": "test", "n": i})
+    conn.config_resetstat()
+    job, queue = w.dequeue_job_and_maintain_ttl(timeout=1)
+    calls = {c.removeprefix("cmdstat_"): v["calls"] for c, v in conn.info("commandstats").items()}
+    assert (job.id, queue.name) == ("r1", keys.RENDER_QUEUE)
+    assert calls.get("evalsha", 0) >= 1  # (twice the first time: NOSCRIPT, then loaded)
+    assert not {"blmove", "lpop", "smembers"} & set(calls)  # RQ's dequeue, the drain check's pipeline
+    assert calls["lmove"] == calls["hgetall"] == 1  # inside the script
+    assert conn.lrange(q.key, 0, -1) == [b"r2"] and conn.lrange(q.intermediate_queue_key, 0, -1) == [b"r1"]
+    stock = PayrunJob.fetch("r1", connection=conn)
+    assert (job.func_name, job.args, job.meta, job.timeout, job.origin) == \
+        (stock.func_name, stock.args, stock.meta, stock.timeout, stock.origin)
+    assert w._took_at_once
+
+
+def test_the_one_round_trip_take_honours_drains_and_suspension_and_skips_expired_jobs(conn):
+    from rq.suspension import resume, suspend
+
+    w, q = _render_worker(conn)
+    q.enqueue_call("jobs.tasks.noop", job_id="kept", timeout=5, meta={"kind": "test"})
+    conn.sadd(keys.PAUSED_QUEUES, keys.RENDER_QUEUE)  # payrun drain --queue pdf-render
+    assert w._take_at_once() is None
+    conn.delete(keys.PAUSED_QUEUES)
+    suspend(conn)  # payrun drain / rq suspend
+    assert w._take_at_once() is None and not w._took_at_once
+    assert conn.lrange(q.key, 0, -1) == [b"kept"] and conn.llen(q.intermediate_queue_key) == 0
+    resume(conn)
+    conn.lpush(q.key, "expired")  # its hash gone (TTL) while it waited: RQ's dequeue skips it too
+    job, _ = w._take_at_once()
+    assert job.id == "kept" and conn.lrange(q.intermediate_queue_key, 0, -1) == [b"kept"]
+    assert w._take_at_once() is None  # empty: RQ's blocking dequeue takes over
+
+
+def test_the_horse_reads_its_job_and_execution_as_rqs_fetches_do(conn):
+    from rq.executions import Execution
+    from rq.job import NoSuchJobError
+
+    import pytest
+    from jobs.runtime import PayrunJob
+
+    w, q = _render_worker(conn)
+    q.enqueue_call("jobs.tasks.noop", job_id="h1", timeout=5, meta={"kind": "test"})
+    job = PayrunJob.fetch("h1", connection=conn)
+    execution = w.prepare_execution(job)
+    got_job, got_execution = w._fetch_for_horse("h1", execution.id)
+    stock = Execution.fetch(execution.id, "h1", connection=conn)
+    assert (got_execution.id, got_execution.job_id, got_execution.created_at, got_execution.last_heartbeat,
+            got_execution.worker_name) == (stock.id, stock.job_id, stock.created_at, stock.last_heartbeat,
+                                           stock.worker_name)
+    assert got_job.to_dict() == PayrunJob.fetch("h1", connection=conn).to_dict()
+    with pytest.raises(NoSuchJobError):
+        w._fetch_for_horse("gone", execution.id)
+    with pytest.raises(ValueError):
+        w._fetch_for_horse("h1", "no-such-execution")
