@@ -98,11 +98,20 @@ class QueueRow:
     registry holds them beside the retrying ones, which ``retrying`` counts. (A reminder
     deleted by hand before it is due is still subtracted until its due time; one past due
     that no worker's scheduler has moved yet counts as retrying.)"""
+    reminders_per_min: list[int] = field(default_factory=list)
+    """Of ``per_min``, reminder emails (send-email only): not slips, so not in the delivery rate."""
 
     @property
     def rate_per_s(self) -> float:
         recent = self.per_min[-RATE_WINDOW_MIN:]
         return sum(recent) / (60.0 * len(recent)) if recent else 0.0
+
+    @property
+    def slips_per_min(self) -> list[int]:
+        """``per_min`` less the reminders finished in each minute."""
+        if not self.reminders_per_min:
+            return self.per_min
+        return [max(0, n - r) for n, r in zip(self.per_min, self.reminders_per_min)]
 
 
 @dataclass
@@ -247,9 +256,13 @@ def read_queues(conn, now: float, queues=keys.QUEUES) -> tuple[list[QueueRow], b
             for i in range(SPARK_MINUTES, 0, -1):
                 lo = now - 60 * i + FINISHED_TTL_S
                 p.zcount(f"rq:finished:{q}", f"({lo}", lo + 60)
+        for i in range(SPARK_MINUTES, 0, -1):  # the same minutes, reminders sent (by send time)
+            lo = now - 60 * i
+            p.zcount(keys.REMINDERS_SENT, f"({lo}", lo + 60)
         p.exists(SUSPENDED_KEY)
         p.smembers(paused_queues_key())
         res = p.execute()
+    reminders = [int(x) for x in res[-2 - SPARK_MINUTES:-2]]
     per = 6 + SPARK_MINUTES
     heads = [res[i * per + 4] for i in range(len(queues))]
     with conn.pipeline(transaction=False) as p:
@@ -263,7 +276,8 @@ def read_queues(conn, now: float, queues=keys.QUEUES) -> tuple[list[QueueRow], b
         t = parse_ts(enq[i])
         later = min(int(r[5]), int(r[2]))
         rows.append(QueueRow(q, int(r[0]), int(r[1]), int(r[2]) - later, int(r[3]),
-                             max(0.0, now - t) if t else None, [int(x) for x in r[6:]], q in paused, later))
+                             max(0.0, now - t) if t else None, [int(x) for x in r[6:]], q in paused, later,
+                             reminders if q == keys.EMAIL_QUEUE else []))
     return rows, bool(res[-2]), paused
 
 
@@ -587,15 +601,17 @@ class Source:
 
     @staticmethod
     def delivery_rate(queues: list[QueueRow], running_s: float | None = None) -> float:
-        """Slips delivered per second recently: the send rate, or before any send has
-        finished, the render rate (every slip passes through both). ``running_s``: how
-        long ago the run started; in its first RATE_WINDOW_MIN minutes the rate is over
-        that time (at least 10 s), not over empty minutes before it (which read as LATE)."""
-        window = None
-        if running_s is not None and running_s < 60 * RATE_WINDOW_MIN:
-            window = max(10.0, running_s)
-        by = {q.name: q.rate_per_s if window is None else sum(q.per_min[-RATE_WINDOW_MIN:]) / window
-              for q in queues}
+        """Slips delivered per second recently: the send rate (reminder emails left out),
+        or before any send has finished, the render rate (every slip passes through both).
+        ``running_s``: how long ago the run started; in its first RATE_WINDOW_MIN minutes
+        the rate is over that time (at least 10 s), not over empty minutes before it (which
+        read as LATE)."""
+        early = running_s is not None and running_s < 60 * RATE_WINDOW_MIN
+        by = {}
+        for q in queues:
+            recent = q.slips_per_min[-RATE_WINDOW_MIN:]
+            window = max(10.0, running_s) if early else 60.0 * len(recent)
+            by[q.name] = sum(recent) / window if recent else 0.0
         return by.get(keys.EMAIL_QUEUE) or by.get(keys.RENDER_QUEUE) or 0.0
 
     # -- failed jobs ---------------------------------------------------------------

@@ -19,6 +19,7 @@ from rq import get_current_job
 
 from jobs import idempotency
 from jobs.errors import TransientError
+from payrun import keys
 
 
 def resend_path(month: str, company_id: int, employee_id: str, n: int) -> str:
@@ -116,4 +117,9 @@ def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
         idempotency_key=key, sender=cfg.email.sender,
     )
     message_id = tasks.send_limited(conn, cfg, msg, key, token)
-    return {"sent": key, "message_id": message_id, "sent_at": time.time()}
+    sent_at = time.time()
+    with conn.pipeline(transaction=False) as pipe:  # the console's delivery rate counts slips only
+        pipe.zadd(keys.REMINDERS_SENT, {job.id: sent_at})
+        pipe.zremrangebyscore(keys.REMINDERS_SENT, "-inf", sent_at - keys.REMINDERS_KEPT_S)
+        pipe.execute()
+    return {"sent": key, "message_id": message_id, "sent_at": sent_at}

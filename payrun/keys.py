@@ -12,6 +12,11 @@ QUEUES = (RENDER_QUEUE, EMAIL_QUEUE, CONTROL_QUEUE)
 PAUSED_QUEUES = "payrun:paused-queues"
 """Queues drained by `payrun drain --queue Q`: workers take nothing from them until resumed."""
 
+REMINDERS_SENT = "payrun:reminders-sent"
+"""Reminder emails delivered (zset: job id -> time sent, a day kept): they finish on the
+send-email queue beside the slips, and the console's delivery rate (its ETA) leaves them out."""
+REMINDERS_KEPT_S = 86400
+
 EVENTS_STREAM = "payrun:events"
 """Stream of job state changes, written by workers, applied to SQLite by `payrun ledger`."""
 EVENTS_GROUP = "ledger"

@@ -599,6 +599,23 @@ async def test_a_cell_that_grows_widens_its_column():
 
 # ---- the ETA ---------------------------------------------------------------------------------
 
+def test_the_delivery_rate_leaves_reminder_emails_out():
+    """`payrun remind` during a run: reminders finish on the send-email queue beside the
+    slips. Counted as deliveries, 300 reminders a minute read as 300 slips a minute, and
+    the ETA came early."""
+    from console.data import QueueRow, Source
+
+    sends = QueueRow(keys.EMAIL_QUEUE, 0, 40, 0, 0, None, [600] * 10, False, 0, [0] * 8 + [300, 300])
+    assert sends.slips_per_min == [600] * 8 + [300, 300]
+    assert Source.delivery_rate([sends]) == pytest.approx((600 * 3 + 300 * 2) / 300)
+    first = QueueRow(keys.EMAIL_QUEUE, 0, 40, 0, 0, None, [0] * 9 + [600], False, 0, [0] * 9 + [300])
+    assert Source.delivery_rate([first], running_s=60) == pytest.approx(300 / 60)  # a run's first minute
+    # only reminders so far: the render rate stands in, as before the first slip is sent
+    renders = QueueRow(keys.RENDER_QUEUE, 100, 2, 0, 0, None, [60] * 10, False)
+    only = QueueRow(keys.EMAIL_QUEUE, 0, 0, 0, 0, None, [0] * 9 + [50], False, 0, [0] * 9 + [50])
+    assert Source.delivery_rate([renders, only]) == pytest.approx(1.0)
+
+
 def test_the_eta_is_not_late_in_a_runs_first_minutes_nor_given_while_drained_or_over_missing_slips():
     """Walkthrough: 5 s into a run the console said "ETA 09:13 — LATE for 09:00" (the rate
     was over 5 minutes, 4 of them before the run); drained, it still promised a time; with
