@@ -44,6 +44,17 @@ def backoff_delay(
     return delay
 
 
+def backoff_attempt(tries: int, budget_start: int = 0, returned: int = 0, returned_at_budget_start: int = 0) -> int:
+    """The attempt number the backoff grows with (``backoff_ceiling``): the job's tries
+    since its budget began (``budget_start``: the tries before the last `payrun retry`,
+    plus every try held back by the provider), less the tries handed back by a stopping
+    worker or returned by the reaper since then (``returned`` is the job's count of
+    those, ``returned_at_budget_start`` what it was at that `payrun retry`): a worker
+    dying under a job does not make its next wait longer. At least 1."""
+    since = max(0, int(returned) - int(returned_at_budget_start))
+    return max(1, int(tries) - int(budget_start) - since)
+
+
 @dataclass(frozen=True)
 class Verdict:
     transient: bool

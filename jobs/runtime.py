@@ -56,7 +56,7 @@ from rq.utils import get_version, now as utcnow
 from jobs import events, idempotency
 from jobs.errors import PermanentError, ProviderDown, Throttled
 from jobs.limits import EMPTY
-from jobs.policy import backoff_delay, classify, outage_hold_is_free, shutdown_deadline
+from jobs.policy import backoff_attempt, backoff_delay, classify, outage_hold_is_free, shutdown_deadline
 from jobs.tasks import allowed_functions
 from jobs.watchdog import WatchdogDeathPenalty
 from payrun import keys
@@ -115,9 +115,8 @@ class PayrunJob(Job):
 
     def get_retry_interval(self) -> float:
         policy = self.meta.get("retry") or {}
-        # attempt within the current budget: `payrun retry` and a requeue on shutdown
-        # restart the count, not the history
-        attempt = max(1, int(self.meta.get("attempt", 1)) - int(self.meta.get("budget_start", 0)))
+        attempt = backoff_attempt(int(self.meta.get("attempt", 1)), int(self.meta.get("budget_start", 0)),
+                                  self.returned_tries, int(self.meta.get("budget_returned", 0)))
         delay = backoff_delay(
             attempt,
             float(policy.get("base_s", 1.0)),
@@ -362,8 +361,8 @@ class EventsMixin:
             began = job.get_status(refresh=True) == JobStatus.STARTED
         except Exception:  # noqa: BLE001 - gone: count nothing
             began = False
-        if began:
-            job.meta["budget_start"] = int(job.meta.get("budget_start", 0)) + 1
+        # (a try that began is counted returned below: the backoff leaves it out, as it
+        # does a try the reaper returned; jobs.policy.backoff_attempt)
         if began and job.meta.get("kind") == "email" and job.meta.get("key"):
             # before the job is back on its queue: another lane may take it at once, and
             # would find the key still claimed by this attempt ("being sent": a retry spent)

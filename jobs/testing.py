@@ -49,3 +49,10 @@ def throttled_once(then_fail: bool = False) -> str:
     if then_fail:
         raise PermanentError("HTTP 422 invalid recipient address")
     return "sent"
+
+
+def flaky() -> None:
+    """Fails with a transient error every time: retried with backoff until its budget is spent."""
+    from jobs.errors import TransientError
+
+    raise TransientError("HTTP 503 from the provider (test)")

@@ -81,7 +81,8 @@ def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None) -> tuple[list[
         policy = cfg.email.retry if job.origin == keys.EMAIL_QUEUE else cfg.render.retry
         job.retries_left = policy.attempts - 1 if policy.attempts > 1 else None
         # attempts keep counting (the ledger's history stays whole); the backoff restarts
-        job.meta.update(budget_start=int(job.meta.get("attempt", 0)), retry=vars(policy))
+        job.meta.update(budget_start=int(job.meta.get("attempt", 0)), budget_returned=job.returned_tries,
+                        retry=vars(policy))
         for k in ("last_error", "error_attempt", "retry_after", "last_delay"):
             job.meta.pop(k, None)
         _refresh_address(job, payroll_db)

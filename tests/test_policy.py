@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from jobs.errors import OutcomeUnknown, PermanentError, TransientError
-from jobs.policy import backoff_ceiling, backoff_delay, classify, is_stuck, lease_expired, shutdown_deadline
+from jobs.policy import backoff_attempt, backoff_ceiling, backoff_delay, classify, is_stuck, lease_expired, shutdown_deadline
 
 
 def test_ceiling_matches_the_seed_table():
@@ -151,3 +151,13 @@ def test_the_send_gate_window_is_wider_for_2_s_after_an_idle_spell():
     assert gate_window_ms(20.0, GATE_WARMUP_MS - 1) == 1000.0 + GATE_WARMUP_MARGIN_MS
     assert gate_window_ms(20.0, GATE_WARMUP_MS) == 1020.0  # warmed up: 1 s + the margin
     assert gate_window_ms(GATE_WARMUP_MARGIN_MS + 20, 0.0) == 1000.0 + GATE_WARMUP_MARGIN_MS + 20  # a wider margin wins
+
+
+def test_the_backoff_grows_with_failed_attempts_only():
+    assert backoff_attempt(3) == 3
+    assert backoff_attempt(3, budget_start=1) == 2  # one try held back by the provider
+    assert backoff_attempt(3, returned=1) == 2  # one returned by the reaper (its worker died)
+    assert backoff_attempt(5, budget_start=3, returned=2, returned_at_budget_start=2) == 2  # after `payrun retry`
+    assert backoff_attempt(5, budget_start=3, returned=3, returned_at_budget_start=2) == 1
+    assert backoff_attempt(1, returned=1) == 1  # never below the first
+    assert backoff_attempt(2, budget_start=0, returned=1, returned_at_budget_start=5) == 2  # a count from before

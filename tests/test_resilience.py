@@ -201,6 +201,30 @@ def test_a_try_returned_by_the_reaper_is_not_counted_as_an_attempt_spent(conn, e
     assert [(r["id"], r["attempts"]) for r in page(conn, ledger, FailedFilter()).rows] == [("back-1", 1)]
 
 
+def test_a_try_returned_by_the_reaper_does_not_lengthen_the_next_backoff(conn, env, tmp_path):
+    """A worker died under try 1 (the reaper returned it); try 2 fails: the wait before
+    try 3 is the first attempt's (2 × base), not the second's (4 × base)."""
+    retry = {"base_s": 5.0, "cap_s": 300.0, "attempts": 3, "jitter": False}  # no jitter: the ceiling itself
+    job = enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.flaky", job_id="flaky-1", retry=Retry(max=2))
+    job.meta["retry"] = retry
+    job.save_meta()
+    conn.lrem(make_queue(keys.RENDER_QUEUE, conn).key, 0, job.id)  # try 1: taken by a worker that died
+    conn.zadd("rq:wip:pdf-render", {f"{job.id}:exec1": time.time() + 300})
+    conn.hset(job.key, mapping={"worker_name": "render.gone.3", "status": "started"})
+    job.meta["attempt"] = 1
+    job.save_meta()
+    assert [s.job_id for s in reaper.reap(conn)] == ["flaky-1"]
+    w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
+    try:
+        wait_for(lambda: status_of(conn, "flaky-1") == "scheduled", timeout_s=30, what="try 2 to fail")
+    finally:
+        w.terminate()
+        w.wait(timeout=20)
+    job = PayrunJob.fetch("flaky-1", connection=conn)
+    assert (job.meta["attempt"], job.returned_tries, job.retries_left) == (2, 1, 1)
+    assert job.meta["last_delay"] == 10.0  # backoff_ceiling(1, 5, 300); the reaped try counted: 20
+
+
 def test_a_job_whose_worker_died_before_its_horse_started_it_is_returned_without_a_try(conn):
     """The worker records the execution (rq:wip) before its horse starts the job: a death
     in between is returned by the reaper, but no try began, so none is counted returned
