@@ -156,6 +156,24 @@ def test_a_try_held_back_by_the_provider_spends_no_attempt_and_the_ledger_says_h
         assert [(r["id"], r["attempts"]) for r in page(conn, ledger, flt).rows] == [("held-2", 1)], flt
 
 
+def _died_under_its_first_try(conn, job, worker: str) -> None:
+    """As a render worker that took ``job``, started it and died leaves it (for the reaper)."""
+    conn.lrem(make_queue(keys.RENDER_QUEUE, conn).key, 0, job.id)
+    conn.zadd("rq:wip:pdf-render", {f"{job.id}:exec1": time.time() + 300})
+    conn.hset(job.key, mapping={"worker_name": worker, "status": "started"})
+    job.meta["attempt"] = 1
+    job.save_meta()
+
+
+def _worker_until(env, tmp_path, done, what: str) -> None:
+    w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
+    try:
+        wait_for(done, timeout_s=30, what=what)
+    finally:
+        w.terminate()
+        w.wait(timeout=20)
+
+
 def test_a_try_returned_by_the_reaper_is_not_counted_as_an_attempt_spent(conn, env, tmp_path, cfg):
     """The on-call engineer reads `attempts=` against the retry budget: a try whose worker
     died (or was stopped by a deploy) and was handed back spent none of it."""
@@ -167,20 +185,11 @@ def test_a_try_returned_by_the_reaper_is_not_counted_as_an_attempt_spent(conn, e
     ledger = Ledger(cfg.ledger_path)
     ledger.create_jobs([{"id": "back-1", "kind": "render"}])
     # try 1: taken by a worker that died with it
-    conn.lrem(make_queue(keys.RENDER_QUEUE, conn).key, 0, job.id)
-    conn.zadd("rq:wip:pdf-render", {f"{job.id}:exec1": time.time() + 300})
-    conn.hset(job.key, mapping={"worker_name": "render.gone.1", "status": "started"})
-    job.meta["attempt"] = 1
-    job.save_meta()
+    _died_under_its_first_try(conn, job, "render.gone.1")
     events.emit(conn, job.id, "running", attempt=1, worker="render.gone.1")
     assert [s.job_id for s in reaper.reap(conn)] == ["back-1"]
     # try 2: a live worker, a permanent error
-    w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
-    try:
-        wait_for(lambda: status_of(conn, "back-1") == "failed", timeout_s=30, what="the job to fail")
-    finally:
-        w.terminate()
-        w.wait(timeout=20)
+    _worker_until(env, tmp_path, lambda: status_of(conn, "back-1") == "failed", "the job to fail")
     ledger_mod.drain(conn, ledger)
     row = ledger.job("back-1")
     assert row["attempts"] == 2 and [h["outcome"] for h in row["history"]] == ["reaped", "failed"]
@@ -208,18 +217,9 @@ def test_a_try_returned_by_the_reaper_does_not_lengthen_the_next_backoff(conn, e
     job = enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.flaky", job_id="flaky-1", retry=Retry(max=2))
     job.meta["retry"] = retry
     job.save_meta()
-    conn.lrem(make_queue(keys.RENDER_QUEUE, conn).key, 0, job.id)  # try 1: taken by a worker that died
-    conn.zadd("rq:wip:pdf-render", {f"{job.id}:exec1": time.time() + 300})
-    conn.hset(job.key, mapping={"worker_name": "render.gone.3", "status": "started"})
-    job.meta["attempt"] = 1
-    job.save_meta()
+    _died_under_its_first_try(conn, job, "render.gone.3")
     assert [s.job_id for s in reaper.reap(conn)] == ["flaky-1"]
-    w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
-    try:
-        wait_for(lambda: status_of(conn, "flaky-1") == "scheduled", timeout_s=30, what="try 2 to fail")
-    finally:
-        w.terminate()
-        w.wait(timeout=20)
+    _worker_until(env, tmp_path, lambda: status_of(conn, "flaky-1") == "scheduled", "try 2 to fail")
     job = PayrunJob.fetch("flaky-1", connection=conn)
     assert (job.meta["attempt"], job.returned_tries, job.retries_left) == (2, 1, 1)
     assert job.meta["last_delay"] == 10.0  # backoff_ceiling(1, 5, 300); the reaped try counted: 20
