@@ -725,24 +725,27 @@ class RenderWorker(EventsMixin, Worker):
             self._liveness.stop()
         raise SystemExit(0)
 
-    # Between two renders RQ's loop sends ~8 round trips while the core idles: the
-    # suspension check, the worker's state (idle, then busy again), the drain check
-    # (twice: before and after a wait), the move, the job's fetch, the working-time
+    # Between two renders RQ's loop sends ~7 round trips besides the start's own: the
+    # suspension check, the worker's state set idle (busy again at the start), the drain
+    # check (twice: before and after a wait), the move, the job's fetch, the working-time
     # reset. While jobs are waiting, one script does what matters of it (the drain and
     # suspension checks, RQ's move into the intermediate list, the job's hash); the
     # state stays busy, and is set idle only when the worker does wait for work.
     # KEYS: drained set, suspension key, the queue, its intermediate list; ARGV: the
     # queue's name, the job key prefix. {1, id, hash}: taken; {0}: closed, or empty. A job
-    # whose hash expired while queued is skipped (RQ's dequeue does too) and dropped.
+    # whose hash expired while queued is skipped (RQ's dequeue does too) and dropped; after
+    # 100 of those in a row the script stops ({0}: RQ's dequeue goes on) rather than hold
+    # Redis for a queue full of them.
     _TAKE = """
 if redis.call('EXISTS', KEYS[2]) == 1 or redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {0} end
-while true do
+for _ = 1, 100 do
   local id = redis.call('LMOVE', KEYS[3], KEYS[4], 'LEFT', 'RIGHT')
   if not id then return {0} end
   local h = redis.call('HGETALL', ARGV[2] .. id)
   if #h > 0 then return {1, id, h} end
   redis.call('LREM', KEYS[4], 1, id)
 end
+return {0}
 """
 
     def _take_at_once(self) -> tuple[Job, Queue] | None:

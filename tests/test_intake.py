@@ -165,6 +165,12 @@ def test_the_one_round_trip_take_honours_drains_and_suspension_and_skips_expired
     job, _ = w._take_at_once()
     assert job.id == "kept" and conn.lrange(q.intermediate_queue_key, 0, -1) == [b"kept"]
     assert w._take_at_once() is None  # empty: RQ's blocking dequeue takes over
+    conn.rpush(q.key, *[f"gone-{i}" for i in range(150)])  # a queue full of expired ids
+    q.enqueue_call("jobs.tasks.noop", job_id="next", timeout=5, meta={"kind": "test"})
+    assert w._take_at_once() is None  # 100 dropped, then it stops: RQ's dequeue goes on
+    assert conn.llen(q.key) == 51 and conn.lrange(q.intermediate_queue_key, 0, -1) == [b"kept"]
+    job, _ = w._take_at_once()
+    assert job.id == "next" and conn.llen(q.key) == 0
 
 
 def test_the_horse_reads_its_job_and_execution_as_rqs_fetches_do(conn):
