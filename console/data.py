@@ -106,12 +106,13 @@ class QueueRow:
         recent = self.per_min[-RATE_WINDOW_MIN:]
         return sum(recent) / (60.0 * len(recent)) if recent else 0.0
 
-    @property
-    def slips_per_min(self) -> list[int]:
-        """``per_min`` less the reminders finished in each minute."""
-        if not self.reminders_per_min:
-            return self.per_min
-        return [max(0, n - r) for n, r in zip(self.per_min, self.reminders_per_min)]
+    def slips_finished(self, minutes: int) -> int:
+        """Jobs finished in the last ``minutes`` minutes less the reminders sent in them
+        (over the whole span: a reminder sent just before a minute's edge can finish just
+        after it)."""
+        if minutes <= 0:
+            return 0
+        return max(0, sum(self.per_min[-minutes:]) - sum(self.reminders_per_min[-minutes:]))
 
 
 @dataclass
@@ -609,9 +610,9 @@ class Source:
         early = running_s is not None and running_s < 60 * RATE_WINDOW_MIN
         by = {}
         for q in queues:
-            recent = q.slips_per_min[-RATE_WINDOW_MIN:]
-            window = max(10.0, running_s) if early else 60.0 * len(recent)
-            by[q.name] = sum(recent) / window if recent else 0.0
+            minutes = len(q.per_min[-RATE_WINDOW_MIN:])
+            window = max(10.0, running_s) if early else 60.0 * minutes
+            by[q.name] = q.slips_finished(minutes) / window if minutes else 0.0
         return by.get(keys.EMAIL_QUEUE) or by.get(keys.RENDER_QUEUE) or 0.0
 
     # -- failed jobs ---------------------------------------------------------------

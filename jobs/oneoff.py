@@ -12,6 +12,7 @@ send_reminder(payload)  send-email: a short reminder email, enqueued with RQ's e
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -20,6 +21,8 @@ from rq import get_current_job
 from jobs import idempotency
 from jobs.errors import TransientError
 from payrun import keys
+
+log = logging.getLogger("payrun.worker")
 
 
 def resend_path(month: str, company_id: int, employee_id: str, n: int) -> str:
@@ -106,7 +109,8 @@ def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
     key = payload["key"]
     token = f"{job.id}:{job.meta.get('attempt', 0)}"
     state = idempotency.claim(conn, key, token, cfg.email.timeout_s + cfg.lease.visibility_s)
-    if state == idempotency.SENT:
+    if state == idempotency.SENT:  # a try before this one sent it (and failed after)
+        _count_reminder_sent(conn, job.id, time.time())
         return {"skipped": "already sent", "key": key}
     if state == idempotency.BUSY:
         raise TransientError(f"another attempt is sending {key} right now")
@@ -118,8 +122,18 @@ def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
     )
     message_id = tasks.send_limited(conn, cfg, msg, key, token)
     sent_at = time.time()
-    with conn.pipeline(transaction=False) as pipe:  # the console's delivery rate counts slips only
-        pipe.zadd(keys.REMINDERS_SENT, {job.id: sent_at})
-        pipe.zremrangebyscore(keys.REMINDERS_SENT, "-inf", sent_at - keys.REMINDERS_KEPT_S)
-        pipe.execute()
+    _count_reminder_sent(conn, job.id, sent_at)
     return {"sent": key, "message_id": message_id, "sent_at": sent_at}
+
+
+def _count_reminder_sent(conn, job_id: str, at: float) -> None:
+    """For the console's delivery rate, which counts slips only (keys.REMINDERS_SENT; one
+    member per job, so a retry's record replaces the first). Bookkeeping: a Redis error
+    here does not fail a reminder that went out."""
+    try:
+        with conn.pipeline(transaction=False) as pipe:
+            pipe.zadd(keys.REMINDERS_SENT, {job_id: at})
+            pipe.zremrangebyscore(keys.REMINDERS_SENT, "-inf", at - keys.REMINDERS_KEPT_S)
+            pipe.execute()
+    except Exception as e:  # noqa: BLE001
+        log.warning("reminder %s sent, but not counted for the console's delivery rate: %s", job_id, e)

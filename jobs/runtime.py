@@ -36,8 +36,6 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-import redis
-
 from rq import Queue, SimpleWorker, Worker
 from rq.executions import Execution
 from rq.exceptions import NoSuchJobError
@@ -760,12 +758,10 @@ return {0}
         self.heartbeat()  # (at most once a second; it also looks after RQ's scheduler)
         if getattr(self, "_take_script", None) is None:
             self._take_script = self.connection.register_script(self._TAKE)
-        try:
-            got = self._take_script(keys=[keys.PAUSED_QUEUES, WORKERS_SUSPENDED, queue.key,
-                                          queue.intermediate_queue_key],
-                                    args=[queue.name, self.job_class.redis_job_namespace_prefix])
-        except redis.exceptions.ConnectionError:
-            return None  # RQ's dequeue reports it and waits for Redis
+        # (a Redis error goes up to RQ's work loop, as one in the drain check does: the worker
+        # exits non-zero and its supervisor starts it again)
+        got = self._take_script(keys=[keys.PAUSED_QUEUES, WORKERS_SUSPENDED, queue.key, queue.intermediate_queue_key],
+                                args=[queue.name, self.job_class.redis_job_namespace_prefix])
         if not got or int(got[0]) != 1:
             return None
         job_id, flat = got[1].decode(), got[2]
@@ -793,6 +789,16 @@ return {0}
         if state == WorkerStatus.IDLE and pipeline is None and getattr(self, "_in_job", False):
             return  # RQ's "idle" after each job: written by the dequeue if it has to wait
         super().set_state(state, pipeline)
+
+    def _shutdown(self) -> None:
+        """RQ's rule for SIGTERM: a busy worker finishes its job, any other stops at once
+        (StopRequested, wherever it is; a job it had just taken goes back at teardown).
+        Between two jobs this worker's state still reads busy (see set_state): with no job
+        in hand it is idle, and stops at once as RQ's idle worker does, rather than take
+        one more job after a wait that no longer looks at the stop request."""
+        if self.in_hand is None and self.get_state() == WorkerStatus.BUSY:
+            self._state = WorkerStatus.IDLE  # (this process's view only: it is on its way out)
+        super()._shutdown()
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
         """A job waiting in the queue is taken at once (``_take_at_once``); otherwise RQ's

@@ -194,3 +194,26 @@ def test_the_horse_reads_its_job_and_execution_as_rqs_fetches_do(conn):
         w._fetch_for_horse("gone", execution.id)
     with pytest.raises(ValueError):
         w._fetch_for_horse("h1", "no-such-execution")
+
+
+def test_sigterm_between_two_jobs_stops_a_render_worker_at_once(conn):
+    """Its state still reads busy between two jobs (the idle write is left to a wait for
+    work), but with no job in hand RQ's rule for an idle worker applies: stop at once.
+    Otherwise it went on to a blocking dequeue that never looks at the stop request."""
+    from datetime import datetime, timezone
+
+    import pytest
+    from rq.exceptions import StopRequested
+    from rq.worker import WorkerStatus
+
+    w, q = _render_worker(conn)
+    w.set_state(WorkerStatus.BUSY)
+    assert w.in_hand is None
+    with pytest.raises(StopRequested):
+        w._shutdown()
+    w2, _ = _render_worker(conn)
+    w2.set_state(WorkerStatus.BUSY)
+    w2.in_hand = (object(), q)  # a job in hand: finish it first
+    w2._shutdown_requested_date = datetime.now(timezone.utc)  # (request_stop, the signal handler, sets it)
+    w2._shutdown()
+    assert w2._stop_requested and w2.get_state() == WorkerStatus.BUSY
