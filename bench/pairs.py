@@ -16,16 +16,11 @@ ratio). "ratio" = the median per-step render pair / lone time.
 
 from __future__ import annotations
 
-import importlib.util as _ilu
-import os as _os
 import sys
 
-_HERE = _os.path.dirname(_os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if _os.path.abspath(p or _os.curdir) != _HERE]
-if "_common" not in sys.modules:
-    _spec = _ilu.spec_from_file_location("_common", _os.path.join(_HERE, "_common.py"))
-    sys.modules["_common"] = _ilu.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["_common"])
+# bench/email.py would shadow the stdlib's email package: this folder, first on
+# sys.path for a script run from it, goes last (where _common is still found)
+sys.path.append(sys.path.pop(0))
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
