@@ -522,6 +522,7 @@ class RenderWorker(EventsMixin, Worker):
         self._to_horse: int | None = None
         self._from_horse: int | None = None
         self._horse_jobs = 0
+        self._took_at_once = False  # the last dequeue was _take_at_once's (it checked suspension)
         self._parent_pid = os.getpid()  # the worker: a horse dies with it (die_with_parent)
 
     # ---- a horse that serves several jobs ---------------------------------------------
@@ -773,21 +774,13 @@ return {0}
         return job, queue
 
     def check_for_suspension(self, burst: bool) -> None:
-        if getattr(self, "_took_at_once", False):
+        if self._took_at_once:
             return  # the take about to run checks `rq suspend` itself, in its script
         super().check_for_suspension(burst)
 
-    def execute_job(self, job: Job, queue: Queue) -> None:
-        self._idle_after_job = False
-        self._in_job = True
-        try:
-            super().execute_job(job, queue)
-        finally:
-            self._in_job = False
-
     def set_state(self, state: str, pipeline=None) -> None:
-        if state == WorkerStatus.IDLE and pipeline is None and getattr(self, "_in_job", False):
-            return  # RQ's "idle" after each job: written by the dequeue if it has to wait
+        if state == WorkerStatus.IDLE and pipeline is None and self.in_hand is not None:
+            return  # RQ's "idle" at the end of each job: written by the dequeue if it has to wait
         super().set_state(state, pipeline)
 
     def _shutdown(self) -> None:
