@@ -415,8 +415,17 @@ def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis
     return {"month": month, "total": total, "companies": companies}
 
 
+def unserved(queues: list[QueueRow], workers: list[WorkerRow]) -> list[str]:
+    """The slip queues with work (waiting, or retries due back) that no live worker takes
+    from: nothing there moves until one starts (`payrun up`)."""
+    served = {q.strip() for w in workers if w.alive and not w.stopping for q in w.queues.split(",")}
+    return [q.name for q in queues
+            if q.name in (keys.RENDER_QUEUE, keys.EMAIL_QUEUE) and (q.depth or q.retrying) and q.name not in served]
+
+
 def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: bool = False,
-        provider_down_s: float | None = None, started: float | None = None) -> dict[str, Any]:
+        provider_down_s: float | None = None, started: float | None = None,
+        no_worker: list[str] | None = None) -> dict[str, Any]:
     """When the last slip should be delivered at the recent rate, and whether that is
     before the 09:00 deadline: the first one at or after ``started`` (when the run
     began: a run started at 01:00 and still going at 09:05 is late, not on time for
@@ -424,7 +433,9 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
     stopped on a queue every slip passes through, so nothing will arrive until a resume.
     ``provider_down_s``: the email provider has been down this long (an outage pause):
     no slip is delivered until it answers, so no time is promised; ``if_back_now`` says
-    when the rest would be delivered if it answered now, at ``rate_per_s``."""
+    when the rest would be delivered if it answered now, at ``rate_per_s``. ``no_worker``:
+    queues with slips waiting and no live worker (``unserved``): no time is promised
+    either (the recent rate may be another month's, or the workers' before they went)."""
     remaining = max(0, total.get("total", 0) - total.get("done", 0) - total.get("failed", 0))
     zone = ZoneInfo(tz)
     local = datetime.fromtimestamp(now, zone)
@@ -435,11 +446,13 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
     out: dict[str, Any] = {"remaining": remaining, "rate_per_s": round(rate_per_s, 3),
                            "deadline": deadline.isoformat(), "at": None, "on_time": None,
                            "drained": drained and remaining > 0, "no_slip": total.get("no_slip", 0),
-                           "provider_down_s": provider_down_s if remaining > 0 else None}
+                           "failed": total.get("failed", 0),
+                           "provider_down_s": provider_down_s if remaining > 0 else None,
+                           "no_worker": list(no_worker or []) if remaining > 0 and not drained else []}
     if remaining == 0:
         out.update(at=local.isoformat(), on_time=True)
-    elif drained:
-        pass  # no ETA: nothing moves until `payrun resume`
+    elif drained or out["no_worker"]:
+        pass  # no ETA: nothing moves until `payrun resume` / a worker starts
     elif provider_down_s is not None:
         if rate_per_s > 0:
             back = local + timedelta(seconds=remaining / rate_per_s)
@@ -574,7 +587,7 @@ class Source:
                     out = snap.limits.outage if snap.limits else None
                     down = out["for_s"] if out and out["pauses"] else None
                     snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone, drained, down,
-                                   started=started or None)
+                                   started=started or None, no_worker=unserved(snap.queues, snap.workers))
             except Exception as e:
                 errors.append(f"ledger unreadable ({type(e).__name__}: {str(e)[:80]})")
             snap.error = "; ".join(errors) or None

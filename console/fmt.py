@@ -41,9 +41,13 @@ def eta_text(eta: dict[str, Any] | None) -> str:
     if not eta:
         return ""
     if eta["remaining"] == 0:
+        if eta.get("failed"):  # finished, but not everyone got a slip: never "all delivered"
+            return f"finished: {eta['failed']:,} failed for good (f shows them, r retries)"
         return "all slips made are delivered" if eta.get("no_slip") else "all delivered"
     if eta.get("drained"):
         return "no ETA: intake drained (resume with u or `payrun resume`)"
+    if eta.get("no_worker"):
+        return f"no ETA: no {' or '.join(eta['no_worker'])} worker running (`payrun up`? `payrun ps`)"
     if eta.get("provider_down_s") is not None:
         text = f"no ETA: email provider down {duration(eta['provider_down_s'])}"
         if eta.get("if_back_now"):

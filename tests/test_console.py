@@ -642,6 +642,42 @@ def test_the_eta_is_not_late_in_a_runs_first_minutes_nor_given_while_drained_or_
     assert eta_text(eta(finished | {"no_slip": 3}, 0.0, now, "Asia/Dhaka")) == "all slips made are delivered"
 
 
+def test_the_eta_never_says_all_delivered_over_failed_slips_nor_promises_a_time_with_no_worker():
+    """Walkthrough: a run ending "413 sent, 4 failed" read "— all delivered"; with every
+    pdf-render worker stopped and 300 slips waiting, the console kept "ETA 17:52 — on time
+    for 09:00" from the month before's deliveries while `payrun status` said no worker runs."""
+    from console.data import QueueRow, WorkerRow, eta, unserved
+    from console.fmt import eta_text
+
+    now = 1_793_478_300.0
+    ended = {"queued": 0, "running": 0, "retrying": 0, "done": 413, "failed": 4, "stuck": 0, "total": 417}
+    text = eta_text(eta(ended, 0.0, now, "Asia/Dhaka"))
+    assert "all delivered" not in text and text.startswith("finished: 4 failed"), text
+
+    renders = QueueRow(keys.RENDER_QUEUE, 300, 0, 0, 0, 12.0, [0] * 10, False)
+    sends = QueueRow(keys.EMAIL_QUEUE, 0, 0, 0, 0, None, [2000] * 10, False)
+
+    def worker(name, queues, alive=True, stopping=False):
+        return WorkerRow(name, "vm", 1, queues, "idle", None, None, 1.0, alive, stopping,
+                         "email" if "email" in queues else "render")
+
+    lanes = [worker("send-email.vm.1.0", keys.EMAIL_QUEUE)]
+    assert unserved([renders, sends], lanes) == [keys.RENDER_QUEUE]
+    gone = lanes + [worker("r1", keys.RENDER_QUEUE, alive=False), worker("r2", keys.RENDER_QUEUE, stopping=True)]
+    assert unserved([renders, sends], gone) == [keys.RENDER_QUEUE]  # dead or stopping: not a taker
+    assert unserved([renders, sends], lanes + [worker("r3", keys.RENDER_QUEUE)]) == []
+    idle = QueueRow(keys.RENDER_QUEUE, 0, 0, 0, 0, None, [0] * 10, False)
+    assert unserved([idle, sends], []) == []  # nothing waiting: nothing to say
+    later = QueueRow(keys.EMAIL_QUEUE, 0, 0, 5, 0, None, [0] * 10, False)
+    assert unserved([later], []) == [keys.EMAIL_QUEUE]  # retries come back only through a worker
+
+    waiting = ended | {"queued": 300, "total": 717}
+    stalled = eta(waiting, 33.0, now, "Asia/Dhaka", no_worker=[keys.RENDER_QUEUE])
+    assert stalled["at"] is None and stalled["on_time"] is None
+    assert eta_text(stalled).startswith(f"no ETA: no {keys.RENDER_QUEUE} worker running"), eta_text(stalled)
+    assert eta_text(eta(waiting, 33.0, now, "Asia/Dhaka")).startswith("ETA ")  # with workers: a time
+
+
 def test_a_run_still_going_after_its_0900_is_late_not_on_time_for_tomorrow():
     """Walkthrough at 50,000 slips: a run still going after 09:00 read "ETA 10:54 — on time
     for 09:00", the next morning's 09:00. The deadline is the first 09:00 after the run
