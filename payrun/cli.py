@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from payrun import config as config_mod
-from payrun.errors import PayrunError
+from payrun.errors import InputError, PayrunError
 
 
 from payrun.clitools import FilePath, handle_errors  # noqa: E402
@@ -323,7 +323,7 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
     last traceback RQ kept."""
     from jobs.runtime import PayrunJob
     from jobs.events import NO_ATTEMPT_OUTCOMES
-    from payrun.ledger import tries_text
+    from payrun.ledger import tries_counts, tries_text
 
     row = c.ledger().job(job_id)
     conn = _maybe_redis(c)
@@ -343,7 +343,11 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
         click.echo(json.dumps(data, default=str))
         return
     if row:
-        click.echo(f"{row['id']}  {row['kind']}  {row['status']}  attempts={row['attempts']}  key={row['key']}")
+        # attempts= counts the attempts spent, as in `payrun failed`; tries that spent none beside
+        spent, held, returned = tries_counts(row)
+        free = ", ".join(f"+{n} {k}" for k, n in (("held", held), ("returned", returned)) if n)
+        click.echo(f"{row['id']}  {row['kind']}  {row['status']}  attempts={spent}{f' ({free})' if free else ''}  "
+                   f"key={row['key']}")
         if any(h.get("outcome") in NO_ATTEMPT_OUTCOMES for h in row["history"]):
             click.echo(tries_text(row))
         if row.get("last_error"):
@@ -445,6 +449,10 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
     conn = c.redis()
     ids = list(job_ids) or [r["id"] for r in deadletters.failed(conn, queue, error_text, company=company,
                                                                   ledger=_maybe_ledger(c))]
+    if job_ids and not any(deadletters.is_failed(conn, i) for i in job_ids):
+        # bad input, nothing to do: one line, exit 2, no audit entry (some found: those
+        # are requeued, the rest listed, exit 1)
+        raise InputError(f"not among failed jobs: {', '.join(job_ids)} (ids from `payrun failed`)")
     command = _retry_all(queue, error_text, company) if all_ else "payrun retry " + " ".join(job_ids)
     db = c.payroll() if c.cfg.payroll_path.exists() else None
     requeued, missing = deadletters.retry(c.cfg, conn, ids, db)

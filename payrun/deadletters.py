@@ -65,6 +65,11 @@ def _refresh_address(job: PayrunJob, payroll_db) -> None:
         job.args = (payload,)
 
 
+def is_failed(conn, job_id: str) -> bool:
+    """Whether ``job_id`` is in one of our queues' failed registries (a dead letter)."""
+    return any(conn.zscore(_registry(conn, q).key, job_id) is not None for q in keys.QUEUES)
+
+
 def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None) -> tuple[list[str], list[str]]:
     """Requeue failed jobs with a fresh attempt budget. Returns (requeued, not_found)."""
     requeued, missing = [], []

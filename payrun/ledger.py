@@ -365,6 +365,15 @@ def latest_month(runs: Iterable[Mapping[str, Any]]) -> str | None:
     return last["month"] if last else None
 
 
+def tries_counts(row: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(attempts spent, tries held back, tries handed back) of a job's ledger ``row``."""
+    tries = int(row.get("attempts") or 0)
+    outcomes = [h.get("outcome") for h in row.get("history", ())]
+    held = outcomes.count("held")
+    returned = sum(outcomes.count(o) for o in RETURNED_OUTCOMES)
+    return attempts_spent(tries, held, returned), held, returned
+
+
 def tries_text(row: Mapping[str, Any]) -> str:
     """How many tries a job's ledger ``row`` (with its history) had, in words. A try held
     back (outcome "held": a wait for the provider's rate limit, a provider outage, or

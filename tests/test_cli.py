@@ -118,11 +118,14 @@ def test_cli_retry_and_limits_are_audited(runner, cfg, conn):
     from console import actions
 
     runner.invoke(cli, ["limits", "set", "--cap", "40"])
-    out = runner.invoke(cli, ["retry", "no-such-job"])
-    assert out.exit_code == 1 and "not among failed jobs: no-such-job" in out.output
+    out = runner.invoke(cli, ["retry", "no-such-job"])  # bad input: nothing done, nothing audited
+    assert out.exit_code == 2 and out.output.startswith("payrun: not among failed jobs: no-such-job"), out.output
     entries = actions.read_audit(cfg)
-    assert [e["command"] for e in entries[-2:]] == ["payrun limits set --cap 40", "payrun retry no-such-job"]
-    assert all(e["via"] == "cli" and e["who"] for e in entries[-2:])
+    assert entries[-1]["command"] == "payrun limits set --cap 40"
+    assert entries[-1]["via"] == "cli" and entries[-1]["who"]
+    out = runner.invoke(cli, ["retry", "--all"])  # an action that matched nothing is still one taken
+    assert out.exit_code == 0 and "requeued 0 job(s)" in out.output
+    assert actions.read_audit(cfg)[-1]["command"] == "payrun retry --all"
 
 
 def test_the_readmes_import_of_the_sample_files_works_on_a_fresh_install(runner, cfg):

@@ -196,6 +196,7 @@ def test_a_try_returned_by_the_reaper_is_not_counted_as_an_attempt_spent(conn, e
     assert tries_text(row) == "2 tries: 1 attempt spent, 1 handed back (its worker stopped or died): no attempt spent"
     out = CliRunner().invoke(cli, ["job", "back-1"], env=env)
     assert out.exit_code == 0 and "1 attempt spent, 1 handed back" in out.output, out.output
+    assert "failed  attempts=1 (+1 returned)  key=" in out.output, out.output  # counted as `failed` does
     out = CliRunner().invoke(cli, ["failed"], env=env)
     assert out.exit_code == 0 and "attempts=1  (+1 returned)" in out.output, out.output
     out = CliRunner().invoke(cli, ["failed", "--json"], env=env)
