@@ -142,6 +142,8 @@ def register(cli) -> None:
             return
         if not snap.running:
             click.echo("nothing running")
+        else:
+            click.echo(f"{'job':<36} {'queue':<10} {'worker':<34} {'elapsed / timeout':>17}")
         for r in snap.running:
             to = f"{r.timeout_s:g}" if r.timeout_s else "?"
             click.echo(f"{r.job_id:<36} {r.queue:<10} {r.worker:<34} {_age(r.elapsed_s):>6} / {to} s"

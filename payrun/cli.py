@@ -157,7 +157,7 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
 
         for month in ledger.months():
             if behind := behind_(ledger, db, month):
-                click.echo(f"note: {month} was already run for companies {_ids(behind)}, before some of these "
+                click.echo(f"note: {month} was already run for {_companies(behind)}, before some of these "
                            f"employees were added: `payrun run --month {month} --resume` creates their slips")
 
 
@@ -209,21 +209,21 @@ def run(c: Ctx, month: str, company: int | None, resume: bool, as_json: bool) ->
     else:
         fresh = {c: n for c, n in result.created.items() if c not in result.added}
         if fresh:
-            click.echo(f"created {sum(fresh.values()):,} render jobs for {len(fresh)} companies ({month})")
+            click.echo(f"created {sum(fresh.values()):,} render jobs for {len(fresh)} compan{'y' if len(fresh) == 1 else 'ies'} ({month})")
         if result.resumed:
-            click.echo(f"completed the interrupted fan-out of companies {_ids(result.resumed)}")
+            click.echo(f"completed the interrupted fan-out of {_companies(result.resumed)}")
         if result.added:
             click.echo(f"created {sum(result.created[c] for c in result.added):,} render jobs for employees "
-                       f"added since {month} was run: companies {_ids(result.added)}")
+                       f"added since {month} was run: {_companies(result.added)}")
         if result.already:
             stuck = [r["company_id"] for r in ledger.runs(month)
                      if r["status"] == "fanning-out" and r["company_id"] in result.already]
-            click.echo(f"already run for {month}, nothing created: companies {_ids(result.already)}")
+            click.echo(f"already run for {month}, nothing created: {_companies(result.already)}")
             if not resume and (late := [cid for cid in runs.behind(ledger, db, month) if cid in result.already]):
-                click.echo(f"note: companies {_ids(late)} have employees added since {month} was run, "
+                click.echo(f"note: {_companies(late)} {'has' if len(late) == 1 else 'have'} employees added since {month} was run, "
                            f"with no slip: payrun run --month {month} --resume")
             if stuck:
-                click.echo(f"note: the fan-out of companies {_ids(stuck)} never finished; if the process "
+                click.echo(f"note: the fan-out of {_companies(stuck)} never finished; if the process "
                            f"that ran it is gone: payrun run --month {month} --resume")
         if result.aborted:
             click.echo(f"stopped early: {result.aborted}")
@@ -243,6 +243,11 @@ def run(c: Ctx, month: str, company: int | None, resume: bool, as_json: bool) ->
 
 def _ids(ids: list[int]) -> str:
     return ", ".join(map(str, ids[:20])) + (f" … ({len(ids)} in all)" if len(ids) > 20 else "")
+
+
+def _companies(ids: list[int]) -> str:
+    """"company 4" or "companies 1, 2": the noun agrees with the count."""
+    return f"{'company' if len(ids) == 1 else 'companies'} {_ids(ids)}"
 
 
 @cli.command()

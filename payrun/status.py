@@ -85,7 +85,9 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     for c in companies:
         c["no_slip"] = missing.get(c["id"], 0)
     if missing:
-        notes.append(f"{total['no_slip']:,} employees of companies {', '.join(map(str, sorted(missing)))} have "
+        notes.append(f"{total['no_slip']:,} employee{'' if total['no_slip'] == 1 else 's'} of "
+                     f"{'company' if len(missing) == 1 else 'companies'} {', '.join(map(str, sorted(missing)))} "
+                     f"{'has' if total['no_slip'] == 1 else 'have'} "
                      f"salary lines for {month} and no slip (added after the run): "
                      f"payrun run --month {month} --resume")
     outage = None

@@ -705,3 +705,14 @@ def test_payrun_failed_says_how_many_failed_not_how_many_it_showed(failed_world)
     assert "7 failed jobs, the newest 3 shown (--limit N for more)" in out
     assert "7 failed job(s); retry with" in runner.invoke(cli, ["failed"], catch_exceptions=False).output
     assert len(json.loads(runner.invoke(cli, ["failed", "--limit", "3", "--json"]).output)) == 3
+
+
+def test_redis_down_is_said_in_full_not_cut_mid_word(cfg, tmp_path):
+    """Walkthrough: with everything down, `payrun queues` said "… connecting to
+    /…/redis.sock. No such file or direct": the error was cut at 80 characters."""
+    from console.data import clip, connect
+
+    sock = tmp_path / "gone" / "redis.sock"  # (AF_UNIX paths stop at 107 bytes)
+    snap = Source(cfg, connect(cfg, f"unix://{sock}")).snapshot()
+    assert "Redis unreachable" in snap.error and "No such file or directory" in snap.error, snap.error
+    assert clip("abc", 3) == "abc" and clip("abcdef", 4) == "abc…"

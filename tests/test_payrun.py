@@ -372,10 +372,10 @@ def test_employees_imported_after_their_month_was_run_get_their_slips_with_resum
     late = run_then_write_late_employees(runner, cli, tmp_path)
     out = runner.invoke(cli, ["import", str(late)])
     assert out.exit_code == 0, out.output
-    assert f"note: {MONTH} was already run for companies 1, before some of these employees" in out.output
+    assert f"note: {MONTH} was already run for company 1, before some of these employees" in out.output
     hr = json.loads(runner.invoke(cli, ["status", "--json"]).stdout)  # HR must not read "all done"
     assert hr["total"]["no_slip"] == 2 and hr["companies"][0]["no_slip"] == 2
-    assert any(n.startswith(f"2 employees of companies 1 have salary lines for {MONTH} and no slip")
+    assert any(n.startswith(f"2 employees of company 1 have salary lines for {MONTH} and no slip")
                for n in hr["notes"])
     text = runner.invoke(cli, ["status"]).stdout
     assert "2 with no slip yet" in text
@@ -384,7 +384,7 @@ def test_employees_imported_after_their_month_was_run_get_their_slips_with_resum
     assert f"payrun run --month {MONTH} --resume" in out.output
     plain = runner.invoke(cli, ["run", "--month", MONTH])
     assert "already run" in plain.output and "render jobs" not in plain.output  # run alone stays once-only
-    assert f"note: companies 1 have employees added since {MONTH} was run, with no slip" in plain.output
+    assert f"note: company 1 has employees added since {MONTH} was run, with no slip" in plain.output
     resumed = runner.invoke(cli, ["run", "--month", MONTH, "--resume", "--json"])
     data = json.loads(resumed.stdout)
     assert data["jobs_created"] == 2 and data["companies_added_to"] == [1]
