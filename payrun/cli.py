@@ -147,7 +147,12 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
     db = c.payroll()
     if companies_csv:
         r = payroll.import_companies_csv(db, csv_file)
-        click.echo(f"imported {r.companies} companies from {csv_file}")
+        new = r.companies - len(r.updated) - r.unchanged
+        click.echo(f"imported {r.companies} compan{'y' if r.companies == 1 else 'ies'} from {csv_file}: "
+                   f"{new} new, {len(r.updated)} updated, {r.unchanged} unchanged")
+        if r.updated:  # an existing company's name or address replaced: say which
+            click.echo(f"name or address replaced for {_companies(r.updated)} (pay runs started from now on "
+                       "print the new one on slips)")
         return
     r = payroll.import_csv(db, csv_file)
     click.echo(f"imported {r.employees} employees and {r.salary_lines} salary lines from {csv_file}")

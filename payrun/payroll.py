@@ -37,7 +37,7 @@ import random
 import re
 import sqlite3
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -460,6 +460,10 @@ class ImportResult:
     """Distinct employees inserted or updated."""
     salary_lines: int = 0
     """Salary lines inserted or updated."""
+    updated: list[int] = field(default_factory=list)
+    """Companies import: ids that existed with another name or address (now replaced)."""
+    unchanged: int = 0
+    """Companies import: rows identical to the company already there."""
 
 
 _MONTH_RE = re.compile(r"[0-9]{4}-[0-9]{2}")
@@ -709,8 +713,11 @@ def import_companies_csv(db: "PayrollDB | sqlite_utils.Database",
     if problems:
         _fail(path, problems)
     with d.atomic():
+        before = {r["id"]: (r["name"], r["address"]) for r in d["companies"].rows} if out else {}
         d["companies"].upsert_all(out, pk="id", batch_size=500)
-    return ImportResult(companies=len(out))
+    updated = [r["id"] for r in out if r["id"] in before and before[r["id"]] != (r["name"], r["address"])]
+    same = sum(1 for r in out if before.get(r["id"]) == (r["name"], r["address"]))
+    return ImportResult(companies=len(out), updated=updated, unchanged=same)
 
 
 # ---------------------------------------------------------------------------

@@ -131,7 +131,9 @@ def test_cli_retry_and_limits_are_audited(runner, cfg, conn):
 def test_the_readmes_import_of_the_sample_files_works_on_a_fresh_install(runner, cfg):
     """README: `payrun import --companies companies.csv && payrun import employees.csv`."""
     first = runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
-    assert first.exit_code == 0, first.output
+    assert first.exit_code == 0 and " new, 0 updated, 0 unchanged" in first.output, first.output
+    again = runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
+    assert again.exit_code == 0 and ": 0 new, 0 updated, " in again.output, again.output
     out = runner.invoke(cli, ["import", "docs/sample-employees.csv"])
     assert out.exit_code == 0 and "imported 12 employees and 12 salary lines" in out.output, out.output
     assert payroll.count_employees(payroll.PayrollDB(cfg.payroll_path), "2026-11") == 12

@@ -303,6 +303,11 @@ def test_import_companies_csv(tmp_path: Path) -> None:
     assert "line 3: id 'x'" in msg and "line 4: duplicate of line 2" in msg
     assert "line 5: name is empty" in msg
     assert len(P.companies(db)) == 2
+    # again, one company renamed: the import says which it replaced (walkthrough: it said
+    # "imported 1 companies" and the old name was gone without a word)
+    p.write_text("id,name,address\n1,Meghna Textiles PLC,\"House 12, Road 4, Dhanmondi, Dhaka 1205\"\n"
+                 "2,Padma Pharmaceuticals,\"Agrabad, Chattogram 4100\"\n3,Jamuna Foods,Bogura\n", encoding="utf-8")
+    assert P.import_companies_csv(db, p) == P.ImportResult(companies=3, updated=[1], unchanged=1)
 
 
 # ---- CSV import: bad rows ---------------------------------------------------
