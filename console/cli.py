@@ -94,7 +94,8 @@ def register(cli) -> None:
         if snap.limits:
             lim = snap.limits
             click.echo(f"email limits: {lim.in_use} / {lim.cap} in flight, {lim.rate_per_s:g}/s, "
-                       f"{lim.http_429:,} 429s seen")
+                       f"{lim.http_429:,} 429s seen"
+                       + (f", {lim.duplicates:,} resends deduped by the provider" if lim.duplicates else ""))
             if lim.outage and lim.outage["pauses"]:
                 from payrun.status import outage_text
 

@@ -164,6 +164,8 @@ class Limits:
     paused_for_s: float
     outage: dict | None = None
     """The provider failing sends in a row, or down (jobs.limits.read_outage)."""
+    duplicates: int = 0
+    """Sends the provider deduped: resends of slips it already had (a killed sender's)."""
 
 
 @dataclass
@@ -388,7 +390,7 @@ def read_limits(conn, cfg) -> Limits:
     return Limits(cap=int(float(conf.get("cap", cfg.limits.email_concurrency))),
                   rate_per_s=float(conf.get("rate_per_s", cfg.limits.email_rate_per_s)),
                   in_use=int(in_use), waits=stats.get("waits", 0), http_429=stats.get("http_429", 0),
-                  paused_for_s=max(0, int(pause)) / 1000, outage=outage)
+                  paused_for_s=max(0, int(pause)) / 1000, outage=outage, duplicates=stats.get("duplicates", 0))
 
 
 def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis_stuck: list[str],

@@ -533,9 +533,40 @@ class Limiter:
         except Exception:
             pass
 
+    def count_duplicate(self) -> None:
+        """A send the provider deduped (``stats()['duplicates']``): a resend of a slip it
+        already had. Never fails the send that found it."""
+        try:
+            self.conn.hincrby(self.k_stats, "duplicates", 1)
+        except Exception:
+            pass
+
     def stats(self) -> dict[str, int]:
         raw = self.conn.hgetall(self.k_stats)
         return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+
+
+def free_dead_slots(conn, name: str = "email") -> list[str]:
+    """Give back now the slots held by lanes that lost their liveness key (a ``kill -9`` of
+    a send-email process, the OOM killer), instead of when their leases end
+    (``email.timeout_s`` + 15 s later): meanwhile the cap counted them in flight and the
+    live senders ran at a fraction of the rate. Run by the reaper next to its job
+    returns, by the same rule (no liveness for ALIVE_TTL_S). Returns the holders freed."""
+    from jobs.policy import dead_slot_holders
+
+    k = keys.limit_slots(name)
+    holders = [h.decode() if isinstance(h, bytes) else h for h in conn.zrange(k, 0, -1)]
+    lanes = sorted({h.rpartition(":")[0] for h in holders if h.rpartition(":")[0]})
+    if not lanes:
+        return []
+    with conn.pipeline(transaction=False) as p:
+        for lane in lanes:
+            p.exists(keys.alive(lane))
+        alive = {lane: bool(n) for lane, n in zip(lanes, p.execute())}
+    dead = dead_slot_holders(holders, alive)
+    if dead:
+        conn.zrem(k, *dead)
+    return dead
 
 
 def set_limits(conn, name: str, cap: int | None = None, rate_per_s: float | None = None) -> None:

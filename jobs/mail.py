@@ -100,6 +100,19 @@ SMTP_PASSWORD_ENV = "PAYRUN_SMTP_PASSWORD"
 EMAIL_TOKEN_ENV = "PAYRUN_EMAIL_TOKEN"
 
 
+class SentId(str):
+    """A provider's message id; ``duplicate``: the provider already had this
+    Idempotency-Key and did not deliver it again (an earlier attempt was accepted, but
+    its worker died or lost the reply). SMTP has no such answer: always False there."""
+
+    duplicate: bool = False
+
+    def __new__(cls, mid: str, duplicate: bool = False) -> "SentId":
+        obj = super().__new__(cls, mid)
+        obj.duplicate = duplicate
+        return obj
+
+
 @dataclass
 class Message:
     to_addr: str
@@ -519,7 +532,7 @@ class HttpTransport:
             mid = doc.get("id")
             if not isinstance(mid, str) or not mid:
                 raise OutcomeUnknown(f"{where}: HTTP {status} without a message id")
-            return mid
+            return SentId(mid, duplicate=doc.get("duplicate") is True)
         reason = _short(str(doc.get("error") or resp.reason or ""), 200)
         text = f"{where}: HTTP {status}" + (f" {reason}" if reason else "")
         if status == 429:

@@ -271,3 +271,16 @@ def paced_rate(limit_per_s: float, headroom: float, margin_ms: float) -> float:
     that senders are not queued at the gate (each wait there is a polling loop)."""
     gate_rate = max(1, int(limit_per_s)) * 1000.0 / (1000.0 + margin_ms) * GATE_FIT
     return min(limit_per_s * headroom, gate_rate)
+
+
+def dead_slot_holders(holders: list[str], alive: dict[str, bool]) -> list[str]:
+    """Of a cap's slot holders (``<lane worker name>:<tag>``), those whose lane has lost its
+    liveness key (``alive[lane]`` False: killed, or hung past ALIVE_TTL_S, the rule the
+    reaper applies to its jobs). A holder that names no lane, or a lane not asked about,
+    is kept: its lease still frees it."""
+    dead = []
+    for h in holders:
+        lane, sep, _ = h.rpartition(":")
+        if sep and lane and alive.get(lane) is False:
+            dead.append(h)
+    return dead

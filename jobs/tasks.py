@@ -196,6 +196,12 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
         if sent and counts_as_provider_failure(e):
             _count_provider_failure(lim, key, e)
         raise
+    if getattr(message_id, "duplicate", False):
+        # delivered once, by an attempt whose outcome we lost (its process was killed, or
+        # the reply never came): the provider deduped this one. Say so, and count it
+        log.warning("send %s: the provider already had this slip (accepted from an earlier attempt "
+                    "whose reply was lost): not delivered again", key)
+        lim.count_duplicate()
     ended = idempotency.mark_sent(conn, key, token, message_id, outage_keys=lim.outage_keys())
     if ended:
         pauses, for_s = ended

@@ -401,7 +401,9 @@ def limits_show(c: Ctx, as_json: bool) -> None:
     click.echo(f"email: {e['in_use']} / {e['cap']} in flight, {e['rate_per_s']:g}/s, "
                f"{e.get('waits', 0):,} waits, {e.get('gated', 0):,} held by the send gate, "
                f"{e.get('regated', 0):,} passed it again after a stall, "
-               f"{e.get('http_429', 0):,} 429s seen; send gate: 1 s + {e['gate_margin_ms']:g} ms")
+               f"{e.get('http_429', 0):,} 429s seen; send gate: 1 s + {e['gate_margin_ms']:g} ms"
+               + (f"; {e['duplicates']:,} resends deduped by the provider (slips it already had: "
+                  "sent again after their sender was killed)" if e.get("duplicates") else ""))
     if outage and outage["pauses"]:
         from payrun.status import outage_text
 
@@ -487,13 +489,15 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
     Safe to run on several hosts at once: each job is returned exactly once.
 
     A job a worker took from its queue but never started (it died in between) is
-    returned once a pass has seen it there for 10 s: run with --loop, or run again."""
+    returned once a pass has seen it there for 10 s: run with --loop, or run again.
+    Email slots held by senders with no liveness (killed) are given back too, rather
+    than when their leases end."""
     import signal
     import time
 
     from redis import exceptions as redis_errors
 
-    from jobs import reaper
+    from jobs import limits, reaper
 
     conn = c.redis()
     every = every_s or c.cfg.lease.reap_every_s
@@ -506,18 +510,24 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
     while True:
         try:
             returned = reaper.reap(conn)
+            freed = limits.free_dead_slots(conn)
         except (redis_errors.ConnectionError, redis_errors.TimeoutError) as e:
             if not loop:
                 raise PayrunError(f"Redis unavailable: {e}")
             log.warning("reaper: Redis unavailable (%s); trying again in %d s", e, every)
-            returned = []
+            returned, freed = [], []
+        if freed and not (as_json and not loop):
+            lanes = sorted({h.rpartition(":")[0] for h in freed})
+            (log.warning if loop else click.echo)(
+                f"freed {len(freed)} email slot(s) held by senders with no liveness: {', '.join(lanes[:5])}"
+                + (f" … ({len(lanes)} in all)" if len(lanes) > 5 else ""))
         if as_json and not loop:
             click.echo(json.dumps([vars(s) for s in returned]))
         for s in returned:
             (log.warning if loop else click.echo)(f"returned {s.job_id} to {s.queue}: {s.reason}")
         if not loop:
             if not returned and not as_json:
-                click.echo("nothing stuck")
+                click.echo("nothing stuck" if not freed else "no job stuck")
             return
         deadline = time.monotonic() + every
         while not stopping and time.monotonic() < deadline:

@@ -50,6 +50,31 @@ def test_a_dead_holders_slot_comes_back_after_its_lease(conn):
     wait_for(lambda: lim.try_slot("other")[0], timeout_s=5, what="the lease to free the slot")
 
 
+def test_the_reaper_frees_at_once_the_slots_of_a_killed_senders_lanes(conn, cfg):
+    """Walkthrough: after a `kill -9` of the send-email process its 50 slots stayed taken
+    for their whole lease (~45 s, "email 50/50 in flight") while the new process sent at
+    a quarter of the rate; the reaper had returned its jobs at +13 s."""
+    from click.testing import CliRunner
+
+    from jobs.limits import free_dead_slots
+    from payrun.cli import cli
+
+    lim = limiter(conn, cap=3, lease_s=60.0)
+    for lane in ("send-email.h.1.0", "send-email.h.1.1"):  # process 1 is alive, process 2 was killed
+        conn.set(keys.alive(lane), 1, ex=10)
+    for holder in ("send-email.h.1.0:aa", "send-email.h.2.0:bb", "send-email.h.2.1:cc"):
+        assert lim.try_slot(holder)[0]
+    assert not lim.try_slot("send-email.h.1.1:dd")[0]  # full
+    assert sorted(free_dead_slots(conn)) == ["send-email.h.2.0:bb", "send-email.h.2.1:cc"]
+    assert lim.in_use() == 1 and lim.try_slot("send-email.h.1.1:dd")[0]  # the live lane's stays
+    assert lim.try_slot("no-lane-named")[0] and free_dead_slots(conn) == []  # its lease frees it
+    conn.delete(keys.alive("send-email.h.1.0"))
+    out = CliRunner().invoke(cli, ["reap"])
+    assert out.exit_code == 0 and "freed 1 email slot(s) held by senders with no liveness: send-email.h.1.0" \
+        in out.output, out.output
+    assert lim.in_use() == 2  # dd, and the holder that names no lane
+
+
 def test_a_lane_going_on_to_its_next_job_gives_its_slot_back_in_the_same_try(conn):
     lim = limiter(conn, cap=1)
     assert lim.try_slot("lane-a:1")[0]

@@ -177,6 +177,38 @@ def test_a_sent_key_is_never_sent_again(world, provider):
     assert provider.stats()["received"] == 12  # skipped before the provider saw it
 
 
+def test_a_resend_the_provider_dedupes_is_said_and_counted(world, provider, caplog):
+    """Walkthrough: after a `kill -9` of the send-email process, 36 in-flight slips went to
+    the provider again (its dedupe kept them from the inbox) and nothing in payrun said so.
+    Here: a send accepted by the provider whose sender died before recording it (the
+    reaper then drops the dead attempt's claim), sent again."""
+    from click.testing import CliRunner
+
+    from jobs import tasks
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    snap = next(payroll.snapshots(db, MONTH))
+    conn.delete(keys.idem_state(snap["key"]))  # what the reaper does to a killed attempt's claim
+    rel = tasks.slip_relpath(MONTH, snap["company"]["id"], snap["employee"]["id"])
+    make_queue(keys.EMAIL_QUEUE, conn).enqueue_call(
+        "jobs.tasks.send_slip", args=(tasks.email_payload(snap, rel),), job_id="email-again-1",
+        meta={"kind": "email"},
+    )
+    with caplog.at_level("WARNING", logger="payrun.jobs"):
+        run_lanes(conn, [keys.EMAIL_QUEUE], lanes=1, burst=True)
+    assert (provider.stats()["delivered"], provider.stats()["duplicates_refused"]) == (12, 1)
+    assert any(f"send {snap['key']}: the provider already had this slip" in r.getMessage() for r in caplog.records)
+    assert not any(str(snap["employee"]["id"]) in r.getMessage() and "basic" in r.getMessage()
+                   for r in caplog.records)  # (no salary figures in that line)
+    out = CliRunner().invoke(cli, ["limits", "show"])
+    assert "1 resends deduped by the provider" in out.output, out.output
+    out = CliRunner().invoke(cli, ["queues"])
+    assert "1 resends deduped by the provider" in out.output, out.output
+
+
 def test_end_to_end_over_real_smtp(world, monkeypatch):
     from aiosmtpd.controller import Controller
 

@@ -161,3 +161,12 @@ def test_the_backoff_grows_with_failed_attempts_only():
     assert backoff_attempt(5, budget_start=3, returned=3, returned_at_budget_start=2) == 1
     assert backoff_attempt(1, returned=1) == 1  # never below the first
     assert backoff_attempt(2, budget_start=0, returned=1, returned_at_budget_start=5) == 2  # a count from before
+
+
+def test_dead_slot_holders_are_those_of_lanes_without_liveness():
+    from jobs.policy import dead_slot_holders
+
+    holders = ["send-email.h.1.0:aa", "send-email.h.2.0:bb", "a:b:c", "plain-uuid", ":x"]
+    alive = {"send-email.h.1.0": True, "send-email.h.2.0": False, "a:b": False}
+    assert dead_slot_holders(holders, alive) == ["send-email.h.2.0:bb", "a:b:c"]
+    assert dead_slot_holders(holders, {}) == []  # not asked about: kept, its lease frees it

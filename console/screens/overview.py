@@ -123,6 +123,8 @@ class OverviewScreen(ConsoleScreen):
             t.append(f"{lim.rate_per_s:g}/s", style="bold")
             t.append(f" · {lim.waits:,} waits · ")
             t.append(f"{lim.http_429:,} 429s", style="bold red" if lim.http_429 else "")
+            if lim.duplicates:  # a killed sender's sends went out again: the provider deduped them
+                t.append(f" · {lim.duplicates:,} resends deduped", style="bold yellow")
             out = lim.outage
             if out and out["pauses"]:
                 t.append(f" · PROVIDER DOWN {duration(out['for_s'])}, {out['failed_in_a_row']:,} failed in a row, "
