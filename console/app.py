@@ -11,7 +11,7 @@ import shlex
 import time
 from typing import Any, Callable
 
-from textual import work
+from textual import events, work
 from textual.app import App
 from textual.binding import Binding
 from textual.timer import Timer
@@ -52,6 +52,9 @@ class ConsoleApp(App):
         self._polling = False
         self._again = False
         self._next: Timer | None = None
+        self.typeahead: list[str] | None = None
+        """Keys typed after `:` before its bar had focus (mounting takes a moment): the
+        command's text, not hotkeys. None when no bar is on its way."""
 
     # ---- lifecycle ------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -165,7 +168,33 @@ class ConsoleApp(App):
         from console.widgets.command_bar import CommandBar
 
         if not self.screen.query(CommandBar):
+            self.typeahead = []
             self.screen.mount(CommandBar())
+
+    async def on_event(self, event: events.Event) -> None:
+        # `:workers` typed or pasted in one burst: the keys after `:` arrive before the bar
+        # has focus, and were taken as hotkeys (w opened the workers view, d a drain).
+        # Until the bar takes them (CommandBar.on_focus) they are kept for it: caught on
+        # their way in, or on their way back up (a key queued before `:`'s binding ran
+        # was already forwarded, and would meet the screen's bindings here).
+        if self.typeahead is not None and isinstance(event, events.Key):
+            if event.key == "escape":
+                self.typeahead.append("\x1b")
+            elif event.key == "enter":
+                self.typeahead.append("\n")
+            elif event.key == "backspace":
+                if self.typeahead:
+                    self.typeahead.pop()
+            elif event.is_printable and event.character:
+                self.typeahead.append(event.character)
+            event.stop()
+            return
+        await super().on_event(event)
+
+    def take_typeahead(self) -> str:
+        """The keys kept for the command bar now taking focus (and stop keeping them)."""
+        text, self.typeahead = "".join(self.typeahead or ()), None
+        return text
 
     def go(self, name: str, **kw: Any) -> None:
         """Show a view on top of the overview (Esc goes back to it)."""

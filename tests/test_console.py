@@ -307,6 +307,31 @@ async def test_retry_all_filtered_requeues_exactly_the_matching_jobs(failed_worl
 
 
 @sync
+async def test_a_command_typed_in_one_burst_is_a_command_not_hotkeys(failed_world):
+    """Walkthrough: `:failed company:2` pasted (or typed fast) into tmux opened the plain
+    failed view: the keys after `:` arrived before the bar had focus and ran as hotkeys
+    (f: failed, then a: …). `:drain` would have started with d."""
+    from textual import events
+
+    cfg, conn, ledger = failed_world
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        burst = [("colon", ":")] + [(c if c.isalnum() else {" ": "space", ":": "colon"}[c], c)
+                                    for c in "failed company:2"] + [("enter", None)]
+        for key, ch in burst:  # all queued at once, as a terminal delivers a paste
+            app.post_message(events.Key(key, ch))
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 3,
+                     what="company 2's failed jobs, from the command")
+        assert app.typeahead is None and not app.screen.query("#command-bar")
+        # Esc in the burst: the bar closes, nothing typed after `:` runs as a hotkey
+        for key, ch in [("colon", ":"), ("d", "d"), ("escape", None)]:
+            app.post_message(events.Key(key, ch))
+        await settle(pilot, lambda: app.typeahead is None and not app.screen.query("#command-bar"), what="closed")
+        assert type(app.screen).__name__ == "FailedScreen"  # no drain dialog
+
+
+@sync
 async def test_retry_selected_and_one_by_company(failed_world):
     cfg, conn, ledger = failed_world
     app = make_app(cfg, conn)

@@ -25,6 +25,25 @@ class CommandBar(Input):
             self.cursor_blink = False
         self.focus()
 
+    def on_focus(self) -> None:
+        # what was typed after `:` until this bar had focus (ConsoleApp.on_event keeps it)
+        take = getattr(self.app, "take_typeahead", None)
+        early = take() if take else ""
+        if "\x1b" in early:  # Esc among them: closed before it opened
+            self.remove()
+            return
+        text, enter, _ = early.partition("\n")
+        if text:
+            self.value = text
+            self.cursor_position = len(text)
+        if enter:
+            self.post_message(Input.Submitted(self, self.value))
+
+    def on_unmount(self) -> None:
+        take = getattr(self.app, "take_typeahead", None)
+        if take:
+            take()  # never keep keys for a bar that is gone
+
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         text = event.value.strip()
