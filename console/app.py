@@ -27,6 +27,10 @@ WRITE_ACTIONS = frozenset({
 """Bindings that change something: hidden and refused with --readonly."""
 
 
+TYPEAHEAD_MAX_S = 1.0
+"""Keys after `:` wait for its bar this long at most (it takes focus in milliseconds)."""
+
+
 class ConsoleApp(App):
     CSS_PATH = "console.tcss"
     TITLE = "payrun console"
@@ -55,6 +59,7 @@ class ConsoleApp(App):
         self.typeahead: list[str] | None = None
         """Keys typed after `:` before its bar had focus (mounting takes a moment): the
         command's text, not hotkeys. None when no bar is on its way."""
+        self._typeahead_since = 0.0
 
     # ---- lifecycle ------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -168,7 +173,7 @@ class ConsoleApp(App):
         from console.widgets.command_bar import CommandBar
 
         if not self.screen.query(CommandBar):
-            self.typeahead = []
+            self.typeahead, self._typeahead_since = [], time.monotonic()
             self.screen.mount(CommandBar())
 
     async def on_event(self, event: events.Event) -> None:
@@ -177,6 +182,8 @@ class ConsoleApp(App):
         # Until the bar takes them (CommandBar.on_focus) they are kept for it: caught on
         # their way in, or on their way back up (a key queued before `:`'s binding ran
         # was already forwarded, and would meet the screen's bindings here).
+        if self.typeahead is not None and time.monotonic() - self._typeahead_since > TYPEAHEAD_MAX_S:
+            self.typeahead = None  # the bar never took focus: never swallow keys for long
         if self.typeahead is not None and isinstance(event, events.Key):
             if event.key == "escape":
                 self.typeahead.append("\x1b")

@@ -329,6 +329,11 @@ async def test_a_command_typed_in_one_burst_is_a_command_not_hotkeys(failed_worl
             app.post_message(events.Key(key, ch))
         await settle(pilot, lambda: app.typeahead is None and not app.screen.query("#command-bar"), what="closed")
         assert type(app.screen).__name__ == "FailedScreen"  # no drain dialog
+        # a bar that never takes focus must not leave the console swallowing keys
+        app.typeahead, app._typeahead_since = [], time.monotonic() - 5
+        await pilot.press("escape")  # back to the overview, as a key does
+        await settle(pilot, lambda: type(app.screen).__name__ == "OverviewScreen", what="keys work again")
+        assert app.typeahead is None
 
 
 @sync
