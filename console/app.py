@@ -15,6 +15,7 @@ from textual import events, work
 from textual.app import App
 from textual.binding import Binding
 from textual.timer import Timer
+from textual.widgets import Input
 
 from console import actions
 from console.data import Snapshot, Source
@@ -184,7 +185,21 @@ class ConsoleApp(App):
         # was already forwarded, and would meet the screen's bindings here).
         if self.typeahead is not None and time.monotonic() - self._typeahead_since > TYPEAHEAD_MAX_S:
             self.typeahead = None  # the bar never took focus: never swallow keys for long
+        if self.typeahead is not None and isinstance(event, events.Paste):
+            # a paste right after `:` (on its way in, or back up, as keys are)
+            self.typeahead.extend(event.text.replace("\r", "\n"))
+            event.stop()
+            return
+        if (self.typeahead is None and isinstance(event, events.Paste) and not event.is_forwarded
+                and event.text.startswith(":") and not isinstance(self.focused, Input)):
+            # `:workers` pasted whole (a terminal sends a paste as one event, not as keys)
+            self.action_command_bar()
+            if self.typeahead is not None:
+                self.typeahead.extend(event.text[1:].replace("\r", "\n"))
+            event.stop()
+            return
         if self.typeahead is not None and isinstance(event, events.Key):
+            kept = True
             if event.key == "escape":
                 self.typeahead.append("\x1b")
             elif event.key == "enter":
@@ -194,8 +209,11 @@ class ConsoleApp(App):
                     self.typeahead.pop()
             elif event.is_printable and event.character:
                 self.typeahead.append(event.character)
-            event.stop()
-            return
+            else:
+                kept = False  # ctrl+q and the like keep their meaning
+            if kept:
+                event.stop()
+                return
         await super().on_event(event)
 
     def take_typeahead(self) -> str:

@@ -42,7 +42,7 @@ def eta_text(eta: dict[str, Any] | None) -> str:
         return ""
     if eta["remaining"] == 0:
         if eta.get("failed"):  # finished, but not everyone got a slip: never "all delivered"
-            return f"finished: {eta['failed']:,} failed for good (f shows them, r retries)"
+            return f"finished: {eta['failed']:,} failed for good (f lists them)"
         return "all slips made are delivered" if eta.get("no_slip") else "all delivered"
     if eta.get("drained"):
         return "no ETA: intake drained (resume with u or `payrun resume`)"

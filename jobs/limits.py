@@ -546,27 +546,38 @@ class Limiter:
         return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
 
 
-def free_dead_slots(conn, name: str = "email") -> list[str]:
-    """Give back now the slots held by lanes that lost their liveness key (a ``kill -9`` of
-    a send-email process, the OOM killer), instead of when their leases end
-    (``email.timeout_s`` + 15 s later): meanwhile the cap counted them in flight and the
-    live senders ran at a fraction of the rate. Run by the reaper next to its job
-    returns, by the same rule (no liveness for ALIVE_TTL_S). Returns the holders freed."""
-    from jobs.policy import dead_slot_holders
+def free_dead_slots(conn, name: str = "email", now: float | None = None) -> list[str]:
+    """Give back the slots held by lanes that lost their liveness key (a ``kill -9`` of a
+    send-email process, the OOM killer) once two reaper passes SLOT_SETTLE_S apart found
+    them so, instead of when their leases end (``email.timeout_s`` + 15 s later):
+    meanwhile the cap counted them in flight and the live senders ran at a fraction of
+    the rate. Run by the reaper next to its job returns, by the same rule (no liveness
+    for ALIVE_TTL_S). Returns the holders freed."""
+    from jobs.policy import dead_slot_holders, slots_to_free
 
-    k = keys.limit_slots(name)
+    now = time.time() if now is None else now
+    k, k_seen = keys.limit_slots(name), keys.limit_slots_dead_seen(name)
     holders = [h.decode() if isinstance(h, bytes) else h for h in conn.zrange(k, 0, -1)]
     lanes = sorted({h.rpartition(":")[0] for h in holders if h.rpartition(":")[0]})
-    if not lanes:
-        return []
-    with conn.pipeline(transaction=False) as p:
-        for lane in lanes:
-            p.exists(keys.alive(lane))
-        alive = {lane: bool(n) for lane, n in zip(lanes, p.execute())}
-    dead = dead_slot_holders(holders, alive)
-    if dead:
-        conn.zrem(k, *dead)
-    return dead
+    alive: dict[str, bool] = {}
+    if lanes:
+        with conn.pipeline(transaction=False) as p:
+            for lane in lanes:
+                p.exists(keys.alive(lane))
+            alive = {lane: bool(n) for lane, n in zip(lanes, p.execute())}
+    seen = {(h.decode() if isinstance(h, bytes) else h): float(t) for h, t in conn.hgetall(k_seen).items()}
+    free, mark, forget = slots_to_free(dead_slot_holders(holders, alive), seen, now)
+    if free or mark or forget:
+        with conn.pipeline() as p:
+            if free:
+                p.zrem(k, *free)
+            if forget:
+                p.hdel(k_seen, *forget)
+            for h in mark:
+                p.hsetnx(k_seen, h, now)
+            p.expire(k_seen, 3600)
+            p.execute()
+    return free
 
 
 def set_limits(conn, name: str, cap: int | None = None, rate_per_s: float | None = None) -> None:

@@ -273,6 +273,22 @@ def paced_rate(limit_per_s: float, headroom: float, margin_ms: float) -> float:
     return min(limit_per_s * headroom, gate_rate)
 
 
+SLOT_SETTLE_S = 5.0
+"""A slot holder's lane must be seen without liveness this long (two reaper passes) before
+its slot is freed: a process paused for a moment (SIGSTOP, a VM pause, Redis out of reach
+for its liveness beats) is not dead, and its send may still be in flight."""
+
+
+def slots_to_free(dead: list[str], seen: dict[str, float], now: float,
+                  settle_s: float = SLOT_SETTLE_S) -> tuple[list[str], list[str], list[str]]:
+    """(free now, mark as first seen now, forget) for a pass that finds ``dead`` holders,
+    given when earlier passes first saw each (``seen``)."""
+    free = [h for h in dead if h in seen and now - seen[h] >= settle_s]
+    mark = [h for h in dead if h not in seen]
+    forget = [h for h in seen if h not in dead or h in free]
+    return free, mark, forget
+
+
 def dead_slot_holders(holders: list[str], alive: dict[str, bool]) -> list[str]:
     """Of a cap's slot holders (``<lane worker name>:<tag>``), those whose lane has lost its
     liveness key (``alive[lane]`` False: killed, or hung past ALIVE_TTL_S, the rule the

@@ -967,8 +967,11 @@ class Liveness:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, forget: bool = True) -> None:
+        """Stop beating; ``forget``: delete the keys now (else they lapse by their TTL)."""
         self._stop.set()
+        if not forget:
+            return
         try:
             self.conn.delete(*[keys.alive(n) for n in self.names])
         except Exception:
@@ -1343,12 +1346,14 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
         stop.set()
         if not fatal.is_set():
             return_stranded(conn, queue_names, f"send-email {os.getpid()}")
-        liveness.stop()
         if workers[0].scheduler:
             try:
                 workers[0].stop_scheduler()
             except Exception:
                 pass
+        # lanes still sending (forced stop, a Redis failure): their liveness keys stay to
+        # lapse, so the reaper does not free their slots while the process is still here
+        liveness.stop(forget=not any(t.is_alive() for t in threads))
         for c in lane_conns:
             try:
                 c.close()  # gives its connection back to the pool

@@ -510,12 +510,16 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
     while True:
         try:
             returned = reaper.reap(conn)
-            freed = limits.free_dead_slots(conn)
         except (redis_errors.ConnectionError, redis_errors.TimeoutError) as e:
             if not loop:
                 raise PayrunError(f"Redis unavailable: {e}")
             log.warning("reaper: Redis unavailable (%s); trying again in %d s", e, every)
-            returned, freed = [], []
+            returned = []
+        try:
+            freed = limits.free_dead_slots(conn)
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as e:
+            log.warning("reaper: could not check the email slots (%s)", e)
+            freed = []
         if freed and not (as_json and not loop):
             lanes = sorted({h.rpartition(":")[0] for h in freed})
             (log.warning if loop else click.echo)(

@@ -80,6 +80,11 @@ def limit_slots(name: str) -> str:
     return f"payrun:limit:{name}:slots"
 
 
+def limit_slots_dead_seen(name: str) -> str:
+    """Hash: slot holder -> when a reaper pass first saw its lane without liveness."""
+    return f"payrun:limit:{name}:slots-dead-seen"
+
+
 def limit_tat(name: str) -> str:
     """GCRA theoretical arrival time (ms) of the rate limit."""
     return f"payrun:limit:{name}:tat"

@@ -329,6 +329,23 @@ async def test_a_command_typed_in_one_burst_is_a_command_not_hotkeys(failed_worl
             app.post_message(events.Key(key, ch))
         await settle(pilot, lambda: app.typeahead is None and not app.screen.query("#command-bar"), what="closed")
         assert type(app.screen).__name__ == "FailedScreen"  # no drain dialog
+        # half the command before the bar has focus, half after: one command, not the last half
+        for key, ch in [("colon", ":"), ("o", "o"), ("v", "v")]:
+            app.post_message(events.Key(key, ch))
+        await settle(pilot, lambda: app.typeahead is None and app.screen.query("#command-bar"), what="the bar")
+        await pilot.press("e", "r")
+        assert app.screen.query_one("#command-bar").value == "over"
+        await pilot.press("escape")
+        # a terminal sends a paste as one event: after `:`, and `:failed …` pasted whole
+        app.post_message(events.Key("colon", ":"))
+        app.post_message(events.Paste("running"))
+        await settle(pilot, lambda: app.typeahead is None and app.screen.query("#command-bar"), what="the bar")
+        assert app.screen.query_one("#command-bar").value == "running"
+        await pilot.press("escape")
+        await settle(pilot, lambda: not app.screen.query("#command-bar"), what="closed")
+        app.post_message(events.Paste(":failed company:1\r"))
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.flt.company == 1,
+                     what=":failed company:1 pasted")
         # a bar that never takes focus must not leave the console swallowing keys
         app.typeahead, app._typeahead_since = [], time.monotonic() - 5
         await pilot.press("escape")  # back to the overview, as a key does

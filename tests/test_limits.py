@@ -50,13 +50,16 @@ def test_a_dead_holders_slot_comes_back_after_its_lease(conn):
     wait_for(lambda: lim.try_slot("other")[0], timeout_s=5, what="the lease to free the slot")
 
 
-def test_the_reaper_frees_at_once_the_slots_of_a_killed_senders_lanes(conn, cfg):
+def test_the_reaper_frees_the_slots_of_a_killed_senders_lanes_after_two_passes(conn, cfg):
     """Walkthrough: after a `kill -9` of the send-email process its 50 slots stayed taken
     for their whole lease (~45 s, "email 50/50 in flight") while the new process sent at
-    a quarter of the rate; the reaper had returned its jobs at +13 s."""
+    a quarter of the rate; the reaper had returned its jobs at +13 s. Freed once two
+    reaper passes SLOT_SETTLE_S apart find the lane without liveness (a process paused
+    for a moment is not dead: its send may still be in flight)."""
     from click.testing import CliRunner
 
     from jobs.limits import free_dead_slots
+    from jobs.policy import SLOT_SETTLE_S
     from payrun.cli import cli
 
     lim = limiter(conn, cap=3, lease_s=60.0)
@@ -65,10 +68,23 @@ def test_the_reaper_frees_at_once_the_slots_of_a_killed_senders_lanes(conn, cfg)
     for holder in ("send-email.h.1.0:aa", "send-email.h.2.0:bb", "send-email.h.2.1:cc"):
         assert lim.try_slot(holder)[0]
     assert not lim.try_slot("send-email.h.1.1:dd")[0]  # full
-    assert sorted(free_dead_slots(conn)) == ["send-email.h.2.0:bb", "send-email.h.2.1:cc"]
+    t = 1_000_000.0
+    assert free_dead_slots(conn, now=t) == []  # first seen dead: marked, kept
+    assert free_dead_slots(conn, now=t + SLOT_SETTLE_S / 2) == []
+    assert sorted(free_dead_slots(conn, now=t + SLOT_SETTLE_S)) == ["send-email.h.2.0:bb", "send-email.h.2.1:cc"]
     assert lim.in_use() == 1 and lim.try_slot("send-email.h.1.1:dd")[0]  # the live lane's stays
-    assert lim.try_slot("no-lane-named")[0] and free_dead_slots(conn) == []  # its lease frees it
+    assert lim.try_slot("no-lane-named")[0]
+    assert free_dead_slots(conn, now=t + 100) == []  # a holder that names no lane: its lease frees it
+    assert conn.hlen(keys.limit_slots_dead_seen("email")) == 0  # nothing left marked
+    # a lane back before the second pass (a pause, not a death) keeps its slot
+    conn.delete(keys.alive("send-email.h.1.1"))
+    assert free_dead_slots(conn, now=t + 200) == []
+    conn.set(keys.alive("send-email.h.1.1"), 1, ex=10)
+    assert free_dead_slots(conn, now=t + 300) == [] and lim.in_use() == 3
+    assert conn.hlen(keys.limit_slots_dead_seen("email")) == 0
+    # `payrun reap` does it too (an earlier pass saw the lane dead long ago)
     conn.delete(keys.alive("send-email.h.1.0"))
+    conn.hset(keys.limit_slots_dead_seen("email"), "send-email.h.1.0:aa", time.time() - 60)
     out = CliRunner().invoke(cli, ["reap"])
     assert out.exit_code == 0 and "freed 1 email slot(s) held by senders with no liveness: send-email.h.1.0" \
         in out.output, out.output

@@ -170,3 +170,14 @@ def test_dead_slot_holders_are_those_of_lanes_without_liveness():
     alive = {"send-email.h.1.0": True, "send-email.h.2.0": False, "a:b": False}
     assert dead_slot_holders(holders, alive) == ["send-email.h.2.0:bb", "a:b:c"]
     assert dead_slot_holders(holders, {}) == []  # not asked about: kept, its lease frees it
+
+
+def test_a_dead_looking_slot_is_freed_only_once_two_passes_settle_apart_saw_it():
+    from jobs.policy import SLOT_SETTLE_S, slots_to_free
+
+    free, mark, forget = slots_to_free(["a:1", "b:2"], {}, now=100.0)
+    assert (free, sorted(mark), forget) == ([], ["a:1", "b:2"], [])
+    seen = {"a:1": 100.0, "b:2": 100.0, "gone:3": 90.0}
+    free, mark, forget = slots_to_free(["a:1"], seen, now=100.0 + SLOT_SETTLE_S)
+    assert free == ["a:1"] and mark == [] and sorted(forget) == ["a:1", "b:2", "gone:3"]
+    assert slots_to_free(["a:1"], {"a:1": 100.0}, now=100.0 + SLOT_SETTLE_S - 0.1)[0] == []

@@ -17,7 +17,8 @@ class CommandBar(Input):
 
     def __init__(self) -> None:
         super().__init__(placeholder=": failed | running | workers | overview | retry ID… | drain [Q] | resume [Q] | "
-                                     "stop WORKER | limits cap=N rate=R | audit | help | q", id="command-bar")
+                                     "stop WORKER | limits cap=N rate=R | audit | help | q", id="command-bar",
+                         select_on_focus=False)  # (selected, the text typed ahead went with the next key)
         self._pos = len(self.history)
 
     def on_mount(self) -> None:
