@@ -616,6 +616,9 @@ async def test_a_slow_refresh_never_blocks_the_keys(cfg, conn):
         await pilot.press("question_mark")
         await pilot.pause()
         assert type(app.screen).__name__ == "HelpScreen"
+        # the help lists the `:` commands: `:` there opens the bar on the view underneath
+        await pilot.press("colon", *"overview", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "OverviewScreen", what=":overview from the help")
         app.exit()
 
 

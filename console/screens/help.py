@@ -28,7 +28,14 @@ Nothing here writes to Redis unless you confirm an action; every action is in au
 
 
 class HelpScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,question_mark,q", "app.pop_screen", "Close")]
+    BINDINGS = [Binding("escape,question_mark,q", "app.pop_screen", "Close"),
+                Binding("colon", "command", "Command", show=False)]
+
+    def action_command(self) -> None:
+        """`:` here: close the help and open the command bar (a modal screen keeps the
+        app's own `:` from it, and the help lists the commands)."""
+        self.app.pop_screen()
+        self.app.action_command_bar()
 
     def __init__(self, under):
         super().__init__()
