@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 from zoneinfo import ZoneInfo
 
+from jobs.events import one_line
 from payrun import keys
 from payrun.ledger import STATES, Ledger, latest_month
 
@@ -417,11 +418,6 @@ def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis
     return {"month": month, "total": total, "companies": companies}
 
 
-def clip(text: str, n: int) -> str:
-    """``text`` cut to ``n`` characters, with an ellipsis when it was cut."""
-    return text if len(text) <= n else text[:n - 1] + "…"
-
-
 def unserved(queues: list[QueueRow], workers: list[WorkerRow]) -> list[str]:
     """The slip queues with work (waiting, or retries due back) that no live worker takes
     from: nothing there moves until one starts (`payrun up`)."""
@@ -576,7 +572,7 @@ class Source:
                 snap.running = read_running(conn, now, self.cfg.lease.stuck_after_s)
                 snap.limits = read_limits(conn, self.cfg)
             except Exception as e:  # Redis down or slow: say so, keep going with the ledger
-                errors.append(f"Redis unreachable ({type(e).__name__}: {clip(str(e), 200)})")
+                errors.append(f"Redis unreachable ({type(e).__name__}: {one_line(e, 200)})")
                 snap.queues, snap.workers, snap.running = [], [], []
             try:
                 led = self.ledger()
@@ -596,7 +592,7 @@ class Source:
                     snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone, drained, down,
                                    started=started or None, no_worker=unserved(snap.queues, snap.workers))
             except Exception as e:
-                errors.append(f"ledger unreadable ({type(e).__name__}: {clip(str(e), 200)})")
+                errors.append(f"ledger unreadable ({type(e).__name__}: {one_line(e, 200)})")
             snap.error = "; ".join(errors) or None
             snap.took_s = time.perf_counter() - t0
             return snap

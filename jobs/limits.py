@@ -553,12 +553,12 @@ def free_dead_slots(conn, name: str = "email", now: float | None = None) -> list
     meanwhile the cap counted them in flight and the live senders ran at a fraction of
     the rate. Run by the reaper next to its job returns, by the same rule (no liveness
     for ALIVE_TTL_S). Returns the holders freed."""
-    from jobs.policy import dead_slot_holders, slots_to_free
+    from jobs.policy import dead_slot_holders, slot_lane, slots_to_free
 
     now = time.time() if now is None else now
     k, k_seen = keys.limit_slots(name), keys.limit_slots_dead_seen(name)
     holders = [h.decode() if isinstance(h, bytes) else h for h in conn.zrange(k, 0, -1)]
-    lanes = sorted({h.rpartition(":")[0] for h in holders if h.rpartition(":")[0]})
+    lanes = sorted({slot_lane(h) for h in holders} - {""})
     alive: dict[str, bool] = {}
     if lanes:
         with conn.pipeline(transaction=False) as p:

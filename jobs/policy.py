@@ -289,14 +289,14 @@ def slots_to_free(dead: list[str], seen: dict[str, float], now: float,
     return free, mark, forget
 
 
+def slot_lane(holder: str) -> str:
+    """The lane worker a slot holder (``<lane worker name>:<tag>``) names; "" if none."""
+    return holder.rpartition(":")[0]
+
+
 def dead_slot_holders(holders: list[str], alive: dict[str, bool]) -> list[str]:
     """Of a cap's slot holders (``<lane worker name>:<tag>``), those whose lane has lost its
     liveness key (``alive[lane]`` False: killed, or hung past ALIVE_TTL_S, the rule the
     reaper applies to its jobs). A holder that names no lane, or a lane not asked about,
     is kept: its lease still frees it."""
-    dead = []
-    for h in holders:
-        lane, sep, _ = h.rpartition(":")
-        if sep and lane and alive.get(lane) is False:
-            dead.append(h)
-    return dead
+    return [h for h in holders if slot_lane(h) and alive.get(slot_lane(h)) is False]

@@ -250,6 +250,12 @@ def _ids(ids: list[int]) -> str:
     return ", ".join(map(str, ids[:20])) + (f" … ({len(ids)} in all)" if len(ids) > 20 else "")
 
 
+def _free_tries(held: int, returned: int) -> str:
+    """" (+1 held, +2 returned)": the tries beside attempts= that spent none; "" if none."""
+    free = ", ".join(f"+{n} {k}" for k, n in (("held", held), ("returned", returned)) if n)
+    return f" ({free})" if free else ""
+
+
 def _companies(ids: list[int]) -> str:
     """"company 4" or "companies 1, 2": the noun agrees with the count."""
     return f"{'company' if len(ids) == 1 else 'companies'} {_ids(ids)}"
@@ -304,9 +310,9 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         return
     for r in rows:
         # tries held back by the provider or handed back by a stopping worker spent no attempt
-        free = ", ".join(f"+{r[k]} {k}" for k in ("held", "returned") if r.get(k))
-        spent = attempts_spent(r["attempts"], r.get("held", 0), r.get("returned", 0))
-        click.echo(f"{r['id']:<36} {r['queue']:<10} attempts={spent:<2}{f' ({free})' if free else ''} {r['error']}")
+        held, returned = r.get("held", 0), r.get("returned", 0)
+        spent = attempts_spent(r["attempts"], held, returned)
+        click.echo(f"{r['id']:<36} {r['queue']:<10} attempts={spent:<2}{_free_tries(held, returned)} {r['error']}")
     shown = (f"{len(every):,} failed job(s)" if len(rows) == len(every) else
              f"{len(every):,} failed jobs, the newest {len(rows):,} shown (--limit N for more)")
     click.echo(f"{shown}; retry with: payrun retry ID… or {_retry_all(queue, error_text, company)}")
@@ -355,8 +361,7 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
     if row:
         # attempts= counts the attempts spent, as in `payrun failed`; tries that spent none beside
         spent, held, returned = tries_counts(row)
-        free = ", ".join(f"+{n} {k}" for k, n in (("held", held), ("returned", returned)) if n)
-        click.echo(f"{row['id']}  {row['kind']}  {row['status']}  attempts={spent}{f' ({free})' if free else ''}  "
+        click.echo(f"{row['id']}  {row['kind']}  {row['status']}  attempts={spent}{_free_tries(held, returned)}  "
                    f"key={row['key']}")
         if any(h.get("outcome") in NO_ATTEMPT_OUTCOMES for h in row["history"]):
             click.echo(tries_text(row))
@@ -521,7 +526,9 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
             log.warning("reaper: could not check the email slots (%s)", e)
             freed = []
         if freed and not (as_json and not loop):
-            lanes = sorted({h.rpartition(":")[0] for h in freed})
+            from jobs.policy import slot_lane
+
+            lanes = sorted({slot_lane(h) for h in freed})
             (log.warning if loop else click.echo)(
                 f"freed {len(freed)} email slot(s) held by senders with no liveness: {', '.join(lanes[:5])}"
                 + (f" … ({len(lanes)} in all)" if len(lanes) > 5 else ""))

@@ -381,12 +381,9 @@ def tries_text(row: Mapping[str, Any]) -> str:
     worker was stopped, a deploy; "reaped": its worker died) spent no attempt, and a reader
     at 02:00 must not count it against the retry budget."""
     tries = int(row.get("attempts") or 0)
-    outcomes = [h.get("outcome") for h in row.get("history", ())]
-    held = outcomes.count("held")
-    returned = sum(outcomes.count(o) for o in RETURNED_OUTCOMES)
+    spent, held, returned = tries_counts(row)
     if not held and not returned:
         return f"{tries} attempt{'' if tries == 1 else 's'}"
-    spent = attempts_spent(tries, held, returned)
     free = []
     if held:
         free.append(f"{held} held back (rate limit, provider outage or a send already in flight)")

@@ -760,7 +760,8 @@ def test_payrun_failed_says_how_many_failed_not_how_many_it_showed(failed_world)
 def test_redis_down_is_said_in_full_not_cut_mid_word(cfg, tmp_path):
     """Walkthrough: with everything down, `payrun queues` said "… connecting to
     /…/redis.sock. No such file or direct": the error was cut at 80 characters."""
-    from console.data import clip, connect
+    from console.data import connect
+    from jobs.events import one_line as clip
 
     sock = tmp_path / "gone" / "redis.sock"  # (AF_UNIX paths stop at 107 bytes)
     snap = Source(cfg, connect(cfg, f"unix://{sock}")).snapshot()
