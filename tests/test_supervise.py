@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -19,10 +20,28 @@ def payrun(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.
                           text=True, timeout=timeout)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(tmp_path, home) -> dict[str, str]:
+    """This environment without PAYRUN_*, with PAYRUN_HOME=home and a config file giving the
+    provider, the bank simulation and the metrics endpoint free ports: their defaults
+    (8025, 8026, 9308) would collide with a `payrun up` or a second test run on this host."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
+    conf = tmp_path / "ports.toml"
+    if not conf.exists():
+        conf.write_text(f"[provider]\nport = {free_port()}\n[metrics]\nport = {free_port()}\n"
+                        f'[scheduler]\nbank_url = "http://127.0.0.1:{free_port()}"\n')
+    env.update(PAYRUN_HOME=str(home), PAYRUN_CONFIG=str(conf))
+    return env
+
+
 def test_up_run_status_down(tmp_path, monkeypatch):
     home = tmp_path / "h"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
-    env["PAYRUN_HOME"] = str(home)
+    env = clean_env(tmp_path, home)
     payroll.seed(payroll.PayrollDB(home / "payroll.db"), companies=2, employees=10, seed=5, month="2026-11")
     # any command run before `up` starts the embedded Redis in the background: `up` takes it over
     assert payrun("failed", env=env).returncode == 0
@@ -55,8 +74,7 @@ def test_up_run_status_down(tmp_path, monkeypatch):
 def test_up_refuses_a_redis_still_in_use_and_starts_nothing(tmp_path):
     from payrun import config, redis_server, supervise
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
-    env["PAYRUN_HOME"] = str(tmp_path / "h")
+    env = clean_env(tmp_path, tmp_path / "h")
     cfg = config.load(env={"PAYRUN_HOME": env["PAYRUN_HOME"]})
     user = redis_server.ensure_running(cfg)  # e.g. a console or a demo holding a connection
     try:
@@ -73,8 +91,7 @@ def test_up_refuses_a_redis_still_in_use_and_starts_nothing(tmp_path):
 
 
 def test_up_with_a_program_that_cannot_start_stops_everything_and_shows_its_log(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
-    env["PAYRUN_HOME"] = str(tmp_path / "h")
+    env = clean_env(tmp_path, tmp_path / "h")
     (tmp_path / "h" / "ledger.db").mkdir(parents=True)  # the ledger cannot open its database
     up = payrun("up", env=env)
     assert up.returncode == 2
@@ -91,8 +108,7 @@ def test_up_with_a_program_that_cannot_start_stops_everything_and_shows_its_log(
 def test_control_and_worker_only_host_stop_of_the_worker_host_loses_nothing(tmp_path):
     from payrun import config, redis_server
 
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
-    control = dict(base, PAYRUN_HOME=str(tmp_path / "control"))
+    control = clean_env(tmp_path, tmp_path / "control")
     n = 150
     payroll.seed(payroll.PayrollDB(tmp_path / "control" / "payroll.db"), companies=3, employees=n, seed=9,
                  month="2026-11")
@@ -101,7 +117,7 @@ def test_control_and_worker_only_host_stop_of_the_worker_host_loses_nothing(tmp_
     worker_host = None
     try:
         url = payrun("config", "redis-url", env=control).stdout.strip()
-        worker_host = dict(base, PAYRUN_HOME=str(tmp_path / "worker"), PAYRUN_REDIS_URL=url,
+        worker_host = dict(clean_env(tmp_path, tmp_path / "worker"), PAYRUN_REDIS_URL=url,
                            PAYRUN_SLIPS_DIR=str(tmp_path / "control" / "slips"))
         (tmp_path / "worker").mkdir()
         up_w = payrun("up", "--role", "worker", env=worker_host)
@@ -131,8 +147,7 @@ def test_supervisorctl_stop_of_one_worker_lets_its_job_finish(tmp_path):
     from payrun import config, redis_server
     from jobs.runtime import PayrunJob, make_queue
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
-    env.update(PAYRUN_HOME=str(tmp_path / "h"), PAYRUN_TEST_JOBS="1")
+    env = dict(clean_env(tmp_path, tmp_path / "h"), PAYRUN_TEST_JOBS="1")
     up = payrun("up", env=env)
     assert up.returncode == 0, up.stderr + up.stdout
     try:
@@ -158,8 +173,7 @@ def test_supervisorctl_stop_of_one_worker_lets_its_job_finish(tmp_path):
 def test_plain_supervisord_and_supervisorctl_work_with_the_printed_environment(tmp_path):
     import shlex
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
-    env["PAYRUN_HOME"] = str(tmp_path / "h")
+    env = clean_env(tmp_path, tmp_path / "h")
     printed = payrun("supervisor-env", env=env)
     assert printed.returncode == 0, printed.stderr
     for line in printed.stdout.splitlines():
@@ -178,7 +192,8 @@ def test_plain_supervisord_and_supervisorctl_work_with_the_printed_environment(t
 
         assert "ledger" in wait_for(running, timeout_s=60, interval_s=0.5, what="every program RUNNING")
     finally:
-        down = payrun("down", env={k: v for k, v in env.items() if not k.startswith("PAYRUN_") or k == "PAYRUN_HOME"})
+        down = payrun("down", env={k: v for k, v in env.items()
+                                   if not k.startswith("PAYRUN_") or k in ("PAYRUN_HOME", "PAYRUN_CONFIG")})
     assert down.returncode == 0, down.stderr
 
 
