@@ -194,6 +194,15 @@ def make_queue(name: str, conn) -> Queue:
     return Queue(name, connection=conn, serializer=JSONSerializer, job_class=PayrunJob)
 
 
+def register_queues(conn, queues: list[Queue]) -> None:
+    """List a worker's queues in RQ's set of queues (``rq:queues``) as it starts. RQ adds a
+    queue there on its first enqueue only: until then ``rq info -R`` and ``Queue.all()``
+    showed neither the queue nor the worker serving it (the control queue, on a quiet
+    day). An empty queue listed is what RQ leaves anyway once a queue has drained."""
+    if queues:
+        conn.sadd(Queue.redis_queues_keys, *[q.key for q in queues])
+
+
 class PayrunScheduler(RQScheduler):
     """RQ's scheduler process (moves due retries from the scheduled registry to their
     queue), made to die with the worker that forked it, like a work horse."""
@@ -686,6 +695,7 @@ class RenderWorker(EventsMixin, Worker):
         gc.freeze()
         log.info("Worker %s: WeasyPrint warmed in %.2f s", self.name, time.monotonic() - started)
         self._liveness = Liveness(self.connection, [self.name]).start()
+        register_queues(self.connection, self.queues)
         super().bootstrap(*args, **kwargs)
 
     def teardown(self) -> None:
@@ -1293,6 +1303,7 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
     for w in workers:
         w.grace_s = grace_s
     liveness = Liveness(conn, [w.name for w in workers]).start()
+    register_queues(conn, queues)
     intake = Intake(conn, queues, stop, on_stop_request=lambda: begin_stop("payrun stop-worker")).start()
     # retries sit in RQ's scheduled registry: lane 0 also runs RQ's scheduler for our queues
     workers[0]._start_scheduler(burst=False)

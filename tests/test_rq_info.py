@@ -87,3 +87,22 @@ def test_a_job_naming_another_function_is_refused(conn, monkeypatch):
     job = PayrunJob.fetch("evil-1", connection=conn)
     assert job.get_status() == "failed" and "refused" in job.meta["last_error"]
     assert not os.path.exists("/tmp/payrun-os-system")
+
+
+def test_rq_info_lists_a_workers_queue_before_its_first_job(conn, redis_url):
+    """RQ lists a queue once something was enqueued to it: the control queue (a job a
+    month, a tick every 15 minutes) and its worker were missing from `rq info -R` until
+    then. Workers list their queues as they start."""
+    from jobs.runtime import register_queues, run_lanes
+
+    control = make_queue(keys.CONTROL_QUEUE, conn)
+    assert control.key.encode() not in conn.smembers("rq:queues")
+    w = RenderWorker([control], connection=conn, name="control.test.1")
+    w.work(burst=True)  # no job: starts, finds nothing, stops
+    assert run_lanes(conn, [keys.EMAIL_QUEUE], 1, burst=True) == 0
+    names = {q.name for q in make_queue(keys.RENDER_QUEUE, conn).all(connection=conn)}
+    assert {keys.CONTROL_QUEUE, keys.EMAIL_QUEUE} <= names
+    out = subprocess.run([RQ, "info", "-u", redis_url, "-R"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert keys.CONTROL_QUEUE in out.stdout and keys.EMAIL_QUEUE in out.stdout
+    register_queues(conn, [])  # nothing to list: no error
