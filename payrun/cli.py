@@ -312,9 +312,15 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         # tries held back by the provider or handed back by a stopping worker spent no attempt
         held, returned = r.get("held", 0), r.get("returned", 0)
         spent = attempts_spent(r["attempts"], held, returned)
-        click.echo(f"{r['id']:<36} {r['queue']:<10} attempts={spent:<2}{_free_tries(held, returned)} {r['error']}")
+        resent = "  [slip delivered since by a resend]" if r.get("delivered_by_resend") else ""
+        click.echo(f"{r['id']:<36} {r['queue']:<10} attempts={spent:<2}{_free_tries(held, returned)} {r['error']}"
+                   f"{resent}")
     shown = (f"{len(every):,} failed job(s)" if len(rows) == len(every) else
              f"{len(every):,} failed jobs, the newest {len(rows):,} shown (--limit N for more)")
+    resent = sum(1 for r in every if r.get("delivered_by_resend"))
+    if resent:
+        shown += (f" ({resent:,} of them delivered since by `payrun resend`: `payrun status` counts those "
+                  "slips as sent, and retry --all leaves them out)")
     click.echo(f"{shown}; retry with: payrun retry ID… or {_retry_all(queue, error_text, company)}")
 
 
@@ -451,8 +457,10 @@ def limits_set(c: Ctx, cap: int | None, rate: float | None) -> None:
 @handle_errors
 def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, error_text: str | None,
               company: int | None, as_json: bool) -> None:
-    """Requeue failed jobs with a fresh attempt budget. A send job picks up an email
-    address fixed in the payroll database since its snapshot. Written to the audit log."""
+    """Requeue failed jobs with a fresh attempt budget. A render job re-reads the
+    employee's data and a send job the email address from the payroll database, so data
+    fixed since its failure is used. --all leaves out jobs whose slip a `payrun resend`
+    has delivered since. Written to the audit log."""
     from console import actions
     from payrun import deadletters
 
@@ -464,12 +472,17 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
     if (queue or error_text or company is not None) and not all_:
         raise PayrunError("--queue, --error and --company narrow --all; with job ids they are not used")
     conn = c.redis()
+    # --all leaves out failed jobs whose slip a resend has delivered since (HR's "send it
+    # again" already reached the employee: a retry would email the slip a second time)
     ids = list(job_ids) or [r["id"] for r in deadletters.failed(conn, queue, error_text, company=company,
-                                                                  ledger=_maybe_ledger(c))]
-    if job_ids and not any(deadletters.is_failed(conn, i) for i in job_ids):
-        # bad input, nothing to do: one line, exit 2, no audit entry (some found: those
-        # are requeued, the rest listed, exit 1)
-        raise InputError(f"not among failed jobs: {', '.join(job_ids)} (ids from `payrun failed`)")
+                                                                  ledger=_maybe_ledger(c))
+                            if not r.get("delivered_by_resend")]
+    unknown = [i for i in job_ids if not deadletters.is_failed(conn, i)]
+    if unknown:
+        # bad input: one line, exit 2, nothing requeued (not even the ids that were right)
+        # and no audit entry
+        some = "" if len(unknown) == len(job_ids) else f"; nothing was requeued ({len(job_ids) - len(unknown)} of the ids were right)"
+        raise InputError(f"not among failed jobs: {', '.join(unknown)} (ids from `payrun failed`){some}")
     command = _retry_all(queue, error_text, company) if all_ else "payrun retry " + " ".join(job_ids)
     db = c.payroll() if c.cfg.payroll_path.exists() else None
     requeued, missing = deadletters.retry(c.cfg, conn, ids, db)

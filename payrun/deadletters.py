@@ -43,13 +43,45 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
     if ledger is not None and out:
         companies = ledger.companies_of([r["id"] for r in out])
         returned = ledger.returned_tries([r["id"] for r in out])
+        resent = ledger.delivered_by_resend([slip_key(r["key"]) for r in out if r.get("key")])
         for r in out:
             r["company"] = companies.get(r["id"])
             r["returned"] = max(r["returned"], returned.get(r["id"], 0))
+            # HR sent the slip again (`payrun resend`) and that one was delivered: the job
+            # still failed, but the employee has the slip (status counts it as sent)
+            r["delivered_by_resend"] = bool(r.get("key")) and slip_key(r["key"]) in resent
     if company is not None:
         out = [r for r in out if r.get("company") == company]
     out.sort(key=lambda r: r["ended_at"] or "", reverse=True)
     return out[:limit] if limit else out
+
+
+def slip_key(key: str) -> str:
+    """The slip a key belongs to: slip:<month>:<employee> (a resend's key adds :resend-<n>)."""
+    return key.split(":resend-", 1)[0]
+
+
+RENDER_FUNCS = ("jobs.tasks.render_slip", "jobs.oneoff.resend_slip")
+
+
+def _refresh_snapshot(job: PayrunJob, payroll_db) -> None:
+    """A render job carries the employee's data as it was when the job was made; a render
+    that failed on that data (a name too long for the slip, say) is retried after HR fixed
+    it, so the retry renders from the payroll database as it is now. Its key stays (the
+    slip is still the same one). An employee or salary line gone since: the data it had."""
+    if payroll_db is None or job.func_name not in RENDER_FUNCS or not job.args:
+        return
+    from payrun import payroll
+    from payrun.errors import InputError
+
+    old = job.args[0]
+    try:
+        new = payroll.employee_snapshot(payroll_db, old["month"], old["employee"]["id"])
+    except (InputError, KeyError, TypeError):
+        return
+    new["key"] = old.get("key", new.get("key"))
+    if new != old:
+        job.args = (new,)
 
 
 def _refresh_address(job: PayrunJob, payroll_db) -> None:
@@ -71,7 +103,9 @@ def is_failed(conn, job_id: str) -> bool:
 
 
 def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None) -> tuple[list[str], list[str]]:
-    """Requeue failed jobs with a fresh attempt budget. Returns (requeued, not_found)."""
+    """Requeue failed jobs with a fresh attempt budget, reading what HR may have fixed
+    since from ``payroll_db``: a send's address, a render's employee data. Returns
+    (requeued, not_found)."""
     requeued, missing = [], []
     for job_id in job_ids:
         job = None
@@ -91,6 +125,7 @@ def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None) -> tuple[list[
         for k in ("last_error", "error_attempt", "retry_after", "last_delay"):
             job.meta.pop(k, None)
         _refresh_address(job, payroll_db)
+        _refresh_snapshot(job, payroll_db)
         job.save()
         with conn.pipeline() as pipe:
             reg.remove(job, pipeline=pipe)

@@ -278,6 +278,9 @@ class Ledger:
         SELECT r.company_id AS company_id,
                CASE
                  WHEN e.status = 'done' THEN 'done'
+                 WHEN EXISTS (SELECT 1 FROM jobs x INDEXED BY jobs_key_status WHERE x.key > r.key || ':resend-'
+                              AND x.key < r.key || ':resend.' AND x.kind = 'email'
+                              AND x.status = 'done') THEN 'done'
                  WHEN r.status = 'failed' OR e.status = 'failed' THEN 'failed'
                  WHEN e.status IS NOT NULL THEN e.status
                  WHEN r.status = 'done' THEN 'queued'
@@ -290,7 +293,8 @@ class Ledger:
 
     def slip_counts(self, month: str | None = None, company_id: int | None = None) -> dict[int, dict[str, int]]:
         """Counts of slips (not jobs) per company: a slip is done when its email is delivered,
-        failed when its render or send failed for good, else in its current job's state.
+        or a resend of it (`payrun resend`) was; failed when its render or send failed for
+        good, else in its current job's state.
         (``stuck`` is filled in by the caller from ``stuck_jobs``.)"""
         filters, params = "", {}
         if month:
@@ -309,6 +313,17 @@ class Ledger:
             counts = out.setdefault(row["company_id"], {s: 0 for s in STATES} | {"stuck": 0, "total": 0})
             counts[row["status"]] = counts.get(row["status"], 0) + row["n"]
             counts["total"] += row["n"]
+        return out
+
+    def delivered_by_resend(self, slip_keys: Iterable[str]) -> set[str]:
+        """Of these slip keys (slip:<month>:<employee>), those whose slip a resend
+        (key slip:<month>:<employee>:resend-<n>) has delivered: one index probe each."""
+        out = set()
+        for key in set(slip_keys):
+            if self.db.execute("SELECT 1 FROM jobs INDEXED BY jobs_key_status WHERE key > ? AND key < ? AND kind = 'email'"
+                               " AND status = 'done'"
+                               " LIMIT 1", [key + ":resend-", key + ":resend."]).fetchone():
+                out.add(key)
         return out
 
     def stuck_jobs(self, month: str | None, stuck_after_s: float, extra_ids: list[str] = (),

@@ -73,6 +73,8 @@ def test_the_hr_count_reads_slip_states_from_indexes_alone(tmp_path):
     plan = " / ".join(r[3] for r in led.db.conn.execute(sql, {"month": MONTH}))
     assert "SEARCH r USING COVERING INDEX jobs_month_kind_slip" in plan, plan
     assert "SEARCH e USING COVERING INDEX jobs_key_status" in plan, plan
+    # a slip not delivered yet: is there a delivered resend of it? (a key range, not a scan)
+    assert "SEARCH x USING COVERING INDEX jobs_key_status (key>? AND key<?)" in plan, plan
 
 
 def test_an_upgrade_that_fails_half_way_leaves_the_old_schema_whole(tmp_path, monkeypatch):

@@ -463,3 +463,69 @@ def test_status_warns_of_a_ledger_backlog_only_when_it_is_old(world):
     stale = status_mod.report(cfg, ledger, conn=conn)
     assert stale["ledger_backlog_age_s"] > 3600
     assert "(ledger is 1 updates behind, the oldest from" in status_mod.format_report(stale)
+
+
+def set_name(db, employee_id: str, name: str) -> None:
+    db.conn.execute("UPDATE employees SET name_en = ? WHERE id = ?", (name, employee_id))
+    db.conn.commit()
+
+
+def test_a_render_that_failed_on_bad_data_is_retried_with_the_data_fixed_since(world, provider):
+    """The render's error says to fix the payroll data, and `payrun failed` says to retry:
+    the retried render reads the fixed data (it used to render its old snapshot again and
+    fail the same way). A retry naming an unknown id as well requeues nothing."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    set_name(db, "emp-00003", "A" * 81)  # the slip allows 80
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    runner = CliRunner()
+    failed = json.loads(runner.invoke(cli, ["failed", "--json"]).output)
+    render_id = keys.render_job_id(MONTH, "emp-00003")
+    assert [r["id"] for r in failed] == [render_id] and "payroll data" in failed[0]["error"]
+    mixed = runner.invoke(cli, ["retry", render_id, "no-such-job"])
+    assert mixed.exit_code == 2 and "no-such-job" in mixed.output and "nothing was requeued" in mixed.output
+    assert [r["id"] for r in json.loads(runner.invoke(cli, ["failed", "--json"]).output)] == [render_id]
+    set_name(db, "emp-00003", "Ayesha Siddiqua")
+    out = runner.invoke(cli, ["retry", "--all", "--json"])
+    assert json.loads(out.output)["requeued"] == [render_id]
+    work_everything(conn, ledger)
+    ledger_mod.drain(conn, ledger)
+    assert json.loads(runner.invoke(cli, ["failed", "--json"]).output) == []
+    assert provider.delivery(f"slip:{MONTH}:emp-00003")["to"]
+    text = pypdf.PdfReader(next(cfg.slips_dir.glob(f"{MONTH}/*/emp-00003.pdf"))).pages[0].extract_text()
+    assert "Ayesha Siddiqua" in text
+    assert sum(c["done"] for c in ledger.slip_counts(MONTH).values()) == 12
+
+
+def test_a_failed_slip_that_a_resend_delivered_counts_as_sent(world, provider):
+    """HR fixed the data and pressed "send again" (`payrun resend`) for a slip whose render
+    had failed: the employee has the slip, so `payrun status` counts it as sent, `payrun
+    failed` says so beside the failed job, and `retry --all` leaves it out."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    set_name(db, "emp-00005", "B" * 81)
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    ledger_mod.drain(conn, ledger)
+    company = ledger.job(keys.render_job_id(MONTH, "emp-00005"))["company_id"]
+    assert ledger.slip_counts(MONTH)[company]["failed"] == 1
+    set_name(db, "emp-00005", "Bokul Ahmed")
+    runner = CliRunner()
+    assert runner.invoke(cli, ["resend", "--employee", "emp-00005", "--month", MONTH]).exit_code == 0
+    work_everything(conn, ledger)
+    ledger_mod.drain(conn, ledger)
+    assert provider.delivery(f"slip:{MONTH}:emp-00005:resend-1")
+    counts = ledger.slip_counts(MONTH)[company]
+    assert counts["failed"] == 0 and counts["done"] == counts["total"]
+    listed = runner.invoke(cli, ["failed"]).output
+    assert "[slip delivered since by a resend]" in listed and "1 of them delivered since" in listed
+    assert json.loads(runner.invoke(cli, ["failed", "--json"]).output)[0]["delivered_by_resend"] is True
+    out = runner.invoke(cli, ["retry", "--all", "--json"])
+    assert json.loads(out.output)["requeued"] == []
