@@ -663,7 +663,7 @@ def ledger(c: Ctx) -> None:
 
 @cli.command()
 @click.option("--host", default=None, help="Listen address (default: provider.host, 127.0.0.1).")
-@click.option("--port", type=int, default=None, help="Port (default: provider.port, 8025).")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port (default: provider.port, 8025).")
 @click.option("--latency", type=click.FloatRange(0, 60), default=None, help="Seconds per accepted send (1.2).")
 @click.option("--rate", type=click.FloatRange(0.1, 100_000), default=None, help="Accepted sends per second (40).")
 @pass_ctx
@@ -675,8 +675,11 @@ def provider(c: Ctx, host: str | None, port: int | None, latency: float | None, 
 
     _setup_logging()
     p = c.cfg.provider
-    provider_mod.run(host or p.host, port if port is not None else p.port,
-                     latency if latency is not None else p.latency_s, rate if rate is not None else p.rate_per_s)
+    try:
+        provider_mod.run(host or p.host, port if port is not None else p.port,
+                         latency if latency is not None else p.latency_s, rate if rate is not None else p.rate_per_s)
+    except OSError as e:  # the port is taken, or the address is not this host's
+        raise InputError(f"cannot listen on {host or p.host}:{port if port is not None else p.port}: {e}")
 
 
 @cli.command(name="redis")

@@ -341,6 +341,8 @@ def validate(cfg: Config) -> None:
     if not 0.1 <= cfg.limits.outage_pause_s <= cfg.limits.outage_pause_max_s <= 3600:
         problems.append(f"limits needs 0.1 <= outage_pause_s <= outage_pause_max_s <= 3600 (got outage_pause_s="
                         f"{cfg.limits.outage_pause_s}, outage_pause_max_s={cfg.limits.outage_pause_max_s})")
+    if not 1 <= cfg.provider.port <= 65535:
+        problems.append(f"provider.port must be a port number, 1-65535 (got {cfg.provider.port})")
     if not -1 <= cfg.metrics.port <= 65535:
         problems.append(f"metrics.port must be -1 (off), 0 (any free port) or a port number (got {cfg.metrics.port})")
     if cfg.lease.reap_every_s < 1:

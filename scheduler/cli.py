@@ -181,7 +181,8 @@ def register(cli) -> None:
 
     @cli.command(name="bank")
     @click.option("--host", default=None, help="Listen address (default: from scheduler.bank_url).")
-    @click.option("--port", type=int, default=None, help="Port (default: from scheduler.bank_url, 8026).")
+    @click.option("--port", type=click.IntRange(1, 65535), default=None,
+                  help="Port (default: from scheduler.bank_url, 8026).")
     @pass_ctx
     @handle_errors
     def bank_cmd(c, host: str | None, port: int | None) -> None:

@@ -137,3 +137,25 @@ def test_the_readmes_import_of_the_sample_files_works_on_a_fresh_install(runner,
     out = runner.invoke(cli, ["import", "docs/sample-employees.csv"])
     assert out.exit_code == 0 and "imported 12 employees and 12 salary lines" in out.output, out.output
     assert payroll.count_employees(payroll.PayrollDB(cfg.payroll_path), "2026-11") == 12
+
+
+def test_provider_and_bank_ports_out_of_range_or_taken_are_one_line_errors(runner, cfg, tmp_path, monkeypatch):
+    """They were tracebacks (OverflowError, OSError) from deep in the socket code."""
+    import socket
+
+    from payrun import config
+    from payrun.errors import ConfigError
+
+    for command in (["provider"], ["bank"]):
+        out = runner.invoke(cli, [*command, "--port", "99999"])
+        assert out.exit_code == 2 and "1<=x<=65535" in out.output and "Traceback" not in out.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        msg = one_line_error(runner.invoke(cli, ["provider", "--port", str(port)]))
+        assert f"cannot listen on 127.0.0.1:{port}" in msg
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[provider]\nport = 99999\n")
+    with pytest.raises(ConfigError, match="provider.port must be a port number"):
+        config.load(bad, env={"PAYRUN_HOME": str(tmp_path)})
