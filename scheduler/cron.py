@@ -316,4 +316,6 @@ def parse_duration(text: str) -> timedelta:
     if not t or not m or not any(m.groups()):
         raise ValueError(f"{text!r} is not a duration like 30m, 2h, 1h30m or 45s")
     d, h, mi, s = (int(g or 0) for g in m.groups())
+    if not (d or h or mi or s):
+        raise ValueError(f"{text!r} is no time at all: give a duration like 30m, 2h, 1h30m or 45s")
     return timedelta(days=d, hours=h, minutes=mi, seconds=s)

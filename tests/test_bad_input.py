@@ -106,6 +106,8 @@ def test_cron_expressions_parse_or_say_why(expr):
 
 @settings(max_examples=100, deadline=None)
 @given(st.text(max_size=12))
+@example("0S")  # zero passed as a duration (found by hypothesis)
+@example("0h0m")
 def test_durations_parse_or_say_why(text):
     from scheduler.cron import parse_duration
     from payrun.errors import PayrunError
