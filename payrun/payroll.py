@@ -469,9 +469,19 @@ class ImportResult:
 _MONTH_RE = re.compile(r"[0-9]{4}-[0-9]{2}")
 _EMP_RE = re.compile(r"emp-[0-9]{1,12}")
 _BANK_RE = re.compile(r"[0-9]{8,20}")
+# The local part is a dot-atom (no dot first, last or twice in a row): what mail servers
+# and the provider accept (payrun/provider.py), so a slip is not refused at 02:00 for an
+# address the import let in.
 _EMAIL_RE = re.compile(
-    r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+    r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
+    r"@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+")
+
+# What fits the one-page slip (jobs/slip.py COMPANY_FIELDS, EMPLOYEE_FIELDS, NAME_BN_MAX;
+# tests/test_payroll.py checks they agree): the import refuses longer text, so a slip does
+# not fail at render for a name the import let in.
+SLIP_TEXT_MAX = {"name": 80, "address": 160, "name_en": 80, "name_bn": 80, "department": 60,
+                 "designation": 80}
 _AMOUNT_RE = re.compile(r"([0-9]+)(?:\.([0-9]{1,2}))?")
 _INT_RE = re.compile(r"[0-9]{1,9}")
 
@@ -590,9 +600,12 @@ def _fail(path: str | os.PathLike[str], problems: list[tuple[int, str]]) -> None
 
 
 
-def _required_fields(row: dict[str, str], columns) -> tuple[dict[str, str], list[str]]:
-    """Clean every column of one CSV row; the reasons for any empty or unclean field."""
+def _required_fields(row: dict[str, str], columns) -> tuple[dict[str, str], list[str], list[str]]:
+    """Clean every column of one CSV row. Returns the values, the reasons for any empty or
+    unclean field (the row's other checks cannot run), and text too long for the slip
+    (they can: every problem of a row is listed at once)."""
     why: list[str] = []
+    too_long: list[str] = []
     vals: dict[str, str] = {}
     for col in columns:
         v, bad = _clean_text(row[col])
@@ -601,7 +614,9 @@ def _required_fields(row: dict[str, str], columns) -> tuple[dict[str, str], list
             why.append(f"{col} is empty")
         elif bad:
             why.append(f"{col} {bad}")
-    return vals, why
+        elif col in SLIP_TEXT_MAX and len(v) > SLIP_TEXT_MAX[col]:
+            too_long.append(f"{col} is {len(v)} characters; the slip has room for {SLIP_TEXT_MAX[col]}")
+    return vals, why, too_long
 
 def import_csv(db: "PayrollDB | sqlite_utils.Database",
                path: str | os.PathLike[str]) -> ImportResult:
@@ -611,8 +626,10 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
     employee_id, name_en, name_bn, email, department, designation, bank_account, month,
     basic, house_rent, medical, conveyance, bonus, tax, provident_fund, loan.
     Amounts are taka with at most 2 decimals ("45000", "45000.50"), stored as poisha.
-    Rules per row: every field non-empty; employee_id is ``emp-`` + 1-12 digits;
-    email like name@domain.tld; bank_account 8-20 digits; month YYYY-MM; amounts
+    Rules per row: every field non-empty; text no longer than the slip has room for
+    (SLIP_TEXT_MAX: name_en, name_bn and designation 80, department 60 characters);
+    employee_id is ``emp-`` + 1-12 digits; email like name@domain.tld with no dot first,
+    last or twice in a row before the @; bank_account 8-20 digits; month YYYY-MM; amounts
     numeric, >= 0, deductions not above earnings; the company exists in the database;
     (employee_id, month) not repeated in the file; one employee's details the same on
     every row. Every problem is collected and an InputError lists ``line N: reason``
@@ -627,10 +644,11 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
     emp_rows: dict[str, tuple[int, dict[str, Any]]] = {}
     lines: list[dict[str, Any]] = []
     for line, row in rows:
-        vals, why = _required_fields(row, CSV_COLUMNS)
+        vals, why, why_later = _required_fields(row, CSV_COLUMNS)
         if why:
-            problems.extend((line, w) for w in why)
+            problems.extend((line, w) for w in why + why_later)
             continue
+        why = why_later
         cid: int | None = None
         if not _INT_RE.fullmatch(vals["company_id"]):
             why.append(f"company_id {_show(vals['company_id'])} is not a company number")
@@ -690,7 +708,8 @@ def import_companies_csv(db: "PayrollDB | sqlite_utils.Database",
                          path: str | os.PathLike[str]) -> ImportResult:
     """Import companies from a CSV with columns id, name, address; all rows or none.
 
-    id is a positive integer, name and address non-empty, no id twice in the file.
+    id is a positive integer, name (at most 80 characters) and address (160) non-empty,
+    no id twice in the file.
     Existing companies with the same id are updated.
     """
     d = _sdb(db)
@@ -698,7 +717,8 @@ def import_companies_csv(db: "PayrollDB | sqlite_utils.Database",
     seen: dict[int, int] = {}
     out: list[dict[str, Any]] = []
     for line, row in rows:
-        vals, why = _required_fields(row, COMPANY_CSV_COLUMNS)
+        vals, why, why_later = _required_fields(row, COMPANY_CSV_COLUMNS)
+        why += why_later
         if not why:
             if not _INT_RE.fullmatch(vals["id"]) or int(vals["id"]) < 1:
                 why.append(f"id {_show(vals['id'])} must be a positive whole number")

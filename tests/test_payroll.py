@@ -516,3 +516,36 @@ def test_near_valid_csv_is_all_or_nothing(prop_db, text: str) -> None:
     p = d / "near.csv"
     p.write_text(text, encoding="utf-8")
     _assert_all_or_nothing(db, p)
+
+
+def test_import_refuses_what_the_slip_or_the_provider_would_refuse_later(seeded: P.PayrollDB,
+                                                                        tmp_path: Path) -> None:
+    """Text longer than the slip has room for, and addresses mail servers refuse (a dot
+    first, last or twice in the local part), used to pass the import and fail at render or
+    send on the night of the run, one problem per retry. Now every one is listed at once."""
+    header, rows = sample_rows()
+    rows[0]["designation"] = "D" * 81
+    rows[0]["email"] = "rafiq..chowdhury@example.com"  # two problems on one row: both listed
+    rows[1]["email"] = ".sadia@example.com"
+    rows[2]["email"] = "sadia.@example.com"
+    rows[3]["department"] = "X" * 61
+    path = write_csv(tmp_path / "in.csv", header, rows)
+    before = dump(seeded)
+    with pytest.raises(InputError) as e:
+        P.import_csv(seeded, path)
+    got = [(line, why.split(" ")[0]) for line, why in e.value.problems]  # type: ignore[attr-defined]
+    assert got == [(2, "designation"), (2, "email"), (3, "email"), (4, "email"), (5, "department")]
+    assert "designation is 81 characters; the slip has room for 80" in str(e.value)
+    assert dump(seeded) == before
+    companies = tmp_path / "companies.csv"
+    companies.write_text("id,name,address\n9,\"" + "N" * 81 + "\",Dhaka\n", encoding="utf-8")
+    with pytest.raises(InputError, match="name is 81 characters; the slip has room for 80"):
+        P.import_companies_csv(seeded, companies)
+
+
+def test_the_imports_text_limits_are_the_slips():
+    from jobs import slip
+
+    assert P.SLIP_TEXT_MAX == {**slip.COMPANY_FIELDS, "name_en": slip.EMPLOYEE_FIELDS["name_en"],
+                               "name_bn": slip.NAME_BN_MAX, "department": slip.EMPLOYEE_FIELDS["department"],
+                               "designation": slip.EMPLOYEE_FIELDS["designation"]}
