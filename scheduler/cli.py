@@ -142,6 +142,8 @@ def register(cli) -> None:
         payroll data and sent with a new key slip:<month>:<employee>:resend-<n>, even
         though the original was sent."""
         out = resend(c.cfg, c.redis(), c.ledger(), c.payroll(), employee_id, month)
+        _audit(c.cfg, "resend", f"payrun resend --employee {employee_id} --month {month}", 1,
+               f"queued resend {out['key']} (job {out['job']})")
         if as_json:
             click.echo(json.dumps(out))
         else:
@@ -167,6 +169,11 @@ def register(cli) -> None:
         if delta.total_seconds() < 1:
             raise InputError("--in must be at least 1s")
         out = remind(c.cfg, c.redis(), c.ledger(), c.payroll(), company_id, delta, message)
+        import shlex
+
+        _audit(c.cfg, "remind", f"payrun remind --company {company_id} --in {shlex.quote(delay)}"
+               + (f" --message {shlex.quote(message)}" if message is not None else ""), out["scheduled"],
+               f"scheduled {out['scheduled']} reminder(s) for {out['due_at']} (batch {out['batch']})")
         if as_json:
             click.echo(json.dumps(out))
         else:
@@ -199,6 +206,13 @@ def register(cli) -> None:
         except OSError as e:
             raise InputError(f"cannot listen: {e}")
         bank.serve_forever()
+
+
+def _audit(cfg, what: str, command: str, count: int, message: str) -> None:
+    """HR's actions that email employees go to the audit log, as retries and drains do."""
+    from console import actions  # (no Textual: the audit helpers are plain Python)
+
+    actions.audit(cfg, actions.Outcome(what, command, count, message=message), via="cli")
 
 
 # ---- the one-off and delayed jobs ----------------------------------------------------

@@ -519,6 +519,10 @@ def test_a_failed_slip_that_a_resend_delivered_counts_as_sent(world, provider):
     set_name(db, "emp-00005", "Bokul Ahmed")
     runner = CliRunner()
     assert runner.invoke(cli, ["resend", "--employee", "emp-00005", "--month", MONTH]).exit_code == 0
+    from console import actions
+
+    entry = actions.read_audit(cfg)[-1]  # an action that emails an employee is audited
+    assert entry["what"] == "resend" and entry["command"] == f"payrun resend --employee emp-00005 --month {MONTH}"
     work_everything(conn, ledger)
     ledger_mod.drain(conn, ledger)
     assert provider.delivery(f"slip:{MONTH}:emp-00005:resend-1")
@@ -529,3 +533,17 @@ def test_a_failed_slip_that_a_resend_delivered_counts_as_sent(world, provider):
     assert json.loads(runner.invoke(cli, ["failed", "--json"]).output)[0]["delivered_by_resend"] is True
     out = runner.invoke(cli, ["retry", "--all", "--json"])
     assert json.loads(out.output)["requeued"] == []
+
+
+def test_reminders_are_audited(world):
+    from click.testing import CliRunner
+
+    from console import actions
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    out = CliRunner().invoke(cli, ["remind", "--company", "1", "--in", "2h", "--message", "Check your bank details"])
+    assert out.exit_code == 0, out.output
+    entry = actions.read_audit(cfg)[-1]
+    assert entry["what"] == "remind" and entry["count"] == payroll.count_employees(db, MONTH, 1)
+    assert entry["command"] == "payrun remind --company 1 --in 2h --message 'Check your bank details'"
