@@ -36,6 +36,21 @@ def check_run_month(months: list[str], month: str) -> None:
                                                        else ": `payrun run --month YYYY-MM` starts one"))
 
 
+def _not_run(cfg: Config, ledger: Ledger, month: str, company: int | None,
+             counts: dict[int, Any]) -> dict[int, int]:
+    """Companies with salary lines for ``month`` that no run of that month covered (not
+    started for them, no job at all), and how many employees each: imported after the
+    run, or left out by `run --company`. They have no slip, and nothing said so."""
+    if not cfg.payroll_path.exists():
+        return {}
+    from payrun import payroll
+
+    started = {r["company_id"] for r in ledger.runs(month)} | set(counts)  # (counts: of `company` alone, if given)
+    with payroll.PayrollDB(cfg.payroll_path) as db:
+        paid = payroll.company_ids_for(db, month, company)
+        return {cid: payroll.count_employees(db, month, cid) for cid in paid if cid not in started}
+
+
 def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int | None = None,
            conn=None) -> dict[str, Any]:
     months = ledger.months()
@@ -44,9 +59,14 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     else:
         check_run_month(months, month)
     counts = ledger.slip_counts(month, company) if month else {}
-    if month and company is not None and company not in counts:
+    not_run = _not_run(cfg, ledger, month, company, counts) if month else {}
+    if month and company is not None and company not in counts and company not in not_run:
         known = sorted(ledger.slip_counts(month, None))
-        raise InputError(f"company {company} has no slips in the {month} run"
+        if cfg.payroll_path.exists() and company not in _company_names(cfg):
+            raise InputError(f"no company {company} in the payroll database"
+                             + (f" (companies in the {month} run: {', '.join(map(str, known[:20]))}"
+                                f"{' …' if len(known) > 20 else ''})" if known else ""))
+        raise InputError(f"company {company} has no slips in the {month} run and no salary lines for {month}"
                          + (f" (companies: {', '.join(map(str, known[:20]))}{' …' if len(known) > 20 else ''})"
                             if known else ""))
     redis_failed = False
@@ -81,13 +101,25 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
             missing = missing_slips(ledger, db, month)
         if company is not None:
             missing = {c: n for c, n in missing.items() if c == company}
+    for cid, n in sorted(not_run.items()):  # in the table too: everyone paid this month has a row
+        companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **zero})
+        missing[cid] = n
     total["no_slip"] = sum(missing.values())
     for c in companies:
         c["no_slip"] = missing.get(c["id"], 0)
-    if missing:
-        notes.append(f"{total['no_slip']:,} employee{'' if total['no_slip'] == 1 else 's'} of "
-                     f"{'company' if len(missing) == 1 else 'companies'} {', '.join(map(str, sorted(missing)))} "
-                     f"{'has' if total['no_slip'] == 1 else 'have'} "
+    if not_run:
+        n = sum(not_run.values())
+        ids = sorted(not_run)
+        notes.append(f"{'company' if len(ids) == 1 else 'companies'} {', '.join(map(str, ids))} "
+                     f"({n:,} employee{'' if n == 1 else 's'}) {'has' if len(ids) == 1 else 'have'} salary lines "
+                     f"for {month} and {'was' if len(ids) == 1 else 'were'} never run: payrun run --month {month}"
+                     + (f" --company {ids[0]}" if len(ids) == 1 else ""))
+    late = {c: n for c, n in missing.items() if c not in not_run}
+    if late:
+        n_late = sum(late.values())
+        notes.append(f"{n_late:,} employee{'' if n_late == 1 else 's'} of "
+                     f"{'company' if len(late) == 1 else 'companies'} {', '.join(map(str, sorted(late)))} "
+                     f"{'has' if n_late == 1 else 'have'} "
                      f"salary lines for {month} and no slip (added after the run): "
                      f"payrun run --month {month} --resume")
     outage = None

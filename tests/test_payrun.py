@@ -340,7 +340,7 @@ def test_status_defaults_to_the_run_started_last_and_refuses_a_month_or_company_
     assert json.loads(runner.invoke(cli, ["status", "--json", "--month", MONTH]).output)["total"]["queued"] == 12
     for args, said in ((["--month", "2026-13"], "must look like 2026-11"),
                        (["--month", "2025-01"], "no pay run for 2025-01 (runs: 2026-10, 2026-11)"),
-                       (["--month", MONTH, "--company", "999"], "company 999 has no slips in the 2026-11 run")):
+                       (["--month", MONTH, "--company", "999"], "no company 999 in the payroll database")):
         out = runner.invoke(cli, ["status", *args])
         assert out.exit_code == 2 and said in out.output, (args, out.output)
 
@@ -547,3 +547,26 @@ def test_reminders_are_audited(world):
     entry = actions.read_audit(cfg)[-1]
     assert entry["what"] == "remind" and entry["count"] == payroll.count_employees(db, MONTH, 1)
     assert entry["command"] == "payrun remind --company 1 --in 2h --message 'Check your bank details'"
+
+
+def test_status_counts_a_company_that_was_never_run(world):
+    """A company imported after the run (or left out by `run --company`) has salary lines
+    and no slip: HR's "did everyone get their slip?" must not answer yes. It used to be
+    missing from `payrun status`, and `status --company` said it had no slips."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH, company_id=1)
+    n2 = payroll.count_employees(db, MONTH, 2)
+    runner = CliRunner()
+    data = json.loads(runner.invoke(cli, ["status", "--json"]).output)
+    assert data["total"]["no_slip"] == n2
+    row = next(c for c in data["companies"] if c["id"] == 2)
+    assert row["total"] == 0 and row["no_slip"] == n2
+    assert f"company 2 ({n2} employees) has salary lines for {MONTH} and was never run: " \
+           f"payrun run --month {MONTH} --company 2" in data["notes"]
+    one = runner.invoke(cli, ["status", "--company", "2"])
+    assert one.exit_code == 0 and "never run" in one.output
+    assert "no slip" in runner.invoke(cli, ["status"]).output
