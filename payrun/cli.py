@@ -214,11 +214,14 @@ def run(c: Ctx, month: str, company: int | None, resume: bool, as_json: bool) ->
     else:
         fresh = {c: n for c, n in result.created.items() if c not in result.added}
         if fresh:
-            click.echo(f"created {sum(fresh.values()):,} render jobs for {len(fresh)} compan{'y' if len(fresh) == 1 else 'ies'} ({month})")
+            n = sum(fresh.values())
+            click.echo(f"created {n:,} render job{'' if n == 1 else 's'} for {len(fresh)} "
+                       f"compan{'y' if len(fresh) == 1 else 'ies'} ({month})")
         if result.resumed:
             click.echo(f"completed the interrupted fan-out of {_companies(result.resumed)}")
         if result.added:
-            click.echo(f"created {sum(result.created[c] for c in result.added):,} render jobs for employees "
+            n = sum(result.created[c] for c in result.added)
+            click.echo(f"created {n:,} render job{'' if n == 1 else 's'} for employees "
                        f"added since {month} was run: {_companies(result.added)}")
         if result.already:
             stuck = [r["company_id"] for r in ledger.runs(month)

@@ -488,6 +488,8 @@ _INT_RE = re.compile(r"[0-9]{1,9}")
 
 def _check_month(month: str) -> None:
     if not _valid_month(month):
+        if isinstance(month, str) and _MONTH_RE.fullmatch(month) and 1 <= int(month[5:]) <= 12:
+            raise InputError(f"month {month!r} is outside the years payrun takes (2000-2100)")
         raise InputError(f"month {month!r} must be YYYY-MM, like 2026-11")
 
 

@@ -125,8 +125,11 @@ def extend(conn, month: str, owner: str, ttl_s: int = LOCK_TTL_S) -> bool:
 def validate_month(month: str) -> str:
     import re
 
-    if not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", month or ""):
+    if not re.fullmatch(r"\d{4}-\d{2}", month or ""):
         raise InputError(f"--month must look like 2026-11 (YYYY-MM), got {month!r}")
+    if not 1 <= int(month[5:]) <= 12:
+        raise InputError(f"--month must look like 2026-11 (YYYY-MM): {month!r} has no month {month[5:]} "
+                         "(months are 01-12)")
     return month
 
 

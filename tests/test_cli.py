@@ -159,3 +159,12 @@ def test_provider_and_bank_ports_out_of_range_or_taken_are_one_line_errors(runne
     bad.write_text("[provider]\nport = 99999\n")
     with pytest.raises(ConfigError, match="provider.port must be a port number"):
         config.load(bad, env={"PAYRUN_HOME": str(tmp_path)})
+
+
+def test_month_messages_name_the_real_problem(runner, cfg, conn):
+    payroll.seed(payroll.PayrollDB(cfg.payroll_path), companies=1, employees=1, seed=1, month="2026-11")
+    assert "has no month 13" in one_line_error(runner.invoke(cli, ["run", "--month", "2026-13"]))
+    assert "outside the years payrun takes (2000-2100)" in one_line_error(
+        runner.invoke(cli, ["run", "--month", "1999-11"]))
+    out = runner.invoke(cli, ["run", "--month", "2026-11"])
+    assert out.exit_code == 0 and "created 1 render job for 1 company (2026-11)" in out.output

@@ -381,3 +381,10 @@ def test_warm_up_survives_fork_children_exiting(tmp_path):
                             timeout=60, cwd=Path(slip.__file__).resolve().parents[1])
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_a_company_name_ending_in_a_full_stop_gets_no_second_one():
+    """"Contact the HR department of Sundarban Steel Mills Ltd.." on every slip of a company."""
+    html = slip.render_html(snapshot(company__name="Sundarban Steel Mills Ltd."))
+    assert "of Sundarban Steel Mills Ltd.</p>" in html
+    assert "of Acme Garments.</p>" in slip.render_html(snapshot(company__name="Acme Garments"))
