@@ -567,12 +567,15 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
 @click.option("--before", required=True, help="Remove ledger history of months before this one (YYYY-MM).")
 @click.option("--slips", is_flag=True, help="Also delete those months' slip PDFs.")
 @click.option("--dry-run", is_flag=True, help="Say what would go, remove nothing.")
+@click.option("--force", is_flag=True, help="Also the latest pay run and months with unfinished jobs.")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
-def prune(c: Ctx, before: str, slips: bool, dry_run: bool, as_json: bool) -> None:
+def prune(c: Ctx, before: str, slips: bool, dry_run: bool, force: bool, as_json: bool) -> None:
     """Remove old months from the ledger (and optionally their slips). Redis needs no
-    pruning: finished jobs expire after a day, failed ones after 30 days."""
+    pruning: finished jobs expire after a day, failed ones after 30 days. The latest pay
+    run and months with jobs still queued, running or retrying are refused unless
+    --force: their ledger is what says who got a slip."""
     from payrun import retention
     from payrun.runs import validate_month
 
@@ -580,7 +583,7 @@ def prune(c: Ctx, before: str, slips: bool, dry_run: bool, as_json: bool) -> Non
         validate_month(before)
     except PayrunError:
         raise PayrunError(f"--before must look like 2026-11 (YYYY-MM), got {before!r}")
-    r = retention.prune(c.cfg, c.ledger(), before, slips=slips, dry_run=dry_run)
+    r = retention.prune(c.cfg, c.ledger(), before, slips=slips, dry_run=dry_run, force=force)
     if as_json:
         click.echo(json.dumps({**vars(r), "dry_run": dry_run}))
         return

@@ -21,11 +21,37 @@ class Pruned:
     slip_dirs: int
 
 
-def prune(cfg: Config, ledger: Ledger, before: str, slips: bool = False, dry_run: bool = False) -> Pruned:
+def refusal(months: list[str], latest: str | None, unfinished: dict[str, int]) -> str | None:
+    """Why pruning these months would hurt, or None. The latest pay run (the one `payrun
+    status` shows) and any month with jobs not finished (queued, running, retrying) are
+    kept: their ledger rows are what says who got a slip, and a month pruned and then run
+    again is not supported."""
+    why = []
+    if latest in months:
+        why.append(f"{latest} is the latest pay run")
+    busy = [f"{m} has {n:,} unfinished job{'' if n == 1 else 's'}" for m, n in sorted(unfinished.items())
+            if m in months]
+    why += busy
+    if not why:
+        return None
+    return "refusing to prune: " + "; ".join(why) + " (prune older months, or add --force)"
+
+
+def prune(cfg: Config, ledger: Ledger, before: str, slips: bool = False, dry_run: bool = False,
+          force: bool = False) -> Pruned:
+    from payrun.errors import InputError
+
     db = ledger.db.conn
     months = [r[0] for r in db.execute(
         "SELECT DISTINCT month FROM jobs WHERE month < ? UNION SELECT DISTINCT month FROM payroll_runs WHERE month < ?"
         " ORDER BY 1", (before, before)) if r[0]]
+    if not force:
+        unfinished = dict(db.execute(
+            "SELECT month, COUNT(*) FROM jobs WHERE month < ? AND status IN ('queued', 'running', 'retrying')"
+            " GROUP BY month", (before,)).fetchall())
+        why = refusal(months, ledger.latest_month(), unfinished)
+        if why:
+            raise InputError(why)
     jobs = db.execute("SELECT COUNT(*) FROM jobs WHERE month < ?", (before,)).fetchone()[0]
     attempts = db.execute(
         "SELECT COUNT(*) FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE month < ?)", (before,)).fetchone()[0]

@@ -103,8 +103,18 @@ def test_prune_keeps_later_months(runner, cfg):
     ledger = Ledger(cfg.ledger_path)
     ledger.create_jobs([{"id": f"render-{m}-emp-1", "kind": "render", "month": m, "company_id": 1}
                         for m in ("2026-09", "2026-10", "2026-11")])
+    ledger.claim_run(1, "2026-11", "test")  # this month's run
     for m in ("2026-09", "2026-10"):
         (cfg.slips_dir / m / "1").mkdir(parents=True)
+    # months with work not finished are kept (their ledger says who got a slip)...
+    msg = one_line_error(runner.invoke(cli, ["prune", "--before", "2026-11"]))
+    assert "2026-09 has 1 unfinished job" in msg and "--force" in msg
+    with ledger.db.conn:
+        ledger.db.conn.execute("UPDATE jobs SET status = 'done'")
+    # ... and so is the latest pay run, finished or not
+    msg = one_line_error(runner.invoke(cli, ["prune", "--before", "2026-12"]))
+    assert "2026-11 is the latest pay run" in msg
+    assert len(ledger.jobs(limit=10)) == 3  # nothing was removed
     dry = json.loads(runner.invoke(cli, ["prune", "--before", "2026-11", "--slips", "--dry-run", "--json"]).output)
     assert dry["jobs"] == 2 and dry["slip_dirs"] == 2 and (cfg.slips_dir / "2026-09").exists()
     out = runner.invoke(cli, ["prune", "--before", "2026-11", "--slips"])
@@ -112,6 +122,8 @@ def test_prune_keeps_later_months(runner, cfg):
     assert [r["month"] for r in ledger.jobs(limit=10)] == ["2026-11"]
     assert not (cfg.slips_dir / "2026-09").exists()
     one_line_error(runner.invoke(cli, ["prune", "--before", "last-year"]))
+    out = runner.invoke(cli, ["prune", "--before", "2026-12", "--force"])
+    assert out.exit_code == 0 and "removed 1 jobs" in out.output
 
 
 def test_cli_retry_and_limits_are_audited(runner, cfg, conn):
