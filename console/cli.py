@@ -37,11 +37,11 @@ def register(cli) -> None:
         return Source(c.cfg)
 
     def snapshot_or_fail(c):
-        from payrun.errors import PayrunError
+        from payrun.errors import RedisUnavailable
 
         snap = source(c).snapshot()
         if snap.error and "Redis" in snap.error:
-            raise PayrunError(snap.error + " (is `payrun up` running? `payrun config redis-url` names it)")
+            raise RedisUnavailable(snap.error + " (is `payrun up` running? `payrun config redis-url` names it)")
         return snap
 
     @cli.command()

@@ -24,17 +24,19 @@ pass_ctx = click.pass_obj
 
 
 def handle_errors(fn):
-    """A PayrunError becomes one line `payrun: …` on stderr and exit 2; Ctrl-C exit 130."""
+    """A PayrunError becomes one line `payrun: …` on stderr and exit 2 (bad input, bad
+    configuration), or exit 1 when Redis cannot be reached (the system is down, not the
+    command wrong: a script can tell the two apart); Ctrl-C exit 130."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from payrun.errors import PayrunError
+        from payrun.errors import PayrunError, RedisUnavailable
 
         try:
             return fn(*args, **kwargs)
         except PayrunError as e:
             click.echo(f"payrun: {e}", err=True)
-            sys.exit(2)
+            sys.exit(1 if isinstance(e, RedisUnavailable) else 2)
         except KeyboardInterrupt:
             click.echo("payrun: interrupted", err=True)
             sys.exit(130)

@@ -1,4 +1,5 @@
-"""Errors payrun reports to its user. The CLI prints ``str(error)`` as one line and exits 2.
+"""Errors payrun reports to its user. The CLI prints ``str(error)`` as one line and exits 2
+(1 for RedisUnavailable: the system is down, not the input wrong).
 
 PayrunError
  ├── ConfigError        bad configuration or environment (names the setting and the value)

@@ -180,3 +180,20 @@ def test_month_messages_name_the_real_problem(runner, cfg, conn):
         runner.invoke(cli, ["run", "--month", "1999-11"]))
     out = runner.invoke(cli, ["run", "--month", "2026-11"])
     assert out.exit_code == 0 and "created 1 render job for 1 company (2026-11)" in out.output
+
+
+def test_redis_down_is_exit_1_not_the_bad_input_exit_2(runner, cfg, monkeypatch):
+    """A script must tell "the system is down" from "my argument was wrong"."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("PAYRUN_REDIS_URL", f"redis://127.0.0.1:{port}/0")
+    from payrun.ledger import Ledger
+
+    Ledger(cfg.ledger_path).close()  # a data directory in use
+    out = runner.invoke(cli, ["queues"])
+    assert out.exit_code == 1, out.output
+    assert out.output.startswith("payrun: Redis unreachable") and len(out.output.strip().splitlines()) == 1
+    assert runner.invoke(cli, ["queues", "--nope"]).exit_code == 2
