@@ -493,6 +493,10 @@ def run(host: str, port: int, latency_s: float, rate_per_s: float) -> None:
             pass
         log.info("provider stopping")
     finally:
+        # its counters live in memory: said once more on the way out, so a restart (a
+        # deploy) does not take the evidence of a run (delivered, duplicates) with it
+        counts = {k: v for k, v in provider.stats().items() if isinstance(v, int) and not isinstance(v, bool)}
+        log.info("provider counters at stop: %s", ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
         provider.stop()
         for s, h in previous.items():
             signal.signal(s, h)

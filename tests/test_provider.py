@@ -301,3 +301,35 @@ def test_run_stops_on_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_provider_process_says_its_counters_when_it_stops(tmp_path):
+    """Its counters are in memory: a `payrun down`/`up` mid-run took the only record of
+    delivered and duplicate sends with it. They are logged on the way out."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from conftest import wait_for
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    env = {**os.environ, "PAYRUN_HOME": str(tmp_path)}
+    p = subprocess.Popen([sys.executable, "-m", "payrun.cli", "provider", "--port", str(port)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def up():
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/stats", timeout=2).status == 200
+            except OSError:
+                return False
+
+        wait_for(up, timeout_s=30, what="the provider to listen")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out = p.communicate(timeout=30)[0]
+    assert p.returncode == 0, out
+    assert "provider counters at stop: " in out and "delivered=0" in out and "duplicates_refused=0" in out
