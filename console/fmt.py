@@ -66,7 +66,7 @@ def eta_text(eta: dict[str, Any] | None) -> str:
 
 
 def answer(counts: dict[str, int], eta: dict[str, Any] | None = None) -> str:
-    """The HR line: "49,992 sent, 8 stuck, 0 failed — ETA 02:31 — on time for 09:00"."""
+    """The HR line: "49,992 sent, 8 in progress (1 stuck), 0 failed — ETA 02:31 — on time for 09:00"."""
     line = hr_line(counts)
     e = eta_text(eta)
     return f"{line} — {e}" if e else line

@@ -199,10 +199,12 @@ def intake_notes(conn) -> list[str]:
 def hr_line(c: dict[str, int]) -> str:
     waiting = c["queued"] + c["running"] + c["retrying"]
     parts = [f"{c['done']:,} sent"]
-    if c["stuck"]:
+    # stuck slips are among those in progress (the company rows count them in their
+    # state's column too): "in progress" is the sum of those columns, as in each row
+    if waiting:
+        parts.append(f"{waiting:,} in progress" + (f" ({c['stuck']:,} stuck)" if c["stuck"] else ""))
+    elif c["stuck"]:
         parts.append(f"{c['stuck']:,} stuck")
-    if waiting - c["stuck"] > 0:
-        parts.append(f"{waiting - c['stuck']:,} in progress")
     parts.append(f"{c['failed']:,} failed")
     if c.get("no_slip"):
         parts.append(f"{c['no_slip']:,} with no slip yet")
