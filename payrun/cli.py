@@ -303,6 +303,7 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
     from jobs.events import attempts_spent
     from payrun import deadletters
 
+    _known_company(c, company)
     every = deadletters.failed(c.redis(), queue, error_text, None, company=company, ledger=_maybe_ledger(c))
     rows = every[:limit]
     if as_json:
@@ -332,6 +333,17 @@ def _retry_all(queue: str | None, error_text: str | None, company: int | None) -
 
     return "payrun retry --all" + (f" --queue {queue}" if queue else "") + (
         f" --error {shlex.quote(error_text)}" if error_text else "") + (f" --company {company}" if company else "")
+
+
+def _known_company(c: Ctx, company: int | None) -> None:
+    """--company naming no company is bad input (it read as "no failed jobs", exit 0)."""
+    if company is None or not c.cfg.payroll_path.exists():
+        return
+    from payrun import payroll
+
+    with payroll.PayrollDB(c.cfg.payroll_path) as db:
+        if not db.conn.execute("SELECT 1 FROM companies WHERE id = ?", (company,)).fetchone():
+            raise InputError(f"no company {company} in the payroll database")
 
 
 def _maybe_ledger(c: Ctx):
@@ -474,6 +486,7 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
         raise PayrunError("name job ids, or use --all (with optional --queue/--error/--company), not both")
     if (queue or error_text or company is not None) and not all_:
         raise PayrunError("--queue, --error and --company narrow --all; with job ids they are not used")
+    _known_company(c, company)
     conn = c.redis()
     # --all leaves out failed jobs whose slip a resend has delivered since (HR's "send it
     # again" already reached the employee: a retry would email the slip a second time)

@@ -151,7 +151,7 @@ def register(cli) -> None:
 
     @cli.command(name="remind")
     @click.option("--company", "company_id", type=int, required=True, help="Company id.")
-    @click.option("--in", "delay", required=True, help="Delay: 30m, 2h, 1h30m, 45s.")
+    @click.option("--in", "delay", required=True, help="Delay: 30m, 2h, 1h30m, 45s, 2d (at most 31 days).")
     @click.option("--message", default=None, help="The reminder text (default: a bank-details reminder).")
     @click.option("--json", "as_json", is_flag=True)
     @pass_ctx
@@ -168,6 +168,10 @@ def register(cli) -> None:
             raise InputError(f"--in: {e}")
         if delta.total_seconds() < 1:
             raise InputError("--in must be at least 1s")
+        if delta.total_seconds() > 31 * 86400:
+            raise InputError(f"--in {delay} is more than 31 days away: schedule reminders within a month")
+        if message is not None and not message.strip():
+            raise InputError("--message is empty: leave it out for the default text")
         out = remind(c.cfg, c.redis(), c.ledger(), c.payroll(), company_id, delta, message)
         import shlex
 

@@ -197,3 +197,13 @@ def test_redis_down_is_exit_1_not_the_bad_input_exit_2(runner, cfg, monkeypatch)
     assert out.exit_code == 1, out.output
     assert out.output.startswith("payrun: Redis unreachable") and len(out.output.strip().splitlines()) == 1
     assert runner.invoke(cli, ["queues", "--nope"]).exit_code == 2
+
+
+def test_a_company_or_reminder_that_cannot_be_is_bad_input(runner, cfg, conn):
+    payroll.seed(payroll.PayrollDB(cfg.payroll_path), companies=1, employees=2, seed=1, month="2026-11")
+    for args in (["failed", "--company", "99"], ["retry", "--all", "--company", "99"]):
+        assert "no company 99 in the payroll database" in one_line_error(runner.invoke(cli, args))
+    assert runner.invoke(cli, ["failed", "--company", "1"]).exit_code == 0
+    assert "31 days" in one_line_error(runner.invoke(cli, ["remind", "--company", "1", "--in", "400d"]))
+    assert "--message is empty" in one_line_error(
+        runner.invoke(cli, ["remind", "--company", "1", "--in", "1h", "--message", " "]))
