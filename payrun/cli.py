@@ -197,7 +197,7 @@ def run(c: Ctx, month: str, company: int | None, resume: bool, as_json: bool) ->
     conn = c.redis()
     ledger = c.ledger()
     db = c.payroll()
-    bar = None if as_json else click.progressbar(length=1, label=f"fan-out {month}", file=sys.stderr)
+    bar = None if as_json or not sys.stderr.isatty() else click.progressbar(length=1, label=f"fan-out {month}", file=sys.stderr)
 
     def progress(n: int, total: int) -> None:
         if bar is not None:
