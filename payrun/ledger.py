@@ -278,9 +278,7 @@ class Ledger:
         SELECT r.company_id AS company_id,
                CASE
                  WHEN e.status = 'done' THEN 'done'
-                 WHEN EXISTS (SELECT 1 FROM jobs x INDEXED BY jobs_key_status WHERE x.key > r.key || ':resend-'
-                              AND x.key < r.key || ':resend.' AND x.kind = 'email'
-                              AND x.status = 'done') THEN 'done'
+                 WHEN r.key IN ({resent}) THEN 'done'
                  WHEN r.status = 'failed' OR e.status = 'failed' THEN 'failed'
                  WHEN e.status IS NOT NULL THEN e.status
                  WHEN r.status = 'done' THEN 'queued'
@@ -290,6 +288,15 @@ class Ledger:
         LEFT JOIN jobs e ON e.key = r.key AND e.kind = 'email'
         WHERE r.kind = 'render' {filters}
     """
+
+    RESENT_SQL = """
+        SELECT substr(rr.key, 1, instr(rr.key, ':resend-') - 1)
+        FROM jobs rr JOIN jobs x ON x.key = rr.key AND x.kind = 'email' AND x.status = 'done'
+        WHERE rr.kind = 'resend' {month}
+    """
+    """Slip keys (slip:<month>:<employee>) whose slip a resend (`payrun resend`: a job of
+    kind 'resend' with key <slip key>:resend-<n>, and its email of the same key) has
+    delivered. Resends are few: read from the (month, kind) index, not per slip."""
 
     def slip_counts(self, month: str | None = None, company_id: int | None = None) -> dict[int, dict[str, int]]:
         """Counts of slips (not jobs) per company: a slip is done when its email is delivered,
@@ -303,9 +310,10 @@ class Ledger:
         if company_id is not None:
             filters += " AND r.company_id = :company"
             params["company"] = company_id
+        resent = self.RESENT_SQL.format(month="AND rr.month = :month" if month else "")
         sql = (
             "SELECT company_id, status, COUNT(*) AS n FROM ("
-            + self.SLIP_STATUS_SQL.format(filters=filters)
+            + self.SLIP_STATUS_SQL.format(filters=filters, resent=resent)
             + ") GROUP BY company_id, status"
         )
         out: dict[int, dict[str, int]] = {}
@@ -315,16 +323,20 @@ class Ledger:
             counts["total"] += row["n"]
         return out
 
+    def companies_with_slips(self, month: str) -> set[int]:
+        """Companies with a slip (render) job in ``month``: from the (month, kind, company) index."""
+        return {r[0] for r in self.db.execute(
+            "SELECT DISTINCT company_id FROM jobs WHERE month = ? AND kind = 'render'", [month])}
+
     def delivered_by_resend(self, slip_keys: Iterable[str]) -> set[str]:
         """Of these slip keys (slip:<month>:<employee>), those whose slip a resend
-        (key slip:<month>:<employee>:resend-<n>) has delivered: one index probe each."""
-        out = set()
-        for key in set(slip_keys):
-            if self.db.execute("SELECT 1 FROM jobs INDEXED BY jobs_key_status WHERE key > ? AND key < ? AND kind = 'email'"
-                               " AND status = 'done'"
-                               " LIMIT 1", [key + ":resend-", key + ":resend."]).fetchone():
-                out.add(key)
-        return out
+        (key slip:<month>:<employee>:resend-<n>) has delivered."""
+        wanted = set(slip_keys)
+        months = {k.split(":")[1] for k in wanted if k.count(":") >= 2}
+        resent: set[str] = set()
+        for month in months:
+            resent.update(r[0] for r in self.db.execute(self.RESENT_SQL.format(month="AND rr.month = ?"), [month]))
+        return wanted & resent
 
     def stuck_jobs(self, month: str | None, stuck_after_s: float, extra_ids: list[str] = (),
                    now: float | None = None) -> dict[str, int]:
