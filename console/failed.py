@@ -205,7 +205,27 @@ def _queue_of(conn, ids: list[str]) -> list[str]:
 
 
 def matching_ids(conn, ledger, flt: FailedFilter) -> list[str]:
-    """Every failed job id matching ``flt`` (what "retry all matching" acts on)."""
+    """Every failed job id matching ``flt`` (what "retry all matching" acts on), less the
+    jobs whose slip a `payrun resend` has delivered since (as `payrun retry --all`: a
+    retry would email that slip a second time)."""
+    return _without_resent(ledger, _matching_ids(conn, ledger, flt))
+
+
+def _without_resent(ledger, ids: list[str]) -> list[str]:
+    if ledger is None or not ids:
+        return ids
+    from payrun.deadletters import slip_key
+
+    keys: dict[str, str] = {}
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        keys.update((r[0], slip_key(r[1])) for r in ledger.db.conn.execute(
+            f"SELECT id, key FROM jobs WHERE id IN ({','.join('?' * len(chunk))}) AND key IS NOT NULL", chunk))
+    resent = ledger.delivered_by_resend(set(keys.values()))
+    return [i for i in ids if keys.get(i) not in resent] if resent else ids
+
+
+def _matching_ids(conn, ledger, flt: FailedFilter) -> list[str]:
     if flt.uses_ledger and ledger is not None:
         where, args = _ledger_where(flt)
         ids = [r[0] for r in ledger.db.conn.execute(

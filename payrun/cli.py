@@ -490,9 +490,9 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
     conn = c.redis()
     # --all leaves out failed jobs whose slip a resend has delivered since (HR's "send it
     # again" already reached the employee: a retry would email the slip a second time)
-    ids = list(job_ids) or [r["id"] for r in deadletters.failed(conn, queue, error_text, company=company,
-                                                                  ledger=_maybe_ledger(c))
-                            if not r.get("delivered_by_resend")]
+    matched = [] if job_ids else deadletters.failed(conn, queue, error_text, company=company, ledger=_maybe_ledger(c))
+    resent = [r["id"] for r in matched if r.get("delivered_by_resend")]
+    ids = list(job_ids) or [r["id"] for r in matched if not r.get("delivered_by_resend")]
     unknown = [i for i in job_ids if not deadletters.is_failed(conn, i)]
     if unknown:
         # bad input: one line, exit 2, nothing requeued (not even the ids that were right)
@@ -506,9 +506,10 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
                                          message=f"requeued {len(requeued)} job(s)",
                                          detail={"asked": len(ids), "not_found": missing[:20]}), via="cli")
     if as_json:
-        click.echo(json.dumps({"requeued": requeued, "not_found": missing}))
+        click.echo(json.dumps({"requeued": requeued, "not_found": missing, "left_out_resent": resent}))
     else:
-        click.echo(f"requeued {len(requeued)} job(s)" + (f"; not among failed jobs: {', '.join(missing)}" if missing else ""))
+        click.echo(f"requeued {len(requeued)} job(s)" + (f"; not among failed jobs: {', '.join(missing)}" if missing else "")
+                   + (f"; left out {len(resent)} whose slip a `payrun resend` delivered since" if resent else ""))
     sys.exit(1 if missing else 0)
 
 
@@ -603,7 +604,8 @@ def prune(c: Ctx, before: str, slips: bool, dry_run: bool, force: bool, as_json:
     verb = "would remove" if dry_run else "removed"
     click.echo(f"{verb} {r.jobs:,} jobs, {r.attempts:,} attempts, {r.runs} pay-run rows"
                + (f", {r.slip_dirs} slip folders" if slips else "")
-               + (f" (months {', '.join(r.months)})" if r.months else " (nothing before " + before + ")"))
+               + (f" (months {', '.join(r.months)})" if r.months else " (nothing before " + before + ")")
+               + (f"; but without --dry-run: {r.refused}" if r.refused else ""))
 
 
 # ---- processes -------------------------------------------------------------------

@@ -299,7 +299,7 @@ def test_bad_address_fixed_then_retried_is_delivered(world, provider):
     # HR fixes the address, then retries everything that failed on it
     set_email(db, "emp-00002", "fixed@payroll.example")
     out = runner.invoke(cli, ["retry", "--all", "--error", "invalid recipient", "--json"])
-    assert json.loads(out.output) == {"requeued": [listed[0]["id"]], "not_found": []}
+    assert json.loads(out.output) == {"requeued": [listed[0]["id"]], "not_found": [], "left_out_resent": []}
     run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
     ledger_mod.drain(conn, ledger)
     assert provider.delivery(f"slip:{MONTH}:emp-00002")["to"] == "fixed@payroll.example"
@@ -532,7 +532,13 @@ def test_a_failed_slip_that_a_resend_delivered_counts_as_sent(world, provider):
     assert "[slip delivered since by a resend]" in listed and "1 of them delivered since" in listed
     assert json.loads(runner.invoke(cli, ["failed", "--json"]).output)[0]["delivered_by_resend"] is True
     out = runner.invoke(cli, ["retry", "--all", "--json"])
-    assert json.loads(out.output)["requeued"] == []
+    render_id = keys.render_job_id(MONTH, "emp-00005")
+    assert json.loads(out.output) == {"requeued": [], "not_found": [], "left_out_resent": [render_id]}
+    assert "left out 1 whose slip a `payrun resend` delivered since" in runner.invoke(cli, ["retry", "--all"]).output
+    # the console's "retry all matching" acts on the same set
+    from console.failed import FailedFilter, matching_ids
+
+    assert matching_ids(conn, ledger, FailedFilter()) == []
 
 
 def test_reminders_are_audited(world):
