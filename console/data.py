@@ -399,7 +399,8 @@ def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis
               no_slip: dict[int, int] | None = None) -> dict[str, Any]:
     """The same figures as payrun.status.report (per company and total), from a read-only
     ledger, the stuck ids already found in Redis and ``no_slip`` (per company, employees
-    with salary lines and no slip: payrun.runs.missing_slips)."""
+    with salary lines and no slip, added after the run or of a company it never covered:
+    payrun.runs.no_slip)."""
     if month is None:
         month = ledger.latest_month()
     counts = ledger.slip_counts(month) if month else {}
@@ -540,7 +541,7 @@ class Source:
         status` counts them). Recounted only when the month, the payroll db (an import) or
         the month's run rows (``rows``: a `run --resume` updates them) have changed. Empty when this
         host has no payroll db; raises sqlite3.Error when it cannot be read."""
-        from payrun.runs import missing_slips
+        from payrun.runs import no_slip
 
         if not month:
             return {}
@@ -554,7 +555,7 @@ class Source:
         if self._no_slip is not None and (self._no_slip[0] == key or (
                 self._no_slip[0][0] == month and any(r["status"] == "fanning-out" for r in rows))):
             return self._no_slip[1]  # (a fan-out changes its rows 60 times; ~0.4 s a count at 50,000)
-        counts = missing_slips(led, self._payroll, month)
+        counts = no_slip(led, self._payroll, month)
         self._no_slip = (key, counts)
         return counts
 

@@ -92,6 +92,25 @@ def missing_slips(ledger: Ledger, payroll_db, month: str) -> dict[int, int]:
     return {cid: n for cid, n in out.items() if n}
 
 
+def not_run(ledger: Ledger, payroll_db, month: str, company_id: int | None = None) -> dict[int, int]:
+    """Companies with salary lines for ``month`` that no run of that month covered (none
+    started for them, no slip job of theirs), and how many employees each: imported
+    after the run, or left out by `run --company`. `payrun run --month M` covers them."""
+    from payrun import payroll
+
+    started = {r["company_id"] for r in ledger.runs(month)} | ledger.companies_with_slips(month)
+    return {cid: payroll.count_employees(payroll_db, month, cid)
+            for cid in payroll.company_ids_for(payroll_db, month, company_id) if cid not in started}
+
+
+def no_slip(ledger: Ledger, payroll_db, month: str) -> dict[int, int]:
+    """Per company, employees with salary lines for ``month`` and no slip: those
+    :func:`missing_slips` counts (added after their company's run) and those of
+    companies the month's run never covered (:func:`not_run`). `payrun status` and the
+    console's HR line count these."""
+    return {**missing_slips(ledger, payroll_db, month), **not_run(ledger, payroll_db, month)}
+
+
 def without_slip(ledger: Ledger, payroll_db, month: str, companies: list[int]) -> dict[int, set[str]]:
     """Per company, the employees with salary lines for ``month`` and no job of that month
     at all (a resend by hand, or a job made under another company, counts as one)."""
@@ -125,7 +144,7 @@ def extend(conn, month: str, owner: str, ttl_s: int = LOCK_TTL_S) -> bool:
 def validate_month(month: str) -> str:
     import re
 
-    if not re.fullmatch(r"\d{4}-\d{2}", month or ""):
+    if not re.fullmatch(r"[0-9]{4}-[0-9]{2}", month or ""):  # ASCII digits: months compare as text
         raise InputError(f"--month must look like 2026-11 (YYYY-MM), got {month!r}")
     if not 1 <= int(month[5:]) <= 12:
         raise InputError(f"--month must look like 2026-11 (YYYY-MM): {month!r} has no month {month[5:]} "

@@ -36,21 +36,6 @@ def check_run_month(months: list[str], month: str) -> None:
                                                        else ": `payrun run --month YYYY-MM` starts one"))
 
 
-def _not_run(cfg: Config, ledger: Ledger, month: str, company: int | None,
-             counts: dict[int, Any]) -> dict[int, int]:
-    """Companies with salary lines for ``month`` that no run of that month covered (not
-    started for them, no job at all), and how many employees each: imported after the
-    run, or left out by `run --company`. They have no slip, and nothing said so."""
-    if not cfg.payroll_path.exists():
-        return {}
-    from payrun import payroll
-
-    started = {r["company_id"] for r in ledger.runs(month)} | set(counts)  # (counts: of `company` alone, if given)
-    with payroll.PayrollDB(cfg.payroll_path) as db:
-        paid = payroll.company_ids_for(db, month, company)
-        return {cid: payroll.count_employees(db, month, cid) for cid in paid if cid not in started}
-
-
 def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int | None = None,
            conn=None) -> dict[str, Any]:
     months = ledger.months()
@@ -59,7 +44,13 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     else:
         check_run_month(months, month)
     counts = ledger.slip_counts(month, company) if month else {}
-    not_run = _not_run(cfg, ledger, month, company, counts) if month else {}
+    not_run: dict[int, int] = {}
+    if month and cfg.payroll_path.exists():
+        from payrun import payroll
+        from payrun.runs import not_run as runs_not_run
+
+        with payroll.PayrollDB(cfg.payroll_path) as db:
+            not_run = runs_not_run(ledger, db, month, company)
     if month and company is not None and company not in counts and company not in not_run:
         known = sorted(ledger.slip_counts(month, None))
         if cfg.payroll_path.exists() and company not in _company_names(cfg):

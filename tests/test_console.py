@@ -199,13 +199,17 @@ async def test_the_overview_steps_through_months_and_counts_employees_with_no_sl
     payroll.ensure_month(db, "2026-12")
     runs.start_run(cfg, conn, ledger, db, "2026-12", company_id=1)  # the run started last
     add_late_employee(db, bad, "emp-90001", MONTH)
+    december_2 = payroll.count_employees(db, "2026-12", 2)  # company 2 is not in December's run
     db.close()
     report = status.report(cfg, ledger, month=MONTH, conn=conn)
     assert report["total"]["no_slip"] == 1
     app = make_app(cfg, conn)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, lambda: app.snapshot is not None and app.snapshot.status, what="first refresh")
-        assert app.snapshot.status["month"] == "2026-12" and app.snapshot.status["total"]["no_slip"] == 0
+        assert app.snapshot.status["month"] == "2026-12"
+        # as `payrun status`: company 2 has December salary lines and no slip (never run)
+        assert app.snapshot.status["total"]["no_slip"] == december_2 > 0
+        assert app.snapshot.status["total"] == status.report(cfg, ledger, month="2026-12", conn=conn)["total"]
         assert "(pinned)" not in text_of(app, "StatusBar")
         await pilot.press("m")
         await settle(pilot, lambda: app.snapshot.status["month"] == MONTH, what="November")
