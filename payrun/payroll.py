@@ -474,8 +474,8 @@ _BANK_RE = re.compile(r"[0-9]{8,20}")
 # address the import let in.
 _EMAIL_RE = re.compile(
     r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
-    r"@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+")
+    r"@[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+")  # a domain label is at most 63
 
 # What fits the one-page slip (jobs/slip.py COMPANY_FIELDS, EMPLOYEE_FIELDS, NAME_BN_MAX;
 # tests/test_payroll.py checks they agree): the import refuses longer text, so a slip does

@@ -19,16 +19,16 @@ class Pruned:
     attempts: int
     runs: int
     slip_dirs: int
+    refused: str | None = None
+    """A dry run's answer when the real one would be refused (without --force)."""
 
 
-def refusal(months: list[str], latest: str | None, unfinished: dict[str, int]) -> str | None:
+def refusal(months: list[str], latest: set[str], unfinished: dict[str, int]) -> str | None:
     """Why pruning these months would hurt, or None. The latest pay run (the one `payrun
     status` shows) and any month with jobs not finished (queued, running, retrying) are
     kept: their ledger rows are what says who got a slip, and a month pruned and then run
     again is not supported."""
-    why = []
-    if latest in months:
-        why.append(f"{latest} is the latest pay run")
+    why = [f"{m} is the latest pay run" for m in sorted(latest) if m in months]
     busy = [f"{m} has {n:,} unfinished job{'' if n == 1 else 's'}" for m, n in sorted(unfinished.items())
             if m in months]
     why += busy
@@ -45,13 +45,17 @@ def prune(cfg: Config, ledger: Ledger, before: str, slips: bool = False, dry_run
     months = [r[0] for r in db.execute(
         "SELECT DISTINCT month FROM jobs WHERE month < ? UNION SELECT DISTINCT month FROM payroll_runs WHERE month < ?"
         " ORDER BY 1", (before, before)) if r[0]]
+    refused = None
     if not force:
         unfinished = dict(db.execute(
             "SELECT month, COUNT(*) FROM jobs WHERE month < ? AND status IN ('queued', 'running', 'retrying')"
             " GROUP BY month", (before,)).fetchall())
-        why = refusal(months, ledger.latest_month(), unfinished)
-        if why:
-            raise InputError(why)
+        # the run started last, and the highest month run (an old month re-run for one
+        # company after it must not expose this month)
+        latest = {m for m in (ledger.latest_month(), max(ledger.months(), default=None)) if m}
+        refused = refusal(months, latest, unfinished)
+        if refused and not dry_run:
+            raise InputError(refused)
     jobs = db.execute("SELECT COUNT(*) FROM jobs WHERE month < ?", (before,)).fetchone()[0]
     attempts = db.execute(
         "SELECT COUNT(*) FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE month < ?)", (before,)).fetchone()[0]
@@ -64,4 +68,4 @@ def prune(cfg: Config, ledger: Ledger, before: str, slips: bool = False, dry_run
             db.execute("DELETE FROM payroll_runs WHERE month < ?", (before,))
         for d in slip_dirs:
             shutil.rmtree(d)
-    return Pruned(months, jobs, attempts, runs, len(slip_dirs))
+    return Pruned(months, jobs, attempts, runs, len(slip_dirs), refused)

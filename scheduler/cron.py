@@ -318,4 +318,7 @@ def parse_duration(text: str) -> timedelta:
     d, h, mi, s = (int(g or 0) for g in m.groups())
     if not (d or h or mi or s):
         raise ValueError(f"{text!r} is no time at all: give a duration like 30m, 2h, 1h30m or 45s")
-    return timedelta(days=d, hours=h, minutes=mi, seconds=s)
+    try:
+        return timedelta(days=d, hours=h, minutes=mi, seconds=s)
+    except OverflowError:
+        raise ValueError(f"{text[:40]!r} is too long a time") from None

@@ -108,6 +108,7 @@ def test_cron_expressions_parse_or_say_why(expr):
 @given(st.text(max_size=12))
 @example("0S")  # zero passed as a duration (found by hypothesis)
 @example("0h0m")
+@example("9999999999d")  # OverflowError from timedelta (found in review)
 def test_durations_parse_or_say_why(text):
     from scheduler.cron import parse_duration
     from payrun.errors import PayrunError

@@ -114,6 +114,8 @@ def test_prune_keeps_later_months(runner, cfg):
     # ... and so is the latest pay run, finished or not
     msg = one_line_error(runner.invoke(cli, ["prune", "--before", "2026-12"]))
     assert "2026-11 is the latest pay run" in msg
+    dry_refused = runner.invoke(cli, ["prune", "--before", "2026-12", "--dry-run"])  # a dry run says so
+    assert dry_refused.exit_code == 0 and "but without --dry-run: refusing to prune" in dry_refused.output
     assert len(ledger.jobs(limit=10)) == 3  # nothing was removed
     dry = json.loads(runner.invoke(cli, ["prune", "--before", "2026-11", "--slips", "--dry-run", "--json"]).output)
     assert dry["jobs"] == 2 and dry["slip_dirs"] == 2 and (cfg.slips_dir / "2026-09").exists()
@@ -178,6 +180,8 @@ def test_month_messages_name_the_real_problem(runner, cfg, conn):
     assert "has no month 13" in one_line_error(runner.invoke(cli, ["run", "--month", "2026-13"]))
     assert "outside the years payrun takes (2000-2100)" in one_line_error(
         runner.invoke(cli, ["run", "--month", "1999-11"]))
+    # digits of another script are not a month (months are compared as text)
+    assert "YYYY-MM" in one_line_error(runner.invoke(cli, ["run", "--month", "2026-\u0661\u0661"]))
     out = runner.invoke(cli, ["run", "--month", "2026-11"])
     assert out.exit_code == 0 and "created 1 render job for 1 company (2026-11)" in out.output
 

@@ -529,12 +529,13 @@ def test_import_refuses_what_the_slip_or_the_provider_would_refuse_later(seeded:
     rows[1]["email"] = ".sadia@example.com"
     rows[2]["email"] = "sadia.@example.com"
     rows[3]["department"] = "X" * 61
+    rows[4]["email"] = "a@" + "x" * 64 + ".com"  # a domain label is at most 63 characters
     path = write_csv(tmp_path / "in.csv", header, rows)
     before = dump(seeded)
     with pytest.raises(InputError) as e:
         P.import_csv(seeded, path)
     got = [(line, why.split(" ")[0]) for line, why in e.value.problems]  # type: ignore[attr-defined]
-    assert got == [(2, "designation"), (2, "email"), (3, "email"), (4, "email"), (5, "department")]
+    assert got == [(2, "designation"), (2, "email"), (3, "email"), (4, "email"), (5, "department"), (6, "email")]
     assert "designation is 81 characters; the slip has room for 80" in str(e.value)
     assert dump(seeded) == before
     companies = tmp_path / "companies.csv"
