@@ -155,8 +155,18 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
                        "print the new one on slips)")
         return
     r = payroll.import_csv(db, csv_file)
-    click.echo(f"imported {r.employees} employees and {r.salary_lines} salary lines from {csv_file}")
+    known = len(r.existing_employees)
+    click.echo(f"imported {r.employees} employee{'' if r.employees == 1 else 's'} ({r.employees - known} new, "
+               f"{known} already there, their details replaced) and {r.salary_lines} salary "
+               f"line{'' if r.salary_lines == 1 else 's'} from {csv_file}")
     ledger = _maybe_ledger(c)
+    if ledger is not None and known:  # HR fixed data after a run: say what happens to the slips made
+        for month in sorted(set(r.months) & set(ledger.months())):
+            had = sorted(set(r.existing_employees) & ledger.employees_with_jobs(month))
+            if had:
+                click.echo(f"note: {len(had)} of them already have a {month} slip, made with the old data: "
+                           f"`payrun retry` re-renders a failed one with the new data, `payrun resend "
+                           f"--employee {had[0]} --month {month}` sends one again")
     if ledger is not None:  # salary lines for a month already run: `run` alone would skip them
         from payrun.runs import behind as behind_
 

@@ -464,6 +464,10 @@ class ImportResult:
     """Companies import: ids that existed with another name or address (now replaced)."""
     unchanged: int = 0
     """Companies import: rows identical to the company already there."""
+    existing_employees: list[str] = field(default_factory=list)
+    """Employees import: ids that were in the database already (their details replaced)."""
+    months: list[str] = field(default_factory=list)
+    """Employees import: the months of the salary lines imported."""
 
 
 _MONTH_RE = re.compile(r"[0-9]{4}-[0-9]{2}")
@@ -699,11 +703,18 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
     if problems:
         _fail(path, problems)
     employees = [rec for _, rec in emp_rows.values()]
+    existing: list[str] = []
     with d.atomic():
+        ids = [e["id"] for e in employees]
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            existing += [r[0] for r in d.execute(
+                f"SELECT id FROM employees WHERE id IN ({','.join('?' * len(chunk))})", chunk)]
         d["employees"].upsert_all(employees, pk="id", batch_size=500)
         d["salary_lines"].upsert_all(lines, pk=("employee_id", "month"), batch_size=500)
     return ImportResult(companies=len({e["company_id"] for e in employees}),
-                        employees=len(employees), salary_lines=len(lines))
+                        employees=len(employees), salary_lines=len(lines), existing_employees=sorted(existing),
+                        months=sorted({ln["month"] for ln in lines}))
 
 
 def import_companies_csv(db: "PayrollDB | sqlite_utils.Database",

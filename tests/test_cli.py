@@ -149,8 +149,21 @@ def test_the_readmes_import_of_the_sample_files_works_on_a_fresh_install(runner,
     again = runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
     assert again.exit_code == 0 and ": 0 new, 0 updated, " in again.output, again.output
     out = runner.invoke(cli, ["import", "docs/sample-employees.csv"])
-    assert out.exit_code == 0 and "imported 12 employees and 12 salary lines" in out.output, out.output
+    assert out.exit_code == 0 and "imported 12 employees (12 new, 0 already there, their details replaced) " \
+        "and 12 salary lines" in out.output, out.output
     assert payroll.count_employees(payroll.PayrollDB(cfg.payroll_path), "2026-11") == 12
+
+
+def test_reimporting_employees_after_a_run_says_what_happens_to_their_slips(runner, cfg, conn):
+    """HR fixes data after the run: the import says the slips made keep the old data, and
+    how to re-render (retry) or send again (resend)."""
+    runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
+    runner.invoke(cli, ["import", "docs/sample-employees.csv"])
+    assert runner.invoke(cli, ["run", "--month", "2026-11"]).exit_code == 0
+    out = runner.invoke(cli, ["import", "docs/sample-employees.csv"])
+    assert out.exit_code == 0 and "(0 new, 12 already there" in out.output, out.output
+    assert "note: 12 of them already have a 2026-11 slip, made with the old data: `payrun retry` re-renders " \
+           "a failed one with the new data, `payrun resend --employee" in out.output, out.output
 
 
 def test_provider_and_bank_ports_out_of_range_or_taken_are_one_line_errors(runner, cfg, tmp_path, monkeypatch):
