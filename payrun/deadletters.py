@@ -97,9 +97,18 @@ def _refresh_address(job: PayrunJob, payroll_db) -> None:
         job.args = (payload,)
 
 
+def _failed_in(conn, job_id: str) -> FailedJobRegistry | None:
+    """The failed registry of ours holding ``job_id``, if any."""
+    for qname in keys.QUEUES:
+        reg = _registry(conn, qname)
+        if conn.zscore(reg.key, job_id) is not None:
+            return reg
+    return None
+
+
 def is_failed(conn, job_id: str) -> bool:
     """Whether ``job_id`` is in one of our queues' failed registries (a dead letter)."""
-    return any(conn.zscore(_registry(conn, q).key, job_id) is not None for q in keys.QUEUES)
+    return _failed_in(conn, job_id) is not None
 
 
 def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None) -> tuple[list[str], list[str]]:
@@ -108,12 +117,8 @@ def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None) -> tuple[list[
     (requeued, not_found)."""
     requeued, missing = [], []
     for job_id in job_ids:
-        job = None
-        for qname in keys.QUEUES:
-            reg = _registry(conn, qname)
-            if conn.zscore(reg.key, job_id) is not None:
-                job = PayrunJob.fetch(job_id, connection=conn, serializer=reg.serializer)
-                break
+        reg = _failed_in(conn, job_id)
+        job = PayrunJob.fetch(job_id, connection=conn, serializer=reg.serializer) if reg is not None else None
         if job is None:
             missing.append(job_id)
             continue

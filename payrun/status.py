@@ -44,13 +44,19 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     else:
         check_run_month(months, month)
     counts = ledger.slip_counts(month, company) if month else {}
+    # employees paid this month with no slip: added after their company's run (missing),
+    # or of a company no run of the month covered (not_run); "all sent" must not hide them
+    missing: dict[int, int] = {}
     not_run: dict[int, int] = {}
     if month and cfg.payroll_path.exists():
         from payrun import payroll
-        from payrun.runs import not_run as runs_not_run
+        from payrun.runs import missing_slips, not_run as runs_not_run
 
         with payroll.PayrollDB(cfg.payroll_path) as db:
             not_run = runs_not_run(ledger, db, month, company)
+            missing = missing_slips(ledger, db, month)
+        if company is not None:
+            missing = {c: n for c, n in missing.items() if c == company}
     if month and company is not None and company not in counts and company not in not_run:
         known = sorted(ledger.slip_counts(month, None))
         if cfg.payroll_path.exists() and company not in _company_names(cfg):
@@ -83,15 +89,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
             total[k] += row.get(k, 0)
         companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **row})
     in_progress = total["queued"] + total["running"] + total["retrying"]
-    lag, lag_age, notes, missing = None, None, [], {}
-    if month and cfg.payroll_path.exists():  # "all sent" must not hide people the run never covered
-        from payrun import payroll
-        from payrun.runs import missing_slips
-
-        with payroll.PayrollDB(cfg.payroll_path) as db:
-            missing = missing_slips(ledger, db, month)
-        if company is not None:
-            missing = {c: n for c, n in missing.items() if c == company}
+    lag, lag_age, notes = None, None, []
     for cid, n in sorted(not_run.items()):  # in the table too: everyone paid this month has a row
         companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **zero})
         missing[cid] = n
