@@ -68,7 +68,10 @@ def _refresh_snapshot(job: PayrunJob, payroll_db) -> None:
     """A render job carries the employee's data as it was when the job was made; a render
     that failed on that data (a name too long for the slip, say) is retried after HR fixed
     it, so the retry renders from the payroll database as it is now. Its key stays (the
-    slip is still the same one). An employee or salary line gone since: the data it had."""
+    slip is still the same one), and so does its company: the month's slip is from the
+    company that ran that month's payroll, even if the employee has moved since (the
+    ledger counts the job there too). An employee or salary line gone since: the data it
+    had."""
     if payroll_db is None or job.func_name not in RENDER_FUNCS or not job.args:
         return
     from payrun import payroll
@@ -80,6 +83,8 @@ def _refresh_snapshot(job: PayrunJob, payroll_db) -> None:
     except (InputError, KeyError, TypeError):
         return
     new["key"] = old.get("key", new.get("key"))
+    if isinstance(old.get("company"), dict) and new.get("company", {}).get("id") != old["company"].get("id"):
+        new["company"] = old["company"]
     if new != old:
         job.args = (new,)
 

@@ -17,7 +17,7 @@ import pytest
 
 from jobs import slip
 from jobs.runtime import RenderWorker, make_queue, run_lanes
-from payrun import keys, ledger as ledger_mod, payroll, runs, status
+from payrun import deadletters, keys, ledger as ledger_mod, payroll, runs, status
 from payrun.ledger import Ledger
 from payrun.provider import Provider
 
@@ -499,6 +499,34 @@ def test_a_render_that_failed_on_bad_data_is_retried_with_the_data_fixed_since(w
     text = pypdf.PdfReader(next(cfg.slips_dir.glob(f"{MONTH}/*/emp-00003.pdf"))).pages[0].extract_text()
     assert "Ayesha Siddiqua" in text
     assert sum(c["done"] for c in ledger.slip_counts(MONTH).values()) == 12
+
+
+def test_a_retried_render_of_an_employee_who_moved_company_keeps_the_company_of_its_month(world, provider):
+    """The employee moved to another company after the month was run: the retried render
+    reads the fixed name, but the slip stays the one of the company that paid that month,
+    and the ledger keeps counting it there (it used to print the new company's name on a
+    slip the old company's row counted)."""
+    cfg, conn, db, ledger = world
+    set_name(db, "emp-00003", "A" * 81)
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    render_id = keys.render_job_id(MONTH, "emp-00003")
+    ledger_mod.drain(conn, ledger)
+    company = ledger.job(render_id)["company_id"]
+    names = dict(db.conn.execute("SELECT id, name FROM companies"))
+    other = next(c for c in names if c != company)
+    set_name(db, "emp-00003", "Ayesha Siddiqua")
+    db.conn.execute("UPDATE employees SET company_id = ? WHERE id = ?", (other, "emp-00003"))
+    db.conn.commit()
+    assert deadletters.retry(cfg, conn, [render_id], payroll_db=db) == ([render_id], [])
+    work_everything(conn, ledger)
+    ledger_mod.drain(conn, ledger)
+    pdf = cfg.slips_dir / MONTH / str(company) / "emp-00003.pdf"
+    text = pypdf.PdfReader(pdf).pages[0].extract_text()
+    assert "Ayesha Siddiqua" in text and names[company] in text and names[other] not in text
+    assert not list(cfg.slips_dir.glob(f"{MONTH}/{other}/emp-00003.pdf"))
+    assert ledger.job(render_id)["company_id"] == company
+    assert ledger.slip_counts(MONTH)[company]["done"] == ledger.slip_counts(MONTH)[company]["total"]
 
 
 def test_a_failed_slip_that_a_resend_delivered_counts_as_sent(world, provider):
