@@ -15,62 +15,17 @@ equivalent command, how many, outcome).
 
 from __future__ import annotations
 
-import getpass
-import json
-import os
 import shlex
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from console.data import SUSPENDED_KEY, paused_queues_key
 from payrun import keys
+from payrun.audit import Outcome, audit, audit_path, read_audit, who  # noqa: F401 (re-exported)
 from payrun.errors import PayrunError
 
 
 class ActionError(PayrunError):
     """An action that cannot be done as asked (the message says what to do instead)."""
-
-
-@dataclass
-class Outcome:
-    what: str
-    command: str
-    count: int
-    ok: bool = True
-    message: str = ""
-    detail: dict[str, Any] = field(default_factory=dict)
-
-
-def who() -> str:
-    return os.environ.get("USER") or getpass.getuser()
-
-
-def audit_path(cfg) -> Path:
-    return Path(cfg.home) / "audit.log"
-
-
-def audit(cfg, outcome: Outcome, via: str) -> None:
-    """Append one line; the file is created 0600 (its directory is PAYRUN_HOME, 0700)."""
-    line = json.dumps({
-        "ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "who": who(), "via": via,
-        "what": outcome.what, "command": outcome.command, "count": outcome.count, "ok": outcome.ok,
-        "message": outcome.message, **({"detail": outcome.detail} if outcome.detail else {}),
-    })
-    path = audit_path(cfg)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    with os.fdopen(fd, "a") as f:
-        f.write(line + "\n")
-
-
-def read_audit(cfg, last: int = 50) -> list[dict[str, Any]]:
-    path = audit_path(cfg)
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()[-last:]
-    return [json.loads(x) for x in lines if x.strip()]
 
 
 # ---- the actions ----------------------------------------------------------------------

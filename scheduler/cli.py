@@ -214,9 +214,9 @@ def register(cli) -> None:
 
 def _audit(cfg, what: str, command: str, count: int, message: str) -> None:
     """HR's actions that email employees go to the audit log, as retries and drains do."""
-    from console import actions  # (no Textual: the audit helpers are plain Python)
+    from payrun import audit
 
-    actions.audit(cfg, actions.Outcome(what, command, count, message=message), via="cli")
+    audit.audit(cfg, audit.Outcome(what, command, count, message=message), via="cli")
 
 
 # ---- the one-off and delayed jobs ----------------------------------------------------
