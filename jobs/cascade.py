@@ -28,6 +28,11 @@ styles.
 This relies on WeasyPrint internals (`Document._render`'s layout context, `StyleFor`):
 the version is pinned in pyproject.toml, and tests/test_cascade.py proves, for slips of
 every shape we make, that the PDF is byte for byte the one the ordinary path writes.
+That test is also the guard for template changes: WeasyPrint writes a few computed values
+back in place while it builds boxes (a collapsed table's padding, the body's `overflow`,
+`::first-line` styles). For slip.css every such write puts back the value already there,
+so a kept style gives the same slip the next time; a new rule that made one differ would
+show as a kept-cascade slip that differs from the ordinary render.
 """
 
 from __future__ import annotations
