@@ -254,6 +254,19 @@ class Ledger:
         ]
         return row
 
+    def reminder_ids(self, batch: str) -> list[str]:
+        """The job ids of a `payrun remind` batch (remind-<batch>-<employee>)."""
+        pattern = "remind-" + batch.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "-%"
+        rows = self.db.conn.execute(
+            "SELECT id FROM jobs WHERE kind = 'reminder' AND id LIKE ? ESCAPE '\\' ORDER BY id", (pattern,))
+        return [r[0] for r in rows]
+
+    def remove_jobs(self, job_ids: list[str]) -> None:
+        """Delete rows of jobs that never ran (cancelled reminders): they are no one's job."""
+        with self.db.conn:
+            self.db.conn.executemany("DELETE FROM attempts WHERE job_id = ?", [(i,) for i in job_ids])
+            self.db.conn.executemany("DELETE FROM jobs WHERE id = ?", [(i,) for i in job_ids])
+
     def employees_with_jobs(self, month: str) -> set[str]:
         """Employees with any job for ``month`` (render, send, resend), whatever company
         the job was made under: who has had a slip made or sent that month."""

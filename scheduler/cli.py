@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import click
 
@@ -150,16 +151,42 @@ def register(cli) -> None:
             click.echo(f"queued resend {out['key']} for {out['email']} (job {out['job']})")
 
     @cli.command(name="remind")
-    @click.option("--company", "company_id", type=int, required=True, help="Company id.")
-    @click.option("--in", "delay", required=True, help="Delay: 30m, 2h, 1h30m, 45s, 2d (at most 31 days).")
+    @click.option("--company", "company_id", type=int, default=None, help="Company id.")
+    @click.option("--in", "delay", default=None, help="Delay: 30m, 2h, 1h30m, 45s, 2d (at most 31 days).")
     @click.option("--message", default=None, help="The reminder text (default: a bank-details reminder).")
+    @click.option("--cancel", "cancel_batch", default=None, metavar="BATCH",
+                  help="Cancel a scheduled batch instead (the batch `payrun remind` printed, like "
+                       "c3-20261202T180000Z): its reminders not yet due are never sent.")
     @click.option("--json", "as_json", is_flag=True)
     @pass_ctx
     @handle_errors
-    def remind_cmd(c, company_id: int, delay: str, message: str | None, as_json: bool) -> None:
+    def remind_cmd(c, company_id: int | None, delay: str | None, message: str | None,
+                   cancel_batch: str | None, as_json: bool) -> None:
         """Email every active employee of a company a reminder, no earlier than --in from
         now. The jobs wait in RQ's scheduled registry (not in a sleeping worker); the
-        send-email worker's scheduler moves them to the queue when due."""
+        send-email worker's scheduler moves them to the queue when due.
+
+        `payrun remind --cancel BATCH` takes a batch back: every reminder of it due more
+        than a few seconds from now is removed (job and ledger row); those already due
+        are sent as planned, and the command says how many."""
+        if cancel_batch is not None:
+            if company_id is not None or delay is not None or message is not None:
+                raise InputError("--cancel takes no --company, --in or --message")
+            out = cancel_reminders(c.cfg, c.redis(), c.ledger(), cancel_batch)
+            _audit(c.cfg, "remind-cancel", f"payrun remind --cancel {cancel_batch}", out["cancelled"],
+                   f"cancelled {out['cancelled']} reminder(s) of batch {cancel_batch}"
+                   f"; {out['already_due']} already due")
+            if as_json:
+                click.echo(json.dumps(out))
+                return
+            msg = f"cancelled {out['cancelled']} reminder(s) of batch {cancel_batch}"
+            if out["already_due"]:
+                msg += (f"; {out['already_due']} already due (sent or being sent: "
+                        f"a reminder due within {CANCEL_MARGIN_S:.0f} s is not taken back)")
+            click.echo(msg)
+            return
+        if company_id is None or delay is None:
+            raise InputError("payrun remind needs --company and --in (or --cancel BATCH)")
         from scheduler.cron import parse_duration
 
         try:
@@ -249,6 +276,47 @@ def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
                        meta={"kind": "resend", "key": key, "company": snap["company"]["id"], "retry": vars(retry)})
     return {"job": job_id, "key": key, "n": n, "email": snap["employee"]["email"], "month": month,
             "employee": employee_id}
+
+
+BATCH_RE = re.compile(r"c[0-9]+-[0-9]{8}T[0-9]{6}Z")
+CANCEL_MARGIN_S = 5.0
+"""A reminder due sooner than this is not cancelled: the send-email worker's scheduler may
+be moving it to the queue already (it takes only reminders that are due)."""
+
+
+def cancel_reminders(cfg, conn, ledger, batch: str, now: float | None = None) -> dict:
+    """Take back the reminders of ``batch`` not yet due: each is removed from RQ's scheduled
+    registry (the removal that succeeds owns it), then its job and ledger row go. Those due
+    within CANCEL_MARGIN_S, or moved on already, are left to be sent."""
+    import time
+
+    from jobs.runtime import make_queue
+    from payrun import keys
+
+    if not BATCH_RE.fullmatch(batch or ""):
+        raise InputError(f"--cancel {batch!r}: a batch looks like c3-20261202T180000Z "
+                         "(as `payrun remind` printed it, or the audit log)")
+    ids = ledger.reminder_ids(batch)
+    if not ids:
+        raise InputError(f"no reminder batch {batch} (none scheduled, or cancelled already)")
+    queue = make_queue(keys.EMAIL_QUEUE, conn)
+    registry = queue.scheduled_job_registry.key
+    horizon = (time.time() if now is None else now) + CANCEL_MARGIN_S
+    cancelled, due = [], []
+    for job_id in ids:
+        at = conn.zscore(registry, job_id)
+        if at is not None and at > horizon and conn.zrem(registry, job_id):
+            cancelled.append(job_id)
+        else:
+            due.append(job_id)
+    if cancelled:
+        with conn.pipeline(transaction=False) as p:
+            for job_id in cancelled:
+                p.delete(queue.job_class.key_for(job_id))
+                p.zrem(keys.delayed(keys.EMAIL_QUEUE), job_id)
+            p.execute()
+        ledger.remove_jobs(cancelled)
+    return {"batch": batch, "cancelled": len(cancelled), "already_due": len(due), "jobs": cancelled}
 
 
 def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None) -> dict:

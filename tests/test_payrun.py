@@ -583,6 +583,57 @@ def test_reminders_are_audited(world):
     assert entry["command"] == "payrun remind --company 1 --in 2h --message 'Check your bank details'"
 
 
+def test_a_reminder_batch_can_be_cancelled_before_it_is_due(world):
+    """HR scheduled a reminder with the wrong text: `payrun remind --cancel BATCH` takes
+    back every reminder not yet due (job, schedule and ledger row), audited; reminders due
+    within seconds are left to go out, and the command says so."""
+    import time
+
+    from click.testing import CliRunner
+    from rq.registry import ScheduledJobRegistry
+
+    from jobs.runtime import make_queue
+    from payrun import audit
+    from payrun.cli import cli
+    from scheduler.cli import cancel_reminders
+
+    cfg, conn, db, ledger = world
+    runner = CliRunner()
+    first = json.loads(runner.invoke(cli, ["remind", "--company", "1", "--in", "2h", "--json"]).output)
+    other = json.loads(runner.invoke(cli, ["remind", "--company", "2", "--in", "3h", "--json"]).output)
+    registry = ScheduledJobRegistry(queue=make_queue(keys.EMAIL_QUEUE, conn))
+    n = first["scheduled"]
+    assert n == payroll.count_employees(db, MONTH, 1) and len(ledger.reminder_ids(first["batch"])) == n
+
+    # due in an hour, but as seen an hour later: all due, nothing taken back
+    assert cancel_reminders(cfg, conn, ledger, first["batch"], now=time.time() + 7200)["cancelled"] == 0
+
+    out = runner.invoke(cli, ["remind", "--cancel", first["batch"], "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output) == {"batch": first["batch"], "cancelled": n, "already_due": 0,
+                                      "jobs": sorted(first["jobs"])}
+    assert set(registry.get_job_ids()) == set(other["jobs"])  # the other batch is untouched
+    assert not any(conn.exists(f"rq:job:{j}") for j in first["jobs"])
+    assert not any(conn.zscore(keys.delayed(keys.EMAIL_QUEUE), j) for j in first["jobs"])
+    assert ledger.reminder_ids(first["batch"]) == [] and len(ledger.reminder_ids(other["batch"])) > 0
+    entry = audit.read_audit(cfg)[-1]
+    assert (entry["what"], entry["count"], entry["command"]) == (
+        "remind-cancel", n, f"payrun remind --cancel {first['batch']}")
+
+    again = runner.invoke(cli, ["remind", "--cancel", first["batch"]])
+    assert again.exit_code == 2 and "cancelled already" in again.output
+    soon = json.loads(runner.invoke(cli, ["remind", "--company", "1", "--in", "2s", "--json"]).output)
+    out = runner.invoke(cli, ["remind", "--cancel", soon["batch"]])
+    assert out.exit_code == 0 and "cancelled 0 reminder(s)" in out.output
+    assert f"{soon['scheduled']} already due" in out.output
+    assert set(soon["jobs"]) <= set(registry.get_job_ids())
+    for args, says in ((["--cancel", "yesterday"], "a batch looks like"),
+                       (["--cancel", other["batch"], "--company", "2"], "takes no --company"),
+                       (["--company", "1"], "needs --company and --in")):
+        bad = runner.invoke(cli, ["remind", *args])
+        assert bad.exit_code == 2 and says in bad.output, (args, bad.output)
+
+
 def test_status_counts_a_company_that_was_never_run(world):
     """A company imported after the run (or left out by `run --company`) has salary lines
     and no slip: HR's "did everyone get their slip?" must not answer yes. It used to be
