@@ -8,8 +8,9 @@ and painting): about a third of a slip's render time (bench/README.md, session 1
 
 `render(html, stylesheets, font_config)` renders an `HTML` exactly as `HTML.render` does,
 except that the styles computed for the first document of a given *shape* are kept and
-handed to the next document of that shape, element for element. Only what a selector or
-an author stylesheet can see goes into the shape:
+handed to the next document of that shape, element for element (by position in document
+order: no element, and so none of the first document's text, is kept). What a selector
+or an inline stylesheet can see goes into the shape:
 
 - each element in document order: its tag, its attributes with their values, whether it
   has text of its own, and how many children it has (so `:empty`, `:nth-child`,
@@ -17,22 +18,29 @@ an author stylesheet can see goes into the shape:
 - the full text of `<style>` elements;
 - the identity of the stylesheets, font configuration and options.
 
-The one attribute left out is `<meta content>`, which our slip fills with the company name
-and no stylesheet looks at. Text itself never enters the cascade, and it is not part of
-the shape. A document whose shape differs from every kept one is rendered the ordinary
-way and its styles are kept (at most MAX_SHAPES, least recently used dropped): a wrong
-guess costs time, never a different slip. A document that defines anchors (`id`, `name`)
-is not kept, because WeasyPrint collects those for cross-references while it computes
-styles.
+Left out: text (it never enters the cascade), `<meta content>` (our slip puts the company
+name there; no stylesheet looks at it), and the contents of stylesheets a document loads
+by `<link>` or `@import` (taken as unchanged for the life of the process; the slip loads
+none). A document whose shape differs from every kept one is rendered the ordinary way and
+its styles are kept (at most MAX_SHAPES, least recently used dropped): a miss costs time.
+Not kept at all: a document that defines anchors (`id`, `name`: WeasyPrint collects them
+while it computes styles), and one whose root or body `overflow` is not `visible`
+(WeasyPrint moves that value to the page by writing `visible` into the style).
+
+WeasyPrint writes a few other values back into computed styles as it builds boxes (zero
+margins and padding on table parts, the position of a `::first-letter`, list markers and
+leaders); each puts back the same value every time, so a kept style gives the same
+result. tests/test_cascade.py checks both halves for the slip template: no kept value
+changes from one slip to the next, and slips of both shapes (wrapping text, markup
+characters, the widest amounts) are byte for byte the ordinary render's. Run it when
+slip.html or slip.css changes.
 
 This relies on WeasyPrint internals (`Document._render`'s layout context, `StyleFor`):
-the version is pinned in pyproject.toml, and tests/test_cascade.py proves, for slips of
-every shape we make, that the PDF is byte for byte the one the ordinary path writes.
-That test is also the guard for template changes: WeasyPrint writes a few computed values
-back in place while it builds boxes (a collapsed table's padding, the body's `overflow`,
-`::first-line` styles). For slip.css every such write puts back the value already there,
-so a kept style gives the same slip the next time; a new rule that made one differ would
-show as a kept-cascade slip that differs from the ordinary render.
+it is used only with the WeasyPrint version it was written against (WEASYPRINT_VERSIONS;
+pinned in pyproject.toml); with any other, `render` is the ordinary render.
+
+Callers render one document at a time per process (jobs.slip's render lock): the kept
+styles are shared by the renders that use them.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Sequence
 
+import weasyprint
 from weasyprint import DEFAULT_OPTIONS, Document
 from weasyprint.css import StyleFor, get_all_computed_styles
 from weasyprint.css.targets import TargetCollector
@@ -50,6 +59,11 @@ from weasyprint.layout import LayoutContext
 
 MAX_SHAPES = 8
 """Shapes kept per process. A slip has two (with and without a Bengali name)."""
+
+WEASYPRINT_VERSIONS = ("70.0",)
+"""The WeasyPrint versions whose internals this was written and tested against."""
+
+ENABLED = weasyprint.__version__ in WEASYPRINT_VERSIONS
 
 _UNSEEN = ("meta", "content")  # (tag, attribute) whose value no selector looks at
 
@@ -70,12 +84,33 @@ def shape(html: Any) -> tuple:
 
 
 class _Kept:
-    __slots__ = ("style_for", "elements", "counter_style")
+    """A shape's computed styles by element position (document order), and what StyleFor
+    holds beside them; no element of the document they were computed for."""
+
+    __slots__ = ("attributes", "by_position", "counter_style")
 
     def __init__(self, style_for: StyleFor, elements: list, counter_style: dict):
-        self.style_for = style_for
-        self.elements = elements
+        position = {element: i for i, element in enumerate(elements)}
+        self.by_position = [(position[element], pseudo, style)
+                            for (element, pseudo), style in style_for._computed_styles.items()
+                            if element in position]
+        self.attributes = {name: value for name, value in style_for.__dict__.items()
+                           if name not in ("_computed_styles", "_cascaded_styles")}
         self.counter_style = counter_style
+
+
+def _keepable(style_for: StyleFor, html: Any) -> bool:
+    """Whether WeasyPrint would leave this document's computed styles as they are: not if
+    the root's or body's `overflow` is not `visible` (build.set_viewport_overflow writes
+    `visible` into the style it took the value from)."""
+    root = html.etree_element
+    body = next((child for child in root if child.tag == "body"), None)
+    for element in (root, body):
+        if element is not None:
+            style = style_for(element)
+            if style is not None and style["overflow"] != "visible":
+                return False
+    return True
 
 
 class CascadeCache:
@@ -115,7 +150,7 @@ class CascadeCache:
         style_for = get_all_computed_styles(
             html, list(stylesheets), options["presentational_hints"], font_config,
             counter_style, color_profiles, [], [], target_collector, options["pdf_forms"])
-        if not target_collector.target_lookup_items:
+        if not target_collector.target_lookup_items and _keepable(style_for, html):
             with self._lock:
                 self._kept[key] = _Kept(style_for, list(html.etree_element.iter()),
                                         dict(counter_style))
@@ -125,15 +160,14 @@ class CascadeCache:
 
 
 def _rebound(kept: _Kept, html: Any) -> StyleFor:
-    """A StyleFor for `html` sharing `kept`'s computed styles, element for element."""
-    new_for_old = dict(zip(kept.elements, html.etree_element.iter()))
+    """A StyleFor for `html` with `kept`'s computed styles, element for element."""
+    elements = list(html.etree_element.iter())
     style_for = object.__new__(StyleFor)
-    style_for.__dict__.update(kept.style_for.__dict__)
-    # Keys are (element, pseudo type); pages are keyed by page types, not elements.
-    style_for._computed_styles = {(new_for_old.get(element, element), pseudo): style
-                                  for (element, pseudo), style
-                                  in kept.style_for._computed_styles.items()}
-    style_for._cascaded_styles = dict(kept.style_for._cascaded_styles)
+    style_for.__dict__.update(kept.attributes)
+    # Page styles (keyed by page type) are computed for each page as it is made.
+    style_for._computed_styles = {(elements[i], pseudo): style
+                                  for i, pseudo, style in kept.by_position}
+    style_for._cascaded_styles = {}
     return style_for
 
 
@@ -165,8 +199,16 @@ def render(html: Any, stylesheets: Sequence[Any], font_config: Any) -> Document:
     """`html.render(stylesheets=..., font_config=...)` with the cascade reused by shape.
 
     `stylesheets` must be `weasyprint.CSS` objects kept for the process (their identity is
-    part of the shape).
+    part of the shape). With a WeasyPrint this was not written for: the ordinary render.
     """
+    if not ENABLED:
+        return html.render(stylesheets=list(stylesheets), font_config=font_config)
     options = dict(DEFAULT_OPTIONS)
     options["stylesheets"] = list(stylesheets)
-    return _CascadeDocument._render(html, font_config, None, None, options)
+    with _RENDER_LOCK:
+        return _CascadeDocument._render(html, font_config, None, None, options)
+
+
+_RENDER_LOCK = threading.RLock()
+"""One reusing render at a time in this process (jobs.slip holds its own lock around it
+too): the kept styles are shared by the renders that use them."""

@@ -510,8 +510,9 @@ def reap_within(pid: int, timeout_s: float, clock=time.monotonic, pause=time.sle
 
 
 class RenderWorker(EventsMixin, Worker):
-    """A forking worker, warmed: the parent imports WeasyPrint and renders one sample slip
-    before it takes work, so its work horse starts warm. The parent checks deadlines every
+    """A forking worker, warmed: the parent imports WeasyPrint and renders the sample slip
+    in both its shapes (with and without a Bengali name) before it takes work, so its work
+    horse starts warm, with both cascades kept (jobs.cascade). The parent checks deadlines every
     second while the horse runs, and can always kill it (a render hung in C code).
 
     ``jobs_per_horse`` > 1 keeps one horse for that many jobs instead of forking per job

@@ -83,6 +83,8 @@ def test_the_shape_ignores_text_and_meta_content_only():
                                "<meta name='author' content='Meghna'>"))
     assert cascade.shape(_html("<p class='a'>other text</p><p>x</p>",
                                "<meta name='author' content='Jamuna'>")) == base
+    assert (cascade.shape(_html("<p><b>x</b> after</p>"))
+            == cascade.shape(_html("<p><b>y</b> other text after</p>")))
     different = [
         _html("<p class='b'>one</p><p>two</p>", "<meta name='author' content='Meghna'>"),
         _html("<p class='a'>one</p><p></p>", "<meta name='author' content='Meghna'>"),
@@ -125,13 +127,58 @@ def test_the_cache_keeps_the_most_recent_shapes_only():
     assert (cache.misses, cache.hits) == (5, 1)
 
 
-def test_a_document_with_anchors_is_never_kept():
+def _plain(html: HTML) -> bytes:
+    font_config, _ = slip._renderer()
+    with slip._RENDER_LOCK:
+        return html.render(stylesheets=[slip._stylesheet()], font_config=font_config).write_pdf()
+
+
+@pytest.mark.parametrize("body, head", [
+    ("<p id='top'>x</p><p>y</p>", ""),  # anchors: collected while styles are computed
+    ("<p>x</p><p>y</p>", "<style>body { overflow: hidden }</style>"),  # moved to the page
+    ("<p>x</p><p>y</p>", "<style>html { overflow: hidden }</style>"),
+])
+def test_documents_whose_styles_weasyprint_would_change_are_never_kept(body, head):
     cache = cascade.CascadeCache()
-    html = "<p id='top'>x</p><p>y</p>"
-    first = _render(_html(html), cache)
-    second = _render(_html(html), cache)
-    assert (len(cache), cache.hits, cache.misses) == (0, 0, 2)
-    assert first == second
+    pdfs = [_render(_html(body, head), cache) for _ in range(3)]
+    assert (len(cache), cache.hits, cache.misses) == (0, 0, 3)
+    assert pdfs == [_plain(_html(body, head))] * 3
+
+
+def test_no_kept_value_changes_from_one_slip_to_the_next(fresh_cache):
+    """What makes a kept cascade safe: WeasyPrint may compute more values into a kept
+    style as slips need them, but never changes one it already has."""
+    slip._WARM_PID = None
+    slip.warm_up()
+    kept = [(style, dict(style)) for entry in fresh_cache._kept.values()
+            for _, _, style in entry.by_position]
+    for snap in SLIPS * 2:
+        slip.render_pdf(snap)
+    changed = [(key, before[key], style[key]) for style, before in kept
+               for key in before if style[key] != before[key]]
+    assert changed == []
+
+
+def test_no_element_of_the_first_document_is_kept(fresh_cache):
+    import gc
+    import weakref
+
+    html = HTML(string=slip.render_html(SLIPS[1]), base_url=slip.ASSETS_BASE_URL,
+                url_fetcher=slip._renderer()[1])
+    root = weakref.ref(html.etree_element)
+    font_config, _ = slip._renderer()
+    with slip._RENDER_LOCK:
+        document = cascade.render(html, [slip._stylesheet()], font_config)
+    assert len(fresh_cache) == 1
+    del html, document
+    gc.collect()
+    assert root() is None  # the employee's name, amounts and account went with it
+
+
+def test_with_another_weasyprint_it_is_the_ordinary_render(fresh_cache, monkeypatch):
+    monkeypatch.setattr(cascade, "ENABLED", False)
+    assert [slip.render_pdf(snap) for snap in SLIPS[:3]] == [_ordinary(snap) for snap in SLIPS[:3]]
+    assert (fresh_cache.hits, fresh_cache.misses, len(fresh_cache)) == (0, 0, 0)
 
 
 def test_a_kept_cascade_gives_each_document_its_own_text():
