@@ -8,7 +8,8 @@ Public API (other modules call these names):
     render_pdf(snapshot)    -> bytes (validates first)
     html_to_pdf(html)       -> bytes through the same restricted fetcher and fonts
     write_slip(path, pdf)   atomic write, file 0600, created dirs 0700
-    warm_up()               render SAMPLE_SNAPSHOT once per process (before forking)
+    warm_up()               render SAMPLE_SNAPSHOT, with and without a Bengali name, once
+                            per process (before forking): both cascades kept (jobs.cascade)
 
 Privacy: nothing here logs snapshots, amounts or names. Error messages name the field
 that is wrong, never its value.
@@ -26,6 +27,7 @@ import os
 import re
 import secrets
 import threading
+import unicodedata
 from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import unquote, urlsplit
@@ -197,6 +199,7 @@ def validate(snapshot: Any) -> None:
     if not isinstance(name_bn, str) or len(name_bn) > NAME_BN_MAX:
         raise PermanentError(f"{who}: employee Bengali name (name_bn) must be text of at "
                              f"most {NAME_BN_MAX} characters (may be empty)")
+    _refuse_controls(name_bn, "employee Bengali name (name_bn)", who)
     if not _EMAIL_RE.fullmatch(employee["email"].strip()):
         raise PermanentError(f"{who}: employee email address is not valid; "
                              "correct it in the payroll data")
@@ -246,6 +249,15 @@ def _require_text(section: Mapping[str, Any], field: str, label: str, max_len: i
     if len(value) > max_len:
         raise PermanentError(f"{who}: {label} is longer than {max_len} characters; "
                              "shorten it in the payroll data")
+    _refuse_controls(value, label, who)
+
+
+def _refuse_controls(value: str, label: str, who: str) -> None:
+    """A control character prints as nothing (the HTML parser drops NUL): a name made of
+    one would leave a blank on the slip. The import refuses them too (payrun.payroll)."""
+    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value):
+        raise PermanentError(f"{who}: {label} contains a control character; "
+                             "correct it in the payroll data")
 
 
 # --------------------------------------------------------------------------- fetcher

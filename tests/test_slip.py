@@ -299,6 +299,9 @@ def test_fetcher_serves_bundled_font():
     ({"month": "2026-13"}, "month"),
     ({"key": ""}, "key"),
     ({"employee__name_en": "x" * 500}, "longer than"),
+    ({"employee__name_en": "\x00"}, "control character"),
+    ({"employee__name_bn": "ক\x1b[31m"}, "control character"),
+    ({"company__address": "Road 4\x7f"}, "control character"),
 ])
 def test_validate_rejects_bad_data(change, message):
     snap = snapshot(**change)
