@@ -799,9 +799,16 @@ return {0}
         (StopRequested, wherever it is; a job it had just taken goes back at teardown).
         Between two jobs this worker's state still reads busy (see set_state): with no job
         in hand it is idle, and stops at once as RQ's idle worker does, rather than take
-        one more job after a wait that no longer looks at the stop request."""
+        one more job after a wait that no longer looks at the stop request.
+
+        The stop is also recorded in ``_stop_requested`` (RQ sets it only for a busy
+        worker): StopRequested is raised wherever the main thread is, and a signal that
+        lands inside a logging call (RQ's dequeue line, say) has it swallowed by the log
+        handler's error handling. The worker then went on taking jobs until it was killed;
+        now its loop stops at its next check."""
         if self.in_hand is None and self.get_state() == WorkerStatus.BUSY:
             self._state = WorkerStatus.IDLE  # (this process's view only: it is on its way out)
+        self._stop_requested = True
         super()._shutdown()
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):

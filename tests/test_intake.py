@@ -211,9 +211,50 @@ def test_sigterm_between_two_jobs_stops_a_render_worker_at_once(conn):
     assert w.in_hand is None
     with pytest.raises(StopRequested):
         w._shutdown()
+    assert w._stop_requested  # (recorded too: see the next test)
     w2, _ = _render_worker(conn)
     w2.set_state(WorkerStatus.BUSY)
     w2.in_hand = (object(), q)  # a job in hand: finish it first
     w2._shutdown_requested_date = datetime.now(timezone.utc)  # (request_stop, the signal handler, sets it)
     w2._shutdown()
     assert w2._stop_requested and w2.get_state() == WorkerStatus.BUSY
+
+
+def test_sigterm_landing_inside_a_log_line_still_stops_a_render_worker(conn):
+    """The signal handler raises StopRequested wherever the main thread is. Inside a log
+    handler's emit (RQ's dequeue line), logging swallows it ("--- Logging error ---"): the
+    worker went on taking every job until it was killed (a rolling deploy's render worker
+    ran 35 s past its 5 s grace). Now it finishes the job it took and stops."""
+    import logging
+    import signal
+
+    w, q = _render_worker(conn)
+    w.jobs_per_horse = 10
+    for i in range(5):
+        q.enqueue_call("jobs.tasks.noop", job_id=f"s{i}", timeout=5, meta={"kind": "test"})
+
+    class SignalDuringEmit(logging.Handler):
+        fired = False
+
+        def emit(self, record):
+            try:  # as StreamHandler.emit does: an error goes to handleError, not up
+                if not self.fired and f"{keys.RENDER_QUEUE}: s0" in record.getMessage():
+                    self.fired = True
+                    w.request_stop(signal.SIGTERM, None)
+            except Exception:  # noqa: BLE001
+                self.handleError(record)
+
+    handler = SignalDuringEmit()
+    rq_log = logging.getLogger("rq.worker")
+    rq_log.addHandler(handler)
+    saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False  # (no traceback on stderr)
+    try:
+        w.work(burst=True, logging_level="INFO")
+    finally:
+        logging.raiseExceptions = raise_exceptions
+        rq_log.removeHandler(handler)
+        signal.signal(signal.SIGTERM, saved[0])
+        signal.signal(signal.SIGINT, saved[1])
+    assert handler.fired
+    assert q.count == 4 and q.finished_job_registry.get_job_ids() == ["s0"]
