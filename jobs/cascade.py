@@ -142,11 +142,12 @@ class CascadeCache:
             if kept is not None:
                 self._kept.move_to_end(key)
                 self.hits += 1
+            else:
+                self.misses += 1
         if kept is not None:
             counter_style.update(kept.counter_style)
             return _rebound(kept, html)
 
-        self.misses += 1
         style_for = get_all_computed_styles(
             html, list(stylesheets), options["presentational_hints"], font_config,
             counter_style, color_profiles, [], [], target_collector, options["pdf_forms"])
