@@ -282,6 +282,20 @@ BATCH_RE = re.compile(r"c[0-9]+-[0-9]{8}T[0-9]{6}Z")
 CANCEL_MARGIN_S = 5.0
 """A reminder due sooner than this is not cancelled: the send-email worker's scheduler may
 be moving it to the queue already (it takes only reminders that are due)."""
+CANCEL_CHUNK = 1000
+# KEYS[1]: RQ's scheduled registry; ARGV[1]: the horizon, ARGV[2..]: job ids. Each id still
+# scheduled after the horizon is removed, and returned: the removal owns the reminder.
+_TAKE_BACK = """
+local out, horizon = {}, tonumber(ARGV[1])
+for i = 2, #ARGV do
+  local at = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if at and tonumber(at) > horizon then
+    redis.call('ZREM', KEYS[1], ARGV[i])
+    out[#out + 1] = ARGV[i]
+  end
+end
+return out
+"""
 
 
 def cancel_reminders(cfg, conn, ledger, batch: str, now: float | None = None) -> dict:
@@ -302,13 +316,13 @@ def cancel_reminders(cfg, conn, ledger, batch: str, now: float | None = None) ->
     queue = make_queue(keys.EMAIL_QUEUE, conn)
     registry = queue.scheduled_job_registry.key
     horizon = (time.time() if now is None else now) + CANCEL_MARGIN_S
-    cancelled, due = [], []
-    for job_id in ids:
-        at = conn.zscore(registry, job_id)
-        if at is not None and at > horizon and conn.zrem(registry, job_id):
-            cancelled.append(job_id)
-        else:
-            due.append(job_id)
+    take_back = conn.register_script(_TAKE_BACK)
+    cancelled: list[str] = []
+    for i in range(0, len(ids), CANCEL_CHUNK):  # one round trip per chunk, not two per reminder
+        chunk = ids[i:i + CANCEL_CHUNK]
+        cancelled += [j.decode() if isinstance(j, bytes) else j
+                      for j in take_back(keys=[registry], args=[repr(horizon), *chunk])]
+    due = len(ids) - len(cancelled)
     if cancelled:
         with conn.pipeline(transaction=False) as p:
             for job_id in cancelled:
@@ -316,10 +330,14 @@ def cancel_reminders(cfg, conn, ledger, batch: str, now: float | None = None) ->
                 p.zrem(keys.delayed(keys.EMAIL_QUEUE), job_id)
             p.execute()
         ledger.remove_jobs(cancelled)
-    return {"batch": batch, "cancelled": len(cancelled), "already_due": len(due), "jobs": cancelled}
+    return {"batch": batch, "cancelled": len(cancelled), "already_due": due, "jobs": cancelled}
 
 
-def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None) -> dict:
+def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, now=None) -> dict:
+    """Schedule one reminder email per active employee of ``company_id``, due ``delta``
+    from ``now`` (a UTC datetime; default the current time). The batch is named by the
+    company and the due second; a second batch for the same company and second is refused
+    (nothing written): its jobs would have replaced the first one's, silently."""
     from datetime import datetime, timezone
 
     from rq import Retry
@@ -335,8 +353,12 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None) -
     if not employees:
         raise InputError(f"company {company_id} has no active employees")
     name = company[0]
-    due = datetime.now(timezone.utc) + delta
+    due = (now or datetime.now(timezone.utc)) + delta
     batch = f"c{company_id}-{due.strftime('%Y%m%dT%H%M%SZ')}"
+    if ledger.reminder_ids(batch):
+        raise InputError(f"a reminder batch {batch} is already scheduled for company {company_id} at that "
+                         f"second; run again a second later for another one, or `payrun remind --cancel {batch}` "
+                         "first to replace it")
     subject = f"Reminder from {name} payroll"
     text = message or (f"This is a reminder from {name} payroll: please check that your bank account details "
                        f"are up to date before payday.")

@@ -634,6 +634,41 @@ def test_a_reminder_batch_can_be_cancelled_before_it_is_due(world):
         assert bad.exit_code == 2 and says in bad.output, (args, bad.output)
 
 
+def test_a_second_reminder_batch_for_the_same_company_and_second_is_refused(world, monkeypatch):
+    """Batches are named by company and due second. A second `remind` landing on the same
+    second used to reuse the first one's job ids: its text silently replaced the first's
+    (or, once sent, it was skipped as a duplicate) while it reported N scheduled. Now it
+    is refused and writes nothing; a cancelled batch can be scheduled again. Cancelling
+    works in chunks (one script call per chunk) and takes back every reminder."""
+    from datetime import datetime, timedelta, timezone
+
+    import scheduler.cli as scli
+    from payrun.errors import InputError
+
+    cfg, conn, db, ledger = world
+    now = datetime(2026, 12, 2, 18, 0, 0, 400000, tzinfo=timezone.utc)
+    first = scli.remind(cfg, conn, ledger, db, 1, timedelta(hours=2), "first text", now=now)
+    job0 = first["jobs"][0]
+    text0 = conn.hget(f"rq:job:{job0}", "data")
+    rows0 = ledger.db.conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+    with pytest.raises(InputError, match=f"batch {first['batch']} is already scheduled"):
+        scli.remind(cfg, conn, ledger, db, 1, timedelta(hours=2), "second text", now=now + timedelta(milliseconds=300))
+    assert conn.hget(f"rq:job:{job0}", "data") == text0
+    assert ledger.db.conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == rows0
+    # another company, or the next second, is another batch
+    assert scli.remind(cfg, conn, ledger, db, 2, timedelta(hours=2), None, now=now)["batch"] != first["batch"]
+    assert scli.remind(cfg, conn, ledger, db, 1, timedelta(hours=2), None,
+                       now=now + timedelta(seconds=1))["batch"] != first["batch"]
+
+    monkeypatch.setattr(scli, "CANCEL_CHUNK", 3)
+    n = first["scheduled"]
+    assert n > 3
+    out = scli.cancel_reminders(cfg, conn, ledger, first["batch"])
+    assert (out["cancelled"], out["already_due"], sorted(out["jobs"])) == (n, 0, sorted(first["jobs"]))
+    again = scli.remind(cfg, conn, ledger, db, 1, timedelta(hours=2), "second text", now=now)
+    assert again["batch"] == first["batch"] and again["scheduled"] == n
+
+
 def test_status_counts_a_company_that_was_never_run(world):
     """A company imported after the run (or left out by `run --company`) has salary lines
     and no slip: HR's "did everyone get their slip?" must not answer yes. It used to be
