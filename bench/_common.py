@@ -404,6 +404,46 @@ def warm_render_times(n: int, snapshots: list[dict] | None = None) -> list[float
     return out
 
 
+def bare_pool_rate(procs: int, n: int, snapshots: list[dict], write_dir: Path | None = None) -> float:
+    """Slips/s of ``procs`` forked processes rendering ``n`` slips each at once, no RQ, no
+    Redis: with ``write_dir``, each slip is also written as a job writes it
+    (jobs.slip.write_slip: 0600, fsync, rename, fsync of the folder). What a pool could
+    reach if a job were only its render (and its durable write): the part of the gap to
+    the CPU limit that the job runtime (hand-over, RQ's bookkeeping, the send's enqueue)
+    does not explain."""
+    import gc
+
+    from jobs import slip
+
+    slip.tune_gc()
+    slip.warm_up()
+    gc.collect()
+    gc.freeze()
+    pids = []
+    t0 = time.perf_counter()
+    for p in range(procs):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                for i in range(n):
+                    pdf = slip.render_pdf(snapshots[(i * procs + p) % len(snapshots)])
+                    if write_dir is not None:
+                        slip.write_slip(write_dir / f"bare-{p}-{i}.pdf", pdf)
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    failed = 0
+    for pid in pids:
+        failed += os.waitpid(pid, 0)[1] != 0
+    elapsed = time.perf_counter() - t0
+    gc.unfreeze()
+    if failed:
+        raise RuntimeError(f"{failed} of {procs} bare render processes failed")
+    return procs * n / elapsed
+
+
 def parallel_render_times(procs: int, n: int, snapshots: list[dict] | None = None) -> list[float]:
     """Warm render times with ``procs`` processes rendering at once (forked from this warm
     process, no RQ, no Redis): what a render costs when every core renders, the ceiling a

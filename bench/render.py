@@ -27,7 +27,7 @@ import logging
 import time
 from pathlib import Path
 
-from _common import (CORES, proc_cpu_s, MONTH, Bench, finish, harfbuzz_subset_info, job_times, load_avg, mean,  # noqa: E402
+from _common import (CORES, proc_cpu_s, MONTH, Bench, bare_pool_rate, finish, harfbuzz_subset_info, job_times, load_avg, mean,  # noqa: E402
                      median, parallel_render_times, r4, run_main, say, seed_payroll, span_rate, warm_render_times)
 
 
@@ -85,6 +85,24 @@ def main() -> None:
         par_limit = CORES / par
         say(f"the same render with {CORES} processes rendering at once (no RQ): {par * 1000:.0f} ms median "
             f"({par / warm:.2f}x the lone render): parallel ceiling {par_limit:.1f} slips/s")
+
+        # 1b. bare processes, one per core, no RQ: rendering only, then rendering and
+        # writing each slip durably as a job does. The gap between the second and the pool
+        # is what the job runtime costs; the gap between the first and the CPU limit is
+        # what two cores rendering at once lose.
+        bare_n = 25 if a.quick else 75
+        bare_dir = b.home / "bare-slips"
+        bare_dir.mkdir(mode=0o700)
+        spread = snaps[::max(1, len(snaps) // n_bracket)][:n_bracket]
+        lone0 = mean(warm_render_times(n_bracket, spread))
+        bare_render = bare_pool_rate(CORES, bare_n, snaps)
+        bare_write = bare_pool_rate(CORES, bare_n, snaps, bare_dir)
+        lone1 = mean(warm_render_times(n_bracket, spread))
+        bare_limit = CORES / ((lone0 + lone1) / 2)
+        bare_render_r, bare_write_r = bare_render / bare_limit, bare_write / bare_limit
+        say(f"{CORES} bare processes, {bare_n} slips each (no RQ, no Redis): rendering only {bare_render:.1f} slips/s "
+            f"({bare_render_r:.3f} of the CPU limit {bare_limit:.1f}); rendering and writing each slip durably "
+            f"{bare_write:.1f} slips/s ({bare_write_r:.3f})")
 
         # 2. the pool: one pdf-render worker per core, fed by the real fan-out, in rounds.
         # This machine's speed drifts (a lone render takes 80 ms for some seconds, 160 ms
@@ -180,6 +198,8 @@ def main() -> None:
         say(f"pool / CPU limit = {ratio:.3f} (median of {rounds} rounds; target >= 0.90); "
             f"pool / parallel ceiling = {vs_par:.3f} (median; what the pool itself loses against {CORES} bare "
             f"processes rendering at once)")
+        say(f"pool / (rendering and writing durably, bare) = {ratio / bare_write_r:.3f}: what the job runtime "
+            "(hand-over, RQ's bookkeeping, the send's enqueue, the events) costs")
         for w in workers:
             b.stop(w)
 
@@ -209,6 +229,8 @@ def main() -> None:
             "gap_between_jobs_p90_s": r4(gap_p90),
             "parallel_render_s": r4(par), "parallel_ceiling_slips_per_s": r4(par_limit),
             "pool_vs_parallel_ceiling": r4(vs_par),
+            "bare_render_vs_cpu_limit": r4(bare_render_r), "bare_render_write_vs_cpu_limit": r4(bare_write_r),
+            "pool_vs_bare_render_write": r4(ratio / bare_write_r),
             "jobs_per_horse": jph, "ratio_median_based": r4(ratio_med), "ratio": r4(ratio), "target": ">= 0.90",
         })
 
