@@ -25,7 +25,6 @@ sys.path.append(sys.path.pop(0))
 import argparse
 import logging
 import time
-from pathlib import Path
 
 from _common import (CORES, proc_cpu_s, MONTH, Bench, bare_pool_rate, finish, harfbuzz_subset_info, job_times, load_avg, mean,  # noqa: E402
                      median, parallel_render_times, r4, run_main, say, seed_payroll, span_rate, warm_render_times)
