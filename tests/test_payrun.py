@@ -646,7 +646,7 @@ def test_a_second_reminder_batch_for_the_same_company_and_second_is_refused(worl
     from payrun.errors import InputError
 
     cfg, conn, db, ledger = world
-    now = datetime(2026, 12, 2, 18, 0, 0, 400000, tzinfo=timezone.utc)
+    now = datetime.now(timezone.utc).replace(microsecond=400000)  # +300 ms stays in the same second
     first = scli.remind(cfg, conn, ledger, db, 1, timedelta(hours=2), "first text", now=now)
     job0 = first["jobs"][0]
     text0 = conn.hget(f"rq:job:{job0}", "data")
