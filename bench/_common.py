@@ -404,13 +404,10 @@ def warm_render_times(n: int, snapshots: list[dict] | None = None) -> list[float
     return out
 
 
-def bare_pool_rate(procs: int, n: int, snapshots: list[dict], write_dir: Path | None = None) -> float:
-    """Slips/s of ``procs`` forked processes rendering ``n`` slips each at once, no RQ, no
-    Redis: with ``write_dir``, each slip is also written as a job writes it
-    (jobs.slip.write_slip: 0600, fsync, rename, fsync of the folder). What a pool could
-    reach if a job were only its render (and its durable write): the part of the gap to
-    the CPU limit that the job runtime (hand-over, RQ's bookkeeping, the send's enqueue)
-    does not explain."""
+def _in_warm_forks(procs: int, work) -> tuple[list[bytes], int, float]:
+    """Run ``work(p) -> bytes`` in ``procs`` processes forked at once from this process,
+    warmed as a render worker is (tune_gc, warm_up, the heap frozen). Returns what each
+    child wrote, how many failed, and the seconds from the first fork to the last exit."""
     import gc
 
     from jobs import slip
@@ -419,26 +416,48 @@ def bare_pool_rate(procs: int, n: int, snapshots: list[dict], write_dir: Path | 
     slip.warm_up()
     gc.collect()
     gc.freeze()
-    pids = []
+    children = []
     t0 = time.perf_counter()
     for p in range(procs):
+        r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
+            os.close(r)
             code = 1
             try:
-                for i in range(n):
-                    pdf = slip.render_pdf(snapshots[(i * procs + p) % len(snapshots)])
-                    if write_dir is not None:
-                        slip.write_slip(write_dir / f"bare-{p}-{i}.pdf", pdf)
+                os.write(w, work(p))
                 code = 0
             finally:
                 os._exit(code)
-        pids.append(pid)
-    failed = 0
-    for pid in pids:
+        os.close(w)
+        children.append((r, pid))
+    out, failed = [], 0
+    for r, pid in children:
+        with os.fdopen(r, "rb") as f:
+            out.append(f.read())
         failed += os.waitpid(pid, 0)[1] != 0
     elapsed = time.perf_counter() - t0
     gc.unfreeze()
+    return out, failed, elapsed
+
+
+def bare_pool_rate(procs: int, n: int, snapshots: list[dict], write_dir: Path | None = None) -> float:
+    """Slips/s of ``procs`` forked processes rendering ``n`` slips each at once, no RQ, no
+    Redis: with ``write_dir``, each slip is also written as a job writes it
+    (jobs.slip.write_slip: 0600, fsync, rename, fsync of the folder). What a pool could
+    reach if a job were only its render (and its durable write): the part of the gap to
+    the CPU limit that the job runtime (hand-over, RQ's bookkeeping, the send's enqueue)
+    does not explain."""
+    from jobs import slip
+
+    def work(p: int) -> bytes:
+        for i in range(n):
+            pdf = slip.render_pdf(snapshots[(i * procs + p) % len(snapshots)])
+            if write_dir is not None:
+                slip.write_slip(write_dir / f"bare-{p}-{i}.pdf", pdf)
+        return b""
+
+    _, failed, elapsed = _in_warm_forks(procs, work)
     if failed:
         raise RuntimeError(f"{failed} of {procs} bare render processes failed")
     return procs * n / elapsed
@@ -448,43 +467,22 @@ def parallel_render_times(procs: int, n: int, snapshots: list[dict] | None = Non
     """Warm render times with ``procs`` processes rendering at once (forked from this warm
     process, no RQ, no Redis): what a render costs when every core renders, the ceiling a
     pool can reach (cores share caches and memory bandwidth; on a VM maybe more)."""
-    import gc
     import json as _json
 
     from jobs import slip
 
-    slip.tune_gc()
-    slip.warm_up()
-    gc.collect()
-    gc.freeze()
     snaps = snapshots or [slip.SAMPLE_SNAPSHOT]
-    pipes, pids = [], []
-    for p in range(procs):
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(r)
-            code = 1
-            try:
-                times = []
-                for i in range(n):
-                    t = time.perf_counter()
-                    slip.render_pdf(snaps[(i + p) % len(snaps)])
-                    times.append(time.perf_counter() - t)
-                os.write(w, _json.dumps(times).encode())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(w)
-        pipes.append(r)
-        pids.append(pid)
-    out: list[float] = []
-    for r, pid in zip(pipes, pids):
-        with os.fdopen(r, "rb") as f:
-            out += _json.loads(f.read() or b"[]")
-        os.waitpid(pid, 0)
-    gc.unfreeze()
-    return out
+
+    def work(p: int) -> bytes:
+        times = []
+        for i in range(n):
+            t = time.perf_counter()
+            slip.render_pdf(snaps[(i + p) % len(snaps)])
+            times.append(time.perf_counter() - t)
+        return _json.dumps(times).encode()
+
+    outputs, _, _ = _in_warm_forks(procs, work)
+    return [t for raw in outputs for t in _json.loads(raw or b"[]")]
 
 
 def harfbuzz_subset_info() -> dict[str, Any]:
