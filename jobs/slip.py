@@ -29,7 +29,7 @@ import secrets
 import threading
 import unicodedata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import unquote, urlsplit
 from urllib.request import url2pathname
 
@@ -399,14 +399,48 @@ building the stylesheet together crashed the process). Render workers fork one j
 time, so this lock is never contended there."""
 
 
+def on_a_stack_chunk_of_its_own(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, with every Python frame it stacks inside one big chunk of CPython's
+    frame stack (see STACK_PAD_SLOTS).
+
+    CPython 3.11 keeps Python frames on a data stack of 16 KiB chunks, and frees a chunk
+    as soon as the frame that opened it returns. A deep recursion that keeps going back
+    and forth across a chunk's edge (WeasyPrint's layout does) maps and unmaps a 16 KiB
+    chunk at every crossing: 60 to 490 times per slip here, depending only on how deep
+    the caller's stack happens to be (a render worker's horse, under RQ: ~490), each a
+    mmap, a munmap and the page faults between, all in the kernel: ~1 ms of a 28 ms
+    render at the lone render's depth, ~3 ms at the horse's (bench/README.md). A frame
+    too big for the chunk in hand gets a chunk of its own, sized in doublings of 16 KiB
+    until it fits: this function's frame is padded (``co_stacksize``: value-stack slots
+    that are never touched, so never paged in) to open a 1 MiB chunk, and the ~500 KiB
+    left in it holds the render's frames. One mmap per call instead of hundreds."""
+    return fn(*args)
+
+
+STACK_PAD_SLOTS = 65_536
+"""Extra value-stack slots in on_a_stack_chunk_of_its_own's frame: 512 KiB, so its chunk
+is 1 MiB (the frame plus CPython's 1,000-slot margin no longer fits 512 KiB)."""
+
+on_a_stack_chunk_of_its_own.__code__ = on_a_stack_chunk_of_its_own.__code__.replace(
+    co_stacksize=on_a_stack_chunk_of_its_own.__code__.co_stacksize + STACK_PAD_SLOTS)
+
+
 def html_to_pdf(html: str) -> bytes:
     """Any HTML -> PDF through the slip fonts and the assets-only fetcher."""
+    return on_a_stack_chunk_of_its_own(_html_to_pdf, html)
+
+
+def _html_to_pdf(html: str) -> bytes:
     with _RENDER_LOCK:
         return _document(html).write_pdf()
 
 
 def render_pdf(snapshot: Mapping[str, Any]) -> bytes:
     """Validate the snapshot, then render the one-page A4 slip to PDF bytes."""
+    return on_a_stack_chunk_of_its_own(_render_pdf, snapshot)
+
+
+def _render_pdf(snapshot: Mapping[str, Any]) -> bytes:
     validate(snapshot)
     html = render_html(snapshot)
     with _RENDER_LOCK:

@@ -391,3 +391,45 @@ def test_a_company_name_ending_in_a_full_stop_gets_no_second_one():
     html = slip.render_html(snapshot(company__name="Sundarban Steel Mills Ltd."))
     assert "of Sundarban Steel Mills Ltd.</p>" in html
     assert "of Acme Garments.</p>" in slip.render_html(snapshot(company__name="Acme Garments"))
+
+
+def _down(k: int) -> int:
+    return 0 if k == 0 else _down(k - 1) + 1
+
+
+def _back_and_forth(times: int) -> None:
+    for _ in range(times):
+        _down(400)  # ~35 KiB of frames: across at least two 16 KiB chunk edges and back
+
+
+def _minor_faults(fn, *args) -> int:
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    fn(*args)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def test_a_deep_recursion_runs_in_one_stack_chunk_of_its_own():
+    """CPython 3.11 frees a 16 KiB chunk of its frame stack as soon as the frame that
+    opened it returns, so a recursion going back and forth across a chunk's edge maps,
+    touches and unmaps a fresh chunk at every crossing (a render did 60-490 of them,
+    by the caller's depth). Inside on_a_stack_chunk_of_its_own the frames live in one
+    1 MiB chunk: paged in once, not at every crossing."""
+    code = slip.on_a_stack_chunk_of_its_own.__code__
+    assert code.co_stacksize >= slip.STACK_PAD_SLOTS  # its frame alone takes over 512 KiB
+    assert slip.on_a_stack_chunk_of_its_own(lambda a, b: a + b, 2, 3) == 5
+    inside = min(_minor_faults(slip.on_a_stack_chunk_of_its_own, _back_and_forth, 300) for _ in range(3))
+    assert inside < 100  # the chunk's touched pages, once (~9 pages), and some slack
+    if sys.version_info[:2] == (3, 11):  # the behaviour it works around (3.11's frame stack)
+        outside = min(_minor_faults(_back_and_forth, 300) for _ in range(3))
+        assert outside > 5 * inside and outside > 600
+
+
+def test_render_pdf_runs_on_a_stack_chunk_of_its_own(monkeypatch):
+    seen = []
+    real = slip.on_a_stack_chunk_of_its_own
+    monkeypatch.setattr(slip, "on_a_stack_chunk_of_its_own", lambda fn, *a: seen.append(fn) or real(fn, *a))
+    assert slip.render_pdf(slip.SAMPLE_SNAPSHOT).startswith(b"%PDF")
+    assert slip.html_to_pdf("<p>x</p>").startswith(b"%PDF")
+    assert [f.__name__ for f in seen] == ["_render_pdf", "_html_to_pdf"]
