@@ -31,6 +31,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -385,6 +386,15 @@ class EventsMixin:
             pipe.execute()
         log.warning("Worker %s: %s returned to the front of %s (%s)", self.name, job.id, queue.name, reason)
 
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        """RQ writes the job's last_heartbeat here on its own (a round trip per job), then
+        saves the whole job record, heartbeat field included, in the success or failure
+        transaction that follows: setting it in memory gives the same record. (The one
+        outcome that saves no record, success with result_ttl 0, writes it there itself:
+        handle_job_success.)"""
+        job.ended_at = utcnow()
+        job.last_heartbeat = job.ended_at
+
     # horse / lane side: about to run
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
         job.meta["attempt"] = int(job.meta.get("attempt", 0)) + 1
@@ -532,6 +542,11 @@ class RenderWorker(EventsMixin, Worker):
         self._to_horse: int | None = None
         self._from_horse: int | None = None
         self._horse_jobs = 0
+        self._replies = b""  # what the horse wrote after its last full reply line
+        self._handoff: dict | None = None  # horse: the finish of the job just run, for the worker
+        self._rendered: tuple[Job, Queue, Execution | None, dict] | None = None  # worker: that finish, not done yet
+        self._finishing: tuple[Job, Queue, Execution | None] | None = None  # worker: the finish under way
+        self._held_execution: Execution | None = None  # worker, meanwhile: the execution of the job in hand
         self._took_at_once = False  # the last dequeue was _take_at_once's (it checked suspension)
         self._parent_pid = os.getpid()  # the worker: a horse dies with it (die_with_parent)
 
@@ -548,6 +563,28 @@ class RenderWorker(EventsMixin, Worker):
             self._reap_horse()
             self._spawn_horse()
             os.write(self._to_horse, line)
+
+    def prepare_execution(self, job: Job) -> Execution:
+        """With a warm horse, the worker starts the job itself, before it hands it over: RQ
+        writes the execution record and the busy state here (rq 2.12,
+        executions.prepare_execution), then the horse writes the start in a transaction of
+        its own (prepare_job_execution). Here both are one transaction (the lane's way:
+        ``PayrunJob.prepare_for_execution``), and the horse, which reads the job after it,
+        writes nothing before it runs: one round trip less per render. The records are the
+        same; the job reads started, and its attempt is counted, from the moment it is
+        handed over (a horse that dies before it runs spends that attempt, as one that dies
+        while running does)."""
+        if self.jobs_per_horse <= 1:
+            return super().prepare_execution(job)
+        self.execution = None
+        job._execution_for = self
+        self.prepare_job_execution(job, remove_from_intermediate_queue=len(self.queues) == 1)
+        return self.execution
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        if self._is_horse and self.jobs_per_horse > 1:
+            return  # started by the worker (prepare_execution); the fetched job says so
+        super().prepare_job_execution(job, remove_from_intermediate_queue)
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:  # RQ's fork-per-job horse
         die_with_parent(self._parent_pid)
@@ -574,29 +611,92 @@ class RenderWorker(EventsMixin, Worker):
         self.procline(f"Forked horse {pid} for up to {self.jobs_per_horse} jobs")
 
     def _horse_loop(self, r: int, w: int) -> None:
-        """In the horse: one job per line from the parent, one reply line per job."""
+        """In the horse: one job per line from the parent, one reply line per job: ``1``
+        (done: RQ recorded its end), or ``p`` and what is left of a render that handed its
+        finish over (jobs.tasks.hand_finish_over): the worker finishes it
+        (``_finish_rendered``) while this horse renders the next slip."""
         import random
 
-        from rq.executions import Execution
+        from jobs import tasks
 
         random.seed()
         self.setup_work_horse_signals()
         self._is_horse = True
+        tasks.hand_finish_over(True)
         with os.fdopen(r, "rb") as lines:
             for line in lines:
                 if line == HORSE_STOP:
                     return
                 job_id, queue_name, execution_id = json.loads(line)
+                self._handoff = None
                 try:
                     job, self.execution = self._fetch_for_horse(job_id, execution_id)
                     queue = make_queue(queue_name, self.connection)
                     self.perform_job(job, queue)
                 except BaseException:  # noqa: BLE001 - like RQ's horse: exit, the parent handles it
                     os._exit(1)
+                reply = b"1\n" if self._handoff is None else b"p " + json.dumps(self._handoff).encode() + b"\n"
                 try:
-                    os.write(w, b"1\n")
+                    os.write(w, reply)
                 except OSError:  # the worker is gone (killed): this job is done, stop here
                     return
+
+    def handle_job_success(self, job: Job, queue: Queue, started_job_registry) -> None:
+        """In a warm horse, a render that handed its finish over is not done yet: what is
+        left goes to the worker with the reply (``_horse_loop``), and the worker records the
+        end once it has finished it (``_finish_rendered``)."""
+        from jobs import tasks
+
+        if self._is_horse and isinstance(job._result, dict) and tasks.FINISH_KEY in job._result:
+            self._handoff = {"result": job._result}
+            return
+        super().handle_job_success(job, queue, started_job_registry)
+
+    def _finish_rendered(self) -> None:
+        """Finish the render the horse handed over (jobs.tasks.finish_render: the slip made
+        durable and put in place, its send enqueued), then record its end as the horse
+        would have: success, or RQ's failure handling (retry or failed) if the finish
+        raised. Called with the next job already handed to the horse (so the syncs are
+        waited out beside its render), before waiting for work, and on the way out.
+
+        The job counts as in hand meanwhile (a SIGTERM waits for it); a second SIGTERM
+        hands it back unfinished (``request_force_stop``)."""
+        from jobs import tasks
+
+        if self._rendered is None:
+            return
+        job, queue, execution, handed = self._rendered
+        mine, held = self.execution, self.in_hand
+        self._finishing, self._held_execution = (job, queue, execution), mine  # (before it leaves _rendered:
+        self._rendered = None                                                    # a second SIGTERM sees it)
+        self.execution = execution
+        if held is None:
+            self.in_hand = (job, queue)
+        try:
+            try:
+                result = tasks.finish_render(self.connection, handed["result"])
+            except Exception:  # noqa: BLE001 - RQ's perform_job handles the job's own errors so
+                exc_info = sys.exc_info()
+                job._status = JobStatus.FAILED
+                self.handle_execution_ended(job, queue, job.failure_callback_timeout)
+                self.handle_exception(job, *exc_info)
+                self.handle_job_failure(job=job, queue=queue, started_job_registry=queue.started_job_registry,
+                                        exc_string="".join(traceback.format_exception(*exc_info)))
+                return
+            self.handle_execution_ended(job, queue, job.success_callback_timeout)
+            job._result = result
+            job._status = JobStatus.FINISHED
+            self.handle_job_success(job, queue, queue.started_job_registry)  # (logs "job <id> done")
+        finally:
+            self._finishing = self._held_execution = None
+            self.execution = mine
+            self.in_hand = held
+
+    def set_current_job_id(self, job_id: str | None = None, pipeline=None) -> None:
+        if job_id is None and self._finishing is not None and self.in_hand is not None \
+                and self.in_hand[0] is not self._finishing[0]:
+            return  # a finish after the next job started: the worker's current job is that one
+        super().set_current_job_id(job_id, pipeline)
 
     def _fetch_for_horse(self, job_id: str, execution_id: str) -> tuple[Job, Execution]:
         """RQ's ``Job.fetch`` and ``Execution.fetch`` (rq 2.12: HGETALL each, the same
@@ -617,7 +717,19 @@ class RenderWorker(EventsMixin, Worker):
         execution.worker_name = raw_execution.get(b"worker_name", b"").decode()
         return job, execution
 
+    def _read_reply(self) -> bytes:
+        """The horse's next reply line (without its newline); b"" if the horse is gone."""
+        while b"\n" not in self._replies:
+            chunk = os.read(self._from_horse, 65536)
+            if not chunk:
+                self._replies = b""
+                return b""
+            self._replies += chunk
+        line, _, self._replies = self._replies.partition(b"\n")
+        return line
+
     def _reap_horse(self) -> None:
+        self._replies = b""
         for fd in (self._to_horse, self._from_horse):
             if fd is not None:
                 try:
@@ -635,18 +747,21 @@ class RenderWorker(EventsMixin, Worker):
         import select
 
         job.started_at = utcnow()
+        self._finish_rendered()  # the job before, while the horse renders this one
         long_job = False
         while True:
             ready, _, _ = select.select([self._from_horse], [], [], self.job_monitoring_interval)
             if ready:
-                reply = os.read(self._from_horse, 64)
+                reply = self._read_reply()
                 break
             long_job = True
             self.set_current_job_working_time((utcnow() - job.started_at).total_seconds())
             self.maintain_heartbeats(job)  # may kill the horse: the read then sees EOF
         if long_job:  # (the horse sets it to 0 as each job starts: a job under a second never moved it)
             self.set_current_job_working_time(0)
-        if reply.startswith(b"1"):
+        if reply.startswith(b"p "):
+            self._rendered = (job, queue, self.execution, json.loads(reply[2:]))
+        if reply.startswith((b"1", b"p ")):
             self._horse_jobs += 1
             if self._horse_jobs >= self.jobs_per_horse:
                 self._stop_horse()
@@ -700,6 +815,12 @@ class RenderWorker(EventsMixin, Worker):
         super().bootstrap(*args, **kwargs)
 
     def teardown(self) -> None:
+        if not self.is_horse and self._rendered is not None:
+            job_id = self._rendered[0].id
+            try:
+                self._finish_rendered()
+            except Exception as e:  # noqa: BLE001 - Redis down: it stays started, the reaper returns it
+                log.warning("Worker %s: could not finish %s on the way out: %s", self.name, job_id, e)
         if not self.is_horse and self._horse_pid and self.jobs_per_horse > 1:
             self._stop_horse()
         if not self.is_horse:
@@ -719,17 +840,30 @@ class RenderWorker(EventsMixin, Worker):
     def request_force_stop(self, signum, frame) -> None:
         """Second SIGTERM: hand the job back now, then exit. The job in hand may not have
         reached a horse yet (both signals right after the dequeue), or may have just
-        finished in it: it goes back unless RQ already recorded its end."""
-        if self.in_hand is not None:
-            job, queue = self.in_hand
-            if self.horse_pid:
-                self.kill_horse()
-                self.wait_for_horse()
+        finished in it: it goes back unless RQ already recorded its end. So does a render
+        the horse handed over that this worker has not finished (``_finish_rendered``):
+        its slip is rendered again."""
+        # (job, queue, its execution): the job in hand, and a render handed over but not
+        # finished (being finished now, or waiting for it)
+        unfinished = []
+        if self._finishing is not None:
+            unfinished.append(self._finishing)
+            if self.in_hand is not None and self.in_hand[0] is not self._finishing[0]:
+                unfinished.append((*self.in_hand, self._held_execution))
+        elif self.in_hand is not None:
+            unfinished.append((*self.in_hand, self.execution))
+        if self._rendered is not None:
+            unfinished.append(self._rendered[:3])
+        if unfinished and self.horse_pid:
+            self.kill_horse()
+            self.wait_for_horse()
+        for job, queue, execution in unfinished:
             try:
                 status = job.get_status(refresh=True)
             except Exception:  # noqa: BLE001 - gone (expired): nothing to hand back
                 status = None
             if status in (JobStatus.QUEUED, JobStatus.STARTED):
+                self.execution = execution  # (requeue_front removes this job's own execution record)
                 self.requeue_front(job, queue, f"worker {self.name} stopped at once (second signal)")
         if self._liveness is not None:
             self._liveness.stop()
@@ -820,6 +954,7 @@ return {0}
         taken = self._take_at_once()
         if taken is not None:
             return taken
+        self._finish_rendered()  # before any wait: a render handed over is finished now
         every = self._ordered_queues
         while True:
             while not (open_ := intake_queues(self.connection, every)):
@@ -925,13 +1060,6 @@ class LaneWorker(EventsMixin, SimpleWorker):
         send, and nobody sees an execution whose job has not started."""
         self.execution = None
         job._execution_for = self
-
-    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
-        """RQ writes the job's last_heartbeat here on its own (a round trip per send), then
-        saves the whole job record, heartbeat field included, in the success or failure
-        transaction that follows: setting it in memory gives the same record."""
-        job.ended_at = utcnow()
-        job.last_heartbeat = job.ended_at
 
     def handle_exception(self, job: Job, *exc_info) -> None:
         """A timeout is raised into the lane wherever it is, possibly between a Redis

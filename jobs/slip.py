@@ -8,6 +8,8 @@ Public API (other modules call these names):
     render_pdf(snapshot)    -> bytes (validates first)
     html_to_pdf(html)       -> bytes through the same restricted fetcher and fonts
     write_slip(path, pdf)   atomic write, file 0600, created dirs 0700
+    stage_slip / commit_slip  its two halves (written; then durable and in place), for a
+                            process that finishes what another rendered
     warm_up()               render SAMPLE_SNAPSHOT, with and without a Bengali name, once
                             per process (before forking): both cascades kept (jobs.cascade)
 
@@ -486,7 +488,15 @@ def warm_up() -> None:
 # --------------------------------------------------------------------------- storage
 
 def write_slip(path: Path, pdf: bytes) -> None:
-    """Write `pdf` to `path` atomically: file mode 0600, parent dirs it creates 0700."""
+    """Write `pdf` to `path` atomically and durably: file mode 0600, parent dirs it creates
+    0700; on disk (data and name) when it returns."""
+    commit_slip(stage_slip(path, pdf, durable=True), path, synced=True)
+
+
+def stage_slip(path: Path, pdf: bytes, durable: bool = False) -> Path:
+    """The first half of write_slip: `pdf` in a new temporary file (mode 0600) beside
+    `path`, which is not touched yet. ``durable`` syncs the data before it returns;
+    otherwise commit_slip does. Returns the temporary file's path."""
     path = Path(path)
     parent = path.parent
     missing = []
@@ -510,18 +520,42 @@ def write_slip(path: Path, pdf: bytes) -> None:
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return tmp
+
+
+def commit_slip(tmp: Path, path: Path, synced: bool = False) -> None:
+    """The second half of write_slip: the staged file's data made durable (unless
+    ``synced``: stage_slip did), then renamed over `path`, then the rename made durable
+    (the folder synced). Any process may do it (the render worker does it for its horse:
+    jobs.runtime.RenderWorker). A failure removes the staged file."""
+    tmp, path = Path(tmp), Path(path)
+    try:
+        if not synced:
+            fd = os.open(tmp, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _unlink_quietly(tmp)
         raise
-    dir_fd = os.open(parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    dir_fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(dir_fd)  # make the rename durable
     finally:
         os.close(dir_fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,142 @@
+"""A warm horse hands each slip's finish to its render worker: the horse stops once the
+slip is written, and the worker makes it durable, enqueues its send and records the end
+while the horse renders the next slip (jobs.runtime.RenderWorker._finish_rendered). The
+outcome must be the fork-per-job worker's, record for record. Real Redis, real renders."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+import redis
+from rq.job import Job, JobStatus
+
+from jobs import slip, tasks
+from jobs.runtime import PayrunJob, RenderWorker, make_queue
+from payrun import keys, ledger as ledger_mod, payroll, runs
+from payrun.ledger import Ledger
+
+MONTH = "2026-11"
+
+
+@pytest.fixture
+def world(cfg, conn):
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.seed(db, companies=2, employees=12, seed=3, month=MONTH)
+    ledger = Ledger(cfg.ledger_path)
+    yield cfg, conn, db, ledger
+    ledger.close()
+    db.close()
+
+
+def _warm_worker(conn, jobs_per_horse: int) -> RenderWorker:
+    w = RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn, name="render.test.handover")
+    w.jobs_per_horse = jobs_per_horse
+    return w
+
+
+def _render_ids(conn) -> list[str]:
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    return sorted(q.finished_job_registry.get_job_ids() + q.failed_job_registry.get_job_ids()
+                  + q.get_job_ids() + q.scheduled_job_registry.get_job_ids())
+
+
+def test_a_warm_horse_hands_the_finish_over_and_the_records_are_the_fork_per_jobs(world, monkeypatch):
+    cfg, conn, db, ledger = world
+    assert runs.start_run(cfg, conn, ledger, db, MONTH).jobs == 12
+    finished_here = []
+    finish = tasks.finish_render
+    monkeypatch.setattr(tasks, "finish_render", lambda c, r: finished_here.append(r["slip"]) or finish(c, r))
+    # 5 jobs per horse: twice a horse is replaced while its last render waits to be finished
+    w = _warm_worker(conn, jobs_per_horse=5)
+    w.work(burst=True, logging_level="WARNING")
+    assert len(finished_here) == 12  # by the worker (this process), not in its horses
+
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    ids = q.finished_job_registry.get_job_ids()
+    assert len(ids) == 12 and q.failed_job_registry.count == 0
+    slips = sorted(p for p in cfg.slips_dir.rglob("*") if p.is_file())
+    assert len(slips) == 12 and all(p.suffix == ".pdf" for p in slips)  # no staged file left behind
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in slips)
+    assert all(p.read_bytes().startswith(b"%PDF") for p in slips)
+    for job_id in ids:
+        job = PayrunJob.fetch(job_id, connection=conn)
+        assert job.get_status() == JobStatus.FINISHED
+        result = job.return_value()
+        assert set(result) == {"slip", "bytes"}  # what render_slip returns, nothing of the hand-over
+        assert (cfg.slips_dir / result["slip"]).stat().st_size == result["bytes"]
+        h = conn.hgetall(job.key)
+        assert h[b"worker_name"] == b"render.test.handover" and h[b"ended_at"] >= h[b"started_at"]
+        assert job.meta["attempt"] == 1
+    # one send per slip, each for its own slip
+    sends = make_queue(keys.EMAIL_QUEUE, conn).get_jobs()
+    assert sorted(j.args[0]["slip"] for j in sends) == sorted(
+        PayrunJob.fetch(i, connection=conn).return_value()["slip"] for i in ids)
+    # RQ's own books: every execution record gone, the worker's count, no job left current
+    assert conn.zcard(q.started_job_registry.key) == 0 and not list(conn.scan_iter("rq:execution:*"))
+    worker = conn.hgetall(w.key)
+    assert int(worker[b"successful_job_count"]) == 12 and b"current_job" not in worker
+    # the ledger: every render ran once and is done
+    ledger_mod.drain(conn, ledger)
+    rows = ledger.jobs(kind="render", limit=100)
+    assert len(rows) == 12 and {r["status"] for r in rows} == {"done"}
+
+
+def test_a_finish_that_fails_goes_through_the_jobs_failure_handling(world, monkeypatch):
+    """The worker's finish of one render raises (Redis gone at the send's enqueue): that
+    render is retried like any failed try (attempt spent, scheduled), the others finish,
+    and the slip already in place stays (the retry writes it again)."""
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH, company_id=1)
+    enqueue = tasks.enqueue_email
+    failed: list[str] = []
+
+    def flaky(c, conf, payload):
+        if not failed:
+            failed.append(payload["employee_id"])
+            raise redis.ConnectionError("Redis went away")
+        return enqueue(c, conf, payload)
+
+    monkeypatch.setattr(tasks, "enqueue_email", flaky)  # this process is the worker (burst)
+    _warm_worker(conn, jobs_per_horse=100).work(burst=True, logging_level="CRITICAL")
+
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    n = len(_render_ids(conn))
+    assert failed and q.finished_job_registry.count == n - 1
+    bad = PayrunJob.fetch(f"render-{MONTH}-{failed[0]}", connection=conn)
+    assert bad.get_status() in (JobStatus.SCHEDULED, JobStatus.QUEUED)
+    assert bad.meta["attempt"] == 1 and "ConnectionError" in bad.meta["last_error"]
+    assert conn.zcard(q.started_job_registry.key) == 0
+    assert not conn.exists(f"rq:job:{keys.email_job_id(MONTH, failed[0])}")
+    assert make_queue(keys.EMAIL_QUEUE, conn).count == n - 1
+
+
+def test_staged_then_committed_is_write_slip(tmp_path):
+    """stage_slip + commit_slip (two processes' halves) leave what write_slip leaves."""
+    pdf = b"%PDF-1.7 test\n%%EOF\n"
+    target = tmp_path / "a" / "b" / "slip.pdf"
+    staged = slip.stage_slip(target, pdf)
+    assert not target.exists() and staged.parent == target.parent and stat.S_IMODE(staged.stat().st_mode) == 0o600
+    slip.commit_slip(staged, target)
+    assert target.read_bytes() == pdf and not staged.exists()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert stat.S_IMODE(target.parent.stat().st_mode) == 0o700
+    # a commit that cannot rename removes the staged file and says why
+    staged = slip.stage_slip(target, pdf)
+    with pytest.raises(FileNotFoundError):
+        slip.commit_slip(staged, tmp_path / "missing-dir" / "slip.pdf")
+    assert not staged.exists()
+    assert [p.name for p in target.parent.iterdir()] == ["slip.pdf"]
+
+
+def test_outside_a_warm_horse_render_slip_does_everything_itself(world):
+    """The fork-per-job worker (jobs_per_horse = 1) and direct calls never hand over."""
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH, company_id=1)
+    _warm_worker(conn, jobs_per_horse=1).work(burst=True, logging_level="WARNING")
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    assert q.failed_job_registry.count == 0 and q.finished_job_registry.count == len(_render_ids(conn))
+    for job_id in q.finished_job_registry.get_job_ids():
+        assert set(Job.fetch(job_id, connection=conn, serializer=PayrunJob(connection=conn).serializer)
+                   .return_value()) == {"slip", "bytes"}
+    assert not tasks._hand_finish_over
