@@ -126,7 +126,7 @@ def main() -> None:
             smallest[1].extend(ids)
         cpu0 = sum(proc_cpu_s(w.pid, children=True) for w in workers)
         parent0 = sum(proc_cpu_s(w.pid) for w in workers)
-        rows, all_ids, gaps, in_horse = [], [], [], []
+        rows, all_ids, gaps, in_horse, cycles = [], [], [], [], []
         failed_total = 0
         pool_wall = 0.0
         by_id = {f"render-{MONTH}-{s['employee']['id']}": s for s in snaps}
@@ -167,9 +167,10 @@ def main() -> None:
                    "vs_parallel": r4(rate / (CORES / ((par_before + par_after) / 2)))}
             rows.append(row)
             all_ids += ids
-            g, h = worker_gaps(conn, ids)
+            g, h, c = worker_gaps(conn, ids)
             gaps += g
             in_horse += h
+            cycles += c
             say(f"  round {rnd}: {queued} slips, {rate:.2f} slips/s; warm render (mean) {before * 1000:.1f} ms "
                 f"before, {after * 1000:.1f} ms after (both cores at once: {par_before * 1000:.1f} / "
                 f"{par_after * 1000:.1f} ms) -> pool / CPU limit {row['ratio']:.3f}, pool / parallel ceiling "
@@ -186,9 +187,12 @@ def main() -> None:
         vs_par = median([row["vs_parallel"] for row in rows])
         say(f"pool: {n_done} slips ({failed_total} failed) in {rounds} rounds; round ratios "
             f"{', '.join(f'{x:.3f}' for x in ratios)}")
-        say(f"per job inside the work horse (started_at -> ended_at, median): {horse * 1000:.0f} ms; "
-            f"between two jobs of one worker (ended_at -> next started_at): median {gap * 1000:.1f} ms, "
-            f"p90 {gap_p90 * 1000:.1f} ms ({gap / (horse + gap):.1%} of a slip's cycle)")
+        cycle = median(cycles)
+        say(f"one worker's cycle per slip (one job's started_at -> its next job's, median): {cycle * 1000:.1f} ms, "
+            f"against the warm render's {mean(times) * 1000:.1f} ms; per job from its start to its recorded end: "
+            f"{horse * 1000:.0f} ms; from one job's end to the next one's start: median {gap * 1000:.1f} ms, "
+            f"p90 {gap_p90 * 1000:.1f} ms (below 0: the worker records a render's end after it has handed its "
+            f"horse the next job, jobs.runtime.RenderWorker._finish_rendered)")
         say(f"pool CPU per slip (worker parents + horses): {pool_cpu * 1000:.0f} ms vs warm render CPU "
             f"{warm_cpu * 1000:.0f} ms in-process ({pool_cpu / warm_cpu:.2f}x); of it in the worker parents "
             f"(dequeue, hand-over, liveness, scheduler checks): {parent_cpu * 1000:.1f} ms")
@@ -224,7 +228,7 @@ def main() -> None:
             "fonttools_render_s": r4(ft), "cpu_limit_slips_per_s": r4(cpu_limit),
             "pool_slips": n_done, "pool_failed": failed_total, "pool_wall_s": r4(pool_wall),
             "rounds": rows, "round_ratio_min": r4(min(ratios)), "round_ratio_max": r4(max(ratios)),
-            "horse_job_median_s": r4(horse), "gap_between_jobs_median_s": r4(gap),
+            "horse_job_median_s": r4(horse), "worker_cycle_median_s": r4(cycle), "gap_between_jobs_median_s": r4(gap),
             "gap_between_jobs_p90_s": r4(gap_p90),
             "parallel_render_s": r4(par), "parallel_ceiling_slips_per_s": r4(par_limit),
             "pool_vs_parallel_ceiling": r4(vs_par),
@@ -234,10 +238,10 @@ def main() -> None:
         })
 
 
-def worker_gaps(conn, ids: list[str]) -> tuple[list[float], list[float]]:
-    """Per worker, the time from one job's ended_at to its next job's started_at (the
-    dequeue, the hand-over and RQ's bookkeeping: the core does no rendering then), and
-    each job's started_at -> ended_at. Each worker's own clock: drift does not enter."""
+def worker_gaps(conn, ids: list[str]) -> tuple[list[float], list[float], list[float]]:
+    """Per worker, the time from one job's ended_at to its next job's started_at, each
+    job's started_at -> ended_at, and the time from one job's started_at to the next's
+    (the worker's whole cycle per slip). Each worker's own clock: drift does not enter."""
     from _common import parse_ts
 
     per_worker: dict[str, list[tuple[float, float]]] = {}
@@ -250,11 +254,12 @@ def worker_gaps(conn, ids: list[str]) -> tuple[list[float], list[float]]:
                 s, e = parse_ts(s), parse_ts(e)
                 per_worker.setdefault(w.decode(), []).append((s, e))
                 in_horse.append(e - s)
-    gaps = []
+    gaps, cycles = [], []
     for jobs_ in per_worker.values():
         jobs_.sort()
         gaps += [nxt[0] - cur[1] for cur, nxt in zip(jobs_, jobs_[1:])]
-    return gaps, in_horse
+        cycles += [nxt[0] - cur[0] for cur, nxt in zip(jobs_, jobs_[1:])]
+    return gaps, in_horse, cycles
 
 
 if __name__ == "__main__":
