@@ -140,3 +140,34 @@ def test_outside_a_warm_horse_render_slip_does_everything_itself(world):
         assert set(Job.fetch(job_id, connection=conn, serializer=PayrunJob(connection=conn).serializer)
                    .return_value()) == {"slip", "bytes"}
     assert not tasks._hand_finish_over
+
+
+def test_a_second_sigterm_hands_back_a_render_waiting_to_be_finished(world):
+    """The horse answered, the worker has not finished the render yet (it is handing the
+    horse the next job): a second SIGTERM puts it back at the front of its queue like the
+    job in hand, its execution record gone, the try counted returned (no attempt spent)."""
+    import signal
+
+    from jobs import events
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH, company_id=1)
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    w = _warm_worker(conn, jobs_per_horse=100)
+    job, queue = w.dequeue_job_and_maintain_ttl(None)
+    w.prepare_execution(job)  # started by the worker, as before a hand-over
+    execution = w.execution
+    assert conn.zcard(q.started_job_registry.key) == 1
+    snapshot = job.args[0]
+    rel = tasks.slip_relpath(MONTH, snapshot["company"]["id"], snapshot["employee"]["id"])
+    staged = slip.stage_slip(cfg.slips_dir / rel, b"%PDF-1.7\n%%EOF\n")
+    handed = {"slip": rel, "bytes": 15, tasks.FINISH_KEY: {"staged": str(staged),
+                                                            "email": tasks.email_payload(snapshot, rel)}}
+    w._rendered, w.in_hand = (job, queue, execution, {"result": handed}), None
+    with pytest.raises(SystemExit):
+        w.request_force_stop(signal.SIGTERM, None)
+    assert q.get_job_ids()[0] == job.id
+    assert conn.zcard(q.started_job_registry.key) == 0 and not conn.exists(execution.key)
+    back = PayrunJob.fetch(job.id, connection=conn)
+    assert back.get_status() == JobStatus.QUEUED and int(conn.hget(back.key, events.RETURNED_FIELD)) == 1
+    assert not conn.exists(f"rq:job:{keys.email_job_id(MONTH, snapshot['employee']['id'])}")  # no send yet
