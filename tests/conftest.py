@@ -83,3 +83,21 @@ def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.05, what:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+WORLD_MONTH = "2026-11"
+
+
+@pytest.fixture
+def world(cfg, conn):
+    """A seeded payroll (2 companies, 12 employees, WORLD_MONTH) and an empty ledger:
+    (cfg, conn, payroll db, ledger). tests/test_scheduler.py has its own."""
+    from payrun import payroll
+    from payrun.ledger import Ledger
+
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.seed(db, companies=2, employees=12, seed=3, month=WORLD_MONTH)
+    ledger = Ledger(cfg.ledger_path)
+    yield cfg, conn, db, ledger
+    ledger.close()
+    db.close()

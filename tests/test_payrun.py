@@ -21,17 +21,7 @@ from payrun import deadletters, keys, ledger as ledger_mod, payroll, runs, statu
 from payrun.ledger import Ledger
 from payrun.provider import Provider
 
-MONTH = "2026-11"
-
-
-@pytest.fixture
-def world(cfg, conn):
-    db = payroll.PayrollDB(cfg.payroll_path)
-    payroll.seed(db, companies=2, employees=12, seed=3, month=MONTH)
-    ledger = Ledger(cfg.ledger_path)
-    yield cfg, conn, db, ledger
-    ledger.close()
-    db.close()
+MONTH = "2026-11"  # the month of conftest's `world`
 
 
 @pytest.fixture

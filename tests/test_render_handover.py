@@ -13,20 +13,9 @@ from rq.job import Job, JobStatus
 
 from jobs import slip, tasks
 from jobs.runtime import PayrunJob, RenderWorker, make_queue
-from payrun import keys, ledger as ledger_mod, payroll, runs
-from payrun.ledger import Ledger
+from payrun import keys, ledger as ledger_mod, runs
 
-MONTH = "2026-11"
-
-
-@pytest.fixture
-def world(cfg, conn):
-    db = payroll.PayrollDB(cfg.payroll_path)
-    payroll.seed(db, companies=2, employees=12, seed=3, month=MONTH)
-    ledger = Ledger(cfg.ledger_path)
-    yield cfg, conn, db, ledger
-    ledger.close()
-    db.close()
+MONTH = "2026-11"  # the month of conftest's `world`
 
 
 def _warm_worker(conn, jobs_per_horse: int) -> RenderWorker:
