@@ -144,7 +144,10 @@ def finish_render(conn, result: dict[str, Any]) -> dict[str, Any]:
 
     cfg = settings()
     rest = result[FINISH_KEY]
-    slip.commit_slip(Path(rest["staged"]), cfg.slips_dir / result["slip"])
+    staged, final = Path(rest["staged"]), cfg.slips_dir / result["slip"]
+    if staged.parent != final.parent or not staged.name.startswith(f".{final.name}."):
+        raise ValueError(f"refused: {staged.name} is not a slip staged for {result['slip']}")
+    slip.commit_slip(staged, final)
     enqueue_email(conn, cfg, rest["email"])
     return {k: v for k, v in result.items() if k != FINISH_KEY}
 

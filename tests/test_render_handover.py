@@ -118,6 +118,22 @@ def test_staged_then_committed_is_write_slip(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == ["slip.pdf"]
 
 
+def test_a_finish_moves_only_a_file_staged_beside_its_own_slip(cfg, conn, tmp_path):
+    """What the horse hands over names the staged file; the worker renames only a file
+    stage_slip made beside that slip's place, nothing else (and moves nothing then)."""
+    rel = "2026-11/1/emp-1.pdf"
+    other = cfg.slips_dir / "2026-11" / "1" / ".emp-2.pdf.1.ab.tmp"
+    other.parent.mkdir(parents=True)
+    other.write_bytes(b"x")
+    elsewhere = tmp_path / ".emp-1.pdf.1.ab.tmp"
+    elsewhere.write_bytes(b"x")
+    for staged in (other, elsewhere):
+        with pytest.raises(ValueError, match="not a slip staged for"):
+            tasks.finish_render(conn, {"slip": rel, "bytes": 1, tasks.FINISH_KEY: {"staged": str(staged), "email": {}}})
+        assert staged.exists()
+    assert not (cfg.slips_dir / rel).exists()
+
+
 def test_outside_a_warm_horse_render_slip_does_everything_itself(world):
     """The fork-per-job worker (jobs_per_horse = 1) and direct calls never hand over."""
     cfg, conn, db, ledger = world
