@@ -727,11 +727,12 @@ def redis_cmd(c: Ctx) -> None:
 @click.option("--employees", default=600, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--companies", default=3, show_default=True, type=click.IntRange(1, 1_000))
 @click.option("--month", default=None, help="Month to run (default: this month).")
-@click.option("--timeout", "timeout_s", default=900, show_default=True, type=click.IntRange(10, 86_400),
-              help="Give up after this many seconds.")
+@click.option("--timeout", "timeout_s", default=None, type=click.IntRange(10, 86_400),
+              help="Give up after this many seconds (default: twice what the email rate limit "
+                   "needs for the slips, plus 5 minutes; at least 900).")
 @pass_ctx
 @handle_errors
-def demo(c: Ctx, employees: int, companies: int, month: str | None, timeout_s: int) -> None:
+def demo(c: Ctx, employees: int, companies: int, month: str | None, timeout_s: int | None) -> None:
     """Seed sample data, start Redis, the provider, the ledger and the workers, run a
     month's payroll with a live progress bar, print the status, shut everything down.
     Exit 0 only if every slip was delivered. Data goes to $PAYRUN_HOME/demo."""
@@ -740,6 +741,8 @@ def demo(c: Ctx, employees: int, companies: int, month: str | None, timeout_s: i
 
     if employees < companies:
         raise PayrunError(f"--employees ({employees}) must be at least --companies ({companies})")
+    if timeout_s is None:
+        timeout_s = demo_mod.default_timeout_s(employees, c.cfg.limits.email_rate_per_s)
     ok = demo_mod.run_demo(c.cfg, employees=employees, companies=companies,
                            month=validate_month(month or default_month()), timeout_s=timeout_s)
     sys.exit(0 if ok else 1)

@@ -9,6 +9,7 @@ one send-email worker process with concurrent lanes.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shutil
 import signal
@@ -38,6 +39,17 @@ def _bar(done: int, failed: int, rendered: int, total: int, rate: float, width: 
         eta = f"  ETA {int(left // 60)}:{int(left % 60):02d}"
     return (f"\r[{'#' * fill}{'-' * (width - fill)}] {done + failed:>6,}/{total:,}  "
             f"rendered {rendered:,}  sent {done:,}  failed {failed:,}  {rate:5.1f}/s{eta}   ")
+
+
+DEMO_TIMEOUT_S = 900
+"""The least time `payrun demo` waits for its run before it gives up."""
+
+
+def default_timeout_s(employees: int, rate_per_s: float) -> int:
+    """How long `payrun demo` waits by default: twice what the email limit alone needs for
+    this many slips, plus five minutes, and never under DEMO_TIMEOUT_S. A flat 900 s gave
+    up on a healthy 50,000-slip run (1,250 s at 40/s at the very least)."""
+    return max(DEMO_TIMEOUT_S, math.ceil(2 * employees / rate_per_s) + 300)
 
 
 def run_demo(base: Config, employees: int, companies: int, month: str, timeout_s: int) -> bool:

@@ -51,3 +51,14 @@ def test_the_progress_bar_counts_what_the_status_report_counts(tmp_path):
     slips = led.slip_counts(month)[1]
     assert _progress(led, month) == {"done": slips["done"], "failed": slips["failed"], "rendered": 5}
     assert (slips["done"], slips["failed"]) == (1, 2)
+
+
+def test_the_demo_waits_long_enough_for_the_run_it_was_asked_for():
+    """A flat 900 s gave up on a healthy 50,000-slip demo (at 40/s the sends alone take
+    1,250 s): the default now grows with the slips and the email rate limit."""
+    from payrun.demo import DEMO_TIMEOUT_S, default_timeout_s
+
+    assert default_timeout_s(600, 40.0) == DEMO_TIMEOUT_S == 900
+    assert default_timeout_s(50_000, 40.0) == 2 * 1_250 + 300
+    assert default_timeout_s(50_000, 10.0) == 2 * 5_000 + 300
+    assert default_timeout_s(20_000, 40.0) == 1_300
