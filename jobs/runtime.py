@@ -390,8 +390,8 @@ class EventsMixin:
         """RQ writes the job's last_heartbeat here on its own (a round trip per job), then
         saves the whole job record, heartbeat field included, in the success or failure
         transaction that follows: setting it in memory gives the same record. (The one
-        outcome that saves no record, success with result_ttl 0, writes it there itself:
-        handle_job_success.)"""
+        outcome that saves no record, success with result_ttl 0, deletes the job record
+        in that transaction instead: no heartbeat to keep.)"""
         job.ended_at = utcnow()
         job.last_heartbeat = job.ended_at
 
@@ -675,7 +675,8 @@ class RenderWorker(EventsMixin, Worker):
         try:
             try:
                 result = tasks.finish_render(self.connection, handed["result"])
-            except Exception:  # noqa: BLE001 - RQ's perform_job handles the job's own errors so
+            except Exception:  # noqa: BLE001 - as RQ's perform_job handles a job's own error
+                # (less its failure callback: a render job has none)
                 exc_info = sys.exc_info()
                 job._status = JobStatus.FAILED
                 self.handle_execution_ended(job, queue, job.failure_callback_timeout)
