@@ -10,6 +10,9 @@ JobError
  │         │             and the job is retried after it without spending an attempt
  │         ├── RateWait  our own limiter could not give a start in time: retried without
  │         │             spending an attempt, and nobody else pauses
+ │         ├── ClaimLost this attempt's claim on the slip's idempotency key ran out and
+ │         │             another attempt holds it (or sent it): nothing is sent, no
+ │         │             attempt is spent, nobody else pauses
  │         └── ProviderDown  the provider failed limits.outage_after sends in a row (an
  │                       outage): every sender pauses, and this job is retried after it
  │                       without spending an attempt
@@ -46,6 +49,11 @@ class Throttled(TransientError):
 class RateWait(Throttled):
     def __init__(self, message: str = "waited too long for the global send rate; retrying",
                  retry_after_s: float | None = 1.0):
+        super().__init__(message, retry_after_s)
+
+
+class ClaimLost(Throttled):
+    def __init__(self, message: str, retry_after_s: float | None = 1.0):
         super().__init__(message, retry_after_s)
 
 

@@ -8,6 +8,10 @@ the attempt holding it, ``message_id`` once sent. A claim is one atomic Lua scri
   otherwise                 -> OK    (we own it for ``ttl`` seconds)
 The ``sending`` claim expires with its TTL, so a crashed sender never blocks the key for
 good; the provider's own dedupe by Idempotency-Key covers a send whose outcome is unknown.
+Just before the message is written, the sender *holds* its claim: still its own (then
+renewed for another TTL), or the send stops unsent. A sender that stalled past its TTL
+(a paused VM, a stopped process) while another attempt claimed the key and sent would
+otherwise send the slip a second time; over SMTP nobody dedupes it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,14 @@ end
 return 0
 """
 
+_HOLD = """
+if redis.call('HGET', KEYS[1], 'state') == 'sending' and redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
+  return 1
+end
+return 0
+"""
+
 _MARK_SENT = """
 redis.call('HSET', KEYS[1], 'state', 'sent', 'owner', ARGV[1], 'message_id', ARGV[2], 'sent_at', ARGV[3])
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
@@ -57,7 +69,7 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
-_SHA = {s: hashlib.sha1(s.encode()).hexdigest() for s in (_CLAIM, _RELEASE, _MARK_SENT, _MARK_SENT_OK)}
+_SHA = {s: hashlib.sha1(s.encode()).hexdigest() for s in (_CLAIM, _RELEASE, _HOLD, _MARK_SENT, _MARK_SENT_OK)}
 
 
 def _run(conn, script: str, key: str, *args, more_keys: tuple[str, ...] = ()):
@@ -77,6 +89,12 @@ def claim(conn, key: str, owner: str, ttl_s: int) -> str:
 
 def release(conn, key: str, owner: str) -> bool:
     return bool(_run(conn, _RELEASE, key, owner))
+
+
+def hold(conn, key: str, owner: str, ttl_s: int) -> bool:
+    """Whether ``owner`` still holds its claim on ``key``; if so it is renewed for
+    ``ttl_s``. False: the claim ran out, and another attempt may have it or have sent."""
+    return bool(_run(conn, _HOLD, key, owner, int(ttl_s)))
 
 
 def mark_sent(conn, key: str, owner: str, message_id: str,

@@ -147,6 +147,13 @@ def outage_pause_s(trips: int, first_s: float, max_s: float) -> float:
 
 # ---- lease arithmetic ------------------------------------------------------
 
+def send_claim_ttl_s(send_timeout_s: float, visibility_s: float) -> int:
+    """How long a send's claim on its slip's idempotency key lasts (renewed just before
+    the message is written): its whole send, plus the lease a stalled or killed sender
+    keeps its job for. Past it, another attempt may claim the key and send."""
+    return max(1, int(send_timeout_s + visibility_s))
+
+
 def lease_expired(last_heartbeat_s: float, now_s: float, visibility_s: float) -> bool:
     """A running job whose owner has not renewed it within the visibility timeout."""
     return now_s - last_heartbeat_s > visibility_s
@@ -248,10 +255,11 @@ def pauses_every_sender(exc: BaseException) -> bool:
     """A 429 from the provider pauses every sender on every host for its Retry-After; a
     send that only waited too long for our own limiter (RateWait) must not: a pause then
     would lengthen the very wait that timed out; nor must a job held back by an outage
-    pause (ProviderDown), which that pause already covers."""
-    from jobs.errors import ProviderDown, RateWait, Throttled
+    pause (ProviderDown), which that pause already covers; nor a send stopped because
+    another attempt took its claim over (ClaimLost)."""
+    from jobs.errors import ClaimLost, ProviderDown, RateWait, Throttled
 
-    return (isinstance(exc, Throttled) and not isinstance(exc, (RateWait, ProviderDown))
+    return (isinstance(exc, Throttled) and not isinstance(exc, (RateWait, ProviderDown, ClaimLost))
             and bool(exc.retry_after_s))
 
 

@@ -17,8 +17,8 @@ from typing import Any
 from rq import Retry, get_current_job
 
 from jobs import events, idempotency
-from jobs.errors import PermanentError, ProviderDown, RateWait, Throttled
-from jobs.policy import counts_as_provider_failure, pauses_every_sender
+from jobs.errors import ClaimLost, PermanentError, ProviderDown, RateWait, Throttled
+from jobs.policy import counts_as_provider_failure, pauses_every_sender, send_claim_ttl_s
 from payrun import config as config_mod
 from payrun import keys
 
@@ -192,8 +192,11 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
     send (re-gated if this thread stalled after its start). A failure gives the claim
     back, a provider 429 pauses every sender, and so does a provider failing
     ``limits.outage_after`` sends in a row (ProviderDown: no attempt spent); success
-    marks the key sent. Returns the provider's message id."""
+    marks the key sent. Just before the message is written, the claim is checked still
+    ours and renewed (jobs.idempotency.hold), or the send stops unsent (ClaimLost).
+    Returns the provider's message id."""
     lim = limiter(conn)
+    claim_ttl = send_claim_ttl_s(cfg.email.timeout_s, cfg.lease.visibility_s)
     sent = False  # the request was handed to the transport: its failure is the provider's
     try:
         tr = transport()
@@ -207,6 +210,9 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
         tracing = sends_log.isEnabledFor(logging.DEBUG)
 
         def before_write() -> bool:
+            if not idempotency.hold(conn, key, token, claim_ttl):
+                raise ClaimLost(f"not sent: the claim on {key} ran out while this attempt waited "
+                                "(stalled past it), and another attempt has it or has sent it")
             ok = lim.recheck(deadline_s=deadline)
             written.append(time.monotonic())
             if tracing:
@@ -299,8 +305,7 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
     conn = job.connection
     key = payload["key"]
     token = f"{job.id}:{job.meta.get('attempt', 0)}"
-    ttl = cfg.email.timeout_s + cfg.lease.visibility_s
-    state = idempotency.claim(conn, key, token, ttl)
+    state = idempotency.claim(conn, key, token, send_claim_ttl_s(cfg.email.timeout_s, cfg.lease.visibility_s))
     if state == idempotency.SENT:
         return {"skipped": "already sent", "key": key}
     if state == idempotency.BUSY:

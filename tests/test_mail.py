@@ -457,3 +457,56 @@ def test_smtp_tls_modes(tls_files, monkeypatch, mode):
         assert len(handler.messages) == 1
     finally:
         ctl.stop()
+
+
+# ------------------------------------------------------------------ a stalled sender
+
+def test_a_sender_that_stalled_past_its_claim_does_not_send_over_smtp(smtpd, cfg, conn, monkeypatch):
+    """Attempt 1 claims the slip's key, then stalls (a paused VM, a stopped process) past
+    the claim's TTL; attempt 2 claims the key and sends. When attempt 1 wakes, it must not
+    write its message: over SMTP nobody would dedupe the second copy."""
+    from jobs import idempotency, tasks
+    from jobs.errors import ClaimLost
+    from payrun import keys
+
+    monkeypatch.setenv("PAYRUN_EMAIL_URL", smtpd.url)
+    tasks.settings.cache_clear()
+    monkeypatch.setattr(tasks, "_limiters", {})
+    monkeypatch.setattr(tasks, "_transports", {})
+    settings = tasks.settings()
+    key, first, second = "slip:2026-11:emp-00017", "email-2026-11-emp-00017:1", "email-2026-11-emp-00017:2"
+    msg = make_msg(key=key)
+    try:
+        assert idempotency.claim(conn, key, first, 60) == idempotency.OK
+        conn.delete(keys.idem_state(key))  # attempt 1's claim ran out while it stalled ...
+        assert idempotency.claim(conn, key, second, 60) == idempotency.OK  # ... and attempt 2 took it
+        with pytest.raises(ClaimLost):
+            tasks.send_limited(conn, settings, msg, key, first)  # attempt 1 wakes up
+        assert smtpd.messages == []
+        assert idempotency.state(conn, key) == {"state": "sending", "owner": second}  # left to attempt 2
+
+        conn.expire(keys.idem_state(key), 5)  # attempt 2 holds its claim: renewed as it writes
+        assert tasks.send_limited(conn, settings, msg, key, second)
+        assert len(smtpd.messages) == 1
+        assert idempotency.state(conn, key)["state"] == "sent"
+        with pytest.raises(ClaimLost):  # and a stalled attempt that wakes after the send: nothing either
+            tasks.send_limited(conn, settings, msg, key, first)
+        assert len(smtpd.messages) == 1
+    finally:
+        tasks.settings.cache_clear()
+
+
+def test_holding_a_claim_renews_only_its_owners(conn):
+    from jobs import idempotency
+    from payrun import keys
+
+    key = "slip:2026-11:emp-00018"
+    assert idempotency.claim(conn, key, "a:1", 5) == idempotency.OK
+    assert idempotency.hold(conn, key, "a:1", 120)
+    assert 100 < conn.ttl(keys.idem_state(key)) <= 120
+    assert not idempotency.hold(conn, key, "b:1", 300)  # not its claim: untouched
+    assert conn.ttl(keys.idem_state(key)) <= 120
+    idempotency.mark_sent(conn, key, "a:1", "mid-1")
+    assert not idempotency.hold(conn, key, "a:1", 120)  # sent: nothing left to hold
+    conn.delete(keys.idem_state(key))
+    assert not idempotency.hold(conn, key, "a:1", 120)  # ran out

@@ -74,6 +74,13 @@ def test_lease_arithmetic():
     assert shutdown_deadline(10, 30) == 40
 
 
+def test_a_send_claim_outlasts_the_send_and_its_lease():
+    from jobs.policy import send_claim_ttl_s
+
+    assert send_claim_ttl_s(send_timeout_s=30, visibility_s=60) == 90
+    assert send_claim_ttl_s(send_timeout_s=0.2, visibility_s=0.3) == 1  # never 0: EXPIRE 0 deletes
+
+
 def test_is_stranded():
     from jobs.policy import is_stranded
 
@@ -126,12 +133,13 @@ def test_paced_rate_fits_the_gate():
 
 
 def test_only_a_provider_429_pauses_every_sender():
-    from jobs.errors import RateWait, Throttled
+    from jobs.errors import ClaimLost, RateWait, Throttled
     from jobs.policy import pauses_every_sender
 
     assert pauses_every_sender(Throttled("429 from the provider", retry_after_s=1.0))
     assert not pauses_every_sender(RateWait("waited too long for our own limiter", retry_after_s=1.0))
     assert not pauses_every_sender(Throttled("another attempt is sending", retry_after_s=None))
+    assert not pauses_every_sender(ClaimLost("the claim ran out, another attempt has it"))
     assert not pauses_every_sender(TransientError("connection refused"))
 
 
