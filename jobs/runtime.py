@@ -496,24 +496,6 @@ HORSE_EXIT_S = 5.0
 """How long a worker waits for a horse it stopped (idle, it exits at once) before SIGKILL."""
 
 
-def use_batch_scheduling() -> bool:
-    """Put the calling thread under Linux's SCHED_BATCH; the threads and processes it
-    starts afterwards inherit it. The kernel then treats it as CPU-bound: when it wakes
-    (a render worker does ~10 times per slip: its horse's reply, Redis's answers) it waits
-    for its turn instead of preempting whatever runs on that core, usually another
-    render, whose caches it would spoil. Nothing else changes: same share of the CPU,
-    same nice value. Measured on the 2-core pool: +0.6 to +1.2 % slips/s, median of 8
-    round pairs, in 3 runs of bench/ab_render.py (the parent alone or the horse alone
-    under it: no gain).
-    Returns False (and logs why) where the policy is missing or refused."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (AttributeError, OSError) as e:
-        log.info("SCHED_BATCH not available here (%s): the default scheduling policy stays", e)
-        return False
-    return True
-
-
 def reap_within(pid: int, timeout_s: float, clock=time.monotonic, pause=time.sleep) -> bool:
     """Wait for child ``pid`` to exit, at most ``timeout_s``; then SIGKILL it and wait.
     True if it exited by itself. A worker never hangs on a horse that does not leave."""
@@ -550,9 +532,6 @@ class RenderWorker(EventsMixin, Worker):
     jobs (so nothing a job leaves behind lives long). 1 = fork per job."""
 
     jobs_per_horse: int = 1
-    batch_scheduling: bool = False
-    """SCHED_BATCH for this worker, its threads, horses and RQ scheduler (config
-    render.batch_scheduling; the CLI turns it on by default)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("job_monitoring_interval", 1)
@@ -823,8 +802,6 @@ class RenderWorker(EventsMixin, Worker):
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         from jobs import slip
 
-        if self.batch_scheduling:  # first: the threads and processes started below inherit it
-            use_batch_scheduling()
         started = time.monotonic()
         slip.tune_gc()
         slip.warm_up()

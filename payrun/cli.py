@@ -659,7 +659,6 @@ def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> N
                      name=worker_name("render" if keys.RENDER_QUEUE in queues else "control"))
     w.grace_s = c.cfg.lease.grace_s
     w.jobs_per_horse = c.cfg.render.jobs_per_horse
-    w.batch_scheduling = c.cfg.render.batch_scheduling
     w.work(burst=burst, with_scheduler=True, logging_level="INFO")
 
 

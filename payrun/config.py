@@ -52,11 +52,6 @@ class RenderConfig:
     """Renders one forked, warm work horse serves before it is replaced (it is replaced at
     once when killed: timeout, grace, crash). 1 = fork per job, RQ's way: each fork
     re-copies the pages a render touches, ~40 ms of CPU on a ~65 ms render (bench/render.py)."""
-    batch_scheduling: bool = True
-    """Run each render worker, its horses and threads under Linux's SCHED_BATCH (the
-    kernel's policy for CPU-bound work): woken by a reply, the worker no longer preempts
-    a render on the same core at once (jobs.runtime.use_batch_scheduling). false = the
-    default policy. No effect where the system has no such policy."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
