@@ -112,6 +112,19 @@ def span_rate(times: list[float]) -> tuple[float, float]:
     return ((len(times) - 1) / span if span > 0 else float("nan")), span
 
 
+def makespan_rate(starts: list[float], ends: list[float]) -> tuple[float, float]:
+    """(jobs ended per second from the first start to the last end, that span in s): a
+    batch's throughput as its wall time gives it (bare_pool_rate's way). Unlike span_rate
+    over the ends, it does not depend on when the first end was recorded: a render worker
+    records a render's end after it has handed its horse the next one (up to a render
+    later), but the round's last end at once, which shortened that span by ~1 render,
+    ~3 % of a 70-slip round (measured: 0.858 against 0.833 per worker, start to start)."""
+    if not starts or not ends:
+        return float("nan"), 0.0
+    span = max(ends) - min(starts)
+    return (len(ends) / span if span > 0 else float("nan")), span
+
+
 def proc_cpu_s(pid: int, children: bool = False) -> float:
     """user+sys CPU seconds of a process (optionally plus its live children)."""
     import psutil

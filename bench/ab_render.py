@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from _common import (CORES, MONTH, PY, ROOT, Bench, finish, job_times, load_avg, median, r4,  # noqa: E402
-                     run_main, say, seed_payroll, span_rate)
+                     makespan_rate, run_main, say, seed_payroll)
 
 
 def start_side(name: str, tree: Path, workers: int, niced: int, config: str, slips: int, companies: int) -> Bench:
@@ -72,7 +72,7 @@ def one_round(b: Bench, companies: list[int]) -> float:
     if conn.zcard("rq:failed:pdf-render"):
         raise RuntimeError(f"side {b.name}: renders failed; see {b.log_dir}")
     ids = [i.decode() for i in set(conn.zrange("rq:finished:pdf-render", 0, -1)) - done_before]
-    rate, _ = span_rate(job_times(conn, ids))
+    rate, _ = makespan_rate(job_times(conn, ids, "started_at"), job_times(conn, ids, "ended_at"))
     return rate
 
 
