@@ -212,7 +212,7 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
         def before_write() -> bool:
             if not idempotency.hold(conn, key, token, claim_ttl):
                 raise ClaimLost(f"not sent: the claim on {key} ran out while this attempt waited "
-                                "(stalled past it), and another attempt has it or has sent it")
+                                "(stalled past it); another attempt may hold it or have sent it")
             ok = lim.recheck(deadline_s=deadline)
             written.append(time.monotonic())
             if tracing:
