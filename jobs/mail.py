@@ -135,11 +135,17 @@ class Message:
 class Transport(Protocol):
     """``send``'s ``before_write`` is called right before the message leaves (the
     limiter's recheck: a sender that stalled since its start time takes a new one);
-    False from it means do not send now (RateWait)."""
+    False from it means do not send now (RateWait). ``before_data`` is called at the
+    last moment a send can still be called off without the message going out: over
+    SMTP just before DATA (after the connection, EHLO, TLS, AUTH, MAIL and RCPT); over
+    HTTP, where ``before_write`` is already the last step before the request, it is not
+    called. It raises to call the send off (jobs.tasks.send_limited: the idempotency
+    claim is no longer ours)."""
 
     def prepare(self, msg: Message) -> bytes: ...
     def send(self, msg: Message, prepared: bytes | None = None,
-             before_write: Callable[[], bool] | None = None) -> str: ...
+             before_write: Callable[[], bool] | None = None,
+             before_data: Callable[[], None] | None = None) -> str: ...
     def close(self) -> None: ...
 
 
@@ -248,7 +254,8 @@ class SmtpTransport:
         return data + b".\r\n"
 
     def send(self, msg: Message, prepared: bytes | None = None,
-             before_write: Callable[[], bool] | None = None) -> str:
+             before_write: Callable[[], bool] | None = None,
+             before_data: Callable[[], None] | None = None) -> str:
         deadline = _Deadline(self.timeout_s)
         envelope_from = parseaddr(msg.sender)[1] or msg.sender
         to = msg.to_addr
@@ -287,6 +294,8 @@ class SmtpTransport:
                 code, reply = step(smtp.rcpt, to)
                 if code not in (250, 251):
                     raise smtplib.SMTPRecipientsRefused({to: (code, reply)})
+                if before_data is not None:
+                    before_data()  # raises to call it off (the session still ends with QUIT)
                 step(smtp.putcmd, "data")
                 code, reply = step(smtp.getreply)
                 if code != 354:
@@ -462,7 +471,9 @@ class HttpTransport:
         return self.body(msg)
 
     def send(self, msg: Message, prepared: bytes | None = None,
-             before_write: Callable[[], bool] | None = None) -> str:
+             before_write: Callable[[], bool] | None = None,
+             before_data: Callable[[], None] | None = None) -> str:
+        """``before_data`` is not called: ``before_write`` runs just before the request."""
         deadline = _Deadline(self.timeout_s)
         body = prepared if prepared is not None else self.body(msg)
         headers = dict(self._headers)

@@ -20,6 +20,7 @@ from rq import get_current_job
 
 from jobs import idempotency
 from jobs.errors import TransientError
+from jobs.policy import send_claim_ttl_s
 from payrun import keys
 
 log = logging.getLogger("payrun.worker")
@@ -108,7 +109,7 @@ def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
     conn = job.connection
     key = payload["key"]
     token = f"{job.id}:{job.meta.get('attempt', 0)}"
-    state = idempotency.claim(conn, key, token, cfg.email.timeout_s + cfg.lease.visibility_s)
+    state = idempotency.claim(conn, key, token, send_claim_ttl_s(cfg.email.timeout_s, cfg.lease.visibility_s))
     if state == idempotency.SENT:  # a try before this one sent it (and failed after)
         _count_reminder_sent(conn, job.id, time.time())
         return {"skipped": "already sent", "key": key}

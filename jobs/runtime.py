@@ -53,7 +53,7 @@ from rq.timeouts import BaseTimeoutException
 from rq.utils import get_version, now as utcnow
 
 from jobs import events, idempotency
-from jobs.errors import PermanentError, ProviderDown, Throttled
+from jobs.errors import ClaimLost, PermanentError, ProviderDown, Throttled
 from jobs.limits import EMPTY
 from jobs.policy import backoff_attempt, backoff_delay, classify, outage_hold_is_free, shutdown_deadline
 from jobs.tasks import allowed_functions
@@ -403,6 +403,9 @@ class EventsMixin:
         events.log_emitted(job.id, "running", attempt=job.meta["attempt"], worker=self.name)
 
     def _classify_exception(self, job: Job, exc_type, exc_value, tb) -> bool:
+        if isinstance(exc_value, ClaimLost) and self._taken_over(job):
+            job._taken_over = True  # handle_job_failure lets it go; its meta is not ours to save
+            return False
         verdict = classify(exc_value)
         job._held_try = False
         job.meta["last_error"] = events.one_line(verdict.reason)
@@ -465,7 +468,30 @@ class EventsMixin:
         else:  # result_ttl = 0: RQ skips _handle_success
             events.emit(self.connection, job.id, "done", attempt=job.meta.get("attempt"))
 
+    def _taken_over(self, job: Job) -> bool:
+        """Whether this try's execution is gone from its queue's started registry: the
+        reaper returned the job while this worker stalled (its liveness or lease ran
+        out), and the job is back in its queue or another worker's."""
+        execution = getattr(self, "execution", None)
+        if execution is None:
+            return False
+        return self.connection.zscore(f"rq:wip:{job.origin}", f"{job.id}:{execution.id}") is None
+
+    def _let_go(self, job: Job) -> None:
+        """End a try the reaper took over (ClaimLost, ``_taken_over``): its execution
+        record goes, and nothing else is touched: no retry, no failure, no ledger event,
+        no meta saved (the job's state belongs to the try the reaper made way for)."""
+        with self.connection.pipeline() as pipe:
+            self.cleanup_execution(job, pipeline=pipe)  # (the worker's current job too)
+            pipe.execute()
+        log.warning("Worker %s: job %s: this try stalled until the reaper had returned the job (and freed "
+                    "its claim): it stops here unsent, and the job stays with the try that follows",
+                    self.name, job.id)
+
     def handle_job_failure(self, job: Job, queue: Queue, started_job_registry=None, exc_string: str = "") -> None:
+        if getattr(job, "_taken_over", False):
+            self._let_go(job)
+            return
         if job.id in self._requeue_ids:  # killed by us at the end of the grace period
             self._requeue_ids.discard(job.id)
             self.requeue_front(job, queue, f"worker {self.name} stopped: not finished within the {self.grace_s:g} s grace")

@@ -192,8 +192,9 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
     send (re-gated if this thread stalled after its start). A failure gives the claim
     back, a provider 429 pauses every sender, and so does a provider failing
     ``limits.outage_after`` sends in a row (ProviderDown: no attempt spent); success
-    marks the key sent. Just before the message is written, the claim is checked still
-    ours and renewed (jobs.idempotency.hold), or the send stops unsent (ClaimLost).
+    marks the key sent. Just before the message is written (over SMTP again just before
+    DATA), the claim is checked still ours and renewed (jobs.idempotency.hold), or the
+    send stops unsent (ClaimLost).
     Returns the provider's message id."""
     lim = limiter(conn)
     claim_ttl = send_claim_ttl_s(cfg.email.timeout_s, cfg.lease.visibility_s)
@@ -209,11 +210,15 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
         traced: list[tuple[float, float]] = []  # PAYRUN_LOG_DEBUG=payrun.sends: logged once sent, not on the way
         tracing = sends_log.isEnabledFor(logging.DEBUG)
 
-        def before_write() -> bool:
+        def still_ours() -> None:
             if not idempotency.hold(conn, key, token, claim_ttl):
                 raise ClaimLost(f"not sent: the claim on {key} ran out while this attempt waited "
                                 "(stalled past it); another attempt may hold it or have sent it")
-            ok = lim.recheck(deadline_s=deadline)
+
+        def before_write() -> bool:
+            ok = lim.recheck(deadline_s=deadline)  # (may wait for a new start: the claim check comes after)
+            if ok:
+                still_ours()
             written.append(time.monotonic())
             if tracing:
                 traced.append((lim.last_gate_stamp_ms() or 0.0, time.time() * 1000))
@@ -221,7 +226,7 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
 
         try:
             sent = True
-            message_id = tr.send(msg, prepared, before_write=before_write)
+            message_id = tr.send(msg, prepared, before_write=before_write, before_data=still_ours)
         finally:
             for stamp_ms, wall_ms in traced:
                 sends_log.debug("send %s: gate %.3f written %.3f", key, stamp_ms, wall_ms)

@@ -349,7 +349,7 @@ def test_a_provider_429_says_how_long_after_its_gate_pass_the_request_left(conn,
         def prepare(self, msg):
             return b"{}"
 
-        def send(self, msg, prepared, before_write=None):
+        def send(self, msg, prepared, before_write=None, before_data=None):
             assert before_write() is True
             raise Throttled("provider: 429 rate limited", retry_after_s=1.0)
 

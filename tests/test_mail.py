@@ -61,14 +61,20 @@ class Recorder:
         self.rcpt_reply: dict[str, str] = {}
         self.data_reply: dict[str, str] = {}
         self.data_delay_s = 0.0
+        self.on_data = None  # called (no arguments) as each message's DATA arrives
+        self.on_rcpt = None  # called (no arguments) as each RCPT arrives
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        if self.on_rcpt is not None:
+            self.on_rcpt()
         if address in self.rcpt_reply:
             return self.rcpt_reply[address]
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
     async def handle_DATA(self, server, session, envelope):
+        if self.on_data is not None:
+            self.on_data()
         for rcpt in envelope.rcpt_tos:
             if rcpt in self.data_reply:
                 return self.data_reply[rcpt]
@@ -464,7 +470,9 @@ def test_smtp_tls_modes(tls_files, monkeypatch, mode):
 def test_a_sender_that_stalled_past_its_claim_does_not_send_over_smtp(smtpd, cfg, conn, monkeypatch):
     """Attempt 1 claims the slip's key, then stalls (a paused VM, a stopped process) past
     the claim's TTL; attempt 2 claims the key and sends. When attempt 1 wakes, it must not
-    write its message: over SMTP nobody would dedupe the second copy."""
+    write its message: over SMTP nobody would dedupe the second copy. (With a stall between
+    the check before the connection and DATA, the check just before DATA stops it:
+    tests/test_payrun.py has the stall inside a real lane, the reaper taking the job over.)"""
     from jobs import idempotency, tasks
     from jobs.errors import ClaimLost
     from payrun import keys
@@ -483,15 +491,36 @@ def test_a_sender_that_stalled_past_its_claim_does_not_send_over_smtp(smtpd, cfg
         with pytest.raises(ClaimLost):
             tasks.send_limited(conn, settings, msg, key, first)  # attempt 1 wakes up
         assert smtpd.messages == []
+        lim = tasks.limiter(conn)  # and it is not the provider's doing: nobody pauses, no failure counted
+        assert not conn.exists(lim.k_pause)
+        assert not int(conn.hget(lim.k_outage, "streak") or 0)
         assert idempotency.state(conn, key) == {"state": "sending", "owner": second}  # left to attempt 2
 
-        conn.expire(keys.idem_state(key), 5)  # attempt 2 holds its claim: renewed as it writes
+        conn.expire(keys.idem_state(key), 5)  # attempt 2 holds its claim: renewed before DATA
+        ttl_at_data = []
+        smtpd.on_data = lambda: ttl_at_data.append(conn.ttl(keys.idem_state(key)))
         assert tasks.send_limited(conn, settings, msg, key, second)
         assert len(smtpd.messages) == 1
+        assert ttl_at_data and ttl_at_data[0] > 60, ttl_at_data  # 90 s again, not the 5 left
         assert idempotency.state(conn, key)["state"] == "sent"
         with pytest.raises(ClaimLost):  # and a stalled attempt that wakes after the send: nothing either
             tasks.send_limited(conn, settings, msg, key, first)
         assert len(smtpd.messages) == 1
+
+        # the stall comes later, during the SMTP exchange (after the check before the
+        # connection): the check just before DATA calls it off, and the session ends
+        key2, mine, theirs = "slip:2026-11:emp-00019", "email-2026-11-emp-00019:1", "email-2026-11-emp-00019:2"
+        assert idempotency.claim(conn, key2, mine, 60) == idempotency.OK
+
+        def taken_over_meanwhile():
+            conn.delete(keys.idem_state(key2))
+            idempotency.claim(conn, key2, theirs, 60)
+
+        smtpd.on_rcpt = taken_over_meanwhile
+        with pytest.raises(ClaimLost):
+            tasks.send_limited(conn, settings, make_msg(key=key2), key2, mine)
+        assert len(smtpd.messages) == 1  # still only attempt 2's of the first slip
+        assert idempotency.state(conn, key2)["owner"] == theirs
     finally:
         tasks.settings.cache_clear()
 

@@ -199,6 +199,46 @@ def test_a_resend_the_provider_dedupes_is_said_and_counted(world, provider, capl
     assert "1 resends deduped by the provider" in out.output, out.output
 
 
+def test_a_send_the_reaper_took_over_while_it_stalled_sends_nothing_and_lets_the_job_go(world, provider, monkeypatch,
+                                                                                      caplog):
+    """A sender stalls (a paused VM) after its start; the reaper returns its job (the
+    worker's liveness ran out) and frees its claim. When the sender wakes it must not
+    write the message, and must not retry the job either: the job is back in its queue,
+    and its next try sends it, once."""
+    import time
+
+    from jobs import reaper, tasks
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn).work(burst=True, logging_level="WARNING")
+    real = tasks.transport()
+    stalled: list[str] = []
+
+    class StallsOnce:  # the first send's sender "stalls" in here while the reaper runs
+        def prepare(self, msg):
+            if not stalled:
+                stalled.append(msg.idempotency_key)
+                assert [s.job_id for s in reaper.reap(conn, now=time.time() + 3600)]  # its lease long gone
+            return real.prepare(msg)
+
+        def send(self, *args, **kw):
+            return real.send(*args, **kw)
+
+    monkeypatch.setattr(tasks, "transport", lambda: StallsOnce())
+    with caplog.at_level("WARNING", logger="payrun.worker"):
+        run_lanes(conn, [keys.EMAIL_QUEUE], lanes=1, burst=True)
+    ledger_mod.drain(conn, ledger)
+    st = provider.stats()
+    assert (st["received"], st["delivered"]) == (12, 12)  # the stalled try wrote nothing
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    assert q.scheduled_job_registry.get_job_ids() == [] and q.failed_job_registry.get_job_ids() == []
+    assert len(q.finished_job_registry.get_job_ids()) == 12 and q.count == 0
+    assert any("this try stalled until the reaper had returned the job" in r.getMessage() for r in caplog.records)
+    emails = ledger.jobs(month=MONTH, kind="email")
+    assert len(emails) == 12 and {j["status"] for j in emails} == {"done"}
+
+
 def test_end_to_end_over_real_smtp(world, monkeypatch):
     from aiosmtpd.controller import Controller
 
