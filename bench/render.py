@@ -13,9 +13,10 @@ the first 8 slips; render times are skewed right, p90 ~1.17x the median, so the 
 overstated the ceiling by ~4 %. The median-based ratio is still printed,
 "ratio_median_based".) A round's slips/s is its slips / (its last end - its first
 start), as a batch's wall time gives it. (Up to session 18 it was (slips - 1) / (last
-end - first end): since a worker records a render's end only after it has handed its
-horse the next slip, the first end came up to a render late and the last one at once,
-which overstated the rate by ~3 %; still printed, "ratio_first_to_last_end".)
+end - first end), which overstated the rate by ~2.5 %: with two workers both first ends
+come one render after the start ((N - 1) / (N - 2)), and a worker records a render's end
+only after it has handed its horse the next slip, so the first end came up to a render
+late and the last one at once; still printed, "ratio_first_to_last_end".)
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ def main() -> None:
         ratio_med = median(rows_med)
         ratio_old = median([row["ratio_first_to_last_end"] for row in rows])
         say(f"the same measured from the round's first end to its last, as up to session 18: {ratio_old:.3f} "
-            "(overstated: a render's end is recorded up to a render late, the round's last one at once)")
+            "(overstated: both workers' first ends come a render after the start, and a render's end is recorded "
+            "up to a render late, the round's last one at once)")
         say(f"the same with the median render as the ceiling (sessions up to 11): {ratio_med:.3f}")
         say(f"pool / CPU limit = {ratio:.3f} (median of {rounds} rounds; target >= 0.90); "
             f"pool / parallel ceiling = {vs_par:.3f} (median; what the pool itself loses against {CORES} bare "

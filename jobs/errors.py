@@ -10,9 +10,10 @@ JobError
  │         │             and the job is retried after it without spending an attempt
  │         ├── RateWait  our own limiter could not give a start in time: retried without
  │         │             spending an attempt, and nobody else pauses
- │         ├── ClaimLost this attempt's claim on the slip's idempotency key ran out and
- │         │             another attempt holds it (or sent it): nothing is sent, no
- │         │             attempt is spent, nobody else pauses
+ │         ├── ClaimLost this attempt's claim on the slip's idempotency key is gone (the
+ │         │             reaper freed it, or its TTL ran out): nothing is sent, nobody
+ │         │             else pauses; a try the reaper took over ends there, any other
+ │         │             is retried without spending an attempt
  │         └── ProviderDown  the provider failed limits.outage_after sends in a row (an
  │                       outage): every sender pauses, and this job is retried after it
  │                       without spending an attempt

@@ -9,9 +9,10 @@ the attempt holding it, ``message_id`` once sent. A claim is one atomic Lua scri
 The ``sending`` claim expires with its TTL, so a crashed sender never blocks the key for
 good; the provider's own dedupe by Idempotency-Key covers a send whose outcome is unknown.
 Just before the message is written, the sender *holds* its claim: still its own (then
-renewed for another TTL), or the send stops unsent. A sender that stalled past its TTL
-(a paused VM, a stopped process) while another attempt claimed the key and sent would
-otherwise send the slip a second time; over SMTP nobody dedupes it.
+renewed for another TTL), or the send stops unsent. A sender that stalled (a paused VM,
+a stopped process) until the reaper freed its claim or the TTL ran out, while another
+attempt claimed the key and sent, would otherwise send the slip a second time; over
+SMTP nobody dedupes it.
 """
 
 from __future__ import annotations

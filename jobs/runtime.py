@@ -475,7 +475,7 @@ class EventsMixin:
         execution = getattr(self, "execution", None)
         if execution is None:
             return False
-        return self.connection.zscore(f"rq:wip:{job.origin}", f"{job.id}:{execution.id}") is None
+        return self.connection.zscore(job.started_job_registry.key, f"{job.id}:{execution.id}") is None
 
     def _let_go(self, job: Job) -> None:
         """End a try the reaper took over (ClaimLost, ``_taken_over``): its execution
