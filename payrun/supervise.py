@@ -62,6 +62,46 @@ def ctl(cfg: Config, *args: str) -> tuple[str, int]:
     return p.stdout + p.stderr, p.returncode
 
 
+UP_SETTLE_S = 5.0
+"""`payrun up` returns once every program has been RUNNING this long without a restart.
+supervisord counts a start good once the program has lived its ``startsecs``: a program
+that fails a little later (the provider finding its port taken, on a loaded host after
+its imports) was RUNNING for a moment, and `up` said everything was up while it
+crash-looped."""
+
+
+def _uptime_s(line: str) -> float | None:
+    """The uptime of one `supervisorctl status` line that says RUNNING
+    (``... RUNNING   pid 12, uptime 0:00:07``; ``uptime 2 days, 1:02:03``), in seconds."""
+    if " RUNNING " not in line or "uptime " not in line:
+        return None
+    text = line.rsplit("uptime ", 1)[1].strip()
+    days = 0
+    if "day" in text:
+        head, _, text = text.partition(",")
+        days = int(head.split()[0])
+    try:
+        h, m, sec = (int(x) for x in text.strip().split(":"))
+    except ValueError:
+        return None
+    return days * 86400 + h * 3600 + m * 60 + sec
+
+
+def settled(status: str, min_uptime_s: float = UP_SETTLE_S) -> bool:
+    """Every program in a `supervisorctl status` output is STOPPED (not started on this
+    host) or has been RUNNING at least ``min_uptime_s``."""
+    lines = [ln for ln in status.splitlines() if ln.strip()]
+    if not lines:
+        return False
+    for ln in lines:
+        if " STOPPED " in ln:
+            continue
+        up_s = _uptime_s(ln)
+        if up_s is None or up_s < min_uptime_s:
+            return False
+    return True
+
+
 def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all") -> str:
     """Start supervisord for a role: ``all`` (control host: everything) or ``worker``
     (render and send workers only, against PAYRUN_REDIS_URL)."""
@@ -81,7 +121,8 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
         return note + "supervisord started"
     # supervisord calls a program RUNNING once it has lived `startsecs`, not once it serves:
     # on a loaded host the embedded Redis (a Python wrapper that execs redis-server) can be
-    # RUNNING before its socket exists, and a script's next command would fail to connect
+    # RUNNING before its socket exists, and a script's next command would fail to connect;
+    # and a program can fail just after it (UP_SETTLE_S): everything must have stayed up
     own_redis = role == "all" and cfg.embedded_redis
     conn = redis_server.connect(cfg, socket_timeout=2) if own_redis else None
     try:
@@ -89,8 +130,7 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
         while time.monotonic() < deadline:
             out, code = ctl(cfg, "status")
             lines = [ln for ln in out.splitlines() if ln.strip()]
-            if (lines and all(" RUNNING " in ln or " STOPPED " in ln for ln in lines)
-                    and (conn is None or redis_server.ping(conn))):
+            if settled(out) and (conn is None or redis_server.ping(conn)):
                 return note + out.rstrip()
             failed = [ln.split()[0] for ln in lines if " FATAL " in ln or " BACKOFF " in ln]
             if failed:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -88,6 +89,40 @@ def test_up_refuses_a_redis_still_in_use_and_starts_nothing(tmp_path):
     finally:
         user.close()
         redis_server.stop(cfg)
+
+
+def test_up_waits_until_every_program_has_stayed_up():
+    from payrun.supervise import _uptime_s, settled
+
+    assert _uptime_s("provider   RUNNING   pid 16815, uptime 0:00:01") == 1
+    assert _uptime_s("ledger   RUNNING   pid 7, uptime 2 days, 1:02:03") == 2 * 86400 + 3723
+    assert _uptime_s("provider   BACKOFF   Exited too quickly (process log may have details)") is None
+    ok = "redis   RUNNING   pid 1, uptime 0:00:09\nbank   STOPPED   Not started\n"
+    assert settled(ok)
+    # supervisord says RUNNING after startsecs; one that has just been restarted is not up yet
+    assert not settled(ok + "provider   RUNNING   pid 16815, uptime 0:00:01\n")
+    assert not settled(ok + "provider   STARTING\n")
+    assert not settled("")
+    assert not settled("unix:///x/supervisor.sock no such file")
+
+
+def test_up_with_the_providers_port_taken_fails_and_stops_everything(tmp_path):
+    """Another payrun's provider (or anything) on our provider's port: the provider cannot
+    listen, and `up` must say so, not report success while it crash-loops (the workers
+    would send through the other installation's provider)."""
+    env = clean_env(tmp_path, tmp_path / "h")
+    conf = tmp_path / "ports.toml"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        conf.write_text(re.sub(r"\[provider\]\nport = \d+", f"[provider]\nport = {port}", conf.read_text()))
+        assert f"port = {port}" in conf.read_text()
+        up = payrun("up", env=env)
+    assert up.returncode == 2, up.stdout + up.stderr
+    assert "provider failed to start, so everything was stopped again" in up.stderr
+    assert "Address already in use" in up.stderr or "cannot listen" in up.stderr
+    assert payrun("ps", env=env).returncode != 0  # nothing left half-up
 
 
 def test_up_with_a_program_that_cannot_start_stops_everything_and_shows_its_log(tmp_path):
@@ -204,7 +239,7 @@ def test_up_returns_only_once_the_embedded_redis_answers(tmp_path, monkeypatch):
 
     (tmp_path / "h").mkdir()
     cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
-    running = "redis   RUNNING   pid 1, uptime 0:00:02\nledger   RUNNING   pid 2, uptime 0:00:02\n"
+    running = "redis   RUNNING   pid 1, uptime 0:00:07\nledger   RUNNING   pid 2, uptime 0:00:07\n"
     statuses = iter(["unix:///x/supervisor.sock no such file"])
     monkeypatch.setattr(supervise, "ctl", lambda cfg, *a: (next(statuses, running), 0))
     monkeypatch.setattr(supervise, "take_over_redis", lambda cfg: "")
