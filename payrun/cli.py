@@ -144,9 +144,23 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
     number and nothing from the file is imported."""
     from payrun import payroll
 
+    path = c.cfg.payroll_path
+    made = [p for p in (*reversed(path.parents), path) if not p.exists()]  # what opening it creates
     db = c.payroll()
+    try:
+        r = payroll.import_companies_csv(db, csv_file) if companies_csv else payroll.import_csv(db, csv_file)
+    except BaseException:
+        if made:  # refused (bad rows): leave no empty payroll.db behind, which would pass for a payrun home
+            db.close()
+            for p in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"), path):
+                p.unlink(missing_ok=True)
+            for d in reversed(made[:-1]):
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+        raise
     if companies_csv:
-        r = payroll.import_companies_csv(db, csv_file)
         new = r.companies - len(r.updated) - r.unchanged
         click.echo(f"imported {r.companies} compan{'y' if r.companies == 1 else 'ies'} from {csv_file}: "
                    f"{new} new, {len(r.updated)} updated, {r.unchanged} unchanged")
@@ -154,7 +168,6 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
             click.echo(f"name or address replaced for {_companies(r.updated)} (pay runs started from now on "
                        "print the new one on slips)")
         return
-    r = payroll.import_csv(db, csv_file)
     known = len(r.existing_employees)
     click.echo(f"imported {r.employees} employee{'' if r.employees == 1 else 's'} ({r.employees - known} new, "
                f"{known} already there, their details replaced) and {r.salary_lines} salary "
@@ -168,10 +181,10 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
                            f"`payrun retry` re-renders a failed one with the new data, `payrun resend "
                            f"--employee {had[0]} --month {month}` sends one again")
     if ledger is not None:  # salary lines for a month already run: `run` alone would skip them
-        from payrun.runs import behind as behind_
+        from payrun.runs import behind_for
 
-        for month in ledger.months():
-            if behind := behind_(ledger, db, month):
+        for month in sorted(set(r.months) & set(ledger.months())):
+            if behind := behind_for(ledger, db, month, r.employee_ids):
                 click.echo(f"note: {month} was already run for {_companies(behind)}, before some of these "
                            f"employees were added: `payrun run --month {month} --resume` creates their slips")
 

@@ -468,6 +468,8 @@ class ImportResult:
     """Employees import: ids that were in the database already (their details replaced)."""
     months: list[str] = field(default_factory=list)
     """Employees import: the months of the salary lines imported."""
+    employee_ids: list[str] = field(default_factory=list)
+    """Employees import: every employee id in the file."""
 
 
 _MONTH_RE = re.compile(r"[0-9]{4}-[0-9]{2}")
@@ -714,7 +716,7 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
         d["salary_lines"].upsert_all(lines, pk=("employee_id", "month"), batch_size=500)
     return ImportResult(companies=len({e["company_id"] for e in employees}),
                         employees=len(employees), salary_lines=len(lines), existing_employees=sorted(existing),
-                        months=sorted({ln["month"] for ln in lines}))
+                        months=sorted({ln["month"] for ln in lines}), employee_ids=sorted(ids))
 
 
 def import_companies_csv(db: "PayrollDB | sqlite_utils.Database",

@@ -85,6 +85,14 @@ def behind(ledger: Ledger, payroll_db, month: str) -> list[int]:
     return sorted(missing_slips(ledger, payroll_db, month))
 
 
+def behind_for(ledger: Ledger, payroll_db, month: str, employee_ids) -> list[int]:
+    """The companies of :func:`behind` that these employees (a file just imported) leave
+    behind: the ones with one of them among the employees the month's run has no job for."""
+    done = [r["company_id"] for r in ledger.runs(month) if r["status"] != "fanning-out"]
+    mine = set(employee_ids)
+    return sorted(cid for cid, ids in without_slip(ledger, payroll_db, month, done).items() if ids & mine)
+
+
 def missing_slips(ledger: Ledger, payroll_db, month: str) -> dict[int, int]:
     """Per company of :func:`behind`, how many employees have no slip job."""
     done = [r["company_id"] for r in ledger.runs(month) if r["status"] != "fanning-out"]

@@ -144,6 +144,26 @@ def test_a_read_command_in_a_directory_with_no_payrun_refuses_instead_of_startin
     assert f"`payrun demo` keeps its data in {tmp_path / 'elsewhere' / 'var' / 'demo'}" in out, out
 
 
+def test_a_refused_import_in_a_directory_with_no_payrun_leaves_none_behind(tmp_path, monkeypatch):
+    """Bad rows: nothing imported, and no empty payroll.db made on the way, which would make
+    the next `payrun status` here report "no pay run yet" instead of refusing."""
+    monkeypatch.delenv("PAYRUN_REDIS_URL", raising=False)
+    home = tmp_path / "elsewhere" / "var"
+    monkeypatch.setenv("PAYRUN_HOME", str(home))
+    # docs/sample-employees.csv is of companies 1 and 2, which are not there: every row refused
+    out = CliRunner().invoke(cli, ["import", "docs/sample-employees.csv"])
+    assert out.exit_code == 2 and "nothing imported" in out.output, out.output
+    assert not (tmp_path / "elsewhere").exists()
+    assert CliRunner().invoke(cli, ["status"]).exit_code == 2
+    home.mkdir(parents=True)  # an existing directory stays, and so does a database already there
+    assert CliRunner().invoke(cli, ["import", "docs/sample-employees.csv"]).exit_code == 2
+    assert home.exists() and list(home.iterdir()) == []
+    assert CliRunner().invoke(cli, ["import", "--companies", "docs/sample-companies.csv"]).exit_code == 0
+    (tmp_path / "bad.csv").write_text("company_id,employee_id\n1,x\n", encoding="utf-8")
+    assert CliRunner().invoke(cli, ["import", str(tmp_path / "bad.csv")]).exit_code == 2
+    assert (home / "payroll.db").exists()
+
+
 def test_retry_with_nothing_named_says_what_to_give():
     out = CliRunner().invoke(cli, ["retry"])
     assert out.exit_code == 2

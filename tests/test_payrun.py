@@ -435,6 +435,13 @@ def test_employees_imported_after_their_month_was_run_get_their_slips_with_resum
     out = runner.invoke(cli, ["import", str(late)])
     assert out.exit_code == 0, out.output
     assert f"note: {MONTH} was already run for company 1, before some of these employees" in out.output
+    # a file whose employees all have their MONTH slip (or no MONTH line) is not told of the
+    # two left behind by another file: the note speaks of "these employees"
+    lines = late.read_text(encoding="utf-8").splitlines()
+    other = tmp_path / "other-month.csv"
+    other.write_text("\n".join([lines[0], lines[1].replace(f",{MONTH},", ",2031-01,")]) + "\n", encoding="utf-8")
+    quiet = runner.invoke(cli, ["import", str(other)])
+    assert quiet.exit_code == 0 and "was already run" not in quiet.output, quiet.output
     hr = json.loads(runner.invoke(cli, ["status", "--json"]).stdout)  # HR must not read "all done"
     assert hr["total"]["no_slip"] == 2 and hr["companies"][0]["no_slip"] == 2
     assert any(n.startswith(f"2 employees of company 1 have salary lines for {MONTH} and no slip")
