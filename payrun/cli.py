@@ -618,8 +618,8 @@ def prune(c: Ctx, before: str, slips: bool, dry_run: bool, force: bool, as_json:
 
     try:
         validate_month(before)
-    except PayrunError:
-        raise PayrunError(f"--before must look like 2026-11 (YYYY-MM), got {before!r}")
+    except PayrunError as e:
+        raise PayrunError(str(e).replace("--month", "--before", 1)) from None
     r = retention.prune(c.cfg, c.ledger(), before, slips=slips, dry_run=dry_run, force=force)
     if as_json:
         click.echo(json.dumps({**vars(r), "dry_run": dry_run}))
@@ -650,6 +650,9 @@ def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> N
         raise PayrunError(f"unknown queue {unknown[0]!r} (choose from {', '.join(keys.QUEUES)})")
     if keys.EMAIL_QUEUE in queues and len(queues) > 1:
         raise PayrunError("send-email runs in its own worker: `payrun worker send-email`")
+    if lanes is not None and keys.EMAIL_QUEUE not in queues:
+        raise PayrunError("--lanes is for send-email workers; a pdf-render or control worker runs one job "
+                          "at a time (run one pdf-render worker per core: render.workers)")
     _setup_logging()
     conn = c.redis()
     from jobs import tasks
@@ -812,6 +815,9 @@ def ps(c: Ctx) -> None:
     from payrun import supervise
 
     out, code = supervise.ctl(c.cfg, "status")
+    if "no such file" in out or "refused connection" in out.lower():
+        click.echo(f"supervisord is not running for {c.cfg.home} (`payrun up` starts it)", err=True)
+        sys.exit(3)
     click.echo(out.rstrip())
     sys.exit(0 if code == 0 else 3)
 

@@ -224,3 +224,9 @@ def test_a_company_or_reminder_that_cannot_be_is_bad_input(runner, cfg, conn):
     assert "31 days" in one_line_error(runner.invoke(cli, ["remind", "--company", "1", "--in", "400d"]))
     assert "--message is empty" in one_line_error(
         runner.invoke(cli, ["remind", "--company", "1", "--in", "1h", "--message", " "]))
+
+
+def test_a_worker_option_that_does_not_apply_is_refused_not_ignored(runner):
+    msg = one_line_error(runner.invoke(cli, ["worker", "pdf-render", "--lanes", "5"]))
+    assert "--lanes is for send-email workers" in msg
+    assert "unknown queue 'pdf'" in one_line_error(runner.invoke(cli, ["worker", "pdf"]))

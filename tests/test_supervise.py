@@ -122,7 +122,8 @@ def test_up_with_the_providers_port_taken_fails_and_stops_everything(tmp_path):
     assert up.returncode == 2, up.stdout + up.stderr
     assert "provider failed to start, so everything was stopped again" in up.stderr
     assert "Address already in use" in up.stderr or "cannot listen" in up.stderr
-    assert payrun("ps", env=env).returncode != 0  # nothing left half-up
+    ps = payrun("ps", env=env)
+    assert ps.returncode == 3 and "supervisord is not running for" in ps.stderr  # nothing left half-up
 
 
 def test_up_with_a_program_that_cannot_start_stops_everything_and_shows_its_log(tmp_path):
