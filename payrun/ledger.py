@@ -89,6 +89,11 @@ MIGRATIONS = [
     DROP INDEX IF EXISTS jobs_month_kind;
     DROP INDEX IF EXISTS jobs_key;
     """,
+    # 3: the months `payrun prune` removed, so that `payrun run` can refuse one (its jobs'
+    # ids can still be in Redis: the new renders would queue no sends, and never finish)
+    """
+    CREATE TABLE IF NOT EXISTS pruned_months (month TEXT PRIMARY KEY, pruned_at TEXT NOT NULL);
+    """,
 ]
 
 
@@ -388,6 +393,11 @@ class Ledger:
                                    f" AND outcome IN ({returned}) GROUP BY job_id", tuple(chunk)):
                 out[r["job_id"]] = r["n"]
         return out
+
+    def pruned_at(self, month: str) -> str | None:
+        """When `payrun prune` removed ``month`` from this ledger (ISO time, UTC), if it did."""
+        row = self.db.conn.execute("SELECT pruned_at FROM pruned_months WHERE month = ?", (month,)).fetchone()
+        return row[0] if row else None
 
     def months(self) -> list[str]:
         return [r["month"] for r in self.db.query("SELECT DISTINCT month FROM payroll_runs ORDER BY month")]

@@ -9,7 +9,7 @@ import shutil
 from dataclasses import dataclass
 
 from payrun.config import Config
-from payrun.ledger import Ledger
+from payrun.ledger import Ledger, utcnow
 
 
 @dataclass
@@ -66,6 +66,8 @@ def prune(cfg: Config, ledger: Ledger, before: str, slips: bool = False, dry_run
             db.execute("DELETE FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE month < ?)", (before,))
             db.execute("DELETE FROM jobs WHERE month < ?", (before,))
             db.execute("DELETE FROM payroll_runs WHERE month < ?", (before,))
+            db.executemany("INSERT OR REPLACE INTO pruned_months (month, pruned_at) VALUES (?, ?)",
+                           [(m, utcnow()) for m in months])
         for d in slip_dirs:
             shutil.rmtree(d)
     return Pruned(months, jobs, attempts, runs, len(slip_dirs), refused)

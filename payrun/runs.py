@@ -182,6 +182,10 @@ def start_run(
     from payrun import payroll
 
     validate_month(month)
+    if (pruned := ledger.pruned_at(month)) is not None:
+        raise InputError(f"{month} was pruned from the ledger ({pruned[:16].replace('T', ' ')} UTC) and cannot be "
+                         f"run again: its jobs' ids can still be in Redis (finished ones for a day, failed ones "
+                         f"for 30 days), so new renders would queue no sends and the month would never finish")
     owner = owner or new_owner()
     result = RunResult(month=month, owner=owner)
     companies = payroll.company_ids_for(payroll_db, month, company_id)

@@ -126,6 +126,11 @@ def test_prune_keeps_later_months(runner, cfg):
     one_line_error(runner.invoke(cli, ["prune", "--before", "last-year"]))
     out = runner.invoke(cli, ["prune", "--before", "2026-12", "--force"])
     assert out.exit_code == 0 and "removed 1 jobs" in out.output
+    # a pruned month is not run again (its jobs can still be in Redis: the run would never finish)
+    payroll.seed(payroll.PayrollDB(cfg.payroll_path), companies=1, employees=2, month="2026-10")
+    msg = one_line_error(runner.invoke(cli, ["run", "--month", "2026-10"]))
+    assert "2026-10 was pruned from the ledger" in msg and "cannot be run again" in msg
+    assert ledger.months() == [] and ledger.jobs(limit=10) == []  # nothing created
 
 
 def test_cli_retry_and_limits_are_audited(runner, cfg, conn):
