@@ -117,7 +117,11 @@ assert _ACQUIRE_SLOT_AND_TAKE != _ACQUIRE_SLOT
 # (jobs.policy.paced_rate), then _MARGIN's, the warm-up margin and its length (ms). The
 # pace fits the gate's window at the reserved time, the warm-up's included, so that
 # senders do not queue at the gate (a sliding window repeats a delay it once imposed).
-# {1, wait ms} reserved; {0, wait ms, 1 if an outage pause} paused
+# ARGV[9]: the longest wait the caller takes (ms; '' for any): a start later than that is
+# not reserved, so that the schedule does not move for a send that will not happen
+# (callers that gave up after reserving pushed it further each try: at a rate lowered to
+# 3/s, 50 lanes ran it out hours ahead and sending stopped for good).
+# {1, wait ms} reserved; {0, wait ms, 1 if an outage pause} paused; {2, wait ms} too far
 _RESERVE = _MARGIN + _WARM + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -131,6 +135,7 @@ local rate = limit * tonumber(ARGV[2])
 local gate_rate = math.max(1, math.floor(limit)) * 1000.0 / (1000.0 + m) * tonumber(ARGV[3])
 if gate_rate < rate then rate = gate_rate end
 local interval = 1000.0 / rate
+if ARGV[9] ~= '' and tat - now > tonumber(ARGV[9]) then return {2, tostring(tat - now)} end
 redis.call('SET', KEYS[1], tostring(tat + interval), 'PX', math.ceil(tat + interval - now) + 10000)
 return {1, tostring(tat - now)}
 """
@@ -396,12 +401,13 @@ class Limiter:
         slot freed: after the pause one send at a time probes the provider)."""
         waited = False
         while True:
+            longest = "" if deadline_s is None else max(0, int((deadline_s - time.monotonic()) * 1000))
             ok, wait_ms, *outage = self._reserve(
                 keys=[self.k_tat, self.k_conf, self.k_pause, self.k_gate, self.k_sends, self.k_outage],
                 args=[self.default_rate, RATE_HEADROOM, GATE_FIT, *self._margin_args,
-                      GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS])
-            if outage and int(outage[0]):
-                return False
+                      GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS, longest])
+            if int(ok) == 2 or (outage and int(outage[0])):
+                return False  # too far ahead (nothing reserved), or an outage pause
             wait_s = float(wait_ms) / 1000
             if deadline_s is not None and time.monotonic() + wait_s > deadline_s:
                 return False
@@ -588,7 +594,14 @@ def set_limits(conn, name: str, cap: int | None = None, rate_per_s: float | None
     if rate_per_s is not None:
         mapping["rate_per_s"] = float(rate_per_s)
     if mapping:
-        conn.hset(keys.limit_conf(name), mapping=mapping)
+        with conn.pipeline() as pipe:
+            pipe.hset(keys.limit_conf(name), mapping=mapping)
+            if rate_per_s is not None:
+                # the schedule so far was paced at the old rate: a raised rate applies from
+                # the next start, not after the starts already spaced out at the old one (the
+                # send gate still holds every host to the new limit in any rolling second)
+                pipe.delete(keys.limit_tat(name))
+            pipe.execute()
 
 
 def outage_ended(reply) -> tuple[int, float] | None:

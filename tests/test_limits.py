@@ -301,6 +301,54 @@ def test_the_schedule_fits_the_warm_up_window_after_an_idle_spell(conn):
     assert abs((tat - tats[-1]) - 1000.0 / paced_rate(40.0, 0.975, GATE_MARGIN_MIN_MS)) < 0.2
 
 
+def test_a_start_past_the_callers_deadline_is_not_reserved_and_a_raised_rate_applies_at_once(conn):
+    """A rate lowered from the console to 3/s with 50 lanes waiting: the starts reach past a
+    send's deadline, the send gives up (RateWait) and tries again. A reservation it gave up
+    on used to stay, so each try pushed the schedule further: hours ahead within minutes,
+    and no send started even after the rate was raised back (exploratory testing)."""
+    lim = limiter(conn, rate=3.0)
+    sec, usec = conn.time()
+    far = int(sec) * 1000 + int(usec) / 1000 + 10_000  # the schedule 10 s ahead: the starts of waiting senders
+    conn.set(keys.limit_tat("email"), str(far))
+    for _ in range(20):  # twenty senders that each wait at most 1 s
+        assert lim.token(deadline_s=time.monotonic() + 1.0) is False
+    assert float(conn.get(keys.limit_tat("email"))) == far  # none of them moved it
+    sends = conn.zcard(keys.limit_sends("email"))
+    set_limits(conn, "email", rate_per_s=40.0)  # the operator puts the rate back
+    started = time.monotonic()
+    assert lim.token(deadline_s=time.monotonic() + 1.0) is True  # sending resumes at once
+    assert time.monotonic() - started < 0.5 and conn.zcard(keys.limit_sends("email")) == sends + 1
+    set_limits(conn, "email", cap=7)  # a cap change leaves the schedule alone
+    assert conn.exists(keys.limit_tat("email"))
+
+
+def test_senders_that_give_up_keep_sending_at_a_low_rate(conn):
+    """Twelve senders at 4/s, each giving up after 0.5 s and trying again (as a send's
+    RateWait retry does): the schedule stays within reach and starts go on at the rate.
+    Before, each give-up pushed it further and the starts stopped within a second or two."""
+    lim = limiter(conn, rate=4.0)
+    stop_at = time.monotonic() + 3.0
+    passed = []
+
+    def sender():
+        while time.monotonic() < stop_at:
+            if lim.token(deadline_s=time.monotonic() + 0.5):
+                passed.append(time.monotonic())
+            else:
+                time.sleep(0.05)  # (a RateWait job is retried after a second)
+
+    threads = [threading.Thread(target=sender) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    sec, usec = conn.time()
+    ahead_ms = float(conn.get(keys.limit_tat("email")) or 0) - (int(sec) * 1000 + int(usec) / 1000)
+    assert ahead_ms < 500 + 1000 / (4.0 * 0.975) + 50, ahead_ms
+    assert len(passed) >= 8, len(passed)  # ~11 at 3.9/s over 3 s
+    assert max(passed) > stop_at - 1.0  # still starting at the end
+
+
 def test_limits_change_at_run_time(conn):
     lim = limiter(conn, cap=1)
     assert lim.try_slot("a")[0] and not lim.try_slot("b")[0]
