@@ -43,6 +43,11 @@ job's score in rq:finished:<q> is its end time plus this."""
 SPARK_MINUTES = 10
 """Throughput history shown per queue, in one-minute buckets (newest last)."""
 RATE_WINDOW_MIN = 5
+STALL_MIN = 2
+"""No slip delivered in the current and the previous minute (over a minute) while some
+wait, in a run started more than this many minutes ago: the HR line says so instead of
+an ETA from the last RATE_WINDOW_MIN minutes' rate (which read "on time" for minutes
+after sending stopped)."""
 """The ETA uses the send rate of the last this-many minutes."""
 DEADLINE = (9, 0)
 """The design's promise: every slip delivered by 09:00 (local time, config.timezone)."""
@@ -188,6 +193,8 @@ class Snapshot:
     """The run started last: what the overview shows unless a month is pinned."""
     error: str | None = None
     """Set when a part could not be read (the rest of the snapshot is still shown)."""
+    redis_down: bool = False
+    """Redis could not be read: queues, workers and running jobs are unknown (not zero)."""
     took_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -427,9 +434,17 @@ def unserved(queues: list[QueueRow], workers: list[WorkerRow]) -> list[str]:
             if q.name in (keys.RENDER_QUEUE, keys.EMAIL_QUEUE) and (q.depth or q.retrying) and q.name not in served]
 
 
+def stalled(queues: list[QueueRow], running_s: float | None) -> bool:
+    """No slip delivered (send-email finishes, reminders left out) in the current and the
+    previous minute, in a run going for more than STALL_MIN minutes."""
+    email = next((q for q in queues if q.name == keys.EMAIL_QUEUE), None)
+    return (email is not None and running_s is not None and running_s > 60 * STALL_MIN
+            and email.slips_finished(2) == 0)
+
+
 def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: bool = False,
         provider_down_s: float | None = None, started: float | None = None,
-        no_worker: list[str] | None = None) -> dict[str, Any]:
+        no_worker: list[str] | None = None, stalled: bool = False, redis_down: bool = False) -> dict[str, Any]:
     """When the last slip should be delivered at the recent rate, and whether that is
     before the 09:00 deadline: the first one at or after ``started`` (when the run
     began: a run started at 01:00 and still going at 09:05 is late, not on time for
@@ -439,7 +454,9 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
     no slip is delivered until it answers, so no time is promised; ``if_back_now`` says
     when the rest would be delivered if it answered now, at ``rate_per_s``. ``no_worker``:
     queues with slips waiting and no live worker (``unserved``): no time is promised
-    either (the recent rate may be another month's, or the workers' before they went)."""
+    either (the recent rate may be another month's, or the workers' before they went).
+    ``stalled``: no slip delivered for over a minute (:func:`stalled`): no time is promised.
+    ``redis_down``: the queues could not be read: the rate is unknown, not zero."""
     remaining = max(0, total.get("total", 0) - total.get("done", 0) - total.get("failed", 0))
     zone = ZoneInfo(tz)
     local = datetime.fromtimestamp(now, zone)
@@ -452,16 +469,17 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
                            "drained": drained and remaining > 0, "no_slip": total.get("no_slip", 0),
                            "failed": total.get("failed", 0),
                            "provider_down_s": provider_down_s if remaining > 0 else None,
-                           "no_worker": list(no_worker or []) if remaining > 0 and not drained else []}
+                           "no_worker": list(no_worker or []) if remaining > 0 and not drained else [],
+                           "stalled": stalled and remaining > 0, "redis_down": redis_down and remaining > 0}
     if remaining == 0:
         out.update(at=local.isoformat(), on_time=True)
-    elif drained or out["no_worker"]:
-        pass  # no ETA: nothing moves until `payrun resume` / a worker starts
+    elif drained or out["no_worker"] or out["redis_down"]:
+        pass  # no ETA: nothing moves until `payrun resume` / a worker starts; or unknown
     elif provider_down_s is not None:
         if rate_per_s > 0:
             back = local + timedelta(seconds=remaining / rate_per_s)
             out.update(if_back_now=back.isoformat(), on_time_if_back_now=back <= deadline)
-    elif rate_per_s > 0:
+    elif rate_per_s > 0 and not out["stalled"]:
         at = local + timedelta(seconds=remaining / rate_per_s)
         out.update(at=at.isoformat(), on_time=at <= deadline)
     return out
@@ -575,6 +593,7 @@ class Source:
             except Exception as e:  # Redis down or slow: say so, keep going with the ledger
                 errors.append(f"Redis unreachable ({type(e).__name__}: {one_line(e, 200)})")
                 snap.queues, snap.workers, snap.running = [], [], []
+                snap.redis_down = True
             try:
                 led = self.ledger()
                 if led is not None:
@@ -590,8 +609,10 @@ class Source:
                     drained = snap.suspended or bool({keys.RENDER_QUEUE, keys.EMAIL_QUEUE} & set(snap.paused_queues))
                     out = snap.limits.outage if snap.limits else None
                     down = out["for_s"] if out and out["pauses"] else None
+                    running_s = now - started if started else None
                     snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone, drained, down,
-                                   started=started or None, no_worker=unserved(snap.queues, snap.workers))
+                                   started=started or None, no_worker=unserved(snap.queues, snap.workers),
+                                   stalled=stalled(snap.queues, running_s), redis_down=snap.redis_down)
             except Exception as e:
                 errors.append(f"ledger unreadable ({type(e).__name__}: {one_line(e, 200)})")
             snap.error = "; ".join(errors) or None

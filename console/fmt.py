@@ -48,6 +48,8 @@ def eta_text(eta: dict[str, Any] | None) -> str:
         return "no ETA: intake drained (resume with u or `payrun resume`)"
     if eta.get("no_worker"):
         return f"no ETA: no {' or '.join(eta['no_worker'])} worker running (`payrun up`? `payrun ps`)"
+    if eta.get("redis_down"):
+        return "ETA unknown: Redis unreachable (the figures are the ledger's)"
     if eta.get("provider_down_s") is not None:
         text = f"no ETA: email provider down {duration(eta['provider_down_s'])}"
         if eta.get("if_back_now"):
@@ -56,6 +58,8 @@ def eta_text(eta: dict[str, Any] | None) -> str:
             text += (f" (back now: done {back:%H:%M}, "
                      f"{'on time for' if eta['on_time_if_back_now'] else 'LATE for'} {deadline:%H:%M})")
         return text
+    if eta.get("stalled"):
+        return "no ETA: no slip delivered for over a minute (running? failed? limits?)"
     if not eta.get("at"):
         return "ETA unknown: nothing delivered in the last 5 min"
     at = datetime.fromisoformat(eta["at"])

@@ -732,6 +732,31 @@ def test_the_eta_never_says_all_delivered_over_failed_slips_nor_promises_a_time_
     assert eta_text(eta(waiting, 33.0, now, "Asia/Dhaka")).startswith("ETA ")  # with workers: a time
 
 
+def test_the_eta_says_when_sending_has_stopped_and_when_redis_cannot_be_read():
+    """Exploratory testing: with sending stopped (a rate limit run away) the console said
+    "ETA 13:34 — on time for 09:00" for minutes, from the last 5 minutes' rate; with Redis
+    unreachable it said "nothing delivered in the last 5 min", which it could not know."""
+    from console.data import QueueRow, eta, stalled
+    from console.fmt import eta_text
+
+    now = 1_793_478_300.0
+    total = {"queued": 0, "running": 0, "retrying": 80, "done": 1420, "failed": 0, "stuck": 0, "total": 1500}
+    stopped = QueueRow(keys.EMAIL_QUEUE, 80, 0, 0, 0, None, [0] * 5 + [900, 500, 20, 0, 0], False)
+    assert stalled([stopped], running_s=600)
+    assert not stalled([stopped], running_s=90)  # a run's first minutes: sends have not begun
+    going = QueueRow(keys.EMAIL_QUEUE, 80, 0, 0, 0, None, [0] * 8 + [0, 3], False)
+    assert not stalled([going], running_s=600)  # one delivered this minute
+    reminders = QueueRow(keys.EMAIL_QUEUE, 80, 0, 0, 0, None, [0] * 8 + [4, 4], False, 0, [0] * 8 + [4, 4])
+    assert stalled([reminders], running_s=600)  # reminder emails are not slips
+    e = eta(total, 4.7, now, "Asia/Dhaka", stalled=True)
+    assert e["at"] is None and eta_text(e).startswith("no ETA: no slip delivered for over a minute"), eta_text(e)
+    assert eta_text(eta(total, 4.7, now, "Asia/Dhaka")).startswith("ETA ")
+    down = eta(total, 0.0, now, "Asia/Dhaka", redis_down=True)
+    assert eta_text(down) == "ETA unknown: Redis unreachable (the figures are the ledger's)"
+    finished = total | {"retrying": 0, "done": 1500}
+    assert eta_text(eta(finished, 0.0, now, "Asia/Dhaka", stalled=True, redis_down=True)) == "all delivered"
+
+
 def test_a_run_still_going_after_its_0900_is_late_not_on_time_for_tomorrow():
     """Walkthrough at 50,000 slips: a run still going after 09:00 read "ETA 10:54 — on time
     for 09:00", the next morning's 09:00. The deadline is the first 09:00 after the run
