@@ -48,6 +48,9 @@ def retry(cfg, conn, job_ids: list[str], command: str | None = None, via: str = 
     finally:
         if db is not None:
             db.db.close()
+    if not requeued:  # nothing done: an error, as `payrun retry` says it, and nothing audited
+        raise ActionError("not among failed jobs: " + ", ".join(missing[:3]) + (" …" if len(missing) > 3 else "")
+                          + " (finished, retried already, or gone)")
     out = Outcome("retry", command or retry_command(list(job_ids)), len(requeued), ok=not missing,
                   message=f"requeued {len(requeued)} job(s)" + (f"; {len(missing)} no longer failed" if missing else ""),
                   detail={"asked": len(job_ids), "not_found": missing[:20]})

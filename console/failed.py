@@ -260,7 +260,8 @@ def detail(conn, ledger, job_id: str) -> dict[str, Any]:
         from jobs.runtime import PayrunJob
 
         job = PayrunJob.fetch(job_id, connection=conn)
-        out["rq_status"] = _s(job.get_status(refresh=False))
+        status = job.get_status(refresh=False)
+        out["rq_status"] = getattr(status, "value", _s(status))  # "failed", not "JobStatus.FAILED"
         out["meta"] = {k: v for k, v in job.meta.items() if k in ("kind", "key", "attempt", "last_error", "retry")}
         out["origin"] = job.origin
         out["func"] = job.func_name

@@ -397,6 +397,7 @@ async def test_job_detail_shows_attempts_and_traceback(failed_world):
         await settle(pilot, lambda: getattr(app.screen, "detail", None) is not None, what="job detail")
         shown = text_of(app, "#job")
         assert "TypeError" in shown and "#1" in shown and "Traceback" in shown
+        assert "in Redis: failed" in shown  # (it read "JobStatus.FAILED")
         # attempt times on the console's clock (Asia/Dhaka by default), and it says so
         detail = app.screen.detail
         started = detail["ledger"]["history"][0]["started_at"]
@@ -404,6 +405,21 @@ async def test_job_detail_shows_attempts_and_traceback(failed_world):
         from console.fmt import clock
 
         assert f"attempts ({cfg.timezone})" in shown and f"#1 {clock(parse_ts(started), cfg.timezone)}" in shown
+        # retried meanwhile (elsewhere): r says it is not failed instead of offering a retry
+        # that requeues nothing and is audited as one
+        from console import actions
+
+        job_id = detail["id"]
+        actions.retry(cfg, conn, [job_id], via="test")
+        app.screen.reload()
+        await settle(pilot, lambda: app.screen.detail.get("rq_status") == "queued", what="the detail reloaded")
+        await pilot.press("r")
+        await pilot.pause()
+        assert type(app.screen).__name__ == "JobScreen"  # no confirmation asked
+        audit_lines = (cfg.home / "audit.log").read_text().splitlines()
+        with pytest.raises(actions.ActionError, match=f"not among failed jobs: {job_id}"):
+            actions.retry(cfg, conn, [job_id], via="test")
+        assert (cfg.home / "audit.log").read_text().splitlines() == audit_lines  # nothing done, nothing audited
 
 
 # ---- read-only ------------------------------------------------------------------------

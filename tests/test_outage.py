@@ -377,6 +377,13 @@ def test_the_console_limits_line_shows_the_outage():
     line = Overview._limits_text(Snapshot(taken_at=0, limits=Limits(**base | {"paused_for_s": 0.0},
                                                                     outage=failing))).plain
     assert "provider failed the last 4 sends" in line and "DOWN" not in line
+    # alerts come first: a narrow terminal cuts the end of the line (at 80 columns the
+    # outage was cut off after "resends deduped")
+    line = Overview._limits_text(Snapshot(taken_at=0, paused_queues=["send-email"],
+                                          limits=Limits(**base | {"duplicates": 13}, outage=down))).plain
+    assert line.startswith("⏸ drained: send-email · PROVIDER DOWN 1m35s"), line
+    assert line.endswith("13 resends deduped"), line
+    assert Overview._limits_text(Snapshot(taken_at=0, suspended=True)).plain == "⏸ ALL INTAKE STOPPED"
 
 
 def test_a_job_failing_with_our_own_error_is_one_log_line_and_a_bug_keeps_its_traceback():

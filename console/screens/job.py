@@ -96,6 +96,11 @@ class JobScreen(ConsoleScreen):
 
         if self.app.refuse_if_readonly("retry"):
             return
+        status = (self.detail or {}).get("rq_status")
+        if self.detail is not None and status != "failed":
+            self.app.notify(f"{self.job_id} is not failed ({status or 'not in Redis'}): nothing to retry",
+                            severity="warning", timeout=6)
+            return
         cmd = f"payrun retry {self.job_id}"
         self.app.push_screen(ConfirmKey(f"Retry {self.job_id}?", "Requeue it with a fresh attempt budget.", cmd),
                              lambda ok: ok and self.app.act("retry", actions.retry, [self.job_id], cmd))

@@ -114,8 +114,27 @@ class OverviewScreen(ConsoleScreen):
 
     @staticmethod
     def _limits_text(snap: Snapshot) -> Text:
+        """One line: the alerts first (a narrow terminal cuts the end of the line: at 80
+        columns a provider outage or a drain was cut off), then the email limits."""
         t = Text()
         lim = snap.limits
+        alerts: list[tuple[str, str]] = []
+        if snap.suspended:
+            alerts.append(("⏸ ALL INTAKE STOPPED", "bold yellow"))
+        elif snap.paused_queues:
+            alerts.append((f"⏸ drained: {', '.join(snap.paused_queues)}", "bold yellow"))
+        out = lim.outage if lim else None
+        if out and out["pauses"]:
+            alerts.append((f"PROVIDER DOWN {duration(out['for_s'])}, {out['failed_in_a_row']:,} failed in a row, "
+                           + (f"paused {out['paused_for_s']:.0f}s" if out["state"] == "paused" else "probing"),
+                           "bold red"))
+        elif lim and lim.paused_for_s:
+            alerts.append((f"paused {lim.paused_for_s:.0f}s (429)", "bold yellow"))
+        if out and not out["pauses"] and out["failed_in_a_row"] >= 2:
+            alerts.append((f"provider failed the last {out['failed_in_a_row']:,} sends", "yellow"))
+        for text, style in alerts:
+            t.append(text, style=style)
+            t.append(" · ")
         if lim:
             t.append("email ")
             t.append(f"{lim.in_use}/{lim.cap}", style="bold")
@@ -125,19 +144,8 @@ class OverviewScreen(ConsoleScreen):
             t.append(f"{lim.http_429:,} 429s", style="bold red" if lim.http_429 else "")
             if lim.duplicates:  # a killed sender's sends went out again: the provider deduped them
                 t.append(f" · {lim.duplicates:,} resends deduped", style="bold yellow")
-            out = lim.outage
-            if out and out["pauses"]:
-                t.append(f" · PROVIDER DOWN {duration(out['for_s'])}, {out['failed_in_a_row']:,} failed in a row, "
-                         + (f"paused {out['paused_for_s']:.0f}s" if out["state"] == "paused" else "probing"),
-                         style="bold red")
-            elif lim.paused_for_s:
-                t.append(f" · paused {lim.paused_for_s:.0f}s (429)", style="bold yellow")
-            if out and not out["pauses"] and out["failed_in_a_row"] >= 2:
-                t.append(f" · provider failed the last {out['failed_in_a_row']:,} sends", style="yellow")
-        if snap.suspended:
-            t.append("  ⏸ ALL INTAKE STOPPED", style="bold yellow")
-        elif snap.paused_queues:
-            t.append(f"  ⏸ drained: {', '.join(snap.paused_queues)}", style="bold yellow")
+        elif alerts:
+            t.right_crop(3)  # (the trailing " · ")
         return t
 
     @staticmethod
