@@ -349,9 +349,18 @@ class ConsoleApp(App):
         self.refresh_now()
 
     def command_audit(self, args: list[str]) -> None:
+        from console.data import parse_ts
+        from console.fmt import clock
+
+        tz = self.source.cfg.timezone
         rows = actions.read_audit(self.source.cfg, 8)
-        text = "\n".join(f"{r['ts'][11:19]} {r['who']} {r['command']} ({r['count']})" for r in rows) or "no actions yet"
-        self.notify(text, title=f"audit log: {actions.audit_path(self.source.cfg)}", timeout=15)
+
+        def when(ts: str) -> str:  # the console's clock, as everywhere else on screen (the log is UTC)
+            at = parse_ts(ts)
+            return clock(at, tz) if at else ts[11:19]
+
+        text = "\n".join(f"{when(r['ts'])} {r['who']} {r['command']} ({r['count']})" for r in rows) or "no actions yet"
+        self.notify(text, title=f"audit log ({tz} times): {actions.audit_path(self.source.cfg)}", timeout=15)
 
     # ---- confirmations shared by the screens ---------------------------------------
     def confirm_drain(self, queue: str | None) -> None:

@@ -572,6 +572,17 @@ async def test_change_limits_from_the_command_bar(cfg, conn):
         await pilot.press("y")
         await settle(pilot, lambda: conn.hget(keys.limit_conf("email"), "cap") == b"30", what="new cap")
         await settle(pilot, lambda: app.snapshot.limits.cap == 30, what="the overview to show it")
+        # `:audit` shows the change on the console's clock, and says which (the log is UTC)
+        from console.data import parse_ts
+        from console.fmt import clock
+
+        await pilot.press("colon", *"audit", "enter")
+        await settle(pilot, lambda: any(n.title.startswith("audit log") for n in app._notifications),
+                     what="the audit toast")
+        note = [n for n in app._notifications if n.title.startswith("audit log")][-1]
+        entry = actions.read_audit(cfg)[-1]
+        assert f"({cfg.timezone} times)" in note.title
+        assert f"{clock(parse_ts(entry['ts']), cfg.timezone)} {entry['who']} payrun limits set" in note.message
     assert float(conn.hget(keys.limit_conf("email"), "rate_per_s")) == 20.0
 
 
