@@ -190,7 +190,7 @@ def page(conn, ledger, flt: FailedFilter, offset: int = 0, limit: int = 50) -> F
         res = p.execute()
     total = sum(int(res[2 * i]) for i in range(len(qs)))
     merged = sorted(((float(sc), _s(m), q) for i, q in enumerate(qs) for m, sc in res[2 * i + 1]),
-                    key=lambda t: (-t[0], t[1]))
+                    key=lambda t: (t[0], t[1]), reverse=True)  # newest first, ties by id as `payrun failed`
     chosen = [(m, q) for _, m, q in merged[offset:offset + limit]]
     rows = _redis_rows(conn, chosen, ledger)
     _add_companies(ledger, rows)

@@ -52,7 +52,7 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
             r["delivered_by_resend"] = bool(r.get("key")) and slip_key(r["key"]) in resent
     if company is not None:
         out = [r for r in out if r.get("company") == company]
-    out.sort(key=lambda r: r["ended_at"] or "", reverse=True)
+    out.sort(key=lambda r: (r["ended_at"] or "", r["id"]), reverse=True)  # (ties as the console's list)
     return out[:limit] if limit else out
 
 
