@@ -6,6 +6,11 @@ JobError
  │    │                  sending): retry with the same idempotency key
  │    ├── RecipientDeferred  SMTP 4xx for this recipient (greylisting, a full mailbox):
  │    │                  retried as usual; one address's trouble, not the provider's
+ │    ├── AccountRefused the provider refused us, not this message (HTTP 401/403, SMTP
+ │    │                  authentication failed, sender refused): every send would fail
+ │    │                  the same way until someone fixes the credentials, so it counts
+ │    │                  toward a provider outage (pause and probe) instead of failing
+ │    │                  every slip of the run for good, one by one
  │    └── Throttled      the provider said 429: every sender pauses for its Retry-After,
  │         │             and the job is retried after it without spending an attempt
  │         ├── RateWait  our own limiter could not give a start in time: retried without
@@ -40,6 +45,10 @@ class OutcomeUnknown(TransientError):
 
 
 class RecipientDeferred(TransientError):
+    pass
+
+
+class AccountRefused(TransientError):
     pass
 
 

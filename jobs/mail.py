@@ -92,7 +92,8 @@ from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from jobs.errors import OutcomeUnknown, PermanentError, RateWait, RecipientDeferred, TransientError, Throttled
+from jobs.errors import (AccountRefused, OutcomeUnknown, PermanentError, RateWait, RecipientDeferred,
+                         TransientError, Throttled)
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +317,10 @@ class SmtpTransport:
                         smtplib.SMTPDataError: "SMTP refused message",
                         smtplib.SMTPAuthenticationError: "SMTP authentication failed",
                         smtplib.SMTPConnectError: "SMTP refused connection"}.get(type(e), "SMTP error")
+                if isinstance(e, (smtplib.SMTPAuthenticationError, smtplib.SMTPSenderRefused)):
+                    # our login or our sender address, not this slip: every send would fail
+                    raise AccountRefused(f"{what}: {e.smtp_code} {_short(e.smtp_error)} (the server refused "
+                                         f"our credentials or sender: check email.url and email.sender)") from None
                 raise _classify_smtp(e.smtp_code, e.smtp_error, what) from None
             except (smtplib.SMTPServerDisconnected, socket.timeout, TimeoutError) as e:
                 healthy = False
@@ -551,6 +556,9 @@ class HttpTransport:
             raise Throttled(text, retry_after_s=after if after is not None else 1.0)
         if status >= 500 or status == 408:
             raise TransientError(text, retry_after_s=_retry_after(resp.getheader("Retry-After")))
+        if status in (401, 403):  # our token or account, not this slip: every send would fail
+            raise AccountRefused(f"{text} (the provider refused our credentials: check the token in "
+                                 f"PAYRUN_EMAIL_URL / email.url)")
         if 400 <= status < 500:
             raise PermanentError(text)
         raise TransientError(f"{where}: unexpected HTTP {status}")

@@ -16,7 +16,8 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
 
-from jobs.errors import OutcomeUnknown, PermanentError, TransientError
+from jobs.errors import AccountRefused, OutcomeUnknown, PermanentError, TransientError
+from jobs.policy import classify, counts_as_provider_failure
 from jobs.mail import HttpTransport, Message, SmtpTransport, message_id_for, transport_for
 from payrun.provider import Provider
 
@@ -205,9 +206,12 @@ def test_smtp_auth_password_from_env_never_in_errors(monkeypatch):
 
         bad = transport_for(f"smtp://payroll:wr0ng-pw@127.0.0.1:{ctl.port}", 5)
         assert "wr0ng" not in repr(bad)
-        with pytest.raises(PermanentError) as ei:
+        # a wrong password fails every send alike: an outage (pause, probe), not one slip's
+        # permanent failure (a token expired at 02:00 failed the whole run, 40 slips a second)
+        with pytest.raises(AccountRefused) as ei:
             bad.send(make_msg())
         assert "535" in str(ei.value) and "wr0ng" not in str(ei.value)
+        assert "check email.url" in str(ei.value) and counts_as_provider_failure(ei.value)
     finally:
         ctl.stop()
 
@@ -310,9 +314,10 @@ def test_http_connection_refused_is_transient():
 def test_http_token_from_env(monkeypatch):
     p = Provider(latency_s=0, rate_per_s=100, token="tok-abc123").start()
     try:
-        with pytest.raises(PermanentError) as ei:
+        with pytest.raises(AccountRefused) as ei:
             transport_for(p.url, 5).send(make_msg())
-        assert "401" in str(ei.value)
+        assert "401" in str(ei.value) and "refused our credentials" in str(ei.value)
+        assert counts_as_provider_failure(ei.value) and classify(ei.value).transient
         monkeypatch.setenv("PAYRUN_EMAIL_TOKEN", "tok-abc123")
         t = transport_for(p.url, 5)
         assert "tok-abc123" not in repr(t)

@@ -322,6 +322,28 @@ def test_a_provider_503_storm_holds_back_sends_without_spending_attempts_and_end
     assert provider.stats()["delivered"] == 1
 
 
+def test_a_provider_refusing_our_credentials_is_an_outage_not_a_run_of_permanent_failures(conn, outage_cfg):
+    """Exploratory testing: a provider answering 401 to every send (a token expired at
+    02:00) failed each slip for good after one attempt, 40 a second, with no pause and no
+    note. It says nothing about the slip: the senders pause and probe, as for a 503."""
+    cfg, provider = outage_cfg
+    provider.outage(600, 401)
+    errors = []
+    for n in range(4):
+        with pytest.raises(TransientError) as ei:
+            _send(conn, cfg, n)
+        errors.append(ei.value)
+    assert not any(isinstance(e, PermanentError) for e in errors)
+    assert "401" in str(errors[0]) and "refused our credentials" in str(errors[0])
+    assert isinstance(errors[2], ProviderDown) and isinstance(errors[3], ProviderDown)
+    out = read_outage(conn)
+    assert out["state"] == "paused" and "refused our credentials" in out["last_error"]
+    provider.end_outage()
+    end_pause(conn)
+    assert _send(conn, cfg, 10)  # the probe, once the token is fixed: delivered
+    assert read_outage(conn) is None
+
+
 # ---- what the on-call engineer sees ------------------------------------------------------
 
 
