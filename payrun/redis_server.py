@@ -14,6 +14,7 @@ import os
 import secrets
 import socket
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -206,6 +207,18 @@ def ensure_running(cfg: Config) -> redis.Redis:
         if not os.environ.get("SUPERVISOR_ENABLED") and not here:
             raise RedisUnavailable(f"{hint}, but supervisord is not running in {cfg.home}: start it "
                                    f"(`payrun up`), or `unset PAYRUN_REDIS_SUPERVISED` to let commands start Redis")
+        if here and not os.environ.get("SUPERVISOR_ENABLED"):
+            # a command in a shell: say why it waits, and do not wait for a Redis that
+            # supervisord is not starting (stopped by hand, or given up on: FATAL)
+            state = _supervised_redis_state(cfg)
+            if state in ("STOPPED", "FATAL", "EXITED"):
+                raise RedisUnavailable(f"the embedded Redis is {state} under supervisord ({cfg.home}): "
+                                       f"`payrun ps` shows it, {cfg.log_dir / 'redis.log'} is its log; start it "
+                                       f"with `supervisorctl start redis` (after `eval \"$(payrun supervisor-env)\"`) "
+                                       f"or `payrun down && payrun up`")
+            sys.stderr.write(f"payrun: waiting for the embedded Redis (supervisord says {state or 'nothing'}; "
+                             f"up to 60 s)…\n")
+            sys.stderr.flush()
         try:
             wait_until_up(conn, timeout_s=60)
         except RedisUnavailable as e:
@@ -229,6 +242,19 @@ def ensure_running(cfg: Config) -> redis.Redis:
             tail = log.read_text()[-500:] if log.exists() else ""
             raise RedisUnavailable(f"embedded redis-server did not come up; its log ends: {tail}")
     return conn
+
+
+def _supervised_redis_state(cfg: Config) -> str | None:
+    """The embedded Redis program's state in this home's supervisord (RUNNING, STARTING,
+    BACKOFF, STOPPED, FATAL, ...), or None if supervisorctl cannot say."""
+    from payrun import supervise
+
+    try:
+        out, _ = supervise.ctl(cfg, "status", "redis")
+    except Exception:  # noqa: BLE001 - no supervisorctl: wait as before
+        return None
+    parts = out.split()
+    return parts[1] if len(parts) > 1 and parts[0] == "redis" else None
 
 
 def supervisord_here(cfg: Config) -> bool:

@@ -61,6 +61,15 @@ def test_up_run_status_down(tmp_path, monkeypatch):
             return out.returncode == 0 and json.loads(out.stdout)["total"]["done"] == 10
 
         wait_for(all_sent, timeout_s=90, interval_s=0.5, what="10 slips delivered by supervised workers")
+        # Redis stopped under supervisord: a command says so at once (it waited a silent minute)
+        from payrun import config, supervise
+
+        cfg = config.load(env={"PAYRUN_HOME": str(home), "PAYRUN_CONFIG": env["PAYRUN_CONFIG"]})
+        supervise.ctl(cfg, "stop", "redis")
+        failed = payrun("failed", env=env, timeout=30)
+        assert failed.returncode == 1 and "the embedded Redis is STOPPED under supervisord" in failed.stderr, failed.stderr
+        supervise.ctl(cfg, "start", "redis")
+        assert payrun("failed", env=env).returncode == 0
     finally:
         down = payrun("down", env=env)
     assert down.returncode == 0, down.stderr
