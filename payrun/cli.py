@@ -452,7 +452,7 @@ def limits_show(c: Ctx, as_json: bool) -> None:
                f"{e.get('regated', 0):,} passed it again after a stall, "
                f"{e.get('http_429', 0):,} 429s seen; send gate: 1 s + {e['gate_margin_ms']:g} ms"
                + (f"; {e['duplicates']:,} resends deduped by the provider (slips it already had: "
-                  "sent again after their sender was killed)" if e.get("duplicates") else ""))
+                  "a send whose reply was lost: a killed sender, a timeout, Redis gone)" if e.get("duplicates") else ""))
     if outage and outage["pauses"]:
         from payrun.status import outage_text
 
