@@ -12,6 +12,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from payrun import keys
 from payrun.config import Config
 from payrun.errors import InputError
 from payrun.ledger import LEDGER_STALE_S, STATES, Ledger, backlog, backlog_age_s
@@ -121,6 +122,10 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
             outage = read_outage(conn)
             if outage and outage["pauses"]:
                 notes.insert(0, outage_text(outage, cfg.timezone))
+            elif (pause_ms := conn.pttl(keys.limit_pause("email"))) and pause_ms > 0:
+                notes.insert(0, f"the email provider answered 429 (over its rate limit): every sender waits out "
+                                f"its Retry-After ({pause_ms / 1000:.0f} s left); sending resumes by itself and "
+                                f"no attempt is spent (`payrun limits show` counts the 429s)")
         except (RedisError, OSError):  # it went away after the first look: say so, as if never there
             conn, outage = None, None
     return {
@@ -205,7 +210,8 @@ def format_report(r: dict[str, Any]) -> str:
         return "no pay run yet: `payrun run --month YYYY-MM` starts one"
     others = [m for m in r.get("months", []) if m != r["month"]]
     lines = [f"Pay run {r['month']}: {r['total']['total']:,} slips"
-             + (f"  (other runs: {', '.join(others[-6:])}; --month picks one)" if others else "")]
+             + (f"  (other runs: {'…, ' if len(others) > 6 else ''}{', '.join(others[-6:])}; --month picks one"
+                f"{f', --json lists all {len(others)}' if len(others) > 6 else ''})" if others else "")]
     no_slip = bool(r["total"].get("no_slip"))  # the column only when someone has no slip
     head = f"{'id':>4}  {'company':<30} {'sent':>7} {'queued':>7} {'running':>7} {'retrying':>8} {'failed':>7} {'stuck':>6}"
     lines.append(head + (f" {'no slip':>8}" if no_slip else ""))

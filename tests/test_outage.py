@@ -380,6 +380,11 @@ def test_status_limits_and_queues_say_the_provider_is_down(cfg, conn):
     assert lim.provider_ok() is not None
     data = json.loads(runner.invoke(cli, ["status", "--json"]).output)
     assert data["provider_outage"] is None and not any("provider" in n for n in data["notes"])
+    # a 429 storm: every sender waits out the Retry-After, and status says why nothing moves
+    lim.pause(20)
+    data = json.loads(runner.invoke(cli, ["status", "--json"]).output)
+    assert data["notes"][0].startswith("the email provider answered 429 (over its rate limit)"), data["notes"]
+    assert "no attempt is spent" in data["notes"][0]
 
 
 def test_the_console_limits_line_shows_the_outage():

@@ -500,6 +500,11 @@ def test_status_warns_of_a_ledger_backlog_only_when_it_is_old(world):
     stale = status_mod.report(cfg, ledger, conn=conn)
     assert stale["ledger_backlog_age_s"] > 3600
     assert "(ledger is 1 updates behind, the oldest from" in status_mod.format_report(stale)
+    # many months run: the header says it shows only the latest others
+    many = stale | {"months": [f"2026-{m:02d}" for m in range(1, 12)]}
+    head = status_mod.format_report(many).splitlines()[0]
+    assert "(other runs: …, 2026-05, 2026-06" in head and "--json lists all 10" in head, head
+    assert "…" not in status_mod.format_report(stale | {"months": ["2026-10", MONTH]}).splitlines()[0]
 
 
 def set_name(db, employee_id: str, name: str) -> None:
