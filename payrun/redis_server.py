@@ -250,7 +250,7 @@ def _supervised_redis_state(cfg: Config) -> str | None:
     from payrun import supervise
 
     try:
-        out, _ = supervise.ctl(cfg, "status", "redis")
+        out, _ = supervise.ctl(cfg, "status", "redis", timeout_s=5)
     except Exception:  # noqa: BLE001 - no supervisorctl: wait as before
         return None
     parts = out.split()

@@ -56,9 +56,14 @@ def env(cfg: Config) -> dict[str, str]:
     return e
 
 
-def ctl(cfg: Config, *args: str) -> tuple[str, int]:
-    p = subprocess.run([_bin("supervisorctl"), "-c", str(CONFS.get(_role(cfg), CONF)), *args], env=env(cfg),
-                       capture_output=True, text=True)
+def ctl(cfg: Config, *args: str, timeout_s: float = 60) -> tuple[str, int]:
+    """supervisorctl's output and exit code; a supervisord that accepts and never answers
+    (hung) gives exit code 124 after ``timeout_s`` instead of hanging the caller."""
+    try:
+        p = subprocess.run([_bin("supervisorctl"), "-c", str(CONFS.get(_role(cfg), CONF)), *args], env=env(cfg),
+                           capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"supervisorctl {' '.join(args)}: supervisord did not answer within {timeout_s:.0f} s", 124
     return p.stdout + p.stderr, p.returncode
 
 

@@ -251,7 +251,7 @@ def test_up_returns_only_once_the_embedded_redis_answers(tmp_path, monkeypatch):
     cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
     running = "redis   RUNNING   pid 1, uptime 0:00:07\nledger   RUNNING   pid 2, uptime 0:00:07\n"
     statuses = iter(["unix:///x/supervisor.sock no such file"])
-    monkeypatch.setattr(supervise, "ctl", lambda cfg, *a: (next(statuses, running), 0))
+    monkeypatch.setattr(supervise, "ctl", lambda cfg, *a, **kw: (next(statuses, running), 0))
     monkeypatch.setattr(supervise, "take_over_redis", lambda cfg: "")
     monkeypatch.setattr(supervise.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "", ""))
     monkeypatch.setattr(supervise.time, "sleep", lambda s: None)
