@@ -43,12 +43,12 @@ job's score in rq:finished:<q> is its end time plus this."""
 SPARK_MINUTES = 10
 """Throughput history shown per queue, in one-minute buckets (newest last)."""
 RATE_WINDOW_MIN = 5
+"""The ETA uses the send rate of the last this-many minutes."""
 STALL_MIN = 2
 """No slip delivered in the current and the previous minute (over a minute) while some
 wait, in a run started more than this many minutes ago: the HR line says so instead of
 an ETA from the last RATE_WINDOW_MIN minutes' rate (which read "on time" for minutes
 after sending stopped)."""
-"""The ETA uses the send rate of the last this-many minutes."""
 DEADLINE = (9, 0)
 """The design's promise: every slip delivered by 09:00 (local time, config.timezone)."""
 NEAR_TIMEOUT = 0.8

@@ -401,7 +401,8 @@ class Limiter:
         slot freed: after the pause one send at a time probes the provider)."""
         waited = False
         while True:
-            longest = "" if deadline_s is None else max(0, int((deadline_s - time.monotonic()) * 1000))
+            # (a few ms less: the reply's way back; a start it reserved is then taken, not dropped)
+            longest = "" if deadline_s is None else max(0, int((deadline_s - time.monotonic()) * 1000) - 5)
             ok, wait_ms, *outage = self._reserve(
                 keys=[self.k_tat, self.k_conf, self.k_pause, self.k_gate, self.k_sends, self.k_outage],
                 args=[self.default_rate, RATE_HEADROOM, GATE_FIT, *self._margin_args,
@@ -409,8 +410,10 @@ class Limiter:
             if int(ok) == 2 or (outage and int(outage[0])):
                 return False  # too far ahead (nothing reserved), or an outage pause
             wait_s = float(wait_ms) / 1000
-            if deadline_s is not None and time.monotonic() + wait_s > deadline_s:
-                return False
+            if not int(ok) and deadline_s is not None and time.monotonic() + wait_s > deadline_s:
+                return False  # a pause that outlasts the deadline (a reserved start is kept: the
+                              # script checked it against the deadline, and giving it up would
+                              # move the schedule for a send that does not happen)
             if wait_s > 0.001:
                 waited = True
                 time.sleep(wait_s)

@@ -7,7 +7,10 @@ or raises one of the errors in ``jobs.errors``:
                   429's (or 5xx's) Retry-After header.
   OutcomeUnknown  the connection dropped or timed out AFTER the message was handed over:
                   it may have been delivered. Retry with the SAME idempotency key.
-  PermanentError  retrying cannot help (SMTP 5xx, HTTP 4xx other than 429: bad address).
+  AccountRefused  the provider refused us, not this message (HTTP 401/403, SMTP
+                  authentication failed or MAIL FROM refused): a TransientError that counts
+                  toward a provider outage, so a bad token pauses the run, not fails it.
+  PermanentError  retrying cannot help (SMTP 5xx, HTTP 4xx other than 401/403/429: bad address).
 
 Error messages are short and never contain the slip, the body, or credentials; at most
 the recipient address and the provider's reason.
@@ -34,8 +37,10 @@ plus the PDF as ``application/pdf`` attachment, with headers
 ``Idempotency-Key: <key>`` and ``Message-ID: <sha256(key)[:32]@payrun>``, so a resend of
 the same slip carries the same Message-ID (receiving systems and humans can dedupe).
 ``send`` returns that Message-ID (SMTP has no standard "provider id").
-Classification: any 4xx reply -> TransientError, any 5xx reply -> PermanentError
-(RCPT refused, MAIL FROM refused, DATA refused, AUTH refused); connection refused / reset /
+Classification: AUTH refused or MAIL FROM refused -> AccountRefused; otherwise any 4xx
+reply -> TransientError, any 5xx reply -> PermanentError (RCPT refused, DATA refused; a
+server that refuses our sender only at RCPT, as Postfix does by default, reads as one
+recipient's problem); connection refused / reset /
 timeout / disconnect before the message content is sent -> TransientError; a disconnect or
 timeout after the server answered ``354`` to DATA (while sending the content or waiting
 for the final reply) -> OutcomeUnknown.
@@ -53,7 +58,7 @@ Provider HTTP API (ours; ``payrun/provider.py`` implements it locally)
   200 {"id": "...", "duplicate": true}   this Idempotency-Key was already accepted: success,
                                          returns the id of the first acceptance
   400 {"error": "..."}                   malformed request / no Idempotency-Key -> PermanentError
-  401 {"error": "..."}                   missing/wrong token -> PermanentError
+  401 {"error": "..."}                   missing/wrong token -> AccountRefused (403 too)
   422 {"error": "invalid recipient address: ..."}                -> PermanentError
   429 + ``Retry-After: <seconds>``       rate limited -> Throttled (a TransientError) with retry_after_s
   5xx                                    provider trouble -> TransientError
@@ -319,8 +324,8 @@ class SmtpTransport:
                         smtplib.SMTPConnectError: "SMTP refused connection"}.get(type(e), "SMTP error")
                 if isinstance(e, (smtplib.SMTPAuthenticationError, smtplib.SMTPSenderRefused)):
                     # our login or our sender address, not this slip: every send would fail
-                    raise AccountRefused(f"{what}: {e.smtp_code} {_short(e.smtp_error)} (the server refused "
-                                         f"our credentials or sender: check email.url and email.sender)") from None
+                    raise AccountRefused(f"the server refused our login or sender, check email.url and "
+                                         f"email.sender: {what}: {e.smtp_code} {_short(e.smtp_error)}") from None
                 raise _classify_smtp(e.smtp_code, e.smtp_error, what) from None
             except (smtplib.SMTPServerDisconnected, socket.timeout, TimeoutError) as e:
                 healthy = False
@@ -557,8 +562,8 @@ class HttpTransport:
         if status >= 500 or status == 408:
             raise TransientError(text, retry_after_s=_retry_after(resp.getheader("Retry-After")))
         if status in (401, 403):  # our token or account, not this slip: every send would fail
-            raise AccountRefused(f"{text} (the provider refused our credentials: check the token in "
-                                 f"PAYRUN_EMAIL_URL / email.url)")
+            raise AccountRefused(f"the provider refused our credentials, check the token in PAYRUN_EMAIL_URL / "
+                                 f"email.url: {text}")  # (the hint first: status shows 120 characters)
         if 400 <= status < 500:
             raise PermanentError(text)
         raise TransientError(f"{where}: unexpected HTTP {status}")

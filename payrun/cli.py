@@ -145,18 +145,18 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
     from payrun import payroll
 
     path = c.cfg.payroll_path
-    made = [p for p in (*reversed(path.parents), path) if not p.exists()]  # what opening it creates
+    folders = [p for p in reversed(path.parents) if not p.exists()]  # what opening it creates
     db = c.payroll()
     try:
         r = payroll.import_companies_csv(db, csv_file) if companies_csv else payroll.import_csv(db, csv_file)
     except BaseException:
-        if made:  # refused (bad rows): leave no empty payroll.db behind, which would pass for a payrun home
+        if db.created:  # refused (bad rows): leave no empty payroll.db behind, which would pass for a payrun home
             db.close()
             for p in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"), path):
                 p.unlink(missing_ok=True)
-            for d in reversed(made[:-1]):
+            for d in reversed(folders):
                 try:
-                    d.rmdir()
+                    d.rmdir()  # (only if still empty)
                 except OSError:
                     break
         raise
@@ -814,7 +814,7 @@ def ps(c: Ctx) -> None:
     """Show the supervised programs (supervisorctl status)."""
     from payrun import supervise
 
-    out, code = supervise.ctl(c.cfg, "status")
+    out, code = supervise.ctl(c.cfg, "status", timeout_s=supervise.STATUS_TIMEOUT_S)
     if "no such file" in out or "refused connection" in out.lower():
         click.echo(f"supervisord is not running for {c.cfg.home} (`payrun up` starts it)", err=True)
         sys.exit(3)

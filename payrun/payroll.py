@@ -76,8 +76,8 @@ class PayrollDB:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        if str(path) != ":memory:":
-            _create_private_file(self.path)
+        self.created = str(path) != ":memory:" and _create_private_file(self.path)
+        """This object created the database file (it was not there)."""
         self.db = sqlite_utils.Database(self.path)
         self.db.conn.execute("PRAGMA foreign_keys = ON")
         self.db.conn.execute("PRAGMA busy_timeout = 10000")
@@ -131,15 +131,18 @@ class PayrollDB:
         self.close()
 
 
-def _create_private_file(path: Path) -> None:
+def _create_private_file(path: Path) -> bool:
+    """Create ``path`` (mode 0600, parent folders 0700) unless it exists; True if this call
+    created it."""
     if not path.parent.exists():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
-        return
+        return False
     os.close(fd)
     os.chmod(path, 0o600)  # os.open's mode is filtered by umask; make it exactly 0600
+    return True
 
 
 def _sdb(db: "PayrollDB | sqlite_utils.Database") -> sqlite_utils.Database:

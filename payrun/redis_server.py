@@ -210,8 +210,10 @@ def ensure_running(cfg: Config) -> redis.Redis:
         if here and not os.environ.get("SUPERVISOR_ENABLED"):
             # a command in a shell: say why it waits, and do not wait for a Redis that
             # supervisord is not starting (stopped by hand, or given up on: FATAL)
-            state = _supervised_redis_state(cfg)
-            if state in ("STOPPED", "FATAL", "EXITED"):
+            state, why = _supervised_redis_state(cfg)
+            # (EXITED is a moment: autorestart starts it again; so is "STOPPED Not started",
+            # a supervisord that has just opened its socket. Stopped by hand has a date.)
+            if state == "FATAL" or (state == "STOPPED" and "Not started" not in why):
                 raise RedisUnavailable(f"the embedded Redis is {state} under supervisord ({cfg.home}): "
                                        f"`payrun ps` shows it, {cfg.log_dir / 'redis.log'} is its log; start it "
                                        f"with `supervisorctl start redis` (after `eval \"$(payrun supervisor-env)\"`) "
@@ -244,17 +246,20 @@ def ensure_running(cfg: Config) -> redis.Redis:
     return conn
 
 
-def _supervised_redis_state(cfg: Config) -> str | None:
+def _supervised_redis_state(cfg: Config) -> tuple[str | None, str]:
     """The embedded Redis program's state in this home's supervisord (RUNNING, STARTING,
-    BACKOFF, STOPPED, FATAL, ...), or None if supervisorctl cannot say."""
+    BACKOFF, STOPPED, FATAL, ...) and supervisorctl's words after it, or (None, "") if
+    supervisorctl cannot say."""
     from payrun import supervise
 
     try:
         out, _ = supervise.ctl(cfg, "status", "redis", timeout_s=5)
     except Exception:  # noqa: BLE001 - no supervisorctl: wait as before
-        return None
-    parts = out.split()
-    return parts[1] if len(parts) > 1 and parts[0] == "redis" else None
+        return None, ""
+    parts = out.split(None, 2)
+    if len(parts) > 1 and parts[0] == "redis":
+        return parts[1], parts[2].strip() if len(parts) > 2 else ""
+    return None, ""
 
 
 def supervisord_here(cfg: Config) -> bool:

@@ -146,9 +146,15 @@ def outage_text(out: dict[str, Any], tz: str) -> str:
     from datetime import datetime
     from zoneinfo import ZoneInfo
 
+    from jobs.policy import OUTAGE_HOLDS_PER_JOB
+
     since = datetime.fromtimestamp(out["outage_since"] or out["since"], ZoneInfo(tz)).strftime("%H:%M:%S %Z")
     now = (f"every sender paused for {out['paused_for_s']:.0f} s more, then one send probes it"
            if out["state"] == "paused" else "one send at a time probes it")
+    if out["last_error"].startswith("AccountRefused"):  # not down: it refuses us until someone fixes it
+        return (f"the email provider refuses our credentials since {since} ({out['failed_in_a_row']:,} sends in "
+                f"a row, last: {out['last_error'][:160]}): {now}; fix the token or login, and the sends held "
+                f"back go out (each spends no attempt for its first {OUTAGE_HOLDS_PER_JOB} holds)")
     return (f"the email provider is down since {since} ({out['failed_in_a_row']:,} sends in a row failed, last: "
             f"{out['last_error'][:120]}): {now}; the sends held back spend no attempt and go out once it answers")
 

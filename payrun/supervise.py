@@ -56,19 +56,30 @@ def env(cfg: Config) -> dict[str, str]:
     return e
 
 
-def ctl(cfg: Config, *args: str, timeout_s: float = 60) -> tuple[str, int]:
-    """supervisorctl's output and exit code; a supervisord that accepts and never answers
-    (hung) gives exit code 124 after ``timeout_s`` instead of hanging the caller."""
+STATUS_TIMEOUT_S = 30.0
+"""How long a `supervisorctl status` may take: a supervisord that accepts and never answers
+(hung) must not hang `payrun ps`, `up` or a command checking its Redis. Stops have no
+limit: `stop` waits for each program in turn (workers finish their jobs: up to their
+stopwaitsecs each), and `down` must not go on to stop Redis before they are done."""
+
+HUNG = 124
+"""ctl's exit code when supervisorctl did not answer within its timeout."""
+
+
+def ctl(cfg: Config, *args: str, timeout_s: float | None = None) -> tuple[str, int]:
+    """supervisorctl's output and exit code; with ``timeout_s``, a supervisord that does not
+    answer in time gives exit code HUNG instead of hanging the caller."""
     try:
         p = subprocess.run([_bin("supervisorctl"), "-c", str(CONFS.get(_role(cfg), CONF)), *args], env=env(cfg),
                            capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return f"supervisorctl {' '.join(args)}: supervisord did not answer within {timeout_s:.0f} s", 124
+        return f"supervisorctl {' '.join(args)}: supervisord did not answer within {timeout_s:.0f} s", HUNG
     return p.stdout + p.stderr, p.returncode
 
 
 UP_SETTLE_S = 5.0
-"""`payrun up` returns once every program has been RUNNING this long without a restart.
+"""`payrun up` returns once every program has been up this long (supervisord's uptime, from
+its start) without a restart.
 supervisord counts a start good once the program has lived its ``startsecs``: a program
 that fails a little later (the provider finding its port taken, on a loaded host after
 its imports) was RUNNING for a moment, and `up` said everything was up while it
@@ -114,7 +125,10 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
     if not conf.exists():
         raise SetupError(f"{conf} is missing")
     check_role(cfg, role)
-    out, code = ctl(cfg, "status")
+    out, code = ctl(cfg, "status", timeout_s=STATUS_TIMEOUT_S)
+    if code == HUNG:
+        raise SetupError(f"a supervisord holds {cfg.home / 'supervisor.sock'} but does not answer ({out}): "
+                         f"stop it (its pid is in {cfg.home / 'supervisord.pid'}), then `payrun up` again")
     if "no such file" not in out and "refused" not in out.lower() and code in (0, 3):
         return "supervisord is already running:\n" + out.rstrip()
     note = take_over_redis(cfg) if role == "all" else ""
@@ -133,11 +147,11 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            out, code = ctl(cfg, "status")
+            out, code = ctl(cfg, "status", timeout_s=STATUS_TIMEOUT_S)
             lines = [ln for ln in out.splitlines() if ln.strip()]
             if settled(out) and (conn is None or redis_server.ping(conn)):
                 return note + out.rstrip()
-            failed = [ln.split()[0] for ln in lines if " FATAL " in ln or " BACKOFF " in ln]
+            failed = [ln.split()[0] for ln in lines if " FATAL " in ln or " BACKOFF " in ln or " EXITED " in ln]
             if failed:
                 # nothing half-up: a control host missing one program is not a working control host
                 logs = "".join(_log_tail(cfg, name) for name in failed)
@@ -147,7 +161,11 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
             time.sleep(0.5)
         waiting = "" if conn is None or redis_server.ping(conn) else \
             f"the embedded Redis does not answer on {cfg.redis_dir} (see {cfg.log_dir / 'redis.log'})\n"
-        raise SetupError(f"not everything was running after {timeout_s:.0f} s:\n{waiting}{out.rstrip()}")
+        unsettled = [ln.split()[0] for ln in out.splitlines() if ln.strip() and not settled(ln)]
+        logs = "".join(_log_tail(cfg, name) for name in unsettled[:3])
+        down(cfg)  # nothing half-up (a program restarting over and over never reaches FATAL)
+        raise SetupError(f"not everything stayed up for {UP_SETTLE_S:g} s within {timeout_s:.0f} s, so everything "
+                         f"was stopped again:\n{waiting}{out.rstrip()}\n{logs}logs: {cfg.log_dir}")
     finally:
         if conn is not None:
             conn.close()
@@ -194,7 +212,10 @@ def check_role(cfg: Config, role: str) -> None:
 
 
 def down(cfg: Config) -> str:
-    out, code = ctl(cfg, "status")
+    out, code = ctl(cfg, "status", timeout_s=STATUS_TIMEOUT_S)
+    if code == HUNG:
+        raise SetupError(f"supervisord does not answer ({out}): nothing was stopped; its pid is in "
+                         f"{cfg.home / 'supervisord.pid'}")
     if code not in (0, 3):
         stopped = redis_server.stop(cfg)
         return "supervisord is not running" + ("; stopped the embedded Redis" if stopped else "")

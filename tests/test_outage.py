@@ -338,6 +338,11 @@ def test_a_provider_refusing_our_credentials_is_an_outage_not_a_run_of_permanent
     assert isinstance(errors[2], ProviderDown) and isinstance(errors[3], ProviderDown)
     out = read_outage(conn)
     assert out["state"] == "paused" and "refused our credentials" in out["last_error"]
+    from payrun.status import outage_text
+
+    note = outage_text(out, "Asia/Dhaka")  # what status, queues and limits show says
+    assert note.startswith("the email provider refuses our credentials since"), note
+    assert "check the token in PAYRUN_EMAIL_URL" in note and "fix the token" in note
     provider.end_outage()
     end_pause(conn)
     assert _send(conn, cfg, 10)  # the probe, once the token is fixed: delivered

@@ -118,3 +118,24 @@ def test_a_command_never_starts_a_second_redis_beside_supervisords(tmp_path, mon
     finally:
         listener.close()
     assert not redis_server.supervisord_here(cfg)  # a socket file nobody answers on is stale
+
+
+def test_a_command_fails_at_once_only_for_a_redis_supervisord_will_not_start(tmp_path, monkeypatch):
+    """FATAL, or stopped by hand: say so at once (it waited a silent minute). EXITED (about to
+    be restarted) and "Not started" (a supervisord just up): wait for it, as before."""
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
+    redis_server.private_dir(cfg.home)
+    monkeypatch.delenv("PAYRUN_REDIS_SUPERVISED", raising=False)
+    monkeypatch.delenv("SUPERVISOR_ENABLED", raising=False)
+    monkeypatch.setattr(redis_server, "supervisord_here", lambda cfg: True)
+    waited = []
+    monkeypatch.setattr(redis_server, "wait_until_up", lambda conn, timeout_s=15.0: waited.append(timeout_s))
+    for state, why in [("FATAL", "Exited too quickly (process log may have details)"), ("STOPPED", "Dec 03 08:40 AM")]:
+        monkeypatch.setattr(redis_server, "_supervised_redis_state", lambda cfg: (state, why))
+        with pytest.raises(redis_server.RedisUnavailable, match=f"the embedded Redis is {state} under supervisord"):
+            redis_server.ensure_running(cfg)
+    assert waited == []
+    for state, why in [("EXITED", "Dec 03 08:40 AM"), ("STOPPED", "Not started"), ("STARTING", ""), (None, "")]:
+        monkeypatch.setattr(redis_server, "_supervised_redis_state", lambda cfg: (state, why))
+        redis_server.ensure_running(cfg)
+    assert waited == [60, 60, 60, 60]

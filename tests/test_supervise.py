@@ -127,9 +127,16 @@ def test_up_with_the_providers_port_taken_fails_and_stops_everything(tmp_path):
         port = taken.getsockname()[1]
         conf.write_text(re.sub(r"\[provider\]\nport = \d+", f"[provider]\nport = {port}", conf.read_text()))
         assert f"port = {port}" in conf.read_text()
-        up = payrun("up", env=env)
+        up = None
+        try:
+            up = payrun("up", env=env)
+        finally:
+            if up is None or "so everything was stopped again" not in up.stderr:
+                payrun("down", env=env)
     assert up.returncode == 2, up.stdout + up.stderr
-    assert "provider failed to start, so everything was stopped again" in up.stderr
+    # (BACKOFF within its startsecs; on a loaded host it may only restart over and over, and
+    # up gives up after its timeout: stopped all the same, with the provider's log)
+    assert "so everything was stopped again" in up.stderr and "provider" in up.stderr
     assert "Address already in use" in up.stderr or "cannot listen" in up.stderr
     ps = payrun("ps", env=env)
     assert ps.returncode == 3 and "supervisord is not running for" in ps.stderr  # nothing left half-up
