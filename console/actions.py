@@ -38,6 +38,8 @@ def retry_command(job_ids: list[str]) -> str:
 def retry(cfg, conn, job_ids: list[str], command: str | None = None, via: str = "console") -> Outcome:
     from payrun import deadletters
 
+    if not job_ids:
+        raise ActionError("nothing to retry: no job selected")
     db = None
     if Path(cfg.payroll_path).exists():
         from payrun.payroll import PayrollDB
@@ -48,8 +50,6 @@ def retry(cfg, conn, job_ids: list[str], command: str | None = None, via: str = 
     finally:
         if db is not None:
             db.db.close()
-    if not job_ids:
-        raise ActionError("nothing to retry: no job selected")
     if not requeued:  # nothing done: an error, as `payrun retry` says it, and nothing audited
         raise ActionError("not among failed jobs: " + ", ".join(missing[:3]) + (" …" if len(missing) > 3 else "")
                           + " (finished, retried already, or gone)")

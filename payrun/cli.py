@@ -815,7 +815,7 @@ def ps(c: Ctx) -> None:
     from payrun import supervise
 
     out, code = supervise.ctl(c.cfg, "status", timeout_s=supervise.STATUS_TIMEOUT_S)
-    if "no such file" in out or "refused connection" in out.lower():
+    if supervise.absent(out):
         click.echo(f"supervisord is not running for {c.cfg.home} (`payrun up` starts it)", err=True)
         sys.exit(3)
     click.echo(out.rstrip())

@@ -66,6 +66,11 @@ HUNG = 124
 """ctl's exit code when supervisorctl did not answer within its timeout."""
 
 
+def absent(out: str) -> bool:
+    """supervisorctl's output says no supervisord runs here (no socket, or nobody on it)."""
+    return "no such file" in out or "refused" in out.lower()
+
+
 def ctl(cfg: Config, *args: str, timeout_s: float | None = None) -> tuple[str, int]:
     """supervisorctl's output and exit code; with ``timeout_s``, a supervisord that does not
     answer in time gives exit code HUNG instead of hanging the caller."""
@@ -129,7 +134,7 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
     if code == HUNG:
         raise SetupError(f"a supervisord holds {cfg.home / 'supervisor.sock'} but does not answer ({out}): "
                          f"stop it (its pid is in {cfg.home / 'supervisord.pid'}), then `payrun up` again")
-    if "no such file" not in out and "refused" not in out.lower() and code in (0, 3):
+    if not absent(out) and code in (0, 3):
         return "supervisord is already running:\n" + out.rstrip()
     note = take_over_redis(cfg) if role == "all" else ""
     (cfg.home / "supervisor.role").write_text(role)

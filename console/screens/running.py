@@ -47,11 +47,11 @@ class RunningScreen(ConsoleScreen):
                                     Text(r.stuck, style="bold red") if r.stuck else "", r.worker)))
         with self.app.batch_update():
             self.query_one(LiveTable).sync(rows)
-        stuck = sum(1 for r in snap.running if r.stuck)
-        near = sum(1 for r in snap.running if r.near_timeout and not r.stuck)
         if snap.redis_down:
             self.query_one("#summary", Static).update("running jobs unknown: Redis unreachable")
             return
+        stuck = sum(1 for r in snap.running if r.stuck)
+        near = sum(1 for r in snap.running if r.near_timeout and not r.stuck)
         self.query_one("#summary", Static).update(
             f"{len(snap.running):,} running · {near} near their timeout (≥80%) · {stuck} stuck "
             f"(dead worker, lapsed lease, or over {self.app.source.cfg.lease.stuck_after_s / 60:g} min)")
