@@ -145,6 +145,27 @@ def outage_pause_s(trips: int, first_s: float, max_s: float) -> float:
     return min(max_s, first_s * (2 ** min(trips - 1, 62)))
 
 
+RECORD_RETRY_FIRST_S = 0.1
+RECORD_RETRY_MAX_S = 1.0
+RECORD_MARGIN_S = 2.0
+"""A made send's record in Redis is retried until this long before the send's job
+timeout: past it, the job's own timeout (and its failure handling) comes first."""
+
+
+def record_retry_wait_s(tries: int, left_s: float, first_s: float = RECORD_RETRY_FIRST_S,
+                        max_s: float = RECORD_RETRY_MAX_S) -> float | None:
+    """How long to wait before trying again, for the ``tries``-th time (1-based), to record
+    a send the provider has accepted while Redis does not answer (restarting, loading its
+    data): 0.1 s, doubled each try, at most 1 s, and never past the ``left_s`` seconds
+    the job has left. None: no time left, give up (the send is then made again by the
+    job's next try: deduped by the HTTP provider, a second email over SMTP)."""
+    if tries < 1:
+        raise ValueError(f"tries is 1-based, got {tries}")
+    if left_s <= 0:
+        return None
+    return min(left_s, max_s, first_s * (2 ** min(tries - 1, 62)))
+
+
 # ---- lease arithmetic ------------------------------------------------------
 
 def send_claim_ttl_s(send_timeout_s: float, visibility_s: float) -> int:

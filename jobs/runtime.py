@@ -1500,8 +1500,12 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
         t.start()
     try:
         while any(t.is_alive() for t in threads):
-            if fatal.is_set():
-                break  # Redis failed mid-job: exit for a restart (below)
+            if fatal.is_set() and not deadline:
+                # Redis failed under a lane mid-job: exit for a restart (below), but first
+                # let the other lanes finish what they hold, within the grace: a send
+                # already made waits for Redis to record it (jobs.tasks._record_sent),
+                # instead of dying with the process and being sent again by its next try
+                begin_stop("Redis failed under a job")
             if not burst and not stop.is_set():
                 workers[0].ensure_scheduler()
             if burst and all(q.count == 0 for q in queues) and all(w.in_hand is None for w in workers):
@@ -1510,9 +1514,16 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
                 for w in workers:
                     held = w.in_hand
                     if held is not None:
-                        w.requeue_front(held[0], held[1], f"worker {w.name} stopped before the send finished")
+                        try:
+                            w.requeue_front(held[0], held[1], f"worker {w.name} stopped before the send finished")
+                        except Exception as e:  # Redis away: the reaper returns it once the lease lapses
+                            log.warning("send-email %d: could not return %s (%s): the reaper returns it",
+                                        os.getpid(), held[0].id, e)
                 for w in workers:
-                    w.register_death()
+                    try:
+                        w.register_death()
+                    except Exception:  # Redis away: the worker key expires by itself
+                        pass
                 break  # the lane threads are daemons: they end with the process
             for t in threads:
                 t.join(timeout=0.2)

@@ -18,7 +18,8 @@ from rq import Retry, get_current_job
 
 from jobs import events, idempotency
 from jobs.errors import ClaimLost, PermanentError, ProviderDown, RateWait, Throttled
-from jobs.policy import counts_as_provider_failure, pauses_every_sender, send_claim_ttl_s
+from jobs.policy import (RECORD_MARGIN_S, counts_as_provider_failure, pauses_every_sender, record_retry_wait_s,
+                         send_claim_ttl_s)
 from payrun import config as config_mod
 from payrun import keys
 
@@ -186,7 +187,7 @@ def limiter(conn):
         return lim
 
 
-def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str:
+def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str, record_by: float | None = None) -> str:
     """Send ``msg`` under the global limits, for the attempt holding the idempotency claim
     (``key``, ``token``): body and connection ready first, then the start time, then the
     send (re-gated if this thread stalled after its start). A failure gives the claim
@@ -194,8 +195,12 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
     ``limits.outage_after`` sends in a row (ProviderDown: no attempt spent); success
     marks the key sent. Just before the message is written (over SMTP again just before
     DATA), the claim is checked still ours and renewed (jobs.idempotency.hold), or the
-    send stops unsent (ClaimLost).
+    send stops unsent (ClaimLost). A made send whose record finds Redis away (restarting)
+    is recorded once it is back, until ``record_by`` (monotonic; default: the send's
+    timeout from now, less jobs.policy.RECORD_MARGIN_S): see ``_record_sent``.
     Returns the provider's message id."""
+    if record_by is None:
+        record_by = time.monotonic() + cfg.email.timeout_s - RECORD_MARGIN_S
     lim = limiter(conn)
     claim_ttl = send_claim_ttl_s(cfg.email.timeout_s, cfg.lease.visibility_s)
     sent = False  # the request was handed to the transport: its failure is the provider's
@@ -248,12 +253,46 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str) -> str
         log.warning("send %s: the provider already had this slip (accepted from an earlier attempt "
                     "whose reply was lost): not delivered again", key)
         lim.count_duplicate()
-    ended = idempotency.mark_sent(conn, key, token, message_id, outage_keys=lim.outage_keys())
+    ended = _record_sent(conn, key, token, message_id, lim, record_by)
     if ended:
         pauses, for_s = ended
         log.warning("email provider answering again: sends resume (its first failure %.0f s ago, %d pause%s)",
                     for_s, pauses, "" if pauses == 1 else "s")
     return message_id
+
+
+def _record_sent(conn, key: str, token: str, message_id: str, lim, record_by: float,
+                 clock=time.monotonic, pause=time.sleep):
+    """Record the key sent (jobs.idempotency.mark_sent). The provider has accepted the
+    message: if Redis does not answer (restarting, loading its data), the record waits for
+    it (jobs.policy.record_retry_wait_s) until ``record_by`` rather than fail the job,
+    whose next try would send the slip a second time. Past ``record_by`` the Redis error
+    goes up as before."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    tries = 0
+    first_error_at = None
+    while True:
+        try:
+            ended = idempotency.mark_sent(conn, key, token, message_id, outage_keys=lim.outage_keys())
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            tries += 1
+            wait = record_retry_wait_s(tries, record_by - clock())
+            if wait is None:
+                log.error("send %s: delivered, but Redis did not answer to record it (%s): the job's next "
+                          "try sends it again (the HTTP provider dedupes it; over SMTP it is a second email)",
+                          key, events.one_line(e, 200))
+                raise
+            if first_error_at is None:
+                first_error_at = clock()
+                log.warning("send %s: delivered; Redis does not answer (%s): recording it once Redis is back",
+                            key, events.one_line(e, 200))
+            pause(wait)
+            continue
+        if first_error_at is not None:
+            log.warning("send %s: recorded as sent after waiting %.1f s for Redis", key, clock() - first_error_at)
+        return ended
 
 
 def _count_provider_failure(lim, key: str, e: BaseException) -> None:
@@ -306,6 +345,7 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
     from jobs import mail
 
     cfg = settings()
+    record_by = time.monotonic() + cfg.email.timeout_s - RECORD_MARGIN_S  # (the job's timeout runs from about now)
     job = get_current_job()
     conn = job.connection
     key = payload["key"]
@@ -338,7 +378,7 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
         idempotency_key=key,
         sender=cfg.email.sender,
     )
-    message_id = send_limited(conn, cfg, msg, key, token)
+    message_id = send_limited(conn, cfg, msg, key, token, record_by=record_by)
     return {"sent": key, "message_id": message_id}
 
 

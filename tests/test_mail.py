@@ -470,6 +470,68 @@ def test_smtp_tls_modes(tls_files, monkeypatch, mode):
         ctl.stop()
 
 
+# ------------------------------------------------------------------ Redis away after a send
+
+class _AwayFor:
+    """A Redis client that does not answer the first ``n`` scripts (restarting), then
+    passes everything to the real one."""
+
+    def __init__(self, conn, n: int):
+        self.conn, self.n, self.refused = conn, n, 0
+
+    def evalsha(self, *args):
+        import redis
+
+        if self.refused < self.n:
+            self.refused += 1
+            raise redis.ConnectionError("Error 2 connecting to redis.sock. No such file or directory.")
+        return self.conn.evalsha(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
+def test_a_made_send_waits_for_redis_to_record_it_and_gives_up_only_when_its_job_has_no_time_left(conn, caplog):
+    """The provider accepted the message, then Redis went away (a restart): the record is
+    tried again with short waits until Redis answers, so the job ends done and its slip's
+    key reads sent (the job is not failed and sent again by its next try). With no time
+    left before the job's timeout, the Redis error goes up as before, and the log says the
+    slip will be sent again."""
+    from jobs import idempotency, tasks
+    from jobs.limits import email_limiter
+    from payrun import config as config_mod
+
+    lim = email_limiter(conn, config_mod.load())
+    key, token = "slip:2026-11:emp-00021", "email-2026-11-emp-00021:1"
+    assert idempotency.claim(conn, key, token, 60) == idempotency.OK
+    now = [100.0]
+    waits: list[float] = []
+
+    def pause(s):
+        waits.append(s)
+        now[0] += s
+
+    away = _AwayFor(conn, n=4)
+    with caplog.at_level("WARNING", logger="payrun.jobs"):
+        tasks._record_sent(away, key, token, "<m1@payrun>", lim, record_by=130.0, clock=lambda: now[0], pause=pause)
+    assert away.refused == 4 and waits == [0.1, 0.2, 0.4, 0.8]
+    assert idempotency.state(conn, key)["state"] == "sent"
+    assert "recording it once Redis is back" in caplog.text and "recorded as sent after waiting 1.5 s" in caplog.text
+    assert "2026-11:emp-00021" in caplog.text and "salary" not in caplog.text.lower()
+
+    key2, token2 = "slip:2026-11:emp-00022", "email-2026-11-emp-00022:1"
+    assert idempotency.claim(conn, key2, token2, 60) == idempotency.OK
+    now[0], waits[:] = 100.0, []
+    import redis
+
+    with caplog.at_level("WARNING", logger="payrun.jobs"), pytest.raises(redis.ConnectionError):
+        tasks._record_sent(_AwayFor(conn, n=10**6), key2, token2, "<m2@payrun>", lim, record_by=102.5,
+                           clock=lambda: now[0], pause=pause)
+    assert sum(waits) == pytest.approx(2.5)  # up to the deadline, not past it
+    assert idempotency.state(conn, key2)["state"] == "sending"  # unrecorded: its next try claims it again
+    assert "delivered, but Redis did not answer to record it" in caplog.text
+
+
 # ------------------------------------------------------------------ a stalled sender
 
 def test_a_sender_that_stalled_past_its_claim_does_not_send_over_smtp(smtpd, cfg, conn, monkeypatch):

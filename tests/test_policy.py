@@ -81,6 +81,18 @@ def test_a_send_claim_outlasts_the_send_and_its_lease():
     assert send_claim_ttl_s(send_timeout_s=0.2, visibility_s=0.3) == 1  # never 0: EXPIRE 0 deletes
 
 
+def test_a_made_send_is_recorded_with_short_doubling_waits_until_its_job_has_no_time_left():
+    from jobs.policy import record_retry_wait_s
+
+    waits = [record_retry_wait_s(t, left_s=100) for t in range(1, 7)]
+    assert waits == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]  # Redis back within ~1 s of a restart is seen at once
+    assert record_retry_wait_s(3, left_s=0.25) == 0.25  # never past the job's time
+    assert record_retry_wait_s(1, left_s=0) is None and record_retry_wait_s(9, left_s=-1) is None
+    assert record_retry_wait_s(10_000, left_s=5) == 1.0  # no overflow
+    with pytest.raises(ValueError):
+        record_retry_wait_s(0, left_s=5)
+
+
 def test_is_stranded():
     from jobs.policy import is_stranded
 
