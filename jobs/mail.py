@@ -99,6 +99,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from jobs.errors import (AccountRefused, OutcomeUnknown, PermanentError, RateWait, RecipientDeferred,
                          TransientError, Throttled)
+from jobs.policy import rcpt_refusal_is_ours
 
 log = logging.getLogger(__name__)
 
@@ -313,6 +314,9 @@ class SmtpTransport:
                     raise smtplib.SMTPDataError(code, reply)
             except smtplib.SMTPRecipientsRefused as e:
                 code, reply = next(iter(e.recipients.values()))
+                if rcpt_refusal_is_ours(_short(reply, 10_000)):
+                    raise AccountRefused(f"the server refused our sender or host when given the recipient, check "
+                                         f"email.url and email.sender: {code} {_short(reply)}") from None
                 if 400 <= code < 500:  # this address, for now: no sign the server is down
                     raise RecipientDeferred(f"SMTP deferred recipient {to!r}: {code} {_short(reply)}") from None
                 raise _classify_smtp(code, reply, f"SMTP refused recipient {to!r}") from None

@@ -103,6 +103,28 @@ def classify(exc: BaseException) -> Verdict:
     return Verdict(False, f"{name}: {exc}")
 
 
+# Refusals at RCPT that are about us, not the recipient: Postfix checks the sender (and
+# whether we may relay at all) when the recipient is given, by default
+# (smtpd_delay_reject), so a bad sender or a missing login is refused there for every
+# slip. RFC 3463 enhanced codes X.1.7 / X.1.8 are the sender's address; the texts are
+# Postfix's and Exim's usual ones.
+_RCPT_OURS_TEXTS = ("sender address rejected", "relay access denied", "relaying denied", "relay not permitted",
+                    "client host rejected", "authentication required", "must authenticate",
+                    "sender verify failed")
+
+
+def rcpt_refusal_is_ours(reply: str) -> bool:
+    """Whether an SMTP refusal of a recipient (the reply's text, after its code) blames
+    our side: our sender address, our host, our missing login. Then every slip would be
+    refused the same way, so it is an account problem (jobs.errors.AccountRefused: all
+    senders pause) and not this slip's permanent failure."""
+    text = " ".join(reply.split()).lower()
+    parts = text.split(" ", 1)[0].split(".")
+    if len(parts) == 3 and parts[0] in ("4", "5") and parts[1] == "1" and parts[2] in ("7", "8"):
+        return True
+    return any(t in text for t in _RCPT_OURS_TEXTS)
+
+
 # ---- provider outages -------------------------------------------------------
 
 def counts_as_provider_failure(exc: BaseException) -> bool:

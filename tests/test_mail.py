@@ -157,6 +157,45 @@ def test_smtp_5xx_recipient_is_permanent(smtpd):
     assert "Tanvir" not in str(ei.value) and "slip" not in str(ei.value).lower()
 
 
+def test_smtp_refusing_our_sender_or_host_at_rcpt_is_an_account_problem_not_every_slips_permanent_failure(smtpd):
+    """Postfix checks the sender (and whether we may relay) when the recipient is given
+    (smtpd_delay_reject = yes, its default): a bad email.sender or a missing login is then
+    refused at RCPT for every slip, and must pause the senders like a refused MAIL FROM,
+    not fail the whole run slip by slip. A refusal about the recipient stays that slip's."""
+    t = transport_for(smtpd.url, 5)
+    postfix_like = {
+        "a@meghna.example": "553 5.7.1 <payroll@payrun.example>: Sender address rejected: not owned by user payroll",
+        "b@meghna.example": "450 4.1.8 <payroll@payrun.example>: Sender address rejected: Domain not found",
+        "c@meghna.example": "554 5.7.1 <c@meghna.example>: Relay access denied",
+        "d@meghna.example": "550 5.1.7 bad sender mailbox address syntax",
+        "e@meghna.example": "530 5.7.0 Authentication required",
+    }
+    smtpd.rcpt_reply.update(postfix_like)
+    for to, reply in postfix_like.items():
+        with pytest.raises(AccountRefused) as ei:
+            t.send(make_msg(to=to))
+        assert reply.split()[0] in str(ei.value) and "check email.url and email.sender" in str(ei.value)
+        assert counts_as_provider_failure(ei.value)
+    smtpd.rcpt_reply["gone@meghna.example"] = "550 5.1.1 <gone@meghna.example>: Recipient address rejected: User unknown"
+    with pytest.raises(PermanentError):
+        t.send(make_msg(to="gone@meghna.example"))
+    assert smtpd.messages == []
+
+
+def test_which_rcpt_refusals_blame_our_side():
+    from jobs.policy import rcpt_refusal_is_ours
+
+    assert rcpt_refusal_is_ours("5.1.8 <x@y>: Sender address rejected: Domain not found")
+    assert rcpt_refusal_is_ours("4.1.7 bad sender")
+    assert rcpt_refusal_is_ours("Client host rejected: cannot find your hostname")
+    assert not rcpt_refusal_is_ours("5.1.1 <gone@y>: Recipient address rejected: User unknown in virtual mailbox table")
+    assert not rcpt_refusal_is_ours("5.2.2 mailbox full")
+    assert rcpt_refusal_is_ours("4.1.8")  # the enhanced code alone says "the sender's system"
+    assert not rcpt_refusal_is_ours("5.7.1 message content rejected")
+    assert not rcpt_refusal_is_ours("5.1.10 recipient address has null MX")  # X.1.10 is not X.1.1's sender kin
+    assert not rcpt_refusal_is_ours("no such user here")
+
+
 def test_smtp_data_replies_classified(smtpd):
     smtpd.data_reply["full@meghna.example"] = "452 4.2.2 mailbox full"
     smtpd.data_reply["spam@meghna.example"] = "554 5.7.1 rejected as spam"
