@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from jobs.limits import OUTAGE_OK_LUA, outage_ended
@@ -75,11 +76,24 @@ _SHA = {s: hashlib.sha1(s.encode()).hexdigest() for s in (_CLAIM, _RELEASE, _HOL
 
 def _run(conn, script: str, key: str, *args, more_keys: tuple[str, ...] = ()):
     """EVALSHA (the script's text goes over the wire once per server, not once per send;
-    its digest is computed once per process, not once per call as register_script does)."""
+    its digest is computed once per process, not once per call as register_script does).
+
+    A dropped connection is tried once more, on a new one: a send lane holds one
+    connection, and after a Redis restart its first command finds it closed (a broken
+    pipe), which failed that job's attempt (47 of 1,200 sends after a `supervisorctl
+    restart redis`). Each script here may run twice for the same owner with the same
+    outcome, so a retry after a reply that was lost is harmless too."""
     ks = (keys.idem_state(key), *more_keys)
     try:
+        return _evalsha(conn, script, ks, args)
+    except RedisConnectionError:
+        return _evalsha(conn, script, ks, args)  # (redis-py reconnects: still down, it raises again)
+
+
+def _evalsha(conn, script: str, ks: tuple[str, ...], args: tuple):
+    try:
         return conn.evalsha(_SHA[script], len(ks), *ks, *args)
-    except NoScriptError:  # a new or flushed server: load it, then run it
+    except NoScriptError:  # a new or restarted server: load it, then run it
         conn.script_load(script)
         return conn.evalsha(_SHA[script], len(ks), *ks, *args)
 

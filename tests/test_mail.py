@@ -550,10 +550,10 @@ def test_a_made_send_waits_for_redis_to_record_it_and_gives_up_only_when_its_job
         waits.append(s)
         now[0] += s
 
-    away = _AwayFor(conn, n=4)
+    away = _AwayFor(conn, n=8)  # (each record tries twice: a dropped connection gets one more go at once)
     with caplog.at_level("WARNING", logger="payrun.jobs"):
         tasks._record_sent(away, key, token, "<m1@payrun>", lim, record_by=130.0, clock=lambda: now[0], pause=pause)
-    assert away.refused == 4 and waits == [0.1, 0.2, 0.4, 0.8]
+    assert away.refused == 8 and waits == [0.1, 0.2, 0.4, 0.8]
     assert idempotency.state(conn, key)["state"] == "sent"
     assert "recording it once Redis is back" in caplog.text and "recorded as sent after waiting 1.5 s" in caplog.text
     assert "2026-11:emp-00021" in caplog.text and "salary" not in caplog.text.lower()
@@ -569,6 +569,24 @@ def test_a_made_send_waits_for_redis_to_record_it_and_gives_up_only_when_its_job
     assert sum(waits) == pytest.approx(2.5)  # up to the deadline, not past it
     assert idempotency.state(conn, key2)["state"] == "sending"  # unrecorded: its next try claims it again
     assert "delivered, but Redis did not answer to record it" in caplog.text
+
+
+def test_a_lanes_connection_dropped_by_a_redis_restart_costs_the_claim_no_attempt(conn):
+    """A send lane holds one Redis connection; after a Redis restart its first command
+    finds it closed. The claim (like every idempotency script: the same outcome when run
+    twice for one owner) is tried once more on a new connection instead of failing the
+    job's attempt. Redis really away: the error still goes up."""
+    import redis
+
+    from jobs import idempotency
+
+    key, token = "slip:2026-11:emp-00023", "email-2026-11-emp-00023:1"
+    stale = _AwayFor(conn, n=1)
+    assert idempotency.claim(stale, key, token, 60) == idempotency.OK and stale.refused == 1
+    assert idempotency.claim(_AwayFor(conn, n=1), key, token, 60) == idempotency.OK  # again, same owner: same answer
+    with pytest.raises(redis.ConnectionError):
+        idempotency.claim(_AwayFor(conn, n=2), key, "email-2026-11-emp-00023:2", 60)
+    assert idempotency.state(conn, key)["owner"] == token
 
 
 # ------------------------------------------------------------------ a stalled sender
