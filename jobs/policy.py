@@ -224,10 +224,21 @@ def is_stranded(first_seen_s: float | None, now_s: float, settle_s: float = DEQU
     return first_seen_s is not None and now_s - first_seen_s >= settle_s
 
 
-def should_reap(lease_expires_s: float, now_s: float, worker_alive: bool) -> str | None:
+LIVENESS_SETTLE_S = 10.0
+"""How long Redis must have been up before a missing liveness key (TTL 10 s, renewed
+every 2 s: jobs.runtime.ALIVE_TTL_S) says its worker died. Keys lapse while Redis is
+down, and after a restart a live worker's next beat is up to 2 s away: a reaper pass in
+that gap took live lanes for dead, returned their jobs and freed their sends' claims,
+while each lane waited to record a send the provider had accepted (the next try sent
+the slip again). Within this window only the lease decides."""
+
+
+def should_reap(lease_expires_s: float, now_s: float, worker_alive: bool,
+                redis_uptime_s: float = float("inf")) -> str | None:
     """Why a running job must go back to its queue, or None: its lease ran out (nobody
-    renewed it), or its worker's liveness key is gone (the worker died)."""
-    if not worker_alive:
+    renewed it), or its worker's liveness key is gone (the worker died) in a Redis up
+    for at least LIVENESS_SETTLE_S."""
+    if not worker_alive and redis_uptime_s >= LIVENESS_SETTLE_S:
         return "worker {worker} is gone (no liveness for 10 s)"
     if lease_expires_s < now_s:
         return "its lease expired: worker {worker} stopped renewing it"

@@ -3,7 +3,9 @@ RQ's 10-minute maintenance.
 
 A job in RQ's started registry (``rq:wip:<queue>``, member ``<job id>:<execution id>``,
 score = the lease's expiry) is returned to the *front* of its queue when its lease has
-expired, or when its worker's liveness key ``payrun:alive:<worker>`` (TTL 10 s) is gone.
+expired, or when its worker's liveness key ``payrun:alive:<worker>`` (TTL 10 s) is gone
+in a Redis that has been up for 10 s (keys lapse while Redis is down: a live worker
+beats again up to 2 s after a restart, jobs.policy.LIVENESS_SETTLE_S).
 The return is one Lua script whose first step is ZREM: of two reapers running at once,
 exactly one removes the entry, and only that one enqueues the job. Returning a job does
 not spend a retry; an email job's idempotency claim is released so the next attempt can
@@ -121,9 +123,13 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else (v or "")
 
 
-def find_stuck(conn, now: float | None = None, queues=keys.QUEUES) -> list[Stuck]:
-    """Running jobs whose lease expired or whose worker is gone. Reads only."""
+def find_stuck(conn, now: float | None = None, queues=keys.QUEUES,
+               redis_uptime_s: float | None = None) -> list[Stuck]:
+    """Running jobs whose lease expired or whose worker is gone. Reads only.
+    ``redis_uptime_s``: how long Redis has been up (default: asked; a missing liveness
+    key means nothing in its first seconds, jobs.policy.LIVENESS_SETTLE_S)."""
     now = time.time() if now is None else now
+    uptime = redis_uptime(conn) if redis_uptime_s is None else redis_uptime_s
     out: list[Stuck] = []
     for q in queues:
         entries = conn.zrange(f"rq:wip:{q}", 0, -1, withscores=True)
@@ -138,10 +144,16 @@ def find_stuck(conn, now: float | None = None, queues=keys.QUEUES) -> list[Stuck
             # no name anywhere: we cannot tell whether its worker lives, so only the lease decides
             alive = [bool(int(a)) for a in pipe.execute()]
         for member, (_, expiry), job_id, worker, is_alive in zip(members, entries, ids, workers, alive):
-            reason = should_reap(lease_expires_s=float(expiry), now_s=now, worker_alive=is_alive)
+            reason = should_reap(lease_expires_s=float(expiry), now_s=now, worker_alive=is_alive,
+                                 redis_uptime_s=uptime)
             if reason:
                 out.append(Stuck(job_id, q, member, worker, reason.format(worker=worker or "?")))
     return out + find_stranded(conn, now, queues)
+
+
+def redis_uptime(conn) -> float:
+    """Seconds since this Redis server started."""
+    return float(conn.info("server").get("uptime_in_seconds", 0))
 
 
 def _workers_of(conn, members: list[str], ids: list[str]) -> list[str | None]:
@@ -232,13 +244,13 @@ def return_dequeued_now(conn, queues, settle_s: float = 1.0, poll_s: float = 0.0
     return [s for s in stranded if return_dequeued(conn, s)]
 
 
-def reap(conn, now: float | None = None) -> list[Stuck]:
+def reap(conn, now: float | None = None, redis_uptime_s: float | None = None) -> list[Stuck]:
     """Return every stuck job to the front of its queue, once. Returns what this call returned."""
     from jobs.runtime import PayrunJob
 
     returned: list[Stuck] = []
     mark_dequeued(conn, now)
-    for s in find_stuck(conn, now):
+    for s in find_stuck(conn, now, redis_uptime_s=redis_uptime_s):
         if s.where == "dequeued":
             if return_dequeued(conn, s):
                 returned.append(s)

@@ -110,6 +110,19 @@ def test_should_reap():
     assert should_reap(lease_expires_s=float("inf"), now_s=100, worker_alive=True) is None
 
 
+def test_a_missing_liveness_key_in_a_redis_just_restarted_is_no_death():
+    """Keys lapse while Redis is down; a live worker beats again within ALIVE_EVERY_S."""
+    from jobs.policy import LIVENESS_SETTLE_S, should_reap
+    from jobs.runtime import ALIVE_EVERY_S, ALIVE_TTL_S
+
+    assert should_reap(lease_expires_s=200, now_s=100, worker_alive=False, redis_uptime_s=3) is None
+    assert should_reap(lease_expires_s=200, now_s=100, worker_alive=False, redis_uptime_s=9.9) is None
+    assert "gone" in should_reap(lease_expires_s=200, now_s=100, worker_alive=False, redis_uptime_s=10)
+    # the lease still decides meanwhile
+    assert "lease expired" in should_reap(lease_expires_s=99, now_s=100, worker_alive=False, redis_uptime_s=3)
+    assert LIVENESS_SETTLE_S >= ALIVE_TTL_S > 2 * ALIVE_EVERY_S
+
+
 def test_no_jitter_waits_the_ceiling():
     assert backoff_delay(3, 1, 300, jitter=False) == 8
 

@@ -25,6 +25,10 @@ from payrun.ledger import Ledger
 
 FAST_RETRY = {"base_s": 0.1, "cap_s": 0.2, "attempts": 2}
 
+UP = 3600.0
+"""A Redis up an hour: a missing liveness key means its worker died (in a Redis up for
+less than jobs.policy.LIVENESS_SETTLE_S it may have lapsed while Redis was down)."""
+
 
 @pytest.fixture(params=[100, 1], ids=["warm-horse", "fork-per-job"])
 def env(cfg, tmp_path, request):
@@ -187,7 +191,7 @@ def test_a_try_returned_by_the_reaper_is_not_counted_as_an_attempt_spent(conn, e
     # try 1: taken by a worker that died with it
     _died_under_its_first_try(conn, job, "render.gone.1")
     events.emit(conn, job.id, "running", attempt=1, worker="render.gone.1")
-    assert [s.job_id for s in reaper.reap(conn)] == ["back-1"]
+    assert [s.job_id for s in reaper.reap(conn, redis_uptime_s=UP)] == ["back-1"]
     # try 2: a live worker, a permanent error
     _worker_until(env, tmp_path, lambda: status_of(conn, "back-1") == "failed", "the job to fail")
     ledger_mod.drain(conn, ledger)
@@ -219,7 +223,7 @@ def test_a_try_returned_by_the_reaper_does_not_lengthen_the_next_backoff(conn, e
     job.meta["retry"] = retry
     job.save_meta()
     _died_under_its_first_try(conn, job, "render.gone.3")
-    assert [s.job_id for s in reaper.reap(conn)] == ["flaky-1"]
+    assert [s.job_id for s in reaper.reap(conn, redis_uptime_s=UP)] == ["flaky-1"]
     _worker_until(env, tmp_path, lambda: status_of(conn, "flaky-1") == "scheduled", "try 2 to fail")
     job = PayrunJob.fetch("flaky-1", connection=conn)
     assert (job.meta["attempt"], job.returned_tries, job.retries_left) == (2, 1, 1)
@@ -235,7 +239,7 @@ def test_a_job_whose_worker_died_before_its_horse_started_it_is_returned_without
     conn.lrem(queue.key, 0, job.id)
     conn.zadd("rq:wip:pdf-render", {f"{job.id}:exec1": time.time() + 300})
     conn.hset(job.key, mapping={"worker_name": "render.gone.2"})  # status still 'queued'
-    assert [s.job_id for s in reaper.reap(conn)] == ["unstarted-1"]
+    assert [s.job_id for s in reaper.reap(conn, redis_uptime_s=UP)] == ["unstarted-1"]
     assert queue.get_job_ids() == ["unstarted-1"]
     assert conn.hget(job.key, events.RETURNED_FIELD) is None
     (ev,) = [e for e in (ledger_mod._decode(f) for _, f in conn.xrange(keys.EVENTS_STREAM))
@@ -343,11 +347,11 @@ def test_sigkill_loses_nothing_the_reaper_returns_the_job(cfg, conn, env, tmp_pa
              what="its liveness to lapse")
     (gone,) = read_workers(conn, time.time())  # what `payrun workers` and the console show
     assert (gone.job_id, gone.job_returned) == ("crash-1", None)  # still held: the reaper has not run
-    returned = reaper.reap(conn)
+    returned = reaper.reap(conn, redis_uptime_s=UP)
     assert [s.job_id for s in returned] == ["crash-1"] and "gone" in returned[0].reason
     assert make_queue(keys.RENDER_QUEUE, conn).get_job_ids() == ["crash-1"]
     assert PayrunJob.fetch("crash-1", connection=conn).retries_left == 3
-    assert reaper.reap(conn) == []  # once
+    assert reaper.reap(conn, redis_uptime_s=UP) == []  # once
     assert conn.hget("rq:job:crash-1", events.RETURNED_FIELD) == b"1"  # a try that spent no attempt
     # RQ keeps the dead worker registered for minutes: it must not read as busy with the job
     (gone,) = read_workers(conn, time.time())
@@ -371,7 +375,7 @@ def test_two_reapers_at_once_return_a_job_exactly_once(conn):
 
     def run():
         barrier.wait()
-        results.append(reaper.reap(conn))
+        results.append(reaper.reap(conn, redis_uptime_s=UP))
 
     threads = [threading.Thread(target=run) for _ in range(8)]
     for t in threads:
@@ -480,8 +484,34 @@ def test_a_job_just_started_is_not_reaped_before_its_record_names_the_worker(con
     assert reaper.find_stuck(conn) == []
     # the execution's own worker gone: returned
     conn.delete(keys.alive(w.name))
-    assert [s.job_id for s in reaper.find_stuck(conn)] == ["window-1"]
-    assert "email.test.window is gone" in reaper.find_stuck(conn)[0].reason
+    assert [s.job_id for s in reaper.find_stuck(conn, redis_uptime_s=UP)] == ["window-1"]
+    assert "email.test.window is gone" in reaper.find_stuck(conn, redis_uptime_s=UP)[0].reason
+
+
+def test_a_lane_whose_liveness_lapsed_while_redis_was_down_keeps_its_send(conn):
+    """Redis restarted after more than 10 s away: every liveness key has lapsed, and a live
+    lane beats again only up to 2 s later. A reaper pass in that gap returned the lane's
+    job and freed its send's claim while the lane waited to record a send the provider
+    had accepted: the next try sent the slip again. In a Redis up less than
+    LIVENESS_SETTLE_S only the lease decides."""
+    from jobs import idempotency
+
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    job = q.enqueue_call("jobs.tasks.noop", job_id="send-live", meta={"kind": "email", "key": "slip:live", "attempt": 1})
+    conn.lrem(q.key, 0, job.id)
+    conn.zadd("rq:wip:send-email", {"send-live:e1": time.time() + 60})
+    conn.hset(job.key, mapping={"worker_name": "email.restarted.1", "status": "started"})
+    assert idempotency.claim(conn, "slip:live", "send-live:1", 60) == idempotency.OK
+    assert reaper.reap(conn, redis_uptime_s=3) == []
+    assert idempotency.state(conn, "slip:live")["state"] == "sending"
+    # the lane is back: it beats, and records its send
+    conn.set(keys.alive("email.restarted.1"), 1, ex=10)
+    idempotency.mark_sent(conn, "slip:live", "send-live:1", "<m1@payrun>")
+    assert reaper.reap(conn, redis_uptime_s=12) == []
+    # a lane that never beats again is dead once Redis has been up long enough
+    conn.delete(keys.alive("email.restarted.1"))
+    assert [s.job_id for s in reaper.reap(conn, redis_uptime_s=12)] == ["send-live"]
+    assert idempotency.state(conn, "slip:live")["state"] == "sent"  # its claim was not the reaper's to free
 
 
 def test_email_lanes_finish_their_sends_on_sigterm(conn, env, tmp_path):
