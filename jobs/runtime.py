@@ -1474,16 +1474,23 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
     deadline: list[float] = []
     forced = threading.Event()
     fatal = threading.Event()
+    signalled: list[str] = []
 
     def run(i: int) -> None:
         counts[i] = lane_loop(workers[i], stop, intake, limiter=limiter, fatal=fatal)
 
     def on_signal(signum, frame):
-        if stop.is_set():
+        # a second *signal*, not a signal after a stop begun otherwise (a lane's Redis
+        # failure): the operator's first SIGTERM then still means "finish what you hold"
+        signalled.append(signal.Signals(signum).name)
+        if len(signalled) > 1:
             log.warning("send-email %d: second signal: returning jobs in hand now", os.getpid())
             forced.set()
             return
-        begin_stop(signal.Signals(signum).name)
+        if deadline:
+            log.info("send-email %d: %s: already finishing jobs in hand", os.getpid(), signalled[0])
+        else:
+            begin_stop(signalled[0])
 
     def begin_stop(why: str) -> None:
         log.info("send-email %d: %s: finishing jobs in hand (grace %g s), taking no more",
@@ -1508,7 +1515,8 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
                 begin_stop("Redis failed under a job")
             if not burst and not stop.is_set():
                 workers[0].ensure_scheduler()
-            if burst and all(q.count == 0 for q in queues) and all(w.in_hand is None for w in workers):
+            if (burst and not stop.is_set() and all(q.count == 0 for q in queues)
+                    and all(w.in_hand is None for w in workers)):
                 stop.set()
             if forced.is_set() or (deadline and time.monotonic() >= deadline[0]):
                 for w in workers:
