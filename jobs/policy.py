@@ -174,6 +174,15 @@ RECORD_MARGIN_S = 2.0
 timeout: past it, the job's own timeout (and its failure handling) comes first."""
 
 
+def record_deadline(started_s: float, job_timeout_s: float | None, default_timeout_s: float,
+                    margin_s: float = RECORD_MARGIN_S) -> float:
+    """Until when (the clock of ``started_s``) a send started at ``started_s`` may wait to
+    record itself: its job's own timeout (fixed when it was enqueued: a config changed
+    since does not move it), or the configured one for a job that has none, less the
+    margin."""
+    return started_s + (job_timeout_s or default_timeout_s) - margin_s
+
+
 def record_retry_wait_s(tries: int, left_s: float, first_s: float = RECORD_RETRY_FIRST_S,
                         max_s: float = RECORD_RETRY_MAX_S) -> float | None:
     """How long to wait before trying again, for the ``tries``-th time (1-based), to record

@@ -18,7 +18,7 @@ from rq import Retry, get_current_job
 
 from jobs import events, idempotency
 from jobs.errors import ClaimLost, PermanentError, ProviderDown, RateWait, Throttled
-from jobs.policy import (RECORD_MARGIN_S, counts_as_provider_failure, pauses_every_sender, record_retry_wait_s,
+from jobs.policy import (counts_as_provider_failure, pauses_every_sender, record_deadline, record_retry_wait_s,
                          send_claim_ttl_s)
 from payrun import config as config_mod
 from payrun import keys
@@ -200,7 +200,7 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str, record
     timeout from now, less jobs.policy.RECORD_MARGIN_S): see ``_record_sent``.
     Returns the provider's message id."""
     if record_by is None:
-        record_by = time.monotonic() + cfg.email.timeout_s - RECORD_MARGIN_S
+        record_by = record_deadline(time.monotonic(), None, cfg.email.timeout_s)
     lim = limiter(conn)
     claim_ttl = send_claim_ttl_s(cfg.email.timeout_s, cfg.lease.visibility_s)
     sent = False  # the request was handed to the transport: its failure is the provider's
@@ -345,8 +345,8 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
     from jobs import mail
 
     cfg = settings()
-    record_by = time.monotonic() + cfg.email.timeout_s - RECORD_MARGIN_S  # (the job's timeout runs from about now)
     job = get_current_job()
+    record_by = record_deadline(time.monotonic(), job.timeout, cfg.email.timeout_s)  # (its timeout runs from ~now)
     conn = job.connection
     key = payload["key"]
     token = f"{job.id}:{job.meta.get('attempt', 0)}"

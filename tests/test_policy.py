@@ -93,6 +93,16 @@ def test_a_made_send_is_recorded_with_short_doubling_waits_until_its_job_has_no_
         record_retry_wait_s(0, left_s=5)
 
 
+def test_a_made_send_may_wait_to_be_recorded_until_its_own_jobs_timeout():
+    from jobs.policy import RECORD_MARGIN_S, record_deadline
+
+    assert RECORD_MARGIN_S == 2
+    assert record_deadline(1000.0, job_timeout_s=30, default_timeout_s=30) == 1028.0
+    # enqueued with 12 s, config raised to 30 since: the job is still killed at 12
+    assert record_deadline(1000.0, job_timeout_s=12, default_timeout_s=30) == 1010.0
+    assert record_deadline(1000.0, job_timeout_s=None, default_timeout_s=30) == 1028.0
+
+
 def test_is_stranded():
     from jobs.policy import is_stranded
 
