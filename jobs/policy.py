@@ -107,22 +107,34 @@ def classify(exc: BaseException) -> Verdict:
 # whether we may relay at all) when the recipient is given, by default
 # (smtpd_delay_reject), so a bad sender or a missing login is refused there for every
 # slip. RFC 3463 enhanced codes X.1.7 / X.1.8 are the sender's address; the texts are
-# Postfix's and Exim's usual ones.
+# Postfix's, Exim's and Exchange's usual ones.
 _RCPT_OURS_TEXTS = ("sender address rejected", "relay access denied", "relaying denied", "relay not permitted",
-                    "client host rejected", "authentication required", "must authenticate",
-                    "sender verify failed")
+                    "unable to relay", "client host rejected", "must authenticate", "sender verify failed",
+                    "client not authenticated", "authentication is required")
+# RFC 4954's own reply (530 5.7.0 Authentication required), whole: "authentication
+# required" elsewhere in a reply may be the recipient's (a restricted mailbox)
+_RCPT_OURS_PREFIXES = ("5.7.0 authentication required", "authentication required")
+# ... unless the reply is about the recipient after all: a server that verifies the
+# recipient's own domain relays what *that* host said ("Recipient address rejected:
+# unverified address: host mx.old.example said: 554 5.7.1 Relay access denied"), and
+# Exchange refuses a restricted group or mailbox with "RESOLVER.RST.AuthRequired".
+_RCPT_THEIRS_TEXTS = ("recipient address rejected", "resolver.rst.")
 
 
 def rcpt_refusal_is_ours(reply: str) -> bool:
     """Whether an SMTP refusal of a recipient (the reply's text, after its code) blames
     our side: our sender address, our host, our missing login. Then every slip would be
     refused the same way, so it is an account problem (jobs.errors.AccountRefused: all
-    senders pause) and not this slip's permanent failure."""
+    senders pause) and not this slip's permanent failure. Only the server's own words
+    count: what it quotes from the recipient's host (after "said:") is the recipient's."""
     text = " ".join(reply.split()).lower()
-    parts = text.split(" ", 1)[0].split(".")
+    parts = text.split(" ", 1)[0].rstrip(":;,").split(".")
     if len(parts) == 3 and parts[0] in ("4", "5") and parts[1] == "1" and parts[2] in ("7", "8"):
         return True
-    return any(t in text for t in _RCPT_OURS_TEXTS)
+    own = text.split(" said:", 1)[0]
+    if any(t in own for t in _RCPT_THEIRS_TEXTS):
+        return False
+    return own.startswith(_RCPT_OURS_PREFIXES) or any(t in own for t in _RCPT_OURS_TEXTS)
 
 
 # ---- provider outages -------------------------------------------------------

@@ -194,6 +194,22 @@ def test_which_rcpt_refusals_blame_our_side():
     assert not rcpt_refusal_is_ours("5.7.1 message content rejected")
     assert not rcpt_refusal_is_ours("5.1.10 recipient address has null MX")  # X.1.10 is not X.1.1's sender kin
     assert not rcpt_refusal_is_ours("no such user here")
+    # Exchange's refusals of us
+    assert rcpt_refusal_is_ours("5.7.1 Unable to relay for emp@gmail.example")
+    assert rcpt_refusal_is_ours("5.7.54 SMTP; Unable to relay recipient in non-accepted domain")
+    assert rcpt_refusal_is_ours("5.7.57 Client not authenticated to send mail")
+    assert rcpt_refusal_is_ours("5.7.0 Authentication required")  # RFC 4954
+    assert rcpt_refusal_is_ours("5.1.8: <payroll@payrun.example> domain of sender does not exist")
+    # the recipient's after all: words quoted from the recipient's host, a restricted mailbox
+    assert not rcpt_refusal_is_ours(
+        "4.1.1 <emp@old.example>: Recipient address rejected: unverified address: host mx.old.example[192.0.2.7] "
+        "said: 554 5.7.1 <emp@old.example>: Relay access denied (in reply to RCPT TO command)")
+    assert not rcpt_refusal_is_ours("5.1.1 <emp@old.example>: Recipient address rejected: undeliverable address: "
+                                    "host mx.old.example[192.0.2.7] said: 550 5.7.1 Relaying denied")
+    assert not rcpt_refusal_is_ours("5.7.1 RESOLVER.RST.AuthRequired; authentication required")
+    # our sender, probed at our own host (Postfix's reject_unverified_sender)
+    assert rcpt_refusal_is_ours("4.1.0 <payroll@payrun.example>: Sender address rejected: unverified address: "
+                                "host mx.payrun.example[192.0.2.9] said: 550 5.1.1 no such user")
 
 
 def test_smtp_data_replies_classified(smtpd):
