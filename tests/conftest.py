@@ -85,6 +85,21 @@ def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.05, what:
         time.sleep(interval_s)
 
 
+def started_send(conn, job_id: str, key: str, attempt: int, worker: str, lease_s: float = 300):
+    """A send-email job as RQ leaves it once ``worker`` has started try ``attempt`` of it
+    (taken from its queue, in the started registry with a lease of ``lease_s``); the
+    caller decides whether that worker still lives (its liveness key)."""
+    from jobs.runtime import make_queue
+    from payrun import keys
+
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    job = q.enqueue_call("jobs.tasks.noop", job_id=job_id, meta={"kind": "email", "key": key, "attempt": attempt})
+    conn.lrem(q.key, 0, job.id)
+    conn.zadd(f"rq:wip:{keys.EMAIL_QUEUE}", {f"{job_id}:e1": time.time() + lease_s})
+    conn.hset(job.key, mapping={"worker_name": worker, "status": "started"})
+    return q, job
+
+
 WORLD_MONTH = "2026-11"
 
 

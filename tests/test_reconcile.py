@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from conftest import started_send
 from jobs import idempotency, reaper
 from jobs.runtime import PayrunJob, make_queue
 from payrun import keys
@@ -34,11 +35,7 @@ def test_a_job_finished_in_rq_whose_done_event_was_lost_is_reconciled(conn, cfg)
 
 
 def test_the_reaper_releases_the_dead_attempts_claim_before_the_job_is_queued(conn):
-    q = make_queue(keys.EMAIL_QUEUE, conn)
-    job = q.enqueue_call("jobs.tasks.noop", job_id="send-dead", meta={"kind": "email", "key": "slip:k", "attempt": 2})
-    conn.lrem(q.key, 0, job.id)
-    conn.zadd("rq:wip:send-email", {"send-dead:e1": time.time() + 300})
-    conn.hset(job.key, mapping={"worker_name": "email.gone.1", "status": "started"})
+    q, job = started_send(conn, "send-dead", "slip:k", attempt=2, worker="email.gone.1")
     assert idempotency.claim(conn, "slip:k", "send-dead:2", 60) == idempotency.OK
     assert [s.job_id for s in reaper.reap(conn, redis_uptime_s=3600)] == ["send-dead"]  # a Redis long up
     assert idempotency.state(conn, "slip:k") == {}  # released: the next attempt may send at once

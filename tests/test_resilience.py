@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from rq import Retry, SimpleWorker
 
-from conftest import wait_for
+from conftest import started_send, wait_for
 from console.data import read_workers
 from jobs import events, reaper
 from jobs.runtime import PayrunJob, make_queue
@@ -496,11 +496,7 @@ def test_a_lane_whose_liveness_lapsed_while_redis_was_down_keeps_its_send(conn):
     LIVENESS_SETTLE_S only the lease decides."""
     from jobs import idempotency
 
-    q = make_queue(keys.EMAIL_QUEUE, conn)
-    job = q.enqueue_call("jobs.tasks.noop", job_id="send-live", meta={"kind": "email", "key": "slip:live", "attempt": 1})
-    conn.lrem(q.key, 0, job.id)
-    conn.zadd("rq:wip:send-email", {"send-live:e1": time.time() + 60})
-    conn.hset(job.key, mapping={"worker_name": "email.restarted.1", "status": "started"})
+    started_send(conn, "send-live", "slip:live", attempt=1, worker="email.restarted.1", lease_s=60)
     assert idempotency.claim(conn, "slip:live", "send-live:1", 60) == idempotency.OK
     assert reaper.reap(conn, redis_uptime_s=3) == []
     assert idempotency.state(conn, "slip:live")["state"] == "sending"
