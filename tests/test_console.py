@@ -784,6 +784,50 @@ def test_the_eta_says_when_sending_has_stopped_and_when_redis_cannot_be_read():
     assert eta_text(eta(finished, 0.0, now, "Asia/Dhaka", stalled=True, redis_down=True)) == "all delivered"
 
 
+def test_the_eta_counts_the_shown_months_slips_not_a_catch_up_run_of_another_month(world):
+    """Exploratory testing: the ETA's rate and stall check counted every month's jobs in
+    the finished registries (kept a day), so a catch-up run of last month beside this
+    one's (or a run just ended) made this month's ETA early, and hid this month's stall."""
+    from console.data import FINISHED_TTL_S, RATE_WINDOW_MIN, read_month_finished, stalled
+
+    cfg, conn, db, ledger = world
+    month = "2026-12"
+    payroll.seed(db, companies=2, employees=12, seed=3, month=month)
+    runs.start_run(cfg, conn, ledger, db, month)
+    now = time.time() + 600  # the run began 10 minutes ago: its rate is over 5 minutes
+    finished = f"rq:finished:{keys.EMAIL_QUEUE}"
+
+    def ended(job_id: str, ago_s: float) -> None:  # as RQ scores a finished job
+        conn.zadd(finished, {job_id: now - ago_s + FINISHED_TTL_S})
+
+    for i in range(30):  # this month: 30 sends 1-3 minutes ago, none in the last minute
+        ended(f"email-{month}-emp-{i:05d}", 70 + i * 3)
+    ended(f"email-{month}-emp-00007-resend-1", 200)  # a resend is one of the month's slips
+    for i in range(600):  # last month's catch-up, delivering right now
+        ended(f"email-2026-11-emp-{i:05d}", 1 + i * 0.1)
+    ended("remind-b1-emp-00001", 5)  # a reminder is no slip
+    ended(f"email-{month}-emp-99999", 60 * RATE_WINDOW_MIN + 30)  # before the window
+
+    buckets = read_month_finished(conn, now, month, keys.EMAIL_QUEUE)
+    assert len(buckets) == RATE_WINDOW_MIN and sum(buckets) == 31 and buckets[-1] == 0, buckets
+
+    snap = Source(cfg, conn, clock=lambda: now).snapshot()
+    assert snap.error is None, snap.error
+    email = next(q for q in snap.queues if q.name == keys.EMAIL_QUEUE)
+    assert sum(email.per_min) == 633  # the sparkline still shows every job the queue finished
+    assert snap.eta["rate_per_s"] == pytest.approx(31 / 300, abs=1e-3)  # not (31 + 600) / 300
+    assert snap.eta["stalled"] is False  # sends 1-2 minutes ago
+    email.month_per_min[-2:] = [0, 0]
+    assert stalled(snap.queues, running_s=600)  # though last month's catch-up delivers
+    # no send of the month yet: its renders stand in, not last month's sends
+    conn.delete(finished)
+    conn.zadd(f"rq:finished:{keys.RENDER_QUEUE}", {f"render-{month}-emp-00001": now - 10 + FINISHED_TTL_S})
+    for i in range(300):
+        ended(f"email-2026-11-emp-{i:05d}", 10 + i * 0.5)
+    snap = Source(cfg, conn, clock=lambda: now).snapshot()
+    assert snap.eta["rate_per_s"] == pytest.approx(1 / 300, abs=1e-3)  # (every month's sends: 1.0)
+
+
 def test_a_run_still_going_after_its_0900_is_late_not_on_time_for_tomorrow():
     """Walkthrough at 50,000 slips: a run still going after 09:00 read "ETA 10:54 — on time
     for 09:00", the next morning's 09:00. The deadline is the first 09:00 after the run
