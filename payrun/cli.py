@@ -397,7 +397,12 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
         except Exception:
             pass
     if row is None and rq_status is None:
-        raise PayrunError(f"no job {job_id!r} in the ledger or in Redis (ids look like email-2026-11-emp-00017)")
+        like = c.ledger().ids_like(job_id)
+        if like and like[0].startswith(job_id):
+            hint = "ids starting with it: " + ", ".join(like)
+        else:
+            hint = f"ids look like {like[0] if like else 'email-2026-11-emp-00017'}: render-… or email-<month>-<employee>"
+        raise PayrunError(f"no job {job_id!r} in the ledger or in Redis ({hint})")
     data = {"ledger": row, "rq_status": rq_status, "traceback": tb}
     if as_json:
         click.echo(json.dumps(data, default=str))

@@ -259,6 +259,16 @@ class Ledger:
         ]
         return row
 
+    def ids_like(self, job_id: str, limit: int = 3) -> list[str]:
+        """For an id that is no job's: up to ``limit`` ids that start with it (a number
+        cut short), else the newest email job's id, as an example of the form."""
+        hits = [r[0] for r in self.db.conn.execute(
+            "SELECT id FROM jobs WHERE id > ? AND id < ? ORDER BY id LIMIT ?", (job_id, job_id + "\uffff", limit))]
+        if hits:
+            return hits
+        return [r[0] for r in self.db.conn.execute(
+            "SELECT id FROM jobs WHERE kind = 'email' ORDER BY rowid DESC LIMIT 1")]
+
     def reminder_ids(self, batch: str) -> list[str]:
         """The job ids of a `payrun remind` batch (remind-<batch>-<employee>)."""
         pattern = "remind-" + batch.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "-%"

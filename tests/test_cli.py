@@ -97,6 +97,21 @@ def test_unknown_job(runner, cfg, conn):
     assert "no job 'nope'" in msg
 
 
+def test_an_unknown_job_id_gets_the_ids_it_begins_or_one_of_this_ledgers(runner, cfg, conn):
+    """The hint named a fixed example month whatever the ledger held; an id cut short
+    (copied from a narrow terminal) now gets the ids it begins."""
+    from payrun.ledger import Ledger
+
+    ledger = Ledger(cfg.ledger_path)
+    ledger.create_jobs([{"id": f"{k}-2026-12-emp-{i:05d}", "kind": k, "month": "2026-12", "company_id": 1}
+                        for k in ("render", "email") for i in (1, 12, 13, 2)])
+    ledger.close()
+    msg = one_line_error(runner.invoke(cli, ["job", "email-2026-12-emp-0001"]))
+    assert msg.endswith("(ids starting with it: email-2026-12-emp-00012, email-2026-12-emp-00013)"), msg
+    msg = one_line_error(runner.invoke(cli, ["job", "slip-42"]))
+    assert "ids look like email-2026-12-emp-00002" in msg, msg
+
+
 def test_prune_keeps_later_months(runner, cfg):
     from payrun.ledger import Ledger
 
