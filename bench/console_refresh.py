@@ -2,8 +2,8 @@
 
 World: 50,000 slips in the ledger (50,000 render rows + 45,000 email rows: sent, failed,
 running, waiting), 10,000 failed jobs in RQ's failed registries (with their ledger rows),
-5,000 render jobs waiting, 47 workers (45 send lanes + 2 render) with jobs in hand, and a
-minute of finished jobs. All written straight to Redis and SQLite (no workers run).
+5,000 render jobs waiting, 47 workers (45 send lanes + 2 render) with jobs in hand, and
+the last 10 minutes' finished jobs at 40/s (the month's own ids, which the ETA counts). All written straight to Redis and SQLite (no workers run).
 
 Timed (median and p95 of repeated calls, on a private redis-server over a unix socket):
   overview       console.data.Source.snapshot(): queues, workers, running, limits, HR line + ETA;
@@ -105,9 +105,12 @@ def build_redis(conn, now: float) -> None:
         p.hset(f"rq:job:{jid}", mapping={"status": "queued", "origin": keys.RENDER_QUEUE,
                                          "enqueued_at": rq_ts(now - 900), "meta": json.dumps({"kind": "render"})})
         p.rpush(f"rq:queue:{keys.RENDER_QUEUE}", jid)
-    for i in range(2_400):  # the last minutes' sends and renders
-        p.zadd(f"rq:finished:{keys.EMAIL_QUEUE}", {f"email-done-{i}": now - 600 + i * 0.25 + 86400})
-        p.zadd(f"rq:finished:{keys.RENDER_QUEUE}", {f"render-done-{i}": now - 600 + i * 0.25 + 86400})
+    for i in range(24_000):  # the last 10 minutes' sends and renders, at the provider's 40/s (the
+        # month's own ids: the ETA reads those of the last 5 minutes, ~12,000 of each)
+        p.zadd(f"rq:finished:{keys.EMAIL_QUEUE}", {f"email-{MONTH}-emp-{i:05d}": now - 600 + i * 0.025 + 86400})
+        p.zadd(f"rq:finished:{keys.RENDER_QUEUE}", {f"render-{MONTH}-emp-{i:05d}": now - 600 + i * 0.025 + 86400})
+        if i % 1000 == 999:
+            p.execute()
     p.execute()
     workers = [(f"email.bench.4200.{i:02d}", keys.EMAIL_QUEUE, f"email-{MONTH}-emp-{45_000 - 1 - i:05d}")
                for i in range(45)] + [(f"render.bench.{4100 + i}", keys.RENDER_QUEUE, None) for i in range(2)]

@@ -819,6 +819,19 @@ def test_the_eta_counts_the_shown_months_slips_not_a_catch_up_run_of_another_mon
     assert snap.eta["stalled"] is False  # sends 1-2 minutes ago
     email.month_per_min[-2:] = [0, 0]
     assert stalled(snap.queues, running_s=600)  # though last month's catch-up delivers
+    # the console reads only what was added since its last refresh (less an overlap for
+    # a host whose clock is behind), and forgets what left the window
+    src = Source(cfg, conn, clock=lambda: now)
+    assert src.snapshot().eta["rate_per_s"] == pytest.approx(31 / 300, abs=1e-3)
+    for i in range(60):
+        ended(f"email-{month}-emp-1{i:04d}", 1 + i * 0.25)
+    ended(f"email-{month}-emp-20000", 20)  # recorded late, by a host 20 s behind
+    now += 200  # the 31 from 70-160 s ago stay in the window, 14 of them leave it
+    snap = src.snapshot()
+    left = sum(1 for i in range(30) if 70 + i * 3 + 200 >= 60 * RATE_WINDOW_MIN) + 1  # (+ the resend)
+    assert snap.eta["rate_per_s"] == pytest.approx((31 - left + 61) / 300, abs=1e-3), (left, snap.eta)
+    assert sum(next(q for q in snap.queues if q.name == keys.EMAIL_QUEUE).month_per_min) == 31 - left + 61
+    now -= 200
     # no send of the month yet: its renders stand in, not last month's sends
     conn.delete(finished)
     conn.zadd(f"rq:finished:{keys.RENDER_QUEUE}", {f"render-{month}-emp-00001": now - 10 + FINISHED_TTL_S})
