@@ -440,14 +440,17 @@ def limits_show(c: Ctx, as_json: bool) -> None:
     """The limits in force, slots in use, waits, 429s seen and any provider outage (sends
     failing in a row: every sender pauses, then one send probes the provider)."""
     from jobs.limits import email_limiter, read_outage
+    from payrun import keys
 
     conn = c.redis()
     lim = email_limiter(conn, c.cfg)
     st = lim.settings()
     outage = read_outage(conn)
+    pause_ms = conn.pttl(keys.limit_pause("email"))
     data = {"email": {"cap": st.cap, "rate_per_s": st.rate_per_s, "in_use": lim.in_use(), **lim.stats(),
                       "gate_margin_ms": round(lim.gate_margin_ms(), 1), "outage": outage,
-                      "outage_after": c.cfg.limits.outage_after}}
+                      "outage_after": c.cfg.limits.outage_after,
+                      "paused_for_s": round(max(0, pause_ms or 0) / 1000, 1)}}
     if as_json:
         click.echo(json.dumps(data))
         return
@@ -462,7 +465,11 @@ def limits_show(c: Ctx, as_json: bool) -> None:
         from payrun.status import outage_text
 
         click.echo(outage_text(outage, c.cfg.timezone))
-    elif outage:
+    elif e["paused_for_s"] > 0:
+        click.echo(f"paused: the provider answered 429, every sender waits out its Retry-After "
+                   f"({e['paused_for_s']:g} s left): no new send starts; the in-flight count includes the "
+                   "senders holding a slot while they wait")
+    if outage and not outage["pauses"]:
         click.echo(f"the provider failed the last {outage['failed_in_a_row']:,} sends (an outage pause after "
                    f"{c.cfg.limits.outage_after} in a row); last: {outage['last_error'][:120]}")
     click.echo(f"provider outages: {e.get('outages', 0):,} ended, {e.get('outage_pauses', 0):,} pauses"

@@ -89,6 +89,21 @@ def test_limits_set_and_show(runner, conn):
     one_line_error(runner.invoke(cli, ["limits", "set"]))
 
 
+def test_limits_show_says_when_a_429_pause_holds_every_sender(runner, conn):
+    """During a 429 pause `limits show` read "50 / 50 in flight" and nothing else: the
+    on-call saw a full cap and no sends."""
+    from payrun import keys
+
+    conn.set(keys.limit_pause("email"), 1, px=4_000)
+    shown = json.loads(runner.invoke(cli, ["limits", "show", "--json"]).output)
+    assert 0 < shown["email"]["paused_for_s"] <= 4
+    out = runner.invoke(cli, ["limits", "show"]).output
+    assert "paused: the provider answered 429" in out and "s left): no new send starts" in out, out
+    conn.delete(keys.limit_pause("email"))
+    assert "paused" not in runner.invoke(cli, ["limits", "show"]).output
+    assert json.loads(runner.invoke(cli, ["limits", "show", "--json"]).output)["email"]["paused_for_s"] == 0
+
+
 def test_unknown_job(runner, cfg, conn):
     from payrun.ledger import Ledger
 
