@@ -64,6 +64,8 @@ DEDUCTIONS: tuple[tuple[str, str], ...] = (
 )
 
 # Required text fields and their maximum lengths (longer values would not fit one page).
+# All of them at their maximum at once overflow the normal layout; the render then uses
+# slip-compact.css, which fits them (tests/test_slip.py).
 COMPANY_FIELDS = {"name": 80, "address": 160}
 EMPLOYEE_FIELDS = {"id": 32, "name_en": 80, "email": 254, "department": 60,
                    "designation": 80, "bank_account": 32}
@@ -318,6 +320,7 @@ _ENV: jinja2.Environment | None = None
 _FONT_CONFIG: _ProcessFontConfiguration | None = None
 _FETCHER: AssetsOnlyFetcher | None = None
 _STYLESHEET: CSS | None = None
+_COMPACT_STYLESHEET: CSS | None = None
 _WARM_PID: int | None = None
 
 
@@ -383,12 +386,28 @@ def _stylesheet() -> CSS:
     return _STYLESHEET
 
 
-def _document(html: str, *, reuse_cascade: bool = False) -> Any:
+def _compact_stylesheet() -> CSS:
+    """slip-compact.css (smaller type, tighter spacing), laid over slip.css for a slip whose
+    data overflows one page at the normal size; parsed on first use only."""
+    global _COMPACT_STYLESHEET
+    if _COMPACT_STYLESHEET is None:
+        font_config, fetcher = _renderer()
+        _COMPACT_STYLESHEET = CSS(
+            string=(TEMPLATES_DIR / "slip-compact.css").read_text(encoding="utf-8"),
+            base_url=ASSETS_BASE_URL, url_fetcher=fetcher, font_config=font_config)
+    return _COMPACT_STYLESHEET
+
+
+def _document(html: str, *, reuse_cascade: bool = False, compact: bool = False) -> Any:
     """Lay `html` out. With reuse_cascade, the styles computed for an earlier document of
     the same shape are reused (jobs.cascade: same PDF, about a third less time); only for
-    our own slip template, whose shape is one of two."""
+    our own slip template, whose shape is one of two. ``compact`` adds slip-compact.css
+    (always the ordinary render: it is the rare path)."""
     font_config, fetcher = _renderer()
     parsed = HTML(string=html, base_url=ASSETS_BASE_URL, url_fetcher=fetcher)
+    if compact:
+        return parsed.render(stylesheets=[_stylesheet(), _compact_stylesheet()],
+                             font_config=font_config)
     if reuse_cascade:
         return cascade.render(parsed, [_stylesheet()], font_config)
     return parsed.render(stylesheets=[_stylesheet()], font_config=font_config)
@@ -447,6 +466,10 @@ def _render_pdf(snapshot: Mapping[str, Any]) -> bytes:
     html = render_html(snapshot)
     with _RENDER_LOCK:
         document = _document(html, reuse_cascade=True)
+        if len(document.pages) != 1:
+            # Every field near its maximum length at once (validate() caps each one, not
+            # their sum): the same slip in smaller type rather than no slip on the night.
+            document = _document(html, compact=True)
         if len(document.pages) != 1:
             raise PermanentError(f"{_who(snapshot)}: the slip does not fit on one page; "
                                  "shorten the longest names or addresses in the payroll data")

@@ -111,6 +111,34 @@ def test_long_bengali_name_fits_one_page():
     assert "Mohammad Abdullah Al Mamun" in pdf_text(pdf)
 
 
+
+def _every_field_at_its_maximum(fill: str) -> dict:
+    """SAMPLE_SNAPSHOT with every text field as long as validate() allows, of `fill`
+    repeated, and every amount the largest allowed."""
+    snap = snapshot()
+    for field, limit in slip.COMPANY_FIELDS.items():
+        snap["company"][field] = (fill * limit)[:limit].strip() or fill
+    for field, limit in slip.EMPLOYEE_FIELDS.items():
+        snap["employee"][field] = (fill * limit)[:limit].strip()
+    snap["employee"]["email"] = "W" * 120 + "@" + "W" * 128 + ".bd"
+    snap["employee"]["name_bn"] = (fill * slip.NAME_BN_MAX)[:slip.NAME_BN_MAX].strip()
+    snap["earnings"] = {key: slip.MAX_AMOUNT for key, _ in slip.EARNINGS}
+    snap["deductions"] = {key: slip.MAX_AMOUNT for key, _ in slip.DEDUCTIONS}
+    slip.validate(snap)
+    return snap
+
+
+@pytest.mark.parametrize("fill", ["W", "WWWWWWW ", "ক"], ids=["unbroken", "words", "bengali"])
+def test_a_slip_with_every_field_at_its_maximum_still_renders_on_one_page(fill):
+    """Each field alone fits the normal layout, all of them at once do not: the render
+    falls back to the compact stylesheet instead of failing the employee's slip."""
+    snap = _every_field_at_its_maximum(fill)
+    html = slip.render_html(snap)
+    assert len(slip._document(html).pages) > 1  # the normal layout overflows
+    text = pdf_text(slip.render_pdf(snap))  # one page (pdf_text asserts it)
+    assert "20,000,000,000.00" in text  # the net pay
+    assert "Reference" in text and "This is a computer-generated slip" in text
+
 def _boxes(box):
     yield box
     for child in getattr(box, "children", ()):
