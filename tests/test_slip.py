@@ -135,9 +135,12 @@ def test_a_slip_with_every_field_at_its_maximum_still_renders_on_one_page(fill):
     snap = _every_field_at_its_maximum(fill)
     html = slip.render_html(snap)
     assert len(slip._document(html).pages) > 1  # the normal layout overflows
+    before = slip.render_pdf(slip.SAMPLE_SNAPSHOT)
     text = pdf_text(slip.render_pdf(snap))  # one page (pdf_text asserts it)
     assert "20,000,000,000.00" in text  # the net pay
     assert "Reference" in text and "This is a computer-generated slip" in text
+    # the compact layout leaves the kept cascade of normal slips alone
+    assert slip.render_pdf(slip.SAMPLE_SNAPSHOT) == before
 
 def _boxes(box):
     yield box
