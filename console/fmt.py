@@ -56,7 +56,8 @@ def eta_text(eta: dict[str, Any] | None) -> str:
             back = datetime.fromisoformat(eta["if_back_now"])
             deadline = datetime.fromisoformat(eta["deadline"])
             text += (f" (back now: done {back:%H:%M}, "
-                     f"{'on time for' if eta['on_time_if_back_now'] else 'LATE for'} {deadline:%H:%M})")
+                     f"{'on time for' if eta['on_time_if_back_now'] else 'LATE for'} "
+                     f"{_deadline(deadline, back)})")
         return text
     if eta.get("stalled"):
         return "no ETA: no slip delivered for over a minute (running? failed? limits?)"
@@ -66,7 +67,17 @@ def eta_text(eta: dict[str, Any] | None) -> str:
     deadline = datetime.fromisoformat(eta["deadline"])
     verdict = "on time for" if eta["on_time"] else "LATE for"
     day = "" if at.date() == deadline.date() or at.date() < deadline.date() else f" {at:%d %b}"
-    return f"ETA {at:%H:%M}{day} — {verdict} {deadline:%H:%M}"
+    return f"ETA {at:%H:%M}{day} — {verdict} {_deadline(deadline, at)}"
+
+
+def _deadline(deadline: datetime, seen_from: datetime) -> str:
+    """"09:00", or "09:00 tomorrow" / "09:00 05 Dec" when the deadline is on a later day
+    than the time it is set against (a run begun after 09:00 has until the next
+    morning's: at 10:09 "on time for 09:00" alone reads as this morning's)."""
+    days = (deadline.date() - seen_from.date()).days
+    if days <= 0:
+        return f"{deadline:%H:%M}"
+    return f"{deadline:%H:%M} tomorrow" if days == 1 else f"{deadline:%H:%M} {deadline:%d %b}"
 
 
 def answer(counts: dict[str, int], eta: dict[str, Any] | None = None) -> str:
