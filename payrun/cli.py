@@ -870,7 +870,11 @@ def _print_tree(d: dict[str, Any], prefix: str = "") -> None:
 @pass_ctx
 @handle_errors
 def config_redis_url(c: Ctx, readonly: bool) -> None:
-    """Print the Redis URL with credentials: rq info -u "$(payrun config redis-url)"."""
+    """Print the Redis URL with credentials.
+
+    \b
+    For rq's commands: export RQ_REDIS_URL="$(payrun config redis-url)"; rq info
+    (an -u argument would show the password in every user's `ps`)."""
     from payrun import redis_server
 
     click.echo(redis_server.url(c.cfg, readonly=readonly))

@@ -38,6 +38,17 @@ def test_rq_info_lists_our_queues_and_workers(conn, redis_url):
         assert keys.RENDER_QUEUE in out.stdout
 
 
+def test_rq_info_takes_the_url_from_the_environment_so_the_password_stays_out_of_ps(conn, redis_url):
+    """The README's way: `export RQ_REDIS_URL="$(payrun config redis-url)"`, then `rq info`
+    with no -u (an argument is in every local user's `ps`)."""
+    make_queue(keys.RENDER_QUEUE, conn).enqueue_call("jobs.testing.noop", job_id="listed-2")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RQ_")}
+    out = subprocess.run([RQ, "info", "--raw", "-Q"], capture_output=True, text=True, timeout=60,
+                         env={**env, "RQ_REDIS_URL": redis_url})
+    assert out.returncode == 0, out.stderr
+    assert keys.RENDER_QUEUE in out.stdout
+
+
 def test_rq_info_interval_mode_runs(conn, redis_url):
     p = subprocess.Popen([RQ, "info", "-u", redis_url, "-i", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
