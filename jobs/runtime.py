@@ -191,6 +191,21 @@ def recover_meta(meta: dict) -> dict:
     return {}
 
 
+class PayrunQueue(Queue):
+    """RQ's Queue with JSON and PayrunJob even when the caller passes ``None`` for either
+    (``Queue.all``, ``Queue.from_queue_key`` and RQ's own command line do; RQ resolves
+    ``None`` to pickle). ``RQ_QUEUE_CLASS=jobs.runtime.PayrunQueue`` makes ``rq info`` use
+    it (`payrun config rq-env`): its registry cleanup then reads jobs with JSON instead
+    of unpickling what it finds in Redis."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        if kwargs.get("serializer") is None:
+            kwargs["serializer"] = JSONSerializer
+        if kwargs.get("job_class") is None:
+            kwargs["job_class"] = PayrunJob
+        super().__init__(*args, **kwargs)
+
+
 def make_queue(name: str, conn) -> Queue:
     return Queue(name, connection=conn, serializer=JSONSerializer, job_class=PayrunJob)
 

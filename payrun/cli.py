@@ -873,11 +873,32 @@ def config_redis_url(c: Ctx, readonly: bool) -> None:
     """Print the Redis URL with credentials.
 
     \b
-    For rq's commands: export RQ_REDIS_URL="$(payrun config redis-url)"; rq info
-    (an -u argument would show the password in every user's `ps`)."""
+    For rq's commands use `eval "$(payrun config rq-env)"` instead: rq info -u URL
+    shows the password in every user's `ps`, and plain rq info uses pickle."""
     from payrun import redis_server
 
     click.echo(redis_server.url(c.cfg, readonly=readonly))
+
+
+@config_group.command(name="rq-env")
+@pass_ctx
+@handle_errors
+def config_rq_env(c: Ctx) -> None:
+    """Print the variables rq's own commands need, as shell exports.
+
+    \b
+    eval "$(payrun config rq-env)" && rq info
+    RQ_REDIS_URL: the URL with credentials (in the environment, not in `ps`);
+    RQ_QUEUE_CLASS, RQ_JOB_CLASS: our JSON queue and job classes, so rq's registry
+    cleanup reads jobs with JSON: plain `rq info` unpickles what it finds in Redis."""
+    import shlex
+
+    from payrun import redis_server
+
+    for name, value in (("RQ_REDIS_URL", redis_server.url(c.cfg)),
+                        ("RQ_QUEUE_CLASS", "jobs.runtime.PayrunQueue"),
+                        ("RQ_JOB_CLASS", "jobs.runtime.PayrunJob")):
+        click.echo(f"export {name}={shlex.quote(value)}")
 
 
 def _register_packages() -> None:

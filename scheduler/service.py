@@ -46,7 +46,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 from rq_scheduler import Scheduler
 
-from jobs.runtime import PayrunJob, make_queue
+from jobs.runtime import PayrunJob, PayrunQueue, make_queue
 from payrun import keys
 from payrun.config import Config
 from scheduler import cron, ticks
@@ -238,11 +238,9 @@ class CronPass:
 
 # ---- rq-scheduler, JSON, atomic moves, our pass -----------------------------------------
 
-class JSONQueue(Queue):
-    def __init__(self, *args: Any, **kwargs: Any):
-        kwargs.setdefault("serializer", JSONSerializer)
-        kwargs.setdefault("job_class", PayrunJob)
-        super().__init__(*args, **kwargs)
+class JSONQueue(PayrunQueue):
+    """JSON and PayrunJob even when rq-scheduler passes ``serializer=None`` explicitly
+    (``Queue.from_queue_key`` does: ``setdefault`` kept the None, i.e. pickle)."""
 
 
 class PayrunScheduler(Scheduler):
@@ -286,6 +284,12 @@ class PayrunScheduler(Scheduler):
         if not self.connection.zrem(self.scheduled_jobs_key, job.id):
             return
         super().enqueue_job(job)
+
+    def get_queue_for_job(self, job):
+        """Always our JSON queue: rq-scheduler would import whatever class a job's
+        ``meta['queue_class_name']`` (a value in Redis) names."""
+        return self.queue_class.from_queue_key(self.queue_class.redis_queue_namespace_prefix + job.origin,
+                                               connection=self.connection, job_class=self.job_class)
 
     def enqueue_jobs(self):
         self.cron.run(clock())

@@ -38,15 +38,55 @@ def test_rq_info_lists_our_queues_and_workers(conn, redis_url):
         assert keys.RENDER_QUEUE in out.stdout
 
 
-def test_rq_info_takes_the_url_from_the_environment_so_the_password_stays_out_of_ps(conn, redis_url):
-    """The README's way: `export RQ_REDIS_URL="$(payrun config redis-url)"`, then `rq info`
-    with no -u (an argument is in every local user's `ps`)."""
-    make_queue(keys.RENDER_QUEUE, conn).enqueue_call("jobs.testing.noop", job_id="listed-2")
+def _rq_env(cfg) -> dict[str, str]:
+    """The environment `eval "$(payrun config rq-env)"` gives a shell."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    out = CliRunner().invoke(cli, ["config", "rq-env"])
+    assert out.exit_code == 0, out.output
     env = {k: v for k, v in os.environ.items() if not k.startswith("RQ_")}
-    out = subprocess.run([RQ, "info", "--raw", "-Q"], capture_output=True, text=True, timeout=60,
-                         env={**env, "RQ_REDIS_URL": redis_url})
-    assert out.returncode == 0, out.stderr
-    assert keys.RENDER_QUEUE in out.stdout
+    for line in out.output.splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        env[name] = shlex.split(value)[0]
+    return env
+
+
+def test_rq_info_with_payrun_config_rq_env_never_unpickles_and_keeps_the_url_out_of_ps(conn, redis_url, cfg, tmp_path):
+    """Security review: plain `rq info` reads an abandoned job's meta with pickle, so
+    whoever can write to Redis could run code in the operator's shell; and `-u URL` puts
+    the password in every local user's `ps`. The README's way is
+    `eval "$(payrun config rq-env)"`: the URL in the environment, our JSON classes."""
+    import pickle
+
+    flag = tmp_path / "pwned"
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, (f"touch {flag}",))
+
+    env = _rq_env(cfg)
+    assert env["RQ_REDIS_URL"] == redis_url and env["RQ_QUEUE_CLASS"] == "jobs.runtime.PayrunQueue"
+    abandon(conn, "abandoned-bomb")
+    conn.hset("rq:job:abandoned-bomb", "meta", pickle.dumps(Boom()))
+    abandon(conn, "abandoned-2")
+    for flags in ([], ["--raw", "-Q"], ["-R"]):
+        out = subprocess.run([RQ, "info", *flags], capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0, out.stderr
+        assert keys.RENDER_QUEUE in out.stdout
+    assert not flag.exists()
+    assert conn.hget("rq:job:abandoned-2", "meta")[:1] == b"{"  # the cleanup re-saved it as JSON
+    assert PayrunJob.fetch("abandoned-2", connection=conn).meta["key"] == "slip:2026-11:emp-1"
+    # the control: plain rq (pickle) does run it
+    conn.flushdb()
+    abandon(conn, "abandoned-bomb")
+    conn.hset("rq:job:abandoned-bomb", "meta", pickle.dumps(Boom()))
+    subprocess.run([RQ, "info", "-u", redis_url], capture_output=True, text=True, timeout=60,
+                   env={k: v for k, v in env.items() if not k.startswith("RQ_")})
+    assert flag.exists()
 
 
 def test_rq_info_interval_mode_runs(conn, redis_url):
