@@ -108,6 +108,10 @@ class PayrunJob(Job):
 
     def restore(self, raw_data) -> None:
         super().restore(raw_data)
+        # RQ imports and calls a job's success/failure/stopped callbacks by the names stored
+        # in its hash, even for a job whose function perform() refuses; payrun sets none, so
+        # a name there came from someone writing to Redis: dropped, never imported.
+        self._success_callback_name = self._failure_callback_name = self._stopped_callback_name = None
         self.meta = recover_meta(self.meta)
         k = events.RETURNED_FIELD
         self.returned_tries = int(raw_data.get(k.encode(), raw_data.get(k)) or 0)

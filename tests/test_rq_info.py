@@ -140,6 +140,29 @@ def test_a_job_naming_another_function_is_refused(conn, monkeypatch):
     assert not os.path.exists("/tmp/payrun-os-system")
 
 
+def _callback_touch(*args, **kwargs):
+    """A callback a forged job names: leaves a mark wherever it runs (the horse too)."""
+    Path(os.environ["PAYRUN_TEST_CALLBACK_FLAG"]).touch()
+
+
+def test_a_job_naming_callbacks_has_them_dropped_not_called(conn, tmp_path, monkeypatch):
+    """Security review: RQ imports and calls the success/failure callbacks named in a job's
+    hash even when perform() refuses the job's function."""
+    flag = tmp_path / "called"
+    monkeypatch.setenv("PAYRUN_TEST_CALLBACK_FLAG", str(flag))
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    q.enqueue_call("os.system", args=("true",), job_id="evil-2")
+    q.enqueue_call("jobs.testing.noop", job_id="evil-3")
+    for job_id in ("evil-2", "evil-3"):
+        conn.hset(f"rq:job:{job_id}", mapping={"failure_callback_name": f"{__name__}._callback_touch",
+                                               "success_callback_name": f"{__name__}._callback_touch"})
+    RenderWorker([q], connection=conn).work(burst=True, logging_level="WARNING")
+    assert PayrunJob.fetch("evil-2", connection=conn).get_status() == "failed"
+    assert PayrunJob.fetch("evil-3", connection=conn).get_status() == "finished"
+    assert not flag.exists()
+
+
 def test_rq_info_lists_a_workers_queue_before_its_first_job(conn, redis_url):
     """RQ lists a queue once something was enqueued to it: the control queue (a job a
     month, a tick every 15 minutes) and its worker were missing from `rq info -R` until
