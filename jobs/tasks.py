@@ -341,6 +341,17 @@ def _log_provider_429(key: str, passed_s: float | None, written: list[float]) ->
                 key, (written[-1] - passed_s) * 1000, (now - written[-1]) * 1000)
 
 
+def _slip_path(slips_dir: Path, slip: Any) -> Path | None:
+    """``slips_dir / slip`` if it stays inside the slip store once resolved (symlinks
+    followed), else None: the path comes from a job in Redis, and a send attaches what it
+    reads there to an email."""
+    if not isinstance(slip, str) or not slip or "\x00" in slip:
+        return None
+    root = Path(slips_dir).resolve()
+    path = (root / slip).resolve()
+    return path if path.is_relative_to(root) and path != root else None
+
+
 def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
     from jobs import mail
 
@@ -358,7 +369,10 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
         left_ms = conn.pttl(keys.idem_state(key))
         raise Throttled(f"another attempt is sending {key} right now",
                         retry_after_s=max(1.0, left_ms / 1000) if left_ms and left_ms > 0 else 1.0)
-    path = Path(cfg.slips_dir) / payload["slip"]
+    path = _slip_path(cfg.slips_dir, payload["slip"])
+    if path is None:
+        idempotency.release(conn, key, token)
+        raise PermanentError("slip path refused: it is not a file inside the slip store")
     try:
         pdf = path.read_bytes()
     except FileNotFoundError:

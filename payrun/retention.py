@@ -5,6 +5,7 @@ months before that one (jobs, attempts, pay-run rows), and with --slips their PD
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 
@@ -60,7 +61,7 @@ def prune(cfg: Config, ledger: Ledger, before: str, slips: bool = False, dry_run
     attempts = db.execute(
         "SELECT COUNT(*) FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE month < ?)", (before,)).fetchone()[0]
     runs = db.execute("SELECT COUNT(*) FROM payroll_runs WHERE month < ?", (before,)).fetchone()[0]
-    slip_dirs = [cfg.slips_dir / m for m in months if (cfg.slips_dir / m).is_dir()] if slips else []
+    slip_dirs = [d for d in (_month_dir(cfg, m) for m in months) if d is not None] if slips else []
     if not dry_run:
         with db:
             db.execute("DELETE FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE month < ?)", (before,))
@@ -71,3 +72,18 @@ def prune(cfg: Config, ledger: Ledger, before: str, slips: bool = False, dry_run
         for d in slip_dirs:
             shutil.rmtree(d)
     return Pruned(months, jobs, attempts, runs, len(slip_dirs), refused)
+
+
+_MONTH_DIR = re.compile(r"[0-9]{4}-[0-9]{2}")
+
+
+def _month_dir(cfg: Config, month: str):
+    """The slip folder of `month`, if it is one: a month as the ledger recorded it is text
+    that came through Redis, and only ``YYYY-MM`` directly inside the slip store is ever
+    deleted (a forged ``../..`` month sorts before every real one)."""
+    if not isinstance(month, str) or not _MONTH_DIR.fullmatch(month):
+        return None
+    d = cfg.slips_dir / month
+    if d.is_symlink() or not d.is_dir() or d.resolve().parent != cfg.slips_dir.resolve():
+        return None
+    return d

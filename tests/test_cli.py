@@ -163,6 +163,45 @@ def test_prune_keeps_later_months(runner, cfg):
     assert ledger.months() == [] and ledger.jobs(limit=10) == []  # nothing created
 
 
+def test_prune_deletes_only_month_folders_inside_the_slip_store(runner, cfg, tmp_path):
+    """Security review: a month as the ledger recorded it came through Redis; one forged
+    event with month '../../victim' (it sorts before every real month) made
+    `prune --slips` delete a folder outside the slip store."""
+    from payrun.ledger import Ledger
+
+    victim = tmp_path / "victim"
+    (victim / "keep").mkdir(parents=True)
+    cfg.slips_dir.mkdir(parents=True, exist_ok=True)
+    forged = "../" * len(cfg.slips_dir.relative_to(tmp_path).parts) + "victim"
+    assert (cfg.slips_dir / forged).resolve() == victim.resolve()
+    ledger = Ledger(cfg.ledger_path)
+    ledger.create_jobs([{"id": f"render-{m}-emp-1", "kind": "render", "month": m, "company_id": 1}
+                        for m in (forged, "2026-09", "2026-11")])
+    ledger.claim_run(1, "2026-11", "test")
+    with ledger.db.conn:
+        ledger.db.conn.execute("UPDATE jobs SET status = 'done'")
+    (cfg.slips_dir / "2026-09" / "1").mkdir(parents=True)
+    out = runner.invoke(cli, ["prune", "--before", "2026-11", "--slips"])
+    assert out.exit_code == 0, out.output
+    assert victim.joinpath("keep").is_dir()  # untouched
+    assert not (cfg.slips_dir / "2026-09").exists()  # the real month's folder went
+
+
+def test_a_send_reads_only_files_inside_the_slip_store(tmp_path):
+    """Security review: the slip path comes from a job in Redis, and the send attaches what
+    it reads to an email: absolute paths, '..' and symlinks out are refused."""
+    from jobs.tasks import _slip_path
+
+    store = tmp_path / "slips"
+    (store / "2026-11" / "1").mkdir(parents=True)
+    (store / "2026-11" / "1" / "emp-1.pdf").write_bytes(b"%PDF")
+    (tmp_path / "secret").write_text("x")
+    (store / "2026-11" / "1" / "link.pdf").symlink_to(tmp_path / "secret")
+    assert _slip_path(store, "2026-11/1/emp-1.pdf") == (store / "2026-11/1/emp-1.pdf").resolve()
+    for bad in ("/etc/passwd", "../secret", "2026-11/../../secret", "2026-11/1/link.pdf", "", ".", "a\x00b", None):
+        assert _slip_path(store, bad) is None, bad
+
+
 def test_cli_retry_and_limits_are_audited(runner, cfg, conn):
     from console import actions
 
