@@ -64,8 +64,11 @@ def _password(cfg: Config) -> str:
 
 
 READONLY_USER = "payrun-ro"
-READONLY_ACL = "on ~* &* -@all +@read +@connection +time +info"
-"""The console's read-only user: may read every key, may write none (not even by EVAL)."""
+READONLY_ACL = ("on ~* &* -@all +@read +auth +hello +ping +echo +select +reset +time +info"
+                " +client|setname +client|getname +client|id +client|info")
+"""The console's read-only user: may read every key, may write none (not even by EVAL).
+Connection commands one by one: ``+@connection`` would grant the whole CLIENT command
+(``CLIENT KILL``, ``CLIENT PAUSE``: stop every worker's connection, freeze the server)."""
 
 
 def _socket_path(cfg: Config) -> Path:

@@ -43,10 +43,13 @@ def test_readonly_user_reads_but_cannot_write(embedded):
     ro = redis.Redis.from_url(redis_server.url(cfg, readonly=True))
     assert ro.get("k") == b"v" and ro.llen("rq:queue:pdf-render") == 1 and ro.time()
     for write in (lambda: ro.set("k", "w"), lambda: ro.lpop("rq:queue:pdf-render"),
-                  lambda: ro.eval("return redis.call('DEL', KEYS[1])", 1, "k"), lambda: ro.flushall()):
+                  lambda: ro.eval("return redis.call('DEL', KEYS[1])", 1, "k"), lambda: ro.flushall(),
+                  lambda: ro.client_kill_filter(_type="normal"), lambda: ro.client_pause(1000),
+                  lambda: ro.config_set("maxclients", "1")):
         with pytest.raises(redis.exceptions.NoPermissionError):
             write()
-    assert conn.get("k") == b"v"
+    assert conn.get("k") == b"v" and conn.ping()
+    assert ro.client_setname("console") and ro.client_getname() == "console" and ro.ping()
 
 
 def test_restart_keeps_data(embedded):
