@@ -57,7 +57,10 @@ def register(cli) -> None:
         """The on-call console: live queues, workers, running and failed jobs, the HR line
         with its ETA; retry, drain, resume, stop a worker, change limits (each audited)."""
         from console.app import ConsoleApp
+        from payrun import redis_server
 
+        if readonly:
+            redis_server.url(c.cfg, readonly=True, strict=True)  # no read-only user: refuse, not write
         src = source(c)
         if month is not None:
             from payrun.status import check_run_month

@@ -877,7 +877,7 @@ def config_redis_url(c: Ctx, readonly: bool) -> None:
     shows the password in every user's `ps`, and plain rq info uses pickle."""
     from payrun import redis_server
 
-    click.echo(redis_server.url(c.cfg, readonly=readonly))
+    click.echo(redis_server.url(c.cfg, readonly=readonly, strict=True))
 
 
 @config_group.command(name="rq-env")

@@ -19,12 +19,13 @@ from __future__ import annotations
 import re
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from payrun.errors import ConfigError
@@ -363,6 +364,8 @@ def validate(cfg: Config) -> None:
     ):
         if url and urlsplit(url).scheme not in schemes:
             problems.append(f"{name} must start with one of {', '.join(s + '://' for s in schemes)} (got {redact_url(url)!r})")
+    for name, url in (("redis.url / PAYRUN_REDIS_URL", cfg.redis.url), ("redis.readonly_url", cfg.redis.readonly_url)):
+        problems.extend(f"{name} {why} (got {redact_url(url)!r})" for why in redis_url_problems(url))
     from scheduler.cron import entry_problems
 
     problems.extend(entry_problems(cfg.scheduler.entries))
@@ -370,3 +373,29 @@ def validate(cfg: Config) -> None:
         problems.append("scheduler needs catchup_window_s >= 0, poll_s > 0 and lock_ttl_s >= 1")
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
+
+
+def redis_url_problems(url: str) -> list[str]:
+    """What is unsafe about an external Redis URL (pure): Redis holds every slip's payload
+    (names, addresses, salaries), so it needs a password, and anything but a unix socket
+    or this host's loopback needs TLS (``rediss://``)."""
+    if not url:
+        return []
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        return []  # the scheme check above names it
+    why = []
+    if not (parts.password or parse_qs(parts.query).get("password")):
+        why.append("has no password (redis://:PASSWORD@host or unix:///path?password=PASSWORD)")
+    if parts.scheme == "redis" and not _loopback(parts.hostname or ""):
+        why.append("reaches another host without TLS: use rediss://")
+    return why
+
+
+def _loopback(host: str) -> bool:
+    if host in ("", "localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

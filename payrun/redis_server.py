@@ -95,12 +95,21 @@ def embedded_url(cfg: Config, readonly: bool = False) -> str:
     return f"redis://{user}:{pw}@127.0.0.1:{_tcp_port(cfg)}/0"
 
 
-def url(cfg: Config, readonly: bool = False) -> str:
+def url(cfg: Config, readonly: bool = False, strict: bool = False) -> str:
     """The URL every part uses, credentials included (``payrun config redis-url``).
     ``readonly``: the console's read-only user (embedded Redis; for an external one, set
-    redis.readonly_url to a user made with ``ACL SETUSER payrun-ro <READONLY_ACL> >pw``)."""
+    redis.readonly_url to a user made with ``ACL SETUSER payrun-ro <READONLY_ACL> >pw``).
+    An external Redis without one gets the full URL, unless ``strict`` (a caller that
+    promised read-only: ``console --readonly``, ``config redis-url --readonly``), which
+    raises ConfigError rather than hand out the writable one."""
     if readonly:
         if cfg.redis.url:
+            if not cfg.redis.readonly_url and strict:
+                from payrun.errors import ConfigError
+
+                raise ConfigError("redis.readonly_url is not set in the config file: an external Redis "
+                                  "has no read-only user of payrun's; make one with ACL SETUSER payrun-ro "
+                                  f"{READONLY_ACL} >PASSWORD and set its URL")
             return cfg.redis.readonly_url or cfg.redis.url
         return embedded_url(cfg, readonly=True)
     return cfg.redis.url or embedded_url(cfg)

@@ -134,7 +134,7 @@ def test_a_read_command_in_a_directory_with_no_payrun_refuses_instead_of_startin
     assert CliRunner().invoke(cli, ["config", "redis-url"]).exit_code == 0
     assert (tmp_path / "elsewhere" / "var").exists()
     assert CliRunner().invoke(cli, ["status"]).exit_code == 2
-    monkeypatch.setenv("PAYRUN_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("PAYRUN_REDIS_URL", "redis://:pw@127.0.0.1:1/0")
     assert "no payrun data directory" in CliRunner().invoke(cli, ["status"]).output
     assert not (tmp_path / "elsewhere" / "var" / "ledger.db").exists()
     # `payrun demo` ran here: its data is one level down, and the message says so

@@ -280,7 +280,7 @@ def test_redis_down_is_exit_1_not_the_bad_input_exit_2(runner, cfg, monkeypatch)
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    monkeypatch.setenv("PAYRUN_REDIS_URL", f"redis://127.0.0.1:{port}/0")
+    monkeypatch.setenv("PAYRUN_REDIS_URL", f"redis://:pw@127.0.0.1:{port}/0")
     from payrun.ledger import Ledger
 
     Ledger(cfg.ledger_path).close()  # a data directory in use

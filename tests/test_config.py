@@ -80,6 +80,41 @@ def test_redact_url():
         config.load(env={"PAYRUN_REDIS_URL": "garbage"})
 
 
+def test_an_external_redis_needs_a_password_and_tls_off_this_host(tmp_path):
+    """Security review: any redis:// URL was taken, with no password or to another host in
+    clear text; and readonly_url was not checked at all."""
+    from payrun.config import redis_url_problems
+
+    for ok in ("unix:///run/r.sock?password=x", "redis://:pw@127.0.0.1:6379/0", "redis://u:pw@[::1]:6379",
+               "redis://:pw@localhost", "rediss://:pw@redis.internal:6380/0", ""):
+        assert redis_url_problems(ok) == [], ok
+    assert redis_url_problems("redis://10.0.0.5:6379/0") == [
+        "has no password (redis://:PASSWORD@host or unix:///path?password=PASSWORD)",
+        "reaches another host without TLS: use rediss://"]
+    assert redis_url_problems("redis://:@127.0.0.1") == [
+        "has no password (redis://:PASSWORD@host or unix:///path?password=PASSWORD)"]
+    with pytest.raises(ConfigError, match=r"PAYRUN_REDIS_URL reaches another host without TLS: use rediss:// "
+                                          r"\(got 'redis://:\*\*\*@10.0.0.5/0'\)"):
+        config.load(env={"PAYRUN_REDIS_URL": "redis://:pw@10.0.0.5/0"})
+    with pytest.raises(ConfigError, match="redis.readonly_url has no password"):
+        load(tmp_path, "[redis]\nreadonly_url = 'rediss://ro@redis.internal/0'\n",
+             PAYRUN_REDIS_URL="rediss://:pw@redis.internal/0")
+
+
+def test_readonly_refuses_to_hand_out_the_writable_url(tmp_path, monkeypatch):
+    """Security review: with an external Redis and no readonly_url, `--readonly` quietly
+    used the full-rights URL."""
+    from payrun import redis_server
+
+    c = load(tmp_path, "", PAYRUN_REDIS_URL="rediss://:pw@redis.internal/0")
+    with pytest.raises(ConfigError, match="redis.readonly_url is not set"):
+        redis_server.url(c, readonly=True, strict=True)
+    assert redis_server.url(c, readonly=True) == c.redis.url  # the console's looks, not promised read-only
+    c2 = load(tmp_path, "[redis]\nreadonly_url = 'rediss://ro:x@redis.internal/0'\n",
+              PAYRUN_REDIS_URL="rediss://:pw@redis.internal/0")
+    assert redis_server.url(c2, readonly=True, strict=True) == "rediss://ro:x@redis.internal/0"
+
+
 def test_booleans_are_typed(tmp_path):
     assert load(tmp_path, "[email.retry]\njitter = false\n").email.retry.jitter is False
     with pytest.raises(ConfigError, match="must be bool"):

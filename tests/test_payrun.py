@@ -407,7 +407,7 @@ def test_run_and_status_say_why_jobs_will_not_move(world, provider, monkeypatch)
     monkeypatch.setattr(status_mod, "intake_notes", real)
     work_everything(conn, ledger)
     assert json.loads(runner.invoke(cli, ["status", "--json"]).output)["notes"] == []  # all sent: nothing to say
-    monkeypatch.setenv("PAYRUN_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("PAYRUN_REDIS_URL", "redis://:pw@127.0.0.1:1/0")
     out = runner.invoke(cli, ["status"])
     assert out.exit_code == 0 and "12 sent" in out.output
     assert "(Redis unreachable: figures are the ledger's; stuck jobs and its backlog were not checked)" in out.output
