@@ -12,6 +12,7 @@ Environment variables honoured by every command:
   PAYRUN_REDIS_URL   an external Redis; unset = the embedded server under PAYRUN_HOME
   PAYRUN_EMAIL_URL   smtp://… or http://…; unset = the local provider (payrun provider)
   PAYRUN_SLIPS_DIR   the slip store, shared by render and send hosts; $PAYRUN_HOME/slips
+  PAYRUN_BANK_TOKEN  bearer token for scheduler.bank_url; unset = the local simulator's
 """
 
 from __future__ import annotations
@@ -148,6 +149,9 @@ class SchedulerConfig:
     """Job timeout of a tick on the control queue (the 50,000-slip fan-out takes about a minute)."""
     bank_url: str = "http://127.0.0.1:8026"
     """The payroll bank's salary-credit API (`payrun bank` serves a local simulation)."""
+    bank_token: str = ""
+    """Bearer token for the bank's API (PAYRUN_BANK_TOKEN); empty = for a bank on this
+    host's loopback, the data directory's own secret, which `payrun bank` requires."""
     """Prometheus endpoint of `payrun ledger`, on 127.0.0.1 only; -1 = off, 0 = any free port."""
 
 
@@ -218,6 +222,9 @@ class Config:
             d["redis"]["url"] = redact_url(d["redis"]["url"])
             d["redis"]["readonly_url"] = redact_url(d["redis"]["readonly_url"])
             d["email"]["url"] = redact_url(d["email"]["url"])
+            d["scheduler"]["bank_url"] = redact_url(d["scheduler"]["bank_url"])
+            if d["scheduler"]["bank_token"]:
+                d["scheduler"]["bank_token"] = "***"
             d["effective"]["email_url"] = redact_url(d["effective"]["email_url"])
         return d
 
@@ -295,6 +302,8 @@ def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = Non
         cfg.email.url = env["PAYRUN_EMAIL_URL"]
     if env.get("PAYRUN_SLIPS_DIR"):
         cfg.slips = env["PAYRUN_SLIPS_DIR"]
+    if env.get("PAYRUN_BANK_TOKEN"):
+        cfg.scheduler.bank_token = env["PAYRUN_BANK_TOKEN"]
     cfg.home = cfg.home.expanduser().absolute()
     if cfg.home in SYSTEM_DIRS:  # e.g. the default ./var, run from / : payrun would make /var 0700
         raise ConfigError(f"the data directory would be {cfg.home}, a system directory (the default ./var "

@@ -59,6 +59,12 @@ def _secret(cfg: Config, name: str) -> str:
     return pw_file.read_text().strip()
 
 
+def local_secret(cfg: Config, name: str) -> str:
+    """A random secret of this data directory (0600, made on first use), e.g. the local
+    bank simulator's token: what processes of one host share."""
+    return _secret(cfg, name)
+
+
 def _password(cfg: Config) -> str:
     return _secret(cfg, "password")
 

@@ -21,6 +21,7 @@ request per (month, company), one upsert per employee into ``bank_credits``.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import threading
@@ -49,7 +50,8 @@ class Bank:
     """The simulated bank. ``start()`` serves in a thread (tests); ``serve_forever()``
     is the `payrun bank` process."""
 
-    def __init__(self, payroll_path: Path | str, host: str = "127.0.0.1", port: int = 0, seed: int = 7):
+    def __init__(self, payroll_path: Path | str, host: str = "127.0.0.1", port: int = 0, seed: int = 7,
+                 token: str | None = None):
         self.payroll_path = Path(payroll_path)
         self.seed = seed
         self.requests = 0
@@ -81,6 +83,9 @@ class Bank:
                     return self._reply(200, {"ok": True, "requests": bank.requests})
                 if url.path != "/v1/credits":
                     return self._reply(404, {"error": "not found"})
+                if token and not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {token}"):
+                    # the credits are every employee's net pay: not for any local user
+                    return self._reply(401, {"error": "a bearer token is required"})
                 if failing:
                     return self._reply(503, {"error": "bank unavailable, try later"})
                 month, company = q.get("month", ""), q.get("company", "")
@@ -138,20 +143,36 @@ class Bank:
             self.server.server_close()
 
 
-def fetch_credits(base_url: str, month: str, company_id: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+def bank_token(cfg) -> str | None:
+    """The token to show the bank: scheduler.bank_token (PAYRUN_BANK_TOKEN), else for a bank
+    on this host's loopback (`payrun bank`) the data directory's own secret."""
+    from payrun import redis_server
+
+    if cfg.scheduler.bank_token:
+        return cfg.scheduler.bank_token
+    host = urllib.parse.urlsplit(cfg.scheduler.bank_url).hostname or ""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return redis_server.local_secret(cfg, "bank-token")
+    return None
+
+
+def fetch_credits(base_url: str, month: str, company_id: int, timeout_s: float = 10.0,
+                  token: str | None = None) -> list[dict[str, Any]]:
     """One company's credits for a month. TransientError on an outage, PermanentError on a 4xx."""
     from jobs.errors import PermanentError, TransientError
+    from payrun.config import redact_url
 
     url = f"{base_url.rstrip('/')}/v1/credits?" + urllib.parse.urlencode({"month": month, "company": company_id})
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             doc = json.loads(resp.read())
     except urllib.error.HTTPError as e:
         if e.code >= 500 or e.code == 429:
             raise TransientError(f"bank answered {e.code} for {month} company {company_id}")
         raise PermanentError(f"bank refused the request for {month} company {company_id}: HTTP {e.code}")
     except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-        raise TransientError(f"bank unreachable at {base_url}: {getattr(e, 'reason', e)}")
+        raise TransientError(f"bank unreachable at {redact_url(base_url)}: {getattr(e, 'reason', e)}")
     return list(doc.get("credits") or [])
 
 
@@ -161,7 +182,7 @@ def check_company(month: str, company_id: int, scheduled_for: str | None = None)
     from scheduler.store import Store
 
     cfg = settings()
-    credits = fetch_credits(cfg.scheduler.bank_url, month, int(company_id))
+    credits = fetch_credits(cfg.scheduler.bank_url, month, int(company_id), token=bank_token(cfg))
     store = Store(cfg.ledger_path)
     try:
         store.record_credits(month, int(company_id), credits)

@@ -228,12 +228,14 @@ def register(cli) -> None:
         whether each employee's salary reached the account (from the payroll database)."""
         from urllib.parse import urlsplit
 
+        from payrun import redis_server
         from scheduler.bank import Bank
 
         u = urlsplit(c.cfg.scheduler.bank_url)
         _setup_logging()
         try:
-            bank = Bank(c.cfg.payroll_path, host or u.hostname or "127.0.0.1", port if port is not None else (u.port or 8026))
+            bank = Bank(c.cfg.payroll_path, host or u.hostname or "127.0.0.1", port if port is not None else (u.port or 8026),
+                        token=redis_server.local_secret(c.cfg, "bank-token"))
         except OSError as e:
             raise InputError(f"cannot listen: {e}")
         bank.serve_forever()

@@ -411,3 +411,41 @@ def test_resend_rerenders_current_data_and_sends_with_a_new_key(world, monkeypat
         db.close()
     finally:
         provider.stop()
+
+
+def test_the_bank_simulator_answers_credits_only_with_its_token(cfg, monkeypatch):
+    """Security review: `payrun bank` served every employee's net pay to any local user on
+    127.0.0.1:8026. It now wants the data directory's token, which the bank check sends for
+    a bank on loopback (PAYRUN_BANK_TOKEN for a real one)."""
+    import urllib.error
+    import urllib.request
+
+    from jobs.errors import PermanentError
+    from payrun import config as config_mod
+    from payrun import redis_server
+    from scheduler.bank import bank_token, fetch_credits
+
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.seed(db, companies=1, employees=3, seed=3, month=MONTH)
+    db.close()
+    token = redis_server.local_secret(cfg, "bank-token")
+    assert oct((cfg.redis_dir / "bank-token").stat().st_mode & 0o777) == "0o600"
+    bank = Bank(cfg.payroll_path, token=token).start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as e:  # any local user, no token
+            urllib.request.urlopen(f"{bank.url}/v1/credits?month={MONTH}&company=1", timeout=10)
+        assert e.value.code == 401 and b"amount" not in e.value.read()
+        with pytest.raises(PermanentError, match="HTTP 401"):
+            fetch_credits(bank.url, MONTH, 1, token="wrong")
+        monkeypatch.setenv("PAYRUN_CONFIG", "")
+        local = config_mod.load(env={**os.environ})
+        local.scheduler.bank_url = bank.url
+        assert bank_token(local) == token
+        assert len(fetch_credits(bank.url, MONTH, 1, token=bank_token(local))) == 3
+        local.scheduler.bank_url = "https://bank.example/api"
+        assert bank_token(local) is None  # the local secret never goes to another host
+        monkeypatch.setenv("PAYRUN_BANK_TOKEN", "t0ken")
+        shown = config_mod.load(env={**os.environ})
+        assert shown.scheduler.bank_token == "t0ken" and "t0ken" not in json.dumps(shown.to_dict())
+    finally:
+        bank.stop()
