@@ -110,7 +110,9 @@ def classify(exc: BaseException) -> Verdict:
 # Postfix's, Exim's and Exchange's usual ones.
 _RCPT_OURS_TEXTS = ("sender address rejected", "relay access denied", "relaying denied", "relay not permitted",
                     "unable to relay", "client host rejected", "must authenticate", "sender verify failed",
-                    "client not authenticated", "authentication is required")
+                    "client not authenticated", "authentication is required",
+                    # our HELO name, our IP on a blocklist (Postfix's RBL reply names the host)
+                    "helo command rejected", "blocked using", "client host [")
 # RFC 4954's own reply (530 5.7.0 Authentication required), whole: "authentication
 # required" elsewhere in a reply may be the recipient's (a restricted mailbox)
 _RCPT_OURS_PREFIXES = ("5.7.0 authentication required", "authentication required")
@@ -118,7 +120,10 @@ _RCPT_OURS_PREFIXES = ("5.7.0 authentication required", "authentication required
 # recipient's own domain relays what *that* host said ("Recipient address rejected:
 # unverified address: host mx.old.example said: 554 5.7.1 Relay access denied"), and
 # Exchange refuses a restricted group or mailbox with "RESOLVER.RST.AuthRequired".
-_RCPT_THEIRS_TEXTS = ("recipient address rejected", "resolver.rst.")
+_RCPT_THEIRS_TEXTS = ("recipient address rejected", "resolver.rst.", "recipient verify failed")
+# Where a server starts quoting the recipient's host: Postfix "host … said:", Exim
+# "… Response: 550 …".
+_QUOTE_STARTS = (" said:", " response:")
 
 
 def rcpt_refusal_is_ours(reply: str) -> bool:
@@ -131,7 +136,9 @@ def rcpt_refusal_is_ours(reply: str) -> bool:
     parts = text.split(" ", 1)[0].rstrip(":;,").split(".")
     if len(parts) == 3 and parts[0] in ("4", "5") and parts[1] == "1" and parts[2] in ("7", "8"):
         return True
-    own = text.split(" said:", 1)[0]
+    own = text
+    for quote in _QUOTE_STARTS:
+        own = own.split(quote, 1)[0]
     if any(t in own for t in _RCPT_THEIRS_TEXTS):
         return False
     return own.startswith(_RCPT_OURS_PREFIXES) or any(t in own for t in _RCPT_OURS_TEXTS)

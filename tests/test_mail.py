@@ -207,6 +207,12 @@ def test_which_rcpt_refusals_blame_our_side():
     assert not rcpt_refusal_is_ours("5.1.1 <emp@old.example>: Recipient address rejected: undeliverable address: "
                                     "host mx.old.example[192.0.2.7] said: 550 5.7.1 Relaying denied")
     assert not rcpt_refusal_is_ours("5.7.1 RESOLVER.RST.AuthRequired; authentication required")
+    # review: our HELO name and our IP on a blocklist are ours; Exim quoting the recipient's host is not
+    assert rcpt_refusal_is_ours("5.5.2 <payrun-worker>: Helo command rejected: need fully-qualified hostname")
+    assert rcpt_refusal_is_ours("5.7.1 Service unavailable; Client host [192.0.2.9] blocked using zen.spamhaus.org")
+    assert not rcpt_refusal_is_ours("5.0.0 <emp@old.example>: Recipient verify failed: SMTP error from remote mail "
+                                    "server after RCPT TO:<emp@old.example>: Response: 550 Relaying denied")
+    assert not rcpt_refusal_is_ours("550 host mx.old.example Response: 550 5.7.1 Relaying denied")
     # our sender, probed at our own host (Postfix's reject_unverified_sender)
     assert rcpt_refusal_is_ours("4.1.0 <payroll@payrun.example>: Sender address rejected: unverified address: "
                                 "host mx.payrun.example[192.0.2.9] said: 550 5.1.1 no such user")
