@@ -20,7 +20,7 @@ from rq import get_current_job
 
 from jobs import idempotency
 from jobs.errors import TransientError
-from jobs.policy import send_claim_ttl_s
+from jobs.policy import record_deadline, send_claim_ttl_s
 from payrun import keys
 
 log = logging.getLogger("payrun.worker")
@@ -106,6 +106,8 @@ def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
 
     cfg = tasks.settings()
     job = get_current_job()
+    # its own timeout, set when it was scheduled (days ago, perhaps under another config)
+    record_by = record_deadline(time.monotonic(), job.timeout, cfg.email.timeout_s)
     conn = job.connection
     key = payload["key"]
     token = f"{job.id}:{job.meta.get('attempt', 0)}"
@@ -121,7 +123,7 @@ def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
         attachment_bytes=notice_pdf([payload["subject"], "", *payload["text"].splitlines()]),
         idempotency_key=key, sender=cfg.email.sender,
     )
-    message_id = tasks.send_limited(conn, cfg, msg, key, token)
+    message_id = tasks.send_limited(conn, cfg, msg, key, token, record_by=record_by)
     sent_at = time.time()
     _count_reminder_sent(conn, job.id, sent_at)
     return {"sent": key, "message_id": message_id, "sent_at": sent_at}
