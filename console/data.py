@@ -324,6 +324,8 @@ class MonthFinished:
         hi = lo + 60 * RATE_WINDOW_MIN
         prefix = f"{'email' if queue == keys.EMAIL_QUEUE else 'render'}-{month}-".encode()
         upto, scores = self._seen.get((queue, month), (lo, []))
+        if upto > hi:  # the clock stepped back: read the window afresh
+            upto, scores = lo, []
         start = max(lo, min(upto, hi) - self.OVERLAP_S)
         fresh = conn.zrangebyscore(f"rq:finished:{queue}", f"({start}", "+inf", withscores=True)
         scores = scores[bisect_right(scores, lo):bisect_right(scores, start)]
@@ -647,6 +649,7 @@ class Source:
                 errors.append(f"Redis unreachable ({type(e).__name__}: {one_line(e, 200)})")
                 snap.queues, snap.workers, snap.running = [], [], []
                 snap.redis_down = True
+                self._month_finished = MonthFinished()  # a Redis back without its data: read afresh
             try:
                 led = self.ledger()
                 if led is not None:

@@ -880,3 +880,18 @@ def test_redis_down_is_said_in_full_not_cut_mid_word(cfg, tmp_path):
     snap = Source(cfg, connect(cfg, f"unix://{sock}")).snapshot()
     assert "Redis unreachable" in snap.error and "No such file or directory" in snap.error, snap.error
     assert clip("abc", 3) == "abc" and clip("abcdef", 4) == "abc…"
+
+
+def test_the_months_finished_count_reads_afresh_when_the_console_clock_steps_back(conn):
+    """Review of 9928c1c: the incremental read kept reading from where it was; a clock
+    stepped back then read only the window's last 30 s and undercounted."""
+    from console.data import FINISHED_TTL_S, MonthFinished
+
+    mf = MonthFinished()
+    now = 1_800_000_000.0
+    registry = f"rq:finished:{keys.EMAIL_QUEUE}"
+    conn.zadd(registry, {"email-2026-11-emp-00001": now - 30 + FINISHED_TTL_S})
+    assert sum(mf.buckets(conn, now, "2026-11", keys.EMAIL_QUEUE)) == 1
+    back = now - 300
+    conn.zadd(registry, {"email-2026-11-emp-00002": back - 60 + FINISHED_TTL_S})
+    assert sum(mf.buckets(conn, back, "2026-11", keys.EMAIL_QUEUE)) == 1  # emp-00002; emp-00001 is "ahead"
