@@ -18,21 +18,26 @@ that is wrong, never its value.
 
 Isolation: the only resources WeasyPrint may load are files inside jobs/assets/
 (`AssetsOnlyFetcher`); anything else (http(s), file:// elsewhere, data:, local() system
-fonts) is refused and WeasyPrint logs and skips it.
+fonts) is refused and WeasyPrint logs and skips it. Fontconfig knows the bundled fonts
+only (FONTS_CONF): no system font file is read for a glyph they lack.
 """
 
 from __future__ import annotations
 
+import atexit
 import calendar
 import mimetypes
 import os
 import re
 import secrets
+import shutil
+import tempfile
 import threading
 import unicodedata
 from pathlib import Path
 from typing import Any, Callable, Mapping
 from urllib.parse import unquote, urlsplit
+from xml.sax.saxutils import escape
 from urllib.request import url2pathname
 
 import jinja2
@@ -300,6 +305,15 @@ class AssetsOnlyFetcher(URLFetcher):
 
 # --------------------------------------------------------------------------- rendering
 
+FONTS_CONF = """<?xml version="1.0"?>
+<!DOCTYPE fontconfig SYSTEM "urn:fontconfig:fonts.dtd">
+<fontconfig>
+  <dir>{fonts}</dir>
+  <cachedir>{cache}</cachedir>
+</fontconfig>
+"""
+
+
 class _ProcessFontConfiguration(FontConfiguration):
     """FontConfiguration shared by every render in a process.
 
@@ -309,7 +323,25 @@ class _ProcessFontConfiguration(FontConfiguration):
 
     def __init__(self) -> None:
         self._owner_pid = os.getpid()
-        super().__init__()
+        # Fontconfig's configuration lists our bundled fonts only: with the system's, a
+        # glyph the Noto fonts lack (a Hebrew or Cyrillic name) was drawn from a system
+        # font file (DejaVu from /usr/share/fonts), a file outside jobs/assets/ read inside
+        # a render. Now such a glyph prints as an empty box. FONTCONFIG_FILE is read by
+        # FcInitLoadConfigAndFonts (WeasyPrint's __init__), so it is set around that only.
+        conf_dir = Path(tempfile.mkdtemp(prefix="payrun-fonts-"))  # 0700
+        atexit.register(shutil.rmtree, conf_dir, True)  # (a forked horse leaves by os._exit)
+        conf = conf_dir / "fonts.conf"
+        conf.write_text(FONTS_CONF.format(fonts=escape(str(ASSETS_DIR / "fonts")),
+                                          cache=escape(str(conf_dir / "cache"))), encoding="utf-8")
+        saved = os.environ.get("FONTCONFIG_FILE")
+        os.environ["FONTCONFIG_FILE"] = str(conf)
+        try:
+            super().__init__()
+        finally:
+            if saved is None:
+                os.environ.pop("FONTCONFIG_FILE", None)
+            else:
+                os.environ["FONTCONFIG_FILE"] = saved
 
     def __del__(self) -> None:
         if getattr(self, "_owner_pid", None) == os.getpid():

@@ -464,3 +464,12 @@ def test_render_pdf_runs_on_a_stack_chunk_of_its_own(monkeypatch):
     assert slip.render_pdf(slip.SAMPLE_SNAPSHOT).startswith(b"%PDF")
     assert slip.html_to_pdf("<p>x</p>").startswith(b"%PDF")
     assert [f.__name__ for f in seen] == ["_render_pdf", "_html_to_pdf"]
+
+
+def test_a_glyph_the_bundled_fonts_lack_is_not_drawn_from_a_system_font():
+    """Security review: fontconfig knew the system's fonts, so a Hebrew name embedded
+    DejaVu from /usr/share/fonts: a file outside jobs/assets/ read inside a render."""
+    pdf = slip.render_pdf(snapshot(employee__name_en="Ωμέγα עברית Привет 王"))
+    (page,) = PdfReader(io.BytesIO(pdf)).pages
+    fonts = {str(f.get_object()["/BaseFont"]).split("+", 1)[-1] for f in page["/Resources"]["/Font"].values()}
+    assert fonts <= {"Slip-Sans", "Slip-Sans-Bold", "Slip-Bengali", "Slip-Bengali-Bold"}, fonts
