@@ -151,9 +151,31 @@ def find_stuck(conn, now: float | None = None, queues=keys.QUEUES,
     return out + find_stranded(conn, now, queues)
 
 
-def redis_uptime(conn) -> float:
-    """Seconds since this Redis server started."""
-    return float(conn.info("server").get("uptime_in_seconds", 0))
+REDIS_SEEN_TTL_S = 7 * 24 * 3600
+
+
+def redis_uptime(conn, mark: bool = False) -> float:
+    """How long this Redis has served its data, for the liveness rule: its uptime, but no
+    longer than since a reaper first saw this server (``mark``: this pass records it, on
+    Redis's clock, if nobody did). Uptime alone counts the time spent loading the data
+    (liveness keys lapse meanwhile), and a failover to a replica up for days would count
+    those days: either way the first pass after it took live lanes for dead (review of
+    5f15469). Without ``mark`` (the console, status, metrics: possibly the read-only
+    user) a server no reaper has seen yet counts by its uptime."""
+    info = conn.info("server")
+    uptime = float(info.get("uptime_in_seconds", 0))
+    run_id = info.get("run_id")
+    if not run_id:
+        return uptime
+    key = keys.redis_seen(str(run_id))
+    sec, usec = conn.time()
+    now = sec + usec / 1e6
+    if mark:
+        conn.set(key, repr(now), nx=True, ex=REDIS_SEEN_TTL_S)
+    first = conn.get(key)
+    if first is None:
+        return uptime
+    return max(0.0, min(uptime, now - float(first)))
 
 
 def _workers_of(conn, members: list[str], ids: list[str]) -> list[str | None]:
@@ -250,6 +272,8 @@ def reap(conn, now: float | None = None, redis_uptime_s: float | None = None) ->
 
     returned: list[Stuck] = []
     mark_dequeued(conn, now)
+    if redis_uptime_s is None:
+        redis_uptime_s = redis_uptime(conn, mark=True)
     for s in find_stuck(conn, now, redis_uptime_s=redis_uptime_s):
         if s.where == "dequeued":
             if return_dequeued(conn, s):

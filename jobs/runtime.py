@@ -210,6 +210,15 @@ class PayrunQueue(Queue):
         super().__init__(*args, **kwargs)
 
 
+def _all_empty(queues) -> bool:
+    """Every queue empty (a burst run's end); a Redis away counts as not empty (the lanes
+    waiting to record a made send must not die with the error)."""
+    try:
+        return all(q.count == 0 for q in queues)
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        return False
+
+
 def make_queue(name: str, conn) -> Queue:
     return Queue(name, connection=conn, serializer=JSONSerializer, job_class=PayrunJob)
 
@@ -1534,8 +1543,8 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
                 begin_stop("Redis failed under a job")
             if not burst and not stop.is_set():
                 workers[0].ensure_scheduler()
-            if (burst and not stop.is_set() and all(q.count == 0 for q in queues)
-                    and all(w.in_hand is None for w in workers)):
+            if (burst and not stop.is_set() and all(w.in_hand is None for w in workers)
+                    and _all_empty(queues)):
                 stop.set()
             if forced.is_set() or (deadline and time.monotonic() >= deadline[0]):
                 for w in workers:

@@ -49,6 +49,12 @@ def alive(worker_name: str) -> str:
     return f"payrun:alive:{worker_name}"
 
 
+def redis_seen(run_id: str) -> str:
+    """When a reaper first saw this Redis server (its run_id, a new one per start): Redis's
+    time, seconds; the liveness rule counts from it (jobs.reaper.redis_uptime)."""
+    return f"payrun:redis-seen:{run_id}"
+
+
 def delayed(queue: str) -> str:
     """Sorted set job id -> due time (UNIX s) of jobs scheduled for later on purpose
     (`payrun remind --in`): they wait in RQ's scheduled registry beside jobs waiting out a

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from conftest import started_send
 from jobs import idempotency, reaper
 from jobs.runtime import PayrunJob, make_queue
@@ -56,3 +58,26 @@ def test_idempotency_claims_run_on_a_server_that_lost_its_scripts(conn):
     assert idempotency.state(conn, "slip:f")["message_id"] == "<m1@payrun>"
     conn.script_flush()
     assert idempotency.release(conn, "slip:f", "send-f:3") is False  # sent: never released
+
+
+def test_a_dead_worker_counts_from_when_a_reaper_first_saw_this_redis_not_its_uptime(conn):
+    """Review of 5f15469: Redis's uptime includes the time it spent loading its data (the
+    liveness keys lapse meanwhile), and a failover to a replica up for days brings its
+    days along; the first pass after either took live lanes for dead and freed claims of
+    sends waiting to be recorded. A missing liveness key counts from the first time a
+    reaper saw this server (its run_id), on Redis's clock."""
+    from payrun import keys
+
+    q, job = started_send(conn, "send-live", "slip:l", attempt=1, worker="email.restarted.1")
+    run_id = conn.info("server")["run_id"]
+    up = float(conn.info("server")["uptime_in_seconds"])
+    assert up <= reaper.redis_uptime(conn) <= up + 1  # no reaper saw it yet: readers count its uptime
+    assert reaper.reap(conn) == []  # the first pass: seen just now, only the lease decides
+    assert conn.exists(keys.redis_seen(run_id))
+    assert reaper.redis_uptime(conn, mark=True) < 5  # a later pass does not move the mark
+    sec, _ = conn.time()
+    conn.set(keys.redis_seen(run_id), repr(sec - 11.0))  # seen 11 s ago, the worker still silent
+    up = float(conn.info("server")["uptime_in_seconds"])
+    assert reaper.redis_uptime(conn, mark=True) == pytest.approx(min(up, 11.0), abs=1.5)
+    if up >= 11:  # (the session's Redis has been up that long: not when this test runs alone)
+        assert [s.job_id for s in reaper.reap(conn)] == ["send-live"]
