@@ -309,7 +309,7 @@ def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = Non
         raise ConfigError(f"the data directory would be {cfg.home}, a system directory (the default ./var "
                           f"resolves against the current directory, {Path.cwd()}): set PAYRUN_HOME, or run "
                           f"payrun from its own directory")
-    validate(cfg)
+    validate(cfg, email_token=bool(env.get("PAYRUN_EMAIL_TOKEN")))
     return cfg
 
 
@@ -317,8 +317,9 @@ SYSTEM_DIRS = frozenset(Path(p) for p in ("/", "/var", "/usr", "/etc", "/tmp", "
                                           "/bin", "/sbin", "/lib", "/boot", "/dev", "/proc", "/sys", "/run"))
 
 
-def validate(cfg: Config) -> None:
-    """Refuse settings that cannot work, naming the values involved."""
+def validate(cfg: Config, email_token: bool = False) -> None:
+    """Refuse settings that cannot work, naming the values involved. ``email_token``:
+    PAYRUN_EMAIL_TOKEN is set (the provider's bearer token)."""
     problems: list[str] = []
     lease = cfg.lease
     for kind, timeout in (("render", cfg.render.timeout_s), ("email", cfg.email.timeout_s)):
@@ -373,6 +374,8 @@ def validate(cfg: Config) -> None:
     ):
         if url and urlsplit(url).scheme not in schemes:
             problems.append(f"{name} must start with one of {', '.join(s + '://' for s in schemes)} (got {redact_url(url)!r})")
+    problems.extend(f"email.url / PAYRUN_EMAIL_URL {why} (got {redact_url(cfg.email.url)!r})"
+                    for why in email_url_problems(cfg.email.url, email_token))
     for name, url in (("redis.url / PAYRUN_REDIS_URL", cfg.redis.url), ("redis.readonly_url", cfg.redis.readonly_url)):
         problems.extend(f"{name} {why} (got {redact_url(url)!r})" for why in redis_url_problems(url))
     from scheduler.cron import entry_problems
@@ -399,6 +402,24 @@ def redis_url_problems(url: str) -> list[str]:
     if parts.scheme == "redis" and not _loopback(parts.hostname or ""):
         why.append("reaches another host without TLS: use rediss://")
     return why
+
+
+def email_url_problems(url: str, token: bool = False) -> list[str]:
+    """Credentials that an email URL would send in clear text to another host (pure): an
+    SMTP login without smtps:// or starttls=1, a bearer token (PAYRUN_EMAIL_TOKEN) over
+    http://. This host's loopback (a local relay, the local provider) is fine."""
+    if not url:
+        return []
+    parts = urlsplit(url)
+    if _loopback(parts.hostname or ""):
+        return []
+    if parts.scheme == "smtp" and parts.username:
+        starttls = parse_qs(parts.query).get("starttls", ["0"])[-1].lower() in ("1", "true", "yes")
+        if not starttls:
+            return ["would log in to another host in clear text: use smtps:// or add ?starttls=1"]
+    if parts.scheme == "http" and token:
+        return ["would send PAYRUN_EMAIL_TOKEN to another host in clear text: use https://"]
+    return []
 
 
 def _loopback(host: str) -> bool:

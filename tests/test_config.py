@@ -101,6 +101,26 @@ def test_an_external_redis_needs_a_password_and_tls_off_this_host(tmp_path):
              PAYRUN_REDIS_URL="rediss://:pw@redis.internal/0")
 
 
+def test_email_credentials_never_go_to_another_host_in_clear_text(tmp_path):
+    """Security review: smtp://user:pass@remote without STARTTLS, or http://remote with the
+    provider's token, were accepted."""
+    from payrun.config import email_url_problems
+
+    assert email_url_problems("smtp://payroll:pw@mail.example:587") == [
+        "would log in to another host in clear text: use smtps:// or add ?starttls=1"]
+    assert email_url_problems("http://api.mail.example", token=True) == [
+        "would send PAYRUN_EMAIL_TOKEN to another host in clear text: use https://"]
+    for ok, token in (("smtp://payroll:pw@mail.example:587?starttls=1", False), ("smtps://u:pw@mail.example", False),
+                      ("smtp://mail.example:25", False), ("smtp://u:pw@127.0.0.1:2525", False),
+                      ("https://api.mail.example", True), ("http://127.0.0.1:8025", True),
+                      ("http://api.mail.example", False), ("", True)):
+        assert email_url_problems(ok, token) == [], ok
+    with pytest.raises(ConfigError, match="PAYRUN_EMAIL_URL would log in to another host in clear text"):
+        load(tmp_path, "", PAYRUN_EMAIL_URL="smtp://u:pw@mail.example")
+    with pytest.raises(ConfigError, match="would send PAYRUN_EMAIL_TOKEN"):
+        load(tmp_path, "", PAYRUN_EMAIL_URL="http://api.mail.example", PAYRUN_EMAIL_TOKEN="t")
+
+
 def test_readonly_refuses_to_hand_out_the_writable_url(tmp_path, monkeypatch):
     """Security review: with an external Redis and no readonly_url, `--readonly` quietly
     used the full-rights URL."""
