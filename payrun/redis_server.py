@@ -56,6 +56,13 @@ def _secret(cfg: Config, name: str) -> str:
         fd = os.open(pw_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(24))
+    st = pw_file.stat()
+    if st.st_mode & 0o077:
+        if st.st_uid != os.getuid():
+            from payrun.errors import ConfigError
+
+            raise ConfigError(f"{pw_file} can be read by others and is not ours to fix: chmod 600 it")
+        os.chmod(pw_file, 0o600)  # a secret others could read: owner-only again
     return pw_file.read_text().strip()
 
 

@@ -142,3 +142,21 @@ def test_a_command_fails_at_once_only_for_a_redis_supervisord_will_not_start(tmp
         monkeypatch.setattr(redis_server, "_supervised_redis_state", lambda cfg: (state, why))
         redis_server.ensure_running(cfg)
     assert waited == [60, 60, 60, 60]
+
+
+def test_secrets_and_the_ledger_are_made_owner_only_again(tmp_path, monkeypatch):
+    """Security review: a ledger or a password file that existed with a wider mode (copied
+    in, restored from a backup) was used as it was."""
+    from payrun import config
+    from payrun.ledger import Ledger
+
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
+    secret = redis_server.local_secret(cfg, "bank-token")
+    pw = cfg.redis_dir / "bank-token"
+    pw.chmod(0o644)
+    assert redis_server.local_secret(cfg, "bank-token") == secret
+    assert stat.S_IMODE(pw.stat().st_mode) == 0o600
+    Ledger(cfg.ledger_path).close()
+    cfg.ledger_path.chmod(0o644)
+    Ledger(cfg.ledger_path).close()
+    assert stat.S_IMODE(cfg.ledger_path.stat().st_mode) == 0o600
