@@ -1547,9 +1547,18 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
                     and _all_empty(queues)):
                 stop.set()
             if forced.is_set() or (deadline and time.monotonic() >= deadline[0]):
+                from jobs.tasks import record_pending
+
                 for w in workers:
                     held = w.in_hand
                     if held is not None:
+                        # a send the provider accepted, waiting for Redis to record it: record
+                        # it now (Redis may be back since the lane's last try), or the claim
+                        # freed below lets the next try send the slip again
+                        if record_pending(held[0].id) is False:
+                            log.warning("send-email %d: %s was delivered and Redis still does not answer to "
+                                        "record it: left to the reaper", os.getpid(), held[0].id)
+                            continue
                         try:
                             w.requeue_front(held[0], held[1], f"worker {w.name} stopped before the send finished")
                         except Exception as e:  # Redis away: the reaper returns it once the lease lapses

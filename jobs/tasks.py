@@ -261,6 +261,28 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str, record
     return message_id
 
 
+_RECORDING: dict[str, tuple[Any, str, str, str, Any]] = {}
+"""Made sends waiting for Redis to record them, by job id: (conn, key, token, message_id,
+outage keys). A worker stopped by force hands its lanes' jobs back; for one of these it
+first records the send (record_pending), or the next try would send the slip again."""
+_RECORDING_LOCK = threading.Lock()
+
+
+def record_pending(job_id: str) -> bool | None:
+    """Record the made send of ``job_id`` if one waits (one try, no waiting): True when
+    recorded, False when Redis still did not answer, None when there is none."""
+    with _RECORDING_LOCK:
+        pending = _RECORDING.get(job_id)
+    if pending is None:
+        return None
+    conn, key, token, message_id, outage_keys = pending
+    try:
+        idempotency.mark_sent(conn, key, token, message_id, outage_keys=outage_keys)
+    except Exception:  # noqa: BLE001 - Redis still away: the caller must not free the claim
+        return False
+    return True
+
+
 def _record_sent(conn, key: str, token: str, message_id: str, lim, record_by: float,
                  clock=time.monotonic, pause=time.sleep):
     """Record the key sent (jobs.idempotency.mark_sent). The provider has accepted the
@@ -273,26 +295,37 @@ def _record_sent(conn, key: str, token: str, message_id: str, lim, record_by: fl
 
     tries = 0
     first_error_at = None
-    while True:
-        try:
-            ended = idempotency.mark_sent(conn, key, token, message_id, outage_keys=lim.outage_keys())
-        except (RedisConnectionError, RedisTimeoutError) as e:
-            tries += 1
-            wait = record_retry_wait_s(tries, record_by - clock())
-            if wait is None:
-                log.error("send %s: delivered, but Redis did not answer to record it (%s): the job's next "
-                          "try sends it again (the HTTP provider dedupes it; over SMTP it is a second email)",
-                          key, events.one_line(e, 200))
-                raise
-            if first_error_at is None:
-                first_error_at = clock()
-                log.warning("send %s: delivered; Redis does not answer (%s): recording it once Redis is back",
-                            key, events.one_line(e, 200))
-            pause(wait)
-            continue
+    try:
+        while True:
+            try:
+                ended = idempotency.mark_sent(conn, key, token, message_id, outage_keys=lim.outage_keys())
+            except (RedisConnectionError, RedisTimeoutError) as e:
+                tries += 1
+                wait = record_retry_wait_s(tries, record_by - clock())
+                if wait is None:
+                    log.error("send %s: delivered, but Redis did not answer to record it (%s): the job's next "
+                              "try sends it again (the HTTP provider dedupes it; over SMTP it is a second email)",
+                              key, events.one_line(e, 200))
+                    raise
+                if first_error_at is None:
+                    first_error_at = clock()
+                    log.warning("send %s: delivered; Redis does not answer (%s): recording it once Redis is back",
+                                key, events.one_line(e, 200))
+                    with _RECORDING_LOCK:  # for a stop by force meanwhile (record_pending)
+                        _RECORDING[token.rsplit(":", 1)[0]] = (conn, key, token, message_id, lim.outage_keys())
+                pause(wait)
+                continue
+            if first_error_at is not None:
+                log.warning("send %s: recorded as sent after waiting %.1f s for Redis", key, clock() - first_error_at)
+            return ended
+    finally:
         if first_error_at is not None:
-            log.warning("send %s: recorded as sent after waiting %.1f s for Redis", key, clock() - first_error_at)
-        return ended
+            _forget_recording(token)
+
+
+def _forget_recording(token: str) -> None:
+    with _RECORDING_LOCK:
+        _RECORDING.pop(token.rsplit(":", 1)[0], None)
 
 
 def _count_provider_failure(lim, key: str, e: BaseException) -> None:

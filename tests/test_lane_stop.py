@@ -112,3 +112,54 @@ def test_a_second_sigterm_hands_the_job_in_hand_back_at_once(conn, monkeypatch, 
         release.set()
     assert returned == ["email-2026-11-e2"]
     assert _logged(caplog, "second signal: returning jobs in hand now")
+
+
+@pytest.mark.parametrize("redis_back", [True, False])
+def test_a_second_sigterm_records_a_made_send_waiting_for_redis_before_handing_it_back(conn, monkeypatch, caplog,
+                                                                                     handlers, redis_back):
+    """Review of d3880c0/702521e: lane 1 made its send and waits for Redis to record it;
+    a second SIGTERM came before its next try. The job was handed back with its claim
+    freed, and its next try sent the slip again. Now the forced stop records the send
+    first (Redis back) or leaves the job to the reaper with its claim (Redis still away)."""
+    import redis as redis_mod
+
+    from jobs import idempotency, tasks
+    from jobs.limits import email_limiter
+    from payrun import config as config_mod
+
+    job_id, key = "email-2026-11-e3", "slip:2026-11:e3"
+    token = f"{job_id}:1"
+    assert idempotency.claim(conn, key, token, 60) == idempotency.OK
+    lim = email_limiter(conn, config_mod.load())
+
+    class _Away:
+        def evalsha(self, *a, **k):
+            raise redis_mod.ConnectionError("Redis is loading")
+
+    holding, release = threading.Event(), threading.Event()
+
+    def lane_0(lane, stop, fatal):
+        return 0
+
+    def lane_1(lane, stop, fatal):
+        lane.in_hand = (_Job(job_id), None)
+        with tasks._RECORDING_LOCK:  # what _record_sent leaves while it waits for Redis
+            tasks._RECORDING[job_id] = (conn if redis_back else _Away(), key, token, "<m@payrun>", lim.outage_keys())
+        holding.set()
+        release.wait(20)
+        return 0
+
+    returned = _lanes(monkeypatch, lane_0, lane_1)
+    _signal_when(holding.is_set, "lane 1 to wait for its record")
+    _signal_when(lambda: _logged(caplog, "SIGTERM: finishing jobs in hand"), "the first SIGTERM")
+    try:
+        with caplog.at_level(logging.INFO, logger="payrun.worker"):
+            runtime.run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, grace_s=30)
+    finally:
+        release.set()
+        tasks._RECORDING.clear()
+    if redis_back:
+        assert idempotency.state(conn, key)["state"] == "sent" and returned == [job_id]
+    else:
+        assert idempotency.state(conn, key)["state"] == "sending" and returned == []
+        assert _logged(caplog, "left to the reaper")

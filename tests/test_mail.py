@@ -593,6 +593,42 @@ def test_a_made_send_waits_for_redis_to_record_it_and_gives_up_only_when_its_job
     assert "delivered, but Redis did not answer to record it" in caplog.text
 
 
+def test_a_stop_by_force_records_a_made_send_that_waits_for_redis_before_handing_it_back(conn):
+    """Review of d3880c0/702521e: a forced stop (a second SIGTERM, the grace run out) in the
+    moment between Redis coming back and the lane's next record try handed the job back
+    and freed its claim: the next try sent the slip again. The forced stop now records the
+    waiting send first (jobs.tasks.record_pending) and leaves the job to the reaper if
+    Redis still does not answer."""
+    from jobs import idempotency, tasks
+    from jobs.limits import email_limiter
+    from payrun import config as config_mod
+
+    lim = email_limiter(conn, config_mod.load())
+    job_id = "email-2026-11-emp-00031"
+    key, token = "slip:2026-11:emp-00031", f"{job_id}:1"
+    assert idempotency.claim(conn, key, token, 60) == idempotency.OK
+    assert tasks.record_pending(job_id) is None  # nothing waits
+    away = _AwayFor(conn, n=10**6)
+    seen: list = []
+
+    def pause(s):  # the lane waits; meanwhile the worker is stopped by force
+        seen.append(tasks.record_pending(job_id))  # Redis away for the lane's connection...
+        away.refused = away.n  # ... and back now
+        raise SystemExit  # the lane dies with the process
+
+    with pytest.raises(SystemExit):
+        tasks._record_sent(away, key, token, "<m3@payrun>", lim, record_by=130.0, clock=lambda: 100.0, pause=pause)
+    assert seen == [False]  # the first look: the waiting send's connection still refused
+    assert idempotency.state(conn, key)["state"] == "sending"
+    assert tasks.record_pending(job_id) is None  # forgotten once the lane gave up
+    tasks._RECORDING[job_id] = (conn, key, token, "<m3@payrun>", lim.outage_keys())  # as left by a waiting lane
+    assert tasks.record_pending(job_id) is True
+    assert idempotency.state(conn, key)["state"] == "sent"
+    idempotency.release(conn, key, token)  # what requeue_front does next: a sent key stays sent
+    assert idempotency.state(conn, key)["state"] == "sent"
+    tasks._RECORDING.clear()
+
+
 def test_a_lanes_connection_dropped_by_a_redis_restart_costs_the_claim_no_attempt(conn):
     """A send lane holds one Redis connection; after a Redis restart its first command
     finds it closed. The claim (like every idempotency script: the same outcome when run
