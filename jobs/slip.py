@@ -24,7 +24,6 @@ only (FONTS_CONF): no system font file is read for a glyph they lack.
 
 from __future__ import annotations
 
-import atexit
 import calendar
 import mimetypes
 import os
@@ -329,7 +328,6 @@ class _ProcessFontConfiguration(FontConfiguration):
         # a render. Now such a glyph prints as an empty box. FONTCONFIG_FILE is read by
         # FcInitLoadConfigAndFonts (WeasyPrint's __init__), so it is set around that only.
         conf_dir = Path(tempfile.mkdtemp(prefix="payrun-fonts-"))  # 0700
-        atexit.register(shutil.rmtree, conf_dir, True)  # (a forked horse leaves by os._exit)
         conf = conf_dir / "fonts.conf"
         conf.write_text(FONTS_CONF.format(fonts=escape(str(ASSETS_DIR / "fonts")),
                                           cache=escape(str(conf_dir / "cache"))), encoding="utf-8")
@@ -342,6 +340,8 @@ class _ProcessFontConfiguration(FontConfiguration):
                 os.environ.pop("FONTCONFIG_FILE", None)
             else:
                 os.environ["FONTCONFIG_FILE"] = saved
+            # read and the fonts scanned: gone at once, so a killed process leaves nothing
+            shutil.rmtree(conf_dir, ignore_errors=True)
 
     def __del__(self) -> None:
         if getattr(self, "_owner_pid", None) == os.getpid():

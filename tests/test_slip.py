@@ -473,3 +473,15 @@ def test_a_glyph_the_bundled_fonts_lack_is_not_drawn_from_a_system_font():
     (page,) = PdfReader(io.BytesIO(pdf)).pages
     fonts = {str(f.get_object()["/BaseFont"]).split("+", 1)[-1] for f in page["/Resources"]["/Font"].values()}
     assert fonts <= {"Slip-Sans", "Slip-Sans-Bold", "Slip-Bengali", "Slip-Bengali-Bold"}, fonts
+
+
+def test_the_font_configuration_leaves_no_file_behind():
+    """Its fonts.conf is read once at start and removed: a worker killed by signal (no
+    exit handlers) left a folder in the temp directory at every start."""
+    import glob
+    import tempfile
+
+    pattern = str(Path(tempfile.gettempdir()) / "payrun-fonts-*")
+    before = set(glob.glob(pattern))
+    slip._ProcessFontConfiguration()
+    assert set(glob.glob(pattern)) == before
