@@ -168,13 +168,14 @@ def redis_uptime(conn, mark: bool = False) -> float:
     if not run_id:
         return uptime
     key = keys.redis_seen(str(run_id))
-    sec, usec = conn.time()
+    with conn.pipeline(transaction=False) as pipe:
+        (sec, usec), first = pipe.time().get(key).execute()
     now = sec + usec / 1e6
-    if mark:
-        conn.set(key, repr(now), nx=True, ex=REDIS_SEEN_TTL_S)
-    first = conn.get(key)
     if first is None:
-        return uptime
+        if not mark:
+            return uptime
+        conn.set(key, repr(now), nx=True, ex=REDIS_SEEN_TTL_S)
+        first = conn.get(key)  # (another reaper's mark, if it was first)
     return max(0.0, min(uptime, now - float(first)))
 
 

@@ -220,7 +220,7 @@ def _all_empty(queues) -> bool:
 
 
 def make_queue(name: str, conn) -> Queue:
-    return Queue(name, connection=conn, serializer=JSONSerializer, job_class=PayrunJob)
+    return PayrunQueue(name, connection=conn)
 
 
 def register_queues(conn, queues: list[Queue]) -> None:

@@ -308,7 +308,6 @@ FONTS_CONF = """<?xml version="1.0"?>
 <!DOCTYPE fontconfig SYSTEM "urn:fontconfig:fonts.dtd">
 <fontconfig>
   <dir>{fonts}</dir>
-  <cachedir>{cache}</cachedir>
 </fontconfig>
 """
 
@@ -329,8 +328,7 @@ class _ProcessFontConfiguration(FontConfiguration):
         # FcInitLoadConfigAndFonts (WeasyPrint's __init__), so it is set around that only.
         conf_dir = Path(tempfile.mkdtemp(prefix="payrun-fonts-"))  # 0700
         conf = conf_dir / "fonts.conf"
-        conf.write_text(FONTS_CONF.format(fonts=escape(str(ASSETS_DIR / "fonts")),
-                                          cache=escape(str(conf_dir / "cache"))), encoding="utf-8")
+        conf.write_text(FONTS_CONF.format(fonts=escape(str(ASSETS_DIR / "fonts"))), encoding="utf-8")
         saved = os.environ.get("FONTCONFIG_FILE")
         os.environ["FONTCONFIG_FILE"] = str(conf)
         try:

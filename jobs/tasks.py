@@ -312,7 +312,7 @@ def _record_sent(conn, key: str, token: str, message_id: str, lim, record_by: fl
                     log.warning("send %s: delivered; Redis does not answer (%s): recording it once Redis is back",
                                 key, events.one_line(e, 200))
                     with _RECORDING_LOCK:  # for a stop by force meanwhile (record_pending)
-                        _RECORDING[token.rsplit(":", 1)[0]] = (conn, key, token, message_id, lim.outage_keys())
+                        _RECORDING[_job_of(token)] = (conn, key, token, message_id, lim.outage_keys())
                 pause(wait)
                 continue
             if first_error_at is not None:
@@ -323,9 +323,14 @@ def _record_sent(conn, key: str, token: str, message_id: str, lim, record_by: fl
             _forget_recording(token)
 
 
+def _job_of(token: str) -> str:
+    """The job id of an attempt's claim token (``<job id>:<attempt>``)."""
+    return token.rsplit(":", 1)[0]
+
+
 def _forget_recording(token: str) -> None:
     with _RECORDING_LOCK:
-        _RECORDING.pop(token.rsplit(":", 1)[0], None)
+        _RECORDING.pop(_job_of(token), None)
 
 
 def _count_provider_failure(lim, key: str, e: BaseException) -> None:

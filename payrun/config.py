@@ -399,7 +399,7 @@ def redis_url_problems(url: str) -> list[str]:
     why = []
     if not (parts.password or parse_qs(parts.query).get("password")):
         why.append("has no password (redis://:PASSWORD@host or unix:///path?password=PASSWORD)")
-    if parts.scheme == "redis" and not _loopback(parts.hostname or ""):
+    if parts.scheme == "redis" and not is_loopback(parts.hostname or ""):
         why.append("reaches another host without TLS: use rediss://")
     return why
 
@@ -411,7 +411,7 @@ def email_url_problems(url: str, token: bool = False) -> list[str]:
     if not url:
         return []
     parts = urlsplit(url)
-    if _loopback(parts.hostname or ""):
+    if is_loopback(parts.hostname or ""):
         return []
     if parts.scheme == "smtp" and parts.username:
         starttls = parse_qs(parts.query).get("starttls", ["0"])[-1].lower() in ("1", "true", "yes")
@@ -422,7 +422,8 @@ def email_url_problems(url: str, token: bool = False) -> list[str]:
     return []
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """A host name or address of this machine's loopback ('' and localhost too)."""
     if host in ("", "localhost"):
         return True
     try:

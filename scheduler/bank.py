@@ -147,11 +147,11 @@ def bank_token(cfg) -> str | None:
     """The token to show the bank: scheduler.bank_token (PAYRUN_BANK_TOKEN), else for a bank
     on this host's loopback (`payrun bank`) the data directory's own secret."""
     from payrun import redis_server
+    from payrun.config import is_loopback
 
     if cfg.scheduler.bank_token:
         return cfg.scheduler.bank_token
-    host = urllib.parse.urlsplit(cfg.scheduler.bank_url).hostname or ""
-    if host in ("127.0.0.1", "localhost", "::1"):
+    if is_loopback(urllib.parse.urlsplit(cfg.scheduler.bank_url).hostname or ""):
         return redis_server.local_secret(cfg, "bank-token")
     return None
 

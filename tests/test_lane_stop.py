@@ -90,16 +90,19 @@ def test_the_first_sigterm_after_a_lanes_redis_failure_still_lets_a_made_send_be
     assert not _logged(caplog, "second signal")
 
 
-def test_a_second_sigterm_hands_the_job_in_hand_back_at_once(conn, monkeypatch, caplog, handlers):
+def _two_sigterms_while_lane_1_holds(conn, monkeypatch, caplog, job_id: str, on_hold=lambda: None) -> list:
+    """Lane 1 holds ``job_id`` (after ``on_hold()``) in a send that would outlast the grace;
+    the process gets a SIGTERM, then a second one. Returns the jobs handed back."""
     holding, release = threading.Event(), threading.Event()
 
     def lane_0(lane, stop, fatal):
         return 0
 
     def lane_1(lane, stop, fatal):
-        lane.in_hand = (_Job("email-2026-11-e2"), None)
+        lane.in_hand = (_Job(job_id), None)
+        on_hold()
         holding.set()
-        release.wait(20)  # a send that would outlast the grace
+        release.wait(20)
         return 0
 
     returned = _lanes(monkeypatch, lane_0, lane_1)
@@ -110,6 +113,11 @@ def test_a_second_sigterm_hands_the_job_in_hand_back_at_once(conn, monkeypatch, 
             runtime.run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, grace_s=30)
     finally:
         release.set()
+    return returned
+
+
+def test_a_second_sigterm_hands_the_job_in_hand_back_at_once(conn, monkeypatch, caplog, handlers):
+    returned = _two_sigterms_while_lane_1_holds(conn, monkeypatch, caplog, "email-2026-11-e2")
     assert returned == ["email-2026-11-e2"]
     assert _logged(caplog, "second signal: returning jobs in hand now")
 
@@ -136,27 +144,13 @@ def test_a_second_sigterm_records_a_made_send_waiting_for_redis_before_handing_i
         def evalsha(self, *a, **k):
             raise redis_mod.ConnectionError("Redis is loading")
 
-    holding, release = threading.Event(), threading.Event()
-
-    def lane_0(lane, stop, fatal):
-        return 0
-
-    def lane_1(lane, stop, fatal):
-        lane.in_hand = (_Job(job_id), None)
-        with tasks._RECORDING_LOCK:  # what _record_sent leaves while it waits for Redis
+    def waiting_to_record():  # what _record_sent leaves while it waits for Redis
+        with tasks._RECORDING_LOCK:
             tasks._RECORDING[job_id] = (conn if redis_back else _Away(), key, token, "<m@payrun>", lim.outage_keys())
-        holding.set()
-        release.wait(20)
-        return 0
 
-    returned = _lanes(monkeypatch, lane_0, lane_1)
-    _signal_when(holding.is_set, "lane 1 to wait for its record")
-    _signal_when(lambda: _logged(caplog, "SIGTERM: finishing jobs in hand"), "the first SIGTERM")
     try:
-        with caplog.at_level(logging.INFO, logger="payrun.worker"):
-            runtime.run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, grace_s=30)
+        returned = _two_sigterms_while_lane_1_holds(conn, monkeypatch, caplog, job_id, waiting_to_record)
     finally:
-        release.set()
         tasks._RECORDING.clear()
     if redis_back:
         assert idempotency.state(conn, key)["state"] == "sent" and returned == [job_id]
