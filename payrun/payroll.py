@@ -512,6 +512,13 @@ def _show(value: str) -> str:
     return repr(value if len(value) <= 40 else value[:37] + "...")
 
 
+def _amount_shape(value: str) -> str:
+    """An amount as an error message may show it: its form with every digit written 9
+    ('45,000.505' -> '99,999.999'): it shows what is wrong, not the salary figure
+    (errors reach terminals, cron mail and logs; no salary figures there)."""
+    return _show(re.sub(r"[0-9]", "9", value))
+
+
 def _parse_amount(s: str) -> int:
     """'45000' / '45000.5' / '45000.50' taka -> poisha. Raises ValueError(reason)."""
     m = _AMOUNT_RE.fullmatch(s)
@@ -683,13 +690,13 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
             try:
                 amounts[f] = _parse_amount(vals[f])
             except ValueError as e:
-                why.append(f"{f} {_show(vals[f])} {e}")
+                why.append(f"{f} {_amount_shape(vals[f])} {e}")
         if len(amounts) == len(AMOUNT_FIELDS):
             earn = sum(amounts[f] for f in EARNINGS)
             ded = sum(amounts[f] for f in DEDUCTIONS)
-            if ded > earn:
-                why.append(f"deductions ({ded / 100:.2f} taka) exceed earnings "
-                           f"({earn / 100:.2f} taka)")
+            if ded > earn:  # (no figures: see _amount_shape)
+                why.append(f"deductions ({', '.join(DEDUCTIONS)}) exceed earnings ({', '.join(EARNINGS)}): "
+                           "the net pay would be negative")
         if not why:
             key = (emp, month)
             if key in seen_line:

@@ -320,16 +320,17 @@ BAD_ROWS = {
     "malformed email": ({"email": "tanvir ahmed@x.example"}, "email 'tanvir ahmed@x.example' is not a valid address"),
     "email two @": ({"email": "a@b@c.example"}, "email 'a@b@c.example' is not a valid address"),
     "email no dot": ({"email": "a@localhost"}, "email 'a@localhost' is not a valid address"),
-    "negative amount": ({"tax": "-350"}, "tax '-350' is negative"),
-    "three decimals": ({"basic": "45000.505"}, "basic '45000.505' has more than 2 decimals"),
-    "not a number": ({"loan": "5k"}, "loan '5k' is not an amount"),
+    "negative amount": ({"tax": "-350"}, "tax '-999' is negative"),
+    "three decimals": ({"basic": "45000.505"}, "basic '99999.999' has more than 2 decimals"),
+    "not a number": ({"loan": "5k"}, "loan '9k' is not an amount"),
     "unknown company": ({"company_id": "999"}, "company_id 999 does not exist"),
     "bad month": ({"month": "2026-13"}, "month '2026-13' is not a valid YYYY-MM month"),
     "bad month format": ({"month": "11/2026"}, "month '11/2026' is not a valid YYYY-MM month"),
     "bad employee id": ({"employee_id": "E-17"}, "employee_id 'E-17' must be emp-"),
     "bank letters": ({"bank_account": "12345678AB"}, "bank_account must be 8 to 20 digits"),
     "bank short": ({"bank_account": "1234"}, "bank_account must be 8 to 20 digits"),
-    "net negative": ({"loan": "999999"}, "deductions (1038149.00 taka) exceed earnings (245000.00 taka)"),
+    "net negative": ({"loan": "999999"}, "deductions (tax, provident_fund, loan) exceed earnings (basic, house_rent, medical, conveyance, bonus): "
+                     "the net pay would be negative"),
     "duplicate": ("dup", "duplicate of line 2 (emp-90001, 2026-11)"),
     "conflicting details": ("conflict", "emp-90001's details differ from line 2"),
 }
@@ -552,3 +553,23 @@ def test_the_imports_text_limits_are_the_slips():
     assert P.SLIP_TEXT_MAX == {**slip.COMPANY_FIELDS, "name_en": slip.EMPLOYEE_FIELDS["name_en"],
                                "name_bn": slip.NAME_BN_MAX, "department": slip.EMPLOYEE_FIELDS["department"],
                                "designation": slip.EMPLOYEE_FIELDS["designation"]}
+
+
+def test_amount_errors_never_echo_salary_figures(seeded: P.PayrollDB, tmp_path: Path) -> None:
+    """An import's errors reach terminals, cron mail and logs: they say what is wrong with
+    an amount (its form, digits shown as 9) but never the figure itself."""
+    header, rows = sample_rows()
+    rows[0].update(basic="73,412.5", loan="861")
+    rows[1].update(tax="52817.125")
+    rows[2].update(loan="987654")  # deductions over earnings
+    path = write_csv(tmp_path / "in.csv", header, rows)
+    with pytest.raises(InputError) as e:
+        P.import_csv(seeded, path)
+    msg = str(e.value)
+    assert "line 2: basic '99,999.9' is not an amount" in msg
+    assert "line 3: tax '99999.999' has more than 2 decimals" in msg
+    assert "line 4: deductions (tax, provident_fund, loan) exceed earnings" in msg
+    figures = [rows[2][f] for f in P.AMOUNT_FIELDS if len(rows[2][f]) >= 3]  # (not "0")
+    figures += ["73", "412", "52817", "987654", "9876.54"]
+    for figure in figures:
+        assert figure not in msg, figure
