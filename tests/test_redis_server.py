@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 import pytest
 import redis
@@ -58,6 +59,31 @@ def test_restart_keeps_data(embedded):
     assert redis_server.stop(cfg)
     conn2 = redis_server.ensure_running(cfg)
     assert conn2.lrange("rq:queue:pdf-render", 0, -1) == [b"a", b"b"]
+
+
+def test_kill_9_keeps_every_acknowledged_write(embedded):
+    """A send's record ("this slip is sent") must outlive a crash of redis-server itself:
+    Redis writes the append-only file before it replies, so `appendfsync everysec` risks
+    the last second only when the whole host goes down, not when the process is killed.
+    Written and killed well inside one second, before any fsync could have run."""
+    import signal
+
+    cfg, conn = embedded
+    pid = int(conn.info("server")["process_id"])
+    with conn.pipeline(transaction=False) as p:
+        for i in range(2000):
+            p.set(f"payrun:idem:test-{i}", f"sent:{i}")
+        p.execute()
+    conn.rpush("rq:queue:send-email", "last")  # acknowledged: the very last write
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while redis_server._alive(pid):
+        assert time.monotonic() < deadline, "redis-server did not die"
+        time.sleep(0.01)
+    conn2 = redis_server.ensure_running(cfg)
+    assert int(conn2.info("server")["process_id"]) != pid
+    assert conn2.lrange("rq:queue:send-email", 0, -1) == [b"last"]
+    assert conn2.mget([f"payrun:idem:test-{i}" for i in range(2000)]) == [f"sent:{i}".encode() for i in range(2000)]
 
 
 def test_job_records_and_result_streams_stay_compact(embedded):
