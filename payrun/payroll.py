@@ -618,10 +618,15 @@ def _fail(path: str | os.PathLike[str], problems: list[tuple[int, str]]) -> None
 
 
 
+OPTIONAL_COLUMNS = frozenset({"name_bn"})
+"""Columns that may be empty: not every employee has a Bengali name (expatriate staff);
+the slip then shows the Latin name alone."""
+
+
 def _required_fields(row: dict[str, str], columns) -> tuple[dict[str, str], list[str], list[str]]:
-    """Clean every column of one CSV row. Returns the values, the reasons for any empty or
-    unclean field (the row's other checks cannot run), and text too long for the slip
-    (they can: every problem of a row is listed at once)."""
+    """Clean every column of one CSV row. Returns the values, the reasons for any empty
+    (outside OPTIONAL_COLUMNS) or unclean field (the row's other checks cannot run), and
+    text too long for the slip (they can: every problem of a row is listed at once)."""
     why: list[str] = []
     too_long: list[str] = []
     vals: dict[str, str] = {}
@@ -629,7 +634,8 @@ def _required_fields(row: dict[str, str], columns) -> tuple[dict[str, str], list
         v, bad = _clean_text(row[col])
         vals[col] = v
         if not v:
-            why.append(f"{col} is empty")
+            if col not in OPTIONAL_COLUMNS:
+                why.append(f"{col} is empty")
         elif bad:
             why.append(f"{col} {bad}")
         elif col in SLIP_TEXT_MAX and len(v) > SLIP_TEXT_MAX[col]:
@@ -644,7 +650,7 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
     employee_id, name_en, name_bn, email, department, designation, bank_account, month,
     basic, house_rent, medical, conveyance, bonus, tax, provident_fund, loan.
     Amounts are taka with at most 2 decimals ("45000", "45000.50"), stored as poisha.
-    Rules per row: every field non-empty; text no longer than the slip has room for
+    Rules per row: every field non-empty but name_bn (OPTIONAL_COLUMNS); text no longer than the slip has room for
     (SLIP_TEXT_MAX: name_en, name_bn and designation 80, department 60 characters);
     employee_id is ``emp-`` + 1-12 digits; email like name@domain.tld with no dot first,
     last or twice in a row before the @; bank_account 8-20 digits; month YYYY-MM; amounts

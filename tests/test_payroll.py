@@ -316,7 +316,7 @@ def test_import_companies_csv(tmp_path: Path) -> None:
 
 BAD_ROWS = {
     "missing field": ({"email": ""}, "email is empty"),
-    "missing name": ({"name_bn": "  "}, "name_bn is empty"),
+    "missing name": ({"name_en": "  "}, "name_en is empty"),
     "malformed email": ({"email": "tanvir ahmed@x.example"}, "email 'tanvir ahmed@x.example' is not a valid address"),
     "email two @": ({"email": "a@b@c.example"}, "email 'a@b@c.example' is not a valid address"),
     "email no dot": ({"email": "a@localhost"}, "email 'a@localhost' is not a valid address"),
@@ -573,3 +573,21 @@ def test_amount_errors_never_echo_salary_figures(seeded: P.PayrollDB, tmp_path: 
     figures += ["73", "412", "52817", "987654", "9876.54"]
     for figure in figures:
         assert figure not in msg, figure
+
+
+def test_an_employee_without_a_bengali_name_imports_and_gets_a_slip(seeded: P.PayrollDB, tmp_path: Path) -> None:
+    """Expatriate staff have no Bengali name: the import takes an empty name_bn (every
+    other field is still required), and the slip shows the Latin name alone."""
+    from jobs import slip
+
+    header, rows = sample_rows()
+    rows[0]["name_bn"] = ""
+    rows[1]["name_bn"] = "   "
+    path = write_csv(tmp_path / "in.csv", header, rows)
+    assert P.import_csv(seeded, path).employees == 12
+    s = P.employee_snapshot(seeded, MONTH, rows[0]["employee_id"])
+    assert s["employee"]["name_bn"] == "" and s["employee"]["name_en"] == rows[0]["name_en"]
+    assert P.employee_snapshot(seeded, MONTH, rows[1]["employee_id"])["employee"]["name_bn"] == ""
+    html = slip.render_html(s)
+    assert rows[0]["name_en"] in html and 'class="name-bn"' not in html
+    assert slip.render_pdf(s).startswith(b"%PDF")
