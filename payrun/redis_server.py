@@ -4,17 +4,22 @@ The embedded server is the real ``redis-server`` binary shipped by the ``redisli
 wheel, run with our own config: a unix socket only (no TCP port), a random password kept
 in ``$PAYRUN_HOME/redis/password`` (mode 0600), append-only persistence
 (``appendfsync everysec``) in ``$PAYRUN_HOME/redis``. If the socket path would be too long
-for the OS (about 107 bytes), it listens on 127.0.0.1 at a free port instead.
+for the OS (about 107 bytes), the socket is reached through a short symlink to that
+directory in the temp directory (``short_socket_dir``): still a unix socket in the 0700
+directory, never a TCP port another local user could take while Redis is down.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import secrets
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -85,27 +90,48 @@ Connection commands one by one: ``+@connection`` would grant the whole CLIENT co
 
 
 def _socket_path(cfg: Config) -> Path:
-    return cfg.redis_dir / SOCKET_NAME
+    sock = cfg.redis_dir / SOCKET_NAME
+    if len(str(sock)) <= MAX_SOCKET_PATH:
+        return sock
+    return short_socket_dir(cfg) / SOCKET_NAME
 
 
-def _tcp_port(cfg: Config) -> int:
-    port_file = cfg.redis_dir / "port"
-    if port_file.exists():
-        return int(port_file.read_text())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    port_file.write_text(str(port))
-    return port
+def short_socket_dir(cfg: Config, tmp: str | None = None) -> Path:
+    """A short path to the Redis directory, for a ``$PAYRUN_HOME`` too deep for a socket
+    path: ``<tmp>/payrun-<uid>-<hash of the directory>``, a symlink to it (a socket's path
+    is looked up like any other, symlinks followed, so the server binds in, and clients
+    reach, the socket in the 0700 directory itself). Made if missing; used only if it is
+    our own symlink pointing there (the temp directory is sticky: nobody else can replace
+    it). One made by someone else stops payrun with SetupError (a TCP port instead would
+    let that user take it while Redis is down and be sent the password)."""
+    target = str(cfg.redis_dir.absolute())
+    tmp = tmp or tempfile.gettempdir()
+    if len(tmp) > MAX_SOCKET_PATH - 40:  # a deep $TMPDIR
+        tmp = "/tmp"
+    link = Path(tmp) / (
+        f"payrun-{os.getuid()}-{hashlib.sha256(target.encode()).hexdigest()[:12]}")
+    for _ in range(2):
+        try:
+            st = os.lstat(link)
+        except FileNotFoundError:
+            try:
+                os.symlink(target, link)
+            except FileExistsError:  # made meanwhile (another payrun command): look again
+                continue
+            return link
+        if stat.S_ISLNK(st.st_mode) and st.st_uid == os.getuid() and os.readlink(link) == target:
+            return link
+        break
+    raise SetupError(f"{link} (the short path to {target} for Redis's socket: $PAYRUN_HOME is too deep "
+                     "for a socket path) exists and is not payrun's link there; remove it, or use a "
+                     "shorter PAYRUN_HOME")
 
 
 def embedded_url(cfg: Config, readonly: bool = False) -> str:
     pw = quote(_secret(cfg, "ro-password") if readonly else _password(cfg), safe="")
     sock = _socket_path(cfg)
     user = READONLY_USER if readonly else ""
-    if len(str(sock)) <= MAX_SOCKET_PATH:
-        return f"unix://{sock}?password={pw}" + (f"&username={user}" if user else "")
-    return f"redis://{user}:{pw}@127.0.0.1:{_tcp_port(cfg)}/0"
+    return f"unix://{sock}?password={pw}" + (f"&username={user}" if user else "")
 
 
 def url(cfg: Config, readonly: bool = False, strict: bool = False) -> str:
@@ -143,11 +169,7 @@ MEMORY_TUNING = (
 def write_conf(cfg: Config, daemonize: bool) -> Path:
     d = private_dir(cfg.redis_dir)
     pw = _password(cfg)
-    sock = _socket_path(cfg)
-    if len(str(sock)) <= MAX_SOCKET_PATH:
-        listen = f"port 0\nunixsocket {sock}\nunixsocketperm 700\n"
-    else:
-        listen = f"port {_tcp_port(cfg)}\nbind 127.0.0.1\n"
+    listen = f"port 0\nunixsocket {_socket_path(cfg)}\nunixsocketperm 700\n"
     conf = d / "redis.conf"
     logfile = d / "redis.log" if daemonize else '""'
     text = (

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import redis
 
 from payrun import config, redis_server
+from payrun.errors import SetupError
 
 
 @pytest.fixture
@@ -186,3 +190,46 @@ def test_secrets_and_the_ledger_are_made_owner_only_again(tmp_path, monkeypatch)
     cfg.ledger_path.chmod(0o644)
     Ledger(cfg.ledger_path).close()
     assert stat.S_IMODE(cfg.ledger_path.stat().st_mode) == 0o600
+
+
+def test_a_home_too_deep_for_a_socket_path_still_gets_a_unix_socket(tmp_path, request):
+    """A socket path has ~107 bytes: a deeper $PAYRUN_HOME reaches its socket through a
+    short symlink of ours in the temp directory, never a TCP port (a local user who took
+    the port while Redis was down would be sent the password)."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    cfg = config.load(env={"PAYRUN_HOME": str(deep / "h")})
+    assert len(str(cfg.redis_dir / redis_server.SOCKET_NAME)) > redis_server.MAX_SOCKET_PATH
+    links = Path(tempfile.mkdtemp(prefix="pl-"))  # a temp directory of a usual depth
+    request.addfinalizer(lambda: shutil.rmtree(links))
+    link = redis_server.short_socket_dir(cfg, tmp=str(links))
+    assert link.parent == links
+    assert os.readlink(link) == str(cfg.redis_dir.absolute())
+    assert redis_server.short_socket_dir(cfg, tmp=str(links)) == link  # found again, same link
+    link.unlink()
+    conn = redis_server.ensure_running(cfg)
+    try:
+        url = redis_server.url(cfg)
+        assert url.startswith("unix://") and len(url.split("?")[0]) - len("unix://") <= redis_server.MAX_SOCKET_PATH
+        conf = (cfg.redis_dir / "redis.conf").read_text()
+        assert "port 0\n" in conf and "bind " not in conf
+        assert conn.set("x", 1) and redis.Redis.from_url(redis_server.url(cfg, readonly=True)).get("x") == b"1"
+        assert (cfg.redis_dir / redis_server.SOCKET_NAME).is_socket()  # in the 0700 directory itself
+    finally:
+        redis_server.stop(cfg)
+        redis_server.short_socket_dir(cfg).unlink()  # (the one in the real temp directory)
+    # someone else's link, or one pointing elsewhere, or anything else there: refused
+    link = redis_server.short_socket_dir(cfg, tmp=str(links))
+    os.lchown(link, 12345, 12345)
+    with pytest.raises(SetupError, match="is not payrun's link there"):
+        redis_server.short_socket_dir(cfg, tmp=str(links))
+    link.unlink()
+    os.symlink(str(tmp_path), link)
+    with pytest.raises(SetupError, match="is not payrun's link there"):
+        redis_server.short_socket_dir(cfg, tmp=str(links))
+    link.unlink()
+    link.mkdir()
+    with pytest.raises(SetupError, match="remove it, or use a shorter PAYRUN_HOME"):
+        redis_server.short_socket_dir(cfg, tmp=str(links))
+    # a $TMPDIR itself too deep: /tmp
+    assert redis_server.short_socket_dir(cfg, tmp=str(deep)).parent == Path("/tmp")
+    Path("/tmp", link.name).unlink()
