@@ -31,6 +31,9 @@ from payrun.config import Config
 from payrun.errors import RedisUnavailable, SetupError
 
 SOCKET_NAME = "redis.sock"
+STILL_RUNNING_WAIT_S = 15.0
+"""How long a command waits for an embedded server that is running but does not answer
+(loading its data) before it says so; it never starts a second one beside it."""
 MAX_SOCKET_PATH = 100
 
 
@@ -277,6 +280,19 @@ def ensure_running(cfg: Config) -> redis.Redis:
     with _start_lock(cfg):
         if ping(conn):
             return conn
+        pid = _server_still_running(cfg)
+        if pid:
+            # never a second server on the same directory (two append-only files): one that
+            # is loading its data answers soon; one that does not answer at this URL at all
+            # (an older payrun's 127.0.0.1 port, a hung server) needs a person
+            try:
+                wait_until_up(conn, timeout_s=STILL_RUNNING_WAIT_S)
+                return conn
+            except RedisUnavailable:
+                raise RedisUnavailable(
+                    f"the embedded redis-server of {cfg.home} is still running (pid {pid}, {cfg.redis_dir / 'redis.pid'}) "
+                    f"but does not answer at {_socket_path(cfg)}: stop it with `kill {pid}` (it saves its data "
+                    "as it stops), then run the command again") from None
         conf = write_conf(cfg, daemonize=True)
         proc = subprocess.run(
             [redis_server_binary(), str(conf)], capture_output=True, text=True, timeout=30,
@@ -291,6 +307,22 @@ def ensure_running(cfg: Config) -> redis.Redis:
             tail = log.read_text()[-500:] if log.exists() else ""
             raise RedisUnavailable(f"embedded redis-server did not come up; its log ends: {tail}")
     return conn
+
+
+def _server_still_running(cfg: Config) -> int | None:
+    """The pid in the embedded server's pidfile, if that process is alive and a
+    redis-server (a pid reused after a crash is not)."""
+    try:
+        pid = int((cfg.redis_dir / "redis.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if pid <= 0 or not _alive(pid):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None  # gone meanwhile (or no /proc: nothing to tell it by)
+    return pid if b"redis-server" in cmdline else None
 
 
 def _supervised_redis_state(cfg: Config) -> tuple[str | None, str]:

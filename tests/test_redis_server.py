@@ -233,3 +233,28 @@ def test_a_home_too_deep_for_a_socket_path_still_gets_a_unix_socket(tmp_path, re
     # a $TMPDIR itself too deep: /tmp
     assert redis_server.short_socket_dir(cfg, tmp=str(deep)).parent == Path("/tmp")
     Path("/tmp", link.name).unlink()
+
+
+def test_never_a_second_server_beside_one_that_does_not_answer(tmp_path, monkeypatch):
+    """A server still running for this data directory but not answering at the URL payrun
+    computes (an older payrun's TCP port, a hung server; here: another password) is never
+    joined by a second one on the same append-only file: the command waits, then says
+    which process to stop."""
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
+    conn = redis_server.ensure_running(cfg)
+    pid = int(conn.info("server")["process_id"])
+    pw_file = cfg.redis_dir / "password"
+    old_pw = pw_file.read_text()
+    pw_file.write_text("not-the-servers-password")
+    monkeypatch.setattr(redis_server, "STILL_RUNNING_WAIT_S", 0.5)
+    try:
+        with pytest.raises(redis_server.RedisUnavailable, match=f"still running \\(pid {pid}.*`kill {pid}`"):
+            redis_server.ensure_running(cfg)
+        assert (cfg.redis_dir / "redis.pid").read_text().strip() == str(pid)  # no second server wrote it
+    finally:
+        pw_file.write_text(old_pw)
+        redis_server.stop(cfg)
+    assert not redis_server._alive(pid)
+    (cfg.redis_dir / "redis.pid").write_text(f"{pid}\n")  # stale, as after a crash: started at once
+    assert redis_server.ensure_running(cfg).ping()
+    redis_server.stop(cfg)
