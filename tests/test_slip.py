@@ -485,3 +485,39 @@ def test_the_font_configuration_leaves_no_file_behind():
     before = set(glob.glob(pattern))
     slip._ProcessFontConfiguration()
     assert set(glob.glob(pattern)) == before
+
+
+def test_a_killed_renderer_leaves_its_font_copies_only_until_the_next_start():
+    """WeasyPrint copies the @font-face files (~1.4 MB) into a temporary folder and deletes
+    it only from __del__: every worker killed by signal, and most that exited, left one
+    (71 in /tmp after one test run). Ours is named by its pid and swept by the next
+    process that starts a font configuration once that pid is gone; a clean exit removes
+    its own."""
+    import glob
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    tmp = tempfile.gettempdir()
+    weasy_before = set(glob.glob(str(Path(tmp) / "weasyprint-*")))
+    code = ("import sys\nfrom jobs import slip\nslip.warm_up()\n"
+            "print(slip._FONT_CONFIG._folder, flush=True)\n"
+            "sys.stdin.read() if sys.argv[1] == 'wait' else None\n")
+    root = str(Path(slip.__file__).resolve().parent.parent)
+    killed = subprocess.Popen([sys.executable, "-c", code, "wait"], cwd=root, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    folder = Path(killed.stdout.readline().strip())
+    assert folder.name.startswith(f"{slip.FONT_FACES_PREFIX}{killed.pid}-") and any(folder.iterdir())
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait(timeout=30)
+    assert folder.is_dir()  # nothing ran in it
+    fresh = slip._ProcessFontConfiguration()  # the next worker's start
+    assert not folder.exists()
+    assert fresh._folder.is_dir() and fresh._folder.name.startswith(f"{slip.FONT_FACES_PREFIX}{os.getpid()}-")
+    # a process that exits cleanly takes its own along
+    done = subprocess.run([sys.executable, "-c", code, "exit"], cwd=root, capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert not Path(done.stdout.strip()).exists()
+    assert set(glob.glob(str(Path(tmp) / "weasyprint-*"))) == weasy_before  # WeasyPrint's own: none
+    fresh._remove_folder()
