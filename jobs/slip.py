@@ -383,13 +383,18 @@ def sweep_font_faces(tmp: str | None = None) -> list[Path]:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited and not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
 
 
 _ENV: jinja2.Environment | None = None

