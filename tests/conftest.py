@@ -139,20 +139,21 @@ def pytest_sessionstart(session):
 
 
 def leftovers(before: set[Path]) -> list[Path]:
-    """Entries made since ``before`` that nothing will remove: a @font-face folder of a
-    process still alive is its own, and goes when it exits or at the next sweep."""
+    """Entries made since ``before`` that nothing will remove. A @font-face folder is in
+    use while its process runs (this session's own, or another payrun's on this machine),
+    and those of processes gone are swept here as a worker's start sweeps them: it counts
+    only if the sweep cannot remove it."""
     from jobs import slip
 
+    slip.sweep_font_faces()
     found = []
     for p in sorted(_temp_entries() - before):
-        if p.name.startswith(slip.FONT_FACES_PREFIX):
-            slip.sweep_font_faces()  # (processes gone since: their folders go now)
-            if not p.exists():
-                continue
+        if p.name.startswith(slip.FONT_FACES_PREFIX) and p.exists():
             pid = int(p.name[len(slip.FONT_FACES_PREFIX):].split("-", 1)[0])
-            if pid == os.getpid():
-                continue  # this session's own, removed at its exit
-        found.append(p)
+            if slip._pid_alive(pid):
+                continue
+        if p.exists() or p.is_symlink():
+            found.append(p)
     return found
 
 

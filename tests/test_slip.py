@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import http.server
 import io
+import shutil
 import logging
 import os
 import stat
@@ -273,7 +274,14 @@ def test_rendering_makes_no_network_requests(http_server):
 
     # Control: the same HTML through WeasyPrint's default fetcher does hit the server,
     # so the empty list above is not vacuous. (Requests complete before write_pdf returns.)
-    HTML(string=html).write_pdf()
+    from weasyprint.text.fonts import FontConfiguration
+
+    font_config = FontConfiguration()  # (its @font-face folder removed here, not at some later GC)
+    try:
+        HTML(string=html).write_pdf(font_config=font_config)
+    finally:
+        if font_config._folder:
+            shutil.rmtree(font_config._folder, ignore_errors=True)
     assert "/x.css" in http_server.paths
 
 
