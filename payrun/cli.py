@@ -169,17 +169,27 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
                        "print the new one on slips)")
         return
     known = len(r.existing_employees)
+    there = f"{known} already there"
+    if known:
+        there += (f": {len(r.changed_employees)} with changed details, {known - len(r.changed_employees)} "
+                  "unchanged")
     click.echo(f"imported {r.employees} employee{'' if r.employees == 1 else 's'} ({r.employees - known} new, "
-               f"{known} already there, their details replaced) and {r.salary_lines} salary "
-               f"line{'' if r.salary_lines == 1 else 's'} from {csv_file}")
+               f"{there}) and {r.salary_lines} salary line{'' if r.salary_lines == 1 else 's'} from {csv_file}")
+    for emp, was, now in r.moved[:_NAMED]:
+        click.echo(f"note: {emp} moved from company {was} to company {now} (for the months in this file; "
+                   "other months' slips keep the company of their own salary line)")
+    if len(r.moved) > _NAMED:
+        click.echo(f"note: ... and {len(r.moved) - _NAMED} more employees moved to another company")
     ledger = _maybe_ledger(c)
-    if ledger is not None and known:  # HR fixed data after a run: say what happens to the slips made
+    if ledger is not None and known:  # HR fixed data after a run: name whose slips are now out of date
         for month in sorted(set(r.months) & set(ledger.months())):
-            had = sorted(set(r.existing_employees) & ledger.employees_with_jobs(month))
+            had = sorted(set(r.changed_slips.get(month, ())) & ledger.employees_with_jobs(month))
             if had:
-                click.echo(f"note: {len(had)} of them already have a {month} slip, made with the old data: "
-                           f"`payrun retry` re-renders a failed one with the new data, `payrun resend "
-                           f"--employee {had[0]} --month {month}` sends one again")
+                more = f" and {len(had) - _NAMED} more" if len(had) > _NAMED else ""
+                click.echo(f"note: {len(had)} {month} slip{'' if len(had) == 1 else 's'} already made "
+                           f"{'reads' if len(had) == 1 else 'read'} differently now (made with the old data): "
+                           f"{', '.join(had[:_NAMED])}{more}. `payrun resend --employee {had[0]} --month {month}` "
+                           "sends one again with the new data (`payrun retry` re-renders a failed one)")
     if ledger is not None:  # salary lines for a month already run: `run` alone would skip them
         from payrun.runs import behind_for
 
@@ -187,6 +197,10 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
             if behind := behind_for(ledger, db, month, r.employee_ids):
                 click.echo(f"note: {month} was already run for {_companies(behind)}, before some of these "
                            f"employees were added: `payrun run --month {month} --resume` creates their slips")
+
+
+_NAMED = 10
+"""How many employees an import's notes name before "... and N more"."""
 
 
 # ---- the pay run -----------------------------------------------------------------

@@ -118,6 +118,10 @@ class PayrollDB:
                 not_null={"employee_id", "month", *AMOUNT_FIELDS},
                 if_not_exists=True, strict=strict,
             )
+            if "company_id" not in d["salary_lines"].columns_dict:
+                # the employer of that month (a database from before it: NULL, read as the
+                # employee's company of today, LINE_COMPANY)
+                d["salary_lines"].add_column("company_id", int)
             d["salary_lines"].create_index(["month"], if_not_exists=True)
             d["employees"].create_index(["company_id", "id"], if_not_exists=True)
 
@@ -391,7 +395,7 @@ def seed(
                 "tax": _tax_taka(basic, conveyance), "provident_fund": basic // 10,
                 "loan": loan,
             }
-            lines.append({"employee_id": emp_id, "month": month,
+            lines.append({"employee_id": emp_id, "month": month, "company_id": cid,
                           **{f: v * 100 for f, v in taka.items()}})
             if len(emps) >= batch or n == employees:
                 d["employees"].upsert_all(emps, pk="id", batch_size=500)
@@ -433,8 +437,9 @@ def ensure_month(db: "PayrollDB | sqlite_utils.Database", month: str,
     copied = ", ".join("0" if f == "bonus" else f for f in AMOUNT_FIELDS)
     with d.atomic():
         cur = d.execute(
-            f"INSERT INTO salary_lines (employee_id, month, {cols}) "
-            f"SELECT employee_id, ?, {copied} FROM salary_lines WHERE month = ?",
+            f"INSERT INTO salary_lines (employee_id, month, company_id, {cols}) "
+            f"SELECT s.employee_id, ?, e.company_id, {copied} FROM salary_lines s "
+            f"JOIN employees e ON e.id = s.employee_id WHERE s.month = ?",
             [month, src])
         n = cur.rowcount
         if seed is not None:
@@ -473,6 +478,16 @@ class ImportResult:
     """Employees import: the months of the salary lines imported."""
     employee_ids: list[str] = field(default_factory=list)
     """Employees import: every employee id in the file."""
+    changed_employees: list[str] = field(default_factory=list)
+    """Employees import: of ``existing_employees``, those whose details (name, email,
+    company, ...) the file changed."""
+    moved: list[tuple[str, int, int]] = field(default_factory=list)
+    """Employees import: (employee, company before, company now) for each one the file
+    moved to another company."""
+    changed_slips: dict[str, list[str]] = field(default_factory=dict)
+    """Employees import: month -> employees whose slip for that month (a salary line that
+    existed) now reads differently: amounts, name, company, ... (email included: a resend
+    goes to the new address)."""
 
 
 _MONTH_RE = re.compile(r"[0-9]{4}-[0-9]{2}")
@@ -717,22 +732,50 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
         if why:
             problems.extend((line, w) for w in why)
             continue
-        lines.append({"employee_id": emp, "month": month, **amounts})
+        lines.append({"employee_id": emp, "month": month, "company_id": cid, **amounts})
     if problems:
         _fail(path, problems)
     employees = [rec for _, rec in emp_rows.values()]
-    existing: list[str] = []
     with d.atomic():
         ids = [e["id"] for e in employees]
+        cols = ["id", "company_id", *EMPLOYEE_FIELDS]
+        before: dict[str, dict[str, Any]] = {}
         for i in range(0, len(ids), 500):
             chunk = ids[i:i + 500]
-            existing += [r[0] for r in d.execute(
-                f"SELECT id FROM employees WHERE id IN ({','.join('?' * len(chunk))})", chunk)]
+            for r in d.execute(f"SELECT {', '.join(cols)} FROM employees WHERE id IN ({','.join('?' * len(chunk))})",
+                               chunk):
+                before[r[0]] = dict(zip(cols, r))
+        slips_before = _slip_rows(d, lines)
         d["employees"].upsert_all(employees, pk="id", batch_size=500)
         d["salary_lines"].upsert_all(lines, pk=("employee_id", "month"), batch_size=500)
+        slips_after = _slip_rows(d, [ln for ln in lines if (ln["employee_id"], ln["month"]) in slips_before])
+    changed = sorted(e["id"] for e in employees if e["id"] in before and before[e["id"]] != e)
+    moved = sorted((e["id"], before[e["id"]]["company_id"], e["company_id"]) for e in employees
+                   if e["id"] in before and before[e["id"]]["company_id"] != e["company_id"])
+    changed_slips: dict[str, list[str]] = {}
+    for (emp, month), row in sorted(slips_before.items()):
+        if slips_after.get((emp, month)) != row:
+            changed_slips.setdefault(month, []).append(emp)
     return ImportResult(companies=len({e["company_id"] for e in employees}),
-                        employees=len(employees), salary_lines=len(lines), existing_employees=sorted(existing),
-                        months=sorted({ln["month"] for ln in lines}), employee_ids=sorted(ids))
+                        employees=len(employees), salary_lines=len(lines), existing_employees=sorted(before),
+                        months=sorted({ln["month"] for ln in lines}), employee_ids=sorted(ids),
+                        changed_employees=changed, moved=moved, changed_slips=changed_slips)
+
+
+def _slip_rows(d: "sqlite_utils.Database", lines: list[dict[str, Any]]) -> dict[tuple[str, str], tuple]:
+    """What the slip of each (employee, month) of ``lines`` reads from the database now
+    (the snapshot query's row), for those that have one."""
+    by_month: dict[str, list[str]] = {}
+    for ln in lines:
+        by_month.setdefault(ln["month"], []).append(ln["employee_id"])
+    out: dict[tuple[str, str], tuple] = {}
+    for month, emps in by_month.items():
+        for i in range(0, len(emps), 500):
+            chunk = emps[i:i + 500]
+            for r in d.conn.execute(_SNAPSHOT_SQL + f" WHERE s.month = ? AND s.employee_id IN "
+                                                    f"({','.join('?' * len(chunk))})", [month, *chunk]):
+                out[(r[1], r[0])] = tuple(r)
+    return out
 
 
 def import_companies_csv(db: "PayrollDB | sqlite_utils.Database",
@@ -780,14 +823,19 @@ def mask_account(number: str) -> str:
     return MASK + number[-4:]
 
 
-_SNAPSHOT_SQL = """
+LINE_COMPANY = "COALESCE(s.company_id, e.company_id)"
+"""The company that paid a salary line: its own ``company_id`` (set by the import and the
+seed: an employee who moved in February still has November's slip from November's
+employer), or for a line written before salary lines had one, the employee's."""
+
+_SNAPSHOT_SQL = f"""
 SELECT s.month, e.id, e.name_en, e.name_bn, e.email, e.department, e.designation,
        e.bank_account, c.id, c.name, c.address,
        s.basic, s.house_rent, s.medical, s.conveyance, s.bonus,
        s.tax, s.provident_fund, s.loan
 FROM salary_lines s
 JOIN employees e ON e.id = s.employee_id
-JOIN companies c ON c.id = e.company_id
+JOIN companies c ON c.id = {LINE_COMPANY}
 """
 
 
@@ -816,9 +864,9 @@ def snapshots(db: "PayrollDB | sqlite_utils.Database", month: str,
     sql = _SNAPSHOT_SQL + " WHERE s.month = ? AND e.active = 1"
     params: list[Any] = [month]
     if company_id is not None:
-        sql += " AND e.company_id = ?"
+        sql += f" AND {LINE_COMPANY} = ?"
         params.append(company_id)
-    sql += " ORDER BY e.company_id, e.id"
+    sql += " ORDER BY c.id, e.id"
     for r in _sdb(db).conn.execute(sql, params):
         yield _snapshot(r)
 
@@ -850,7 +898,7 @@ def _scope(month: str, company_id: int | None) -> tuple[str, list[Any]]:
              "WHERE s.month = ? AND e.active = 1")
     params: list[Any] = [month]
     if company_id is not None:
-        where += " AND e.company_id = ?"
+        where += f" AND {LINE_COMPANY} = ?"
         params.append(company_id)
     return where, params
 
@@ -860,7 +908,7 @@ def company_ids_for(db: "PayrollDB | sqlite_utils.Database", month: str,
     """Companies having salary lines (of active employees) in ``month``, ascending."""
     where, params = _scope(month, company_id)
     return [r[0] for r in _sdb(db).conn.execute(
-        f"SELECT DISTINCT e.company_id {where} ORDER BY e.company_id", params)]
+        f"SELECT DISTINCT {LINE_COMPANY} AS cid {where} ORDER BY cid", params)]
 
 
 def employee_ids(db: "PayrollDB | sqlite_utils.Database", month: str, company_id: int | None = None) -> set[str]:
@@ -873,7 +921,7 @@ def employee_ids_by_company(db: "PayrollDB | sqlite_utils.Database", month: str)
     """``employee_ids`` of every company at once (one query, not one per company)."""
     where, params = _scope(month, None)
     out: dict[int, set[str]] = {}
-    for cid, emp in _sdb(db).conn.execute(f"SELECT e.company_id, e.id {where}", params):
+    for cid, emp in _sdb(db).conn.execute(f"SELECT {LINE_COMPANY}, e.id {where}", params):
         out.setdefault(cid, set()).add(emp)
     return out
 

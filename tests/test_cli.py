@@ -223,21 +223,45 @@ def test_the_readmes_import_of_the_sample_files_works_on_a_fresh_install(runner,
     again = runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
     assert again.exit_code == 0 and ": 0 new, 0 updated, " in again.output, again.output
     out = runner.invoke(cli, ["import", "docs/sample-employees.csv"])
-    assert out.exit_code == 0 and "imported 12 employees (12 new, 0 already there, their details replaced) " \
+    assert out.exit_code == 0 and "imported 12 employees (12 new, 0 already there) " \
         "and 12 salary lines" in out.output, out.output
     assert payroll.count_employees(payroll.PayrollDB(cfg.payroll_path), "2026-11") == 12
 
 
-def test_reimporting_employees_after_a_run_says_what_happens_to_their_slips(runner, cfg, conn):
-    """HR fixes data after the run: the import says the slips made keep the old data, and
-    how to re-render (retry) or send again (resend)."""
+def test_reimporting_employees_after_a_run_names_whose_slips_changed(runner, cfg, conn, tmp_path):
+    """HR fixes data after the run: the import names the employees whose slip of a month
+    already run now reads differently (it said "12 of them already have a slip, made with
+    the old data" for one changed salary, and named the first row as the example), and
+    the ones that moved company."""
+    import csv
+
     runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
     runner.invoke(cli, ["import", "docs/sample-employees.csv"])
     assert runner.invoke(cli, ["run", "--month", "2026-11"]).exit_code == 0
-    out = runner.invoke(cli, ["import", "docs/sample-employees.csv"])
-    assert out.exit_code == 0 and "(0 new, 12 already there" in out.output, out.output
-    assert "note: 12 of them already have a 2026-11 slip, made with the old data: `payrun retry` re-renders " \
-           "a failed one with the new data, `payrun resend --employee" in out.output, out.output
+    out = runner.invoke(cli, ["import", "docs/sample-employees.csv"])  # the same file again
+    assert out.exit_code == 0 and "(0 new, 12 already there: 0 with changed details, 12 unchanged)" in out.output
+    assert "note:" not in out.output, out.output
+    with open("docs/sample-employees.csv", encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        header, rows = list(reader.fieldnames or []), list(reader)
+    rows[4]["basic"] = "47000"  # a salary corrected: the slip changes, not the employee
+    rows[6]["email"] = "new.address@example.org"  # an address fixed: both
+    (tmp_path / "co.csv").write_text("id,name,address\n2,Padma Textiles Ltd.,\"Agrabad, Chattogram\"\n",
+                                     encoding="utf-8")
+    assert runner.invoke(cli, ["import", "--companies", str(tmp_path / "co.csv")]).exit_code == 0
+    rows[8]["company_id"] = "2"  # HR corrects an employer
+    fixed = tmp_path / "fixed.csv"
+    with open(fixed, "w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerows(rows)
+    out = runner.invoke(cli, ["import", str(fixed)])
+    assert out.exit_code == 0 and "(0 new, 12 already there: 2 with changed details, 10 unchanged)" in out.output
+    e4, e6, e8 = rows[4]["employee_id"], rows[6]["employee_id"], rows[8]["employee_id"]
+    assert f"note: {e8} moved from company 1 to company 2 (for the months in this file;" in out.output
+    assert (f"note: 3 2026-11 slips already made read differently now (made with the old data): {e4}, {e6}, {e8}. "
+            f"`payrun resend --employee {e4} --month 2026-11` sends one again") in out.output, out.output
+    assert rows[0]["employee_id"] not in out.output
 
 
 def test_provider_and_bank_ports_out_of_range_or_taken_are_one_line_errors(runner, cfg, tmp_path, monkeypatch):

@@ -591,3 +591,49 @@ def test_an_employee_without_a_bengali_name_imports_and_gets_a_slip(seeded: P.Pa
     html = slip.render_html(s)
     assert rows[0]["name_en"] in html and 'class="name-bn"' not in html
     assert slip.render_pdf(s).startswith(b"%PDF")
+
+
+def test_a_slip_of_an_earlier_month_keeps_that_months_employer(seeded: P.PayrollDB, tmp_path: Path) -> None:
+    """An employee moved to another company in a later month: a resend of November's slip
+    still shows November's employer (it showed today's), and November's run and counts
+    still count it there."""
+    header, rows = sample_rows()
+    path = write_csv(tmp_path / "nov.csv", header, rows)
+    P.import_csv(seeded, path)
+    emp = rows[0]["employee_id"]
+    nov_company = int(rows[0]["company_id"])
+    other = next(c["id"] for c in P.companies(seeded) if c["id"] != nov_company)
+    moved = dict(rows[0], company_id=str(other), month="2027-02")
+    P.import_csv(seeded, write_csv(tmp_path / "feb.csv", header, [moved]))
+    nov = P.employee_snapshot(seeded, MONTH, emp)
+    assert nov["company"]["id"] == nov_company
+    assert P.employee_snapshot(seeded, "2027-02", emp)["company"]["id"] == other
+    assert emp in P.employee_ids(seeded, MONTH, nov_company) and emp not in P.employee_ids(seeded, MONTH, other)
+    assert [s["employee"]["id"] for s in P.snapshots(seeded, MONTH, other)].count(emp) == 0
+    assert emp in P.employee_ids_by_company(seeded, "2027-02")[other]
+    assert P.company_ids_for(seeded, "2027-02") == [other]
+
+
+def test_salary_lines_from_before_they_had_a_company_read_the_employees(tmp_path: Path) -> None:
+    """A payroll database made before salary lines had company_id gets the column on open;
+    its old lines (NULL) read as the employee's company."""
+    import sqlite3
+
+    path = tmp_path / "payroll.db"
+    db = P.PayrollDB(path)
+    P.seed(db, companies=2, employees=10, seed=3, month=MONTH)
+    db.close()
+    con = sqlite3.connect(path)
+    con.execute("ALTER TABLE salary_lines DROP COLUMN company_id")  # as an older payrun made it
+    con.commit()
+    con.close()
+    db = P.PayrollDB(path)
+    try:
+        assert db.db.execute("SELECT count(*) FROM salary_lines WHERE company_id IS NULL").fetchone()[0] == 10
+        snaps = list(P.snapshots(db, MONTH))
+        assert len(snaps) == 10 and P.company_ids_for(db, MONTH) == [1, 2]
+        for s in snaps:
+            cid = db.db.execute("SELECT company_id FROM employees WHERE id = ?", [s["employee"]["id"]]).fetchone()[0]
+            assert s["company"]["id"] == cid
+    finally:
+        db.close()
