@@ -291,6 +291,11 @@ class Ledger:
             "SELECT DISTINCT employee_id FROM jobs WHERE month = ? AND employee_id IS NOT NULL"
             " AND kind != 'reminder'", (month,))}
 
+    def has_slip_job(self, employee_id: str, month: str) -> bool:
+        """Whether a pay run made ``employee_id``'s slip job for ``month`` (its render)."""
+        return self.db.conn.execute("SELECT 1 FROM jobs WHERE month = ? AND employee_id = ? AND kind = 'render' "
+                                    "LIMIT 1", (month, employee_id)).fetchone() is not None
+
     def jobs(self, status: str | None = None, month: str | None = None, kind: str | None = None,
              limit: int = 100) -> list[dict[str, Any]]:
         where, args = [], []

@@ -258,6 +258,18 @@ def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
 
     validate_month(month)
     snap = payroll.employee_snapshot(db, month, employee_id)
+    if not ledger.has_slip_job(employee_id, month):
+        # a resend sent before the run would be followed by the run's own slip: two emails,
+        # and `status` would count neither until the run
+        from payrun.errors import InputError
+
+        company = snap["company"]["id"]
+        if any(r["company_id"] == company for r in ledger.runs(month)):
+            raise InputError(f"{employee_id} has no {month} slip to send again: company {company}'s {month} run "
+                             f"was made before this employee was added; `payrun run --month {month} "
+                             f"--company {company} --resume` makes the slip")
+        raise InputError(f"{employee_id} has no {month} slip to send again: {month} has not been run for company "
+                         f"{company}; `payrun run --month {month} --company {company}` makes and sends it")
     queue = make_queue(keys.RENDER_QUEUE, conn)
     while True:  # n: a counter in Redis; never reuse a key that exists
         n = int(conn.incr(f"payrun:resend:{month}:{employee_id}"))

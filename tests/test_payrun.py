@@ -469,21 +469,46 @@ def test_employees_imported_after_their_month_was_run_get_their_slips_with_resum
 
 def test_resume_gives_no_second_slip_to_an_employee_resent_by_hand(world, tmp_path):
     """The old way to reach a late employee was `payrun resend` (its own job id and key): a
-    later `run --resume` must not make them a second slip."""
+    later `run --resume` must not make them a second slip. (Since session 25 `resend`
+    refuses a slip no run made and names `--resume`; a ledger can still hold such a
+    resend from before.)"""
     from click.testing import CliRunner
 
     from payrun.cli import cli
+    from scheduler.cli import resend
 
     cfg, conn, db, ledger = world
     runner = CliRunner()
     late = run_then_write_late_employees(runner, cli, tmp_path)
     assert runner.invoke(cli, ["import", str(late)]).exit_code == 0
-    resent = runner.invoke(cli, ["resend", "--employee", "emp-90001", "--month", MONTH])
-    assert resent.exit_code == 0, resent.output
+    refused = runner.invoke(cli, ["resend", "--employee", "emp-90001", "--month", MONTH])
+    assert refused.exit_code == 2 and (f"emp-90001 has no {MONTH} slip to send again: company 1's {MONTH} run was "
+                                       f"made before this employee was added; `payrun run --month {MONTH} --company 1 "
+                                       "--resume` makes the slip") in refused.output, refused.output
+    # as an older payrun let it through
+    ledger.has_slip_job = lambda *a: True
+    resend(cfg, conn, ledger, db, "emp-90001", MONTH)
+    del ledger.has_slip_job
     data = json.loads(runner.invoke(cli, ["run", "--month", MONTH, "--resume", "--json"]).stdout)
     assert data["jobs_created"] == 1 and data["companies_added_to"] == [1]
     ids = make_queue(keys.RENDER_QUEUE, conn).get_job_ids()
     assert keys.render_job_id(MONTH, "emp-90002") in ids and keys.render_job_id(MONTH, "emp-90001") not in ids
+
+
+def test_a_resend_of_a_month_never_run_is_refused(world):
+    """HR walkthrough: a resend before the month's run went out, `status` did not count
+    it, and the run then sent the slip a second time."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    out = CliRunner().invoke(cli, ["resend", "--employee", "emp-00005", "--month", MONTH])
+    assert out.exit_code == 2, out.output
+    company = payroll.employee_snapshot(db, MONTH, "emp-00005")["company"]["id"]
+    assert (f"emp-00005 has no {MONTH} slip to send again: {MONTH} has not been run for company {company}; "
+            f"`payrun run --month {MONTH} --company {company}` makes and sends it") in out.output
+    assert make_queue(keys.RENDER_QUEUE, conn).count == 0 and ledger.jobs() == []
 
 
 def test_status_warns_of_a_ledger_backlog_only_when_it_is_old(world):
