@@ -529,9 +529,9 @@ def _show(value: str) -> str:
 
 def _amount_shape(value: str) -> str:
     """An amount as an error message may show it: its form with every digit written 9
-    ('45,000.505' -> '99,999.999'): it shows what is wrong, not the salary figure
+    ('45,000.505' -> '99,999.999', in any script's digits): it shows what is wrong, not the salary figure
     (errors reach terminals, cron mail and logs; no salary figures there)."""
-    return _show(re.sub(r"[0-9]", "9", value))
+    return _show(re.sub(r"\d", "9", value))  # every script's digits: Bengali ৪৫০০০ too
 
 
 def _parse_amount(s: str) -> int:
@@ -711,7 +711,7 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
             try:
                 amounts[f] = _parse_amount(vals[f])
             except ValueError as e:
-                why.append(f"{f} {_amount_shape(vals[f])} {e}")
+                why.append(f"{f} {_amount_shape(vals[f])} (digits shown as 9) {e}")
         if len(amounts) == len(AMOUNT_FIELDS):
             earn = sum(amounts[f] for f in EARNINGS)
             ded = sum(amounts[f] for f in DEDUCTIONS)

@@ -320,9 +320,9 @@ BAD_ROWS = {
     "malformed email": ({"email": "tanvir ahmed@x.example"}, "email 'tanvir ahmed@x.example' is not a valid address"),
     "email two @": ({"email": "a@b@c.example"}, "email 'a@b@c.example' is not a valid address"),
     "email no dot": ({"email": "a@localhost"}, "email 'a@localhost' is not a valid address"),
-    "negative amount": ({"tax": "-350"}, "tax '-999' is negative"),
-    "three decimals": ({"basic": "45000.505"}, "basic '99999.999' has more than 2 decimals"),
-    "not a number": ({"loan": "5k"}, "loan '9k' is not an amount"),
+    "negative amount": ({"tax": "-350"}, "tax '-999' (digits shown as 9) is negative"),
+    "three decimals": ({"basic": "45000.505"}, "basic '99999.999' (digits shown as 9) has more than 2 decimals"),
+    "not a number": ({"loan": "5k"}, "loan '9k' (digits shown as 9) is not an amount"),
     "unknown company": ({"company_id": "999"}, "company_id 999 does not exist"),
     "bad month": ({"month": "2026-13"}, "month '2026-13' is not a valid YYYY-MM month"),
     "bad month format": ({"month": "11/2026"}, "month '11/2026' is not a valid YYYY-MM month"),
@@ -562,15 +562,19 @@ def test_amount_errors_never_echo_salary_figures(seeded: P.PayrollDB, tmp_path: 
     rows[0].update(basic="73,412.5", loan="861")
     rows[1].update(tax="52817.125")
     rows[2].update(loan="987654")  # deductions over earnings
+    rows[3].update(basic="৪৫০০০")  # Bengali digits: HR may type them
+    rows[4].update(medical="４５００")  # full-width
     path = write_csv(tmp_path / "in.csv", header, rows)
     with pytest.raises(InputError) as e:
         P.import_csv(seeded, path)
     msg = str(e.value)
-    assert "line 2: basic '99,999.9' is not an amount" in msg
-    assert "line 3: tax '99999.999' has more than 2 decimals" in msg
+    assert "line 2: basic '99,999.9' (digits shown as 9) is not an amount" in msg
+    assert "line 3: tax '99999.999' (digits shown as 9) has more than 2 decimals" in msg
+    assert "line 5: basic '99999' (digits shown as 9) is not an amount" in msg  # Bengali digits
+    assert "line 6: medical '９９９９' (digits shown as 9)" not in msg and "line 6: medical '9999' (digits" in msg
     assert "line 4: deductions (tax, provident_fund, loan) exceed earnings" in msg
     figures = [rows[2][f] for f in P.AMOUNT_FIELDS if len(rows[2][f]) >= 3]  # (not "0")
-    figures += ["73", "412", "52817", "987654", "9876.54"]
+    figures += ["73", "412", "52817", "987654", "9876.54", "৪৫০০০", "৪", "４５００", "５"]
     for figure in figures:
         assert figure not in msg, figure
 
