@@ -534,8 +534,15 @@ def _amount_shape(value: str) -> str:
     return _show(re.sub(r"\d", "9", value))  # every script's digits: Bengali ৪৫০০০ too
 
 
+def _ascii_digits(s: str) -> str:
+    """Digits of any script as ASCII ('৪৫০০০' -> '45000'): HR may type Bengali digits."""
+    return "".join(str(unicodedata.digit(ch)) if ch.isdigit() and not ch.isascii() else ch for ch in s)
+
+
 def _parse_amount(s: str) -> int:
-    """'45000' / '45000.5' / '45000.50' taka -> poisha. Raises ValueError(reason)."""
+    """'45000' / '45000.5' / '45000.50' taka -> poisha, in any script's digits ('৪৫০০০').
+    Raises ValueError(reason)."""
+    s = _ascii_digits(s)
     m = _AMOUNT_RE.fullmatch(s)
     if not m:
         if re.fullmatch(r"-[0-9]+(\.[0-9]*)?", s):

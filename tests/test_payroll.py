@@ -562,19 +562,19 @@ def test_amount_errors_never_echo_salary_figures(seeded: P.PayrollDB, tmp_path: 
     rows[0].update(basic="73,412.5", loan="861")
     rows[1].update(tax="52817.125")
     rows[2].update(loan="987654")  # deductions over earnings
-    rows[3].update(basic="৪৫০০০")  # Bengali digits: HR may type them
-    rows[4].update(medical="４５００")  # full-width
+    rows[3].update(basic="৪৫,০০০")  # Bengali digits: HR may type them
+    rows[4].update(medical="４５００.１２５")  # full-width
     path = write_csv(tmp_path / "in.csv", header, rows)
     with pytest.raises(InputError) as e:
         P.import_csv(seeded, path)
     msg = str(e.value)
     assert "line 2: basic '99,999.9' (digits shown as 9) is not an amount" in msg
     assert "line 3: tax '99999.999' (digits shown as 9) has more than 2 decimals" in msg
-    assert "line 5: basic '99999' (digits shown as 9) is not an amount" in msg  # Bengali digits
-    assert "line 6: medical '９９９９' (digits shown as 9)" not in msg and "line 6: medical '9999' (digits" in msg
+    assert "line 5: basic '99,999' (digits shown as 9) is not an amount" in msg  # Bengali digits
+    assert "line 6: medical '9999.999' (digits shown as 9) has more than 2 decimals" in msg
     assert "line 4: deductions (tax, provident_fund, loan) exceed earnings" in msg
     figures = [rows[2][f] for f in P.AMOUNT_FIELDS if len(rows[2][f]) >= 3]  # (not "0")
-    figures += ["73", "412", "52817", "987654", "9876.54", "৪৫০০০", "৪", "４５００", "５"]
+    figures += ["73", "412", "52817", "987654", "9876.54", "৪৫", "০০০", "৪", "４５００", "５", "4500.125"]
     for figure in figures:
         assert figure not in msg, figure
 
@@ -641,3 +641,14 @@ def test_salary_lines_from_before_they_had_a_company_read_the_employees(tmp_path
             assert s["company"]["id"] == cid
     finally:
         db.close()
+
+
+def test_amounts_in_bengali_digits_are_read(seeded: P.PayrollDB, tmp_path: Path) -> None:
+    """HR may type amounts in Bengali (or full-width) digits: they are the same numbers."""
+    header, rows = sample_rows()
+    rows[0].update(basic="৪৫০০০.৫০", loan="০")
+    rows[1].update(medical="４５００")
+    P.import_csv(seeded, write_csv(tmp_path / "in.csv", header, rows))
+    a = P.employee_snapshot(seeded, MONTH, rows[0]["employee_id"])
+    assert a["earnings"]["basic"] == 4500050 and a["deductions"]["loan"] == 0
+    assert P.employee_snapshot(seeded, MONTH, rows[1]["employee_id"])["earnings"]["medical"] == 450000
