@@ -46,7 +46,8 @@ def retry(cfg, conn, job_ids: list[str], command: str | None = None, via: str = 
 
         db = PayrollDB(cfg.payroll_path)
     try:
-        requeued, missing = deadletters.retry(cfg, conn, list(job_ids), db)
+        ids, same_slip = deadletters.one_per_slip(conn, list(job_ids))  # one email per slip
+        requeued, missing = deadletters.retry(cfg, conn, ids, db)
     finally:
         if db is not None:
             db.db.close()
@@ -54,8 +55,9 @@ def retry(cfg, conn, job_ids: list[str], command: str | None = None, via: str = 
         raise ActionError("not among failed jobs: " + ", ".join(missing[:3]) + (" …" if len(missing) > 3 else "")
                           + " (finished, retried already, or gone)")
     out = Outcome("retry", command or retry_command(list(job_ids)), len(requeued), ok=not missing,
-                  message=f"requeued {len(requeued)} job(s)" + (f"; {len(missing)} no longer failed" if missing else ""),
-                  detail={"asked": len(job_ids), "not_found": missing[:20]})
+                  message=f"requeued {len(requeued)} job(s)" + (f"; {len(missing)} no longer failed" if missing else "")
+                  + (f"; left out {len(same_slip)} older failure(s) of the same slip" if same_slip else ""),
+                  detail={"asked": len(job_ids), "not_found": missing[:20], "same_slip": same_slip[:20]})
     audit(cfg, out, via)
     return out
 

@@ -550,15 +550,19 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
         raise InputError(f"not among failed jobs: {', '.join(unknown)} (ids from `payrun failed`){some}")
     command = _retry_all(queue, error_text, company) if all_ else "payrun retry " + " ".join(job_ids)
     db = c.payroll() if c.cfg.payroll_path.exists() else None
+    ids, same_slip = deadletters.one_per_slip(conn, ids)  # one email per slip, not one per dead letter
     requeued, missing = deadletters.retry(c.cfg, conn, ids, db)
     actions.audit(c.cfg, actions.Outcome("retry", command, len(requeued), ok=not missing,
                                          message=f"requeued {len(requeued)} job(s)",
                                          detail={"asked": len(ids), "not_found": missing[:20]}), via="cli")
     if as_json:
-        click.echo(json.dumps({"requeued": requeued, "not_found": missing, "left_out_resent": resent}))
+        click.echo(json.dumps({"requeued": requeued, "not_found": missing, "left_out_resent": resent,
+                               "left_out_same_slip": same_slip}))
     else:
         click.echo(f"requeued {len(requeued)} job(s)" + (f"; not among failed jobs: {', '.join(missing)}" if missing else "")
-                   + (f"; left out {len(resent)} whose slip a `payrun resend` delivered since" if resent else ""))
+                   + (f"; left out {len(resent)} whose slip a `payrun resend` delivered since" if resent else "")
+                   + (f"; left out {len(same_slip)} older failure(s) of a slip retried now (one email per slip: "
+                      f"{', '.join(same_slip[:5])}{' …' if len(same_slip) > 5 else ''})" if same_slip else ""))
     sys.exit(1 if missing else 0)
 
 

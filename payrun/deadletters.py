@@ -3,6 +3,7 @@ running RQ's cleanup), and requeued by hand with a fresh attempt budget."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rq.registry import FailedJobRegistry
@@ -59,6 +60,38 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
 def slip_key(key: str) -> str:
     """The slip a key belongs to: slip:<month>:<employee> (a resend's key adds :resend-<n>)."""
     return key.split(":resend-", 1)[0]
+
+
+def one_per_slip(conn, job_ids: list[str]) -> tuple[list[str], list[str]]:
+    """Of failed jobs about to be retried, one per slip: the newest to fail. A slip can
+    have several dead letters (its send failed, then HR's `payrun resend` of it failed
+    too): retrying both, once the address is fixed, emailed it twice. Returns (to retry,
+    left out), each in the order given. Jobs of no slip (no key) are all kept."""
+    with conn.pipeline(transaction=False) as p:
+        for job_id in job_ids:
+            p.hget(PayrunJob.key_for(job_id), "meta")
+            p.zscore(f"rq:failed:{keys.RENDER_QUEUE}", job_id)
+            p.zscore(f"rq:failed:{keys.EMAIL_QUEUE}", job_id)
+        raw = p.execute()
+    newest: dict[str, tuple[float, str]] = {}
+    slip_of: dict[str, str] = {}
+    for i, job_id in enumerate(job_ids):
+        meta_raw, *scores = raw[3 * i:3 * i + 3]
+        try:
+            key = (json.loads(meta_raw) or {}).get("key") if meta_raw else None  # (JSON serializer)
+        except (ValueError, AttributeError):  # unreadable meta: no slip to group by
+            key = None
+        if not key:
+            continue
+        slip = slip_key(key)
+        slip_of[job_id] = slip
+        # a failed registry's score is the failure's expiry: failure_ttl after it failed,
+        # the same ttl for every job of a slip, so the highest is the newest failure
+        when = max((float(x) for x in scores if x is not None), default=0.0)
+        if slip not in newest or (when, job_id) > newest[slip]:
+            newest[slip] = (when, job_id)
+    keep = [i for i in job_ids if i not in slip_of or newest[slip_of[i]][1] == i]
+    return keep, [i for i in job_ids if i not in keep]
 
 
 RENDER_FUNCS = ("jobs.tasks.render_slip", "jobs.oneoff.resend_slip")

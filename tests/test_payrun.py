@@ -329,13 +329,44 @@ def test_bad_address_fixed_then_retried_is_delivered(world, provider):
     # HR fixes the address, then retries everything that failed on it
     set_email(db, "emp-00002", "fixed@payroll.example")
     out = runner.invoke(cli, ["retry", "--all", "--error", "invalid recipient", "--json"])
-    assert json.loads(out.output) == {"requeued": [listed[0]["id"]], "not_found": [], "left_out_resent": []}
+    assert json.loads(out.output) == {"requeued": [listed[0]["id"]], "not_found": [], "left_out_resent": [],
+                                      "left_out_same_slip": []}
     run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
     ledger_mod.drain(conn, ledger)
     assert provider.delivery(f"slip:{MONTH}:emp-00002")["to"] == "fixed@payroll.example"
     job = ledger.job(listed[0]["id"])
     assert job["status"] == "done" and [h["outcome"] for h in job["history"]] == ["failed", "done"]
     assert json.loads(runner.invoke(cli, ["failed", "--json"]).output) == []
+
+
+def test_retry_all_sends_a_slip_with_two_dead_letters_once(world, provider):
+    """HR walkthrough: the send to a bad address failed, HR's `payrun resend` to the same
+    address failed too; once the address was fixed, `retry --all` requeued both and the
+    employee got the slip twice. Now only the newest failure of a slip is retried."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    set_email(db, "emp-00002", "nobody@nowhere.invalid")
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    runner = CliRunner()
+    assert runner.invoke(cli, ["resend", "--employee", "emp-00002", "--month", MONTH]).exit_code == 0
+    work_everything(conn, ledger)
+    failed = json.loads(runner.invoke(cli, ["failed", "--json"]).output)
+    resend_send = f"email-{MONTH}-emp-00002-resend-1"
+    assert [r["id"] for r in failed] == [resend_send, keys.email_job_id(MONTH, "emp-00002")], failed
+    set_email(db, "emp-00002", "fixed@payroll.example")
+    out = json.loads(runner.invoke(cli, ["retry", "--all", "--json"]).output)
+    assert out["requeued"] == [resend_send] and out["left_out_same_slip"] == [keys.email_job_id(MONTH, "emp-00002")]
+    work_everything(conn, ledger)
+    delivered = [k for k in (f"slip:{MONTH}:emp-00002", f"slip:{MONTH}:emp-00002:resend-1") if provider.delivery(k)]
+    assert delivered == [f"slip:{MONTH}:emp-00002:resend-1"]
+    assert provider.delivery(delivered[0])["to"] == "fixed@payroll.example"
+    # the older dead letter stays listed, as delivered since by the resend: --all leaves it out
+    again = json.loads(runner.invoke(cli, ["retry", "--all", "--json"]).output)
+    assert again["requeued"] == [] and again["left_out_resent"] == [keys.email_job_id(MONTH, "emp-00002")]
 
 
 def test_a_fan_out_that_died_half_way_is_resumed_with_only_the_missing_jobs(world):
