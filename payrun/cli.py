@@ -349,20 +349,42 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
     if not rows:
         click.echo("no failed jobs")
         return
+    names = _employee_names(c, [r["employee"] for r in rows if r.get("employee")])
     for r in rows:
         # tries held back by the provider or handed back by a stopping worker spent no attempt
         held, returned = r.get("held", 0), r.get("returned", 0)
         spent = attempts_spent(r["attempts"], held, returned)
         resent = "  [slip delivered since by a resend]" if r.get("delivered_by_resend") else ""
+        who = ""
+        if r.get("employee"):  # HR asks "who did not get a slip?": the person, not only a job id
+            who = f"  ({r['employee']}{' ' + names[r['employee']] if r['employee'] in names else ''}"
+            who += f", company {r['company']})" if r.get("company") is not None else ")"
         click.echo(f"{r['id']:<36} {r['queue']:<10} attempts={spent:<2}{_free_tries(held, returned)} {r['error']}"
-                   f"{resent}")
+                   f"{who}{resent}")
     shown = (f"{len(every):,} failed job(s)" if len(rows) == len(every) else
              f"{len(every):,} failed jobs, the newest {len(rows):,} shown (--limit N for more)")
     resent = sum(1 for r in every if r.get("delivered_by_resend"))
     if resent:
         shown += (f" ({resent:,} of them delivered since by `payrun resend`: `payrun status` counts those "
                   "slips as sent, and retry --all leaves them out)")
+    if resent == len(every):
+        click.echo(f"{shown}; nothing left to retry: every one of these slips was delivered by a resend")
+        return
     click.echo(f"{shown}; retry with: payrun retry ID… or {_retry_all(queue, error_text, company)}")
+
+
+def _employee_names(c: Ctx, employee_ids: list[str]) -> dict[str, str]:
+    """employee id -> name_en, from the payroll database if there is one."""
+    if not employee_ids or not c.cfg.payroll_path.exists():
+        return {}
+    ids = sorted(set(employee_ids))
+    out: dict[str, str] = {}
+    conn = c.payroll().conn
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        out.update(conn.execute(f"SELECT id, name_en FROM employees WHERE id IN ({','.join('?' * len(chunk))})",
+                                chunk).fetchall())
+    return out
 
 
 def _retry_all(queue: str | None, error_text: str | None, company: int | None) -> str:

@@ -42,11 +42,11 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
                 "ended_at": job.ended_at.isoformat() if job.ended_at else None,
             })
     if ledger is not None and out:
-        companies = ledger.companies_of([r["id"] for r in out])
+        whose = ledger.whose([r["id"] for r in out])
         returned = ledger.returned_tries([r["id"] for r in out])
         resent = ledger.delivered_by_resend([slip_key(r["key"]) for r in out if r.get("key")])
         for r in out:
-            r["company"] = companies.get(r["id"])
+            r["company"], r["employee"] = whose.get(r["id"], (None, None))
             r["returned"] = max(r["returned"], returned.get(r["id"], 0))
             # HR sent the slip again (`payrun resend`) and that one was delivered: the job
             # still failed, but the employee has the slip (status counts it as sent)

@@ -391,11 +391,16 @@ class Ledger:
 
     def companies_of(self, job_ids: list[str]) -> dict[str, int]:
         """job id -> company id, for the ids the ledger knows."""
-        out: dict[str, int] = {}
+        return {i: c for i, (c, _) in self.whose(job_ids).items()}
+
+    def whose(self, job_ids: list[str]) -> dict[str, tuple[int | None, str | None]]:
+        """job id -> (company id, employee id), for the ids the ledger knows."""
+        out: dict[str, tuple[int | None, str | None]] = {}
         for chunk in iter_chunks(list(job_ids), 500):
             marks = ",".join("?" * len(chunk))
-            for r in self.db.query(f"SELECT id, company_id FROM jobs WHERE id IN ({marks})", tuple(chunk)):
-                out[r["id"]] = r["company_id"]
+            for r in self.db.query(f"SELECT id, company_id, employee_id FROM jobs WHERE id IN ({marks})",
+                                   tuple(chunk)):
+                out[r["id"]] = (r["company_id"], r["employee_id"])
         return out
 
     def returned_tries(self, job_ids: list[str]) -> dict[str, int]:

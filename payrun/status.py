@@ -215,7 +215,7 @@ def format_report(r: dict[str, Any]) -> str:
     if not r["month"]:
         return "no pay run yet: `payrun run --month YYYY-MM` starts one"
     others = [m for m in r.get("months", []) if m != r["month"]]
-    lines = [f"Pay run {r['month']}: {r['total']['total']:,} slips"
+    lines = [f"Pay run {r['month']}: {r['total']['total']:,} slip{'' if r['total']['total'] == 1 else 's'}"
              + (f"  (other runs: {'…, ' if len(others) > 6 else ''}{', '.join(others[-6:])}; --month picks one"
                 f"{f', --json lists all {len(others)}' if len(others) > 6 else ''})" if others else "")]
     no_slip = bool(r["total"].get("no_slip"))  # the column only when someone has no slip

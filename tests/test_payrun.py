@@ -656,10 +656,14 @@ def test_a_failed_slip_that_a_resend_delivered_counts_as_sent(world, provider):
     assert counts["failed"] == 0 and counts["done"] == counts["total"]
     listed = runner.invoke(cli, ["failed"]).output
     assert "[slip delivered since by a resend]" in listed and "1 of them delivered since" in listed
+    assert "nothing left to retry: every one of these slips was delivered by a resend" in listed
+    name = db.conn.execute("SELECT name_en FROM employees WHERE id = 'emp-00005'").fetchone()[0]
+    assert f"(emp-00005 {name}, company {company})" in listed  # who, not only which job
     assert json.loads(runner.invoke(cli, ["failed", "--json"]).output)[0]["delivered_by_resend"] is True
     out = runner.invoke(cli, ["retry", "--all", "--json"])
     render_id = keys.render_job_id(MONTH, "emp-00005")
-    assert json.loads(out.output) == {"requeued": [], "not_found": [], "left_out_resent": [render_id]}
+    assert json.loads(out.output) == {"requeued": [], "not_found": [], "left_out_resent": [render_id],
+                                      "left_out_same_slip": []}
     assert "left out 1 whose slip a `payrun resend` delivered since" in runner.invoke(cli, ["retry", "--all"]).output
     # the console's "retry all matching" acts on the same set
     from console.failed import FailedFilter, matching_ids
