@@ -27,8 +27,12 @@ One named resource (``email``) has
 Each decision is one Lua script using Redis's clock (hosts' clocks may differ).
 
 The values in force live in the hash ``payrun:limit:<name>`` (fields ``cap``,
-``rate_per_s``) so they can be changed while running (`payrun limits set`); a worker
-seeds them from its config with HSETNX at start.
+``rate_per_s``) so they can be changed while running (`payrun limits set`). A send-email
+process writes its config's values there at start, except a value an operator set
+(`payrun limits set`, the console: ``<field>_set_at`` says when), which stays until
+`payrun limits reset`; the config's values are kept beside it (``config_<field>``), so
+`payrun limits show` can say which applies. (Up to session 24 the first start's values
+stayed for good: a config edit never applied, and an incident's override outlived it.)
 
 Lanes take a slot *before* they dequeue, so a job never waits for a slot while
 holding a worker or its lease, and waiting never spends a retry attempt.
@@ -40,6 +44,7 @@ import functools
 import threading
 import time
 import uuid
+from typing import Any
 from dataclasses import dataclass
 
 from jobs.policy import (GATE_FIT, GATE_MARGIN_DECAY_MS_PER_S, GATE_MARGIN_MAX_MS, GATE_MARGIN_MIN_MS,
@@ -317,10 +322,11 @@ class Limiter:
         self._lock = threading.Lock()
         self._passed = threading.local()  # (member, monotonic) of this thread's last gate pass
 
-    def seed(self) -> None:
-        """Write this config's values unless someone already set them (at run time)."""
-        self.conn.hsetnx(self.k_conf, "cap", self.default_cap)
-        self.conn.hsetnx(self.k_conf, "rate_per_s", self.default_rate)
+    def seed(self) -> dict[str, tuple[str, str]]:
+        """Put this config's values in force, except those an operator set at run time
+        (kept until `payrun limits reset`). Returns {field: (value in force, set at)} for
+        the overrides kept, for the caller to log."""
+        return seed_limits(self.conn, self.name, self.default_cap, self.default_rate)
 
     def settings(self) -> Settings:
         raw = self.conn.hgetall(self.k_conf)
@@ -589,13 +595,73 @@ def free_dead_slots(conn, name: str = "email", now: float | None = None) -> list
     return free
 
 
+LIMIT_FIELDS = ("cap", "rate_per_s")
+
+# KEYS[1]: the limit's hash; ARGV: cap, rate from the config. A field with <field>_set_at
+# (an operator's value) is kept; the others take the config's. Returns the kept ones as
+# {field, value, set_at, ...}.
+_SEED = """
+local kept = {}
+local fields = {'cap', 'rate_per_s'}
+for i, f in ipairs(fields) do
+  redis.call('HSET', KEYS[1], 'config_' .. f, ARGV[i])
+  local at = redis.call('HGET', KEYS[1], f .. '_set_at')
+  if at then
+    table.insert(kept, f)
+    table.insert(kept, redis.call('HGET', KEYS[1], f) or '')
+    table.insert(kept, at)
+  else
+    redis.call('HSET', KEYS[1], f, ARGV[i])
+  end
+end
+return kept
+"""
+
+
+def seed_limits(conn, name: str, cap: int, rate_per_s: float) -> dict[str, tuple[str, str]]:
+    """A send-email process's start: the config's cap and rate in force, but for a value
+    an operator set (kept: {field: (value, set at)}), in one script (two processes
+    starting at once)."""
+    flat = conn.eval(_SEED, 1, keys.limit_conf(name), int(cap), float(rate_per_s))
+    out = {}
+    for i in range(0, len(flat or []), 3):
+        f, v, at = (x.decode() if isinstance(x, bytes) else str(x) for x in flat[i:i + 3])
+        out[f] = (v, at)
+    return out
+
+
+def limit_sources(conn, name: str) -> dict[str, dict]:
+    """Per field: {"value", "config" (what the config said at the last start, or None),
+    "set_at" (when an operator set it, or None)}. Reads only."""
+    raw = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+           for k, v in conn.hgetall(keys.limit_conf(name)).items()}
+    return {f: {"value": raw.get(f), "config": raw.get(f"config_{f}"), "set_at": raw.get(f"{f}_set_at")}
+            for f in LIMIT_FIELDS}
+
+
+def reset_limits(conn, name: str, cap: int, rate_per_s: float) -> None:
+    """`payrun limits reset`: the config's values in force again, no operator override."""
+    with conn.pipeline() as pipe:
+        pipe.hdel(keys.limit_conf(name), *(f"{f}_set_at" for f in LIMIT_FIELDS))
+        pipe.hset(keys.limit_conf(name), mapping={"cap": int(cap), "rate_per_s": float(rate_per_s),
+                                                  "config_cap": int(cap), "config_rate_per_s": float(rate_per_s)})
+        pipe.delete(keys.limit_tat(name))
+        pipe.execute()
+
+
 def set_limits(conn, name: str, cap: int | None = None, rate_per_s: float | None = None) -> None:
-    """Change a limit while running; every worker reads it on its next acquire."""
-    mapping = {}
+    """Change a limit while running (an operator's value: it outlives restarts until
+    `payrun limits reset`); every worker reads it on its next acquire."""
+    from datetime import datetime, timezone
+
+    mapping: dict[str, Any] = {}
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if cap is not None:
         mapping["cap"] = int(cap)
+        mapping["cap_set_at"] = now
     if rate_per_s is not None:
         mapping["rate_per_s"] = float(rate_per_s)
+        mapping["rate_per_s_set_at"] = now
     if mapping:
         with conn.pipeline() as pipe:
             pipe.hset(keys.limit_conf(name), mapping=mapping)

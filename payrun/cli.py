@@ -483,7 +483,10 @@ def limits_show(c: Ctx, as_json: bool) -> None:
     st = lim.settings()
     outage = read_outage(conn)
     pause_ms = conn.pttl(keys.limit_pause("email"))
+    from jobs.limits import limit_sources
+
     data = {"email": {"cap": st.cap, "rate_per_s": st.rate_per_s, "in_use": lim.in_use(), **lim.stats(),
+                      "sources": limit_sources(conn, "email"),
                       "gate_margin_ms": round(lim.gate_margin_ms(), 1), "outage": outage,
                       "outage_after": c.cfg.limits.outage_after,
                       "paused_for_s": round(max(0, pause_ms or 0) / 1000, 1)}}
@@ -491,6 +494,12 @@ def limits_show(c: Ctx, as_json: bool) -> None:
         click.echo(json.dumps(data))
         return
     e = data["email"]
+    for f, src in data["email"]["sources"].items():
+        if src["set_at"]:  # an incident's override outlives restarts and config edits: say so
+            label = "cap" if f == "cap" else "rate"
+            click.echo(f"note: the {label} in force ({src['value']}) was set by `payrun limits set` or the console at "
+                       f"{src['set_at']}; the config says {src['config'] if src['config'] is not None else 'nothing yet'}: "
+                       "`payrun limits reset` goes back to it")
     click.echo(f"email: {e['in_use']} / {e['cap']} in flight, {e['rate_per_s']:g}/s, "
                f"{e.get('waits', 0):,} waits, {e.get('gated', 0):,} held by the send gate, "
                f"{e.get('regated', 0):,} passed it again after a stall, "
@@ -529,6 +538,23 @@ def limits_set(c: Ctx, cap: int | None, rate: float | None) -> None:
     said = ", ".join(x for x in (f"cap {cap}" if cap else "", f"rate {rate:g}/s" if rate else "") if x)
     command = "payrun limits set" + (f" --cap {cap}" if cap else "") + (f" --rate {rate:g}" if rate else "")
     actions.audit(c.cfg, actions.Outcome("limits", command, 1, message=f"email limits now: {said}"), via="cli")
+    click.echo(f"email limits now: {said}")
+
+
+@limits_group.command(name="reset")
+@pass_ctx
+@handle_errors
+def limits_reset(c: Ctx) -> None:
+    """Put the config's email cap and rate back in force (limits.email_concurrency,
+    limits.email_rate_per_s), ending any `payrun limits set` or console override."""
+    from console import actions
+    from jobs.limits import reset_limits
+
+    cap, rate = c.cfg.limits.email_concurrency, c.cfg.limits.email_rate_per_s
+    reset_limits(c.redis(), "email", cap, rate)
+    said = f"cap {cap}, rate {rate:g}/s (the config's)"
+    actions.audit(c.cfg, actions.Outcome("limits", "payrun limits reset", 1, message=f"email limits now: {said}"),
+                  via="cli")
     click.echo(f"email limits now: {said}")
 
 
@@ -717,7 +743,10 @@ def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> N
         from jobs.limits import email_limiter
 
         limiter = email_limiter(conn, c.cfg)
-        limiter.seed()
+        for field_, (value, at) in limiter.seed().items():
+            logging.getLogger("payrun.limits").warning("email limits: %s = %s was set by an operator at %s and stays in force (the config says "
+                        "%s): `payrun limits reset` goes back to the config", field_, value, at,
+                        limiter.default_cap if field_ == "cap" else limiter.default_rate)
         run_lanes(conn, list(queues), lanes or c.cfg.email.lanes, burst=burst, grace_s=c.cfg.lease.grace_s,
                   limiter=limiter)
         return

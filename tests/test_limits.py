@@ -9,7 +9,7 @@ import threading
 import time
 
 from conftest import wait_for
-from jobs.limits import Limiter, set_limits
+from jobs.limits import Limiter, Settings, set_limits
 from jobs.runtime import make_queue
 from payrun import keys
 
@@ -423,3 +423,43 @@ def test_a_provider_429_says_how_long_after_its_gate_pass_the_request_left(conn,
     assert t0_ms - 1 <= stamp <= written < t0_ms + 10_000
     assert conn.pttl(keys.limit_pause("email")) > 0  # everyone waits
     tasks.settings.cache_clear()
+
+
+def test_the_configs_limits_apply_at_each_start_unless_an_operator_set_one(conn):
+    """Ops walkthrough: the first start's cap and rate stayed in Redis for good, so a
+    config edit never applied and an incident's `limits set` outlived every restart
+    unseen. Now each send-email start puts the config's values in force, except one an
+    operator set, which stays (and says so) until `payrun limits reset`."""
+    from jobs.limits import limit_sources, reset_limits, seed_limits
+
+    assert seed_limits(conn, "email", 50, 40.0) == {}
+    assert Limiter(conn, "email", 1, 1.0, lease_s=60).settings() == Settings(cap=50, rate_per_s=40.0)
+    assert seed_limits(conn, "email", 45, 33.0) == {}  # the config edited: in force at the next start
+    assert Limiter(conn, "email", 1, 1.0, lease_s=60).settings() == Settings(cap=45, rate_per_s=33.0)
+    set_limits(conn, "email", rate_per_s=25.0)  # an incident
+    kept = seed_limits(conn, "email", 45, 33.0)  # a restart (a deploy, down/up)
+    assert set(kept) == {"rate_per_s"} and kept["rate_per_s"][0] == "25.0"
+    assert Limiter(conn, "email", 1, 1.0, lease_s=60).settings() == Settings(cap=45, rate_per_s=25.0)
+    src = limit_sources(conn, "email")
+    assert src["rate_per_s"]["set_at"] and src["rate_per_s"]["config"] == "33.0" and src["cap"]["set_at"] is None
+    reset_limits(conn, "email", 45, 33.0)
+    assert seed_limits(conn, "email", 45, 33.0) == {}
+    assert Limiter(conn, "email", 1, 1.0, lease_s=60).settings() == Settings(cap=45, rate_per_s=33.0)
+    assert limit_sources(conn, "email")["rate_per_s"]["set_at"] is None
+
+
+def test_limits_show_and_reset_from_the_cli(cfg, conn):
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    runner = CliRunner()
+    Limiter(conn, "email", cfg.limits.email_concurrency, cfg.limits.email_rate_per_s, lease_s=60).seed()
+    assert runner.invoke(cli, ["limits", "set", "--rate", "12"]).exit_code == 0
+    shown = runner.invoke(cli, ["limits", "show"]).output
+    assert "note: the rate in force (12.0) was set by `payrun limits set` or the console at" in shown, shown
+    assert f"the config says {cfg.limits.email_rate_per_s}" in shown and "`payrun limits reset`" in shown
+    out = runner.invoke(cli, ["limits", "reset"])
+    assert out.exit_code == 0 and f"rate {cfg.limits.email_rate_per_s:g}/s (the config's)" in out.output
+    shown = runner.invoke(cli, ["limits", "show"]).output
+    assert "note:" not in shown and f"{cfg.limits.email_rate_per_s:g}/s" in shown
