@@ -328,8 +328,9 @@ class SmtpTransport:
                         smtplib.SMTPConnectError: "SMTP refused connection"}.get(type(e), "SMTP error")
                 if isinstance(e, (smtplib.SMTPAuthenticationError, smtplib.SMTPSenderRefused)):
                     # our login or our sender address, not this slip: every send would fail
-                    raise AccountRefused(f"the server refused our login or sender, check email.url and "
-                                         f"email.sender: {what}: {e.smtp_code} {_short(e.smtp_error)}") from None
+                    raise AccountRefused(f"the server refused our login or sender, check PAYRUN_SMTP_PASSWORD (or the "
+                                         f"login in email.url) and email.sender: {what}: {e.smtp_code} "
+                                         f"{_short(e.smtp_error)}") from None
                 raise _classify_smtp(e.smtp_code, e.smtp_error, what) from None
             except (smtplib.SMTPServerDisconnected, socket.timeout, TimeoutError) as e:
                 healthy = False
@@ -566,8 +567,8 @@ class HttpTransport:
         if status >= 500 or status == 408:
             raise TransientError(text, retry_after_s=_retry_after(resp.getheader("Retry-After")))
         if status in (401, 403):  # our token or account, not this slip: every send would fail
-            raise AccountRefused(f"the provider refused our credentials, check the token in PAYRUN_EMAIL_URL / "
-                                 f"email.url: {text}")  # (the hint first: status shows 120 characters)
+            raise AccountRefused(f"the provider refused our credentials, check PAYRUN_EMAIL_TOKEN (the provider's "
+                                 f"token): {text}")  # (the hint first: status shows the start)
         if 400 <= status < 500:
             raise PermanentError(text)
         raise TransientError(f"{where}: unexpected HTTP {status}")

@@ -152,11 +152,24 @@ def outage_text(out: dict[str, Any], tz: str) -> str:
     now = (f"every sender paused for {out['paused_for_s']:.0f} s more, then one send probes it"
            if out["state"] == "paused" else "one send at a time probes it")
     if out["last_error"].startswith("AccountRefused"):  # not down: it refuses us until someone fixes it
-        return (f"the email provider refuses our credentials since {since} ({out['failed_in_a_row']:,} sends in "
-                f"a row, last: {out['last_error'][:160]}): {now}; fix the token or login, and the sends held "
-                f"back go out (each spends no attempt for its first {OUTAGE_HOLDS_PER_JOB} holds)")
+        # the action first: the engineer at 02:00 reads the start of the line
+        return (f"the email provider refuses our credentials since {since}: fix the token or login "
+                f"(PAYRUN_EMAIL_TOKEN; SMTP: PAYRUN_SMTP_PASSWORD), and the sends held back go out (each spends "
+                f"no attempt for its first {OUTAGE_HOLDS_PER_JOB} holds); {now}; {out['failed_in_a_row']:,} sends "
+                f"in a row refused, last: {cut(out['last_error'], 160)}")
     return (f"the email provider is down since {since} ({out['failed_in_a_row']:,} sends in a row failed, last: "
-            f"{out['last_error'][:120]}): {now}; the sends held back spend no attempt and go out once it answers")
+            f"{cut(out['last_error'], 120)}): {now}; the sends held back spend no attempt and go out once it answers")
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, cut at a word's end with "…" (a cut
+    mid-word, "(simul)", read like a typo)."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 1]
+    if " " in head[limit // 2:]:
+        head = head[:head.rindex(" ")]
+    return head.rstrip(" ,;:") + "…"
 
 
 def intake_notes(conn) -> list[str]:

@@ -272,7 +272,7 @@ def test_smtp_auth_password_from_env_never_in_errors(monkeypatch):
         with pytest.raises(AccountRefused) as ei:
             bad.send(make_msg())
         assert "535" in str(ei.value) and "wr0ng" not in str(ei.value)
-        assert "check email.url" in str(ei.value) and counts_as_provider_failure(ei.value)
+        assert "check PAYRUN_SMTP_PASSWORD" in str(ei.value) and counts_as_provider_failure(ei.value)
     finally:
         ctl.stop()
 

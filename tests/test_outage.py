@@ -342,7 +342,11 @@ def test_a_provider_refusing_our_credentials_is_an_outage_not_a_run_of_permanent
 
     note = outage_text(out, "Asia/Dhaka")  # what status, queues and limits show says
     assert note.startswith("the email provider refuses our credentials since"), note
-    assert "check the token in PAYRUN_EMAIL_URL" in note and "fix the token" in note
+    assert "check PAYRUN_EMAIL_TOKEN" in note and "fix the token or login (PAYRUN_EMAIL_TOKEN;" in note[:120], note
+    from payrun.status import cut
+
+    assert cut("HTTP 401 provider outage (simulated)", 30) == "HTTP 401 provider outage…"
+    assert cut("short", 30) == "short" and len(cut("x" * 50, 20)) == 20
     provider.end_outage()
     end_pause(conn)
     assert _send(conn, cfg, 10)  # the probe, once the token is fixed: delivered
