@@ -438,6 +438,7 @@ class EventsMixin:
         job._held_try = False
         job.meta["last_error"] = events.one_line(verdict.reason)
         job.meta["error_attempt"] = job.meta.get("attempt")
+        job.meta["permanent"] = not verdict.transient  # (`payrun failed`: fix the data before a retry)
         if verdict.retry_after_s:
             job.meta["retry_after"] = verdict.retry_after_s
         if not verdict.transient:

@@ -199,6 +199,10 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
                            f"employees were added: `payrun run --month {month} --resume` creates their slips")
 
 
+PERMANENT_HINT = ("failed for good on its data (a permanent error: the address refused, a name too long ...): "
+                  "a retry alone fails again; fix the employee in the payroll data (`payrun import`), then "
+                  "`payrun retry ID`")
+
 _NAMED = 10
 """How many employees an import's notes name before "... and N more"."""
 
@@ -354,7 +358,8 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         # tries held back by the provider or handed back by a stopping worker spent no attempt
         held, returned = r.get("held", 0), r.get("returned", 0)
         spent = attempts_spent(r["attempts"], held, returned)
-        resent = "  [slip delivered since by a resend]" if r.get("delivered_by_resend") else ""
+        resent = "  [slip delivered since by a resend]" if r.get("delivered_by_resend") else (
+            "  [permanent: fix the data, then retry]" if r.get("permanent") else "")
         who = ""
         if r.get("employee"):  # HR asks "who did not get a slip?": the person, not only a job id
             who = f"  ({r['employee']}{' ' + names[r['employee']] if r['employee'] in names else ''}"
@@ -370,6 +375,10 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
     if resent == len(every):
         click.echo(f"{shown}; nothing left to retry: every one of these slips was delivered by a resend")
         return
+    permanent = sum(1 for r in every if r.get("permanent") and not r.get("delivered_by_resend"))
+    if permanent:
+        shown += (f"; {permanent:,} of them failed for good on their data (an address refused, a name too long): "
+                  "a retry alone fails again, fix the employee first (`payrun import`)")
     click.echo(f"{shown}; retry with: payrun retry ID… or {_retry_all(queue, error_text, company)}")
 
 
@@ -424,10 +433,12 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
     row = c.ledger().job(job_id)
     conn = _maybe_redis(c)
     tb = rq_status = None
+    permanent = False
     if conn is not None:
         try:
             job = PayrunJob.fetch(job_id, connection=conn)
             rq_status = job.get_status()
+            permanent = bool(job.meta.get("permanent"))
             result = job.latest_result()
             tb = result.exc_string if result is not None and result.exc_string else None
         except Exception:
@@ -458,7 +469,9 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             click.echo(f"  #{h['attempt']} {h.get('started_at') or '?'} -> {h.get('ended_at') or '…'} "
                        f"{h.get('outcome')}{delay}  {h.get('error') or ''}".rstrip())
     if rq_status:
-        click.echo(f"in Redis: {rq_status}")
+        click.echo(f"in Redis: {getattr(rq_status, 'value', rq_status)}")
+        if permanent and getattr(rq_status, "value", rq_status) == "failed":
+            click.echo(PERMANENT_HINT)
     if tb:
         click.echo("last traceback:\n" + tb.rstrip())
 

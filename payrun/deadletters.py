@@ -39,6 +39,8 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
                 # the reaper) spent no attempt: events.attempts_spent
                 "attempts": job.meta.get("attempt", 0), "held": int(job.meta.get("held", 0)),
                 "returned": job.returned_tries, "error": last_error,
+                # the last try's error was permanent (EventsMixin._classify_exception): the data, not luck
+                "permanent": bool(job.meta.get("permanent")),
                 "ended_at": job.ended_at.isoformat() if job.ended_at else None,
             })
     if ledger is not None and out:
@@ -165,7 +167,7 @@ def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None) -> tuple[list[
         # attempts keep counting (the ledger's history stays whole); the backoff restarts
         job.meta.update(budget_start=int(job.meta.get("attempt", 0)), budget_returned=job.returned_tries,
                         retry=vars(policy))
-        for k in ("last_error", "error_attempt", "retry_after", "last_delay"):
+        for k in ("last_error", "error_attempt", "retry_after", "last_delay", "permanent"):
             job.meta.pop(k, None)
         _refresh_address(job, payroll_db)
         _refresh_snapshot(job, payroll_db)

@@ -321,7 +321,11 @@ def test_bad_address_fixed_then_retried_is_delivered(world, provider):
     runner = CliRunner()
     listed = json.loads(runner.invoke(cli, ["failed", "--json"]).output)
     assert [r["id"] for r in listed] == [keys.email_job_id(MONTH, "emp-00002")]
-    assert "invalid recipient" in listed[0]["error"] and listed[0]["attempts"] == 1
+    assert "invalid recipient" in listed[0]["error"] and listed[0]["attempts"] == 1 and listed[0]["permanent"] is True
+    text = runner.invoke(cli, ["failed"]).output  # the on-call engineer: fix first, a retry alone fails again
+    assert "[permanent: fix the data, then retry]" in text and "1 of them failed for good on their data" in text
+    shown = runner.invoke(cli, ["job", listed[0]["id"]]).output
+    assert "in Redis: failed\n" in shown and "fix the employee in the payroll data (`payrun import`)" in shown
     ledger_mod.drain(conn, ledger)
     detail = json.loads(runner.invoke(cli, ["job", listed[0]["id"], "--json"]).output)
     assert detail["rq_status"] == "failed" and "PermanentError" in detail["traceback"]
