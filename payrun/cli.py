@@ -359,7 +359,7 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         held, returned = r.get("held", 0), r.get("returned", 0)
         spent = attempts_spent(r["attempts"], held, returned)
         resent = "  [slip delivered since by a resend]" if r.get("delivered_by_resend") else (
-            "  [permanent: fix the data, then retry]" if r.get("permanent") else "")
+            "  [permanent: fix the data, then retry]" if r.get("permanent") and r.get("employee") else "")
         who = ""
         if r.get("employee"):  # HR asks "who did not get a slip?": the person, not only a job id
             who = f"  ({r['employee']}{' ' + names[r['employee']] if r['employee'] in names else ''}"
@@ -375,11 +375,11 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
     if resent == len(every):
         click.echo(f"{shown}; nothing left to retry: every one of these slips was delivered by a resend")
         return
-    permanent = sum(1 for r in every if r.get("permanent") and not r.get("delivered_by_resend"))
-    if permanent:
-        shown += (f"; {permanent:,} of them failed for good on their data (an address refused, a name too long): "
-                  "a retry alone fails again, fix the employee first (`payrun import`)")
     click.echo(f"{shown}; retry with: payrun retry ID… or {_retry_all(queue, error_text, company)}")
+    permanent = sum(1 for r in every if r.get("permanent") and r.get("employee") and not r.get("delivered_by_resend"))
+    if permanent:
+        click.echo(f"note: {permanent:,} of them failed for good on the employee's data (an address refused, a name "
+                   "too long): a retry alone fails again; fix the employee first (`payrun import`), then retry")
 
 
 def _employee_names(c: Ctx, employee_ids: list[str]) -> dict[str, str]:

@@ -116,7 +116,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     if conn is not None and not redis_failed:
         try:
             lag, lag_age = backlog(conn), round(backlog_age_s(conn), 1)
-            notes += intake_notes(conn) if in_progress else []
+            notes += intake_notes(conn, waiting_only=not in_progress)  # (a resend waits too)
             from jobs.limits import read_outage
 
             outage = read_outage(conn)
@@ -172,10 +172,11 @@ def cut(text: str, limit: int) -> str:
     return head.rstrip(" ,;:") + "…"
 
 
-def intake_notes(conn) -> list[str]:
+def intake_notes(conn, waiting_only: bool = False) -> list[str]:
     """Why waiting jobs may not move: intake drained (`payrun drain`, which outlives `payrun
     down`/`up`), or no live worker takes from a queue that has jobs. One round trip, plus
-    one per queue with jobs waiting."""
+    one per queue with jobs waiting. ``waiting_only``: the drain too only if jobs wait (a
+    run is over, but a resend or a reminder may be waiting)."""
     from rq.suspension import WORKERS_SUSPENDED
 
     from payrun import keys
@@ -190,6 +191,8 @@ def intake_notes(conn) -> list[str]:
         suspended, paused, *per = p.execute()
     notes = []
     drained = sorted(m.decode() if isinstance(m, bytes) else m for m in paused)
+    if waiting_only and not any(per[0::2]):
+        return notes
     if suspended:
         notes.append("intake is drained everywhere (`payrun drain`): no worker takes a new job until `payrun resume`")
     elif drained:
@@ -204,7 +207,7 @@ def intake_notes(conn) -> list[str]:
                 p.exists(keys.alive(n))
             live = sum(map(bool, p.execute())) if names else 0
         if not live:
-            notes.append(f"{waiting:,} jobs wait on {q} and no {q} worker is running: "
+            notes.append(f"{waiting:,} {'job waits' if waiting == 1 else 'jobs wait'} on {q} and no {q} worker is running: "
                          f"is `payrun up` running (`payrun ps`)?")
     return notes
 

@@ -148,7 +148,12 @@ def register(cli) -> None:
         if as_json:
             click.echo(json.dumps(out))
         else:
-            click.echo(f"queued resend {out['key']} for {out['email']} (job {out['job']})")
+            click.echo(f"queued resend {out['key']} for {out['email']} (job {out['job']}; its send: "
+                       f"{out['send_job']})")
+            from payrun.status import intake_notes
+
+            for note in intake_notes(c.redis(), waiting_only=True):  # HR promised it: say if nothing will take it
+                click.echo(f"note: {note}")
 
     @cli.command(name="remind")
     @click.option("--company", "company_id", type=int, default=None, help="Company id.")
@@ -256,6 +261,8 @@ def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
     from payrun import keys, payroll
     from payrun.runs import validate_month
 
+    from jobs import oneoff
+
     validate_month(month)
     snap = payroll.employee_snapshot(db, month, employee_id)
     if not ledger.has_slip_job(employee_id, month):
@@ -289,7 +296,7 @@ def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
                        result_ttl=24 * 3600, failure_ttl=30 * 24 * 3600, description=f"resend slip {key}",
                        meta={"kind": "resend", "key": key, "company": snap["company"]["id"], "retry": vars(retry)})
     return {"job": job_id, "key": key, "n": n, "email": snap["employee"]["email"], "month": month,
-            "employee": employee_id}
+            "employee": employee_id, "send_job": oneoff.resend_email_job_id(month, employee_id, n)}
 
 
 BATCH_RE = re.compile(r"c[0-9]+-[0-9]{8}T[0-9]{6}Z")

@@ -323,7 +323,7 @@ def test_bad_address_fixed_then_retried_is_delivered(world, provider):
     assert [r["id"] for r in listed] == [keys.email_job_id(MONTH, "emp-00002")]
     assert "invalid recipient" in listed[0]["error"] and listed[0]["attempts"] == 1 and listed[0]["permanent"] is True
     text = runner.invoke(cli, ["failed"]).output  # the on-call engineer: fix first, a retry alone fails again
-    assert "[permanent: fix the data, then retry]" in text and "1 of them failed for good on their data" in text
+    assert "[permanent: fix the data, then retry]" in text and "note: 1 of them failed for good on the employee's data" in text
     shown = runner.invoke(cli, ["job", listed[0]["id"]]).output
     assert "in Redis: failed\n" in shown and "fix the employee in the payroll data (`payrun import`)" in shown
     ledger_mod.drain(conn, ledger)
@@ -431,7 +431,7 @@ def test_run_and_status_say_why_jobs_will_not_move(world, provider, monkeypatch)
 
     from payrun import status as status_mod
 
-    def gone(conn):
+    def gone(conn, **kw):
         raise RedisDown("Redis went away after the first look")
 
     real = status_mod.intake_notes
@@ -528,6 +528,23 @@ def test_resume_gives_no_second_slip_to_an_employee_resent_by_hand(world, tmp_pa
     assert data["jobs_created"] == 1 and data["companies_added_to"] == [1]
     ids = make_queue(keys.RENDER_QUEUE, conn).get_job_ids()
     assert keys.render_job_id(MONTH, "emp-90002") in ids and keys.render_job_id(MONTH, "emp-90001") not in ids
+
+
+def test_a_resend_that_nothing_will_take_says_so(world):
+    """Ops walkthrough: a resend queued while no worker ran was reported nowhere (status
+    looked at workers only while the run's slips were in progress)."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)  # the run is over; the workers stopped (burst)
+    out = CliRunner().invoke(cli, ["resend", "--employee", "emp-00003", "--month", MONTH])
+    assert out.exit_code == 0 and f"its send: email-{MONTH}-emp-00003-resend-1)" in out.output
+    assert "note: 1 job waits on pdf-render and no pdf-render worker is running" in out.output, out.output
+    notes = json.loads(CliRunner().invoke(cli, ["status", "--json"]).output)["notes"]
+    assert any("waits on pdf-render and no pdf-render worker is running" in n for n in notes), notes
 
 
 def test_a_resend_of_a_month_never_run_is_refused(world):
