@@ -96,7 +96,8 @@ def register(cli) -> None:
             click.echo("all intake stopped (RQ suspended): `payrun resume`")
         if snap.limits:
             lim = snap.limits
-            click.echo(f"email limits: {lim.in_use} / {lim.cap} in flight, {lim.rate_per_s:g}/s, "
+            waiting = f" ({lim.waiting_for_rate} waiting for the rate)" if lim.waiting_for_rate else ""
+            click.echo(f"email limits: {lim.in_use} / {lim.cap} in flight{waiting}, {lim.rate_per_s:g}/s, "
                        f"{lim.http_429:,} 429s seen"
                        + (f", {lim.duplicates:,} resends deduped by the provider" if lim.duplicates else ""))
             if lim.outage and lim.outage["pauses"]:

@@ -178,6 +178,8 @@ class Limits:
     """The provider failing sends in a row, or down (jobs.limits.read_outage)."""
     duplicates: int = 0
     """Sends the provider deduped: resends of slips it already had (a killed sender's)."""
+    waiting_for_rate: int = 0
+    """Of in_use, senders waiting for their start under the rate (jobs.limits.waiting_for_rate)."""
 
 
 @dataclass
@@ -439,16 +441,20 @@ def read_limits(conn, cfg) -> Limits:
         p.hgetall(keys.limit_stats(name))
         p.pttl(keys.limit_pause(name))
         p.hgetall(keys.limit_outage(name))
-        conf, in_use, stats, pause, outage_raw = p.execute()
+        p.get(keys.limit_tat(name))
+        conf, in_use, stats, pause, outage_raw, tat = p.execute()
     conf = {_s(k): _s(v) for k, v in conf.items()}
     stats = {_s(k): int(v) for k, v in stats.items()}
     from jobs.limits import outage_from
 
+    from jobs.limits import waiting_for_rate
+
     outage = outage_from(outage_raw, pause, now_ms=now_ms)
-    return Limits(cap=int(float(conf.get("cap", cfg.limits.email_concurrency))),
-                  rate_per_s=float(conf.get("rate_per_s", cfg.limits.email_rate_per_s)),
+    rate = float(conf.get("rate_per_s", cfg.limits.email_rate_per_s))
+    return Limits(cap=int(float(conf.get("cap", cfg.limits.email_concurrency))), rate_per_s=rate,
                   in_use=int(in_use), waits=stats.get("waits", 0), http_429=stats.get("http_429", 0),
-                  paused_for_s=max(0, int(pause)) / 1000, outage=outage, duplicates=stats.get("duplicates", 0))
+                  paused_for_s=max(0, int(pause)) / 1000, outage=outage, duplicates=stats.get("duplicates", 0),
+                  waiting_for_rate=waiting_for_rate(float(tat) if tat else None, now_ms, rate, int(in_use)))
 
 
 def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis_stuck: list[str],

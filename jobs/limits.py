@@ -328,6 +328,15 @@ class Limiter:
         the overrides kept, for the caller to log."""
         return seed_limits(self.conn, self.name, self.default_cap, self.default_rate)
 
+    def waiting_for_rate(self, in_use: int) -> int:
+        """``waiting_for_rate`` now, read from Redis (its clock)."""
+        with self.conn.pipeline(transaction=False) as p:
+            p.get(self.k_tat)
+            p.time()
+            tat, (sec, usec) = p.execute()
+        return waiting_for_rate(float(tat) if tat else None, sec * 1000 + usec / 1000, self.settings().rate_per_s,
+                                in_use)
+
     def settings(self) -> Settings:
         raw = self.conn.hgetall(self.k_conf)
         get = lambda f, d: float(raw.get(f.encode(), raw.get(f, d)))  # noqa: E731
@@ -593,6 +602,17 @@ def free_dead_slots(conn, name: str = "email", now: float | None = None) -> list
             p.expire(k_seen, 3600)
             p.execute()
     return free
+
+
+def waiting_for_rate(tat_ms: float | None, now_ms: float, rate_per_s: float, in_use: int) -> int:
+    """Of the ``in_use`` slots, about how many are held by senders waiting for their start
+    under the rate (reserved, not yet at the provider): the rate's schedule runs
+    ``tat - now`` ms ahead, one start per 1000 / rate ms. "50 / 50 in flight" at a rate of
+    12/s is mostly senders waiting, not requests at the provider: raising the cap does
+    nothing then (ops walkthrough)."""
+    if not tat_ms or tat_ms <= now_ms or rate_per_s <= 0:
+        return 0
+    return min(int(in_use), round((tat_ms - now_ms) * rate_per_s / 1000.0))
 
 
 LIMIT_FIELDS = ("cap", "rate_per_s")

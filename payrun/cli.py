@@ -498,7 +498,9 @@ def limits_show(c: Ctx, as_json: bool) -> None:
     pause_ms = conn.pttl(keys.limit_pause("email"))
     from jobs.limits import limit_sources
 
-    data = {"email": {"cap": st.cap, "rate_per_s": st.rate_per_s, "in_use": lim.in_use(), **lim.stats(),
+    in_use = lim.in_use()
+    data = {"email": {"cap": st.cap, "rate_per_s": st.rate_per_s, "in_use": in_use,
+                      "waiting_for_rate": lim.waiting_for_rate(in_use), **lim.stats(),
                       "sources": limit_sources(conn, "email"),
                       "gate_margin_ms": round(lim.gate_margin_ms(), 1), "outage": outage,
                       "outage_after": c.cfg.limits.outage_after,
@@ -513,7 +515,9 @@ def limits_show(c: Ctx, as_json: bool) -> None:
             click.echo(f"note: the {label} in force ({src['value']}) was set by `payrun limits set` or the console at "
                        f"{src['set_at']}; the config says {src['config'] if src['config'] is not None else 'nothing yet'}: "
                        "`payrun limits reset` goes back to it")
-    click.echo(f"email: {e['in_use']} / {e['cap']} in flight, {e['rate_per_s']:g}/s, "
+    waiting = (f" ({e['waiting_for_rate']} of them waiting for their start under the rate: raising the cap would "
+               "not help)" if e["waiting_for_rate"] else "")
+    click.echo(f"email: {e['in_use']} / {e['cap']} in flight{waiting}, {e['rate_per_s']:g}/s, "
                f"{e.get('waits', 0):,} waits, {e.get('gated', 0):,} held by the send gate, "
                f"{e.get('regated', 0):,} passed it again after a stall, "
                f"{e.get('http_429', 0):,} 429s seen; send gate: 1 s + {e['gate_margin_ms']:g} ms"

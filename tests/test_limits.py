@@ -463,3 +463,20 @@ def test_limits_show_and_reset_from_the_cli(cfg, conn):
     assert out.exit_code == 0 and f"rate {cfg.limits.email_rate_per_s:g}/s (the config's)" in out.output
     shown = runner.invoke(cli, ["limits", "show"]).output
     assert "note:" not in shown and f"{cfg.limits.email_rate_per_s:g}/s" in shown
+
+
+def test_slots_held_by_senders_waiting_for_the_rate_are_told_apart(conn):
+    """Ops walkthrough: at 12/s, "50 / 50 in flight" while the provider saw 16 at once:
+    most slots were lanes waiting for their start under the rate. Raising the cap, which
+    that reading invites, changes nothing: the views now say how many wait."""
+    from jobs.limits import waiting_for_rate
+
+    assert waiting_for_rate(None, 1000.0, 12, 50) == 0
+    assert waiting_for_rate(900.0, 1000.0, 12, 50) == 0  # the schedule is not ahead of now
+    assert waiting_for_rate(1000.0 + 2500, 1000.0, 12, 50) == 30  # 2.5 s of starts at 12/s
+    assert waiting_for_rate(1000.0 + 60_000, 1000.0, 12, 50) == 50  # never more than the slots taken
+    lim = Limiter(conn, "email", 50, 12.0, lease_s=60)
+    lim.seed()
+    sec, usec = conn.time()
+    conn.set(keys.limit_tat("email"), str(sec * 1000 + usec / 1000 + 2000))
+    assert lim.waiting_for_rate(50) in (23, 24)  # 2 s ahead at 12/s (less the ms since)

@@ -138,7 +138,9 @@ class OverviewScreen(ConsoleScreen):
         if lim:
             t.append("email ")
             t.append(f"{lim.in_use}/{lim.cap}", style="bold")
-            t.append(" in flight · ")
+            # slots held by senders waiting for the rate are not requests at the provider
+            t.append(f" in flight ({lim.waiting_for_rate} waiting for the rate) · " if lim.waiting_for_rate
+                     else " in flight · ")
             t.append(f"{lim.rate_per_s:g}/s", style="bold")
             t.append(f" · {lim.waits:,} waits · ")
             t.append(f"{lim.http_429:,} 429s", style="bold red" if lim.http_429 else "")
