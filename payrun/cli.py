@@ -175,6 +175,8 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
                   "unchanged")
     click.echo(f"imported {r.employees} employee{'' if r.employees == 1 else 's'} ({r.employees - known} new, "
                f"{there}) and {r.salary_lines} salary line{'' if r.salary_lines == 1 else 's'} from {csv_file}")
+    if r.ignored_columns:  # HR thinks an `active` or `overtime` column did something
+        click.echo(f"note: column(s) not imported (payrun does not know them): {', '.join(r.ignored_columns)}")
     for emp, was, now in r.moved[:_NAMED]:
         click.echo(f"note: {emp} moved from company {was} to company {now} (for the months in this file; "
                    "other months' slips keep the company of their own salary line)")
@@ -611,7 +613,8 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
     if unknown:
         # bad input: one line, exit 2, nothing requeued (not even the ids that were right)
         # and no audit entry
-        some = "" if len(unknown) == len(job_ids) else f"; nothing was requeued ({len(job_ids) - len(unknown)} of the ids were right)"
+        right = len(job_ids) - len(unknown)
+        some = "" if not right else f"; nothing was requeued ({right} of the ids {'was' if right == 1 else 'were'} right)"
         raise InputError(f"not among failed jobs: {', '.join(unknown)} (ids from `payrun failed`){some}")
     command = _retry_all(queue, error_text, company) if all_ else "payrun retry " + " ".join(job_ids)
     db = c.payroll() if c.cfg.payroll_path.exists() else None

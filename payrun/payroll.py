@@ -484,6 +484,9 @@ class ImportResult:
     moved: list[tuple[str, int, int]] = field(default_factory=list)
     """Employees import: (employee, company before, company now) for each one the file
     moved to another company."""
+    ignored_columns: list[str] = field(default_factory=list)
+    """Columns of the file that are not payrun's: not imported (an `active` or `overtime`
+    column does nothing)."""
     changed_slips: dict[str, list[str]] = field(default_factory=dict)
     """Employees import: month -> employees whose slip for that month (a salary line that
     existed) now reads differently: amounts, name, company, ... (email included: a resend
@@ -567,8 +570,9 @@ def _clean_text(s: str) -> tuple[str, str | None]:
 
 
 def _read_csv(path: str | os.PathLike[str], expected: tuple[str, ...]
-              ) -> tuple[list[tuple[int, dict[str, str]]], list[tuple[int, str]]]:
-    """Read a UTF-8 CSV (BOM allowed). Returns ([(line, row)], [(line, problem)]).
+              ) -> tuple[list[tuple[int, dict[str, str]]], list[tuple[int, str]], list[str]]:
+    """Read a UTF-8 CSV (BOM allowed). Returns ([(line, row)], [(line, problem)], the
+    header's columns that are not in ``expected``: not read, said by the import).
 
     Raises InputError at once for problems that make the rows unreadable (file missing,
     not UTF-8, no header, missing columns). Line numbers are physical lines, header = 1;
@@ -607,8 +611,13 @@ def _read_csv(path: str | os.PathLike[str], expected: tuple[str, ...]
                 raise InputError(f"{p}: line 1 must be a header row with the columns: "
                                  f"{', '.join(expected)}")
             if missing:
+                hint = ""
+                if set(COMPANY_CSV_COLUMNS) <= set(header) and "employee_id" not in header:
+                    hint = "; this looks like a companies file: `payrun import --companies FILE`"
+                elif len(header) == 1 and (";" in header[0] or "\t" in header[0]):
+                    hint = "; the file seems to separate its columns with ';' or tabs: save it as comma-separated CSV"
                 raise InputError(f"{p}: header (line 1) is missing column(s): "
-                                 f"{', '.join(missing)} (expected: {', '.join(expected)})")
+                                 f"{', '.join(missing)} (expected: {', '.join(expected)}){hint}")
             dupes = sorted({h for h in header if h and header.count(h) > 1})
             if dupes:
                 raise InputError(f"{p}: header (line 1) repeats column(s): {', '.join(dupes)}")
@@ -624,7 +633,7 @@ def _read_csv(path: str | os.PathLike[str], expected: tuple[str, ...]
                          f"{', '.join(expected)})")
     if not rows and not problems:
         raise InputError(f"{p}: has a header but no data rows")
-    return rows, problems
+    return rows, problems, [h for h in header if h and h not in expected]
 
 
 def _fail(path: str | os.PathLike[str], problems: list[tuple[int, str]]) -> None:
@@ -684,7 +693,7 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
     existing salary lines for the same (employee, month).
     """
     d = _sdb(db)
-    rows, problems = _read_csv(path, CSV_COLUMNS)
+    rows, problems, ignored = _read_csv(path, CSV_COLUMNS)
     known_companies = {r[0] for r in d.execute("SELECT id FROM companies")}
     seen_line: dict[tuple[str, str], int] = {}
     emp_rows: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -734,7 +743,9 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
             record = {"id": emp, "company_id": cid,
                       **{f: vals[f] for f in EMPLOYEE_FIELDS}}
             if emp in emp_rows and emp_rows[emp][1] != record:
-                why.append(f"{emp}'s details differ from line {emp_rows[emp][0]}")
+                differ = [f for f in record if record[f] != emp_rows[emp][1].get(f)]
+                why.append(f"{emp}'s details differ from line {emp_rows[emp][0]} ({', '.join(differ)}): "
+                           "one employee's details must be the same on every row")
             emp_rows.setdefault(emp, (line, record))
         if why:
             problems.extend((line, w) for w in why)
@@ -766,7 +777,8 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
     return ImportResult(companies=len({e["company_id"] for e in employees}),
                         employees=len(employees), salary_lines=len(lines), existing_employees=sorted(before),
                         months=sorted({ln["month"] for ln in lines}), employee_ids=sorted(ids),
-                        changed_employees=changed, moved=moved, changed_slips=changed_slips)
+                        changed_employees=changed, moved=moved, changed_slips=changed_slips,
+                        ignored_columns=ignored)
 
 
 def _slip_rows(d: "sqlite_utils.Database", lines: list[dict[str, Any]]) -> dict[tuple[str, str], tuple]:
@@ -794,7 +806,7 @@ def import_companies_csv(db: "PayrollDB | sqlite_utils.Database",
     Existing companies with the same id are updated.
     """
     d = _sdb(db)
-    rows, problems = _read_csv(path, COMPANY_CSV_COLUMNS)
+    rows, problems, _ = _read_csv(path, COMPANY_CSV_COLUMNS)
     seen: dict[int, int] = {}
     out: list[dict[str, Any]] = []
     for line, row in rows:

@@ -190,6 +190,8 @@ def start_run(
     result = RunResult(month=month, owner=owner)
     companies = payroll.company_ids_for(payroll_db, month, company_id)
     if company_id is not None and not companies:
+        if company_id not in {c["id"] for c in payroll.companies(payroll_db)}:
+            raise InputError(f"no company {company_id} in the payroll database")
         raise InputError(f"company {company_id} has no salary lines for {month} (import or seed them first)")
     if not companies:
         raise InputError(f"no salary lines for {month}: import them (`payrun import FILE.csv`) or "

@@ -328,3 +328,35 @@ def test_a_worker_option_that_does_not_apply_is_refused_not_ignored(runner):
     msg = one_line_error(runner.invoke(cli, ["worker", "pdf-render", "--lanes", "5"]))
     assert "--lanes is for send-email workers" in msg
     assert "unknown queue 'pdf'" in one_line_error(runner.invoke(cli, ["worker", "pdf"]))
+
+
+def test_import_says_what_it_did_not_read_and_which_detail_differs(runner, cfg, tmp_path):
+    """HR walkthrough: an `active` column (to mark a leaver) was dropped without a word; a
+    companies file given without --companies listed every missing column; "details differ"
+    did not say which; `run --company 99` sent HR to import salary lines for a company that
+    does not exist."""
+    import csv
+
+    runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
+    wrong = runner.invoke(cli, ["import", "docs/sample-companies.csv"])
+    assert wrong.exit_code == 2 and "this looks like a companies file: `payrun import --companies FILE`" in wrong.output
+    with open("docs/sample-employees.csv", encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        header, rows = list(reader.fieldnames or []), list(reader)
+    extra = tmp_path / "extra.csv"
+    with open(extra, "w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header + ["active", "overtime"])
+        w.writeheader()
+        w.writerows([dict(r, active="0", overtime="500") for r in rows])
+    out = runner.invoke(cli, ["import", str(extra)])
+    assert out.exit_code == 0 and "note: column(s) not imported (payrun does not know them): active, overtime" \
+        in out.output, out.output
+    twice = tmp_path / "twice.csv"
+    with open(twice, "w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerows([rows[0], dict(rows[0], month="2026-12", designation="Chief", email="x@y.example")])
+    out = runner.invoke(cli, ["import", str(twice)])
+    assert out.exit_code == 2 and "details differ from line 2 (email, designation)" in out.output, out.output
+    out = runner.invoke(cli, ["run", "--month", "2026-11", "--company", "99"])
+    assert out.exit_code == 2 and "no company 99 in the payroll database" in out.output, out.output
