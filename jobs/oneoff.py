@@ -13,6 +13,7 @@ send_reminder(payload)  send-email: a short reminder email, enqueued with RQ's e
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -74,30 +75,36 @@ def resend_slip(snapshot: dict[str, Any]) -> dict[str, Any]:
 # A reminder has no slip. jobs.mail.Message always carries one attachment, so the
 # reminder carries a one-page PDF notice built here without WeasyPrint (send-email
 # hosts do not load it). Latin text only (the PDF uses a standard font).
-def notice_pdf(lines: list[str]) -> bytes:
-    def esc(s: str) -> str:
-        s = s.encode("latin-1", "replace").decode("latin-1")
-        return s.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+_NOTICE_LOCK = threading.Lock()
+_NOTICES: dict[tuple[str, str], bytes] = {}
+"""Reminder PDFs made in this process, by (subject, text): a batch's reminders share one
+text, so a send-email process renders it once per batch (the few most recent kept)."""
 
-    text = "BT /F1 13 Tf 72 760 Td 18 TL " + " ".join(f"({esc(line)}) '" for line in lines) + " ET"
-    objs = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 595 842] /Resources << /Font << /F1 4 0 R >> >>"
-        b" /Contents 5 0 R >>",
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>",
-        b"<< /Length %d >>\nstream\n" % len(text.encode("latin-1")) + text.encode("latin-1") + b"\nendstream",
-    ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for i, body in enumerate(objs, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % i + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
-    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
-    return bytes(out)
+NOTICE_HTML = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{subject}</title></head>
+<body style="font-size: 12pt; line-height: 1.5">
+<h1 style="font-size: 15pt; margin: 0 0 6mm 0">{subject}</h1>
+<div style="white-space: pre-wrap; overflow-wrap: anywhere">{text}</div>
+</body></html>
+"""
+
+
+def notice_pdf(subject: str, text: str) -> bytes:
+    """The reminder as a one-page PDF, through the slip's renderer: its bundled fonts (a
+    Bengali text printed as "????" with the PDF's built-in Helvetica) and its layout
+    (lines wrap; they ran off the page), the assets-only fetcher, the text escaped."""
+    import html
+
+    with _NOTICE_LOCK:
+        pdf = _NOTICES.get((subject, text))
+        if pdf is None:
+            from jobs import slip
+
+            pdf = slip.html_to_pdf(NOTICE_HTML.format(subject=html.escape(subject), text=html.escape(text)))
+            while len(_NOTICES) >= 8:
+                _NOTICES.pop(next(iter(_NOTICES)))
+            _NOTICES[(subject, text)] = pdf
+    return pdf
 
 
 def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
@@ -120,7 +127,7 @@ def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
     msg = mail.Message(
         to_addr=payload["to"], to_name=payload["to_name"], subject=payload["subject"],
         text_body=payload["text"], attachment_name="reminder.pdf",
-        attachment_bytes=notice_pdf([payload["subject"], "", *payload["text"].splitlines()]),
+        attachment_bytes=notice_pdf(payload["subject"], payload["text"]),
         idempotency_key=key, sender=cfg.email.sender,
     )
     message_id = tasks.send_limited(conn, cfg, msg, key, token, record_by=record_by)

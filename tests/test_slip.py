@@ -529,3 +529,23 @@ def test_a_killed_renderer_leaves_its_font_copies_only_until_the_next_start():
     assert not Path(done.stdout.strip()).exists()
     assert set(glob.glob(str(Path(tmp) / "weasyprint-*"))) == weasy_before  # WeasyPrint's own: none
     fresh._remove_folder()
+
+
+def test_a_reminder_pdf_shows_bengali_and_wraps_its_lines():
+    """HR walkthrough: the reminder's PDF used the PDF's built-in Helvetica, so a Bengali
+    reminder printed as "????" and a long sentence ran off the page."""
+    from jobs import oneoff
+
+    text = ("অনুগ্রহ করে আপনার ব্যাংক হিসাবের তথ্য ৩০ তারিখের মধ্যে হালনাগাদ করুন। "
+            + "Please update your bank details before the 30th so that your salary reaches you on time. " * 3
+            + "\n<b>not bold</b> & done")
+    pdf = oneoff.notice_pdf("বেতন — Reminder", text)
+    assert oneoff.notice_pdf("বেতন — Reminder", text) is pdf  # a batch renders it once
+    reader = PdfReader(io.BytesIO(pdf))
+    (page,) = reader.pages
+    got = page.extract_text()
+    assert "?" not in got and "<b>not bold</b> & done" in got
+    fonts = {str(f.get_object()["/BaseFont"]).split("+", 1)[-1] for f in page["/Resources"]["/Font"].values()}
+    assert "Slip-Bengali" in fonts, fonts
+    lines = [ln for ln in got.splitlines() if ln.strip()]
+    assert len(lines) >= 5 and max(map(len, lines)) < 100, lines  # wrapped (it was one 300-character line)
