@@ -431,6 +431,17 @@ def _renderer() -> tuple[_ProcessFontConfiguration, AssetsOnlyFetcher]:
     return _FONT_CONFIG, _FETCHER
 
 
+_DATE_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+
+def _reissued(snapshot: Mapping[str, Any]) -> str | None:
+    """A resend's date (``reissued``, YYYY-MM-DD, set by `payrun resend`): the slip says it
+    replaces any earlier one of its month (a corrected slip looked the same as the wrong
+    one). Anything else there is ignored."""
+    value = snapshot.get("reissued")
+    return value if isinstance(value, str) and _DATE_RE.fullmatch(value) else None
+
+
 def render_html(snapshot: Mapping[str, Any]) -> str:
     """The slip as a complete HTML document (CSS inlined; fonts relative to jobs/assets/)."""
     t = totals(snapshot)
@@ -450,6 +461,7 @@ def render_html(snapshot: Mapping[str, Any]) -> str:
             totals=t,
             net_words=amount_in_words(t["net"]),
             key=snapshot["key"],
+            reissued=_reissued(snapshot),
         )
     except jinja2.TemplateError as exc:
         # Message only: Jinja's messages name the template variable, not its value.

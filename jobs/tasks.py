@@ -78,6 +78,7 @@ def email_payload(snapshot: dict[str, Any], rel: str) -> dict[str, Any]:
         "to": emp["email"],
         "to_name": emp["name_en"],
         "slip": rel,
+        **({"reissued": snapshot["reissued"]} if snapshot.get("reissued") else {}),
     }
 
 
@@ -417,15 +418,20 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
         idempotency.release(conn, key, token)
         raise PermanentError(f"slip file {payload['slip']} is missing from the slip store: re-run its render")
     month = payload["month"]
+    again = payload.get("reissued")  # HR's resend: say it replaces the slip sent before
     msg = mail.Message(
         to_addr=payload["to"],
         to_name=payload["to_name"],
-        subject=f"Your salary slip for {month_label(month)} — {payload['company_name']}",
+        subject=(f"Re-issued: " if again else "") + f"Your salary slip for {month_label(month)} — "
+                f"{payload['company_name']}",
         text_body=(
             f"Dear {payload['to_name']},\n\nPlease find attached your salary slip for "
-            f"{month_label(month)}.\n\n{payload['company_name']} payroll\n"
+            f"{month_label(month)}."
+            + (f" It was re-issued on {again} and replaces any slip for {month_label(month)} you "
+               "received before." if again else "")
+            + f"\n\n{payload['company_name']} payroll\n"
         ),
-        attachment_name=f"salary-slip-{month}-{payload['employee_id']}.pdf",
+        attachment_name=f"salary-slip-{month}-{payload['employee_id']}" + ("-reissued" if again else "") + ".pdf",
         attachment_bytes=pdf,
         idempotency_key=key,
         sender=cfg.email.sender,

@@ -286,6 +286,10 @@ def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
                 and ledger.job(job_id) is None:
             break
     snap["key"] = key
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    snap["reissued"] = datetime.now(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")  # the slip and email say so
     ledger.create_jobs([{"id": job_id, "kind": "resend", "company_id": snap["company"]["id"],
                          "employee_id": employee_id, "month": month, "key": key, "queue": keys.RENDER_QUEUE}])
     retry = cfg.render.retry

@@ -407,6 +407,11 @@ def test_resend_rerenders_current_data_and_sends_with_a_new_key(world, monkeypat
         path = cfg.slips_dir / MONTH / "1" / f"{emp}.resend-1.pdf"
         text = "\n".join(p.extract_text() for p in pypdf.PdfReader(str(path)).pages)
         assert "Renamed Person" in text
+        # a corrected slip says it replaces the one before (it looked the same as the wrong one)
+        assert "Re-issued on" in text and "replaces any slip for" in text
+        sent = provider.delivery(first["key"])
+        assert sent["subject"].startswith("Re-issued: Your salary slip for"), sent
+        assert "Re-issued" not in provider.delivery(original)["subject"]
         ledger.close()
         db.close()
     finally:

@@ -142,6 +142,15 @@ def test_a_slip_with_every_field_at_its_maximum_still_renders_on_one_page(fill):
     assert "Reference" in text and "This is a computer-generated slip" in text
     # the compact layout leaves the kept cascade of normal slips alone
     assert slip.render_pdf(slip.SAMPLE_SNAPSHOT) == before
+    # a re-issued one (`payrun resend`) has a line more, and still one page
+    text = pdf_text(slip.render_pdf({**snap, "reissued": "2026-12-04"}))
+    assert "Re-issued on 2026-12-04" in text and "20,000,000,000.00" in text
+
+
+def test_only_a_date_marks_a_slip_re_issued():
+    assert "Re-issued" not in slip.render_html({**slip.SAMPLE_SNAPSHOT, "reissued": "<b>x</b>"})
+    assert "Re-issued" not in slip.render_html(slip.SAMPLE_SNAPSHOT)
+    assert "Re-issued on 2026-12-04" in slip.render_html({**slip.SAMPLE_SNAPSHOT, "reissued": "2026-12-04"})
 
 def _boxes(box):
     yield box
