@@ -53,7 +53,8 @@ class ConfirmTyped(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="confirm bulk"):
             yield Static(self.title_text, classes="dialog-title")
-            yield Static(f"{self.count:,} {self.what}", classes="dialog-count")
+            what = self.what[:-1] if self.count == 1 and self.what.endswith("s") else self.what
+            yield Static(f"{self.count:,} {what}", classes="dialog-count")
             if self.sample:
                 more = f"\n  … and {self.count - len(self.sample):,} more" if self.count > len(self.sample) else ""
                 yield Static("  " + "\n  ".join(self.sample) + more, classes="dialog-sample")
