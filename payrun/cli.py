@@ -161,6 +161,10 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
                     break
         raise
     if companies_csv:
+        from payrun import audit as actions
+
+        actions.audit(c.cfg, actions.Outcome("import", f"payrun import --companies {csv_file}", r.companies,
+                                             message=f"{r.companies} companies ({len(r.updated)} updated)"), via="cli")
         new = r.companies - len(r.updated) - r.unchanged
         click.echo(f"imported {r.companies} compan{'y' if r.companies == 1 else 'ies'} from {csv_file}: "
                    f"{new} new, {len(r.updated)} updated, {r.unchanged} unchanged")
@@ -168,6 +172,11 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
             click.echo(f"name or address replaced for {_companies(r.updated)} (pay runs started from now on "
                        "print the new one on slips)")
         return
+    from payrun import audit as actions
+
+    actions.audit(c.cfg, actions.Outcome("import", f"payrun import {csv_file}", r.employees,
+                                         message=f"{r.employees} employees ({len(r.changed_employees)} with changed "
+                                                 f"details), {r.salary_lines} salary lines"), via="cli")
     known = len(r.existing_employees)
     there = f"{known} already there"
     if known:
@@ -250,6 +259,14 @@ def run(c: Ctx, month: str, company: int | None, resume: bool, as_json: bool) ->
     result = runs.start_run(c.cfg, conn, ledger, db, month, company, progress=progress, resume=resume)
     if bar is not None:
         bar.render_finish()
+    if result.jobs:  # the action that emails everyone: in the audit log beside retries and resends
+        from payrun import audit as actions
+
+        command = (f"payrun run --month {month}" + (f" --company {company}" if company is not None else "")
+                   + (" --resume" if resume else ""))
+        actions.audit(c.cfg, actions.Outcome("run", command, result.jobs, ok=not result.aborted,
+                                             message=f"created {result.jobs:,} render job(s) for {month}"),
+                      via="cli")
     if as_json:
         click.echo(json.dumps(result.to_dict()))
     elif result.locked_by:

@@ -360,3 +360,19 @@ def test_import_says_what_it_did_not_read_and_which_detail_differs(runner, cfg, 
     assert out.exit_code == 2 and "details differ from line 2 (email, designation)" in out.output, out.output
     out = runner.invoke(cli, ["run", "--month", "2026-11", "--company", "99"])
     assert out.exit_code == 2 and "no company 99 in the payroll database" in out.output, out.output
+
+
+def test_run_and_import_are_in_the_audit_log(runner, cfg, conn):
+    """Ops walkthrough: `payrun audit` said "every action" but left out the run (the
+    action that emails everyone) and the import (addresses and salaries)."""
+    from payrun.audit import read_audit
+
+    runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
+    runner.invoke(cli, ["import", "docs/sample-employees.csv"])
+    assert runner.invoke(cli, ["run", "--month", "2026-11"]).exit_code == 0
+    assert runner.invoke(cli, ["run", "--month", "2026-11"]).exit_code == 0  # nothing created: nothing done
+    log = read_audit(cfg)
+    assert [(e["what"], e["command"], e["count"]) for e in log] == [
+        ("import", "payrun import --companies docs/sample-companies.csv", 1),
+        ("import", "payrun import docs/sample-employees.csv", 12),
+        ("run", "payrun run --month 2026-11", 12)]
