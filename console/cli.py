@@ -195,7 +195,8 @@ def register(cli) -> None:
     @pass_ctx
     @handle_errors
     def audit(c, last: int, as_json: bool) -> None:
-        """The audit log: every action from the console and from drain/resume/stop-worker."""
+        """The audit log: every action from the console and the CLI (runs, imports, retries,
+        resends, reminders, drains, limits, worker stops), times in the payroll's zone."""
         from console import actions
 
         rows = actions.read_audit(c.cfg, last)
@@ -204,6 +205,9 @@ def register(cli) -> None:
             return
         if not rows:
             click.echo(f"no actions recorded in {actions.audit_path(c.cfg)}")
+        from payrun.clitools import local_time
+
         for r in rows:
-            click.echo(f"{r['ts']}  {r['who']:<10} {r['via']:<7} {r['command']}  ({r['count']}) {r['message']}")
+            click.echo(f"{local_time(r['ts'], c.cfg.timezone)}  {r['who']:<10} {r['via']:<7} {r['command']}  "
+                       f"({r['count']}) {r['message']}")
 

@@ -14,7 +14,7 @@ from payrun import config as config_mod
 from payrun.errors import InputError, PayrunError
 
 
-from payrun.clitools import FilePath, handle_errors  # noqa: E402
+from payrun.clitools import FilePath, handle_errors, local_time  # noqa: E402
 
 
 class Ctx:
@@ -485,7 +485,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             click.echo(f"last error{earlier}: {row['last_error']}")
         for h in row["history"]:
             delay = f"  retry in {h['delay_s']:.1f} s" if h.get("delay_s") else ""
-            click.echo(f"  #{h['attempt']} {h.get('started_at') or '?'} -> {h.get('ended_at') or '…'} "
+            ended = local_time(h["ended_at"], c.cfg.timezone) if h.get("ended_at") else "…"
+            click.echo(f"  #{h['attempt']} {local_time(h.get('started_at'), c.cfg.timezone)} -> {ended} "
                        f"{h.get('outcome')}{delay}  {h.get('error') or ''}".rstrip())
     if rq_status:
         click.echo(f"in Redis: {getattr(rq_status, 'value', rq_status)}")

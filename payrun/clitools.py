@@ -42,3 +42,22 @@ def handle_errors(fn):
             sys.exit(130)
 
     return wrapper
+
+
+def local_time(iso: str | None, tz: str) -> str:
+    """An ISO timestamp (UTC, as the ledger and the audit log keep them) in the payroll's
+    zone, with its offset: "2026-12-04 13:14:16 +06". Status notes and the console speak
+    in that zone; `payrun job` and `payrun audit` showed UTC ("07:14:51+00:00" for the same
+    moment). Anything unreadable comes back as it was."""
+    if not iso:
+        return "?"
+    from datetime import datetime, timezone
+    from zoneinfo import ZoneInfo
+
+    try:
+        when = datetime.fromisoformat(str(iso).replace("Z", "+00:00"))
+    except ValueError:
+        return str(iso)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone(ZoneInfo(tz)).strftime("%Y-%m-%d %H:%M:%S %z")[:-2]

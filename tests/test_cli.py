@@ -376,3 +376,13 @@ def test_run_and_import_are_in_the_audit_log(runner, cfg, conn):
         ("import", "payrun import --companies docs/sample-companies.csv", 1),
         ("import", "payrun import docs/sample-employees.csv", 12),
         ("run", "payrun run --month 2026-11", 12)]
+
+
+def test_times_are_shown_in_the_payrolls_zone():
+    """Ops walkthrough: status and the console said 13:14:16 +06, job and audit 07:14:51+00:00."""
+    from payrun.clitools import local_time
+
+    assert local_time("2026-12-04T07:14:51.123+00:00", "Asia/Dhaka") == "2026-12-04 13:14:51 +06"
+    assert local_time("2026-12-04T20:00:00Z", "Asia/Dhaka") == "2026-12-05 02:00:00 +06"
+    assert local_time("2026-12-04T07:14:51", "UTC") == "2026-12-04 07:14:51 +00"
+    assert local_time(None, "Asia/Dhaka") == "?" and local_time("soon", "Asia/Dhaka") == "soon"
