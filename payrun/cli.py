@@ -905,7 +905,27 @@ def down(c: Ctx) -> None:
     """Stop every program gracefully (workers finish their jobs), then supervisord."""
     from payrun import supervise
 
+    left = _run_left(c)  # (while Redis still answers)
     click.echo(supervise.down(c.cfg))
+    if left:
+        month, n = left
+        click.echo(f"the {month} pay run was in progress: {n:,} slip{'' if n == 1 else 's'} not sent yet wait in Redis; "
+                   "`payrun up` goes on with them (nothing is lost or sent twice)")
+
+
+def _run_left(c: Ctx) -> tuple[str, int] | None:
+    """(month, slips queued, running or retrying) of the latest pay run, if some are."""
+    try:
+        from payrun import status as status_mod
+
+        if not c.cfg.ledger_path.exists():
+            return None
+        r = status_mod.report(c.cfg, c.ledger(), None, None, conn=_maybe_redis(c))
+        t = r.get("total") or {}
+        n = int(t.get("queued", 0)) + int(t.get("running", 0)) + int(t.get("retrying", 0))
+        return (r["month"], n) if r.get("month") and n else None
+    except Exception:  # noqa: BLE001 - a courtesy line: never in the way of stopping
+        return None
 
 
 @cli.command(name="supervisor-env")

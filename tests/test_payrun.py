@@ -813,3 +813,18 @@ def test_status_counts_a_company_that_was_never_run(world):
     one = runner.invoke(cli, ["status", "--company", "2"])
     assert one.exit_code == 0 and "never run" in one.output
     assert "no slip" in runner.invoke(cli, ["status"]).output
+
+
+def test_down_says_a_run_was_in_progress(world):
+    """Ops walkthrough: `payrun down` mid-run printed only "Shut down"."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    ledger_mod.drain(conn, ledger)
+    out = CliRunner().invoke(cli, ["down"])
+    assert out.exit_code == 0, out.output
+    assert (f"the {MONTH} pay run was in progress: 12 slips not sent yet wait in Redis; `payrun up` goes on "
+            "with them") in out.output, out.output
