@@ -227,6 +227,11 @@ def hr_line(c: dict[str, int]) -> str:
     return ", ".join(parts)
 
 
+def _fit(text: str, width: int) -> str:
+    """``text`` in ``width`` characters, a cut one ending in "…" (it was cut mid-word, bare)."""
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 def format_report(r: dict[str, Any]) -> str:
     if not r["month"]:
         return "no pay run yet: `payrun run --month YYYY-MM` starts one"
@@ -239,7 +244,7 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(head + (f" {'no slip':>8}" if no_slip else ""))
     for c in r["companies"]:
         lines.append(
-            f"{c['id']:>4}  {c['name'][:30]:<30} {c['done']:>7,} {c['queued']:>7,} {c['running']:>7,} "
+            f"{c['id']:>4}  {_fit(c['name'], 30):<30} {c['done']:>7,} {c['queued']:>7,} {c['running']:>7,} "
             f"{c['retrying']:>8,} {c['failed']:>7,} {c['stuck']:>6,}"
             + (f" {c.get('no_slip', 0):>8,}" if no_slip else "")
         )
