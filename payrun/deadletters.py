@@ -118,6 +118,8 @@ def _refresh_snapshot(job: PayrunJob, payroll_db) -> None:
     except (InputError, KeyError, TypeError):
         return
     new["key"] = old.get("key", new.get("key"))
+    if old.get("reissued"):  # a resend stays marked re-issued (its date: when HR asked)
+        new["reissued"] = old["reissued"]
     if isinstance(old.get("company"), dict) and new.get("company", {}).get("id") != old["company"].get("id"):
         new["company"] = old["company"]
     if new != old:

@@ -119,10 +119,14 @@ class PayrollDB:
                 if_not_exists=True, strict=strict,
             )
             if "company_id" not in d["salary_lines"].columns_dict:
-                # the employer of that month (a database from before it: NULL, read as the
-                # employee's company of today, LINE_COMPANY)
+                # the employer of that month; a database from before it gets each line's
+                # employee's company of today (what its slips showed until now)
                 d["salary_lines"].add_column("company_id", int)
+                d.execute("UPDATE salary_lines SET company_id = (SELECT company_id FROM employees "
+                          "WHERE employees.id = salary_lines.employee_id) WHERE company_id IS NULL")
             d["salary_lines"].create_index(["month"], if_not_exists=True)
+            # a company's lines of a month in employee order: the fan-out reads them so
+            d["salary_lines"].create_index(["month", "company_id", "employee_id"], if_not_exists=True)
             d["employees"].create_index(["company_id", "id"], if_not_exists=True)
 
     def close(self) -> None:
@@ -842,10 +846,11 @@ def mask_account(number: str) -> str:
     return MASK + number[-4:]
 
 
-LINE_COMPANY = "COALESCE(s.company_id, e.company_id)"
-"""The company that paid a salary line: its own ``company_id`` (set by the import and the
-seed: an employee who moved in February still has November's slip from November's
-employer), or for a line written before salary lines had one, the employee's."""
+LINE_COMPANY = "s.company_id"
+"""The company that paid a salary line: its own ``company_id`` (set by the import, the
+seed and ensure_month: an employee who moved in February still has November's slip from
+November's employer; lines from before it got the employee's company when the column
+was added). Indexed with the month: the fan-out reads one company's lines at a time."""
 
 _SNAPSHOT_SQL = f"""
 SELECT s.month, e.id, e.name_en, e.name_bn, e.email, e.department, e.designation,
@@ -885,7 +890,7 @@ def snapshots(db: "PayrollDB | sqlite_utils.Database", month: str,
     if company_id is not None:
         sql += f" AND {LINE_COMPANY} = ?"
         params.append(company_id)
-    sql += " ORDER BY c.id, e.id"
+    sql += " ORDER BY s.company_id, s.employee_id"
     for r in _sdb(db).conn.execute(sql, params):
         yield _snapshot(r)
 

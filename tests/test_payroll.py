@@ -619,8 +619,8 @@ def test_a_slip_of_an_earlier_month_keeps_that_months_employer(seeded: P.Payroll
 
 
 def test_salary_lines_from_before_they_had_a_company_read_the_employees(tmp_path: Path) -> None:
-    """A payroll database made before salary lines had company_id gets the column on open;
-    its old lines (NULL) read as the employee's company."""
+    """A payroll database made before salary lines had company_id gets the column on open,
+    each old line the employee's company (what its slips showed until then)."""
     import sqlite3
 
     path = tmp_path / "payroll.db"
@@ -628,12 +628,13 @@ def test_salary_lines_from_before_they_had_a_company_read_the_employees(tmp_path
     P.seed(db, companies=2, employees=10, seed=3, month=MONTH)
     db.close()
     con = sqlite3.connect(path)
-    con.execute("ALTER TABLE salary_lines DROP COLUMN company_id")  # as an older payrun made it
+    con.execute("DROP INDEX idx_salary_lines_month_company_id_employee_id")  # as an older payrun made it
+    con.execute("ALTER TABLE salary_lines DROP COLUMN company_id")
     con.commit()
     con.close()
     db = P.PayrollDB(path)
     try:
-        assert db.db.execute("SELECT count(*) FROM salary_lines WHERE company_id IS NULL").fetchone()[0] == 10
+        assert db.db.execute("SELECT count(*) FROM salary_lines WHERE company_id IS NULL").fetchone()[0] == 0
         snaps = list(P.snapshots(db, MONTH))
         assert len(snaps) == 10 and P.company_ids_for(db, MONTH) == [1, 2]
         for s in snaps:
@@ -652,3 +653,21 @@ def test_amounts_in_bengali_digits_are_read(seeded: P.PayrollDB, tmp_path: Path)
     a = P.employee_snapshot(seeded, MONTH, rows[0]["employee_id"])
     assert a["earnings"]["basic"] == 4500050 and a["deductions"]["loan"] == 0
     assert P.employee_snapshot(seeded, MONTH, rows[1]["employee_id"])["earnings"]["medical"] == 450000
+
+
+def test_a_retried_resend_stays_marked_re_issued(seeded: P.PayrollDB) -> None:
+    """A failed resend, retried after HR fixed the data, re-reads the employee's data but
+    keeps its key, its company and its re-issued date."""
+    from types import SimpleNamespace
+
+    from payrun.deadletters import _refresh_snapshot
+
+    emp = next(iter(P.employee_ids(seeded, MONTH)))
+    old = P.employee_snapshot(seeded, MONTH, emp)
+    old.update(key=f"slip:{MONTH}:{emp}:resend-1", reissued="2026-12-04")
+    old["employee"]["name_en"] = "Too long " * 20
+    job = SimpleNamespace(func_name="jobs.oneoff.resend_slip", args=(old,))
+    _refresh_snapshot(job, seeded)
+    new = job.args[0]
+    assert new["employee"]["name_en"] != old["employee"]["name_en"]  # today's data
+    assert new["key"] == old["key"] and new["reissued"] == "2026-12-04"
