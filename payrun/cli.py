@@ -496,6 +496,48 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
         click.echo("last traceback:\n" + tb.rstrip())
 
 
+@cli.group(name="employee")
+def employee_group() -> None:
+    """Mark employees who left (and back): pay runs and reminders leave them out."""
+
+
+@employee_group.command(name="left")
+@click.argument("employee_ids", nargs=-1, required=True)
+@pass_ctx
+@handle_errors
+def employee_left(c: Ctx, employee_ids: tuple[str, ...]) -> None:
+    """EMPLOYEE_IDS left the company: later pay runs, their "no slip yet" count and `payrun
+    remind` leave them out (mark them after their last month's run). Slips already made
+    stay; `payrun resend` still works for them. Written to the audit log."""
+    _set_active(c, list(employee_ids), False)
+
+
+@employee_group.command(name="back")
+@click.argument("employee_ids", nargs=-1, required=True)
+@pass_ctx
+@handle_errors
+def employee_back(c: Ctx, employee_ids: tuple[str, ...]) -> None:
+    """EMPLOYEE_IDS work here again (undoes `payrun employee left`)."""
+    _set_active(c, list(employee_ids), True)
+
+
+def _set_active(c: Ctx, ids: list[str], active: bool) -> None:
+    from payrun import audit as actions, payroll
+
+    if not c.cfg.payroll_path.exists():
+        raise InputError(f"no payroll database at {c.cfg.payroll_path}: import employees first")
+    changed = payroll.set_active(c.payroll(), ids, active)
+    word = "back" if active else "left"
+    actions.audit(c.cfg, actions.Outcome("employee", f"payrun employee {word} {' '.join(ids[:10])}"
+                                         + (" …" if len(ids) > 10 else ""), len(changed),
+                                         message=f"{len(changed)} marked {'active' if active else 'as left'}"),
+                  via="cli")
+    same = len(ids) - len(changed)
+    click.echo(f"{len(changed)} employee{'' if len(changed) == 1 else 's'} marked "
+               f"{'as working here again' if active else 'as left: later pay runs and reminders leave them out'}"
+               + (f"; {same} already so" if same else ""))
+
+
 @cli.group(name="limits")
 def limits_group() -> None:
     """Show or change the global email limits (all workers, all hosts, at run time)."""

@@ -910,6 +910,25 @@ def employee_snapshot(db: "PayrollDB | sqlite_utils.Database", month: str,
     raise InputError(f"no employee {employee_id!r} in the payroll database")
 
 
+def set_active(db: "PayrollDB | sqlite_utils.Database", employee_ids: list[str], active: bool) -> list[str]:
+    """Mark employees as working here (1) or gone (0): a pay run, its "no slip yet" count
+    and `payrun remind` leave out those gone; a resend (HR's explicit request) still
+    works. All ids must exist (InputError naming the unknown, nothing changed). Returns
+    the ids whose flag changed."""
+    d = _sdb(db)
+    ids = list(dict.fromkeys(employee_ids))
+    known = {r[0]: r[1] for r in d.conn.execute(
+        f"SELECT id, active FROM employees WHERE id IN ({','.join('?' * len(ids))})", ids)} if ids else {}
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        raise InputError(f"no employee {', '.join(map(repr, unknown[:10]))}{' …' if len(unknown) > 10 else ''} "
+                         "in the payroll database; nothing changed")
+    changed = [i for i in ids if bool(known[i]) != active]
+    with d.atomic():
+        d.conn.executemany("UPDATE employees SET active = ? WHERE id = ?", [(int(active), i) for i in changed])
+    return changed
+
+
 def companies(db: "PayrollDB | sqlite_utils.Database") -> list[dict[str, Any]]:
     """Every company as {id, name, address}, by id."""
     return [{"id": i, "name": n, "address": a} for i, n, a in

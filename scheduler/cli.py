@@ -157,7 +157,7 @@ def register(cli) -> None:
 
     @cli.command(name="remind")
     @click.option("--company", "company_id", type=int, default=None, help="Company id.")
-    @click.option("--in", "delay", default=None, help="Delay: 30m, 2h, 1h30m, 45s, 2d (at most 31 days).")
+    @click.option("--in", "delay", default=None, help="Delay: now, 30m, 2h, 1h30m, 45s, 2d (at most 31 days).")
     @click.option("--message", default=None, help="The reminder text (default: a bank-details reminder).")
     @click.option("--cancel", "cancel_batch", default=None, metavar="BATCH",
                   help="Cancel a scheduled batch instead (the batch `payrun remind` printed, like "
@@ -192,10 +192,12 @@ def register(cli) -> None:
             return
         if company_id is None or delay is None:
             raise InputError("payrun remind needs --company and --in (or --cancel BATCH)")
+        from datetime import timedelta
+
         from scheduler.cron import parse_duration
 
-        try:
-            delta = parse_duration(delay)
+        try:  # "now": due at once (the scheduler moves it to the queue within a few seconds)
+            delta = timedelta(seconds=1) if delay.strip().lower() == "now" else parse_duration(delay)
         except ValueError as e:
             raise InputError(f"--in: {e}")
         if delta.total_seconds() < 1:

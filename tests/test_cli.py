@@ -386,3 +386,26 @@ def test_times_are_shown_in_the_payrolls_zone():
     assert local_time("2026-12-04T20:00:00Z", "Asia/Dhaka") == "2026-12-05 02:00:00 +06"
     assert local_time("2026-12-04T07:14:51", "UTC") == "2026-12-04 07:14:51 +00"
     assert local_time(None, "Asia/Dhaka") == "?" and local_time("soon", "Asia/Dhaka") == "soon"
+
+
+def test_an_employee_who_left_is_left_out_of_runs_and_reminders(runner, cfg, conn):
+    """HR walkthrough: there was no way to mark a leaver; reminders kept going to them."""
+    from payrun.audit import read_audit
+
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.seed(db, companies=1, employees=5, seed=1, month="2026-11")
+    gone = sorted(payroll.employee_ids(db, "2026-11"))[0]
+    out = runner.invoke(cli, ["employee", "left", gone])
+    assert out.exit_code == 0 and "1 employee marked as left" in out.output, out.output
+    assert gone not in payroll.employee_ids(db, "2026-11") and payroll.count_employees(db, "2026-11") == 4
+    assert payroll.employee_snapshot(db, "2026-11", gone)["employee"]["id"] == gone  # a resend still can
+    again = runner.invoke(cli, ["employee", "left", gone])
+    assert "0 employees marked" in again.output and "1 already so" in again.output
+    bad = runner.invoke(cli, ["employee", "left", gone, "emp-99999"])
+    assert bad.exit_code == 2 and "no employee 'emp-99999' in the payroll database; nothing changed" in bad.output
+    # a reminder leaves them out (and `remind --in now` is a time)
+    out = runner.invoke(cli, ["remind", "--company", "1", "--in", "now"])
+    assert out.exit_code == 0 and "4 reminder" in out.output, out.output
+    assert runner.invoke(cli, ["employee", "back", gone]).exit_code == 0
+    assert gone in payroll.employee_ids(db, "2026-11")
+    assert [e["what"] for e in read_audit(cfg)][-3:] == ["employee", "remind", "employee"]
