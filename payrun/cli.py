@@ -571,7 +571,7 @@ def limits_show(c: Ctx, as_json: bool) -> None:
         click.echo(json.dumps(data))
         return
     e = data["email"]
-    for f, src in data["email"]["sources"].items():
+    for f, src in e["sources"].items():
         if src["set_at"]:  # an incident's override outlives restarts and config edits: say so
             label = "cap" if f == "cap" else "rate"
             click.echo(f"note: the {label} in force ({src['value']}) was set by `payrun limits set` or the console at "
@@ -824,9 +824,10 @@ def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> N
 
         limiter = email_limiter(conn, c.cfg)
         for field_, (value, at) in limiter.seed().items():
-            logging.getLogger("payrun.limits").warning("email limits: %s = %s was set by an operator at %s and stays in force (the config says "
-                        "%s): `payrun limits reset` goes back to the config", field_, value, at,
-                        limiter.default_cap if field_ == "cap" else limiter.default_rate)
+            logging.getLogger("payrun.limits").warning(
+                "email limits: %s = %s was set by an operator at %s and stays in force (the config says %s): "
+                "`payrun limits reset` goes back to the config",
+                field_, value, at, limiter.default_cap if field_ == "cap" else limiter.default_rate)
         run_lanes(conn, list(queues), lanes or c.cfg.email.lanes, burst=burst, grace_s=c.cfg.lease.grace_s,
                   limiter=limiter)
         return

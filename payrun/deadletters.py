@@ -92,8 +92,8 @@ def one_per_slip(conn, job_ids: list[str]) -> tuple[list[str], list[str]]:
         when = max((float(x) for x in scores if x is not None), default=0.0)
         if slip not in newest or (when, job_id) > newest[slip]:
             newest[slip] = (when, job_id)
-    keep = [i for i in job_ids if i not in slip_of or newest[slip_of[i]][1] == i]
-    return keep, [i for i in job_ids if i not in keep]
+    left_out = {i for i in slip_of if newest[slip_of[i]][1] != i}  # (a set: --all may name thousands)
+    return [i for i in job_ids if i not in left_out], [i for i in job_ids if i in left_out]
 
 
 RENDER_FUNCS = ("jobs.tasks.render_slip", "jobs.oneoff.resend_slip")
