@@ -171,6 +171,11 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
         if r.updated:  # an existing company's name or address replaced: say which
             click.echo(f"name or address replaced for {_companies(r.updated)} (pay runs started from now on "
                        "print the new one on slips)")
+            months = sorted({m for ms in r.kept_months.values() for m in ms})
+            if months:
+                shown = ", ".join(months[-6:]) + (f" and {len(months) - 6} earlier" if len(months) > 6 else "")
+                click.echo(f"slips of months already run ({shown}) keep the name and address they were run with, "
+                           "a resend included")
         return
     from payrun import audit as actions
 

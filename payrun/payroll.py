@@ -124,6 +124,13 @@ class PayrollDB:
                 d["salary_lines"].add_column("company_id", int)
                 d.execute("UPDATE salary_lines SET company_id = (SELECT company_id FROM employees "
                           "WHERE employees.id = salary_lines.employee_id) WHERE company_id IS NULL")
+            # a company's name and address as its month was run: a slip of that month
+            # (a resend, a retry, a newcomer's top-up) prints them, not a later rename
+            d["company_months"].create(
+                {"month": str, "company_id": int, "name": str, "address": str},
+                pk=("month", "company_id"), not_null={"month", "company_id", "name", "address"},
+                if_not_exists=True, strict=strict,
+            )
             d["salary_lines"].create_index(["month"], if_not_exists=True)
             # a company's lines of a month in employee order: the fan-out reads them so
             d["salary_lines"].create_index(["month", "company_id", "employee_id"], if_not_exists=True)
@@ -491,6 +498,9 @@ class ImportResult:
     ignored_columns: list[str] = field(default_factory=list)
     """Columns of the file that are not payrun's: not imported (an `active` or `overtime`
     column does nothing)."""
+    kept_months: dict[int, list[str]] = field(default_factory=dict)
+    """Companies import: of ``updated``, company id -> the months already run, whose slips
+    (resends included) keep the name and address they were run with."""
     changed_slips: dict[str, list[str]] = field(default_factory=dict)
     """Employees import: month -> employees whose slip for that month (a salary line that
     existed) now reads differently: amounts, name, company, ... (email included: a resend
@@ -834,7 +844,7 @@ def import_companies_csv(db: "PayrollDB | sqlite_utils.Database",
         d["companies"].upsert_all(out, pk="id", batch_size=500)
     updated = [r["id"] for r in out if r["id"] in before and before[r["id"]] != (r["name"], r["address"])]
     same = sum(1 for r in out if before.get(r["id"]) == (r["name"], r["address"]))
-    return ImportResult(companies=len(out), updated=updated, unchanged=same)
+    return ImportResult(companies=len(out), updated=updated, unchanged=same, kept_months=months_kept(d, updated))
 
 
 # ---------------------------------------------------------------------------
@@ -854,13 +864,39 @@ was added). Indexed with the month: the fan-out reads one company's lines at a t
 
 _SNAPSHOT_SQL = f"""
 SELECT s.month, e.id, e.name_en, e.name_bn, e.email, e.department, e.designation,
-       e.bank_account, c.id, c.name, c.address,
+       e.bank_account, c.id, COALESCE(m.name, c.name), COALESCE(m.address, c.address),
        s.basic, s.house_rent, s.medical, s.conveyance, s.bonus,
        s.tax, s.provident_fund, s.loan
 FROM salary_lines s
 JOIN employees e ON e.id = s.employee_id
 JOIN companies c ON c.id = {LINE_COMPANY}
+LEFT JOIN company_months m ON m.month = s.month AND m.company_id = {LINE_COMPANY}
 """
+"""The company's name and address are those it had when its month was run
+(``keep_company_details``); a month run before payrun kept them reads today's."""
+
+
+def keep_company_details(db: "PayrollDB | sqlite_utils.Database", month: str, company_id: int) -> None:
+    """Record the company's name and address for ``month`` as they are now, unless already
+    recorded: called as the month's run of the company starts, so every slip of that month
+    (a resend, a retry, a top-up for an employee added later) reads what the run printed,
+    not a rename imported afterwards."""
+    d = _sdb(db)
+    with d.atomic():
+        d.conn.execute("INSERT OR IGNORE INTO company_months (month, company_id, name, address) "
+                       "SELECT ?, id, name, address FROM companies WHERE id = ?", [month, company_id])
+
+
+def months_kept(db: "PayrollDB | sqlite_utils.Database", company_ids: list[int]) -> dict[int, list[str]]:
+    """company id -> the months whose name and address are kept for it (months run)."""
+    out: dict[int, list[str]] = {}
+    if not company_ids:
+        return out
+    for cid, month in _sdb(db).conn.execute(
+            f"SELECT company_id, month FROM company_months WHERE company_id IN ({','.join('?' * len(company_ids))}) "
+            "ORDER BY company_id, month", list(company_ids)):
+        out.setdefault(cid, []).append(month)
+    return out
 
 
 def _snapshot(r: tuple) -> dict[str, Any]:

@@ -226,6 +226,8 @@ def start_run(
                 if progress:
                     progress(done, total)
                 continue
+            # its name and address of this month, before its first snapshot is read
+            payroll.keep_company_details(payroll_db, month, cid)
             created = 0
             batch: list[dict[str, Any]] = []
 

@@ -621,6 +621,26 @@ def test_a_slip_of_an_earlier_month_keeps_that_months_employer(seeded: P.Payroll
     assert P.company_ids_for(seeded, "2027-02") == [other]
 
 
+def test_a_months_company_details_are_kept_once_and_read_by_its_snapshots(seeded: P.PayrollDB, tmp_path: Path) -> None:
+    """keep_company_details records a company's name and address for a month once (a second
+    call after a rename changes nothing); that month's snapshots read them, other months
+    and months never run read today's."""
+    cid = P.companies(seeded)[0]["id"]
+    before = P.companies(seeded)[0]
+    P.keep_company_details(seeded, MONTH, cid)
+    seeded.conn.execute("UPDATE companies SET name = 'New Name Ltd', address = 'Sylhet' WHERE id = ?", [cid])
+    seeded.conn.commit()
+    P.keep_company_details(seeded, MONTH, cid)  # (a resumed or topped-up run: no change)
+    nov = [s for s in P.snapshots(seeded, MONTH, cid)]
+    assert nov and all(s["company"] == before for s in nov)
+    assert P.months_kept(seeded, [cid]) == {cid: [MONTH]} and P.months_kept(seeded, []) == {}
+    assert P.ensure_month(seeded, "2026-12") > 0
+    assert {s["company"]["name"] for s in P.snapshots(seeded, "2026-12", cid)} == {"New Name Ltd"}
+    c = tmp_path / "c.csv"
+    c.write_text(f"id,name,address\n{cid},Newer Name Ltd,Sylhet\n", encoding="utf-8")
+    assert P.import_companies_csv(seeded, c).kept_months == {cid: [MONTH]}
+
+
 def test_salary_lines_from_before_they_had_a_company_read_the_employees(tmp_path: Path) -> None:
     """A payroll database made before salary lines had company_id gets the column on open,
     each old line the employee's company (what its slips showed until then)."""

@@ -15,7 +15,7 @@ from email.policy import default as default_policy
 import pypdf
 import pytest
 
-from jobs import slip
+from jobs import oneoff, slip
 from jobs.runtime import RenderWorker, make_queue, run_lanes
 from payrun import deadletters, keys, ledger as ledger_mod, payroll, runs, status
 from payrun.ledger import Ledger
@@ -828,3 +828,40 @@ def test_down_says_a_run_was_in_progress(world):
     assert out.exit_code == 0, out.output
     assert (f"the {MONTH} pay run was in progress: 12 slips not sent yet wait in Redis; `payrun up` goes on "
             "with them") in out.output, out.output
+
+
+def test_a_slip_of_a_month_already_run_keeps_its_companys_name_after_a_rename(world, provider, tmp_path):
+    """A company renamed after its month was run (HR walkthrough: a resend of November
+    printed the new name): the import says that slips of months already run keep the old
+    name, a resend of November prints it, and December's run prints the new one."""
+    from click.testing import CliRunner
+
+    from payrun import payroll
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    company = ledger.job(keys.render_job_id(MONTH, "emp-00004"))["company_id"]
+    old = {c["id"]: c for c in payroll.companies(db)}[company]
+    companies_csv = tmp_path / "companies.csv"
+    companies_csv.write_text("id,name,address\n" + f'{company},Renamed Holdings PLC,"Plot 9, Tejgaon, Dhaka 1208"\n',
+                             encoding="utf-8")
+    runner = CliRunner()
+    out = runner.invoke(cli, ["import", "--companies", str(companies_csv)])
+    assert out.exit_code == 0, out.output
+    assert f"name or address replaced for company {company}" in out.output
+    assert f"slips of months already run ({MONTH}) keep the name and address they were run with" in out.output
+    assert runner.invoke(cli, ["resend", "--employee", "emp-00004", "--month", MONTH]).exit_code == 0
+    work_everything(conn, ledger)
+    text = pypdf.PdfReader(cfg.slips_dir / oneoff.resend_path(MONTH, company, "emp-00004", 1)).pages[0].extract_text()
+    assert old["name"] in text and "Renamed Holdings" not in text and "Re-issued on" in text
+    # a month run after the rename prints the new name; November's stays
+    december = "2026-12"
+    assert payroll.ensure_month(db, december) > 0
+    runs.start_run(cfg, conn, ledger, db, december)
+    work_everything(conn, ledger)
+    text = pypdf.PdfReader(next(cfg.slips_dir.glob(f"{december}/*/emp-00004.pdf"))).pages[0].extract_text()
+    assert "Renamed Holdings PLC" in text and old["name"] not in text
+    assert payroll.employee_snapshot(db, MONTH, "emp-00004")["company"] == old
+    assert payroll.employee_snapshot(db, december, "emp-00004")["company"]["name"] == "Renamed Holdings PLC"
