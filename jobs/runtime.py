@@ -116,6 +116,14 @@ class PayrunJob(Job):
         k = events.RETURNED_FIELD
         self.returned_tries = int(raw_data.get(k.encode(), raw_data.get(k)) or 0)
 
+    def to_dict(self, include_meta: bool = True, include_result: bool = True) -> dict:
+        """RQ's record, with ``enqueue_at_front_on_retry`` always written (RQ writes it only
+        when true, and its HSET would leave a stale 1 behind): a held try's flag must not
+        outlive it (``EventsMixin._classify_exception``)."""
+        obj = super().to_dict(include_meta=include_meta, include_result=include_result)
+        obj["enqueue_at_front_on_retry"] = int(bool(self.enqueue_at_front_on_retry))
+        return obj
+
     def get_retry_interval(self) -> float:
         policy = self.meta.get("retry") or {}
         attempt = backoff_attempt(int(self.meta.get("attempt", 1)), int(self.meta.get("budget_start", 0)),
@@ -459,6 +467,10 @@ class EventsMixin:
             job._held_try = True
             if isinstance(exc_value, ProviderDown):
                 job.meta["outage_holds"] = int(job.meta.get("outage_holds", 0)) + 1
+        # a held try goes back to the front of its queue when its wait is over (RQ's retry
+        # and scheduler read this flag), not behind a large run's every other send: it was
+        # at the front when the provider held it back. A failed attempt waits at the back.
+        job.enqueue_at_front_on_retry = job._held_try
         job.save_meta()
         return True
 

@@ -584,3 +584,35 @@ def test_a_worker_retires_its_horse_even_when_a_forked_process_holds_the_horses_
         os.close(hold_r)
     assert not hung.is_set(), "the worker waited for its horse until the holder let go"
     assert all(PayrunJob.fetch(f"held-{i}", connection=conn).get_status() == "finished" for i in range(5))
+
+
+def test_a_held_try_goes_back_to_the_front_of_its_queue_and_a_failed_one_to_the_back(conn, cfg, monkeypatch):
+    """Walkthrough: a send held back during an outage waited behind the whole rest of a
+    large run. Now a held try (no attempt spent) comes back first when its wait is over,
+    as RQ's retry and scheduler read ``enqueue_at_front_on_retry``; a failed attempt still
+    waits its backoff at the back, and its record says so (no flag left from a held try)."""
+    from rq import Retry
+
+    from jobs.runtime import PayrunScheduler, RenderWorker
+
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    queue = make_queue(keys.RENDER_QUEUE, conn)
+    held = enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.throttled_once", job_id="held-front")
+    failed = enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.flaky", job_id="failed-back", retry=Retry(max=2))
+    RenderWorker([queue], connection=conn).work(burst=True, logging_level="WARNING")
+    scheduled = queue.scheduled_job_registry
+    assert set(scheduled.get_job_ids()) == {"held-front", "failed-back"}
+    assert conn.hget(held.key, "enqueue_at_front_on_retry") == b"1"
+    assert conn.hget(failed.key, "enqueue_at_front_on_retry") == b"0"
+    for later in ("next-1", "next-2"):  # the rest of the run, queued meanwhile
+        enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.noop", job_id=later)
+    conn.zadd(scheduled.key, {"held-front": 0, "failed-back": 1})  # both waits over (no sleeping)
+    scheduler = PayrunScheduler([queue], connection=conn)
+    scheduler.acquire_locks()
+    try:
+        scheduler.enqueue_scheduled_jobs()
+    finally:
+        scheduler.release_locks()
+    assert queue.get_job_ids() == ["held-front", "next-1", "next-2", "failed-back"]
+    RenderWorker([queue], connection=conn).work(burst=True, logging_level="WARNING")
+    assert status_of(conn, "held-front") == "finished" and status_of(conn, "next-2") == "finished"
