@@ -2,7 +2,7 @@
 
 Public API (other modules call these names):
     totals(snapshot)        -> {"gross", "deductions", "net"} in integer poisha (pure)
-    format_bdt(poisha)      -> "৳ 45,000.00"
+    format_bdt(poisha)      -> "৳ 45,000.00" (lakh and crore grouping: "৳ 1,23,456.00")
     validate(snapshot)      raises PermanentError with a reason HR can act on
     render_html(snapshot)   -> str (autoescaped, StrictUndefined)
     render_pdf(snapshot)    -> bytes (validates first)
@@ -112,11 +112,27 @@ def totals(snapshot: Mapping[str, Any]) -> dict[str, int]:
     return {"gross": gross, "deductions": deducted, "net": gross - deducted}
 
 
+def group_lakh(taka: int) -> str:
+    """Digits grouped as Bangladesh writes amounts (lakh and crore): the last three, then
+    pairs: 12345678 -> "1,23,45,678"; 45000 -> "45,000" (the same as Western below a lakh)."""
+    digits = str(taka)
+    if len(digits) <= 3:
+        return digits
+    head, tail = digits[:-3], digits[-3:]
+    pairs = []
+    while len(head) > 2:
+        head, pair = head[:-2], head[-2:]
+        pairs.append(pair)
+    return ",".join([head, *reversed(pairs), tail])
+
+
 def format_amount(poisha: int) -> str:
-    """4500000 -> "45,000.00" (no currency sign; minus sign when negative)."""
+    """4500000 -> "45,000.00"; 12345678900 -> "12,34,56,789.00" (lakh and crore grouping,
+    as the source story and Bangladeshi slips write them); no currency sign; a minus sign
+    when negative."""
     sign = "-" if poisha < 0 else ""
     taka, paisa = divmod(abs(int(poisha)), 100)
-    return f"{sign}{taka:,}.{paisa:02d}"
+    return f"{sign}{group_lakh(taka)}.{paisa:02d}"
 
 
 def format_bdt(poisha: int) -> str:
@@ -130,7 +146,9 @@ def format_bdt(poisha: int) -> str:
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
          "fourteen fifteen sixteen seventeen eighteen nineteen").split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
-_SCALES = ((10**12, "trillion"), (10**9, "billion"), (10**6, "million"), (1000, "thousand"))
+_SCALES = ((10**7, "crore"), (10**5, "lakh"), (1000, "thousand"))
+"""Bangladesh's scales, as its cheques and slips word an amount: "One crore twenty lakh
+taka only". Above 99 crore the crores are counted in words ("two thousand crore")."""
 
 
 def _words(n: int) -> str:

@@ -138,13 +138,13 @@ def test_a_slip_with_every_field_at_its_maximum_still_renders_on_one_page(fill):
     assert len(slip._document(html).pages) > 1  # the normal layout overflows
     before = slip.render_pdf(slip.SAMPLE_SNAPSHOT)
     text = pdf_text(slip.render_pdf(snap))  # one page (pdf_text asserts it)
-    assert "20,000,000,000.00" in text  # the net pay
+    assert "20,00,00,00,000.00" in text  # the net pay
     assert "Reference" in text and "This is a computer-generated slip" in text
     # the compact layout leaves the kept cascade of normal slips alone
     assert slip.render_pdf(slip.SAMPLE_SNAPSHOT) == before
     # a re-issued one (`payrun resend`) has a line more, and still one page
     text = pdf_text(slip.render_pdf({**snap, "reissued": "2026-12-04"}))
-    assert "Re-issued on 2026-12-04" in text and "20,000,000,000.00" in text
+    assert "Re-issued on 2026-12-04" in text and "20,00,00,00,000.00" in text
 
 
 def test_only_a_date_marks_a_slip_re_issued():
@@ -193,12 +193,27 @@ def test_format_bdt_and_words():
     assert slip.format_bdt(4500000) == "৳ 45,000.00"
     assert slip.format_bdt(0) == "৳ 0.00"
     assert slip.format_bdt(5) == "৳ 0.05"
-    assert slip.format_bdt(123456789) == "৳ 1,234,567.89"
+    assert slip.format_bdt(123456789) == "৳ 12,34,567.89"  # lakh and crore, as the source story writes ১,০০,০০০
+    assert slip.format_bdt(10000000) == "৳ 1,00,000.00" and slip.format_bdt(9999900) == "৳ 99,999.00"
+    assert slip.format_amount(12345678900) == "12,34,56,789.00"
+    assert slip.amount_in_words(12345678900) == ("Twelve crore thirty-four lakh fifty-six thousand seven hundred "
+                                                 "eighty-nine taka only")
+    assert slip.amount_in_words(10000000) == "One lakh taka only"
+    assert slip.amount_in_words(2000000000000) == "Two thousand crore taka only"
     assert slip.format_bdt(-150) == "-৳ 1.50"
     assert slip.amount_in_words(6500000) == "Sixty-five thousand taka only"
     assert slip.amount_in_words(10101) == "One hundred one taka and one poisha only"
     assert slip.month_label("2026-02") == "February 2026"
     assert slip.pay_period("2028-02") == "1 – 29 February 2028"
+
+
+@given(st.integers(min_value=0, max_value=10**15))
+def test_lakh_grouping_keeps_every_digit_in_groups_of_two_above_the_last_three(taka):
+    text = slip.group_lakh(taka)
+    assert int(text.replace(",", "")) == taka
+    groups = text.split(",")
+    assert len(groups[-1]) == 3 or len(groups) == 1
+    assert all(len(g) == 2 for g in groups[1:-1]) and 1 <= len(groups[0]) <= (3 if len(groups) == 1 else 2)
 
 
 def _amounts(components):
