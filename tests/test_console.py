@@ -163,7 +163,8 @@ async def test_overview_shows_the_right_numbers(payrun_world):
         assert cells(app, "#queues", keys.EMAIL_QUEUE)[1:6] == ["0", "0", "0", "0", "1"]
         # throughput: the renders and sends of company 1 finished within the last minute
         q = {r.name: r for r in snap.queues}
-        assert q[keys.RENDER_QUEUE].per_min[-1] == n1 and q[keys.EMAIL_QUEUE].per_min[-1] == n1 - 1
+        # (the last two minutes: the world's set-up and the console's start may cross a minute)
+        assert sum(q[keys.RENDER_QUEUE].per_min[-2:]) == n1 and sum(q[keys.EMAIL_QUEUE].per_min[-2:]) == n1 - 1
         assert "50" in text_of(app, "#limits")
         # Enter on the send-email row drills down to its failed jobs
         table = app.screen.query_one("#queues")
@@ -467,7 +468,8 @@ async def test_drain_stops_intake_and_a_stopped_worker_finishes_its_job_and_exit
                          stdout=open(tmp_path / "w.log", "ab"), stderr=subprocess.STDOUT)
     try:
         q = make_queue(keys.RENDER_QUEUE, conn)
-        q.enqueue_call("jobs.testing.sleep", args=(3,), job_id="long-1", timeout=20, meta={"kind": "test"})
+        # long enough to be still running when the console's first refresh comes on a loaded host
+        q.enqueue_call("jobs.testing.sleep", args=(8,), job_id="long-1", timeout=20, meta={"kind": "test"})
         wait_for(lambda: conn.zcard(f"rq:wip:{keys.RENDER_QUEUE}") == 1, timeout_s=60, what="the worker to start long-1")
         app = make_app(cfg, conn, interval_s=0.3)
         async with app.run_test(size=SIZE) as pilot:
@@ -631,7 +633,7 @@ async def test_unreachable_redis_is_said_and_keys_still_work(cfg, tmp_path):
 
 class SlowSource(Source):
     def snapshot(self) -> Snapshot:
-        time.sleep(3)
+        time.sleep(8)
         return super().snapshot()
 
 
@@ -643,7 +645,7 @@ async def test_a_slow_refresh_never_blocks_the_keys(cfg, conn):
         t0 = time.monotonic()
         await pilot.press("r")
         await pilot.pause()
-        assert app.screen.CRUMB == "running" and time.monotonic() - t0 < 1.0
+        assert app.screen.CRUMB == "running" and time.monotonic() - t0 < 4.0  # the refresh takes 8
         await pilot.press("question_mark")
         await pilot.pause()
         assert type(app.screen).__name__ == "HelpScreen"

@@ -73,14 +73,18 @@ def test_many_lanes_share_one_watchdog_and_only_the_late_ones_fire():
             outcome[i] = "timeout"
 
     threads = [threading.Thread(target=lane, args=(i,)) for i in range(12)]
-    n_threads = threading.active_count()
+    # the one shared watchdog thread starts on the first arm in the process: counted
+    # apart, so this test does not depend on an earlier one having started it
+    others = {t for t in threading.enumerate() if t.name != "job-watchdog"}
     for t in threads:
         t.start()
     for t in threads:
         t.join(20)
     assert outcome == {i: ("timeout" if i % 2 else "done") for i in range(12)}
     assert watchdog.WATCHDOG.fired - before == 6
-    assert threading.active_count() <= n_threads  # no thread per job left behind
+    watchdogs = [t for t in threading.enumerate() if t.name == "job-watchdog"]
+    assert len(watchdogs) == 1  # one for every lane
+    assert {t for t in threading.enumerate() if t.name != "job-watchdog"} <= others  # no thread per job left
 
 
 def test_a_zero_timeout_means_none():

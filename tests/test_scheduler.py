@@ -211,7 +211,7 @@ def test_paused_owner_lock_expires_unique_row_stops_second_run_and_owner_enqueue
     pause_dir = w["tmp"] / "pause"
     pause_dir.mkdir()
     a = spawn(dict(env, PAYRUN_TEST_TICK_PAUSE=str(pause_dir)), "worker", "control", log=w["tmp"] / "a.log")
-    b = None
+    b, horse = None, None
     try:
         reached = pause_dir / "reached-bank-status-after-row"
         wait_for(reached.exists, timeout_s=30, what="the first run to insert its row")
@@ -232,8 +232,10 @@ def test_paused_owner_lock_expires_unique_row_stops_second_run_and_owner_enqueue
             os.kill(pid, signal.SIGCONT)
         wait_for(lambda: rows(w, "bank-status")[0]["status"] == "aborted", timeout_s=30,
                  what="the woken owner to give up")
-    finally:
-        for pid in (a.pid,):
+    finally:  # (a failed assertion above must not leave the horse stopped for good)
+        for pid in (a.pid, horse):
+            if pid is None:
+                continue
             try:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
