@@ -1,10 +1,12 @@
 """The pure policy functions: backoff, classification, lease arithmetic."""
 
+import errno
 import random
 import smtplib
 import statistics
 
 import pytest
+import redis
 
 from jobs.errors import OutcomeUnknown, PermanentError, TransientError
 from jobs.policy import backoff_attempt, backoff_ceiling, backoff_delay, classify, is_stuck, lease_expired, shutdown_deadline
@@ -50,10 +52,24 @@ def test_retry_after_is_a_floor():
         (smtplib.SMTPResponseException(550, b"no such user"), False),
         (PermanentError("invalid recipient address"), False),
         (KeyError("employee"), False),  # a bug or bad data: retrying cannot help
+        # the host's trouble, not the employee's data (a full slip store failed a whole run)
+        (OSError(errno.ENOSPC, "No space left on device"), True),
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
+        (OSError(errno.EIO, "Input/output error"), True),
+        (OSError(errno.EROFS, "Read-only file system"), True),
+        (OSError(errno.EACCES, "Permission denied"), False),  # set up wrong: a person must look
+        (redis.ResponseError("MISCONF Errors writing to the AOF file: No space left on device"), True),
+        (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), False),
     ],
 )
 def test_classification_table(exc, transient):
     assert classify(exc).transient is transient
+
+
+def test_a_full_disk_says_what_to_do_and_is_not_blamed_on_the_data():
+    verdict = classify(OSError(errno.ENOSPC, "No space left on device"))
+    assert verdict.transient and "the disk is full: free space, then `payrun retry --all`" in verdict.reason
+    assert "Redis refuses writes" in classify(redis.ResponseError("MISCONF Errors writing to the AOF")).reason
 
 
 def test_classification_keeps_retry_after():
