@@ -135,7 +135,7 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
         raise SetupError(f"a supervisord holds {cfg.home / 'supervisor.sock'} but does not answer ({out}): "
                          f"stop it (its pid is in {cfg.home / 'supervisord.pid'}), then `payrun up` again")
     if not absent(out) and code in (0, 3):
-        return "supervisord is already running:\n" + out.rstrip()
+        return _start_failed_again(cfg, out, wait, timeout_s)
     note = take_over_redis(cfg) if role == "all" else ""
     (cfg.home / "supervisor.role").write_text(role)
     p = subprocess.run([_bin("supervisord"), "-c", str(conf)], env=env(cfg), capture_output=True, text=True)
@@ -174,6 +174,43 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
     finally:
         if conn is not None:
             conn.close()
+
+
+GAVE_UP = ("FATAL", "EXITED", "BACKOFF")
+"""supervisorctl states of a program that stopped by failing (not STOPPED: stopped on
+purpose, or not started on this host)."""
+
+
+def _gave_up(status: str) -> list[str]:
+    return [ln.split()[0] for ln in status.splitlines()
+            if len(ln.split()) > 1 and ln.split()[1] in GAVE_UP]
+
+
+def _start_failed_again(cfg: Config, status: str, wait: bool, timeout_s: float) -> str:
+    """`payrun up` with supervisord running already: the programs it gave up on (FATAL after
+    a full disk or a bad config file, EXITED) are started again, and `up` waits until they
+    stay up, as a first `up` does. It said "already running", exited 0 and started nothing,
+    while the status note it answered read "is `payrun up` running?" (an on-call drill)."""
+    dead = _gave_up(status)
+    if not dead:
+        return "supervisord is already running:\n" + status.rstrip()
+    ctl(cfg, "start", *dead, timeout_s=60)
+    out = status
+    deadline = time.monotonic() + timeout_s
+    while wait:
+        out, _ = ctl(cfg, "status", timeout_s=STATUS_TIMEOUT_S)
+        mine = [ln for ln in out.splitlines() if ln.split() and ln.split()[0] in dead]
+        if mine and all(settled(ln) for ln in mine):
+            break
+        failed = _gave_up("\n".join(mine))
+        if failed or time.monotonic() > deadline:
+            failed = failed or [ln.split()[0] for ln in mine if not settled(ln)]
+            logs = "".join(_log_tail(cfg, name) for name in failed[:3])
+            raise SetupError(f"supervisord is running, but {', '.join(failed)} stopped by failing and did not stay "
+                             f"up when started again (the rest runs on):\n{out.rstrip()}\n{logs}logs: {cfg.log_dir}")
+        time.sleep(0.5)
+    return (f"supervisord was running with {len(dead)} program{'' if len(dead) == 1 else 's'} stopped by failing "
+            f"({', '.join(dead)}): started {'them' if len(dead) > 1 else 'it'} again:\n" + out.rstrip())
 
 
 def take_over_redis(cfg: Config) -> str:

@@ -10,6 +10,8 @@ import socket
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 
 from conftest import wait_for
@@ -272,3 +274,60 @@ def test_up_returns_only_once_the_embedded_redis_answers(tmp_path, monkeypatch):
     statuses = iter(["unix:///x/supervisor.sock no such file"])
     with pytest.raises(supervise.SetupError, match="does not answer"):
         supervise.up(cfg, timeout_s=0.2)
+
+
+def test_up_starts_again_what_supervisord_gave_up_on_and_leaves_the_rest_running(tmp_path):
+    """On-call drill: a bad config edit (or a full disk) made programs fail until
+    supervisord gave up on them (FATAL). `payrun up`, which the status notes suggest, said
+    "already running", exited 0 and started nothing. Now it starts them again once the
+    cause is fixed, and says so; while the cause lasts it says which did not stay up, and
+    stops nothing else."""
+    from payrun import config, supervise
+
+    home = tmp_path / "h"
+    env = clean_env(tmp_path, home)
+    conf = Path(env["PAYRUN_CONFIG"])
+    good = conf.read_text()
+    payroll.seed(payroll.PayrollDB(home / "payroll.db"), companies=1, employees=2, seed=5, month="2026-11")
+    up = payrun("up", env=env)
+    cfg = config.load(env={"PAYRUN_HOME": str(home), "PAYRUN_CONFIG": str(conf)})
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        conf.write_text(good + "email_rate_per_s = 40.0.\n")  # a typo, then a restart
+        supervise.ctl(cfg, "restart", "reaper", timeout_s=60)
+        wait_for(lambda: " FATAL " in supervise.ctl(cfg, "status", "reaper")[0], timeout_s=60,
+                 what="supervisord to give up on the reaper")
+        assert " RUNNING " in supervise.ctl(cfg, "status", "ledger")[0]  # the rest runs on
+        conf.write_text(good)  # fixed
+        again = payrun("up", env=env)
+        assert again.returncode == 0, again.stderr + again.stdout
+        assert "stopped by failing (reaper): started it again" in again.stdout
+        assert " RUNNING " in supervise.ctl(cfg, "status", "reaper")[0]
+        assert "supervisord is already running" in payrun("up", env=env).stdout  # nothing to do
+    finally:
+        conf.write_text(good)
+        payrun("down", env=env)
+
+
+def test_up_says_which_program_did_not_stay_up_when_started_again(tmp_path, monkeypatch):
+    """The other outcome of starting again what supervisord gave up on: the cause lasts (the
+    disk still full), `up` fails naming the program and its log, and stops nothing."""
+    from payrun import config, supervise
+
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path)})
+    (cfg.log_dir).mkdir(parents=True, exist_ok=True)
+    (cfg.log_dir / "reaper.log").write_text("redis.exceptions.ResponseError: MISCONF Errors writing to the AOF file\n")
+    calls = []
+    status = ("ledger    RUNNING   pid 10, uptime 0:05:00\n"
+              "reaper    FATAL     Exited too quickly (process log may have details)\n")
+
+    def ctl(cfg_, *args, timeout_s=None):
+        calls.append(args)
+        return status, 3
+
+    monkeypatch.setattr(supervise, "ctl", ctl)
+    with pytest.raises(supervise.SetupError) as e:
+        supervise._start_failed_again(cfg, status, wait=True, timeout_s=5)
+    assert "reaper stopped by failing and did not stay up when started again (the rest runs on)" in str(e.value)
+    assert "MISCONF" in str(e.value) and ("start", "reaper") in calls
+    assert not any(a[0] in ("stop", "shutdown") for a in calls)  # nothing else stopped
