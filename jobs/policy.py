@@ -104,7 +104,7 @@ def classify(exc: BaseException) -> Verdict:
 
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
             return Verdict(True, f"{name}: {exc}")
-        if isinstance(exc, redis.ResponseError) and str(exc).startswith(REDIS_REFUSES_WRITES):
+        if redis_refuses_writes(exc):
             return Verdict(True, f"{name}: {exc} (Redis refuses writes: is its disk full?)")
     except ImportError:  # pragma: no cover
         pass
@@ -125,6 +125,35 @@ HOST_TROUBLE_ERRNOS: dict[int, str] = {
 REDIS_REFUSES_WRITES = ("MISCONF", "READONLY", "OOM ")
 """Redis's replies when it cannot take writes (a failed AOF write: a full disk; a replica;
 maxmemory): transient, once the operator has fixed the host."""
+
+
+def redis_refusal_reason(exc: BaseException, limit: int = 120) -> str:
+    """Redis's own words from a refusal (redis_refuses_writes), without the script or
+    pipeline redis-py wraps them in: "MISCONF Redis is configured to save …"."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    starts = [i for p in REDIS_REFUSES_WRITES if (i := text.find(p)) >= 0]
+    return text[min(starts) if starts else 0:][:limit]
+
+
+def redis_refuses_writes(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing writes (REDIS_REFUSES_WRITES): it is up and
+    answering, and takes writes again by itself once its host is fixed."""
+    try:
+        import redis
+    except ImportError:  # pragma: no cover
+        return False
+    if not isinstance(exc, redis.ResponseError):
+        return False
+    text = str(exc)
+    if text.startswith(REDIS_REFUSES_WRITES):
+        return True
+    # a write inside a script ("Error running script (call to f_…): @user_script:14: … -MISCONF …"),
+    # or in a transaction ("Command # 1 (HSET …) of pipeline caused error: MISCONF …")
+    if text.startswith("Error running script"):
+        return any(f"-{p}" in text for p in REDIS_REFUSES_WRITES)
+    if text.startswith("Command # "):
+        return any(f"caused error: {p}" in text for p in REDIS_REFUSES_WRITES)
+    return False
 
 
 # Refusals at RCPT that are about us, not the recipient: Postfix checks the sender (and

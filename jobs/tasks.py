@@ -19,7 +19,7 @@ from rq import Retry, get_current_job
 from jobs import events, idempotency
 from jobs.errors import ClaimLost, PermanentError, ProviderDown, RateWait, Throttled
 from jobs.policy import (counts_as_provider_failure, pauses_every_sender, record_deadline, record_retry_wait_s,
-                         send_claim_ttl_s)
+                         redis_refuses_writes, send_claim_ttl_s)
 from payrun import config as config_mod
 from payrun import keys
 
@@ -292,6 +292,7 @@ def _record_sent(conn, key: str, token: str, message_id: str, lim, record_by: fl
     whose next try would send the slip a second time. Past ``record_by`` the Redis error
     goes up as before."""
     from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import ResponseError as RedisResponseError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     tries = 0
@@ -300,7 +301,9 @@ def _record_sent(conn, key: str, token: str, message_id: str, lim, record_by: fl
         while True:
             try:
                 ended = idempotency.mark_sent(conn, key, token, message_id, outage_keys=lim.outage_keys())
-            except (RedisConnectionError, RedisTimeoutError) as e:
+            except (RedisConnectionError, RedisTimeoutError, RedisResponseError) as e:
+                if isinstance(e, RedisResponseError) and not redis_refuses_writes(e):
+                    raise  # (a refusal to write, a full disk under its AOF, waits like an absence)
                 tries += 1
                 wait = record_retry_wait_s(tries, record_by - clock())
                 if wait is None:

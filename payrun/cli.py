@@ -719,6 +719,7 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
     from redis import exceptions as redis_errors
 
     from jobs import limits, reaper
+    from jobs.policy import redis_refuses_writes
 
     conn = c.redis()
     every = every_s or c.cfg.lease.reap_every_s
@@ -731,14 +732,20 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
     while True:
         try:
             returned = reaper.reap(conn)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as e:
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ResponseError) as e:
+            if isinstance(e, redis_errors.ResponseError) and not redis_refuses_writes(e):
+                raise
             if not loop:
+                if isinstance(e, redis_errors.ResponseError):
+                    raise  # (handle_errors says it in one line)
                 raise PayrunError(f"Redis unavailable: {e}")
-            log.warning("reaper: Redis unavailable (%s); trying again in %d s", e, every)
+            log.warning("reaper: Redis unavailable or refusing writes (%s); trying again in %d s", e, every)
             returned = []
         try:
             freed = limits.free_dead_slots(conn)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as e:
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ResponseError) as e:
+            if isinstance(e, redis_errors.ResponseError) and not redis_refuses_writes(e):
+                raise
             log.warning("reaper: could not check the email slots (%s)", e)
             freed = []
         if freed and not (as_json and not loop):
@@ -818,6 +825,9 @@ def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> N
                           "at a time (run one pdf-render worker per core: render.workers)")
     _setup_logging()
     conn = c.redis()
+    from payrun import redis_server
+
+    redis_server.wait_for_writes(conn, f"worker {'/'.join(queues)}", logging.getLogger("payrun.worker"), c.cfg)
     from jobs import tasks
 
     tasks.settings.cache_clear()
@@ -857,6 +867,9 @@ def ledger(c: Ctx) -> None:
     _setup_logging()
     log = logging.getLogger("payrun.ledger")
     conn = c.redis()
+    from payrun import redis_server
+
+    redis_server.wait_for_writes(conn, "ledger", log, c.cfg)
     store = c.ledger()
     stopping = []
     signal.signal(signal.SIGTERM, lambda *a: stopping.append(1))

@@ -40,6 +40,15 @@ def handle_errors(fn):
         except KeyboardInterrupt:
             click.echo("payrun: interrupted", err=True)
             sys.exit(130)
+        except Exception as e:
+            from jobs.policy import redis_refusal_reason, redis_refuses_writes
+
+            if not redis_refuses_writes(e):
+                raise
+            click.echo(f"payrun: Redis refuses writes ({redis_refusal_reason(e)}): is its disk full? Once it "
+                       f"can write again it takes writes by itself; then `payrun up` starts again what supervisord "
+                       f"gave up on", err=True)
+            sys.exit(1)
 
     return wrapper
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import secrets
 import socket
@@ -206,10 +207,63 @@ def connect(cfg: Config, url_: str | None = None, **kw) -> redis.Redis:
 
 
 def ping(conn: redis.Redis) -> bool:
+    """Whether a Redis server answers. One that refuses writes (MISCONF: its AOF cannot be
+    written, a full disk) answers PING with that error: it is up (no second server may
+    start beside it), and ``refusal`` says why it takes no writes."""
     try:
         return bool(conn.ping())
+    except redis.ResponseError as e:
+        from jobs.policy import redis_refuses_writes
+
+        if redis_refuses_writes(e):
+            return True
+        raise
     except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError, OSError):
         return False
+
+
+def refusal(conn: redis.Redis) -> str | None:
+    """Redis's reason for refusing writes (its first line), or None when it takes them (or
+    does not answer: ``ping``)."""
+    from jobs.policy import redis_refuses_writes
+
+    try:
+        conn.ping()
+    except redis.ResponseError as e:
+        return str(e).splitlines()[0] if redis_refuses_writes(e) else None
+    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError, OSError):
+        return None
+    return None
+
+
+WRITES_POLL_S = 2.0
+WRITES_LOG_EVERY_S = 60.0
+
+
+def wait_for_writes(conn: redis.Redis, who: str, log: logging.Logger, cfg: Config,
+                    clock=time.monotonic, pause=time.sleep) -> float:
+    """Before a long-running program starts its work: wait while Redis refuses writes (a
+    full disk under its AOF), saying so once a minute, instead of failing at once. A
+    worker that crashed on it and was restarted by supervisord then stays up, waiting,
+    rather than fail its start three times and be given up on (FATAL: the run stuck until
+    someone started it by hand, an on-call drill). Returns the seconds waited."""
+    began, said = clock(), None
+    while (why := refusal(conn)) is not None:
+        if said is None or clock() - said >= WRITES_LOG_EVERY_S:
+            log.warning("%s waits: %s", who, refusal_text(why, cfg))
+            said = clock()
+        pause(WRITES_POLL_S)
+    if said is not None:
+        log.warning("%s: Redis takes writes again after %.0f s; starting", who, clock() - began)
+    return clock() - began
+
+
+def refusal_text(why: str, cfg: Config) -> str:
+    """What an operator reads about a Redis that refuses writes."""
+    where = f" (the embedded Redis writes in {cfg.redis_dir})" if cfg.embedded_redis else ""
+    return (f"Redis refuses writes ({why[:120]}): is its disk full{where}? Nothing can be recorded meanwhile, so "
+            f"workers stop; once it can write again it takes writes by itself, then `payrun up` starts again "
+            f"what supervisord gave up on")
 
 
 @contextmanager

@@ -114,6 +114,10 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                      f"payrun run --month {month} --resume")
     outage = None
     if conn is not None and not redis_failed:
+        from payrun import redis_server
+
+        if (why := redis_server.refusal(conn)) is not None:
+            notes.insert(0, redis_server.refusal_text(why, cfg))
         try:
             lag, lag_age = backlog(conn), round(backlog_age_s(conn), 1)
             notes += intake_notes(conn, waiting_only=not in_progress)  # (a resend waits too)

@@ -60,6 +60,12 @@ def test_retry_after_is_a_floor():
         (OSError(errno.EACCES, "Permission denied"), False),  # set up wrong: a person must look
         (redis.ResponseError("MISCONF Errors writing to the AOF file: No space left on device"), True),
         (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), False),
+        (redis.ResponseError("Error running script (call to f_e879): @user_script:14: @user_script: 14: -MISCONF "
+                             "Redis is configured to save RDB snapshots, but it is currently not able to persist"), True),
+        (redis.ResponseError("Error running script (call to f_e879): @user_script:3: user_script:3: bad argument"),
+         False),
+        (redis.ResponseError("Command # 1 (HSET payrun:limit:email cap 10) of pipeline caused error: MISCONF Redis "
+                             "is configured to save RDB snapshots"), True),
     ],
 )
 def test_classification_table(exc, transient):
@@ -70,6 +76,10 @@ def test_a_full_disk_says_what_to_do_and_is_not_blamed_on_the_data():
     verdict = classify(OSError(errno.ENOSPC, "No space left on device"))
     assert verdict.transient and "the disk is full: free space, then `payrun retry --all`" in verdict.reason
     assert "Redis refuses writes" in classify(redis.ResponseError("MISCONF Errors writing to the AOF")).reason
+    from jobs.policy import redis_refusal_reason
+
+    wrapped = redis.ResponseError("Command # 1 (HSET k v) of pipeline caused error: MISCONF Errors writing")
+    assert redis_refusal_reason(wrapped) == "MISCONF Errors writing"
 
 
 def test_classification_keeps_retry_after():
