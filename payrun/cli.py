@@ -22,11 +22,32 @@ class Ctx:
         self.config_path = config_path
         self._cfg: config_mod.Config | None = None
 
+    BRAKES = frozenset({"down", "drain", "resume", "ps", "status", "workers", "stop-worker"})
+    """Commands an operator needs in an incident, even with a broken config file: they
+    stop, pause or look, and need only the data directory and Redis."""
+
     @property
     def cfg(self) -> config_mod.Config:
         if self._cfg is None:
-            self._cfg = config_mod.load(self.config_path)
+            try:
+                self._cfg = config_mod.load(self.config_path)
+            except config_mod.ConfigError as e:
+                self._cfg = self._brakes_without_the_file(e)
         return self._cfg
+
+    def _brakes_without_the_file(self, error: Exception) -> config_mod.Config:
+        """A config file that does not load (a typo saved mid-run) blocked `payrun down`,
+        `drain` and `ps` too (an on-call drill). For those commands, with PAYRUN_HOME set (the
+        file could name another home), go on with the built-in defaults, and say so."""
+        ctx = click.get_current_context(silent=True)
+        name = ctx.command.name if ctx is not None and ctx.command is not None else None
+        file_given = self.config_path or os.environ.get("PAYRUN_CONFIG")
+        if name not in self.BRAKES or not file_given or not os.environ.get("PAYRUN_HOME"):
+            raise error
+        cfg = config_mod.load(None, env={k: v for k, v in os.environ.items() if k != "PAYRUN_CONFIG"})
+        click.echo(f"payrun: warning: {error}; `payrun {name}` goes on with the built-in defaults and "
+                   f"PAYRUN_HOME={cfg.home} (fix the file before restarting anything)", err=True)
+        return cfg
 
     def redis(self):
         from payrun import redis_server
@@ -112,14 +133,17 @@ def seed(c: Ctx, companies: int, employees: int, seed_: int, month: str | None) 
     if employees < companies:
         raise PayrunError(f"--employees ({employees}) must be at least --companies ({companies})")
     db = c.payroll()
-    with click.progressbar(length=employees, label="seeding", file=sys.stderr) as bar:
-        last = [0]
+    if not sys.stderr.isatty():  # (click's bar prints its bare label, no newline, to a file or pipe)
+        payroll.seed(db, companies=companies, employees=employees, seed=seed_, month=month)
+    else:
+        with click.progressbar(length=employees, label="seeding", file=sys.stderr) as bar:
+            last = [0]
 
-        def progress(n: int, total: int) -> None:
-            bar.update(n - last[0])
-            last[0] = n
+            def progress(n: int, total: int) -> None:
+                bar.update(n - last[0])
+                last[0] = n
 
-        payroll.seed(db, companies=companies, employees=employees, seed=seed_, month=month, progress=progress)
+            payroll.seed(db, companies=companies, employees=employees, seed=seed_, month=month, progress=progress)
     click.echo(f"seeded {_n(companies, 'company', 'companies')}, {_n(employees, 'employee')}, salary lines for "
                f"{month} into {c.cfg.payroll_path}")
     held_c, held_e = len(list(payroll.companies(db))), payroll.count_employees(db, month)

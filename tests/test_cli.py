@@ -409,3 +409,24 @@ def test_an_employee_who_left_is_left_out_of_runs_and_reminders(runner, cfg, con
     assert runner.invoke(cli, ["employee", "back", gone]).exit_code == 0
     assert gone in payroll.employee_ids(db, "2026-11")
     assert [e["what"] for e in read_audit(cfg)][-3:] == ["employee", "remind", "employee"]
+
+
+def test_the_brakes_work_with_a_config_file_broken_mid_run(runner, cfg, conn, tmp_path, monkeypatch):
+    """On-call drill: a typo saved in the config file blocked `payrun drain`, `down` and
+    `ps` as well. The brakes now go on with the built-in defaults and the data directory
+    (PAYRUN_HOME), saying so; every other command still refuses the file."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text('timezone = "Asia/Dhaka"\n[limits]\nemail_rate_per_s = 40.0.\n', encoding="utf-8")
+    monkeypatch.setenv("PAYRUN_CONFIG", str(bad))
+    out = runner.invoke(cli, ["drain"])
+    assert out.exit_code == 0, out.output
+    assert "payrun: warning: config file" in out.output and "not valid TOML" in out.output
+    assert "`payrun drain` goes on with the built-in defaults" in out.output
+    from rq.suspension import is_suspended
+
+    assert is_suspended(conn)  # intake stopped everywhere
+    assert runner.invoke(cli, ["resume"]).exit_code == 0
+    assert not is_suspended(conn)
+    assert "not valid TOML" in one_line_error(runner.invoke(cli, ["failed"]))  # not a brake: refused
+    monkeypatch.delenv("PAYRUN_HOME")  # the file might have named another home: no guessing
+    assert "not valid TOML" in one_line_error(runner.invoke(cli, ["drain"]))
