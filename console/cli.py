@@ -26,6 +26,24 @@ def _age(s: float | None) -> str:
 from payrun.clitools import handle_errors, pass_ctx  # noqa: E402
 
 
+def collapse_gone_lanes(workers: list) -> list[tuple]:
+    """(worker, lanes): the GONE lanes of one send-email process that held no job as one
+    row (the first of them, and how many), where they were one line each: a restarted
+    sender read as "50 worker(s) GONE (killed or hung)" in an on-call drill. Lanes that
+    held or handed back a job keep their own row (they say which job)."""
+    out: list[tuple] = []
+    groups: dict[tuple, list] = {}
+    for w in workers:
+        if not w.alive and w.kind == "email" and not w.job_id and not w.job_returned:
+            key = (w.process, w.queues)
+            if key not in groups:
+                groups[key] = []
+                out.append(key)
+            groups[key].append(w)
+        else:
+            out.append(w)
+    return [(groups[k][0], len(groups[k])) if isinstance(k, tuple) else (k, 1) for k in out]
+
 
 def register(cli) -> None:
     """Add this package's commands to the `payrun` group."""
@@ -121,18 +139,21 @@ def register(cli) -> None:
         else:
             click.echo(f"{'worker':<34} {'host:pid'} {'queues':<10} {'state':<9} {'job':<30} {'for':>6}  "
                        "RQ heartbeat (an idle send lane beats every 30 s; liveness is separate)")
-        gone = 0
-        for w in snap.workers:
+        gone = [w for w in snap.workers if not w.alive]
+        for w, lanes in collapse_gone_lanes(snap.workers):
             state = w.state if w.alive else "GONE"
-            gone += not w.alive
-            click.echo(f"{w.name:<34} {w.host}:{w.pid} {w.queues:<10} {state:<9} "
+            name = w.name if lanes == 1 else f"{w.name.rsplit('.', 1)[0]}.* ({lanes} lanes)"
+            click.echo(f"{name:<34} {w.host}:{w.pid} {w.queues:<10} {state:<9} "
                        f"{(w.job_id or '-'):<30} {_age(w.job_elapsed_s):>6}  beat {_age(w.heartbeat_age_s)} ago"
                        + ("" if w.alive else "  NO LIVENESS")
                        + (f"  (its job {w.job_returned} was handed back)" if w.job_returned else "")
                        + ("  stopping" if w.stopping else ""))
         if gone:
-            click.echo(f"{gone} worker(s) GONE: no liveness for over 10 s (killed or hung). The reaper hands their "
-                       "jobs back; RQ forgets them within 8 min (`rq info` lists them until then).")
+            procs = len({w.process for w in gone})
+            click.echo(f"{len(gone)} worker(s) GONE{f' in {procs} processes' if procs > 1 else ''}: no liveness "
+                       "for over 10 s (killed, hung, or restarted: a process that exits leaves its workers' "
+                       "records). The reaper hands their jobs back; RQ forgets them within 8 min (`rq info` lists "
+                       "them until then).")
 
     @cli.command()
     @click.option("--json", "as_json", is_flag=True)

@@ -430,3 +430,25 @@ def test_the_brakes_work_with_a_config_file_broken_mid_run(runner, cfg, conn, tm
     assert "not valid TOML" in one_line_error(runner.invoke(cli, ["failed"]))  # not a brake: refused
     monkeypatch.delenv("PAYRUN_HOME")  # the file might have named another home: no guessing
     assert "not valid TOML" in one_line_error(runner.invoke(cli, ["drain"]))
+
+
+def test_the_gone_lanes_of_one_restarted_sender_read_as_one_row():
+    """A send-email process that exited (a restart) left 50 lanes' RQ records: `payrun
+    workers` printed 50 "GONE" lines and "50 worker(s) GONE (killed or hung)". Its idle
+    lanes are one row now; a lane that held a job keeps its own (it names the job), and
+    live workers are listed as before."""
+    from console.cli import collapse_gone_lanes
+    from console.data import WorkerRow
+
+    def row(name, pid, alive=False, kind="email", job=None, returned=None):
+        return WorkerRow(name=name, host="vm", pid=pid, queues="send-email" if kind == "email" else "pdf-render",
+                         state="idle", job_id=job, job_elapsed_s=None, heartbeat_age_s=40.0, alive=alive,
+                         stopping=False, kind=kind, job_returned=returned)
+
+    old = [row(f"email.vm.13878.{i:02d}", 13878) for i in range(50)]
+    held = row("email.vm.13878.50", 13878, returned="email-2026-11-emp-00007")
+    new = [row(f"email.vm.14001.{i:02d}", 14001, alive=True) for i in range(3)]
+    render = row("render.vm.12000", 12000, kind="render")
+    shown = collapse_gone_lanes([*old[:20], held, *old[20:], render, *new])
+    assert [(w.name, n) for w, n in shown] == [("email.vm.13878.00", 50), ("email.vm.13878.50", 1),
+                                               ("render.vm.12000", 1), *[(w.name, 1) for w in new]]
