@@ -16,7 +16,7 @@ from typing import Any
 
 from rq import Retry, get_current_job
 
-from jobs import events, idempotency
+from jobs import events, idempotency, unrecorded
 from jobs.errors import ClaimLost, PermanentError, ProviderDown, RateWait, Throttled
 from jobs.policy import (counts_as_provider_failure, pauses_every_sender, record_deadline, record_retry_wait_s,
                          redis_refuses_writes, send_claim_ttl_s)
@@ -307,9 +307,15 @@ def _record_sent(conn, key: str, token: str, message_id: str, lim, record_by: fl
                 tries += 1
                 wait = record_retry_wait_s(tries, record_by - clock())
                 if wait is None:
-                    log.error("send %s: delivered, but Redis did not answer to record it (%s): the job's next "
-                              "try sends it again (the HTTP provider dedupes it; over SMTP it is a second email)",
-                              key, events.one_line(e, 200))
+                    try:
+                        unrecorded.remember(settings().home, key, message_id)
+                        noted = "its next try on this host records it from a note (jobs.unrecorded) and sends " \
+                                "nothing; a try on another host sends it again"
+                    except OSError as note_error:  # (a full disk, say)
+                        noted = f"no note could be kept ({note_error}): the job's next try sends it again"
+                    log.error("send %s: delivered, but Redis did not answer to record it (%s): %s (the HTTP "
+                              "provider dedupes a second send; over SMTP it is a second email)",
+                              key, events.one_line(e, 200), noted)
                     raise
                 if first_error_at is None:
                     first_error_at = clock()
@@ -411,6 +417,13 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
         left_ms = conn.pttl(keys.idem_state(key))
         raise Throttled(f"another attempt is sending {key} right now",
                         retry_after_s=max(1.0, left_ms / 1000) if left_ms and left_ms > 0 else 1.0)
+    earlier = unrecorded.find(cfg.home, key)
+    if earlier is not None:  # delivered at an earlier try, which Redis could not record
+        idempotency.mark_sent(conn, key, token, earlier)
+        unrecorded.forget(cfg.home, key)
+        log.warning("send %s: delivered at an earlier try (message %s) while Redis could not record it: "
+                    "recorded now, not sent again", key, earlier)
+        return {"sent": key, "message_id": earlier, "recorded_late": True}
     path = _slip_path(cfg.slips_dir, payload["slip"])
     if path is None:
         idempotency.release(conn, key, token)

@@ -552,7 +552,7 @@ class _AwayFor:
         return getattr(self.conn, name)
 
 
-def test_a_made_send_waits_for_redis_to_record_it_and_gives_up_only_when_its_job_has_no_time_left(conn, caplog):
+def test_a_made_send_waits_for_redis_to_record_it_and_gives_up_only_when_its_job_has_no_time_left(conn, cfg, caplog):
     """The provider accepted the message, then Redis went away (a restart): the record is
     tried again with short waits until Redis answers, so the job ends done and its slip's
     key reads sent (the job is not failed and sent again by its next try). With no time
@@ -591,6 +591,12 @@ def test_a_made_send_waits_for_redis_to_record_it_and_gives_up_only_when_its_job
     assert sum(waits) == pytest.approx(2.5)  # up to the deadline, not past it
     assert idempotency.state(conn, key2)["state"] == "sending"  # unrecorded: its next try claims it again
     assert "delivered, but Redis did not answer to record it" in caplog.text
+    # ... and finds this host's note of the delivery, rather than send it again
+    from jobs import unrecorded
+
+    assert "its next try on this host records it from a note" in caplog.text
+    assert unrecorded.find(cfg.home, key2) == "<m2@payrun>" and unrecorded.find(cfg.home, key) is None
+    assert oct((cfg.home / unrecorded.FILE).stat().st_mode & 0o777) == "0o600"
 
 
 def test_a_stop_by_force_records_a_made_send_that_waits_for_redis_before_handing_it_back(conn):

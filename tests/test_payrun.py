@@ -865,3 +865,55 @@ def test_a_slip_of_a_month_already_run_keeps_its_companys_name_after_a_rename(wo
     assert "Renamed Holdings PLC" in text and old["name"] not in text
     assert payroll.employee_snapshot(db, MONTH, "emp-00004")["company"] == old
     assert payroll.employee_snapshot(db, december, "emp-00004")["company"]["name"] == "Renamed Holdings PLC"
+
+
+def test_a_send_delivered_while_redis_could_not_record_it_is_recorded_at_its_next_try_not_sent_again(
+        world, provider, monkeypatch, caplog):
+    """On-call drill: Redis away for 30 s; 13 of 600 sends the provider had accepted could
+    not be recorded before their timeout, and their next try sent them again (over SMTP, a
+    second email). The give-up now leaves a note on this host, and the next try records
+    the send from it and sends nothing."""
+    import logging
+
+    import redis as redis_mod
+
+    from jobs import idempotency, tasks, unrecorded
+    from jobs.runtime import PayrunScheduler
+
+    cfg, conn, db, ledger = world
+    key = f"slip:{MONTH}:emp-00002"
+    real = idempotency.mark_sent
+    away_for = {key}
+
+    def redis_away_once(conn_, key_, owner, message_id, outage_keys=None):
+        if key_ in away_for:
+            away_for.discard(key_)
+            raise redis_mod.ConnectionError("Error 111 connecting to redis.sock (test: Redis away)")
+        return real(conn_, key_, owner, message_id, outage_keys=outage_keys)
+
+    monkeypatch.setattr(idempotency, "mark_sent", redis_away_once)
+    monkeypatch.setattr(tasks, "record_retry_wait_s", lambda tries, left: None)  # its timeout reached at once
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    with caplog.at_level(logging.WARNING, logger="payrun.jobs"):
+        work_everything(conn, ledger)
+        assert unrecorded.find(cfg.home, key)  # noted: delivered, not recorded
+        queue = make_queue(keys.EMAIL_QUEUE, conn)
+        scheduled = queue.scheduled_job_registry
+        job_id = keys.email_job_id(MONTH, "emp-00002")
+        assert scheduled.get_job_ids() == [job_id]  # its retry
+        conn.zadd(scheduled.key, {job_id: 0})  # its backoff over (no sleeping)
+        scheduler = PayrunScheduler([queue], connection=conn)
+        scheduler.acquire_locks()
+        try:
+            scheduler.enqueue_scheduled_jobs()
+        finally:
+            scheduler.release_locks()
+        conn.delete(keys.idem_state(key))  # (the first try's claim lapsed meanwhile)
+        run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
+    ledger_mod.drain(conn, ledger)
+    stats = provider.stats()
+    assert stats["received"] == 12 and stats["delivered"] == 12  # no second request for emp-00002
+    assert idempotency.state(conn, key)["state"] == "sent"
+    assert "recorded now, not sent again" in caplog.text
+    assert unrecorded.find(cfg.home, key) is None and not (cfg.home / unrecorded.FILE).exists()
+    assert ledger.job(job_id)["status"] == "done"
