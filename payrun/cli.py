@@ -719,8 +719,19 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
         click.echo(f"requeued {len(requeued)} job(s)" + (f"; not among failed jobs: {', '.join(missing)}" if missing else "")
                    + (f"; left out {len(resent)} whose slip a `payrun resend` delivered since" if resent else "")
                    + (f"; left out {len(same_slip)} older failure(s) of a slip retried now (one email per slip: "
-                      f"{', '.join(same_slip[:5])}{' …' if len(same_slip) > 5 else ''})" if same_slip else ""))
+                      f"{', '.join(same_slip[:5])}{' …' if len(same_slip) > 5 else ''})" if same_slip else "")
+                   + ("; no failed job matched" + (f" (`payrun failed{_narrowing(queue, error_text, company)}` "
+                                                   "lists what --all acts on)" if (queue or error_text or company
+                                                                                   is not None) else "")
+                      if all_ and not matched else ""))
     sys.exit(1 if missing else 0)
+
+
+def _narrowing(queue: str | None, error_text: str | None, company: int | None) -> str:
+    import shlex
+
+    return ((f" --queue {queue}" if queue else "") + (f" --error {shlex.quote(error_text)}" if error_text else "")
+            + (f" --company {company}" if company is not None else ""))
 
 
 @cli.command()

@@ -212,8 +212,11 @@ def test_cli_retry_and_limits_are_audited(runner, cfg, conn):
     assert entries[-1]["command"] == "payrun limits set --cap 40"
     assert entries[-1]["via"] == "cli" and entries[-1]["who"]
     out = runner.invoke(cli, ["retry", "--all"])  # an action that matched nothing is still one taken
-    assert out.exit_code == 0 and "requeued 0 job(s)" in out.output
+    assert out.exit_code == 0 and "requeued 0 job(s); no failed job matched" in out.output
     assert actions.read_audit(cfg)[-1]["command"] == "payrun retry --all"
+    out = runner.invoke(cli, ["retry", "--all", "--error", "no such text"])  # (on-call: a typo read as "done")
+    assert out.exit_code == 0, out.output
+    assert "no failed job matched (`payrun failed --error 'no such text'` lists what --all acts on)" in out.output
 
 
 def test_the_readmes_import_of_the_sample_files_works_on_a_fresh_install(runner, cfg):
