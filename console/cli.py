@@ -59,7 +59,9 @@ def register(cli) -> None:
 
         snap = source(c).snapshot()
         if snap.error and "Redis" in snap.error:
-            raise RedisUnavailable(snap.error + " (is `payrun up` running? `payrun config redis-url` names it)")
+            from payrun import redis_server
+
+            raise RedisUnavailable(f"{snap.error} ({redis_server.unreachable_hint(c.cfg)})")
         return snap
 
     @cli.command()

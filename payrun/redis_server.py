@@ -206,6 +206,30 @@ def connect(cfg: Config, url_: str | None = None, **kw) -> redis.Redis:
     return redis.Redis.from_url(url_ or url(cfg), **kw)
 
 
+def _supervised_redis_problem(cfg: Config, state: str | None, why: str) -> str | None:
+    """What to say of an embedded Redis that supervisord does not run now (stopped by hand,
+    or given up on: FATAL); None while it runs or is starting. EXITED is a moment
+    (autorestart starts it again); so is "STOPPED Not started", a supervisord that has
+    just opened its socket. Stopped by hand has a date."""
+    if state == "FATAL" or (state == "STOPPED" and "Not started" not in why):
+        return (f"the embedded Redis is {state} under supervisord ({cfg.home}): `payrun ps` shows it, "
+                f"{cfg.log_dir / 'redis.log'} is its log; start it with `supervisorctl start redis` (after "
+                f"`eval \"$(payrun supervisor-env)\"`) or `payrun down && payrun up`")
+    return None
+
+
+def unreachable_hint(cfg: Config) -> str:
+    """Why Redis does not answer, as far as this host can tell, for a command that found
+    it unreachable: the same words whichever command it was (`payrun failed` said "STOPPED
+    under supervisord", `payrun workers` "is `payrun up` running?" while it was)."""
+    if cfg.embedded_redis and supervisord_here(cfg):
+        state, why = _supervised_redis_state(cfg)
+        return _supervised_redis_problem(cfg, state, why) or (
+            f"supervisord runs the embedded Redis here and says {state or 'nothing'}: `payrun ps` shows it, "
+            f"{cfg.log_dir / 'redis.log'} is its log")
+    return "is `payrun up` running? `payrun config redis-url` names it"
+
+
 def ping(conn: redis.Redis) -> bool:
     """Whether a Redis server answers. One that refuses writes (MISCONF: its AOF cannot be
     written, a full disk) answers PING with that error: it is up (no second server may
@@ -315,13 +339,8 @@ def ensure_running(cfg: Config) -> redis.Redis:
             # a command in a shell: say why it waits, and do not wait for a Redis that
             # supervisord is not starting (stopped by hand, or given up on: FATAL)
             state, why = _supervised_redis_state(cfg)
-            # (EXITED is a moment: autorestart starts it again; so is "STOPPED Not started",
-            # a supervisord that has just opened its socket. Stopped by hand has a date.)
-            if state == "FATAL" or (state == "STOPPED" and "Not started" not in why):
-                raise RedisUnavailable(f"the embedded Redis is {state} under supervisord ({cfg.home}): "
-                                       f"`payrun ps` shows it, {cfg.log_dir / 'redis.log'} is its log; start it "
-                                       f"with `supervisorctl start redis` (after `eval \"$(payrun supervisor-env)\"`) "
-                                       f"or `payrun down && payrun up`")
+            if (problem := _supervised_redis_problem(cfg, state, why)) is not None:
+                raise RedisUnavailable(problem)
             sys.stderr.write(f"payrun: waiting for the embedded Redis (supervisord says {state or 'nothing'}; "
                              f"up to 60 s)…\n")
             sys.stderr.flush()

@@ -70,6 +70,9 @@ def test_up_run_status_down(tmp_path, monkeypatch):
         supervise.ctl(cfg, "stop", "redis")
         failed = payrun("failed", env=env, timeout=30)
         assert failed.returncode == 1 and "the embedded Redis is STOPPED under supervisord" in failed.stderr, failed.stderr
+        workers = payrun("workers", env=env, timeout=30)  # the same words (it asked "is `payrun up` running?")
+        assert workers.returncode == 1 and "the embedded Redis is STOPPED under supervisord" in workers.stderr, \
+            workers.stderr
         supervise.ctl(cfg, "start", "redis")
         assert payrun("failed", env=env).returncode == 0
     finally:
