@@ -112,6 +112,13 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                      f"{'has' if n_late == 1 else 'have'} "
                      f"salary lines for {month} and no slip (added after the run): "
                      f"payrun run --month {month} --resume")
+    from jobs import unrecorded
+
+    if waiting := [e for e in unrecorded.pending(cfg.home) if f":{month}:" in str(e.get("key"))]:
+        notes.append(f"{len(waiting):,} slip{'' if len(waiting) == 1 else 's'} delivered while Redis could not record "
+                     f"{'it' if len(waiting) == 1 else 'them'} ({', '.join(str(e['key']) for e in waiting[:3])}"
+                     f"{' …' if len(waiting) > 3 else ''}): noted on this host ({unrecorded.FILE}), recorded at "
+                     "the next try there without sending again")
     outage = None
     if conn is not None and not redis_failed:
         from payrun import redis_server

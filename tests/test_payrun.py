@@ -897,6 +897,8 @@ def test_a_send_delivered_while_redis_could_not_record_it_is_recorded_at_its_nex
     with caplog.at_level(logging.WARNING, logger="payrun.jobs"):
         work_everything(conn, ledger)
         assert unrecorded.find(cfg.home, key)  # noted: delivered, not recorded
+        notes = status.report(cfg, ledger, MONTH, conn=conn)["notes"]
+        assert any(n.startswith(f"1 slip delivered while Redis could not record it ({key})") for n in notes), notes
         queue = make_queue(keys.EMAIL_QUEUE, conn)
         scheduled = queue.scheduled_job_registry
         job_id = keys.email_job_id(MONTH, "emp-00002")
