@@ -120,10 +120,16 @@ def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
     token = f"{job.id}:{job.meta.get('attempt', 0)}"
     state = idempotency.claim(conn, key, token, send_claim_ttl_s(cfg.email.timeout_s, cfg.lease.visibility_s))
     if state == idempotency.SENT:  # a try before this one sent it (and failed after)
+        if tasks.unrecorded.find(cfg.home, key) is not None:  # (recorded since: the note is done)
+            tasks.unrecorded.forget(cfg.home, key)
         _count_reminder_sent(conn, job.id, time.time())
         return {"skipped": "already sent", "key": key}
     if state == idempotency.BUSY:
         raise TransientError(f"another attempt is sending {key} right now")
+    if (earlier := tasks.delivered_earlier(conn, cfg, key, token)) is not None:  # (noted: not sent again)
+        sent_at = time.time()
+        _count_reminder_sent(conn, job.id, sent_at)
+        return {"sent": key, "message_id": earlier, "sent_at": sent_at, "recorded_late": True}
     msg = mail.Message(
         to_addr=payload["to"], to_name=payload["to_name"], subject=payload["subject"],
         text_body=payload["text"], attachment_name="reminder.pdf",

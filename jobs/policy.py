@@ -132,6 +132,10 @@ def redis_refusal_reason(exc: BaseException, limit: int = 120) -> str:
     pipeline redis-py wraps them in: "MISCONF Redis is configured to save …"."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     starts = [i for p in REDIS_REFUSES_WRITES if (i := text.find(p)) >= 0]
+    if not starts:
+        code = {"ReadOnlyError": "READONLY", "OutOfMemoryError": "OOM"}.get(type(exc).__name__)
+        if code:  # (redis-py took the code off: put it back, and drop a pipeline's wrapping)
+            return f"{code} {text.split('caused error: ', 1)[-1]}"[:limit]
     return text[min(starts) if starts else 0:][:limit]
 
 
@@ -144,6 +148,8 @@ def redis_refuses_writes(exc: BaseException) -> bool:
         return False
     if not isinstance(exc, redis.ResponseError):
         return False
+    if isinstance(exc, (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError)):
+        return True  # (redis-py raises these by their code, and strips it from the message)
     text = str(exc)
     if text.startswith(REDIS_REFUSES_WRITES):
         return True

@@ -542,6 +542,7 @@ class EventsMixin:
             # no exception handler ran for this attempt: the horse was killed (timeout in C code)
             job.meta["last_error"] = events.one_line(exc_string or "work horse terminated")
             job.meta["error_attempt"] = job.meta.get("attempt")
+            job.enqueue_at_front_on_retry = False  # a failed attempt, not held: not a held try's front place
         super().handle_job_failure(job, queue, started_job_registry, exc_string)
         status = job.get_status(refresh=True)
         if status in (JobStatus.SCHEDULED, JobStatus.QUEUED):

@@ -40,7 +40,7 @@ ALLOWED_FUNCTIONS = frozenset({
 """Job functions a payrun worker agrees to run (JSON still lets a job name any import path)."""
 
 TEST_FUNCTIONS = frozenset({"jobs.testing.hang", "jobs.testing.sleep", "jobs.testing.noop", "jobs.testing.spin",
-                            "jobs.testing.throttled_once", "jobs.testing.flaky"})
+                            "jobs.testing.throttled_once", "jobs.testing.flaky", "jobs.testing.held_then_flaky"})
 
 
 def allowed_functions() -> frozenset[str]:
@@ -297,6 +297,7 @@ def _record_sent(conn, key: str, token: str, message_id: str, lim, record_by: fl
 
     tries = 0
     first_error_at = None
+    noted = ""
     try:
         while True:
             try:
@@ -306,13 +307,9 @@ def _record_sent(conn, key: str, token: str, message_id: str, lim, record_by: fl
                     raise  # (a refusal to write, a full disk under its AOF, waits like an absence)
                 tries += 1
                 wait = record_retry_wait_s(tries, record_by - clock())
+                if first_error_at is None:
+                    noted = _note_unrecorded(key, message_id)
                 if wait is None:
-                    try:
-                        unrecorded.remember(settings().home, key, message_id)
-                        noted = "its next try on this host records it from a note (jobs.unrecorded) and sends " \
-                                "nothing; a try on another host sends it again"
-                    except OSError as note_error:  # (a full disk, say)
-                        noted = f"no note could be kept ({note_error}): the job's next try sends it again"
                     log.error("send %s: delivered, but Redis did not answer to record it (%s): %s (the HTTP "
                               "provider dedupes a second send; over SMTP it is a second email)",
                               key, events.one_line(e, 200), noted)
@@ -327,10 +324,40 @@ def _record_sent(conn, key: str, token: str, message_id: str, lim, record_by: fl
                 continue
             if first_error_at is not None:
                 log.warning("send %s: recorded as sent after waiting %.1f s for Redis", key, clock() - first_error_at)
+                try:
+                    unrecorded.forget(settings().home, key)  # (recorded: the note is done)
+                except OSError:
+                    pass  # a stale note only makes a later try record what is recorded already
             return ended
     finally:
         if first_error_at is not None:
             _forget_recording(token)
+
+
+def _note_unrecorded(key: str, message_id: str) -> str:
+    """Note a delivery Redis cannot record (yet), at its first failed record: a give-up, a
+    forced stop or a crash while waiting then all leave it (jobs.unrecorded). Returns what
+    the log says of it."""
+    try:
+        unrecorded.remember(settings().home, key, message_id)
+    except OSError as e:  # (a full disk, say)
+        return f"no note could be kept ({e}): the job's next try sends it again"
+    return ("its next try on this host records it from a note (jobs.unrecorded) and sends nothing; a try on "
+            "another host sends it again")
+
+
+def delivered_earlier(conn, cfg: config_mod.Config, key: str, token: str) -> str | None:
+    """For a try that holds ``key``'s claim, before it sends: the message id an earlier try
+    delivered as while Redis could not record it (this host's note, jobs.unrecorded), now
+    recorded under this try's claim, and the note dropped. None: nothing noted, send."""
+    earlier = unrecorded.find(cfg.home, key)
+    if earlier is None:
+        return None
+    idempotency.mark_sent(conn, key, token, earlier)
+    unrecorded.forget(cfg.home, key)
+    log.warning("send %s: delivered at an earlier try (message %s) while Redis could not record it: "
+                "recorded now, not sent again", key, earlier)
+    return earlier
 
 
 def _job_of(token: str) -> str:
@@ -419,12 +446,7 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
         left_ms = conn.pttl(keys.idem_state(key))
         raise Throttled(f"another attempt is sending {key} right now",
                         retry_after_s=max(1.0, left_ms / 1000) if left_ms and left_ms > 0 else 1.0)
-    earlier = unrecorded.find(cfg.home, key)
-    if earlier is not None:  # delivered at an earlier try, which Redis could not record
-        idempotency.mark_sent(conn, key, token, earlier)
-        unrecorded.forget(cfg.home, key)
-        log.warning("send %s: delivered at an earlier try (message %s) while Redis could not record it: "
-                    "recorded now, not sent again", key, earlier)
+    if (earlier := delivered_earlier(conn, cfg, key, token)) is not None:
         return {"sent": key, "message_id": earlier, "recorded_late": True}
     path = _slip_path(cfg.slips_dir, payload["slip"])
     if path is None:

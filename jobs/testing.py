@@ -36,6 +36,18 @@ def spin(seconds: float) -> float:
     return seconds
 
 
+def held_then_flaky() -> None:
+    """Held back on its first try (a 429 pause), then failing with a transient error: the
+    retry after the failure waits at the back of the queue, not at the held try's front."""
+    from rq import get_current_job
+
+    from jobs.errors import Throttled, TransientError
+
+    if int(get_current_job().meta.get("attempt", 1)) == 1:
+        raise Throttled("provider rate limit: not sent, no attempt spent", 0.2)
+    raise TransientError("HTTP 503 from the provider (test)")
+
+
 def throttled_once(then_fail: bool = False) -> str:
     """Held back by the provider's rate limit on its first try (as a send is by a 429 or
     an outage pause), then done (or ``then_fail``: a permanent error) on the next: the

@@ -55,11 +55,15 @@ def _read(home: Path) -> list[dict]:
 
 def remember(home: Path, key: str, message_id: str) -> None:
     """Note that ``key`` was delivered as ``message_id`` and is not recorded in Redis."""
-    line = json.dumps({"key": key, "message_id": message_id, "at": round(time.time(), 3)}) + "\n"
+    data = (json.dumps({"key": key, "message_id": message_id, "at": round(time.time(), 3)}) + "\n").encode()
     with _locked(home):
-        fd = os.open(_path(home), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(_path(home), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            os.write(fd, line.encode())
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data  # a line cut short (a full disk): this one starts on its own
+            while data:  # (a short write on a nearly full disk: the rest, or OSError)
+                data = data[os.write(fd, data):]
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -39,14 +39,24 @@ class Ctx:
         """A config file that does not load (a typo saved mid-run) blocked `payrun down`,
         `drain` and `ps` too (an on-call drill). For those commands, with PAYRUN_HOME set (the
         file could name another home), go on with the built-in defaults, and say so."""
+        from payrun import redis_server
+
         ctx = click.get_current_context(silent=True)
         name = ctx.command.name if ctx is not None and ctx.command is not None else None
         file_given = self.config_path or os.environ.get("PAYRUN_CONFIG")
         if name not in self.BRAKES or not file_given or not os.environ.get("PAYRUN_HOME"):
             raise error
         cfg = config_mod.load(None, env={k: v for k, v in os.environ.items() if k != "PAYRUN_CONFIG"})
-        click.echo(f"payrun: warning: {error}; `payrun {name}` goes on with the built-in defaults and "
-                   f"PAYRUN_HOME={cfg.home} (fix the file before restarting anything)", err=True)
+        # The file may have named an external Redis (redis.url): go on only with a Redis this
+        # command can be sure of (PAYRUN_REDIS_URL, or the embedded one running in this home,
+        # under supervisord or not), never one it would start (a review found `drain` starting
+        # a new, empty Redis and reporting intake stopped while the real one ran on)
+        if cfg.embedded_redis and not redis_server.supervisord_here(cfg) and not redis_server.ping(
+                redis_server.connect(cfg, socket_timeout=2, socket_connect_timeout=2)):
+            raise error
+        which = "PAYRUN_REDIS_URL" if not cfg.embedded_redis else f"the embedded Redis running in {cfg.home}"
+        click.echo(f"payrun: warning: {error}; `payrun {name}` goes on with the built-in defaults, "
+                   f"PAYRUN_HOME={cfg.home} and {which} (fix the file before restarting anything)", err=True)
         return cfg
 
     def redis(self):
@@ -862,7 +872,8 @@ def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> N
     conn = c.redis()
     from payrun import redis_server
 
-    redis_server.wait_for_writes(conn, f"worker {'/'.join(queues)}", logging.getLogger("payrun.worker"), c.cfg)
+    if not burst:  # (a burst worker is a script's: it fails at once, with the reason)
+        redis_server.wait_for_writes(conn, f"worker {'/'.join(queues)}", logging.getLogger("payrun.worker"), c.cfg)
     from jobs import tasks
 
     tasks.settings.cache_clear()

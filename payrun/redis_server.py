@@ -456,16 +456,23 @@ def stop(cfg: Config, timeout_s: float = 15.0) -> bool:
         pid = int(conn.info("server")["process_id"])
     except (redis.RedisError, KeyError, ValueError):
         pid = None
+    refused = None
     try:
         conn.shutdown(save=True)
-    except (redis.ConnectionError, redis.ResponseError):
+    except redis.ConnectionError:
         pass
+    except redis.ResponseError as e:  # it cannot save (a full disk): it stays up, and says why
+        refused = str(e).splitlines()[0][:160]
     # Until the process is gone, not only until it stops answering: its last act is to
     # unlink the socket file, which would take away a new server's socket at that path
     # (`payrun up` starting supervisord's Redis right after: it ran on, unreachable).
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + (0 if refused else timeout_s)
     while time.monotonic() < deadline and (_alive(pid) if pid else ping(connect(cfg, socket_timeout=1))):
         time.sleep(0.05)
+    if _alive(pid) if pid else ping(connect(cfg, socket_timeout=1)):
+        raise SetupError(f"the embedded Redis in {cfg.redis_dir} did not stop"
+                         + (f": it refused ({refused}); is its disk full? Free space, then try again" if refused
+                            else f" within {timeout_s:g} s (pid {pid}; see {cfg.redis_dir / 'redis.log'})"))
     return True
 
 

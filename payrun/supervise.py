@@ -176,14 +176,15 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
             conn.close()
 
 
-GAVE_UP = ("FATAL", "EXITED", "BACKOFF")
+GAVE_UP = ("FATAL", "EXITED")
 """supervisorctl states of a program that stopped by failing (not STOPPED: stopped on
-purpose, or not started on this host)."""
+purpose, or not started on this host). BACKOFF is supervisord still trying (it ignores a
+`start` then): waited for, not started."""
 
 
-def _gave_up(status: str) -> list[str]:
+def _gave_up(status: str, states: tuple[str, ...] = GAVE_UP) -> list[str]:
     return [ln.split()[0] for ln in status.splitlines()
-            if len(ln.split()) > 1 and ln.split()[1] in GAVE_UP]
+            if len(ln.split()) > 1 and ln.split()[1] in states]
 
 
 def _start_failed_again(cfg: Config, status: str, wait: bool, timeout_s: float) -> str:
@@ -192,14 +193,16 @@ def _start_failed_again(cfg: Config, status: str, wait: bool, timeout_s: float) 
     stay up, as a first `up` does. It said "already running", exited 0 and started nothing,
     while the status note it answered read "is `payrun up` running?" (an on-call drill)."""
     dead = _gave_up(status)
-    if not dead:
+    retrying = _gave_up(status, ("BACKOFF",))
+    if not dead and not retrying:
         return "supervisord is already running:\n" + status.rstrip()
-    ctl(cfg, "start", *dead, timeout_s=60)
+    if dead:
+        ctl(cfg, "start", *dead, timeout_s=60)
     out = status
     deadline = time.monotonic() + timeout_s
     while wait:
         out, _ = ctl(cfg, "status", timeout_s=STATUS_TIMEOUT_S)
-        mine = [ln for ln in out.splitlines() if ln.split() and ln.split()[0] in dead]
+        mine = [ln for ln in out.splitlines() if ln.split() and ln.split()[0] in (*dead, *retrying)]
         if mine and all(settled(ln) for ln in mine):
             break
         failed = _gave_up("\n".join(mine))
@@ -209,6 +212,8 @@ def _start_failed_again(cfg: Config, status: str, wait: bool, timeout_s: float) 
             raise SetupError(f"supervisord is running, but {', '.join(failed)} stopped by failing and did not stay "
                              f"up when started again (the rest runs on):\n{out.rstrip()}\n{logs}logs: {cfg.log_dir}")
         time.sleep(0.5)
+    if not dead:
+        return f"supervisord is already running; {', '.join(retrying)} came up after its restarts:\n" + out.rstrip()
     return (f"supervisord was running with {len(dead)} program{'' if len(dead) == 1 else 's'} stopped by failing "
             f"({', '.join(dead)}): started {'them' if len(dead) > 1 else 'it'} again:\n" + out.rstrip())
 

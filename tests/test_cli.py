@@ -433,6 +433,12 @@ def test_the_brakes_work_with_a_config_file_broken_mid_run(runner, cfg, conn, tm
     assert "not valid TOML" in one_line_error(runner.invoke(cli, ["failed"]))  # not a brake: refused
     monkeypatch.delenv("PAYRUN_HOME")  # the file might have named another home: no guessing
     assert "not valid TOML" in one_line_error(runner.invoke(cli, ["drain"]))
+    # ... or another Redis (redis.url): with no PAYRUN_REDIS_URL and no embedded Redis
+    # running in the home, nothing is guessed, and no new Redis is started (review)
+    monkeypatch.setenv("PAYRUN_HOME", str(cfg.home))
+    monkeypatch.delenv("PAYRUN_REDIS_URL")
+    assert "not valid TOML" in one_line_error(runner.invoke(cli, ["drain"]))
+    assert not (cfg.home / "redis" / "redis.pid").exists() and not list(cfg.home.glob("redis/*.sock"))
 
 
 def test_the_gone_lanes_of_one_restarted_sender_read_as_one_row():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import secrets
 import shutil
+import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -153,3 +154,32 @@ def test_a_made_send_waits_for_a_redis_refusing_writes_to_record_it(refusing, cf
 
     tasks._record_sent(conn, key, token, "<m31@payrun>", lim, record_by=130.0, clock=lambda: now[0], pause=pause)
     assert len(waits) == 3 and idempotency.state(conn, key)["state"] == "sent"
+
+
+def test_a_replica_or_a_full_memory_refuses_writes_too_and_it_is_transient(refusing):
+    """READONLY (a Redis turned replica) and OOM (maxmemory reached): redis-py raises its
+    own classes for them, without the code in the message; a job meeting them is retried
+    (they were failed for good), as for MISCONF."""
+    from jobs.policy import classify, redis_refusal_reason, redis_refuses_writes
+
+    conn = refusing.conn
+    conn.config_set("maxmemory-policy", "noeviction")
+    conn.config_set("maxmemory", 1)
+    with pytest.raises(redis.ResponseError) as oom:
+        with conn.pipeline() as p:  # (as RQ writes: in a transaction)
+            p.set("x", "y" * 1000)
+            p.execute()
+    conn.config_set("maxmemory", 0)
+    assert redis_refuses_writes(oom.value) and classify(oom.value).transient
+    assert redis_refusal_reason(oom.value).startswith("OOM")
+    with socket.socket() as s:  # a master that is not there: this server turns read-only
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conn.replicaof("127.0.0.1", port)
+    try:
+        with pytest.raises(redis.ResponseError) as ro:
+            conn.set("x", 1)
+        assert redis_refuses_writes(ro.value) and classify(ro.value).transient
+        assert redis_refusal_reason(ro.value).startswith("READONLY")
+    finally:
+        conn.replicaof("NO", "ONE")

@@ -727,3 +727,20 @@ def test_holding_a_claim_renews_only_its_owners(conn):
     assert not idempotency.hold(conn, key, "a:1", 120)  # sent: nothing left to hold
     conn.delete(keys.idem_state(key))
     assert not idempotency.hold(conn, key, "a:1", 120)  # ran out
+
+
+def test_the_note_of_an_unrecorded_delivery_survives_a_line_cut_short(tmp_path):
+    """A full disk cut the previous note short: the next note still starts on a line of its
+    own and is found (it was appended to the torn line, and both were lost)."""
+    from jobs import unrecorded
+
+    unrecorded.remember(tmp_path, "slip:2026-11:emp-1", "<m1>")
+    path = tmp_path / unrecorded.FILE
+    path.write_bytes(path.read_bytes() + b'{"key": "slip:2026-11:emp-2", "mess')  # cut short
+    unrecorded.remember(tmp_path, "slip:2026-11:emp-3", "<m3>")
+    assert unrecorded.find(tmp_path, "slip:2026-11:emp-1") == "<m1>"
+    assert unrecorded.find(tmp_path, "slip:2026-11:emp-3") == "<m3>"
+    assert [e["key"] for e in unrecorded.pending(tmp_path)] == ["slip:2026-11:emp-1", "slip:2026-11:emp-3"]
+    unrecorded.forget(tmp_path, "slip:2026-11:emp-1")
+    unrecorded.forget(tmp_path, "slip:2026-11:emp-3")
+    assert not path.exists()

@@ -66,6 +66,9 @@ def test_retry_after_is_a_floor():
          False),
         (redis.ResponseError("Command # 1 (HSET payrun:limit:email cap 10) of pipeline caused error: MISCONF Redis "
                              "is configured to save RDB snapshots"), True),
+        # redis-py's own classes for READONLY and OOM (their code taken off the message)
+        (redis.exceptions.ReadOnlyError("You can't write against a read only replica."), True),
+        (redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."), True),
     ],
 )
 def test_classification_table(exc, transient):
@@ -80,6 +83,8 @@ def test_a_full_disk_says_what_to_do_and_is_not_blamed_on_the_data():
 
     wrapped = redis.ResponseError("Command # 1 (HSET k v) of pipeline caused error: MISCONF Errors writing")
     assert redis_refusal_reason(wrapped) == "MISCONF Errors writing"
+    oom = redis.exceptions.OutOfMemoryError("Command # 2 (SET k v) of pipeline caused error: command not allowed")
+    assert redis_refusal_reason(oom) == "OOM command not allowed"
 
 
 def test_classification_keeps_retry_after():

@@ -618,3 +618,17 @@ def test_a_held_try_goes_back_to_the_front_of_its_queue_and_a_failed_one_to_the_
     assert queue.get_job_ids() == ["held-front", "next-1", "next-2", "failed-back"]
     RenderWorker([queue], connection=conn).work(burst=True, logging_level="WARNING")
     assert status_of(conn, "held-front") == "finished" and status_of(conn, "next-2") == "finished"
+    # held, then failed: the failed attempt's retry waits at the back (no flag left from the hold)
+    both = enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.held_then_flaky", job_id="held-then-failed",
+                   retry=Retry(max=2))
+    RenderWorker([queue], connection=conn).work(burst=True, logging_level="WARNING")  # held
+    assert conn.hget(both.key, "enqueue_at_front_on_retry") == b"1"
+    conn.zadd(scheduled.key, {"held-then-failed": 0})
+    scheduler.acquire_locks()
+    try:
+        scheduler.enqueue_scheduled_jobs()
+    finally:
+        scheduler.release_locks()
+    RenderWorker([queue], connection=conn).work(burst=True, logging_level="WARNING")  # failed, to retry
+    assert "held-then-failed" in scheduled.get_job_ids()
+    assert conn.hget(both.key, "enqueue_at_front_on_retry") == b"0"
