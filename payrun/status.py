@@ -8,6 +8,7 @@ worker is gone or lease lapsed in Redis (the reaper returns those within seconds
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -128,6 +129,11 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         try:
             lag, lag_age = backlog(conn), round(backlog_age_s(conn), 1)
             notes += intake_notes(conn, waiting_only=not in_progress)  # (a resend waits too)
+            if any("worker is running" in n for n in notes) and (given_up := programs_given_up(cfg)):
+                notes.append(f"supervisord gave up on {', '.join(given_up[:6])}{' …' if len(given_up) > 6 else ''} "
+                             f"(FATAL: each failed its start again and again; `payrun ps`, their logs in "
+                             f"{cfg.log_dir}): fix the cause (a config typo, a full disk), then `payrun up` "
+                             f"starts them again")
             from jobs.limits import read_outage
 
             outage = read_outage(conn)
@@ -181,6 +187,30 @@ def cut(text: str, limit: int) -> str:
     if " " in head[limit // 2:]:
         head = head[:head.rindex(" ")]
     return head.rstrip(" ,;:") + "…"
+
+
+_GIVEN_UP: dict[str, tuple[float, list[str]]] = {}
+GIVEN_UP_CACHE_S = 30.0
+
+
+def programs_given_up(cfg, clock=time.monotonic) -> list[str]:
+    """The programs supervisord runs here and gave up on (FATAL), asked at most every 30 s
+    (the console refreshes every 2 s; supervisorctl is a Python process of its own). []
+    without a supervisord here. The notes said only "no worker is running: is `payrun up`
+    running?" while supervisord ran with every worker FATAL (on-call drill)."""
+    from payrun import redis_server, supervise
+
+    key = str(cfg.home)
+    cached = _GIVEN_UP.get(key)
+    if cached is not None and clock() - cached[0] < GIVEN_UP_CACHE_S:
+        return cached[1]
+    names: list[str] = []
+    if redis_server.supervisord_here(cfg):
+        out, code = supervise.ctl(cfg, "status", timeout_s=5)
+        if code != supervise.HUNG:
+            names = supervise.gave_up(out, ("FATAL",))
+    _GIVEN_UP[key] = (clock(), names)
+    return names
 
 
 def intake_notes(conn, waiting_only: bool = False) -> list[str]:

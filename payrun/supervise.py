@@ -182,7 +182,7 @@ purpose, or not started on this host). BACKOFF is supervisord still trying (it i
 `start` then): waited for, not started."""
 
 
-def _gave_up(status: str, states: tuple[str, ...] = GAVE_UP) -> list[str]:
+def gave_up(status: str, states: tuple[str, ...] = GAVE_UP) -> list[str]:
     return [ln.split()[0] for ln in status.splitlines()
             if len(ln.split()) > 1 and ln.split()[1] in states]
 
@@ -192,8 +192,8 @@ def _start_failed_again(cfg: Config, status: str, wait: bool, timeout_s: float) 
     a full disk or a bad config file, EXITED) are started again, and `up` waits until they
     stay up, as a first `up` does. It said "already running", exited 0 and started nothing,
     while the status note it answered read "is `payrun up` running?" (an on-call drill)."""
-    dead = _gave_up(status)
-    retrying = _gave_up(status, ("BACKOFF",))
+    dead = gave_up(status)
+    retrying = gave_up(status, ("BACKOFF",))
     if not dead and not retrying:
         return "supervisord is already running:\n" + status.rstrip()
     if dead:
@@ -205,7 +205,7 @@ def _start_failed_again(cfg: Config, status: str, wait: bool, timeout_s: float) 
         mine = [ln for ln in out.splitlines() if ln.split() and ln.split()[0] in (*dead, *retrying)]
         if mine and all(settled(ln) for ln in mine):
             break
-        failed = _gave_up("\n".join(mine))
+        failed = gave_up("\n".join(mine))
         if failed or time.monotonic() > deadline:
             failed = failed or [ln.split()[0] for ln in mine if not settled(ln)]
             logs = "".join(_log_tail(cfg, name) for name in failed[:3])

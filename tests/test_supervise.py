@@ -297,15 +297,28 @@ def test_up_starts_again_what_supervisord_gave_up_on_and_leaves_the_rest_running
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         conf.write_text(good + "email_rate_per_s = 40.0.\n")  # a typo, then a restart
-        supervise.ctl(cfg, "restart", "reaper", timeout_s=60)
-        wait_for(lambda: " FATAL " in supervise.ctl(cfg, "status", "reaper")[0], timeout_s=60,
-                 what="supervisord to give up on the reaper")
+        supervise.ctl(cfg, "restart", "pdf-render:*", timeout_s=60)
+        def all_fatal():
+            lines = [ln for ln in supervise.ctl(cfg, "status", "pdf-render:*")[0].splitlines() if ln.strip()]
+            return lines and all(" FATAL " in ln for ln in lines)
+
+        wait_for(all_fatal, timeout_s=60, what="supervisord to give up on the render workers")
         assert " RUNNING " in supervise.ctl(cfg, "status", "ledger")[0]  # the rest runs on
-        conf.write_text(good)  # fixed
+        conf.write_text(good)  # fixed; the month's run waits on renders meanwhile
+        assert payrun("run", "--month", "2026-11", env=env).returncode == 0
+        status = payrun("status", env=env)
+        assert "supervisord gave up on pdf-render:pdf-render-00" in status.stdout, status.stdout
+        assert "then `payrun up` starts them again" in status.stdout
         again = payrun("up", env=env)
         assert again.returncode == 0, again.stderr + again.stdout
-        assert "stopped by failing (reaper): started it again" in again.stdout
-        assert " RUNNING " in supervise.ctl(cfg, "status", "reaper")[0]
+        assert "stopped by failing (pdf-render:pdf-render-00" in again.stdout and "started" in again.stdout
+        assert " FATAL " not in supervise.ctl(cfg, "status")[0]
+
+        def all_sent():
+            out = payrun("status", "--json", env=env)
+            return out.returncode == 0 and json.loads(out.stdout)["total"]["done"] == 2
+
+        wait_for(all_sent, timeout_s=90, interval_s=0.5, what="the run to go on")
         assert "supervisord is already running" in payrun("up", env=env).stdout  # nothing to do
     finally:
         conf.write_text(good)
