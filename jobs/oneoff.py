@@ -120,8 +120,7 @@ def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
     token = f"{job.id}:{job.meta.get('attempt', 0)}"
     state = idempotency.claim(conn, key, token, send_claim_ttl_s(cfg.email.timeout_s, cfg.lease.visibility_s))
     if state == idempotency.SENT:  # a try before this one sent it (and failed after)
-        if tasks.unrecorded.find(cfg.home, key) is not None:  # (recorded since: the note is done)
-            tasks.unrecorded.forget(cfg.home, key)
+        tasks.unrecorded.forget(cfg.home, key)  # (recorded since: a note of it is done)
         _count_reminder_sent(conn, job.id, time.time())
         return {"skipped": "already sent", "key": key}
     if state == idempotency.BUSY:

@@ -438,8 +438,7 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
     token = f"{job.id}:{job.meta.get('attempt', 0)}"
     state = idempotency.claim(conn, key, token, send_claim_ttl_s(cfg.email.timeout_s, cfg.lease.visibility_s))
     if state == idempotency.SENT:
-        if unrecorded.find(cfg.home, key) is not None:  # recorded since by another try: the note is done
-            unrecorded.forget(cfg.home, key)
+        unrecorded.forget(cfg.home, key)  # (recorded since by another try: a note of it is done)
         return {"skipped": "already sent", "key": key}
     if state == idempotency.BUSY:
         # not a failure of ours: wait out the other attempt's claim, spending no attempt

@@ -3,10 +3,11 @@
 A send whose record waited past its job's timeout for a Redis that was away (restarting,
 its disk full) gives up, and the job's next try would send the slip a second time: the
 HTTP provider dedupes it, an SMTP server delivers a second email (13 of 600 in an
-on-call drill with Redis away for 30 s). The give-up now notes the key and the message
-id here first; a try of the same key on this host finds the note, records the key sent
-with that message id, and sends nothing. A try on another host has no note and sends
-again (documented).
+on-call drill with Redis away for 30 s). The first failed record now notes the key and
+the message id here (a give-up, a forced stop or a crash while waiting all leave it; a
+record that succeeds after waiting drops it); a try of the same key on this host finds
+the note, records the key sent with that message id, and sends nothing. A try on
+another host has no note and sends again (documented).
 
 One JSON object per line in ``$PAYRUN_HOME/sends-unrecorded.jsonl`` (0600), under an
 flock shared by the lanes and processes of the host. No salary figure: a key
@@ -80,6 +81,8 @@ def find(home: Path, key: str) -> str | None:
 
 def forget(home: Path, key: str) -> None:
     """Drop the notes of ``key`` (recorded in Redis now); the file goes when empty."""
+    if not _path(home).exists():  # (one stat when there is nothing)
+        return
     with _locked(home):
         kept = [e for e in _read(home) if e.get("key") != key]
         path = _path(home)

@@ -42,12 +42,11 @@ def handle_errors(fn):
             sys.exit(130)
         except Exception as e:
             from jobs.policy import redis_refusal_reason, redis_refuses_writes
+            from payrun.redis_server import refusal_text
 
             if not redis_refuses_writes(e):
                 raise
-            click.echo(f"payrun: Redis refuses writes ({redis_refusal_reason(e)}): is its disk full? Once it "
-                       f"can write again it takes writes by itself; then `payrun up` starts again what supervisord "
-                       f"gave up on", err=True)
+            click.echo(f"payrun: {refusal_text(redis_refusal_reason(e))}", err=True)
             sys.exit(1)
 
     return wrapper

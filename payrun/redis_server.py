@@ -249,12 +249,12 @@ def ping(conn: redis.Redis) -> bool:
 def refusal(conn: redis.Redis) -> str | None:
     """Redis's reason for refusing writes (its first line), or None when it takes them (or
     does not answer: ``ping``)."""
-    from jobs.policy import redis_refuses_writes
+    from jobs.policy import redis_refusal_reason, redis_refuses_writes
 
     try:
         conn.ping()
     except redis.ResponseError as e:
-        return str(e).splitlines()[0] if redis_refuses_writes(e) else None
+        return redis_refusal_reason(e) if redis_refuses_writes(e) else None
     except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError, OSError):
         return None
     return None
@@ -282,9 +282,10 @@ def wait_for_writes(conn: redis.Redis, who: str, log: logging.Logger, cfg: Confi
     return clock() - began
 
 
-def refusal_text(why: str, cfg: Config) -> str:
-    """What an operator reads about a Redis that refuses writes."""
-    where = f" (the embedded Redis writes in {cfg.redis_dir})" if cfg.embedded_redis else ""
+def refusal_text(why: str, cfg: Config | None = None) -> str:
+    """What an operator reads about a Redis that refuses writes (``why``: its own words,
+    jobs.policy.redis_refusal_reason), in `payrun status`, a worker's log and any command."""
+    where = f" (the embedded Redis writes in {cfg.redis_dir})" if cfg is not None and cfg.embedded_redis else ""
     return (f"Redis refuses writes ({why[:120]}): is its disk full{where}? Nothing can be recorded meanwhile, so "
             f"workers stop; once it can write again it takes writes by itself, then `payrun up` starts again "
             f"what supervisord gave up on")
@@ -466,10 +467,13 @@ def stop(cfg: Config, timeout_s: float = 15.0) -> bool:
     # Until the process is gone, not only until it stops answering: its last act is to
     # unlink the socket file, which would take away a new server's socket at that path
     # (`payrun up` starting supervisord's Redis right after: it ran on, unreachable).
+    def running() -> bool:
+        return _alive(pid) if pid else ping(connect(cfg, socket_timeout=1))
+
     deadline = time.monotonic() + (0 if refused else timeout_s)
-    while time.monotonic() < deadline and (_alive(pid) if pid else ping(connect(cfg, socket_timeout=1))):
+    while time.monotonic() < deadline and running():
         time.sleep(0.05)
-    if _alive(pid) if pid else ping(connect(cfg, socket_timeout=1)):
+    if running():
         raise SetupError(f"the embedded Redis in {cfg.redis_dir} did not stop"
                          + (f": it refused ({refused}); is its disk full? Free space, then try again" if refused
                             else f" within {timeout_s:g} s (pid {pid}; see {cfg.redis_dir / 'redis.log'})"))

@@ -76,6 +76,20 @@ def cfg(home, redis_url, monkeypatch):
     tasks.settings.cache_clear()
 
 
+def enqueue_due(conn, queue, due: dict[str, float]) -> None:
+    """Make scheduled jobs (their retries) due now, at these scores, and let RQ's scheduler
+    (payrun's) move them to their queue, as it would once their wait is over: no sleeping."""
+    from jobs.runtime import PayrunScheduler
+
+    conn.zadd(queue.scheduled_job_registry.key, due)
+    scheduler = PayrunScheduler([queue], connection=conn)
+    scheduler.acquire_locks()
+    try:
+        scheduler.enqueue_scheduled_jobs()
+    finally:
+        scheduler.release_locks()
+
+
 def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.05, what: str = "condition"):
     """Poll ``predicate`` until it returns a truthy value or the deadline passes."""
     deadline = time.monotonic() + timeout_s

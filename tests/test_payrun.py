@@ -877,8 +877,8 @@ def test_a_send_delivered_while_redis_could_not_record_it_is_recorded_at_its_nex
 
     import redis as redis_mod
 
+    from conftest import enqueue_due
     from jobs import idempotency, tasks, unrecorded
-    from jobs.runtime import PayrunScheduler
 
     cfg, conn, db, ledger = world
     key = f"slip:{MONTH}:emp-00002"
@@ -903,13 +903,7 @@ def test_a_send_delivered_while_redis_could_not_record_it_is_recorded_at_its_nex
         scheduled = queue.scheduled_job_registry
         job_id = keys.email_job_id(MONTH, "emp-00002")
         assert scheduled.get_job_ids() == [job_id]  # its retry
-        conn.zadd(scheduled.key, {job_id: 0})  # its backoff over (no sleeping)
-        scheduler = PayrunScheduler([queue], connection=conn)
-        scheduler.acquire_locks()
-        try:
-            scheduler.enqueue_scheduled_jobs()
-        finally:
-            scheduler.release_locks()
+        enqueue_due(conn, queue, {job_id: 0})  # its backoff over
         conn.delete(keys.idem_state(key))  # (the first try's claim lapsed meanwhile)
         run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
     ledger_mod.drain(conn, ledger)

@@ -595,7 +595,8 @@ def test_a_held_try_goes_back_to_the_front_of_its_queue_and_a_failed_one_to_the_
     waits its backoff at the back, and its record says so (no flag left from a held try)."""
     from rq import Retry
 
-    from jobs.runtime import PayrunScheduler, RenderWorker
+    from conftest import enqueue_due
+    from jobs.runtime import RenderWorker
 
     monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
     queue = make_queue(keys.RENDER_QUEUE, conn)
@@ -608,13 +609,7 @@ def test_a_held_try_goes_back_to_the_front_of_its_queue_and_a_failed_one_to_the_
     assert conn.hget(failed.key, "enqueue_at_front_on_retry") == b"0"
     for later in ("next-1", "next-2"):  # the rest of the run, queued meanwhile
         enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.noop", job_id=later)
-    conn.zadd(scheduled.key, {"held-front": 0, "failed-back": 1})  # both waits over (no sleeping)
-    scheduler = PayrunScheduler([queue], connection=conn)
-    scheduler.acquire_locks()
-    try:
-        scheduler.enqueue_scheduled_jobs()
-    finally:
-        scheduler.release_locks()
+    enqueue_due(conn, queue, {"held-front": 0, "failed-back": 1})  # both waits over
     assert queue.get_job_ids() == ["held-front", "next-1", "next-2", "failed-back"]
     RenderWorker([queue], connection=conn).work(burst=True, logging_level="WARNING")
     assert status_of(conn, "held-front") == "finished" and status_of(conn, "next-2") == "finished"
@@ -623,12 +618,7 @@ def test_a_held_try_goes_back_to_the_front_of_its_queue_and_a_failed_one_to_the_
                    retry=Retry(max=2))
     RenderWorker([queue], connection=conn).work(burst=True, logging_level="WARNING")  # held
     assert conn.hget(both.key, "enqueue_at_front_on_retry") == b"1"
-    conn.zadd(scheduled.key, {"held-then-failed": 0})
-    scheduler.acquire_locks()
-    try:
-        scheduler.enqueue_scheduled_jobs()
-    finally:
-        scheduler.release_locks()
+    enqueue_due(conn, queue, {"held-then-failed": 0})
     RenderWorker([queue], connection=conn).work(burst=True, logging_level="WARNING")  # failed, to retry
     assert "held-then-failed" in scheduled.get_job_ids()
     assert conn.hget(both.key, "enqueue_at_front_on_retry") == b"0"
