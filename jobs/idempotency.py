@@ -58,6 +58,16 @@ redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
 return 1
 """
 
+# A delivery noted on a host's disk while Redis could not record it (jobs.unrecorded),
+# recorded once Redis is back: sent, whoever holds a claim now (that attempt's hold fails
+# and it stops unsent), unless the key is recorded sent already (that record stays).
+_MARK_NOTED = """
+if redis.call('HGET', KEYS[1], 'state') == 'sent' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'sent', 'owner', ARGV[1], 'message_id', ARGV[2], 'sent_at', ARGV[3])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
+return 1
+"""
+
 # The same, and the send's success ends the provider's streak of failures (jobs.limits:
 # KEYS[2..4] = outage, stats, pause), in the same round trip.
 _MARK_SENT_OK = OUTAGE_OK_LUA + _MARK_SENT.replace("return 1\n", "return outage_ok(KEYS[2], KEYS[3], KEYS[4])\n")
@@ -71,7 +81,7 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
-_SHA = {s: hashlib.sha1(s.encode()).hexdigest() for s in (_CLAIM, _RELEASE, _HOLD, _MARK_SENT, _MARK_SENT_OK)}
+_SHA = {s: hashlib.sha1(s.encode()).hexdigest() for s in (_CLAIM, _RELEASE, _HOLD, _MARK_SENT, _MARK_SENT_OK, _MARK_NOTED)}
 
 
 def _run(conn, script: str, key: str, *args, more_keys: tuple[str, ...] = ()):
@@ -124,6 +134,14 @@ def mark_sent(conn, key: str, owner: str, message_id: str,
         _run(conn, _MARK_SENT, key, *args)
         return None
     return outage_ended(_run(conn, _MARK_SENT_OK, key, *args, more_keys=outage_keys))
+
+
+def mark_noted(conn, key: str, message_id: str, owner: str) -> bool:
+    """Record as sent a delivery noted while Redis could not record it (jobs.unrecorded):
+    True if this recorded it, False if the key was recorded sent already."""
+    import time
+
+    return bool(_run(conn, _MARK_NOTED, key, owner, message_id or "", str(int(time.time())), SENT_TTL_S))
 
 
 def state(conn, key: str) -> dict[str, str]:

@@ -1544,11 +1544,26 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+    from jobs import tasks, unrecorded
+
+    home = tasks.settings().home
+    notes_at = [0.0]
+
+    def record_notes() -> None:
+        """Deliveries this host noted while Redis could not record them (jobs.unrecorded):
+        recorded in Redis now, so that no host sends them again."""
+        if (home / unrecorded.FILE).exists():  # (one stat when there is nothing)
+            tasks.record_noted(conn, home)
+        notes_at[0] = time.monotonic()
+
+    record_notes()
     threads = [threading.Thread(target=run, args=(i,), name=f"lane-{i}", daemon=True) for i in range(lanes)]
     for t in threads:
         t.start()
     try:
         while any(t.is_alive() for t in threads):
+            if time.monotonic() - notes_at[0] >= tasks.NOTES_RECORD_EVERY_S:
+                record_notes()
             if fatal.is_set() and not deadline:
                 # Redis failed under a lane mid-job: exit for a restart (below), but first
                 # let the other lanes finish what they hold, within the grace: a send

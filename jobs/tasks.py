@@ -342,8 +342,42 @@ def _note_unrecorded(key: str, message_id: str) -> str:
         unrecorded.remember(settings().home, key, message_id)
     except OSError as e:  # (a full disk, say)
         return f"no note could be kept ({e}): the job's next try sends it again"
-    return ("its next try on this host records it from a note (jobs.unrecorded) and sends nothing; a try on "
-            "another host sends it again")
+    return ("noted on this host (jobs.unrecorded): its send-email process records it once Redis answers, and "
+            "no host sends it again after that; a try on another host before it still would")
+
+
+def record_noted(conn, home) -> int:
+    """Record in Redis every delivery this host noted while Redis could not record it
+    (jobs.unrecorded.record_all): then a next try on any host finds its key sent and sends
+    nothing. The send-email process calls it at its start and every
+    NOTES_RECORD_EVERY_S while notes are kept. Returns how many were recorded; a Redis
+    still away leaves them for the next call (logged at most once a minute)."""
+    import socket
+
+    owner = f"noted on {socket.gethostname()}"
+    recorded: list[str] = []
+
+    def mark(key: str, message_id: str) -> None:
+        if idempotency.mark_noted(conn, key, message_id, owner):
+            recorded.append(key)
+
+    try:
+        n, error = unrecorded.record_all(home, mark)
+    except OSError as e:  # the notes unreadable (a failing disk): the next call tries again
+        n, error = 0, e
+    if recorded:
+        log.warning("recorded %d deliver%s noted while Redis could not record %s (%s%s): their next tries, on "
+                    "any host, send nothing", len(recorded), "y" if len(recorded) == 1 else "ies",
+                    "it" if len(recorded) == 1 else "them", ", ".join(recorded[:3]), " …" if len(recorded) > 3 else "")
+    if error is not None and time.monotonic() - _NOTES_WARNED[0] >= 60:
+        _NOTES_WARNED[0] = time.monotonic()
+        log.warning("deliveries noted in %s are not recorded yet, Redis does not answer (%s): trying again "
+                    "every %g s", unrecorded.FILE, events.one_line(error, 200), NOTES_RECORD_EVERY_S)
+    return n
+
+
+NOTES_RECORD_EVERY_S = 5.0
+_NOTES_WARNED = [-1e9]
 
 
 def delivered_earlier(conn, cfg: config_mod.Config, key: str, token: str) -> str | None:

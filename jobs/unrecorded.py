@@ -6,8 +6,12 @@ HTTP provider dedupes it, an SMTP server delivers a second email (13 of 600 in a
 on-call drill with Redis away for 30 s). The first failed record now notes the key and
 the message id here (a give-up, a forced stop or a crash while waiting all leave it; a
 record that succeeds after waiting drops it); a try of the same key on this host finds
-the note, records the key sent with that message id, and sends nothing. A try on
-another host has no note and sends again (documented).
+the note, records the key sent with that message id, and sends nothing. And the host's
+send-email process records every note in Redis as soon as Redis answers again, at its
+start (it exits when Redis fails under it and supervisord restarts it) and every few
+seconds while notes are kept (``record_all``): from then on a try on *any* host finds
+the key sent and sends nothing. Only a try on another host in the seconds before that
+(its backoff is longer) still sends again.
 
 One JSON object per line in ``$PAYRUN_HOME/sends-unrecorded.jsonl`` (0600), under an
 flock shared by the lanes and processes of the host. No salary figure: a key
@@ -84,18 +88,52 @@ def forget(home: Path, key: str) -> None:
     if not _path(home).exists():  # (one stat when there is nothing)
         return
     with _locked(home):
-        kept = [e for e in _read(home) if e.get("key") != key]
-        path = _path(home)
-        if not kept:
-            path.unlink(missing_ok=True)
-            return
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("".join(json.dumps(e) + "\n" for e in kept))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _rewrite(home, [e for e in _read(home) if e.get("key") != key])
+
+
+def _rewrite(home: Path, kept: list[dict]) -> None:
+    """Replace the notes with ``kept`` (under the lock); the file goes when empty."""
+    path = _path(home)
+    if not kept:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in kept))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def drop(home: Path, recorded: list[tuple[str, str]]) -> None:
+    """Drop the notes recorded in Redis: exactly those (key, message id) pairs (a note of
+    the same key written meanwhile, by a later try, stays)."""
+    if not recorded or not _path(home).exists():
+        return
+    gone = set(recorded)
+    with _locked(home):
+        _rewrite(home, [e for e in _read(home) if (e.get("key"), e.get("message_id")) not in gone])
+
+
+def record_all(home: Path, mark) -> tuple[int, BaseException | None]:
+    """Record every note with ``mark(key, message_id)`` (into Redis: jobs.tasks.record_noted)
+    and drop the notes recorded. Stops at the first error (Redis still away): the notes not
+    recorded stay. Returns (notes recorded, that error or None)."""
+    done: list[tuple[str, str]] = []
+    error = None
+    for e in pending(home):
+        key, message_id = e.get("key"), e.get("message_id")
+        if not isinstance(key, str) or not isinstance(message_id, str):
+            continue  # (not one of ours: left for a person to read)
+        try:
+            mark(key, message_id)
+        except Exception as err:  # noqa: BLE001 - Redis away or refusing writes: try again later
+            error = err
+            break
+        done.append((key, message_id))
+    drop(home, done)
+    return len(done), error
 
 
 def pending(home: Path) -> list[dict]:

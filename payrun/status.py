@@ -118,8 +118,9 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     if waiting := [e for e in unrecorded.pending(cfg.home) if f":{month}:" in str(e.get("key"))]:
         notes.append(f"{len(waiting):,} slip{'' if len(waiting) == 1 else 's'} delivered while Redis could not record "
                      f"{'it' if len(waiting) == 1 else 'them'} ({', '.join(str(e['key']) for e in waiting[:3])}"
-                     f"{' …' if len(waiting) > 3 else ''}): noted on this host ({unrecorded.FILE}), recorded at "
-                     "the next try there without sending again")
+                     f"{' …' if len(waiting) > 3 else ''}): noted on this host ({unrecorded.FILE}); this host's "
+                     "send-email process records them within seconds of Redis answering (is it running? payrun "
+                     "ps), and a next try here sends nothing")
     outage = None
     if conn is not None and not redis_failed:
         from payrun import redis_server

@@ -594,7 +594,7 @@ def test_a_made_send_waits_for_redis_to_record_it_and_gives_up_only_when_its_job
     # ... and finds this host's note of the delivery, rather than send it again
     from jobs import unrecorded
 
-    assert "its next try on this host records it from a note" in caplog.text
+    assert "its send-email process records it once Redis answers" in caplog.text
     assert unrecorded.find(cfg.home, key2) == "<m2@payrun>" and unrecorded.find(cfg.home, key) is None
     assert oct((cfg.home / unrecorded.FILE).stat().st_mode & 0o777) == "0o600"
 
@@ -744,3 +744,60 @@ def test_the_note_of_an_unrecorded_delivery_survives_a_line_cut_short(tmp_path):
     unrecorded.forget(tmp_path, "slip:2026-11:emp-1")
     unrecorded.forget(tmp_path, "slip:2026-11:emp-3")
     assert not path.exists()
+
+
+def test_recording_the_notes_records_each_and_keeps_what_redis_did_not_take(tmp_path, conn):
+    """The send-email process records a host's notes in Redis once it answers
+    (jobs.tasks.record_noted): a key nobody recorded becomes sent with the noted message id,
+    even under another attempt's claim (whose hold then fails: it stops unsent); a key
+    recorded sent meanwhile keeps its own record. A Redis that fails part-way leaves the
+    notes it did not take, for the next call."""
+    import redis as redis_mod
+
+    from jobs import idempotency, tasks, unrecorded
+
+    k1, k2, k3 = (f"slip:2026-11:emp-0009{i}" for i in (1, 2, 3))
+    for k, m in ((k1, "<m1>"), (k2, "<m2>"), (k3, "<m3>")):
+        unrecorded.remember(tmp_path, k, m)
+    assert idempotency.claim(conn, k2, "send-k2:2", 300) == idempotency.OK  # a retry about to send it again
+    idempotency.mark_sent(conn, k3, "send-k3:2", "<m3-resent>")  # recorded sent meanwhile
+
+    assert tasks.record_noted(conn, tmp_path) == 3
+    assert not (tmp_path / unrecorded.FILE).exists()
+    s1, s2, s3 = (idempotency.state(conn, k) for k in (k1, k2, k3))
+    assert (s1["state"], s1["message_id"]) == ("sent", "<m1>") and s1["owner"].startswith("noted on ")
+    assert (s2["state"], s2["message_id"]) == ("sent", "<m2>")
+    assert not idempotency.hold(conn, k2, "send-k2:2", 300)  # that retry stops before it writes
+    assert idempotency.claim(conn, k1, "another-host:3", 300) == idempotency.SENT  # any host: nothing to send
+    assert (s3["message_id"], s3["owner"]) == ("<m3-resent>", "send-k3:2")
+
+    # Redis fails after the first note: that one is recorded and dropped, the rest kept
+    for k, m in ((k1, "<m1>"), (k2, "<m2>"), (k3, "<m3>")):
+        conn.delete(f"payrun:idem:{k}")
+        unrecorded.remember(tmp_path, k, m)
+    calls = []
+    real = idempotency.mark_noted
+
+    def fails_after_one(conn_, key, message_id, owner):
+        calls.append(key)
+        if len(calls) > 1:
+            raise redis_mod.ConnectionError("Error 111 connecting (test: Redis away again)")
+        return real(conn_, key, message_id, owner)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(idempotency, "mark_noted", fails_after_one)
+        assert tasks.record_noted(conn, tmp_path) == 1
+    assert [e["key"] for e in unrecorded.pending(tmp_path)] == [k2, k3]
+    assert idempotency.state(conn, k1)["state"] == "sent" and idempotency.state(conn, k2) == {}
+    assert tasks.record_noted(conn, tmp_path) == 2
+    assert unrecorded.pending(tmp_path) == []
+
+
+def test_dropping_recorded_notes_keeps_a_later_note_of_the_same_key(tmp_path):
+    from jobs import unrecorded
+
+    unrecorded.remember(tmp_path, "slip:2026-11:emp-1", "<m1>")
+    unrecorded.remember(tmp_path, "slip:2026-11:emp-1", "<m1-later>")
+    unrecorded.drop(tmp_path, [("slip:2026-11:emp-1", "<m1>")])
+    assert [e["message_id"] for e in unrecorded.pending(tmp_path)] == ["<m1-later>"]
+    assert oct((tmp_path / unrecorded.FILE).stat().st_mode & 0o777) == "0o600"

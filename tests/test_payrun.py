@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from email import message_from_bytes
 from email.policy import default as default_policy
 
@@ -893,6 +894,9 @@ def test_a_send_delivered_while_redis_could_not_record_it_is_recorded_at_its_nex
 
     monkeypatch.setattr(idempotency, "mark_sent", redis_away_once)
     monkeypatch.setattr(tasks, "record_retry_wait_s", lambda tries, left: None)  # its timeout reached at once
+    # (the send-email process records notes at its start and every few seconds: here its
+    # next try comes first; the next test has the process record it)
+    monkeypatch.setattr(tasks, "record_noted", lambda conn_, home: 0)
     runs.start_run(cfg, conn, ledger, db, MONTH)
     with caplog.at_level(logging.WARNING, logger="payrun.jobs"):
         work_everything(conn, ledger)
@@ -912,4 +916,61 @@ def test_a_send_delivered_while_redis_could_not_record_it_is_recorded_at_its_nex
     assert idempotency.state(conn, key)["state"] == "sent"
     assert "recorded now, not sent again" in caplog.text
     assert unrecorded.find(cfg.home, key) is None and not (cfg.home / unrecorded.FILE).exists()
+    assert ledger.job(job_id)["status"] == "done"
+
+
+def test_a_delivery_noted_on_one_host_is_recorded_by_its_send_email_process_and_sent_by_no_host_again(
+        world, provider, monkeypatch, tmp_path, caplog):
+    """The note of a delivery Redis could not record lives on its host's disk: a next try
+    on another host, without it, used to send the slip again (over SMTP a second email).
+    The host's send-email process now records its notes in Redis when it starts (it exits
+    when Redis fails under it, and supervisord starts it again) and every few seconds:
+    then the try on another host finds the key sent."""
+    import logging
+
+    import redis as redis_mod
+
+    from conftest import enqueue_due
+    from jobs import idempotency, tasks, unrecorded
+
+    cfg, conn, db, ledger = world
+    key = f"slip:{MONTH}:emp-00002"
+    real = idempotency.mark_sent
+    away_for = {key}
+
+    def redis_away_once(conn_, key_, owner, message_id, outage_keys=None):
+        if key_ in away_for:
+            away_for.discard(key_)
+            raise redis_mod.ConnectionError("Error 111 connecting to redis.sock (test: Redis away)")
+        return real(conn_, key_, owner, message_id, outage_keys=outage_keys)
+
+    monkeypatch.setattr(idempotency, "mark_sent", redis_away_once)
+    monkeypatch.setattr(tasks, "record_retry_wait_s", lambda tries, left: None)  # its timeout reached at once
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    noted = [e["message_id"] for e in unrecorded.pending(cfg.home)]  # (unless recorded in the run already)
+    assert noted or idempotency.state(conn, key)["owner"].startswith("noted on ")
+    conn.delete(keys.idem_state(key)) if noted else None  # (the failed try's claim lapsed meanwhile)
+    queue = make_queue(keys.EMAIL_QUEUE, conn)
+    job_id = keys.email_job_id(MONTH, "emp-00002")
+    assert queue.scheduled_job_registry.get_job_ids() == [job_id]  # its retry, on whichever host takes it
+    conn.zadd(queue.scheduled_job_registry.key, {job_id: time.time() + 3600})  # (not due while this host starts)
+    with caplog.at_level(logging.WARNING, logger="payrun.jobs"):
+        run_lanes(conn, [keys.EMAIL_QUEUE], lanes=1, burst=True)  # this host's sender starts again
+    assert not (cfg.home / unrecorded.FILE).exists()
+    state = idempotency.state(conn, key)
+    assert state["state"] == "sent" and state["owner"].startswith("noted on ")
+    if noted:
+        assert state["message_id"] == noted[0]
+        assert f"recorded 1 delivery noted while Redis could not record it ({key})" in caplog.text
+
+    other_home = tmp_path / "other-host"  # the retry runs on another host: no note there
+    other_home.mkdir()
+    monkeypatch.setenv("PAYRUN_HOME", str(other_home))
+    tasks.settings.cache_clear()
+    enqueue_due(conn, queue, {job_id: 0})
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
+    ledger_mod.drain(conn, ledger)
+    stats = provider.stats()
+    assert stats["received"] == 12 and stats["delivered"] == 12  # no second request for emp-00002
     assert ledger.job(job_id)["status"] == "done"
