@@ -171,18 +171,34 @@ def _n(n: int, one: str, many: str | None = None) -> str:
 @click.argument("csv_file", type=FilePath(exists=True, dir_okay=False))
 @click.option("--companies", "companies_csv", is_flag=True,
               help="The file lists companies (id,name,address) instead of employees.")
+@click.option("--month", "months", multiple=True, metavar="YYYY-MM",
+              help="With --companies: also correct the name and address kept for this month, already run "
+                   "(a typo found after the run), so its resends print the file's. Repeatable.")
 @pass_ctx
 @handle_errors
-def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
+def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...]) -> None:
     """Import payroll data from CSV. Any bad row: every problem is listed with its line
-    number and nothing from the file is imported."""
+    number and nothing from the file is imported.
+
+    A month's run keeps each company's name and address as they were when it started: a
+    resend or retry of that month prints them, whatever is imported later. To correct
+    them for a month already run, import the companies with --month."""
     from payrun import payroll
+
+    if months and not companies_csv:
+        raise click.UsageError("--month goes with --companies: it corrects the company names and addresses "
+                               "kept for a month already run")
+    from payrun.runs import validate_month
+
+    for m in months:
+        validate_month(m)
 
     path = c.cfg.payroll_path
     folders = [p for p in reversed(path.parents) if not p.exists()]  # what opening it creates
     db = c.payroll()
     try:
-        r = payroll.import_companies_csv(db, csv_file) if companies_csv else payroll.import_csv(db, csv_file)
+        r = (payroll.import_companies_csv(db, csv_file, months=months) if companies_csv
+             else payroll.import_csv(db, csv_file))
     except BaseException:
         if db.created:  # refused (bad rows): leave no empty payroll.db behind, which would pass for a payrun home
             db.close()
@@ -197,19 +213,29 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool) -> None:
     if companies_csv:
         from payrun import audit as actions
 
-        actions.audit(c.cfg, actions.Outcome("import", f"payrun import --companies {csv_file}", r.companies,
-                                             message=f"{r.companies} companies ({len(r.updated)} updated)"), via="cli")
+        fixed = "".join(f"; kept for {m} corrected: {_companies(ids)}" for m, ids in r.corrected.items())
+        actions.audit(c.cfg, actions.Outcome(
+            "import", f"payrun import --companies {csv_file}" + "".join(f" --month {m}" for m in months),
+            r.companies, message=f"{r.companies} companies ({len(r.updated)} updated){fixed}"), via="cli")
         new = r.companies - len(r.updated) - r.unchanged
         click.echo(f"imported {r.companies} compan{'y' if r.companies == 1 else 'ies'} from {csv_file}: "
                    f"{new} new, {len(r.updated)} updated, {r.unchanged} unchanged")
         if r.updated:  # an existing company's name or address replaced: say which
             click.echo(f"name or address replaced for {_companies(r.updated)} (pay runs started from now on "
                        "print the new one on slips)")
-            months = sorted({m for ms in r.kept_months.values() for m in ms})
-            if months:
-                shown = ", ".join(months[-6:]) + (f" and {len(months) - 6} earlier" if len(months) > 6 else "")
+            kept = sorted({m for ms in r.kept_months.values() for m in ms} - set(months))
+            if kept:
+                shown = ", ".join(kept[-6:]) + (f" and {len(kept) - 6} earlier" if len(kept) > 6 else "")
                 click.echo(f"slips of months already run ({shown}) keep the name and address they were run with, "
-                           "a resend included")
+                           "a resend included (a typo to correct there: the same import with --month "
+                           f"{kept[-1]})")
+        for m in dict.fromkeys(months):
+            if m in r.corrected:
+                click.echo(f"{m}: corrected the name and address kept for {_companies(r.corrected[m])} (that "
+                           "month's resends and retries print the file's)")
+            else:
+                click.echo(f"{m}: nothing to correct (no company in the file was run that month with other "
+                           "details)")
         return
     from payrun import audit as actions
 

@@ -489,6 +489,9 @@ class ImportResult:
     """Employees import: the months of the salary lines imported."""
     employee_ids: list[str] = field(default_factory=list)
     """Employees import: every employee id in the file."""
+    corrected: dict[str, list[int]] = field(default_factory=dict)
+    """Companies import with ``months``: month -> the companies whose kept name and
+    address for that month (``company_months``) the file replaced."""
     changed_employees: list[str] = field(default_factory=list)
     """Employees import: of ``existing_employees``, those whose details (name, email,
     company, ...) the file changed."""
@@ -812,13 +815,18 @@ def _slip_rows(d: "sqlite_utils.Database", lines: list[dict[str, Any]]) -> dict[
 
 
 def import_companies_csv(db: "PayrollDB | sqlite_utils.Database",
-                         path: str | os.PathLike[str]) -> ImportResult:
+                         path: str | os.PathLike[str], months: tuple[str, ...] = ()) -> ImportResult:
     """Import companies from a CSV with columns id, name, address; all rows or none.
 
     id is a positive integer, name (at most 80 characters) and address (160) non-empty,
     no id twice in the file.
-    Existing companies with the same id are updated.
+    Existing companies with the same id are updated. With ``months`` (already run: a typo
+    in a company's name found after its run), the name and address kept for each of those
+    months (``keep_company_details``) are replaced too, in the same transaction, so their
+    resends print the corrected ones; a month not run keeps nothing and needs no correction.
     """
+    for m in months:
+        _check_month(m)
     d = _sdb(db)
     rows, problems, _ = _read_csv(path, COMPANY_CSV_COLUMNS)
     seen: dict[int, int] = {}
@@ -842,9 +850,18 @@ def import_companies_csv(db: "PayrollDB | sqlite_utils.Database",
     with d.atomic():
         before = {r["id"]: (r["name"], r["address"]) for r in d["companies"].rows} if out else {}
         d["companies"].upsert_all(out, pk="id", batch_size=500)
+        corrected: dict[str, list[int]] = {}
+        for m in dict.fromkeys(months):
+            for r in out:
+                cur = d.conn.execute("UPDATE company_months SET name = ?, address = ? WHERE month = ? AND "
+                                     "company_id = ? AND (name != ? OR address != ?)",
+                                     [r["name"], r["address"], m, r["id"], r["name"], r["address"]])
+                if cur.rowcount:
+                    corrected.setdefault(m, []).append(r["id"])
     updated = [r["id"] for r in out if r["id"] in before and before[r["id"]] != (r["name"], r["address"])]
     same = sum(1 for r in out if before.get(r["id"]) == (r["name"], r["address"]))
-    return ImportResult(companies=len(out), updated=updated, unchanged=same, kept_months=months_kept(d, updated))
+    return ImportResult(companies=len(out), updated=updated, unchanged=same, kept_months=months_kept(d, updated),
+                        corrected=corrected)
 
 
 # ---------------------------------------------------------------------------

@@ -868,6 +868,42 @@ def test_a_slip_of_a_month_already_run_keeps_its_companys_name_after_a_rename(wo
     assert payroll.employee_snapshot(db, december, "emp-00004")["company"]["name"] == "Renamed Holdings PLC"
 
 
+def test_a_typo_in_a_companys_name_kept_for_a_month_already_run_is_corrected_by_importing_with_that_month(
+        world, provider, tmp_path):
+    """The name kept for a month could not be corrected (a typo stayed on that month's
+    resends): `payrun import --companies FILE --month M` replaces it too, and says so; a
+    --month without --companies or a bad month is refused with nothing imported."""
+    from click.testing import CliRunner
+
+    from payrun import payroll
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    company = ledger.job(keys.render_job_id(MONTH, "emp-00004"))["company_id"]
+    old = {c["id"]: c for c in payroll.companies(db)}[company]
+    fixed = tmp_path / "companies.csv"
+    fixed.write_text(f'id,name,address\n{company},Meghna Textlies Ltd,"{old["address"]}"\n', encoding="utf-8")
+    runner = CliRunner()
+    refused = runner.invoke(cli, ["import", str(fixed), "--month", MONTH])
+    assert refused.exit_code == 2 and "--month goes with --companies" in refused.output
+    refused = runner.invoke(cli, ["import", "--companies", str(fixed), "--month", "2026-13"])
+    assert refused.exit_code == 2 and "no month 13" in refused.output, refused.output
+    assert {c["id"]: c for c in payroll.companies(db)}[company] == old  # nothing imported
+
+    out = runner.invoke(cli, ["import", "--companies", str(fixed), "--month", MONTH, "--month", "2026-10"])
+    assert out.exit_code == 0, out.output
+    assert f"{MONTH}: corrected the name and address kept for company {company}" in out.output
+    assert "2026-10: nothing to correct" in out.output
+    assert "keep the name and address they were run with" not in out.output  # (November's is corrected)
+    assert payroll.employee_snapshot(db, MONTH, "emp-00004")["company"]["name"] == "Meghna Textlies Ltd"
+    assert runner.invoke(cli, ["resend", "--employee", "emp-00004", "--month", MONTH]).exit_code == 0
+    work_everything(conn, ledger)
+    text = pypdf.PdfReader(cfg.slips_dir / oneoff.resend_path(MONTH, company, "emp-00004", 1)).pages[0].extract_text()
+    assert "Meghna Textlies Ltd" in text and old["name"] not in text
+
+
 def test_a_send_delivered_while_redis_could_not_record_it_is_recorded_at_its_next_try_not_sent_again(
         world, provider, monkeypatch, caplog):
     """On-call drill: Redis away for 30 s; 13 of 600 sends the provider had accepted could
