@@ -258,3 +258,24 @@ def test_never_a_second_server_beside_one_that_does_not_answer(tmp_path, monkeyp
     (cfg.redis_dir / "redis.pid").write_text(f"{pid}\n")  # stale, as after a crash: started at once
     assert redis_server.ensure_running(cfg).ping()
     redis_server.stop(cfg)
+
+
+def test_stopping_an_embedded_redis_that_cannot_save_says_so_and_leaves_it_up(tmp_path):
+    """On-call drill (session 26): `payrun down` with the data disk full reported the
+    embedded Redis stopped while it ran on, refusing to shut down without its save. Its
+    disk made to fail (its `dir` moved to /proc, where no file can be made), stop() raises
+    and says why at once; freed, it stops."""
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
+    conn = redis_server.ensure_running(cfg)
+    pid = int(conn.info("server")["process_id"])
+    try:
+        conn.config_set("dir", "/proc")
+        started = time.monotonic()
+        with pytest.raises(SetupError, match="did not stop: it refused .*is its disk full"):
+            redis_server.stop(cfg, timeout_s=30)
+        assert time.monotonic() - started < 10  # (it does not wait out the timeout for a refusal)
+        assert redis_server._alive(pid) and conn.ping()
+    finally:
+        conn.config_set("dir", str(cfg.redis_dir))
+    assert redis_server.stop(cfg)
+    assert not redis_server._alive(pid)
