@@ -70,10 +70,21 @@ class ConsoleApp(App):
         self.set_interval(1.0, self._tick)
         self.refresh_now()
 
+    def live_screen(self):
+        """The view the operator is on: the top screen, or the one under a dialog (a
+        confirmation, the limits): it goes on showing live figures and their age there,
+        instead of freezing under it with a "● live" that no longer ages."""
+        from textual.screen import ModalScreen
+
+        for screen in reversed(self.screen_stack):
+            if not isinstance(screen, ModalScreen):
+                return screen
+        return self.screen
+
     def _tick(self) -> None:
         from console.widgets.status import StatusBar
 
-        for bar in self.screen.query(StatusBar):
+        for bar in self.live_screen().query(StatusBar):
             bar.update_text()
 
     # ---- polling ----------------------------------------------------------------------
@@ -105,7 +116,7 @@ class ConsoleApp(App):
         self.snapshot = snap
         if not snap.error or "Redis" not in snap.error:
             self.last_ok_at = snap.taken_at
-        show = getattr(self.screen, "show_snapshot", None)
+        show = getattr(self.live_screen(), "show_snapshot", None)
         if show is not None:
             show(snap)
         self._tick()
@@ -214,7 +225,22 @@ class ConsoleApp(App):
             if kept:
                 event.stop()
                 return
+        if (self.readonly and isinstance(event, events.Key) and not event.is_forwarded
+                and not isinstance(self.focused, Input) and (what := self._write_key(event.key))):
+            # hidden from the footer and refused by check_action, but a key that did nothing
+            # at all read as a console that does not answer
+            self.notify(f"read-only console: {event.key} ({what}) is disabled", severity="warning")
+            event.stop()
+            return
         await super().on_event(event)
+
+    def _write_key(self, key: str) -> str | None:
+        """What ``key`` would change on the view shown (its binding's description), if its
+        action is one of WRITE_ACTIONS."""
+        for b in type(self.screen).BINDINGS:
+            if isinstance(b, Binding) and b.action in WRITE_ACTIONS and key in b.key.split(","):
+                return b.description.lower() or b.action
+        return None
 
     def take_typeahead(self) -> str:
         """The keys kept for the command bar now taking focus (and stop keeping them)."""
@@ -268,8 +294,11 @@ class ConsoleApp(App):
         self.go("workers")
 
     def command_retry(self, args: list[str]) -> None:
-        if not args:
-            self.notify(":retry ID… (for a filter: / in the failed view, then A)", severity="warning")
+        if not args or any(a.startswith("-") for a in args):
+            # (`:retry --all` was taken for a job id, behind a one-key confirmation)
+            self.notify(":retry takes job ids. Every failed job, or those matching a filter: the failed view "
+                        "(f), / to filter, then A (it shows the count and asks for it)", severity="warning",
+                        timeout=8)
             return
         from console.dialogs.confirm import ConfirmKey, ConfirmTyped
 

@@ -746,6 +746,12 @@ class Source:
 
             return failed.matching_ids(self.conn, self.ledger(), flt)
 
+    def permanent_among(self, ids: list[str]) -> list[str]:
+        with self._lock:
+            from console import failed
+
+            return failed.permanent_among(self.conn, ids)
+
     def job_detail(self, job_id: str) -> dict[str, Any]:
         with self._lock:
             from console import failed

@@ -16,6 +16,7 @@ Filter syntax (the console's ``/`` and `payrun failed`'s options):
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -126,6 +127,9 @@ def _redis_rows(conn, ids: list[tuple[str, str]], ledger=None) -> list[dict[str,
                      "attempts": attempts_spent(int(m.get("attempt", 0) or 0), int(m.get("held", 0) or 0),
                                                 returned),
                      "error": m.get("last_error") or "",
+                     # the last try failed on the data (EventsMixin._classify_exception): a
+                     # retry alone fails again, as `payrun failed` says
+                     "permanent": bool(m.get("permanent")),
                      "ended_at": _s(ended) or None, "in_redis": True})
     return rows
 
@@ -172,8 +176,11 @@ def page(conn, ledger, flt: FailedFilter, offset: int = 0, limit: int = 50) -> F
         with conn.pipeline(transaction=False) as p:
             for r in rows:
                 p.zscore(f"rq:failed:{r['queue']}", r["id"])
-            for r, score in zip(rows, p.execute()):
-                r["in_redis"] = score is not None
+                p.hget(f"rq:job:{r['id']}", "meta")
+            res = p.execute()
+        for i, r in enumerate(rows):
+            r["in_redis"] = res[2 * i] is not None
+            r["permanent"] = bool(_meta(res[2 * i + 1]).get("permanent"))
         return FailedPage(rows, total, offset, flt, "ledger", time.perf_counter() - t0)
     if flt.uses_ledger:  # no ledger file: scan Redis (correct, slower)
         ids = matching_ids(conn, None, flt)
@@ -195,6 +202,29 @@ def page(conn, ledger, flt: FailedFilter, offset: int = 0, limit: int = 50) -> F
     rows = _redis_rows(conn, chosen, ledger)
     _add_companies(ledger, rows)
     return FailedPage(rows, total, offset, flt, "redis", time.perf_counter() - t0)
+
+
+def permanent_among(conn, ids: list[str]) -> list[str]:
+    """Of these failed jobs, those whose last try failed on their data (an address refused,
+    a name too long): a retry alone fails again (the retry dialogs say so)."""
+    out: list[str] = []
+    for i in range(0, len(ids), 1000):
+        chunk = ids[i:i + 1000]
+        with conn.pipeline(transaction=False) as p:
+            for job_id in chunk:
+                p.hget(f"rq:job:{job_id}", "meta")
+            metas = p.execute()
+        out += [job_id for job_id, raw in zip(chunk, metas) if _meta(raw).get("permanent")]
+    return out
+
+
+_TRANSPORT_PREFIX = re.compile(r"^(?:provider|SMTP) \S+?: ")
+
+
+def short_error(text: str) -> str:
+    """The last error as a list shows it: without the transport's "provider host:port: "
+    prefix, the same on every row (at 80 columns it left only "HTTP" of the reason)."""
+    return _TRANSPORT_PREFIX.sub("", text or "", count=1)
 
 
 def _queue_of(conn, ids: list[str]) -> list[str]:

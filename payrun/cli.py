@@ -744,6 +744,9 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
     command = _retry_all(queue, error_text, company) if all_ else "payrun retry " + " ".join(job_ids)
     db = c.payroll() if c.cfg.payroll_path.exists() else None
     ids, same_slip = deadletters.one_per_slip(conn, ids)  # one email per slip, not one per dead letter
+    from console.failed import permanent_among
+
+    on_data = permanent_among(conn, ids)  # (read before the retry resets the jobs)
     requeued, missing = deadletters.retry(c.cfg, conn, ids, db)
     actions.audit(c.cfg, actions.Outcome("retry", command, len(requeued), ok=not missing,
                                          message=f"requeued {len(requeued)} job(s)",
@@ -760,6 +763,10 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
                                                    "lists what --all acts on)" if (queue or error_text or company
                                                                                    is not None) else "")
                       if all_ and not matched else ""))
+        if on_data := [i for i in on_data if i in set(requeued)]:
+            click.echo(f"note: {len(on_data)} of them had failed on the employee's data (an address refused, a "
+                       "name too long): they are read again from the payroll database, so if it was not fixed "
+                       "first (`payrun import`) they fail again")
     sys.exit(1 if missing else 0)
 
 

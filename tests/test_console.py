@@ -387,6 +387,87 @@ async def test_retry_selected_and_one_by_company(failed_world):
 
 
 @sync
+async def test_retry_selected_with_one_row_retries_that_row_and_permanent_failures_say_so(failed_world):
+    """Walkthrough: space selects a row and moves the cursor down, and R with one row
+    selected retried the row under the cursor, another job. And a job that failed on its
+    data (an address refused) looked like any other, its retry offered with no word that it
+    fails again: the list marks it, the dialogs say it."""
+    cfg, conn, ledger = failed_world
+    for job_id, permanent, error in (("e-refused-2", True, "provider 127.0.0.1:9: HTTP 422 refused"),
+                                     ("e-refused-1", False, "provider 127.0.0.1:9: HTTP 503 down")):
+        meta = json.loads(conn.hget(f"rq:job:{job_id}", "meta"))  # (one failed on its data, one ran out of tries)
+        conn.hset(f"rq:job:{job_id}", "meta", json.dumps({**meta, "permanent": permanent, "last_error": error}))
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *"failed queue:send-email", "enter")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 2,
+                     what="the send-email failed jobs")
+        rows = {r["id"]: r for r in app.screen.page.rows}
+        assert rows["e-refused-2"]["permanent"] and not rows["e-refused-1"]["permanent"]
+        assert cells(app, "#failed", "e-refused-2")[5] == "data" and cells(app, "#failed", "e-refused-1")[5] == ""
+        assert cells(app, "#failed", "e-refused-2")[6] == "HTTP 422 refused"  # (no "provider host:port: ")
+        assert "failed on the employee's data" in text_of(app, "#failed-summary")
+        first = app.screen.query_one("#failed").current_key
+        await pilot.press("space", "R")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
+        assert app.screen.command == f"payrun retry {first}"  # the selected row, not the one under the cursor
+        assert ("fails again" in app.screen.body) == (first == "e-refused-2")
+        await pilot.press("n")
+        await settle(pilot, lambda: type(app.screen).__name__ == "FailedScreen")
+        await pilot.press("A")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmTyped")
+        assert app.screen.count == 2 and app.screen.note.startswith("1 of them failed on the employee's data")
+        await pilot.press("escape")
+    assert conn.llen(f"rq:queue:{keys.EMAIL_QUEUE}") == 0  # nothing retried
+
+
+@sync
+async def test_retry_with_options_in_the_command_bar_is_refused_not_taken_for_a_job_id(failed_world):
+    """`:retry --all` opened "Retry --all?" behind a one-key confirmation (a job id)."""
+    cfg, conn, ledger = failed_world
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *"retry --all", "enter")
+        await settle(pilot, lambda: any(":retry takes job ids" in n.message for n in app._notifications),
+                     what="the refusal")
+        assert type(app.screen).__name__ == "OverviewScreen"
+
+
+@sync
+async def test_the_view_under_a_dialog_stays_live_and_a_job_detail_reloads(failed_world):
+    """Walkthrough: with a confirmation open the view under it stopped updating while its
+    header still said "live"; the job detail never showed a retry's outcome."""
+    cfg, conn, ledger = failed_world
+    now = [1_800_000_000.0]
+    app = ConsoleApp(Source(cfg, conn, clock=lambda: now[0]), clock=lambda: now[0], no_blink=True, poll=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        overview = app.screen
+        await pilot.press("d")  # a confirmation over the overview
+        await settle(pilot, lambda: type(app.screen).__name__ in ("ConfirmKey", "ConfirmTyped"))
+        assert app.live_screen() is overview
+        shown = []
+        overview.show_snapshot, real = (lambda snap: (shown.append(snap), real(snap))), overview.show_snapshot
+        app.refresh_now()
+        await settle(pilot, lambda: shown, what="a refresh to reach the view under the dialog")
+        await pilot.press("escape")
+        await settle(pilot, lambda: app.screen is overview)
+
+        await pilot.press("colon", *"failed queue:pdf-render TypeError", "enter")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 2)
+        await pilot.press("enter")
+        await settle(pilot, lambda: getattr(app.screen, "detail", None) is not None, what="job detail")
+        job_id = app.screen.detail["id"]
+        assert app.screen.detail["rq_status"] == "failed"
+        actions.retry(cfg, conn, [job_id], via="test")  # (elsewhere: the CLI)
+        app.screen._loaded_at -= app.screen.RELOAD_S  # (its last read as old as a reload wants)
+        app.refresh_now()  # the next refresh reads it again
+        await settle(pilot, lambda: app.screen.detail.get("rq_status") == "queued", what="the detail to reload")
+
+
+@sync
 async def test_job_detail_shows_attempts_and_traceback(failed_world):
     cfg, conn, ledger = failed_world
     app = make_app(cfg, conn)
@@ -436,6 +517,10 @@ async def test_readonly_hides_and_refuses_actions(failed_world):
         assert app.screen.check_action("drain", ()) is False and app.screen.check_action("failed", ()) is True
         await pilot.press("D", "d", "u", "l")
         assert app.screen.CRUMB == "overview"  # no dialog opened
+        # each says why it did nothing (a key that did nothing read as a console not answering)
+        said = [n.message for n in app._notifications]
+        assert "read-only console: d (drain) is disabled" in said and "read-only console: l (limits) is disabled" \
+            in said, said
         await pilot.press("f")
         await settle(pilot, lambda: getattr(app.screen, "page", None) is not None)
         footer_keys = {b.binding.action for b in app.screen.active_bindings.values() if b.enabled}

@@ -56,7 +56,8 @@ def fixed_page(flt: FailedFilter, offset: int, limit: int) -> FailedPage:
     errors = ["provider 127.0.0.1:8025: HTTP 422 invalid recipient address: 'rahim@meghna.invalid'",
               "TemplateError: 'designation' is undefined"]
     rows = [{"id": f"email-2026-11-emp-{i:05d}", "queue": "send-email", "company": 1 + i % 3, "kind": "email",
-             "attempts": 1, "error": errors[i % 2], "ended_at": "2026-10-31T20:10:00.000+00:00", "in_redis": True}
+             "attempts": 1, "error": errors[i % 2], "ended_at": "2026-10-31T20:10:00.000+00:00", "in_redis": True,
+             "permanent": i % 2 == 0}
             for i in range(12)]
     return FailedPage(rows, 12, 0, flt, "redis", 0.004)
 
@@ -75,6 +76,9 @@ class FixedSource(Source):
 
     def failed_ids(self, flt):
         return [r["id"] for r in fixed_page(flt, 0, 50).rows]
+
+    def permanent_among(self, ids):
+        return [r["id"] for r in fixed_page(FailedFilter(), 0, 50).rows if r["permanent"] and r["id"] in ids]
 
 
 def app(more_companies: int = 0) -> ConsoleApp:

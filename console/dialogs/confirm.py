@@ -44,9 +44,11 @@ class ConfirmTyped(ModalScreen[bool]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, title: str, count: int, sample: list[str], command: str, expect: str | None = None,
-                 what: str = "jobs"):
+                 what: str = "jobs", note: str = ""):
         super().__init__()
         self.title_text, self.count, self.sample, self.command = title, count, sample, command
+        self.note = note
+        """A warning shown under the count (the retry dialogs: how many will fail again)."""
         self.expect = expect if expect is not None else str(count)
         self.what = what
 
@@ -55,6 +57,8 @@ class ConfirmTyped(ModalScreen[bool]):
             yield Static(self.title_text, classes="dialog-title")
             what = self.what[:-1] if self.count == 1 and self.what.endswith("s") else self.what
             yield Static(f"{self.count:,} {what}", classes="dialog-count")
+            if self.note:
+                yield Static(self.note, classes="dialog-note", markup=False)
             if self.sample:
                 more = f"\n  … and {self.count - len(self.sample):,} more" if self.count > len(self.sample) else ""
                 yield Static("  " + "\n  ".join(self.sample) + more, classes="dialog-sample")

@@ -10,7 +10,7 @@ from textual.widgets import Footer, Input, Static
 
 from console import actions
 from console.data import PAGE_SIZE
-from console.failed import FailedFilter, FailedPage
+from console.failed import FailedFilter, FailedPage, short_error
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
@@ -46,7 +46,7 @@ class FailedScreen(ConsoleScreen):
         yield Input(placeholder="filter: queue:send-email company:3 refused   (Enter applies, Esc closes)",
                     id="filter")
         yield LiveTable([("sel", " "), ("job", "job"), ("queue", "queue"), ("co", "co"), ("att", "att"),
-                         ("error", "last error")], id="failed")
+                         ("why", "why"), ("error", "last error")], id="failed")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -93,12 +93,15 @@ class FailedScreen(ConsoleScreen):
         self.page = page
         rows = []
         for r in page.rows:
-            err_text = Text(r["error"] or "")
+            err_text = Text(short_error(r["error"] or ""))
             if not r.get("in_redis", True):
                 err_text = Text("(no longer failed in Redis) ", style="dim") + err_text
+            # "data": the last try failed on the employee's data (an address refused): a retry
+            # alone fails again; "" : a transient failure that ran out of attempts
+            why = Text("data", style="bold yellow") if r.get("permanent") else Text("")
             rows.append((r["id"], ("●" if r["id"] in self.selected else " ", r["id"], r["queue"] or "",
                                    "" if r.get("company") is None else str(r["company"]), str(r["attempts"]),
-                                   err_text)))
+                                   why, err_text)))
         with self.app.batch_update():
             self.query_one(LiveTable).sync(rows)
         self._summary()
@@ -111,9 +114,13 @@ class FailedScreen(ConsoleScreen):
         t = Text()
         t.append(f"{p.total:,} failed", style="bold red" if p.total else "bold")
         t.append(f" · page {p.offset // self.page_size + 1}/{pages} (n/p)")
-        t.append(f" · filter: {self.flt or 'none (/ to set)'}")
+        t.append(f" · filter: {str(self.flt) or 'none (/ to set)'}")
         if self.selected:
             t.append(f" · {len(self.selected)} selected", style="bold")
+        if any(r.get("permanent") for r in p.rows):
+            t.append("\n")
+            t.append("data", style="bold yellow")
+            t.append(": failed on the employee's data; a retry alone fails again: fix it first (payrun import)")
         self.query_one("#failed-summary", Static).update(t)
 
     def show_snapshot(self, snap) -> None:  # keep the page live, one page read per refresh
@@ -178,14 +185,21 @@ class FailedScreen(ConsoleScreen):
 
     def action_retry_one(self) -> None:
         key = self._current()
-        if not key:
-            return
+        if key:
+            self._retry_one(key)
+
+    def _retry_one(self, key: str) -> None:
         from console.dialogs.confirm import ConfirmKey
 
         if self.app.refuse_if_readonly("retry"):
             return
         cmd = f"payrun retry {key}"
-        self.app.push_screen(ConfirmKey(f"Retry {key}?", "Requeue it with a fresh attempt budget.", cmd),
+        row = next((r for r in (self.page.rows if self.page else []) if r["id"] == key), {})
+        body = "Requeue it with a fresh attempt budget."
+        if row.get("permanent"):
+            body = (f"It failed on the employee's data ({short_error(row.get('error') or '')[:80]}): a retry alone "
+                    "fails again unless the employee was fixed first (payrun import). " + body)
+        self.app.push_screen(ConfirmKey(f"Retry {key}?", body, cmd),
                              lambda ok: ok and self.app.act("retry", actions.retry, [key], cmd))
 
     def action_retry_selected(self) -> None:
@@ -194,9 +208,9 @@ class FailedScreen(ConsoleScreen):
             self.notify("nothing selected: space selects a row", severity="warning")
             return
         if len(ids) == 1:
-            self.action_retry_one()
+            self._retry_one(ids[0])  # the selected row (space moved the cursor past it)
             return
-        self._bulk(ids, "Retry the selected failed jobs?", actions.retry_command(ids))
+        self._count_permanent_then_confirm(ids, "Retry the selected failed jobs?", actions.retry_command(ids))
 
     def action_retry_all(self) -> None:
         if self.app.refuse_if_readonly("retry all"):
@@ -206,10 +220,16 @@ class FailedScreen(ConsoleScreen):
     @work(thread=True, exit_on_error=False, group="failed-count")
     def _count_then_confirm(self, flt: FailedFilter) -> None:
         ids = self.app.source.failed_ids(flt)
+        permanent = self.app.source.permanent_among(ids)
         self.app.call_from_thread(self._bulk, ids, f"Retry every failed job matching: {str(flt) or 'everything'}?",
-                                  flt.command())
+                                  flt.command(), len(permanent))
 
-    def _bulk(self, ids: list[str], title: str, command: str) -> None:
+    @work(thread=True, exit_on_error=False, group="failed-count")
+    def _count_permanent_then_confirm(self, ids: list[str], title: str, command: str) -> None:
+        permanent = self.app.source.permanent_among(ids)
+        self.app.call_from_thread(self._bulk, ids, title, command, len(permanent))
+
+    def _bulk(self, ids: list[str], title: str, command: str, permanent: int = 0) -> None:
         from console.dialogs.confirm import ConfirmTyped
 
         if self.app.refuse_if_readonly("retry"):
@@ -217,10 +237,12 @@ class FailedScreen(ConsoleScreen):
         if not ids:
             self.notify("no failed job matches", severity="warning")
             return
+        note = (f"{permanent:,} of them failed on the employee's data (an address refused): they fail again "
+                "unless fixed first (payrun import)" if permanent else "")
 
         def done(ok: bool) -> None:
             if ok:
                 self.selected.clear()
                 self.app.act("retry", actions.retry, ids, command)
 
-        self.app.push_screen(ConfirmTyped(title, len(ids), ids[:5], command), done)
+        self.app.push_screen(ConfirmTyped(title, len(ids), ids[:5], command, note=note), done)

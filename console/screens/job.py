@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -61,10 +63,14 @@ class JobScreen(ConsoleScreen):
         Binding("r", "retry_one", "Retry"),
     ]
 
+    RELOAD_S = 2.0
+
     def __init__(self, job_id: str):
         super().__init__()
         self.job_id = job_id
         self.detail: dict | None = None
+        self._loaded_at = float("-inf")
+        self._loading = False
 
     def compose(self) -> ComposeResult:
         yield StatusBar(f"job {self.job_id}")
@@ -79,15 +85,32 @@ class JobScreen(ConsoleScreen):
     def reload(self) -> None:
         self._load()
 
-    @work(thread=True, exit_on_error=False, group="job")
+    def show_snapshot(self, snap) -> None:
+        """Each refresh reads the job again (at most every RELOAD_S): a retry's outcome, a
+        running try's end, show here as they happen, under the header's "● live"."""
+        now = time.monotonic()
+        if now - self._loaded_at >= self.RELOAD_S and not self._loading:
+            self.reload()
+
     def _load(self) -> None:
+        self._loading, self._loaded_at = True, time.monotonic()
+        self._read()
+
+    @work(thread=True, exit_on_error=False, group="job")
+    def _read(self) -> None:
         try:
             d = self.app.source.job_detail(self.job_id)
         except Exception as e:
             d = {"id": self.job_id, "rq_error": f"{type(e).__name__}: {e}"}
-        self.app.call_from_thread(self._show, d)
+        try:
+            self.app.call_from_thread(self._show, d)
+        except RuntimeError:  # the app is closing
+            pass
 
     def _show(self, d: dict) -> None:
+        self._loading = False
+        if d == self.detail:
+            return  # (unchanged: the operator's scroll position stays)
         self.detail = d
         self.query_one("#job", Static).update(render_detail(d, self.app.source.cfg.timezone))
 

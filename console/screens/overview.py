@@ -47,7 +47,7 @@ class OverviewScreen(ConsoleScreen):
                          ("later", "later"), ("failed", "failed"), ("oldest", "oldest"), ("rate", "done/min, 10 min")], id="queues")
         yield Static("", id="limits")
         yield LiveTable([("proc", "worker process"), ("kind", "kind"), ("busy", "busy"), ("job", "longest job"),
-                         ("beat", "beat")], id="procs")
+                         ("beat", "rq beat")], id="procs")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:

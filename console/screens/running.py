@@ -90,7 +90,7 @@ class WorkersScreen(ConsoleScreen):
     def compose(self) -> ComposeResult:
         yield StatusBar(self.CRUMB)
         yield LiveTable([("name", "worker"), ("proc", "host:pid"), ("queues", "queues"), ("state", "state"),
-                         ("job", "job"), ("for", "for"), ("beat", "beat"), ("alive", "alive")], id="workers")
+                         ("job", "job"), ("for", "for"), ("beat", "rq beat"), ("alive", "alive")], id="workers")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
