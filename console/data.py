@@ -24,6 +24,7 @@ Sources of each figure
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -203,6 +204,9 @@ class Snapshot:
     """Set when a part could not be read (the rest of the snapshot is still shown)."""
     redis_down: bool = False
     """Redis could not be read: queues, workers and running jobs are unknown (not zero)."""
+    retry_errors: list[tuple[str, int]] = field(default_factory=list)
+    """Why jobs are waiting out a backoff: the heads of their last errors, most frequent
+    first, over the RETRY_SAMPLE due first (read_retrying)."""
     took_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -298,6 +302,46 @@ def read_queues(conn, now: float, queues=keys.QUEUES) -> tuple[list[QueueRow], b
                              max(0.0, now - t) if t else None, [int(x) for x in r[6:]], q in paused, later,
                              reminders if q == keys.EMAIL_QUEUE else []))
     return rows, bool(res[-2]), paused
+
+
+RETRY_SAMPLE = 100
+"""Retrying jobs whose last errors the overview reads per refresh (the ones due first)."""
+
+
+def error_head(text: str) -> str:
+    """What a failure was, short and shared by its kind: "HTTP 503 provider outage" of
+    "provider 127.0.0.1:8025: HTTP 503 provider outage: try later"."""
+    from console.failed import short_error
+
+    return short_error(text).split(": ")[0].strip()[:48]
+
+
+def read_retrying(conn, sample: int = RETRY_SAMPLE, queues=(keys.RENDER_QUEUE, keys.EMAIL_QUEUE)) -> list[tuple[str, int]]:
+    """The last errors of the jobs waiting out a backoff (RQ's scheduled registries; a
+    reminder scheduled for later has none and is left out), grouped by ``error_head``,
+    most frequent first. 2 round trips. Without it an outage the provider answers with
+    every other send (never "N failed in a row") showed only as a retry count."""
+    with conn.pipeline(transaction=False) as p:
+        for q in queues:
+            p.zrange(f"rq:scheduled:{q}", 0, sample - 1)
+        ids = [_s(m) for ms in p.execute() for m in ms][:sample]
+    if not ids:
+        return []
+    with conn.pipeline(transaction=False) as p:
+        for job_id in ids:
+            p.hget(f"rq:job:{job_id}", "meta")
+        metas = p.execute()
+    from collections import Counter
+
+    heads: Counter = Counter()
+    for raw in metas:
+        try:
+            meta = json.loads(_s(raw)) if raw else {}
+        except ValueError:
+            continue
+        if isinstance(meta, dict) and (err := meta.get("last_error")):
+            heads[error_head(str(err))] += 1
+    return heads.most_common()
 
 
 class MonthFinished:
@@ -651,6 +695,7 @@ class Source:
                 snap.workers = read_workers(conn, now)
                 snap.running = read_running(conn, now, self.cfg.lease.stuck_after_s)
                 snap.limits = read_limits(conn, self.cfg)
+                snap.retry_errors = read_retrying(conn)
             except Exception as e:  # Redis down or slow: say so, keep going with the ledger
                 errors.append(f"Redis unreachable ({type(e).__name__}: {one_line(e, 200)})")
                 snap.queues, snap.workers, snap.running = [], [], []

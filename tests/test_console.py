@@ -982,3 +982,29 @@ def test_the_months_finished_count_reads_afresh_when_the_console_clock_steps_bac
     back = now - 300
     conn.zadd(registry, {"email-2026-11-emp-00002": back - 60 + FINISHED_TTL_S})
     assert sum(mf.buckets(conn, back, "2026-11", keys.EMAIL_QUEUE)) == 1  # emp-00002; emp-00001 is "ahead"
+
+
+@sync
+async def test_the_overview_says_why_jobs_are_retrying(cfg, conn, monkeypatch):
+    """Walkthrough: during 2,173 HTTP 503s the overview showed only a retry count (an
+    outage that fails every other send never reaches "N failed in a row"): it now names
+    the last errors of the jobs waiting out a backoff."""
+    from rq import Retry
+
+    from console.data import read_retrying
+
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    for i in range(3):
+        q.enqueue_call("jobs.testing.flaky", job_id=f"flaky-{i}", timeout=5, retry=Retry(max=3),
+                       meta={"kind": "test"})
+    q.enqueue_call("jobs.testing.noop", job_id="later-1", meta={"kind": "test"})
+    conn.zadd(q.scheduled_job_registry.key, {"later-1": time.time() + 3600})  # a reminder for later: no error
+    conn.lrem(q.key, 0, "later-1")
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
+    assert conn.zcard(q.scheduled_job_registry.key) == 4  # three retries and the one for later
+    assert read_retrying(conn) == [("HTTP 503 from the provider (test)", 3)]
+    app = make_app(cfg, conn, poll=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        assert "retrying: HTTP 503 from the provider (test) ×3" in text_of(app, "#limits")

@@ -132,6 +132,10 @@ class OverviewScreen(ConsoleScreen):
             alerts.append((f"paused {lim.paused_for_s:.0f}s (429)", "bold yellow"))
         if out and not out["pauses"] and out["failed_in_a_row"] >= 2:
             alerts.append((f"provider failed the last {out['failed_in_a_row']:,} sends", "yellow"))
+        if snap.retry_errors:  # why jobs wait out a backoff (an outage below "N in a row" showed only a count)
+            shown = ", ".join(f"{head} ×{n:,}" for head, n in snap.retry_errors[:2])
+            more = sum(n for _, n in snap.retry_errors[2:])
+            alerts.append((f"retrying: {shown}" + (f", other ×{more:,}" if more else ""), "yellow"))
         for text, style in alerts:
             t.append(text, style=style)
             t.append(" · ")
