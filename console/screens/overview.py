@@ -227,7 +227,10 @@ class OverviewScreen(ConsoleScreen):
 
     def action_resume(self) -> None:
         where, key = self._focused()
-        self.app.confirm_resume(key if where == "queues" else None)
+        if where == "queues" and key:
+            self.app.confirm_resume(key)
+        else:  # (as d: u off the queues table offered to lift every drain)
+            self.notify("select a queue (Tab to the queues table), or U to resume every queue", severity="warning")
 
     def action_drain_all(self) -> None:
         self.app.confirm_drain(None)
