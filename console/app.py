@@ -445,6 +445,14 @@ class ConsoleApp(App):
             return
         cmd = "payrun limits set" + (f" --cap {cap}" if cap is not None else "") + (
             f" --rate {rate:g}" if rate is not None else "")
-        self.push_screen(ConfirmKey("Change the email limits?", "Every sender on every host uses them on its next send.",
-                                    cmd),
+        lim = self.snapshot.limits if self.snapshot else None
+        # old -> new, field by field: a digit typed right after Tab can land in the field
+        # Tab was leaving (focus moves a moment later), and "--cap 9" alone reads like a rate
+        change = "; ".join(
+            f"{what} {old:g} → {new:g}{unit}" if old is not None else f"{what} → {new:g}{unit}"
+            for what, old, new, unit in (("cap", lim.cap if lim else None, cap, " in flight"),
+                                         ("rate", lim.rate_per_s if lim else None, rate, "/s"))
+            if new is not None)
+        self.push_screen(ConfirmKey(f"Change the email limits: {change}?",
+                                    "Every sender on every host uses them on its next send.", cmd),
                          lambda ok: ok and self.act("limits", actions.set_limits, cap, rate))

@@ -656,6 +656,9 @@ async def test_change_limits_from_the_command_bar(cfg, conn):
         await pilot.press("shift+tab", "backspace", *"30", "enter", *"20", "enter")
         await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
         assert app.screen.command == "payrun limits set --cap 30 --rate 20"
+        old_cap, old_rate = app.snapshot.limits.cap, app.snapshot.limits.rate_per_s
+        # old -> new per field: a digit that landed in the other field shows at a glance
+        assert app.screen.title_text == f"Change the email limits: cap {old_cap} → 30 in flight; rate {old_rate:g} → 20/s?"
         await pilot.press("y")
         await settle(pilot, lambda: conn.hget(keys.limit_conf("email"), "cap") == b"30", what="new cap")
         await settle(pilot, lambda: app.snapshot.limits.cap == 30, what="the overview to show it")
