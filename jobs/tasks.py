@@ -284,6 +284,38 @@ def record_pending(job_id: str) -> bool | None:
     return True
 
 
+RECORD_SOCKET_TIMEOUT_S = 5.0
+"""How long a made send's record waits for Redis's reply before it counts Redis as away
+(and notes the delivery on the host, jobs.unrecorded). A lane's own client waits as long
+as a send may take (30 s), so a Redis that hung (stopped, a network partition) held the
+record until the job's timeout cut it off, before any note was written: 25 of 1,200
+slips were sent twice in a multi-host drill (Redis stopped for 35 s, then killed)."""
+
+_RECORD_CLIENTS: dict[tuple[int, float], tuple[Any, Any]] = {}
+_RECORD_CLIENTS_LOCK = threading.Lock()
+
+
+def record_client(conn):
+    """A client on ``conn``'s server whose replies time out after RECORD_SOCKET_TIMEOUT_S
+    (one pool per process and pool, kept); ``conn`` itself if its timeout is as short."""
+    import redis
+
+    pool = getattr(conn, "connection_pool", None)
+    if not isinstance(conn, redis.Redis) or pool is None:
+        return conn
+    timeout = RECORD_SOCKET_TIMEOUT_S
+    current = pool.connection_kwargs.get("socket_timeout")
+    if current is not None and current <= timeout:
+        return conn
+    with _RECORD_CLIENTS_LOCK:
+        kept = _RECORD_CLIENTS.get((id(pool), timeout))
+        if kept is None or kept[0] is not pool:
+            client = redis.Redis(connection_pool=pool.__class__(
+                connection_class=pool.connection_class, **{**pool.connection_kwargs, "socket_timeout": timeout}))
+            kept = _RECORD_CLIENTS[(id(pool), timeout)] = (pool, client)
+    return kept[1]
+
+
 def _record_sent(conn, key: str, token: str, message_id: str, lim, record_by: float,
                  clock=time.monotonic, pause=time.sleep):
     """Record the key sent (jobs.idempotency.mark_sent). The provider has accepted the
@@ -298,6 +330,7 @@ def _record_sent(conn, key: str, token: str, message_id: str, lim, record_by: fl
     tries = 0
     first_error_at = None
     noted = ""
+    conn = record_client(conn)  # (a hung Redis: noted within seconds, not cut off by the job's timeout)
     try:
         while True:
             try:

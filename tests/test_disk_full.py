@@ -183,3 +183,34 @@ def test_a_replica_or_a_full_memory_refuses_writes_too_and_it_is_transient(refus
         assert redis_refusal_reason(ro.value).startswith("READONLY")
     finally:
         conn.replicaof("NO", "ONE")
+
+
+def test_a_made_send_whose_redis_hangs_is_noted_in_seconds_not_cut_off_by_its_timeout(refusing, cfg, monkeypatch):
+    """Multi-host drill: Redis stopped (SIGSTOP) for 35 s, then killed: the records of the
+    sends it caught waited on the lane's 30 s socket timeout until the job's own 30 s
+    timeout cut them off, before any note was written, and 25 of 1,200 slips were sent
+    again by the other host. The record now waits RECORD_SOCKET_TIMEOUT_S for a reply,
+    notes the delivery, and the send-email process records the note once Redis answers."""
+    import os
+    import signal
+    import time
+
+    from jobs import idempotency, tasks, unrecorded
+    from jobs.limits import email_limiter
+
+    conn = redis.Redis.from_url(refusing.url, socket_timeout=30)  # a lane's client: as long as a send
+    lim = email_limiter(conn, cfg)
+    key, token = "slip:2026-11:emp-00031", "email-2026-11-emp-00031:1"
+    assert idempotency.claim(conn, key, token, 60) == idempotency.OK
+    monkeypatch.setattr(tasks, "RECORD_SOCKET_TIMEOUT_S", 0.5)
+    os.kill(refusing.proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(redis.TimeoutError):
+            tasks._record_sent(conn, key, token, "<m31@payrun>", lim, record_by=time.monotonic() + 2.0)
+        assert time.monotonic() - started < 10  # (it waited 30 s for the first reply)
+        assert unrecorded.find(cfg.home, key) == "<m31@payrun>"
+    finally:
+        os.kill(refusing.proc.pid, signal.SIGCONT)
+    assert tasks.record_noted(conn, cfg.home) == 1
+    assert idempotency.state(conn, key)["state"] == "sent" and unrecorded.pending(cfg.home) == []
