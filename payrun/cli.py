@@ -67,9 +67,15 @@ class Ctx:
         return redis_server.ensure_running(self.cfg)
 
     def ledger(self):
+        from payrun.errors import SetupError
         from payrun.ledger import Ledger
 
         self.require_home()
+        role = self.cfg.home / "supervisor.role"
+        if not self.cfg.ledger_path.exists() and role.exists() and role.read_text().strip() == "worker":
+            # (it made an empty ledger here and answered "no pay run yet" mid-run)
+            raise SetupError(f"{self.cfg.home} is a worker host's (payrun up --role worker): the ledger, and with "
+                             "it the pay runs' status, is on the control host: run this command there")
         return Ledger(self.cfg.ledger_path)
 
     HOME_MARKERS = ("payroll.db", "ledger.db", "supervisor.role")
@@ -962,9 +968,13 @@ def ledger(c: Ctx) -> None:
             observer, _server = metrics.serve(conn, c.cfg)
         except OSError as e:
             log.warning("ledger: metrics endpoint not started on 127.0.0.1:%d: %s", c.cfg.metrics.port, e)
-    ledger_mod.serve(conn, store, stop=lambda: bool(stopping), log=log, observer=observer)
-    n = ledger_mod.drain(conn, store)
-    log.info("ledger: stopped (applied %d more on the way out)", n)
+    me = ledger_mod.owner_id(c.cfg.ledger_path)
+    try:
+        ledger_mod.serve(conn, store, stop=lambda: bool(stopping), log=log, observer=observer, me=me)
+        n = ledger_mod.drain(conn, store) if ledger_mod.own_events(conn, me) is None else 0
+        log.info("ledger: stopped (applied %d more on the way out)", n)
+    finally:
+        ledger_mod.let_go_of_events(conn, me)
 
 
 @cli.command()
@@ -1025,17 +1035,18 @@ def demo(c: Ctx, employees: int, companies: int, month: str | None, timeout_s: i
 
 @cli.command()
 @click.option("--wait/--no-wait", default=True, help="Return only once every program is running.")
-@click.option("--role", type=click.Choice(["all", "worker"]), default="all", show_default=True,
+@click.option("--role", type=click.Choice(["all", "worker"]), default=None,
               help="all = the control host (everything); worker = render and send workers only, "
-                   "against PAYRUN_REDIS_URL and a shared PAYRUN_SLIPS_DIR.")
+                   "against PAYRUN_REDIS_URL and a shared PAYRUN_SLIPS_DIR. Default: the role this "
+                   "data directory was last started with (all the first time).")
 @pass_ctx
 @handle_errors
-def up(c: Ctx, wait: bool, role: str) -> None:
+def up(c: Ctx, wait: bool, role: str | None) -> None:
     """Start supervisord in the background: supervisor.conf (role all) or
     supervisor-worker.conf (role worker)."""
     from payrun import supervise
 
-    click.echo(supervise.up(c.cfg, wait=wait, role=role))
+    click.echo(supervise.up(c.cfg, wait=wait, role=role or supervise._role(c.cfg)))
 
 
 @cli.command()

@@ -20,6 +20,11 @@ REMINDERS_KEPT_S = 86400
 EVENTS_STREAM = "payrun:events"
 """Stream of job state changes, written by workers, applied to SQLite by `payrun ledger`."""
 EVENTS_GROUP = "ledger"
+
+LEDGER_OWNER = "payrun:ledger:owner"
+"""Which `payrun ledger` applies the events ("host pid ledger-path"), with a lease: one
+ledger file gets them all (a second ledger reading the same group took a share of them
+into its own file: a worker host started with `payrun up` lost 134 of 287 slips' events)."""
 """Consumer group of the ledger process: unacknowledged events survive its restart."""
 
 

@@ -631,7 +631,77 @@ def reconcile(conn, ledger: Ledger, older_than_s: float = RECONCILE_AFTER_S, lim
     return len(events), cursor
 
 
-def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, observer=None) -> None:
+LEDGER_LEASE_MS = 15_000
+"""How long a ledger's ownership of the events lasts unrenewed (it renews every loop, ~1 s):
+a killed ledger's successor waits at most this long."""
+
+_OWN = """
+local v = redis.call('GET', KEYS[1])
+if (not v) or v == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
+  return 1
+end
+return v
+"""
+
+_LET_GO = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def owner_id(ledger_path) -> str:
+    import os
+    import socket
+
+    return f"{socket.gethostname()} {os.getpid()} {ledger_path}"
+
+
+def own_events(conn, me: str) -> str | None:
+    """Take or renew the ledger's ownership of the events (keys.LEDGER_OWNER). None: ours;
+    else the other ledger's id ("host pid path")."""
+    from payrun import keys
+
+    got = conn.eval(_OWN, 1, keys.LEDGER_OWNER, me, LEDGER_LEASE_MS)
+    return None if got == 1 else (got.decode() if isinstance(got, bytes) else str(got))
+
+
+def events_owner(conn) -> str | None:
+    """The ledger applying the events now ("host pid path"), if any."""
+    from payrun import keys
+
+    v = conn.get(keys.LEDGER_OWNER)
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _dead_here(other: str, me: str) -> bool:
+    """Whether ``other`` is a ledger of this host and this file whose process is gone (a
+    ledger killed and restarted: no need to wait out its lease)."""
+    host, _, rest = other.partition(" ")
+    pid, _, path = rest.partition(" ")
+    my_host, _, my_rest = me.partition(" ")
+    if host != my_host or path != my_rest.partition(" ")[2] or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def let_go_of_events(conn, me: str) -> None:
+    from payrun import keys
+
+    try:
+        conn.eval(_LET_GO, 1, keys.LEDGER_OWNER, me)
+    except Exception:  # Redis away: the lease lapses by itself
+        pass
+
+
+def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, observer=None,
+          me: str | None = None) -> None:
     """The `payrun ledger` loop: block up to 1 s for events, apply in batches, until stop().
     Every RECONCILE_EVERY_S it also reconciles open rows against RQ (see ``reconcile``)."""
     import redis
@@ -640,8 +710,25 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
     next_reconcile = time.monotonic() + RECONCILE_EVERY_S
     cursor = ""
     replay = True  # at start and after a Redis error: first what this consumer read and did not ack
+    from payrun import keys
+
+    warned_at = float("-inf")
     while not stop():
+        other = None
         try:
+            if me is not None and (other := own_events(conn, me)) is not None and _dead_here(other, me):
+                conn.delete(keys.LEDGER_OWNER)  # this host's ledger before a restart (killed): its lease is void
+                other = own_events(conn, me)
+            if me is not None and other is not None:
+                # another ledger applies them (a worker host started as a control host, or
+                # a second `payrun ledger`): reading the same group here would take a share
+                # of the events into this file, lost to that one's
+                if log and time.monotonic() - warned_at >= 60:
+                    warned_at = time.monotonic()
+                    log.error("ledger: another ledger applies the events (%s): this one waits and applies "
+                              "nothing. On a worker host run `payrun down`, then `payrun up --role worker`", other)
+                time.sleep(1.0)
+                continue
             n = apply_pending(conn, ledger, consumer, block_ms=1000, observer=observer, replay=replay)
             replay = False
             if 0 < n < COALESCE_BELOW:

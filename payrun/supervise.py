@@ -256,6 +256,27 @@ def check_role(cfg: Config, role: str) -> None:
     if role == "worker" and cfg.embedded_redis:
         raise SetupError("a worker-only host needs PAYRUN_REDIS_URL: the control host's Redis "
                          "(`payrun config redis-url` there)")
+    if role == "worker" and not cfg.email.url:
+        # its senders would go to http://127.0.0.1:<provider.port>, the local provider
+        # simulator that only a control host runs: connection refused on every send, and
+        # each streak of them paused every sender on every host (multi-host drill: 12
+        # pauses, a run of 287 slips took 80 s instead of 10)
+        raise SetupError("a worker-only host needs PAYRUN_EMAIL_URL (or email.url in the config): the email "
+                         "provider the control host sends to (a worker host runs no local provider)")
+    if role == "all" and not cfg.embedded_redis:
+        # a control host on an external Redis: refused when another host's ledger already
+        # applies its events (this is a worker host: its ledger would take a share of them
+        # into its own file, and the control host's would never see those slips' ends)
+        from payrun import ledger as ledger_mod
+
+        try:
+            owner = ledger_mod.events_owner(redis_server.connect(cfg, socket_timeout=5))
+        except Exception:  # noqa: BLE001 - Redis not reachable now: the programs say so themselves
+            owner = None
+        if owner and owner.partition(" ")[2].partition(" ")[2] != str(cfg.ledger_path):
+            raise SetupError(f"another ledger applies this Redis's events ({owner}): this is a worker host, "
+                             "so start it with `payrun up --role worker` (a second ledger would take a share of "
+                             "the events from the control host's)")
 
 
 def down(cfg: Config) -> str:

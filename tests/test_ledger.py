@@ -4,6 +4,7 @@ reads its slip states from indexes alone (a query plan, not a timing)."""
 from __future__ import annotations
 
 import sqlite3
+import time
 import subprocess
 import sys
 
@@ -139,3 +140,55 @@ def test_the_run_started_last_wins_a_tie_in_the_same_millisecond(tmp_path, monke
     led.claim_run(4, "2026-09", "old")
     assert led.latest_month() == "2026-11"  # the timestamps still decide first
     assert ledger_mod.latest_month([]) is None
+
+
+def test_a_second_ledger_waits_and_takes_no_event_from_the_one_applying_them(tmp_path, conn, caplog):
+    """Multi-host drill: `payrun up` on a worker host started a second ledger on the same
+    event group: it took a share of the events into its own file, and the control host's
+    ledger showed 134 of 287 delivered slips as queued for ever. One ledger owns the events
+    (a lease in Redis); another waits, says why, and applies nothing; a killed ledger's
+    restart on the same host and file takes over at once."""
+    import logging
+    import os
+    import threading
+
+    from jobs import events
+
+    first, second = Ledger(tmp_path / "control.db"), Ledger(tmp_path / "worker-host.db")
+    me_first = f"control 1 {tmp_path / 'control.db'}"
+    me_second = ledger_mod.owner_id(tmp_path / "worker-host.db")
+    assert ledger_mod.own_events(conn, me_first) is None  # the control host's ledger applies them
+    first.create_jobs([{"id": f"render-{MONTH}-emp-{i:05d}", "kind": "render", "company_id": 1, "month": MONTH,
+                        "queue": "pdf-render"} for i in range(5)])
+    for i in range(5):
+        events.emit(conn, f"render-{MONTH}-emp-{i:05d}", "running", worker="w", attempt=1)
+    stop = threading.Event()
+    with caplog.at_level(logging.ERROR, logger="payrun.test"):
+        t = threading.Thread(target=ledger_mod.serve, args=(conn, second, stop.is_set),
+                             kwargs={"log": logging.getLogger("payrun.test"), "me": me_second})
+        t.start()
+        deadline = time.monotonic() + 20
+        while "another ledger applies the events" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        t.join(10)
+    assert f"another ledger applies the events ({me_first})" in caplog.text
+    assert "payrun up --role worker" in caplog.text
+    assert second.db.conn.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 0  # it took nothing
+    assert ledger_mod.drain(conn, first) == 5  # all five are the control host's
+
+    # a ledger of this host and file that was killed: its restart does not wait out the lease
+    dead = f"{me_second.split(' ')[0]} 999999999 {tmp_path / 'control.db'}"
+    conn.set("payrun:ledger:owner", dead, px=ledger_mod.LEDGER_LEASE_MS)
+    stop.clear()
+    me_again = ledger_mod.owner_id(tmp_path / "control.db")
+    t = threading.Thread(target=ledger_mod.serve, args=(conn, first, stop.is_set), kwargs={"me": me_again})
+    t.start()
+    deadline = time.monotonic() + 20
+    while ledger_mod.events_owner(conn) != me_again and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    t.join(10)
+    assert ledger_mod.events_owner(conn) == me_again and os.getpid() == int(me_again.split(" ")[1])
+    ledger_mod.let_go_of_events(conn, me_again)
+    assert ledger_mod.events_owner(conn) is None

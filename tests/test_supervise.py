@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
+from payrun.errors import SetupError
 from payrun import payroll
 
 
@@ -174,9 +175,13 @@ def test_control_and_worker_only_host_stop_of_the_worker_host_loses_nothing(tmp_
     worker_host = None
     try:
         url = payrun("config", "redis-url", env=control).stdout.strip()
+        email_url = json.loads(payrun("config", "show", "--json", env=control).stdout)["effective"]["email_url"]
         worker_host = dict(clean_env(tmp_path, tmp_path / "worker"), PAYRUN_REDIS_URL=url,
                            PAYRUN_SLIPS_DIR=str(tmp_path / "control" / "slips"))
         (tmp_path / "worker").mkdir()
+        refused = payrun("up", "--role", "worker", env=worker_host)  # its senders would have no provider
+        assert refused.returncode != 0 and "a worker-only host needs PAYRUN_EMAIL_URL" in refused.stderr
+        worker_host["PAYRUN_EMAIL_URL"] = email_url
         up_w = payrun("up", "--role", "worker", env=worker_host)
         assert up_w.returncode == 0, up_w.stderr + up_w.stdout
         assert "pdf-render" in up_w.stdout and "ledger" not in up_w.stdout
@@ -347,3 +352,45 @@ def test_up_says_which_program_did_not_stay_up_when_started_again(tmp_path, monk
     assert "reaper stopped by failing and did not stay up when started again (the rest runs on)" in str(e.value)
     assert "MISCONF" in str(e.value) and ("start", "reaper") in calls
     assert not any(a[0] in ("stop", "shutdown") for a in calls)  # nothing else stopped
+
+
+def test_a_worker_host_is_not_started_as_a_control_host(cfg, conn, monkeypatch):
+    """Multi-host drill: `payrun up` (role all) on a worker host started a second ledger
+    that took a share of the events. It is refused while another host's ledger applies
+    them; and `payrun up` with no --role starts a data directory in the role it was last
+    started with (a worker host's `payrun ps` says "`payrun up` starts it")."""
+    from click.testing import CliRunner
+
+    from payrun import supervise
+    from payrun.cli import cli
+
+    conn.set("payrun:ledger:owner", "control-host 4242 /srv/payrun/ledger.db", px=15_000)
+    with pytest.raises(SetupError, match=r"another ledger applies this Redis's events \(control-host 4242 "
+                                         r"/srv/payrun/ledger.db\): this is a worker host.*--role worker"):
+        supervise.check_role(cfg, "all")
+    with pytest.raises(SetupError, match="a worker-only host needs PAYRUN_EMAIL_URL"):
+        supervise.check_role(cfg, "worker")  # (a worker host: fine, given the provider to send to)
+    conn.set("payrun:ledger:owner", f"{'x'} 1 {cfg.ledger_path}", px=15_000)
+    supervise.check_role(cfg, "all")  # this data directory's own ledger (a restart): fine
+
+    roles = []
+    monkeypatch.setattr(supervise, "up", lambda cfg_, wait, role: roles.append(role) or "started")
+    (cfg.home / "supervisor.role").write_text("worker")
+    assert CliRunner().invoke(cli, ["up"]).exit_code == 0
+    assert CliRunner().invoke(cli, ["up", "--role", "all"]).exit_code == 0
+    (cfg.home / "supervisor.role").unlink()
+    assert CliRunner().invoke(cli, ["up"]).exit_code == 0
+    assert roles == ["worker", "all", "all"]
+
+
+def test_a_ledger_command_on_a_worker_host_says_where_the_ledger_is(cfg):
+    """Multi-host drill: `payrun status` on a worker host made an empty ledger there and
+    answered "no pay run yet" in the middle of a run."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    (cfg.home / "supervisor.role").write_text("worker")
+    out = CliRunner().invoke(cli, ["status"])
+    assert out.exit_code != 0 and "is a worker host's" in out.output and "on the control host" in out.output
+    assert not cfg.ledger_path.exists()
