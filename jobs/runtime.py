@@ -881,6 +881,13 @@ class RenderWorker(EventsMixin, Worker):
         log.info("Worker %s: WeasyPrint warmed in %.2f s", self.name, time.monotonic() - started)
         self._liveness = Liveness(self.connection, [self.name]).start()
         register_queues(self.connection, self.queues)
+        try:  # the first render worker names the slip store (`payrun up --role worker` checks it)
+            from jobs import tasks
+            from payrun import slipstore
+
+            slipstore.claim(self.connection, tasks.settings().slips_dir)
+        except Exception as e:  # noqa: BLE001 - a convenience for the next host's check, never a reason not to work
+            log.warning("Worker %s: could not name the slip store: %s", self.name, e)
         super().bootstrap(*args, **kwargs)
 
     def teardown(self) -> None:

@@ -21,6 +21,9 @@ EVENTS_STREAM = "payrun:events"
 """Stream of job state changes, written by workers, applied to SQLite by `payrun ledger`."""
 EVENTS_GROUP = "ledger"
 
+SLIP_STORE_ID = "payrun:slips:store-id"
+"""The slip store's id (payrun.slipstore): the same as in the file at the store's root."""
+
 LEDGER_OWNER = "payrun:ledger:owner"
 """Which `payrun ledger` applies the events ("host pid ledger-path"), with a lease: one
 ledger file gets them all (a second ledger reading the same group took a share of them

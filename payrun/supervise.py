@@ -263,6 +263,15 @@ def check_role(cfg: Config, role: str) -> None:
         # pauses, a run of 287 slips took 80 s instead of 10)
         raise SetupError("a worker-only host needs PAYRUN_EMAIL_URL (or email.url in the config): the email "
                          "provider the control host sends to (a worker host runs no local provider)")
+    if role == "worker":
+        from payrun import slipstore
+
+        try:
+            why = slipstore.mismatch(redis_server.connect(cfg, socket_timeout=5), cfg.slips_dir)
+        except Exception:  # noqa: BLE001 - Redis not reachable now: the workers say so themselves
+            why = None
+        if why:
+            raise SetupError(why)
     if role == "all" and not cfg.embedded_redis:
         # a control host on an external Redis: refused when another host's ledger already
         # applies its events (this is a worker host: its ledger would take a share of them

@@ -394,3 +394,35 @@ def test_a_ledger_command_on_a_worker_host_says_where_the_ledger_is(cfg):
     out = CliRunner().invoke(cli, ["status"])
     assert out.exit_code != 0 and "is a worker host's" in out.output and "on the control host" in out.output
     assert not cfg.ledger_path.exists()
+
+
+def test_a_worker_host_on_another_slip_store_is_refused(cfg, conn, tmp_path, redis_url):
+    """Multi-host drill: a worker host whose PAYRUN_SLIPS_DIR was its own directory rendered
+    there, and the control host's sends found no file: 118 of 287 failed for good as bad
+    data. The first render worker names the store (an id in Redis and in a file at its
+    root); `payrun up --role worker` on another directory is refused before anything starts."""
+    import stat
+
+    from payrun import config, slipstore, supervise
+
+    shared, own, other = tmp_path / "shared", tmp_path / "own", tmp_path / "other"
+    assert slipstore.mismatch(conn, own) is None  # nothing rendered yet: nothing to compare
+    slipstore.claim(conn, shared)
+    store_id = (shared / slipstore.ID_FILE).read_text().strip()
+    assert stat.S_IMODE((shared / slipstore.ID_FILE).stat().st_mode) == 0o600
+    slipstore.claim(conn, own)  # a later worker elsewhere: the store is named already
+    assert not (own / slipstore.ID_FILE).exists()
+    assert slipstore.mismatch(conn, shared) is None
+    assert "has no slip store id" in slipstore.mismatch(conn, own)
+    other.mkdir()
+    (other / slipstore.ID_FILE).write_text("0123456789abcdef\n")
+    assert f"is another store (id 0123456789abcdef), not the one the other hosts render into (id {store_id}" \
+        in slipstore.mismatch(conn, other)
+
+    def worker_host(slips: Path):
+        return config.load(env={"PAYRUN_HOME": str(tmp_path / "w"), "PAYRUN_REDIS_URL": redis_url,
+                                "PAYRUN_EMAIL_URL": "http://127.0.0.1:9/", "PAYRUN_SLIPS_DIR": str(slips)})
+
+    with pytest.raises(SetupError, match="set PAYRUN_SLIPS_DIR to the shared store"):
+        supervise.check_role(worker_host(own), "worker")
+    supervise.check_role(worker_host(shared), "worker")  # the shared store: fine

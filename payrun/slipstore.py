@@ -1,0 +1,57 @@
+"""Which directory is the slip store: an id in Redis and the same id in a file at the
+store's root, so that a host pointed at another directory is told before its workers start.
+
+A multi-host drill started a worker host with its own directory as the slip store: its
+renders wrote there, and the control host's sends found no file (118 of 287 failed for
+good as "bad data" within 10 s; 58 could not be recovered by a retry). The first render
+worker to start writes the id (``claim``); `payrun up --role worker` compares its own
+store with it (``mismatch``) and refuses to start when they differ.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from payrun import keys
+
+ID_FILE = ".payrun-store-id"
+
+
+def _read(slips_dir: Path) -> str | None:
+    try:
+        return (Path(slips_dir) / ID_FILE).read_text(encoding="ascii").strip() or None
+    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
+        return None
+
+
+def claim(conn, slips_dir: Path) -> None:
+    """Make ``slips_dir`` the slip store's if Redis names none yet (a render worker's start):
+    its id file is written (0600) and the id kept in Redis. Nothing if Redis names one."""
+    if conn.get(keys.SLIP_STORE_ID) is not None:
+        return
+    mine = _read(slips_dir)
+    if mine is None:
+        Path(slips_dir).mkdir(parents=True, exist_ok=True)
+        mine = secrets.token_hex(8)
+        path = Path(slips_dir) / ID_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(mine + "\n")
+    conn.set(keys.SLIP_STORE_ID, mine, nx=True)
+
+
+def mismatch(conn, slips_dir: Path) -> str | None:
+    """Why ``slips_dir`` is not the store the other hosts use, or None (the same store, or
+    none named yet: nothing rendered so far)."""
+    theirs = conn.get(keys.SLIP_STORE_ID)
+    if theirs is None:
+        return None
+    theirs = theirs.decode() if isinstance(theirs, bytes) else str(theirs)
+    mine = _read(slips_dir)
+    if mine == theirs:
+        return None
+    found = "has no slip store id" if mine is None else f"is another store (id {mine})"
+    return (f"the slip store {slips_dir} {found}, not the one the other hosts render into (id {theirs}, its "
+            f"{ID_FILE}): set PAYRUN_SLIPS_DIR to the shared store, mounted on this host")
