@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -282,7 +283,8 @@ def check_role(cfg: Config, role: str) -> None:
             owner = ledger_mod.events_owner(redis_server.connect(cfg, socket_timeout=5))
         except Exception:  # noqa: BLE001 - Redis not reachable now: the programs say so themselves
             owner = None
-        if owner and owner.partition(" ")[2].partition(" ")[2] != str(cfg.ledger_path):
+        host, _, rest = (owner or "").partition(" ")
+        if owner and (host != socket.gethostname() or rest.partition(" ")[2] != str(cfg.ledger_path)):
             raise SetupError(f"another ledger applies this Redis's events ({owner}): this is a worker host, "
                              "so start it with `payrun up --role worker` (a second ledger would take a share of "
                              "the events from the control host's)")

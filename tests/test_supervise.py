@@ -370,7 +370,10 @@ def test_a_worker_host_is_not_started_as_a_control_host(cfg, conn, monkeypatch):
         supervise.check_role(cfg, "all")
     with pytest.raises(SetupError, match="a worker-only host needs PAYRUN_EMAIL_URL"):
         supervise.check_role(cfg, "worker")  # (a worker host: fine, given the provider to send to)
-    conn.set("payrun:ledger:owner", f"{'x'} 1 {cfg.ledger_path}", px=15_000)
+    conn.set("payrun:ledger:owner", f"other-host 1 {cfg.ledger_path}", px=15_000)
+    with pytest.raises(SetupError, match="this is a worker host"):  # the same path on another host
+        supervise.check_role(cfg, "all")
+    conn.set("payrun:ledger:owner", f"{socket.gethostname()} 1 {cfg.ledger_path}", px=15_000)
     supervise.check_role(cfg, "all")  # this data directory's own ledger (a restart): fine
 
     roles = []
