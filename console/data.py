@@ -24,7 +24,6 @@ Sources of each figure
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 import time
@@ -325,23 +324,12 @@ def read_retrying(conn, sample: int = RETRY_SAMPLE, queues=(keys.RENDER_QUEUE, k
         for q in queues:
             p.zrange(f"rq:scheduled:{q}", 0, sample - 1)
         ids = [_s(m) for ms in p.execute() for m in ms][:sample]
-    if not ids:
-        return []
-    with conn.pipeline(transaction=False) as p:
-        for job_id in ids:
-            p.hget(f"rq:job:{job_id}", "meta")
-        metas = p.execute()
     from collections import Counter
 
-    heads: Counter = Counter()
-    for raw in metas:
-        try:
-            meta = json.loads(_s(raw)) if raw else {}
-        except ValueError:
-            continue
-        if isinstance(meta, dict) and (err := meta.get("last_error")):
-            heads[error_head(str(err))] += 1
-    return heads.most_common()
+    from console.failed import metas
+
+    return Counter(error_head(str(err)) for _, meta in metas(conn, ids)
+                   if (err := meta.get("last_error"))).most_common()
 
 
 class MonthFinished:

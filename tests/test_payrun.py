@@ -904,21 +904,14 @@ def test_a_typo_in_a_companys_name_kept_for_a_month_already_run_is_corrected_by_
     assert "Meghna Textlies Ltd" in text and old["name"] not in text
 
 
-def test_a_send_delivered_while_redis_could_not_record_it_is_recorded_at_its_next_try_not_sent_again(
-        world, provider, monkeypatch, caplog):
-    """On-call drill: Redis away for 30 s; 13 of 600 sends the provider had accepted could
-    not be recorded before their timeout, and their next try sent them again (over SMTP, a
-    second email). The give-up now leaves a note on this host, and the next try records
-    the send from it and sends nothing."""
-    import logging
 
+def redis_away_at_first_record(monkeypatch, key: str) -> None:
+    """The first record of ``key``'s send finds Redis away, and its job has no time left to
+    wait: the send is delivered and not recorded (a note is left on the host)."""
     import redis as redis_mod
 
-    from conftest import enqueue_due
-    from jobs import idempotency, tasks, unrecorded
+    from jobs import idempotency, tasks
 
-    cfg, conn, db, ledger = world
-    key = f"slip:{MONTH}:emp-00002"
     real = idempotency.mark_sent
     away_for = {key}
 
@@ -930,6 +923,22 @@ def test_a_send_delivered_while_redis_could_not_record_it_is_recorded_at_its_nex
 
     monkeypatch.setattr(idempotency, "mark_sent", redis_away_once)
     monkeypatch.setattr(tasks, "record_retry_wait_s", lambda tries, left: None)  # its timeout reached at once
+
+
+def test_a_send_delivered_while_redis_could_not_record_it_is_recorded_at_its_next_try_not_sent_again(
+        world, provider, monkeypatch, caplog):
+    """On-call drill: Redis away for 30 s; 13 of 600 sends the provider had accepted could
+    not be recorded before their timeout, and their next try sent them again (over SMTP, a
+    second email). The give-up now leaves a note on this host, and the next try records
+    the send from it and sends nothing."""
+    import logging
+
+    from conftest import enqueue_due
+    from jobs import idempotency, tasks, unrecorded
+
+    cfg, conn, db, ledger = world
+    key = f"slip:{MONTH}:emp-00002"
+    redis_away_at_first_record(monkeypatch, key)
     # (the send-email process records notes at its start and every few seconds: here its
     # next try comes first; the next test has the process record it)
     monkeypatch.setattr(tasks, "record_noted", lambda conn_, home: 0)
@@ -964,24 +973,12 @@ def test_a_delivery_noted_on_one_host_is_recorded_by_its_send_email_process_and_
     then the try on another host finds the key sent."""
     import logging
 
-    import redis as redis_mod
-
     from conftest import enqueue_due
     from jobs import idempotency, tasks, unrecorded
 
     cfg, conn, db, ledger = world
     key = f"slip:{MONTH}:emp-00002"
-    real = idempotency.mark_sent
-    away_for = {key}
-
-    def redis_away_once(conn_, key_, owner, message_id, outage_keys=None):
-        if key_ in away_for:
-            away_for.discard(key_)
-            raise redis_mod.ConnectionError("Error 111 connecting to redis.sock (test: Redis away)")
-        return real(conn_, key_, owner, message_id, outage_keys=outage_keys)
-
-    monkeypatch.setattr(idempotency, "mark_sent", redis_away_once)
-    monkeypatch.setattr(tasks, "record_retry_wait_s", lambda tries, left: None)  # its timeout reached at once
+    redis_away_at_first_record(monkeypatch, key)
     runs.start_run(cfg, conn, ledger, db, MONTH)
     work_everything(conn, ledger)
     noted = [e["message_id"] for e in unrecorded.pending(cfg.home)]  # (unless recorded in the run already)
