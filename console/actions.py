@@ -47,17 +47,25 @@ def retry(cfg, conn, job_ids: list[str], command: str | None = None, via: str = 
         db = PayrollDB(cfg.payroll_path)
     try:
         ids, same_slip = deadletters.one_per_slip(conn, list(job_ids))  # one email per slip
-        requeued, missing = deadletters.retry(cfg, conn, ids, db)
+        again: list[str] = []
+        refused: list[tuple[str, str]] = []
+        requeued, missing = deadletters.retry(cfg, conn, ids, db, rendered_again=again, refused=refused)
     finally:
         if db is not None:
             db.db.close()
     if not requeued:  # nothing done: an error, as `payrun retry` says it, and nothing audited
+        if refused:
+            raise ActionError(f"not requeued: {refused[0][1]}" + (f" (and {len(refused) - 1} more)"
+                                                                  if len(refused) > 1 else ""))
         raise ActionError("not among failed jobs: " + ", ".join(missing[:3]) + (" …" if len(missing) > 3 else "")
                           + " (finished, retried already, or gone)")
-    out = Outcome("retry", command or retry_command(list(job_ids)), len(requeued), ok=not missing,
+    out = Outcome("retry", command or retry_command(list(job_ids)), len(requeued), ok=not missing and not refused,
                   message=f"requeued {len(requeued)} job(s)" + (f"; {len(missing)} no longer failed" if missing else "")
+                  + (f"; {len(again)} slip(s) missing from the store are rendered again first" if again else "")
+                  + (f"; {len(refused)} not requeued: {refused[0][1]}" if refused else "")
                   + (f"; left out {len(same_slip)} older failure(s) of the same slip" if same_slip else ""),
-                  detail={"asked": len(job_ids), "not_found": missing[:20], "same_slip": same_slip[:20]})
+                  detail={"asked": len(job_ids), "not_found": missing[:20], "same_slip": same_slip[:20],
+                          "rendered_again": again[:20], "refused": [i for i, _ in refused[:20]]})
     audit(cfg, out, via)
     return out
 

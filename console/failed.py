@@ -1,15 +1,16 @@
 """Dead letters for the console, one page at a time (never the whole registry).
 
-- No text or company in the filter: page RQ's failed registries themselves, newest first
+- No text, company or month in the filter: page RQ's failed registries themselves, newest first
   (ZREVRANGE with scores over the one or three ``rq:failed:<q>`` keys, merged), then
   HMGET the page's jobs. The count is ZCARD.
-- Company or text: the ledger answers (``status = 'failed'`` with LIMIT/OFFSET, and a
+- Company, month or text: the ledger answers (``status = 'failed'`` with LIMIT/OFFSET, and a
   COUNT), since it holds the company and the last error of every job; each row on the
   page is then checked against Redis (ZSCORE) so a job retried meanwhile shows as such.
   The ledger trails Redis by its backlog (about a second when `payrun ledger` runs).
 
 Filter syntax (the console's ``/`` and `payrun failed`'s options):
-  ``queue:send-email company:3 refused``  ->  queue, company id, text in the last error
+  ``queue:send-email company:3 month:2026-11 refused``  ->  queue, company id, pay month,
+  text in the last error
   (the text matches as `payrun failed --error` does: a case-insensitive substring)
 """
 
@@ -33,11 +34,13 @@ class FailedFilter:
     queue: str | None = None
     company: int | None = None
     text: str | None = None
+    month: str | None = None
 
     @classmethod
     def parse(cls, s: str) -> "FailedFilter":
-        """``queue:Q company:N words…``; unknown queue names raise ValueError."""
-        queue = company = None
+        """``queue:Q company:N month:YYYY-MM words…``; unknown queue names and bad months
+        raise ValueError."""
+        queue = company = month = None
         words = []
         try:
             parts = shlex.split(s or "")
@@ -53,9 +56,13 @@ class FailedFilter:
                 if not v.isdigit():
                     raise ValueError(f"company:{v} is not a company id (a number)")
                 company = int(v)
+            elif sep and k in ("month", "m"):
+                if not keys.MONTH_RE.fullmatch(v):
+                    raise ValueError(f"month:{v} is not a month (YYYY-MM, e.g. month:2026-11)")
+                month = v
             else:
                 words.append(w)
-        return cls(queue, company, " ".join(words) or None)
+        return cls(queue, company, " ".join(words) or None, month)
 
     def __str__(self) -> str:
         parts = []
@@ -63,13 +70,15 @@ class FailedFilter:
             parts.append(f"queue:{self.queue}")
         if self.company is not None:
             parts.append(f"company:{self.company}")
+        if self.month:
+            parts.append(f"month:{self.month}")
         if self.text:
             parts.append(self.text)
         return " ".join(parts)
 
     @property
     def uses_ledger(self) -> bool:
-        return self.company is not None or bool(self.text)
+        return self.company is not None or bool(self.text) or bool(self.month)
 
     def command(self) -> str:
         """The equivalent `payrun retry` for every job matching this filter."""
@@ -78,6 +87,8 @@ class FailedFilter:
             cmd += f" --queue {self.queue}"
         if self.company is not None:
             cmd += f" --company {self.company}"
+        if self.month:
+            cmd += f" --month {self.month}"
         if self.text:
             cmd += f" --error {shlex.quote(self.text)}"
         return cmd
@@ -152,6 +163,9 @@ def _ledger_where(flt: FailedFilter) -> tuple[str, list[Any]]:
     if flt.company is not None:
         where.append("company_id = ?")
         args.append(flt.company)
+    if flt.month:
+        where.append("month = ?")
+        args.append(flt.month)
     if flt.text:
         where.append("last_error LIKE ? ESCAPE '\\'")
         args.append("%" + flt.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
@@ -270,9 +284,13 @@ def _matching_ids(conn, ledger, flt: FailedFilter) -> list[str]:
         if not flt.uses_ledger:
             out += ids
             continue
+        if flt.month:
+            ids = [job_id for job_id in ids if keys.month_of(job_id) == flt.month]
         text = (flt.text or "").lower()
         out += [job_id for job_id, meta in metas(conn, ids) if text in (meta.get("last_error") or "").lower()]
     return out
+
+
 
 
 def detail(conn, ledger, job_id: str) -> dict[str, Any]:

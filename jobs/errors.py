@@ -19,11 +19,17 @@ JobError
  │         │             reaper freed it, or its TTL ran out): nothing is sent, nobody
  │         │             else pauses; a try the reaper took over ends there, any other
  │         │             is retried without spending an attempt
- │         └── ProviderDown  the provider failed limits.outage_after sends in a row (an
- │                       outage): every sender pauses, and this job is retried after it
- │                       without spending an attempt
+ │         ├── ProviderDown  the provider failed limits.outage_after sends in a row (an
+ │         │             outage): every sender pauses, and this job is retried after it
+ │         │             without spending an attempt
+ │         └── RenderPending  the send's slip file is missing and its render is queued
+ │                       or running (a retry put it there): looked at again shortly, no
+ │                       attempt spent, nobody else pauses
  └── PermanentError     retrying cannot help: bad address (SMTP 5xx, HTTP 4xx), bad data,
-                        template error; fails at once with a reason HR can act on
+      │                 template error; fails at once with a reason HR can act on
+      └── SlipMissing   a send found no slip file (deleted, or a store not mounted on its
+                        host) and no render of it on the way: fails at once, but not on the
+                        employee's data: `payrun retry` renders the slip again first
 """
 
 from __future__ import annotations
@@ -71,5 +77,15 @@ class ProviderDown(Throttled):
     pass
 
 
+class RenderPending(Throttled):
+    pass
+
+
 class PermanentError(JobError):
     pass
+
+
+class SlipMissing(PermanentError):
+    """A send's slip file is not in its host's slip store, and its render is not queued or
+    running (jobs.tasks.send_slip). Not the employee's data: a retry renders it again
+    (payrun.deadletters.retry)."""

@@ -11,7 +11,7 @@ import smtplib
 import socket
 from dataclasses import dataclass
 
-from jobs.errors import OutcomeUnknown, PermanentError, TransientError
+from jobs.errors import OutcomeUnknown, PermanentError, SlipMissing, TransientError
 
 
 def backoff_ceiling(attempt: int, base_s: float, cap_s: float) -> float:
@@ -61,6 +61,9 @@ class Verdict:
     transient: bool
     reason: str
     retry_after_s: float | None = None
+    on_data: bool = True
+    """For a permanent failure: whether it failed on the job's data (an address refused, a
+    name too long), so that a retry alone fails again; not for a slip file missing."""
 
 
 TRANSIENT_BUILTINS: tuple[type[BaseException], ...] = (
@@ -81,6 +84,8 @@ def classify(exc: BaseException) -> Verdict:
     exception: a bug retried six times is still a bug, and it reaches a human at once.
     """
     name = type(exc).__name__
+    if isinstance(exc, SlipMissing):
+        return Verdict(False, str(exc) or name, on_data=False)
     if isinstance(exc, PermanentError):
         return Verdict(False, str(exc) or name)
     if isinstance(exc, OutcomeUnknown):
@@ -397,10 +402,11 @@ def pauses_every_sender(exc: BaseException) -> bool:
     send that only waited too long for our own limiter (RateWait) must not: a pause then
     would lengthen the very wait that timed out; nor must a job held back by an outage
     pause (ProviderDown), which that pause already covers; nor a send stopped because
-    another attempt took its claim over (ClaimLost)."""
-    from jobs.errors import ClaimLost, ProviderDown, RateWait, Throttled
+    another attempt took its claim over (ClaimLost); nor a send waiting for its slip's
+    render (RenderPending)."""
+    from jobs.errors import ClaimLost, ProviderDown, RateWait, RenderPending, Throttled
 
-    return (isinstance(exc, Throttled) and not isinstance(exc, (RateWait, ProviderDown, ClaimLost))
+    return (isinstance(exc, Throttled) and not isinstance(exc, (RateWait, ProviderDown, ClaimLost, RenderPending))
             and bool(exc.retry_after_s))
 
 

@@ -53,7 +53,7 @@ from rq.timeouts import BaseTimeoutException
 from rq.utils import get_version, now as utcnow
 
 from jobs import events, idempotency
-from jobs.errors import ClaimLost, PermanentError, ProviderDown, Throttled
+from jobs.errors import ClaimLost, PermanentError, ProviderDown, SlipMissing, Throttled
 from jobs.limits import EMPTY
 from jobs.policy import backoff_attempt, backoff_delay, classify, outage_hold_is_free, shutdown_deadline
 from jobs.tasks import allowed_functions
@@ -446,7 +446,9 @@ class EventsMixin:
         job._held_try = False
         job.meta["last_error"] = events.one_line(verdict.reason)
         job.meta["error_attempt"] = job.meta.get("attempt")
-        job.meta["permanent"] = not verdict.transient  # (`payrun failed`: fix the data before a retry)
+        # (`payrun failed`: fix the data before a retry; a missing slip file is not the data's)
+        job.meta["permanent"] = not verdict.transient and verdict.on_data
+        job.meta["slip_missing"] = isinstance(exc_value, SlipMissing)  # (a retry renders it again first)
         if verdict.retry_after_s:
             job.meta["retry_after"] = verdict.retry_after_s
         if not verdict.transient:

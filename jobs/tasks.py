@@ -8,6 +8,7 @@ send_slip(payload)     send-email: claim the idempotency key, send, mark it sent
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Any
 from rq import Retry, get_current_job
 
 from jobs import events, idempotency, unrecorded
-from jobs.errors import ClaimLost, PermanentError, ProviderDown, RateWait, Throttled
+from jobs.errors import ClaimLost, PermanentError, ProviderDown, RateWait, RenderPending, SlipMissing, Throttled
 from jobs.policy import (counts_as_provider_failure, pauses_every_sender, record_deadline, record_retry_wait_s,
                          redis_refuses_writes, send_claim_ttl_s)
 from payrun import config as config_mod
@@ -494,6 +495,52 @@ def _slip_path(slips_dir: Path, slip: Any) -> Path | None:
     return path if path.is_relative_to(root) and path != root else None
 
 
+RERENDER_WAIT_S = 5.0
+RENDERED_AGAIN_FOR = "rendered_again_for"
+"""In a render job's meta: the send a `payrun retry` renders its slip again for."""
+"""How long a send whose slip is being rendered again waits before it looks again (no
+attempt spent)."""
+
+_RENDERING = ("queued", "started", "scheduled", "deferred")
+
+
+def render_job_of(payload: dict[str, Any]) -> str:
+    """The id of the render job that makes a send's slip: the pay run's render, or a
+    resend's (``payrun resend``, key ``slip:<month>:<employee>:resend-<n>``)."""
+    month, emp = payload["month"], payload["employee_id"]
+    if ":resend-" in payload["key"]:
+        return f"resend-{month}-{emp}-{payload['key'].rsplit(':resend-', 1)[1]}"
+    return keys.render_job_id(month, emp)
+
+
+def slip_missing(conn, payload: dict[str, Any]) -> Exception:
+    """What a send whose slip file is not in this host's slip store raises: RenderPending (no
+    attempt spent: it looks again in RERENDER_WAIT_S) while the slip's render is queued or
+    running (a `payrun retry` of this send put it there), else SlipMissing (failed at once;
+    `payrun retry` renders the slip again first)."""
+    import socket
+
+    render_id = render_job_of(payload)
+    raw_status, raw_meta = conn.hmget(f"rq:job:{render_id}", "status", "meta")
+    status = raw_status.decode() if isinstance(raw_status, bytes) else raw_status
+    if status in _RENDERING:
+        return RenderPending(f"slip {payload['slip']} is being rendered again ({render_id} {status}): waiting for it",
+                         retry_after_s=RERENDER_WAIT_S)
+    try:
+        again = status == "finished" and bool(json.loads(raw_meta or b"{}").get(RENDERED_AGAIN_FOR))
+    except (ValueError, AttributeError):
+        again = False
+    if status == "failed":
+        why = f"its render {render_id} failed (see `payrun failed`)"
+    elif again:  # rendered again for a retry of this send, and still not here
+        why = (f"it was rendered again ({render_id}) and is still not here, so this host "
+               f"({socket.gethostname()}) reads another slip store than the render hosts: check PAYRUN_SLIPS_DIR and "
+               "its mount, then `payrun retry` (it renders the slip again)")
+    else:
+        why = "deleted, or a store not mounted here: `payrun retry` renders it again"
+    return SlipMissing(f"slip file {payload['slip']} is missing from the slip store; {why}")
+
+
 def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
     from jobs import mail
 
@@ -522,7 +569,7 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
         pdf = path.read_bytes()
     except FileNotFoundError:
         idempotency.release(conn, key, token)
-        raise PermanentError(f"slip file {payload['slip']} is missing from the slip store: re-run its render")
+        raise slip_missing(conn, payload) from None
     month = payload["month"]
     again = payload.get("reissued")  # HR's resend: say it replaces the slip sent before
     msg = mail.Message(

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from payrun import config as config_mod
+from payrun import keys
 from payrun.errors import InputError, PayrunError
 
 
@@ -424,18 +425,21 @@ def _maybe_redis(c: Ctx):
 @click.option("--queue", type=click.Choice(["pdf-render", "send-email", "control"]), default=None)
 @click.option("--error", "error_text", default=None, help="Only jobs whose last error contains TEXT.")
 @click.option("--company", type=int, default=None, help="Only jobs of this company id.")
+@click.option("--month", default=None, metavar="YYYY-MM", help="Only jobs of this pay month.")
 @click.option("--limit", type=click.IntRange(1, 1_000_000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
-def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int | None, limit: int,
-               as_json: bool) -> None:
+def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int | None, month: str | None,
+               limit: int, as_json: bool) -> None:
     """List failed jobs (dead letters), newest first, with their last error."""
     from jobs.events import attempts_spent
     from payrun import deadletters
 
     _known_company(c, company)
-    every = deadletters.failed(c.redis(), queue, error_text, None, company=company, ledger=_maybe_ledger(c))
+    _check_month_option(month)
+    every = deadletters.failed(c.redis(), queue, error_text, None, company=company, ledger=_maybe_ledger(c),
+                               month=month)
     rows = every[:limit]
     if as_json:
         click.echo(json.dumps(rows))
@@ -486,11 +490,17 @@ def _employee_names(c: Ctx, employee_ids: list[str]) -> dict[str, str]:
     return out
 
 
-def _retry_all(queue: str | None, error_text: str | None, company: int | None) -> str:
+def _retry_all(queue: str | None, error_text: str | None, company: int | None, month: str | None = None) -> str:
     import shlex
 
     return "payrun retry --all" + (f" --queue {queue}" if queue else "") + (
-        f" --error {shlex.quote(error_text)}" if error_text else "") + (f" --company {company}" if company else "")
+        f" --error {shlex.quote(error_text)}" if error_text else "") + (f" --company {company}" if company else "") + (
+        f" --month {month}" if month else "")
+
+
+def _check_month_option(month: str | None) -> None:
+    if month is not None and not keys.MONTH_RE.fullmatch(month):
+        raise InputError(f"--month {month!r} is not a month: YYYY-MM, e.g. --month 2026-11")
 
 
 def _known_company(c: Ctx, company: int | None) -> None:
@@ -714,11 +724,12 @@ def limits_reset(c: Ctx) -> None:
 @click.option("--queue", type=click.Choice(["pdf-render", "send-email", "control"]), default=None)
 @click.option("--error", "error_text", default=None, help="Only jobs whose last error contains TEXT.")
 @click.option("--company", type=int, default=None, help="Only jobs of this company id.")
+@click.option("--month", default=None, metavar="YYYY-MM", help="Only jobs of this pay month.")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
 def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, error_text: str | None,
-              company: int | None, as_json: bool) -> None:
+              company: int | None, month: str | None, as_json: bool) -> None:
     """Requeue failed jobs with a fresh attempt budget. A render job re-reads the
     employee's data and a send job the email address from the payroll database, so data
     fixed since its failure is used. --all leaves out jobs whose slip a `payrun resend`
@@ -731,13 +742,15 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
                           "(narrowed by --queue/--error/--company)")
     if job_ids and all_:
         raise PayrunError("name job ids, or use --all (with optional --queue/--error/--company), not both")
-    if (queue or error_text or company is not None) and not all_:
-        raise PayrunError("--queue, --error and --company narrow --all; with job ids they are not used")
+    if (queue or error_text or company is not None or month) and not all_:
+        raise PayrunError("--queue, --error, --company and --month narrow --all; with job ids they are not used")
     _known_company(c, company)
+    _check_month_option(month)
     conn = c.redis()
     # --all leaves out failed jobs whose slip a resend has delivered since (HR's "send it
     # again" already reached the employee: a retry would email the slip a second time)
-    matched = [] if job_ids else deadletters.failed(conn, queue, error_text, company=company, ledger=_maybe_ledger(c))
+    matched = [] if job_ids else deadletters.failed(conn, queue, error_text, company=company, ledger=_maybe_ledger(c),
+                                                    month=month)
     resent = [r["id"] for r in matched if r.get("delivered_by_resend")]
     ids = list(job_ids) or [r["id"] for r in matched if not r.get("delivered_by_resend")]
     unknown = [i for i in job_ids if not deadletters.is_failed(conn, i)]
@@ -747,40 +760,49 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
         right = len(job_ids) - len(unknown)
         some = "" if not right else f"; nothing was requeued ({right} of the ids {'was' if right == 1 else 'were'} right)"
         raise InputError(f"not among failed jobs: {', '.join(unknown)} (ids from `payrun failed`){some}")
-    command = _retry_all(queue, error_text, company) if all_ else "payrun retry " + " ".join(job_ids)
+    command = _retry_all(queue, error_text, company, month) if all_ else "payrun retry " + " ".join(job_ids)
     db = c.payroll() if c.cfg.payroll_path.exists() else None
     ids, same_slip = deadletters.one_per_slip(conn, ids)  # one email per slip, not one per dead letter
     from console.failed import permanent_among
 
     on_data = permanent_among(conn, ids)  # (read before the retry resets the jobs)
-    requeued, missing = deadletters.retry(c.cfg, conn, ids, db)
-    actions.audit(c.cfg, actions.Outcome("retry", command, len(requeued), ok=not missing,
+    again: list[str] = []
+    refused: list[tuple[str, str]] = []
+    requeued, missing = deadletters.retry(c.cfg, conn, ids, db, rendered_again=again, refused=refused)
+    actions.audit(c.cfg, actions.Outcome("retry", command, len(requeued), ok=not missing and not refused,
                                          message=f"requeued {len(requeued)} job(s)",
-                                         detail={"asked": len(ids), "not_found": missing[:20]}), via="cli")
+                                         detail={"asked": len(ids), "not_found": missing[:20],
+                                                 "rendered_again": again[:20],
+                                                 "refused": [i for i, _ in refused[:20]]}), via="cli")
     if as_json:
         click.echo(json.dumps({"requeued": requeued, "not_found": missing, "left_out_resent": resent,
-                               "left_out_same_slip": same_slip}))
+                               "left_out_same_slip": same_slip, "rendered_again": again,
+                               "not_requeued": [{"id": i, "why": why} for i, why in refused]}))
     else:
         click.echo(f"requeued {len(requeued)} job(s)" + (f"; not among failed jobs: {', '.join(missing)}" if missing else "")
+                   + (f"; {len(again)} of them render their slip again first (the file was missing from the slip "
+                      "store): each send waits for its render, spending no attempt" if again else "")
                    + (f"; left out {len(resent)} whose slip a `payrun resend` delivered since" if resent else "")
                    + (f"; left out {len(same_slip)} older failure(s) of a slip retried now (one email per slip: "
                       f"{', '.join(same_slip[:5])}{' …' if len(same_slip) > 5 else ''})" if same_slip else "")
-                   + ("; no failed job matched" + (f" (`payrun failed{_narrowing(queue, error_text, company)}` "
-                                                   "lists what --all acts on)" if (queue or error_text or company
+                   + ("; no failed job matched" + (f" (`payrun failed{_narrowing(queue, error_text, company, month)}` "
+                                                   "lists what --all acts on)" if (queue or error_text or month or company
                                                                                    is not None) else "")
                       if all_ and not matched else ""))
+        for job_id, why in refused:
+            click.echo(f"not requeued: {why}", err=True)
         if on_data := [i for i in on_data if i in set(requeued)]:
             click.echo(f"note: {len(on_data)} of them had failed on the employee's data (an address refused, a "
                        "name too long): they are read again from the payroll database, so if it was not fixed "
                        "first (`payrun import`) they fail again")
-    sys.exit(1 if missing else 0)
+    sys.exit(1 if missing or refused else 0)
 
 
-def _narrowing(queue: str | None, error_text: str | None, company: int | None) -> str:
+def _narrowing(queue: str | None, error_text: str | None, company: int | None, month: str | None = None) -> str:
     import shlex
 
     return ((f" --queue {queue}" if queue else "") + (f" --error {shlex.quote(error_text)}" if error_text else "")
-            + (f" --company {company}" if company is not None else ""))
+            + (f" --company {company}" if company is not None else "") + (f" --month {month}" if month else ""))
 
 
 @cli.command()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rq import Retry
+from rq.exceptions import NoSuchJobError
 from rq.registry import FailedJobRegistry
 
 from jobs import events
@@ -20,9 +22,10 @@ def _registry(conn, queue: str) -> FailedJobRegistry:
 
 
 def failed(conn, queue: str | None = None, error: str | None = None, limit: int | None = None,
-           company: int | None = None, ledger=None) -> list[dict[str, Any]]:
+           company: int | None = None, ledger=None, month: str | None = None) -> list[dict[str, Any]]:
     """Failed jobs, newest first, optionally only one queue, whose last error contains
-    ``error`` (case-insensitive), and (with the ``ledger``) of one ``company``."""
+    ``error`` (case-insensitive), of one pay ``month`` (YYYY-MM, from the job's slip key
+    or id), and (with the ``ledger``) of one ``company``."""
     out: list[dict[str, Any]] = []
     for qname in ([queue] if queue else [keys.RENDER_QUEUE, keys.EMAIL_QUEUE, keys.CONTROL_QUEUE]):
         reg = _registry(conn, qname)
@@ -32,6 +35,8 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
                 continue
             last_error = job.meta.get("last_error") or ""
             if error and error.lower() not in last_error.lower():
+                continue
+            if month and keys.month_of(job.id, job.meta.get("key")) != month:
                 continue
             out.append({
                 "id": job.id, "queue": qname, "kind": job.meta.get("kind"), "key": job.meta.get("key"),
@@ -153,10 +158,105 @@ def is_failed(conn, job_id: str) -> bool:
     return _failed_in(conn, job_id) is not None
 
 
-def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None) -> tuple[list[str], list[str]]:
+def _fresh_budget(cfg: Config, job: PayrunJob) -> None:
+    """A fresh attempt budget: attempts keep counting (the ledger's history stays whole);
+    the backoff restarts."""
+    policy = cfg.email.retry if job.origin == keys.EMAIL_QUEUE else cfg.render.retry
+    job.retries_left = policy.attempts - 1 if policy.attempts > 1 else None
+    job.meta.update(budget_start=int(job.meta.get("attempt", 0)), budget_returned=job.returned_tries,
+                    retry=vars(policy))
+    for k in ("last_error", "error_attempt", "retry_after", "last_delay", "permanent", "slip_missing"):
+        job.meta.pop(k, None)
+
+
+def slip_gone(cfg: Config, job: PayrunJob) -> bool:
+    """Whether a failed send needs its slip rendered again before it can work: it failed
+    because its slip file was missing (jobs.errors.SlipMissing), or the file is not in this
+    host's slip store now."""
+    from jobs import tasks
+
+    if job.func_name != "jobs.tasks.send_slip" or not job.args or not isinstance(job.args[0], dict):
+        return False
+    if job.meta.get("slip_missing"):
+        return True
+    path = tasks._slip_path(cfg.slips_dir, job.args[0].get("slip"))
+    return path is not None and not path.exists()
+
+
+def render_again(cfg: Config, conn, send: PayrunJob, payroll_db=None) -> str:
+    """Put the render of a failed send's slip at the front of the render queue, once more,
+    for the send's retry (which waits for it without spending attempts: jobs.tasks.
+    slip_missing). The render job is the one that made the slip (the pay run's, or a
+    resend's), run again with a fresh budget and the employee's data read again; if Redis
+    no longer has it (finished renders are kept a day), it is made again from the payroll
+    database with the same id. Its end enqueues no second send (the send exists). Returns
+    the render job's id; InputError when it cannot be made (no payroll database here)."""
+    from rq.job import JobStatus
+    from rq.registry import FinishedJobRegistry
+
+    from jobs import tasks
+    from payrun import payroll
+    from payrun.errors import InputError
+
+    payload = send.args[0]
+    render_id = tasks.render_job_of(payload)
+    queue = make_queue(keys.RENDER_QUEUE, conn)
+    try:
+        job = PayrunJob.fetch(render_id, connection=conn, serializer=queue.serializer)
+    except NoSuchJobError:
+        job = None
+    if job is not None and job.get_status(refresh=False) in (JobStatus.QUEUED, JobStatus.STARTED,
+                                                             JobStatus.SCHEDULED, JobStatus.DEFERRED):
+        return render_id  # on its way already (a retry of the send before this one)
+    resend = ":resend-" in payload["key"]
+    if job is None:
+        if payroll_db is None:
+            raise InputError(f"{send.id}: its slip {payload['slip']} must be rendered again and its render job "
+                             f"{render_id} is no longer in Redis: retry it on the control host (the payroll "
+                             "database is there)")
+        snap = payroll.employee_snapshot(payroll_db, payload["month"], payload["employee_id"])
+        if snap["company"]["id"] != payload["company_id"]:
+            raise InputError(f"{send.id}: its slip must be rendered again, and {payload['employee_id']}'s "
+                             f"{payload['month']} salary line is now under company {snap['company']['id']}, not "
+                             f"{payload['company_id']}: `payrun resend` makes a new slip")
+        snap["key"] = payload["key"]
+        if payload.get("reissued"):
+            snap["reissued"] = payload["reissued"]
+        policy = cfg.render.retry
+        job = queue.create_job(
+            "jobs.oneoff.resend_slip" if resend else "jobs.tasks.render_slip", args=(snap,), job_id=render_id,
+            timeout=cfg.render.timeout_s, retry=Retry(max=policy.attempts - 1) if policy.attempts > 1 else None,
+            result_ttl=24 * 3600, failure_ttl=30 * 24 * 3600,
+            description=f"{'resend' if resend else 'render'} slip {payload['key']}",
+            meta={"kind": "resend" if resend else "render", "key": payload["key"],
+                  "company": payload["company_id"], "retry": vars(policy)})
+    else:
+        _fresh_budget(cfg, job)
+        _refresh_snapshot(job, payroll_db)
+    job.meta[tasks.RENDERED_AGAIN_FOR] = send.id
+    job.save()
+    with conn.pipeline() as pipe:
+        for reg in (FailedJobRegistry(queue=queue, job_class=PayrunJob, serializer=queue.serializer),
+                    FinishedJobRegistry(queue=queue, job_class=PayrunJob, serializer=queue.serializer)):
+            reg.remove(job, pipeline=pipe)
+        queue._enqueue_job(job, pipeline=pipe, at_front=True)
+        events.emit(pipe, render_id, "queued", reset=1, kind="resend" if resend else "render",
+                    company=payload["company_id"], employee=payload["employee_id"], month=payload["month"],
+                    key=payload["key"], queue=keys.RENDER_QUEUE)
+        pipe.execute()
+    return render_id
+
+
+def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None, rendered_again: list[str] | None = None,
+          refused: list[tuple[str, str]] | None = None) -> tuple[list[str], list[str]]:
     """Requeue failed jobs with a fresh attempt budget, reading what HR may have fixed
-    since from ``payroll_db``: a send's address, a render's employee data. Returns
+    since from ``payroll_db``: a send's address, a render's employee data. A send whose
+    slip file is missing gets its slip rendered again first (:func:`render_again`; its
+    render's id appended to ``rendered_again``); one whose render cannot be made stays
+    failed, with why appended to ``refused`` (raised as InputError without it). Returns
     (requeued, not_found)."""
+    from payrun.errors import InputError
+
     requeued, missing = [], []
     for job_id in job_ids:
         reg = _failed_in(conn, job_id)
@@ -164,15 +264,20 @@ def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None) -> tuple[list[
         if job is None:
             missing.append(job_id)
             continue
-        policy = cfg.email.retry if job.origin == keys.EMAIL_QUEUE else cfg.render.retry
-        job.retries_left = policy.attempts - 1 if policy.attempts > 1 else None
-        # attempts keep counting (the ledger's history stays whole); the backoff restarts
-        job.meta.update(budget_start=int(job.meta.get("attempt", 0)), budget_returned=job.returned_tries,
-                        retry=vars(policy))
-        for k in ("last_error", "error_attempt", "retry_after", "last_delay", "permanent"):
-            job.meta.pop(k, None)
+        again = slip_gone(cfg, job)
+        _fresh_budget(cfg, job)
         _refresh_address(job, payroll_db)
         _refresh_snapshot(job, payroll_db)
+        if again:
+            try:
+                render_id = render_again(cfg, conn, job, payroll_db)
+            except InputError as e:
+                if refused is None:
+                    raise
+                refused.append((job_id, str(e)))
+                continue
+            if rendered_again is not None:
+                rendered_again.append(render_id)
         job.save()
         with conn.pipeline() as pipe:
             reg.remove(job, pipeline=pipe)

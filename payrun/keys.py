@@ -4,6 +4,8 @@ RQ owns the ``rq:`` prefix; everything of ours lives under ``payrun:`` (and the 
 name the design fixes, ``lock:payroll:<month>``).
 """
 
+import re
+
 RENDER_QUEUE = "pdf-render"
 EMAIL_QUEUE = "send-email"
 CONTROL_QUEUE = "control"
@@ -74,6 +76,21 @@ def delayed(queue: str) -> str:
 def dequeued_seen(queue: str) -> str:
     """Hash job id -> when a reaper first saw it taken from ``queue`` but not started."""
     return f"payrun:dequeued-seen:{queue}"
+
+
+MONTH_RE = re.compile(r"[0-9]{4}-(?:0[1-9]|1[0-2])")
+"""A pay month as written everywhere: YYYY-MM."""
+_JOB_MONTH = re.compile(r"(?:render|email|resend)-([0-9]{4}-[0-9]{2})-")
+
+
+def month_of(job_id: str, key: str | None = None) -> str | None:
+    """The pay month of one of our jobs, from its slip key (``slip:<month>:…``) or else its
+    id (``render-<month>-…``, ``email-<month>-…``, ``resend-<month>-…``); None for others
+    (a reminder)."""
+    if key and key.startswith("slip:"):
+        return key.split(":", 2)[1]
+    m = _JOB_MONTH.match(job_id or "")
+    return m.group(1) if m else None
 
 
 def render_job_id(month: str, employee_id: str) -> str:

@@ -685,7 +685,7 @@ def test_a_failed_slip_that_a_resend_delivered_counts_as_sent(world, provider):
     out = runner.invoke(cli, ["retry", "--all", "--json"])
     render_id = keys.render_job_id(MONTH, "emp-00005")
     assert json.loads(out.output) == {"requeued": [], "not_found": [], "left_out_resent": [render_id],
-                                      "left_out_same_slip": []}
+                                      "left_out_same_slip": [], "rendered_again": [], "not_requeued": []}
     assert "left out 1 whose slip a `payrun resend` delivered since" in runner.invoke(cli, ["retry", "--all"]).output
     # the console's "retry all matching" acts on the same set
     from console.failed import FailedFilter, matching_ids

@@ -43,7 +43,7 @@ class FailedScreen(ConsoleScreen):
     def compose(self) -> ComposeResult:
         yield StatusBar(self.CRUMB)
         yield Static("", id="failed-summary")
-        yield Input(placeholder="filter: queue:send-email company:3 refused   (Enter applies, Esc closes)",
+        yield Input(placeholder="filter: queue:send-email company:3 month:2026-11 refused   (Enter applies, Esc closes)",
                     id="filter")
         yield LiveTable([("sel", " "), ("job", "job"), ("queue", "queue"), ("co", "co"), ("att", "att"),
                          ("why", "why"), ("error", "last error")], id="failed")

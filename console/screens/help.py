@@ -10,7 +10,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 COMMANDS = [
-    (":failed [filter]", "failed jobs (filter: queue:Q company:N text)"),
+    (":failed [filter]", "failed jobs (filter: queue:Q company:N month:YYYY-MM text)"),
     (":running  :workers  :overview", "views (Esc goes back)"),
     (":retry ID…", "payrun retry ID…"),
     (":drain [queue]  :resume [queue]", "payrun drain / resume [--queue Q]"),
