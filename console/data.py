@@ -702,7 +702,8 @@ class Source:
                     started = max((parse_ts(r["created_at"]) or 0.0 for r in rows), default=0.0)
                     if month and not snap.redis_down and _remaining(snap.status["total"]):
                         self._month_rates(snap.queues, now, month)
-                    rate = self.delivery_rate(snap.queues, now - started if started else None)
+                    rate = self.delivery_rate(snap.queues, now - started if started else None,
+                                              snap.limits.rate_per_s if snap.limits else None)
                     drained = snap.suspended or bool({keys.RENDER_QUEUE, keys.EMAIL_QUEUE} & set(snap.paused_queues))
                     out = snap.limits.outage if snap.limits else None
                     down = out["for_s"] if out and out["pauses"] else None
@@ -752,19 +753,32 @@ class Source:
                 q.month_per_min = None
 
     @staticmethod
-    def delivery_rate(queues: list[QueueRow], running_s: float | None = None) -> float:
+    def delivery_rate(queues: list[QueueRow], running_s: float | None = None,
+                      send_limit_per_s: float | None = None) -> float:
         """Slips delivered per second recently: the send rate (reminder emails left out),
         or before any send has finished, the render rate (every slip passes through both).
         ``running_s``: how long ago the run started; in its first RATE_WINDOW_MIN minutes
         the rate is over that time (at least 10 s), not over empty minutes before it (which
-        read as LATE)."""
+        read as LATE). The last minute's pace counts when it is faster than the window's
+        (sending back at full speed after an outage, a pause or a raised limit: the window
+        alone read LATE for minutes), and the send rate never counts above
+        ``send_limit_per_s``, the limit in force (a lowered limit counts at once)."""
         early = running_s is not None and running_s < 60 * RATE_WINDOW_MIN
         by = {}
         for q in queues:
             minutes = len(q.per_min[-RATE_WINDOW_MIN:])
+            if not minutes:
+                by[q.name] = 0.0
+                continue
             window = max(10.0, running_s) if early else 60.0 * minutes
-            by[q.name] = q.slips_finished(minutes) / window if minutes else 0.0
-        return by.get(keys.EMAIL_QUEUE) or by.get(keys.RENDER_QUEUE) or 0.0
+            rate = q.slips_finished(minutes) / window
+            if not early or running_s >= 60:
+                rate = max(rate, q.slips_finished(1) / 60.0)
+            by[q.name] = rate
+        sends = by.get(keys.EMAIL_QUEUE)
+        if sends:
+            return min(sends, send_limit_per_s) if send_limit_per_s else sends
+        return by.get(keys.RENDER_QUEUE) or 0.0
 
     # -- failed jobs ---------------------------------------------------------------
     def failed_page(self, flt: "FailedFilter", offset: int = 0, limit: int = PAGE_SIZE) -> "FailedPage":

@@ -790,6 +790,31 @@ def test_the_delivery_rate_leaves_reminder_emails_out():
     assert Source.delivery_rate([renders, only]) == pytest.approx(1.0)
 
 
+def test_the_eta_follows_sending_again_at_once_after_an_outage_and_a_lowered_limit_at_once():
+    """Walkthrough (session 27): after a provider outage the ETA read LATE for minutes while
+    sends went out at the full 40/s again, since the rate was the last 5 minutes' average
+    with the outage in it; a limit lowered from 40/s to 10/s kept the old pace's ETA."""
+    from console.data import QueueRow, Source, eta
+
+    now = 1_793_478_300.0 + 20_100  # 08:00 in Dhaka
+    after = QueueRow(keys.EMAIL_QUEUE, 0, 40, 0, 0, None, [2400, 2400, 0, 0, 0, 0, 0, 0, 2400], False)
+    assert after.slips_finished(5) == 2400
+    rate = Source.delivery_rate([after], running_s=3600, send_limit_per_s=40.0)
+    assert rate == pytest.approx(40.0)  # the last minute's, not 2,400 / 300 s = 8/s
+    total = {"queued": 40_000, "running": 0, "retrying": 0, "done": 10_000, "failed": 0, "stuck": 0, "total": 50_000}
+    assert eta(total, rate, now, "Asia/Dhaka")["on_time"] is True
+    assert eta(total, 8.0, now, "Asia/Dhaka")["on_time"] is False  # what it said before
+    steady = QueueRow(keys.EMAIL_QUEUE, 0, 40, 0, 0, None, [2400] * 10, False)
+    assert Source.delivery_rate([steady], running_s=3600, send_limit_per_s=10.0) == pytest.approx(10.0)
+    assert Source.delivery_rate([steady], running_s=3600) == pytest.approx(40.0)
+    # a slowdown still counts over the window (the last minute is not taken when slower)
+    slowing = QueueRow(keys.EMAIL_QUEUE, 0, 40, 0, 0, None, [2400] * 9 + [600], False)
+    assert Source.delivery_rate([slowing], running_s=3600) == pytest.approx((2400 * 4 + 600) / 300)
+    # the render rate, standing in before any send has finished, is not a send: no cap
+    renders = QueueRow(keys.RENDER_QUEUE, 100, 2, 0, 0, None, [3000] * 10, False)
+    assert Source.delivery_rate([renders], running_s=3600, send_limit_per_s=10.0) == pytest.approx(50.0)
+
+
 def test_the_eta_is_not_late_in_a_runs_first_minutes_nor_given_while_drained_or_over_missing_slips():
     """Walkthrough: 5 s into a run the console said "ETA 09:13 — LATE for 09:00" (the rate
     was over 5 minutes, 4 of them before the run); drained, it still promised a time; with
@@ -799,10 +824,12 @@ def test_the_eta_is_not_late_in_a_runs_first_minutes_nor_given_while_drained_or_
 
     now = 1_793_478_300.0  # 02:25 in Dhaka
     sends = QueueRow(keys.EMAIL_QUEUE, 0, 40, 0, 0, None, [0] * 9 + [150], False)  # 150 sent in 5 s
-    assert Source.delivery_rate([sends]) == pytest.approx(0.5)  # over 5 minutes: the old figure
+    # over 5 minutes (0.5, what read LATE), or the last minute's pace when faster
+    assert Source.delivery_rate([sends]) == pytest.approx(2.5)
     rate = Source.delivery_rate([sends], running_s=5)
     assert rate == pytest.approx(15.0)  # over 10 s at least, not over empty minutes
-    assert Source.delivery_rate([sends], running_s=900) == pytest.approx(0.5)  # a long run: 5 minutes
+    # a long run: 5 minutes, or the last minute's pace when faster (sending again after a pause)
+    assert Source.delivery_rate([sends], running_s=900) == pytest.approx(2.5)
     total = {"queued": 49_850, "running": 0, "retrying": 0, "done": 150, "failed": 0, "stuck": 0, "total": 50_000}
     assert "on time for 09:00" in eta_text(eta(total, rate, now, "Asia/Dhaka"))
     assert "LATE" in eta_text(eta(total, 0.5, now, "Asia/Dhaka"))
@@ -928,7 +955,8 @@ def test_the_eta_counts_the_shown_months_slips_not_a_catch_up_run_of_another_mon
     for i in range(300):
         ended(f"email-2026-11-emp-{i:05d}", 10 + i * 0.5)
     snap = Source(cfg, conn, clock=lambda: now).snapshot()
-    assert snap.eta["rate_per_s"] == pytest.approx(1 / 300, abs=1e-3)  # (every month's sends: 1.0)
+    # (1 render in the last minute: its pace, 1/60; every month's sends would read 100/60)
+    assert snap.eta["rate_per_s"] == pytest.approx(1 / 60, abs=1e-3)
 
 
 def test_a_run_still_going_after_its_0900_is_late_not_on_time_for_tomorrow():
