@@ -45,14 +45,22 @@ def retry(cfg, conn, job_ids: list[str], command: str | None = None, via: str = 
         from payrun.payroll import PayrollDB
 
         db = PayrollDB(cfg.payroll_path)
+    ledger = None
+    if Path(cfg.ledger_path).exists():
+        from console.data import ReadOnlyLedger
+
+        ledger = ReadOnlyLedger(cfg.ledger_path)  # (a month pruned from it is not rendered again)
     try:
         ids, same_slip = deadletters.one_per_slip(conn, list(job_ids))  # one email per slip
         again: list[str] = []
         refused: list[tuple[str, str]] = []
-        requeued, missing = deadletters.retry(cfg, conn, ids, db, rendered_again=again, refused=refused)
+        requeued, missing = deadletters.retry(cfg, conn, ids, db, rendered_again=again, refused=refused,
+                                              ledger=ledger)
     finally:
         if db is not None:
             db.db.close()
+        if ledger is not None:
+            ledger.db.conn.close()
     if not requeued:  # nothing done: an error, as `payrun retry` says it, and nothing audited
         if refused:
             raise ActionError(f"not requeued: {refused[0][1]}" + (f" (and {len(refused) - 1} more)"

@@ -56,7 +56,7 @@ class FailedFilter:
                 if not v.isdigit():
                     raise ValueError(f"company:{v} is not a company id (a number)")
                 company = int(v)
-            elif sep and k in ("month", "m"):
+            elif sep and k == "month":
                 if not keys.MONTH_RE.fullmatch(v):
                     raise ValueError(f"month:{v} is not a month (YYYY-MM, e.g. month:2026-11)")
                 month = v

@@ -250,6 +250,24 @@ def outage_pause_s(trips: int, first_s: float, max_s: float) -> float:
     return min(max_s, first_s * (2 ** min(trips - 1, 62)))
 
 
+RENDER_WAIT_FIRST_S = 5.0
+RENDER_WAIT_MAX_S = 60.0
+RENDER_WAIT_LIMIT_S = 3600.0
+"""A send whose slip is being rendered again (a retry of it put the render at the front
+of pdf-render) looks again after 5 s, then 10, 20, 40, 60, 60 ... s, spending no attempt;
+after an hour of that (no render worker up, pdf-render drained) it fails instead."""
+
+
+def render_wait_s(waits_so_far: int, waited_s: float, first_s: float = RENDER_WAIT_FIRST_S,
+                  max_s: float = RENDER_WAIT_MAX_S, limit_s: float = RENDER_WAIT_LIMIT_S) -> float | None:
+    """How long a send waits before it looks for its re-rendered slip again, after
+    ``waits_so_far`` looks over ``waited_s`` seconds; None once it has waited ``limit_s``
+    (it fails then: the render is not running)."""
+    if waited_s >= limit_s:
+        return None
+    return min(max_s, first_s * 2 ** min(max(0, waits_so_far), 16))
+
+
 RECORD_RETRY_FIRST_S = 0.1
 RECORD_RETRY_MAX_S = 1.0
 RECORD_MARGIN_S = 2.0

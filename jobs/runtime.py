@@ -53,7 +53,7 @@ from rq.timeouts import BaseTimeoutException
 from rq.utils import get_version, now as utcnow
 
 from jobs import events, idempotency
-from jobs.errors import ClaimLost, PermanentError, ProviderDown, SlipMissing, Throttled
+from jobs.errors import ClaimLost, PermanentError, ProviderDown, RenderPending, SlipMissing, Throttled
 from jobs.limits import EMPTY
 from jobs.policy import backoff_attempt, backoff_delay, classify, outage_hold_is_free, shutdown_deadline
 from jobs.tasks import allowed_functions
@@ -472,7 +472,9 @@ class EventsMixin:
         # a held try goes back to the front of its queue when its wait is over (RQ's retry
         # and scheduler read this flag), not behind a large run's every other send: it was
         # at the front when the provider held it back. A failed attempt waits at the back.
-        job.enqueue_at_front_on_retry = job._held_try
+        # A send waiting for its slip's render waits at the back: it was not held back by the
+        # provider, and going to the front every few seconds would put it ahead of a run.
+        job.enqueue_at_front_on_retry = job._held_try and not isinstance(exc_value, RenderPending)
         job.save_meta()
         return True
 

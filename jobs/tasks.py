@@ -495,11 +495,11 @@ def _slip_path(slips_dir: Path, slip: Any) -> Path | None:
     return path if path.is_relative_to(root) and path != root else None
 
 
-RERENDER_WAIT_S = 5.0
 RENDERED_AGAIN_FOR = "rendered_again_for"
 """In a render job's meta: the send a `payrun retry` renders its slip again for."""
-"""How long a send whose slip is being rendered again waits before it looks again (no
-attempt spent)."""
+RENDER_WAITS = "render_waits"
+"""In a send job's meta: [looks so far, when it first looked] while its slip is being
+rendered again (jobs.policy.render_wait_s)."""
 
 _RENDERING = ("queued", "started", "scheduled", "deferred")
 
@@ -513,29 +513,45 @@ def render_job_of(payload: dict[str, Any]) -> str:
     return keys.render_job_id(month, emp)
 
 
-def slip_missing(conn, payload: dict[str, Any]) -> Exception:
+def slip_missing(conn, payload: dict[str, Any], meta: dict[str, Any] | None = None,
+                 now: float | None = None) -> Exception:
     """What a send whose slip file is not in this host's slip store raises: RenderPending (no
-    attempt spent: it looks again in RERENDER_WAIT_S) while the slip's render is queued or
-    running (a `payrun retry` of this send put it there), else SlipMissing (failed at once;
-    `payrun retry` renders the slip again first)."""
+    attempt spent: it looks again after jobs.policy.render_wait_s, counted in ``meta``, the
+    send's) while the slip's render is queued or running (a `payrun retry` of this send put
+    it there), else SlipMissing (failed at once; `payrun retry` renders the slip again
+    first), also once it has waited an hour for a render that does not run."""
     import socket
+
+    from jobs.policy import render_wait_s
 
     render_id = render_job_of(payload)
     raw_status, raw_meta = conn.hmget(f"rq:job:{render_id}", "status", "meta")
     status = raw_status.decode() if isinstance(raw_status, bytes) else raw_status
+    meta = meta if meta is not None else {}
     if status in _RENDERING:
-        return RenderPending(f"slip {payload['slip']} is being rendered again ({render_id} {status}): waiting for it",
-                         retry_after_s=RERENDER_WAIT_S)
+        now = time.time() if now is None else now
+        waits, since = meta.get(RENDER_WAITS) or (0, now)
+        wait_s = render_wait_s(int(waits), now - float(since))
+        if wait_s is not None:
+            meta[RENDER_WAITS] = [int(waits) + 1, since]
+            return RenderPending(f"slip {payload['slip']} is being rendered again ({render_id} {status}): waiting "
+                                 "for it", retry_after_s=wait_s)
+        meta.pop(RENDER_WAITS, None)
+        return SlipMissing(f"slip file {payload['slip']} is missing from the slip store; its render {render_id} has "
+                           f"been {status} for over {int((now - float(since)) // 60)} min: is a pdf-render worker up, "
+                           "and pdf-render not drained? Then `payrun retry` this send")
+    meta.pop(RENDER_WAITS, None)
     try:
         again = status == "finished" and bool(json.loads(raw_meta or b"{}").get(RENDERED_AGAIN_FOR))
     except (ValueError, AttributeError):
         again = False
     if status == "failed":
-        why = f"its render {render_id} failed (see `payrun failed`)"
+        why = (f"its render {render_id} failed (`payrun job {render_id}` says why): fix that, then `payrun retry` "
+               "this send (it renders the slip again)")
     elif again:  # rendered again for a retry of this send, and still not here
-        why = (f"it was rendered again ({render_id}) and is still not here, so this host "
-               f"({socket.gethostname()}) reads another slip store than the render hosts: check PAYRUN_SLIPS_DIR and "
-               "its mount, then `payrun retry` (it renders the slip again)")
+        why = (f"it was rendered again ({render_id}) and is still not here: deleted again, or this host "
+               f"({socket.gethostname()}) reads another slip store than the render hosts (check PAYRUN_SLIPS_DIR and "
+               "its mount); then `payrun retry` (it renders the slip again)")
     else:
         why = "deleted, or a store not mounted here: `payrun retry` renders it again"
     return SlipMissing(f"slip file {payload['slip']} is missing from the slip store; {why}")
@@ -568,8 +584,15 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
     try:
         pdf = path.read_bytes()
     except FileNotFoundError:
-        idempotency.release(conn, key, token)
-        raise slip_missing(conn, payload) from None
+        missing = slip_missing(conn, payload, job.meta)
+        try:  # a render that finished between that read and this look: read once more
+            pdf = path.read_bytes() if isinstance(missing, SlipMissing) else None
+        except FileNotFoundError:
+            pdf = None
+        if pdf is None:
+            idempotency.release(conn, key, token)
+            raise missing from None
+    job.meta.pop(RENDER_WAITS, None)
     month = payload["month"]
     again = payload.get("reissued")  # HR's resend: say it replaces the slip sent before
     msg = mail.Message(

@@ -469,7 +469,7 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
     if resent == len(every):
         click.echo(f"{shown}; nothing left to retry: every one of these slips was delivered by a resend")
         return
-    click.echo(f"{shown}; retry with: payrun retry ID… or {_retry_all(queue, error_text, company)}")
+    click.echo(f"{shown}; retry with: payrun retry ID… or {_retry_all(queue, error_text, company, month)}")
     permanent = sum(1 for r in every if r.get("permanent") and r.get("employee") and not r.get("delivered_by_resend"))
     if permanent:
         click.echo(f"note: {permanent:,} of them failed for good on the employee's data (an address refused, a name "
@@ -739,9 +739,9 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
 
     if not job_ids and not all_:
         raise PayrunError("name the failed jobs to retry (ids from `payrun failed`), or use --all "
-                          "(narrowed by --queue/--error/--company)")
+                          "(narrowed by --queue/--error/--company/--month)")
     if job_ids and all_:
-        raise PayrunError("name job ids, or use --all (with optional --queue/--error/--company), not both")
+        raise PayrunError("name job ids, or use --all (with optional --queue/--error/--company/--month), not both")
     if (queue or error_text or company is not None or month) and not all_:
         raise PayrunError("--queue, --error, --company and --month narrow --all; with job ids they are not used")
     _known_company(c, company)
@@ -768,7 +768,8 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
     on_data = permanent_among(conn, ids)  # (read before the retry resets the jobs)
     again: list[str] = []
     refused: list[tuple[str, str]] = []
-    requeued, missing = deadletters.retry(c.cfg, conn, ids, db, rendered_again=again, refused=refused)
+    requeued, missing = deadletters.retry(c.cfg, conn, ids, db, rendered_again=again, refused=refused,
+                                          ledger=_maybe_ledger(c))
     actions.audit(c.cfg, actions.Outcome("retry", command, len(requeued), ok=not missing and not refused,
                                          message=f"requeued {len(requeued)} job(s)",
                                          detail={"asked": len(ids), "not_found": missing[:20],

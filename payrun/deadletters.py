@@ -165,33 +165,47 @@ def _fresh_budget(cfg: Config, job: PayrunJob) -> None:
     job.retries_left = policy.attempts - 1 if policy.attempts > 1 else None
     job.meta.update(budget_start=int(job.meta.get("attempt", 0)), budget_returned=job.returned_tries,
                     retry=vars(policy))
-    for k in ("last_error", "error_attempt", "retry_after", "last_delay", "permanent", "slip_missing"):
+    for k in ("last_error", "error_attempt", "retry_after", "last_delay", "permanent", "slip_missing",
+              "render_waits"):
         job.meta.pop(k, None)
 
 
-def slip_gone(cfg: Config, job: PayrunJob) -> bool:
-    """Whether a failed send needs its slip rendered again before it can work: it failed
-    because its slip file was missing (jobs.errors.SlipMissing), or the file is not in this
-    host's slip store now."""
-    from jobs import tasks
+SLIP_MISSING_TEXT = "is missing from the slip store"
+"""In the last error of a send that found no slip file (jobs.tasks.slip_missing, and the
+plain PermanentError of the versions before it)."""
 
+
+def slip_gone(job: PayrunJob) -> bool:
+    """Whether a failed send needs its slip rendered again before it can work: its last try
+    found no slip file (jobs.errors.SlipMissing; before that error existed, a permanent
+    failure saying so). Told by the send host's record, not by this host's slip store,
+    which may not be the shared one (an operator's shell without PAYRUN_SLIPS_DIR)."""
     if job.func_name != "jobs.tasks.send_slip" or not job.args or not isinstance(job.args[0], dict):
         return False
-    if job.meta.get("slip_missing"):
-        return True
-    path = tasks._slip_path(cfg.slips_dir, job.args[0].get("slip"))
-    return path is not None and not path.exists()
+    return bool(job.meta.get("slip_missing")) or SLIP_MISSING_TEXT in (job.meta.get("last_error") or "")
 
 
-def render_again(cfg: Config, conn, send: PayrunJob, payroll_db=None) -> str:
+def _render_on_its_way(conn, queue, job: PayrunJob) -> bool:
+    """Whether a render job will run without being requeued: queued (and really in its
+    queue), running, or waiting out a backoff."""
+    from rq.job import JobStatus
+
+    status = job.get_status(refresh=False)
+    if status == JobStatus.QUEUED:
+        return conn.lpos(queue.key, job.id) is not None
+    return status in (JobStatus.STARTED, JobStatus.SCHEDULED, JobStatus.DEFERRED)
+
+
+def render_again(cfg: Config, conn, send: PayrunJob, payroll_db=None, ledger=None) -> str:
     """Put the render of a failed send's slip at the front of the render queue, once more,
     for the send's retry (which waits for it without spending attempts: jobs.tasks.
     slip_missing). The render job is the one that made the slip (the pay run's, or a
     resend's), run again with a fresh budget and the employee's data read again; if Redis
     no longer has it (finished renders are kept a day), it is made again from the payroll
     database with the same id. Its end enqueues no second send (the send exists). Returns
-    the render job's id; InputError when it cannot be made (no payroll database here)."""
-    from rq.job import JobStatus
+    the render job's id; InputError when it cannot be made (no payroll database here, a
+    month pruned from the ``ledger``). Two retries at once requeue it once (a lock per
+    render job for the few milliseconds of this)."""
     from rq.registry import FinishedJobRegistry
 
     from jobs import tasks
@@ -200,77 +214,104 @@ def render_again(cfg: Config, conn, send: PayrunJob, payroll_db=None) -> str:
 
     payload = send.args[0]
     render_id = tasks.render_job_of(payload)
-    queue = make_queue(keys.RENDER_QUEUE, conn)
+    if ledger is not None and (pruned := ledger.pruned_at(payload["month"])) is not None:
+        raise InputError(f"{send.id}: its slip must be rendered again, and {payload['month']} was pruned from the "
+                         f"ledger ({pruned[:16].replace('T', ' ')} UTC): `payrun resend` makes a new slip")
+    lock = f"payrun:render-again:{render_id}"
+    if not conn.set(lock, send.id, nx=True, ex=30):
+        return render_id  # another retry of this slip is requeueing it right now
     try:
-        job = PayrunJob.fetch(render_id, connection=conn, serializer=queue.serializer)
-    except NoSuchJobError:
-        job = None
-    if job is not None and job.get_status(refresh=False) in (JobStatus.QUEUED, JobStatus.STARTED,
-                                                             JobStatus.SCHEDULED, JobStatus.DEFERRED):
-        return render_id  # on its way already (a retry of the send before this one)
-    resend = ":resend-" in payload["key"]
-    if job is None:
-        if payroll_db is None:
-            raise InputError(f"{send.id}: its slip {payload['slip']} must be rendered again and its render job "
-                             f"{render_id} is no longer in Redis: retry it on the control host (the payroll "
-                             "database is there)")
-        snap = payroll.employee_snapshot(payroll_db, payload["month"], payload["employee_id"])
-        if snap["company"]["id"] != payload["company_id"]:
-            raise InputError(f"{send.id}: its slip must be rendered again, and {payload['employee_id']}'s "
-                             f"{payload['month']} salary line is now under company {snap['company']['id']}, not "
-                             f"{payload['company_id']}: `payrun resend` makes a new slip")
-        snap["key"] = payload["key"]
-        if payload.get("reissued"):
-            snap["reissued"] = payload["reissued"]
-        policy = cfg.render.retry
-        job = queue.create_job(
-            "jobs.oneoff.resend_slip" if resend else "jobs.tasks.render_slip", args=(snap,), job_id=render_id,
-            timeout=cfg.render.timeout_s, retry=Retry(max=policy.attempts - 1) if policy.attempts > 1 else None,
-            result_ttl=24 * 3600, failure_ttl=30 * 24 * 3600,
-            description=f"{'resend' if resend else 'render'} slip {payload['key']}",
-            meta={"kind": "resend" if resend else "render", "key": payload["key"],
-                  "company": payload["company_id"], "retry": vars(policy)})
-    else:
-        _fresh_budget(cfg, job)
-        _refresh_snapshot(job, payroll_db)
-    job.meta[tasks.RENDERED_AGAIN_FOR] = send.id
-    job.save()
-    with conn.pipeline() as pipe:
-        for reg in (FailedJobRegistry(queue=queue, job_class=PayrunJob, serializer=queue.serializer),
-                    FinishedJobRegistry(queue=queue, job_class=PayrunJob, serializer=queue.serializer)):
-            reg.remove(job, pipeline=pipe)
-        queue._enqueue_job(job, pipeline=pipe, at_front=True)
-        events.emit(pipe, render_id, "queued", reset=1, kind="resend" if resend else "render",
-                    company=payload["company_id"], employee=payload["employee_id"], month=payload["month"],
-                    key=payload["key"], queue=keys.RENDER_QUEUE)
-        pipe.execute()
-    return render_id
+        queue = make_queue(keys.RENDER_QUEUE, conn)
+        try:
+            job = PayrunJob.fetch(render_id, connection=conn, serializer=queue.serializer)
+        except NoSuchJobError:
+            job = None
+        if job is not None and _render_on_its_way(conn, queue, job):
+            return render_id  # (a retry of the send before this one)
+        resend = ":resend-" in payload["key"]
+        if job is None:
+            if payroll_db is None:
+                raise InputError(f"{send.id}: its slip {payload['slip']} must be rendered again and its render job "
+                                 f"{render_id} is no longer in Redis: retry it on the control host (the payroll "
+                                 "database is there)")
+            snap = payroll.employee_snapshot(payroll_db, payload["month"], payload["employee_id"])
+            if snap["company"]["id"] != payload["company_id"]:
+                raise InputError(f"{send.id}: its slip must be rendered again, and {payload['employee_id']}'s "
+                                 f"{payload['month']} salary line is now under company {snap['company']['id']}, not "
+                                 f"{payload['company_id']}: `payrun resend` makes a new slip")
+            snap["key"] = payload["key"]
+            if payload.get("reissued"):
+                snap["reissued"] = payload["reissued"]
+            policy = cfg.render.retry
+            job = queue.create_job(
+                "jobs.oneoff.resend_slip" if resend else "jobs.tasks.render_slip", args=(snap,), job_id=render_id,
+                timeout=cfg.render.timeout_s, retry=Retry(max=policy.attempts - 1) if policy.attempts > 1 else None,
+                result_ttl=24 * 3600, failure_ttl=30 * 24 * 3600,
+                description=f"{'resend' if resend else 'render'} slip {payload['key']}",
+                meta={"kind": "resend" if resend else "render", "key": payload["key"],
+                      "company": payload["company_id"], "retry": vars(policy)})
+        else:
+            _fresh_budget(cfg, job)
+            _refresh_snapshot(job, payroll_db)
+        job.meta[tasks.RENDERED_AGAIN_FOR] = send.id
+        with conn.pipeline() as pipe:  # (the enqueue saves the job, in this transaction)
+            for reg in (FailedJobRegistry(queue=queue, job_class=PayrunJob, serializer=queue.serializer),
+                        FinishedJobRegistry(queue=queue, job_class=PayrunJob, serializer=queue.serializer)):
+                reg.remove(job, pipeline=pipe)
+            queue._enqueue_job(job, pipeline=pipe, at_front=True)
+            pipe.persist(job.key)  # a finished render's key expires with its result: not while it waits
+            events.emit(pipe, render_id, "queued", reset=1, kind="resend" if resend else "render",
+                        company=payload["company_id"], employee=payload["employee_id"], month=payload["month"],
+                        key=payload["key"], queue=keys.RENDER_QUEUE)
+            pipe.execute()
+        return render_id
+    finally:
+        conn.delete(lock)
+
+
+def send_of_render(job: PayrunJob) -> str | None:
+    """The id of the send a render job's end enqueues (the pay run's, or a resend's)."""
+    from jobs import oneoff
+
+    snap = job.args[0] if job.args and isinstance(job.args[0], dict) else None
+    if job.func_name not in RENDER_FUNCS or snap is None:
+        return None
+    try:
+        month, emp, key = snap["month"], snap["employee"]["id"], snap["key"]
+    except (KeyError, TypeError):
+        return None
+    if job.func_name == "jobs.oneoff.resend_slip":
+        return oneoff.resend_email_job_id(month, emp, oneoff.resend_number(key))
+    return keys.email_job_id(month, emp)
 
 
 def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None, rendered_again: list[str] | None = None,
-          refused: list[tuple[str, str]] | None = None) -> tuple[list[str], list[str]]:
+          refused: list[tuple[str, str]] | None = None, ledger=None) -> tuple[list[str], list[str]]:
     """Requeue failed jobs with a fresh attempt budget, reading what HR may have fixed
     since from ``payroll_db``: a send's address, a render's employee data. A send whose
-    slip file is missing gets its slip rendered again first (:func:`render_again`; its
+    slip file was missing gets its slip rendered again first (:func:`render_again`; its
     render's id appended to ``rendered_again``); one whose render cannot be made stays
-    failed, with why appended to ``refused`` (raised as InputError without it). Returns
-    (requeued, not_found)."""
+    failed, with why appended to ``refused`` (raised as InputError without it). A render
+    retried by itself takes its send along when that send failed for want of the slip (a
+    render that failed after its send existed: the send then waits for it); the send's id
+    is added to the ids requeued. Returns (requeued, not_found)."""
     from payrun.errors import InputError
 
     requeued, missing = [], []
-    for job_id in job_ids:
+    todo = list(job_ids)
+    for job_id in todo:
         reg = _failed_in(conn, job_id)
         job = PayrunJob.fetch(job_id, connection=conn, serializer=reg.serializer) if reg is not None else None
         if job is None:
             missing.append(job_id)
             continue
-        again = slip_gone(cfg, job)
+        again = slip_gone(job)
         _fresh_budget(cfg, job)
         _refresh_address(job, payroll_db)
         _refresh_snapshot(job, payroll_db)
         if again:
             try:
-                render_id = render_again(cfg, conn, job, payroll_db)
+                render_id = render_again(cfg, conn, job, payroll_db, ledger)
             except InputError as e:
                 if refused is None:
                     raise
@@ -285,4 +326,9 @@ def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None, rendered_again
             events.emit(pipe, job.id, "queued", reset=1)
             pipe.execute()
         requeued.append(job_id)
+        send_id = send_of_render(job)
+        if send_id and send_id not in todo and (send_reg := _failed_in(conn, send_id)) is not None:
+            send = PayrunJob.fetch(send_id, connection=conn, serializer=send_reg.serializer)
+            if slip_gone(send):
+                todo.append(send_id)  # (its render is on its way now: it waits for it, not renders again)
     return requeued, missing

@@ -23,7 +23,7 @@ def test_a_month_in_the_filter_is_read_checked_and_written_back():
     assert (f.queue, f.month, f.text) == (keys.EMAIL_QUEUE, NOV, "refused") and f.uses_ledger
     assert str(f) == "queue:send-email month:2026-11 refused"
     assert f.command() == "payrun retry --all --queue send-email --month 2026-11 --error refused"
-    assert FailedFilter.parse("m:2026-10").month == OCT
+    assert FailedFilter.parse("m:2026-10").text == "m:2026-10"  # no short form: free text stays free
     for bad in ("month:2026-13", "month:11-2026", "month:2026-1", "month:"):
         with pytest.raises(ValueError, match="is not a month"):
             FailedFilter.parse(bad)
@@ -74,6 +74,8 @@ def test_payrun_failed_and_retry_all_take_a_month(two_months):
     runner = CliRunner()
     listed = json.loads(runner.invoke(cli, ["failed", "--month", NOV, "--json"]).output)
     assert sorted(r["id"] for r in listed) == [f"email-{NOV}-emp-2", f"email-{NOV}-emp-3", f"render-{NOV}-emp-1"]
+    text = runner.invoke(cli, ["failed", "--month", NOV]).output  # its retry hint keeps the month
+    assert f"retry with: payrun retry ID… or payrun retry --all --month {NOV}" in text
     bad = runner.invoke(cli, ["failed", "--month", "2026-1"])
     assert bad.exit_code == 2 and "is not a month" in bad.output
     with_ids = runner.invoke(cli, ["retry", f"render-{OCT}-emp-1", "--month", OCT])

@@ -5,6 +5,7 @@ render worker and send lanes, WeasyPrint, the local HTTP provider, the ledger.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 from conftest import enqueue_due
 from jobs import tasks
 from jobs.errors import RenderPending, SlipMissing
-from jobs.policy import classify, pauses_every_sender
+from jobs.policy import classify, pauses_every_sender, render_wait_s
 from jobs.runtime import make_queue, run_lanes
 from payrun import deadletters, keys, ledger as ledger_mod
 from payrun.cli import cli
@@ -42,19 +43,27 @@ def test_the_render_of_a_send_is_the_runs_or_the_resends():
     assert tasks.render_job_of({**base, "key": f"slip:{MONTH}:{EMP}:resend-3"}) == f"resend-{MONTH}-{EMP}-3"
 
 
+def render_all(conn, jobs_per_horse: int = 100) -> None:
+    """The render worker as production runs it: a warm horse serving many jobs (its end
+    recorded by the worker after the slip is committed)."""
+    from jobs.runtime import RenderWorker
+
+    w = RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn)
+    w.jobs_per_horse = jobs_per_horse
+    w.work(burst=True, logging_level="WARNING")
+
+
 def slip_file(cfg):
     return next(cfg.slips_dir.glob(f"{MONTH}/*/{EMP}.pdf"))
 
 
 def render_then_lose_one_slip(world):
     """The month rendered (no sends yet), then one slip file deleted: its send fails."""
-    from jobs.runtime import RenderWorker
-
     from payrun import runs
 
     cfg, conn, db, ledger = world
     runs.start_run(cfg, conn, ledger, db, MONTH)
-    RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn).work(burst=True, logging_level="WARNING")
+    render_all(conn)
     slip_file(cfg).unlink()
     run_lanes(conn, [keys.EMAIL_QUEUE], lanes=4, burst=True)
     ledger_mod.drain(conn, ledger)
@@ -72,22 +81,30 @@ def test_a_deleted_slip_fails_its_send_at_once_and_a_retry_renders_it_again_then
     assert "[permanent: fix the data" not in runner.invoke(cli, ["failed"]).output
     assert delivered(provider) == 11
 
+    render_q, email_q = make_queue(keys.RENDER_QUEUE, conn), make_queue(keys.EMAIL_QUEUE, conn)
+    render_q.enqueue_call("jobs.tasks.noop", job_id="render-other-1")  # a run's renders waiting
     said = runner.invoke(cli, ["retry", "--all"])
     assert said.exit_code == 0, said.output
     assert said.output.startswith("requeued 1 job(s); 1 of them render their slip again first")
     assert "had failed on the employee's data" not in said.output
     render_id = keys.render_job_id(MONTH, EMP)
-    render_q, email_q = make_queue(keys.RENDER_QUEUE, conn), make_queue(keys.EMAIL_QUEUE, conn)
-    assert render_q.get_job_ids() == [render_id]  # at the front of the render queue
+    assert render_q.get_job_ids() == [render_id, "render-other-1"]  # at the front of the render queue
+    assert conn.ttl(f"rq:job:{render_id}") == -1  # (its finished record's expiry is lifted while it waits)
     assert email_q.get_job_ids() == [send_id]
 
-    # the senders get to it before the renderers: it waits, spending no attempt, paused by no one
+    # the senders get to it before the renderers: it waits, spending no attempt
     run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
     send = email_q.fetch_job(send_id)
     assert send.get_status() == "scheduled" and send.meta["held"] == 1 and "being rendered again" in send.meta["last_error"]
-    assert not conn.exists(keys.limit_pause("email"))
+    assert send.meta["attempt"] == 2 and send.meta["render_waits"][0] == 1
+    # ... and its wait over, it goes behind the sends waiting, not ahead of a run
+    email_q.enqueue_call("jobs.tasks.noop", job_id="email-other-1")
+    enqueue_due(conn, email_q, {send_id: 0})
+    assert email_q.get_job_ids() == ["email-other-1", send_id]
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)  # (still no slip: it waits again)
+    assert email_q.fetch_job(send_id).meta["render_waits"][0] == 2
 
-    work_everything(conn, ledger)  # the render; its end enqueues no second send
+    render_all(conn)  # the render; its end enqueues no second send
     assert slip_file(cfg).stat().st_mode & 0o777 == 0o600
     assert email_q.get_job_ids() == [] and email_q.scheduled_job_registry.get_job_ids() == [send_id]
     enqueue_due(conn, email_q, {send_id: 0})
@@ -116,6 +133,11 @@ def test_a_render_record_gone_from_redis_is_made_again_from_the_payroll_database
     made = make_queue(keys.RENDER_QUEUE, conn).fetch_job(render_id)
     assert made.func_name == "jobs.tasks.render_slip" and made.args[0]["key"] == f"slip:{MONTH}:{EMP}"
     assert made.meta["kind"] == "render" and made.meta[tasks.RENDERED_AGAIN_FOR] == send_id
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)  # the send first: it waits for the render
+    email_q = make_queue(keys.EMAIL_QUEUE, conn)
+    assert email_q.scheduled_job_registry.get_job_ids() == [send_id]
+    render_all(conn)
+    enqueue_due(conn, email_q, {send_id: 0})
     work_everything(conn, ledger)
     assert provider.delivery(f"slip:{MONTH}:{EMP}") and delivered(provider) == 12
     assert ledger.job(render_id)["status"] == "done"
@@ -139,9 +161,7 @@ def test_a_slip_rendered_again_and_still_missing_says_the_store_is_another(world
     cfg, conn, db, ledger = world
     send_id = render_then_lose_one_slip(world)
     assert deadletters.retry(cfg, conn, [send_id], payroll_db=db) == ([send_id], [])
-    from jobs.runtime import RenderWorker
-
-    RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn).work(burst=True, logging_level="WARNING")
+    render_all(conn)
     slip_file(cfg).unlink()  # as if this host read another store
     run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
     ledger_mod.drain(conn, ledger)
@@ -159,9 +179,7 @@ def test_a_resends_missing_slip_is_rendered_again_by_its_resend_render(world, pr
     runs.start_run(cfg, conn, ledger, db, MONTH)
     work_everything(conn, ledger)
     assert runner.invoke(cli, ["resend", "--employee", EMP, "--month", MONTH]).exit_code == 0
-    from jobs.runtime import RenderWorker
-
-    RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn).work(burst=True, logging_level="WARNING")
+    render_all(conn)
     resent = next(cfg.slips_dir.glob(f"{MONTH}/*/{EMP}.resend-1.pdf"))
     resent.unlink()
     run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
@@ -169,25 +187,157 @@ def test_a_resends_missing_slip_is_rendered_again_by_its_resend_render(world, pr
     assert [r["id"] for r in deadletters.failed(conn)] == [send_id]
     out = json.loads(runner.invoke(cli, ["retry", send_id, "--json"]).output)
     assert out["requeued"] == [send_id] and out["rendered_again"] == [f"resend-{MONTH}-{EMP}-1"]
-    work_everything(conn, ledger)
     email_q = make_queue(keys.EMAIL_QUEUE, conn)
-    if email_q.scheduled_job_registry.get_job_ids():  # the send came before its render: it waited
-        enqueue_due(conn, email_q, {send_id: 0})
-        run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)  # the send before its render: it waits
+    assert email_q.scheduled_job_registry.get_job_ids() == [send_id] and not provider.delivery(
+        f"slip:{MONTH}:{EMP}:resend-1")
+    render_all(conn)
+    enqueue_due(conn, email_q, {send_id: 0})
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
     delivered = provider.delivery(f"slip:{MONTH}:{EMP}:resend-1")
     assert delivered and "Re-issued" in delivered["subject"]
     assert resent.exists()
 
 
+PAYLOAD = {"month": MONTH, "employee_id": EMP, "key": f"slip:{MONTH}:{EMP}", "slip": f"{MONTH}/1/{EMP}.pdf"}
+
+
 @pytest.mark.parametrize("status,kind", [("queued", RenderPending), ("started", RenderPending),
-                                         ("finished", SlipMissing), ("failed", SlipMissing), (None, SlipMissing)])
+                                         ("scheduled", RenderPending), ("deferred", RenderPending),
+                                         ("finished", SlipMissing), ("failed", SlipMissing), ("stopped", SlipMissing),
+                                         ("canceled", SlipMissing), (None, SlipMissing)])
 def test_what_a_send_without_its_slip_raises_follows_its_render(conn, status, kind):
-    payload = {"month": MONTH, "employee_id": EMP, "key": f"slip:{MONTH}:{EMP}", "slip": f"{MONTH}/1/{EMP}.pdf"}
     key = f"rq:job:{keys.render_job_id(MONTH, EMP)}"
     conn.delete(key)
     if status:
         conn.hset(key, mapping={"status": status, "meta": "{}"})
     try:
-        assert isinstance(tasks.slip_missing(conn, payload), kind)
+        assert isinstance(tasks.slip_missing(conn, PAYLOAD), kind)
     finally:
         conn.delete(key)
+
+
+def test_a_send_waits_for_its_render_with_a_growing_pause_and_gives_up_after_an_hour(conn):
+    """No render worker up, or pdf-render drained: the send does not poll for ever."""
+    assert [render_wait_s(n, 0.0) for n in range(7)] == [5.0, 10.0, 20.0, 40.0, 60.0, 60.0, 60.0]
+    assert render_wait_s(3, 3599.0) == 40.0 and render_wait_s(3, 3600.0) is None
+    key = f"rq:job:{keys.render_job_id(MONTH, EMP)}"
+    conn.hset(key, mapping={"status": "queued", "meta": "{}"})
+    try:
+        meta: dict = {}
+        first = tasks.slip_missing(conn, PAYLOAD, meta, now=1000.0)
+        assert isinstance(first, RenderPending) and first.retry_after_s == 5.0 and meta["render_waits"] == [1, 1000.0]
+        again = tasks.slip_missing(conn, PAYLOAD, meta, now=1005.0)
+        assert again.retry_after_s == 10.0 and meta["render_waits"] == [2, 1000.0]
+        late = tasks.slip_missing(conn, PAYLOAD, meta, now=1000.0 + 3600)
+        assert isinstance(late, SlipMissing) and "for over 60 min" in str(late) and "pdf-render worker" in str(late)
+        assert "render_waits" not in meta  # (a retry starts the count again)
+    finally:
+        conn.delete(key)
+
+
+def test_a_send_that_failed_on_something_else_is_not_rendered_again_whatever_this_hosts_store(world, provider,
+                                                                                              tmp_path):
+    """Review: whether a slip is gone was told by the retrying host's slip store; from a
+    shell whose PAYRUN_SLIPS_DIR was not the shared store, a send that failed on its
+    address had its slip rendered again (or was refused). The send host's record decides."""
+    cfg, conn, db, ledger = world
+    from payrun import runs
+
+    db.conn.execute("UPDATE employees SET email = 'nobody@nowhere.invalid' WHERE id = ?", (EMP,))
+    db.conn.commit()
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    send_id = keys.email_job_id(MONTH, EMP)
+    assert [r["id"] for r in deadletters.failed(conn)] == [send_id]
+    elsewhere = dataclasses.replace(cfg, slips=str(tmp_path / "not-the-store"))
+    again: list[str] = []
+    assert deadletters.retry(elsewhere, conn, [send_id], payroll_db=db, rendered_again=again) == ([send_id], [])
+    assert again == [] and make_queue(keys.RENDER_QUEUE, conn).get_job_ids() == []
+    # a failure recorded by a version before SlipMissing is told by its error
+    old = make_queue(keys.EMAIL_QUEUE, conn).fetch_job(send_id)
+    old.meta.update(last_error=f"slip file {old.args[0]['slip']} is missing from the slip store: re-run its render")
+    assert deadletters.slip_gone(old)
+
+
+def test_a_render_retried_by_itself_takes_its_waiting_send_along(world, provider):
+    """Review: a render made again for a send can fail on data HR broke since; fixed, and
+    the render retried by itself (as `payrun failed` lists it), its end found the send
+    there (failed) and enqueued nothing: the slip was never sent."""
+    cfg, conn, db, ledger = world
+    send_id = render_then_lose_one_slip(world)
+    render_id = keys.render_job_id(MONTH, EMP)
+    db.conn.execute("UPDATE employees SET name_en = ? WHERE id = ?", ("A" * 81, EMP))  # too long for the slip
+    db.conn.commit()
+    assert deadletters.retry(cfg, conn, [send_id], payroll_db=db) == ([send_id], [])
+    render_all(conn)  # fails on the data
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)  # and the send with it
+    failed = {r["id"]: r for r in deadletters.failed(conn)}
+    assert set(failed) == {render_id, send_id}
+    assert f"its render {render_id} failed" in failed[send_id]["error"] and "`payrun retry` this send" in failed[
+        send_id]["error"]
+    db.conn.execute("UPDATE employees SET name_en = 'Ayesha Siddiqua' WHERE id = ?", (EMP,))
+    db.conn.commit()
+    out = json.loads(CliRunner().invoke(cli, ["retry", render_id, "--json"]).output)
+    assert out["requeued"] == [render_id, send_id]
+    work_everything(conn, ledger)
+    email_q = make_queue(keys.EMAIL_QUEUE, conn)
+    if email_q.scheduled_job_registry.get_job_ids():  # (if the send looked before the render ended)
+        enqueue_due(conn, email_q, {send_id: 0})
+        run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
+    assert provider.delivery(f"slip:{MONTH}:{EMP}") and delivered(provider) == 12
+    assert deadletters.failed(conn) == []
+
+
+def test_two_retries_at_once_and_a_render_left_in_no_queue(world, provider):
+    """Review: two retries of one slip at once queued its render twice; a render saved as
+    queued but never pushed (a crash in between) was taken as on its way, and the send
+    waited for it for ever."""
+    cfg, conn, db, ledger = world
+    send_id = render_then_lose_one_slip(world)
+    render_id = keys.render_job_id(MONTH, EMP)
+    send = make_queue(keys.EMAIL_QUEUE, conn).fetch_job(send_id)
+    render_q = make_queue(keys.RENDER_QUEUE, conn)
+    conn.set(f"payrun:render-again:{render_id}", "another retry", ex=30)  # the other retry, half-way
+    assert deadletters.render_again(cfg, conn, send, db) == render_id
+    assert render_q.get_job_ids() == []  # left to the other retry
+    conn.delete(f"payrun:render-again:{render_id}")
+    conn.hset(f"rq:job:{render_id}", "status", "queued")  # queued, in no queue
+    assert deadletters.render_again(cfg, conn, send, db) == render_id
+    assert render_q.get_job_ids() == [render_id]
+    assert deadletters.render_again(cfg, conn, send, db) == render_id  # now on its way: not twice
+    assert render_q.get_job_ids() == [render_id]
+
+
+def test_a_month_pruned_from_the_ledger_is_not_rendered_again(world, provider):
+    """Review: a retried send of a pruned month put back a ledger row counted as queued for
+    ever (start_run refuses pruned months for the same reason)."""
+    cfg, conn, db, ledger = world
+    send_id = render_then_lose_one_slip(world)
+    ledger.db.conn.execute("INSERT INTO pruned_months (month, pruned_at) VALUES (?, ?)", (MONTH, "2027-01-01T00:00:00"))
+    ledger.db.conn.commit()
+    refused: list[tuple[str, str]] = []
+    assert deadletters.retry(cfg, conn, [send_id], payroll_db=db, refused=refused, ledger=ledger) == ([], [])
+    assert "was pruned from the ledger" in refused[0][1] and deadletters.is_failed(conn, send_id)
+
+
+def test_a_render_that_ends_between_the_sends_read_and_its_look_is_read_again(world, provider, monkeypatch):
+    """Review: the send read no file, then found the render finished (it committed the slip
+    in between) and failed saying this host reads another store."""
+    cfg, conn, db, ledger = world
+    send_id = render_then_lose_one_slip(world)
+    assert deadletters.retry(cfg, conn, [send_id], payroll_db=db) == ([send_id], [])
+    render_all(conn)
+    path = slip_file(cfg)
+    kept = path.read_bytes()
+    path.unlink()
+    real = tasks.slip_missing
+
+    def render_ends_meanwhile(*args, **kwargs):
+        out = real(*args, **kwargs)
+        path.write_bytes(kept)
+        return out
+
+    monkeypatch.setattr(tasks, "slip_missing", render_ends_meanwhile)
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
+    assert provider.delivery(f"slip:{MONTH}:{EMP}") and deadletters.failed(conn) == []
