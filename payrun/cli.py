@@ -792,6 +792,16 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
                       if all_ and not matched else ""))
         for job_id, why in refused:
             click.echo(f"not requeued: {why}", err=True)
+        if requeued:
+            from redis.exceptions import RedisError
+
+            from payrun.status import intake_notes
+
+            try:
+                for note in intake_notes(conn):  # requeued where nothing takes them yet (drained, no worker)
+                    click.echo(f"note: {note}", err=True)
+            except (RedisError, OSError):
+                pass
         if on_data := [i for i in on_data if i in set(requeued)]:
             click.echo(f"note: {len(on_data)} of them had failed on the employee's data (an address refused, a "
                        "name too long): they are read again from the payroll database, so if it was not fixed "
@@ -1083,8 +1093,9 @@ def down(c: Ctx) -> None:
     click.echo(supervise.down(c.cfg))
     if left:
         month, n = left
-        click.echo(f"the {month} pay run was in progress: {n:,} slip{'' if n == 1 else 's'} not sent yet wait in Redis; "
-                   "`payrun up` goes on with them (nothing is lost or sent twice)")
+        click.echo(f"the {month} pay run was in progress: at most {n:,} slip{'' if n == 1 else 's'} not sent yet wait "
+                   "in Redis (counted as the stop began: sends in hand finished meanwhile); `payrun up` goes on with "
+                   "them (nothing is lost or sent twice)")
 
 
 def _run_left(c: Ctx) -> tuple[str, int] | None:
@@ -1108,7 +1119,8 @@ def _run_left(c: Ctx) -> tuple[str, int] | None:
 @handle_errors
 def supervisor_env(c: Ctx, role: str) -> None:
     """Print the environment supervisor.conf expects, for plain supervisord/supervisorctl:
-    eval "$(payrun supervisor-env)" && supervisord -c supervisor.conf"""
+    eval "$(payrun supervisor-env)" && supervisord -c "$PAYRUN_SUPERVISOR_CONF" (the file's
+    whole path, also exported, so that supervisorctl works from any directory)."""
     import shlex
 
     from payrun import supervise
@@ -1117,7 +1129,9 @@ def supervisor_env(c: Ctx, role: str) -> None:
     e = supervise.env(c.cfg)
     for k in supervise.ENV_KEYS:
         click.echo(f"export {k}={shlex.quote(e[k])}")
-    click.echo(f"# then: supervisord -c {supervise.CONFS[role]} ; supervisorctl -c {supervise.CONFS[role]} status")
+    # the file's whole path, for supervisorctl run from any directory (the deploy steps use it)
+    click.echo(f"export PAYRUN_SUPERVISOR_CONF={shlex.quote(str(supervise.CONFS[role]))}")
+    click.echo(f'# then: supervisord -c "$PAYRUN_SUPERVISOR_CONF" ; supervisorctl -c "$PAYRUN_SUPERVISOR_CONF" status')
 
 
 @cli.command()

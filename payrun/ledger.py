@@ -582,7 +582,7 @@ _OPEN = ("queued", "running", "retrying")
 
 
 def reconcile(conn, ledger: Ledger, older_than_s: float = RECONCILE_AFTER_S, limit: int = 2000,
-              now: float | None = None, after_id: str = "") -> tuple[int, str]:
+              now: float | None = None, after_id: str = "", fixed_ids: list[str] | None = None) -> tuple[int, str]:
     """Apply final states the event stream never carried.
 
     A worker reports a job's end *after* RQ recorded it (finished/failed), in a second
@@ -592,6 +592,12 @@ def reconcile(conn, ledger: Ledger, older_than_s: float = RECONCILE_AFTER_S, lim
     updated for ``older_than_s``, reads their RQ status, and applies ``done``/``failed``
     for jobs RQ finished. Anything else (queued, started, scheduled, gone) is left alone:
     a later event will tell. Applying a final state twice gives the same row.
+
+    A job RQ recorded as ended less than ``older_than_s`` ago is left for the next pass
+    too: its event is most likely on its way (written just after RQ's record, or not yet
+    read). A row idle that long can be a job that waited in its queue, so the row's age
+    alone took every such job for a lost event (a walkthrough counted 42 warnings in a
+    healthy run).
 
     Looks at up to ``limit`` open rows with ids after ``after_id`` (50,000 queued rows are
     read in slices, one per call). Returns (rows changed, the id to continue after; "" once
@@ -608,13 +614,16 @@ def reconcile(conn, ledger: Ledger, older_than_s: float = RECONCILE_AFTER_S, lim
         return 0, cursor
     with conn.pipeline(transaction=False) as pipe:
         for job_id in ids:
-            pipe.hmget(f"rq:job:{job_id}", "status", "meta")
+            pipe.hmget(f"rq:job:{job_id}", "status", "meta", "ended_at")
         found = pipe.execute()
     events: list[dict[str, str]] = []
-    for job_id, (status, raw_meta) in zip(ids, found):
+    for job_id, (status, raw_meta, raw_ended) in zip(ids, found):
         status = status.decode() if isinstance(status, bytes) else status
         if status not in ("finished", "failed"):
             continue
+        ended = _rq_time(raw_ended)
+        if ended is not None and now - ended < older_than_s:
+            continue  # ended just now: its event is on its way
         try:
             meta = json.loads(raw_meta) if raw_meta else {}
         except ValueError:
@@ -628,7 +637,21 @@ def reconcile(conn, ledger: Ledger, older_than_s: float = RECONCILE_AFTER_S, lim
         events.append(ev)
     if events:
         ledger.apply(events)
+        if fixed_ids is not None:
+            fixed_ids.extend(ev["job"] for ev in events)
     return len(events), cursor
+
+
+def _rq_time(raw) -> float | None:
+    """An RQ timestamp field (``2026-11-01T02:00:01.123456Z``, UTC) as a UNIX time."""
+    if not raw:
+        return None
+    try:
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
 
 LEDGER_LEASE_MS = 15_000
@@ -737,9 +760,13 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
                 time.sleep(COALESCE_S)
             if time.monotonic() >= next_reconcile:
                 next_reconcile = time.monotonic() + RECONCILE_EVERY_S
-                fixed, cursor = reconcile(conn, ledger, after_id=cursor)
+                fixed_ids: list[str] = []
+                fixed, cursor = reconcile(conn, ledger, after_id=cursor, fixed_ids=fixed_ids)
                 if fixed and log:
-                    log.warning("ledger: %d job(s) finished in RQ without their event; reconciled", fixed)
+                    log.warning("ledger: %d job(s) ended in RQ over %.0f s ago and their event never came (a worker "
+                                "killed, or Redis gone, between RQ's record and the event); their rows are set from "
+                                "RQ: %s%s", fixed, RECONCILE_AFTER_S, ", ".join(fixed_ids[:5]),
+                                " …" if fixed > 5 else "")
             wait = 0.5
         except (redis.ConnectionError, redis.TimeoutError) as e:
             replay = True

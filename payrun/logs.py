@@ -30,6 +30,19 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
+class PlainFormatter(logging.Formatter):
+    """``2026-12-04 14:36:06,708 +0000 INFO name: message``: the host's local time with its
+    UTC offset, so a log line can be matched with `payrun job`'s and the console's times
+    (shown in the configured timezone) at 02:00 without guessing the zone."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
+        local = datetime.fromtimestamp(record.created).astimezone()
+        return f"{local:%Y-%m-%d %H:%M:%S},{int(record.msecs):03d} {local:%z}"
+
+
 def debug_loggers() -> list[str]:
     """Loggers named in PAYRUN_LOG_DEBUG (comma-separated) log at DEBUG, the rest at the
     process's level. ``payrun.sends``: one line per email request, when it passed the
@@ -41,8 +54,7 @@ def setup(level: str = "INFO", as_json: bool | None = None) -> None:
     if as_json is None:
         as_json = os.environ.get("PAYRUN_LOG_JSON") == "1"
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if as_json else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if as_json else PlainFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

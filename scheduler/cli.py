@@ -152,7 +152,8 @@ def register(cli) -> None:
                        f"{out['send_job']})")
             from payrun.status import intake_notes
 
-            for note in intake_notes(c.redis(), waiting_only=True):  # HR promised it: say if nothing will take it
+            for note in intake_notes(c.redis()):  # HR promised it: say if nothing will take it (a drain too,
+                                                   # though its render was taken at once)
                 click.echo(f"note: {note}")
 
     @cli.command(name="remind")

@@ -158,6 +158,9 @@ def test_supervised_programs_get_the_config_file_up_was_given(tmp_path, monkeypa
     assert f"export PAYRUN_CONFIG={conf}" in out.output  # absolute: supervisord's programs run elsewhere
     plain = CliRunner().invoke(cli, ["supervisor-env"])
     assert "export PAYRUN_CONFIG=''" in plain.output
+    # the deploy steps' supervisorctl -c "$PAYRUN_SUPERVISOR_CONF" works from any directory
+    conf_line = next(line for line in plain.output.splitlines() if line.startswith("export PAYRUN_SUPERVISOR_CONF="))
+    assert Path(conf_line.split("=", 1)[1]).is_absolute() and Path(conf_line.split("=", 1)[1]).name == "supervisor.conf"
 
 
 def test_the_default_data_directory_run_from_the_root_is_refused(monkeypatch):

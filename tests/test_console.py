@@ -211,6 +211,9 @@ async def test_the_overview_steps_through_months_and_counts_employees_with_no_sl
         # as `payrun status`: company 2 has December salary lines and no slip (never run)
         assert app.snapshot.status["total"]["no_slip"] == december_2 > 0
         assert app.snapshot.status["total"] == status.report(cfg, ledger, month="2026-12", conn=conn)["total"]
+        # ... and says why as it does (a walkthrough saw "added after the run" for a company never run)
+        assert (f"{december_2:,} employees of company 2 have no slip (never run): payrun run --month 2026-12 "
+                "--company 2") in text_of(app, "#answer")
         assert "(pinned)" not in text_of(app, "StatusBar")
         await pilot.press("m")
         await settle(pilot, lambda: app.snapshot.status["month"] == MONTH, what="November")
@@ -218,7 +221,7 @@ async def test_the_overview_steps_through_months_and_counts_employees_with_no_sl
         assert st["total"] == report["total"]  # the same figures as `payrun status --month`
         assert [c["no_slip"] for c in st["companies"]] == [1, 0]
         answer = text_of(app, "#answer")
-        assert "1 with no slip yet" in answer and "1 employee of company 1 has no slip" in answer
+        assert "1 with no slip yet" in answer and "1 employee of company 1 has no slip (added after the run)" in answer
         assert f"payrun run --month {MONTH} --resume" in answer
         assert f"{MONTH} (pinned)" in text_of(app, "StatusBar")
         await pilot.press("m")  # nothing before November: back to following the latest run

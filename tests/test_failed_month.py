@@ -89,5 +89,8 @@ def test_payrun_failed_and_retry_all_take_a_month(two_months):
     from console import actions
 
     assert actions.read_audit(cfg)[-1]["command"] == f"payrun retry --all --queue {keys.RENDER_QUEUE} --month {OCT}"
+    conn.sadd(keys.PAUSED_QUEUES, keys.EMAIL_QUEUE)  # sends drained: the retry says so (a walkthrough missed it)
+    drained = runner.invoke(cli, ["retry", "--all", "--month", NOV, "--queue", keys.EMAIL_QUEUE])
+    assert "requeued 2 job(s)" in drained.output and "note: intake is drained on send-email" in drained.output
     none = runner.invoke(cli, ["retry", "--all", "--month", "2026-09"])
     assert "no failed job matched (`payrun failed --month 2026-09` lists what --all acts on)" in none.output

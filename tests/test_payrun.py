@@ -827,8 +827,8 @@ def test_down_says_a_run_was_in_progress(world):
     ledger_mod.drain(conn, ledger)
     out = CliRunner().invoke(cli, ["down"])
     assert out.exit_code == 0, out.output
-    assert (f"the {MONTH} pay run was in progress: 12 slips not sent yet wait in Redis; `payrun up` goes on "
-            "with them") in out.output, out.output
+    assert (f"the {MONTH} pay run was in progress: at most 12 slips not sent yet wait in Redis (counted as the "
+            "stop began: sends in hand finished meanwhile); `payrun up` goes on with them") in out.output, out.output
 
 
 def test_a_slip_of_a_month_already_run_keeps_its_companys_name_after_a_rename(world, provider, tmp_path):

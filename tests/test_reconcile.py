@@ -36,6 +36,29 @@ def test_a_job_finished_in_rq_whose_done_event_was_lost_is_reconciled(conn, cfg)
     assert (fixed, cursor) == (0, "job-2")  # sliced: the next call goes on after job-2
 
 
+def test_a_job_that_waited_in_its_queue_and_just_ended_is_left_for_its_event(conn, cfg):
+    """Walkthrough (session 28): every job that waited in its queue over 5 s (its ledger row
+    idle that long) and ended a moment before a pass was "reconciled" with a warning that
+    its event was lost: 42 warnings in a healthy run. RQ's own end time decides now."""
+    from rq.utils import utcformat
+
+    from datetime import datetime, timezone
+
+    ledger = Ledger(cfg.ledger_path)
+    ledger.create_jobs([{"id": "waited", "kind": "email"}, {"id": "lost", "kind": "email"}])
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    now = time.time() + 60  # both rows idle for a minute
+    for job_id, ended_s_ago in (("waited", 1.0), ("lost", 30.0)):
+        q.enqueue_call("jobs.tasks.noop", job_id=job_id, meta={"attempt": 1})
+        conn.hset(f"rq:job:{job_id}", mapping={
+            "status": "finished", "ended_at": utcformat(datetime.fromtimestamp(now - ended_s_ago, timezone.utc))})
+    fixed_ids: list[str] = []
+    assert ledger_mod.reconcile(conn, ledger, now=now, fixed_ids=fixed_ids) == (1, "")
+    assert fixed_ids == ["lost"] and ledger.job("waited")["status"] == "queued"
+    assert ledger_mod.reconcile(conn, ledger, now=now + 10) == (1, "")  # its event never came after all
+    assert ledger.job("waited")["status"] == "done"
+
+
 def test_the_reaper_releases_the_dead_attempts_claim_before_the_job_is_queued(conn):
     q, job = started_send(conn, "send-dead", "slip:k", attempt=2, worker="email.gone.1")
     assert idempotency.claim(conn, "slip:k", "send-dead:2", 60) == idempotency.OK

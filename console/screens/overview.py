@@ -21,6 +21,28 @@ def _n(v: int) -> str:
     return f"{v:,}"
 
 
+
+def no_slip_lines(st: dict) -> list[str]:
+    """Who has salary lines for the month shown and no slip, as `payrun status` tells them
+    apart: companies the month's run never covered (a company row with no slips), and
+    employees added after their company's run (a walkthrough saw never-run companies
+    called "added after the run")."""
+    month = st["month"]
+    never = [c for c in st.get("companies", []) if c.get("no_slip") and not c.get("total")]
+    late = [c for c in st.get("companies", []) if c.get("no_slip") and c.get("total")]
+    out = []
+    for rows, why, cmd in ((never, "never run", f"payrun run --month {month}" + (
+            f" --company {never[0]['id']}" if len(never) == 1 else "")),
+                           (late, "added after the run", f"payrun run --month {month} --resume")):
+        if not rows:
+            continue
+        n = sum(c["no_slip"] for c in rows)
+        ids = [str(c["id"]) for c in rows]
+        whose = f"compan{'y' if len(ids) == 1 else 'ies'} {', '.join(ids[:8])}{'…' if len(ids) > 8 else ''}"
+        who = "employee of {} has" if n == 1 else "employees of {} have"
+        out.append(f"{n:,} {who.format(whose)} no slip ({why}): {cmd}")
+    return out
+
 class OverviewScreen(ConsoleScreen):
     CRUMB = "overview"
     BINDINGS = [
@@ -64,13 +86,8 @@ class OverviewScreen(ConsoleScreen):
             t.append(answer(st["total"], snap.eta), style="bold")
             if snap.eta and snap.eta.get("on_time") is False:
                 t.stylize("bold red")
-            no_slip = st["total"].get("no_slip", 0)
-            if no_slip:
-                ids = [str(c["id"]) for c in st.get("companies", []) if c.get("no_slip")]
-                whose = f"compan{'y' if len(ids) == 1 else 'ies'} {', '.join(ids[:8])}{'…' if len(ids) > 8 else ''}"
-                who = "employee of {} has" if no_slip == 1 else "employees of {} have"
-                t.append(f"\n{no_slip:,} {who.format(whose)} no slip (added after the run): "
-                         f"payrun run --month {st['month']} --resume", style="bold yellow")
+            for line in no_slip_lines(st):
+                t.append("\n" + line, style="bold yellow")
             ans.update(t)
         else:
             ans.update("no pay run in the ledger yet: `payrun run --month YYYY-MM` starts one")
