@@ -146,8 +146,15 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                                 f"no attempt is spent (`payrun limits show` counts the 429s)")
         except (RedisError, OSError):  # it went away after the first look: say so, as if never there
             conn, outage = None, None
+    salary_months: list[str] = []
+    if not month and cfg.payroll_path.exists():  # nothing run yet: which months could be
+        from payrun import payroll
+
+        with payroll.PayrollDB(cfg.payroll_path) as db:
+            salary_months = payroll.months(db)
     return {
         "month": month,
+        "salary_months": salary_months,
         "total": total,
         "companies": companies,
         "ledger_backlog": lag,
@@ -276,6 +283,10 @@ def _fit(text: str, width: int) -> str:
 
 def format_report(r: dict[str, Any]) -> str:
     if not r["month"]:
+        ready = r.get("salary_months") or []
+        if ready:
+            return (f"no pay run yet; salary lines are in for {', '.join(ready[-6:])}: "
+                    f"`payrun run --month {ready[-1]}` starts {'it' if len(ready) == 1 else 'the latest'}")
         return "no pay run yet: `payrun run --month YYYY-MM` starts one"
     others = [m for m in r.get("months", []) if m != r["month"]]
     lines = [f"Pay run {r['month']}: {r['total']['total']:,} slip{'' if r['total']['total'] == 1 else 's'}"

@@ -296,6 +296,19 @@ def test_ledger_replays_what_it_had_not_acknowledged(cfg, conn):
     ledger.close()
 
 
+def test_status_before_any_run_names_the_months_with_salary_lines(world):
+    """Walkthrough: with 1,800 employees seeded for a month, `payrun status` said only
+    "no pay run yet: `payrun run --month YYYY-MM` starts one"."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    out = CliRunner().invoke(cli, ["status"])
+    assert out.exit_code == 0, out.output
+    assert f"no pay run yet; salary lines are in for {MONTH}: `payrun run --month {MONTH}` starts it" in out.output
+    assert json.loads(CliRunner().invoke(cli, ["status", "--json"]).output)["salary_months"] == [MONTH]
+
+
 def test_status_json_shape(world, provider):
     cfg, conn, db, ledger = world
     runs.start_run(cfg, conn, ledger, db, MONTH)
