@@ -243,13 +243,18 @@ def render_again(cfg: Config, conn, send: PayrunJob, payroll_db=None, ledger=Non
             if payload.get("reissued"):
                 snap["reissued"] = payload["reissued"]
             policy = cfg.render.retry
+            # its tries go on from the ledger's last (a new job would start at 1 again and
+            # write over the first render's history there)
+            row = ledger.job(render_id) if ledger is not None else None
+            tries = max((int(h["attempt"]) for h in (row or {}).get("history", [])), default=0)
             job = queue.create_job(
                 "jobs.oneoff.resend_slip" if resend else "jobs.tasks.render_slip", args=(snap,), job_id=render_id,
                 timeout=cfg.render.timeout_s, retry=Retry(max=policy.attempts - 1) if policy.attempts > 1 else None,
                 result_ttl=24 * 3600, failure_ttl=30 * 24 * 3600,
                 description=f"{'resend' if resend else 'render'} slip {payload['key']}",
                 meta={"kind": "resend" if resend else "render", "key": payload["key"],
-                      "company": payload["company_id"], "retry": vars(policy)})
+                      "company": payload["company_id"], "retry": vars(policy),
+                      **({"attempt": tries, "budget_start": tries} if tries else {})})
         else:
             _fresh_budget(cfg, job)
             _refresh_snapshot(job, payroll_db)

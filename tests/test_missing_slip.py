@@ -128,9 +128,11 @@ def test_a_render_record_gone_from_redis_is_made_again_from_the_payroll_database
     conn.delete(f"rq:job:{render_id}")
     conn.zrem(f"rq:finished:{keys.RENDER_QUEUE}", render_id)
     again: list[str] = []
-    assert deadletters.retry(cfg, conn, [send_id], payroll_db=db, rendered_again=again) == ([send_id], [])
+    assert deadletters.retry(cfg, conn, [send_id], payroll_db=db, rendered_again=again,
+                             ledger=ledger) == ([send_id], [])
     assert again == [render_id]
     made = make_queue(keys.RENDER_QUEUE, conn).fetch_job(render_id)
+    assert made.meta["attempt"] == 1  # its next try is the ledger's second, not a new first
     assert made.func_name == "jobs.tasks.render_slip" and made.args[0]["key"] == f"slip:{MONTH}:{EMP}"
     assert made.meta["kind"] == "render" and made.meta[tasks.RENDERED_AGAIN_FOR] == send_id
     run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)  # the send first: it waits for the render
@@ -140,7 +142,9 @@ def test_a_render_record_gone_from_redis_is_made_again_from_the_payroll_database
     enqueue_due(conn, email_q, {send_id: 0})
     work_everything(conn, ledger)
     assert provider.delivery(f"slip:{MONTH}:{EMP}") and delivered(provider) == 12
-    assert ledger.job(render_id)["status"] == "done"
+    row = ledger.job(render_id)
+    assert row["status"] == "done" and [(h["attempt"], h["outcome"]) for h in row["history"]] == [(1, "done"),
+                                                                                                 (2, "done")]
 
 
 def test_without_the_payroll_database_a_gone_render_is_refused_and_the_send_stays_failed(world, provider):
