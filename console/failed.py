@@ -291,8 +291,6 @@ def _matching_ids(conn, ledger, flt: FailedFilter) -> list[str]:
     return out
 
 
-
-
 def detail(conn, ledger, job_id: str) -> dict[str, Any]:
     """One job: ledger row with its attempt history, RQ status, last error, traceback."""
     out: dict[str, Any] = {"id": job_id, "ledger": None, "rq_status": None, "traceback": None, "meta": {}}

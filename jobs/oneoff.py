@@ -35,6 +35,10 @@ def resend_number(key: str) -> int:
     return int(key.rsplit("resend-", 1)[1])
 
 
+def resend_render_job_id(month: str, employee_id: str, n: int) -> str:
+    return f"resend-{month}-{employee_id}-{n}"
+
+
 def resend_email_job_id(month: str, employee_id: str, n: int) -> str:
     return f"email-{month}-{employee_id}-resend-{n}"
 

@@ -507,9 +507,11 @@ _RENDERING = ("queued", "started", "scheduled", "deferred")
 def render_job_of(payload: dict[str, Any]) -> str:
     """The id of the render job that makes a send's slip: the pay run's render, or a
     resend's (``payrun resend``, key ``slip:<month>:<employee>:resend-<n>``)."""
+    from jobs import oneoff
+
     month, emp = payload["month"], payload["employee_id"]
     if ":resend-" in payload["key"]:
-        return f"resend-{month}-{emp}-{payload['key'].rsplit(':resend-', 1)[1]}"
+        return oneoff.resend_render_job_id(month, emp, oneoff.resend_number(payload["key"]))
     return keys.render_job_id(month, emp)
 
 

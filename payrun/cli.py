@@ -491,11 +491,7 @@ def _employee_names(c: Ctx, employee_ids: list[str]) -> dict[str, str]:
 
 
 def _retry_all(queue: str | None, error_text: str | None, company: int | None, month: str | None = None) -> str:
-    import shlex
-
-    return "payrun retry --all" + (f" --queue {queue}" if queue else "") + (
-        f" --error {shlex.quote(error_text)}" if error_text else "") + (f" --company {company}" if company else "") + (
-        f" --month {month}" if month else "")
+    return "payrun retry --all" + _narrowing(queue, error_text, company, month)
 
 
 def _check_month_option(month: str | None) -> None:

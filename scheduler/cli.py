@@ -284,7 +284,7 @@ def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
     while True:  # n: a counter in Redis; never reuse a key that exists
         n = int(conn.incr(f"payrun:resend:{month}:{employee_id}"))
         key = f"{keys.idem_key(month, employee_id)}:resend-{n}"
-        job_id = f"resend-{month}-{employee_id}-{n}"
+        job_id = oneoff.resend_render_job_id(month, employee_id, n)
         if not idempotency.state(conn, key) and not conn.exists(queue.job_class.key_for(job_id)) \
                 and ledger.job(job_id) is None:
             break

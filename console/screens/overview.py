@@ -21,7 +21,6 @@ def _n(v: int) -> str:
     return f"{v:,}"
 
 
-
 def no_slip_lines(st: dict) -> list[str]:
     """Who has salary lines for the month shown and no slip, as `payrun status` tells them
     apart: companies the month's run never covered (a company row with no slips), and
@@ -42,6 +41,7 @@ def no_slip_lines(st: dict) -> list[str]:
         who = "employee of {} has" if n == 1 else "employees of {} have"
         out.append(f"{n:,} {who.format(whose)} no slip ({why}): {cmd}")
     return out
+
 
 class OverviewScreen(ConsoleScreen):
     CRUMB = "overview"
