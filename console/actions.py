@@ -56,6 +56,7 @@ def retry(cfg, conn, job_ids: list[str], command: str | None = None, via: str = 
         refused: list[tuple[str, str]] = []
         requeued, missing = deadletters.retry(cfg, conn, ids, db, rendered_again=again, refused=refused,
                                               ledger=ledger)
+        same_slip = deadletters.still_left_out(same_slip, requeued, again)
     finally:
         if db is not None:
             db.db.close()

@@ -766,6 +766,7 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
     refused: list[tuple[str, str]] = []
     requeued, missing = deadletters.retry(c.cfg, conn, ids, db, rendered_again=again, refused=refused,
                                           ledger=_maybe_ledger(c))
+    same_slip = deadletters.still_left_out(same_slip, requeued, again)
     actions.audit(c.cfg, actions.Outcome("retry", command, len(requeued), ok=not missing and not refused,
                                          message=f"requeued {len(requeued)} job(s)",
                                          detail={"asked": len(ids), "not_found": missing[:20],

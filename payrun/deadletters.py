@@ -101,6 +101,14 @@ def one_per_slip(conn, job_ids: list[str]) -> tuple[list[str], list[str]]:
     return [i for i in job_ids if i not in left_out], [i for i in job_ids if i in left_out]
 
 
+def still_left_out(left_out: list[str], requeued: list[str], rendered_again: list[str]) -> list[str]:
+    """The older failures :func:`one_per_slip` left out, less those the retry put back after
+    all: a render a retried send put back for its missing slip file, a send a retried render
+    took along. "Left out" must not name a job the same retry requeued."""
+    back = set(requeued) | set(rendered_again)
+    return [i for i in left_out if i not in back]
+
+
 RENDER_FUNCS = ("jobs.tasks.render_slip", "jobs.oneoff.resend_slip")
 
 

@@ -94,3 +94,27 @@ def test_payrun_failed_and_retry_all_take_a_month(two_months):
     assert "requeued 2 job(s)" in drained.output and "note: intake is drained on send-email" in drained.output
     none = runner.invoke(cli, ["retry", "--all", "--month", "2026-09"])
     assert "no failed job matched (`payrun failed --month 2026-09` lists what --all acts on)" in none.output
+
+
+def test_failures_at_the_same_instant_are_listed_in_one_order_everywhere(two_months):
+    """Ties (jobs that failed in the same second, as a batch refused at once does) are
+    ordered by id the same way by the console's Redis path, its ledger path (a filter) and
+    `payrun failed`: before, the ledger path put them the other way round."""
+    cfg, conn, ledger = two_months
+    when, score = "2026-11-02T03:04:05+00:00", 1_800_000_000
+    for q in (keys.RENDER_QUEUE, keys.EMAIL_QUEUE):
+        for m in conn.zrange(f"rq:failed:{q}", 0, -1):
+            conn.zadd(f"rq:failed:{q}", {m: score})
+            conn.hset(f"rq:job:{m.decode()}", "ended_at", "2026-11-02T03:04:05.000000Z")
+    ledger.db.conn.execute("UPDATE jobs SET finished_at = ?", (when,))
+    ledger.db.conn.commit()
+    nov = [f"render-{NOV}-emp-1", f"email-{NOV}-emp-3", f"email-{NOV}-emp-2"]  # ids descending
+
+    def of_nov(ids):
+        return [i for i in ids if NOV in i]
+
+    assert [r["id"] for r in page(conn, ledger, FailedFilter.parse(f"month:{NOV}")).rows] == nov  # ledger
+    assert of_nov(r["id"] for r in page(conn, ledger, FailedFilter.parse("")).rows) == nov  # Redis
+    assert of_nov(matching_ids(conn, ledger, FailedFilter.parse(f"month:{NOV}"))) == nov
+    listed = json.loads(CliRunner().invoke(cli, ["failed", "--json"]).output)
+    assert of_nov(r["id"] for r in listed) == nov
