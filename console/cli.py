@@ -139,13 +139,15 @@ def register(cli) -> None:
         if not snap.workers:
             click.echo("no workers registered (`payrun up` starts them)")
         else:
-            click.echo(f"{'worker':<34} {'host:pid'} {'queues':<10} {'state':<9} {'job':<30} {'for':>6}  "
+            where = "host:pid program" if any(w.program for w in snap.workers) else "host:pid"
+            click.echo(f"{'worker':<34} {where} {'queues':<10} {'state':<9} {'job':<30} {'for':>6}  "
                        "RQ heartbeat (an idle send lane beats every 30 s; liveness is separate)")
         gone = [w for w in snap.workers if not w.alive]
         for w, lanes in collapse_gone_lanes(snap.workers):
             state = w.state if w.alive else "GONE"
             name = w.name if lanes == 1 else f"{w.name.rsplit('.', 1)[0]}.* ({lanes} lanes)"
-            click.echo(f"{name:<34} {w.host}:{w.pid} {w.queues:<10} {state:<9} "
+            click.echo(f"{name:<34} {w.host}:{w.pid}" + (f" {w.program}" if w.program else "")
+                       + f" {w.queues:<10} {state:<9} "
                        f"{(w.job_id or '-'):<30} {_age(w.job_elapsed_s):>6}  beat {_age(w.heartbeat_age_s)} ago"
                        + ("" if w.alive else "  NO LIVENESS")
                        + (f"  (its job {w.job_returned} was handed back)" if w.job_returned else "")

@@ -144,6 +144,14 @@ class WorkerRow:
     """A worker that lost liveness (killed, or hung) keeps its RQ registration until RQ
     drops it (up to 8 min): the job it held, once no longer running under it (the reaper
     handed it back), is here and ``job_id`` is None."""
+    program: str | None = None
+    """The supervisord program running it, as `supervisorctl` names it
+    (``pdf-render:pdf-render-00``); None when not run by supervisord."""
+
+    @property
+    def where(self) -> str:
+        """host:pid, and the supervisord program when there is one."""
+        return f"{self.host[:18]}:{self.pid}" + (f" {self.program}" if self.program else "")
 
     @property
     def process(self) -> str:
@@ -432,7 +440,7 @@ def read_workers(conn, now: float) -> list[WorkerRow]:
             job_elapsed_s=max(0.0, now - t0) if t0 else None,
             heartbeat_age_s=max(0.0, now - hb) if hb else None, alive=alive,
             stopping=bool(h.get("shutdown_requested_date")), kind=_kind(name, h.get("queues", "")),
-            job_returned=returned,
+            job_returned=returned, program=h.get("program") or None,
         ))
     return out
 

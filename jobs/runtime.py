@@ -307,6 +307,14 @@ class EventsMixin:
         self.in_hand: tuple[Job, Queue] | None = None
         self._requeue_ids: set[str] = set()
 
+    def register_birth(self, *args: Any, **kwargs: Any) -> None:
+        """RQ's record of this worker, plus the supervisord program running it (field
+        ``program``, when there is one): the console and `payrun workers` name it beside
+        host:pid, so the on-call knows what to `supervisorctl restart` without `payrun ps`."""
+        super().register_birth(*args, **kwargs)
+        if program := supervisor_program():
+            self.connection.hset(self.key, "program", program)
+
     def ensure_scheduler(self) -> None:
         """Restart RQ's scheduler for our queues if it died, at most every SCHEDULER_CHECK_S.
 
@@ -1232,6 +1240,18 @@ def return_stranded(conn, queue_names: list[str], who: str) -> None:
             log.warning("Worker %s: %s was taken but not started; returned to the front of %s", who, s.job_id, s.queue)
     except Exception as e:  # Redis down: the reaper returns it later
         log.warning("Worker %s: could not check for jobs taken but not started: %s", who, e)
+
+
+def supervisor_program(env=os.environ) -> str | None:
+    """The supervisord program this process is, as `supervisorctl` names it: supervisord
+    sets SUPERVISOR_GROUP_NAME and SUPERVISOR_PROCESS_NAME in its children
+    (``pdf-render:pdf-render-00`` for one of numprocs, ``send-email`` for a lone one);
+    None when not run by supervisord."""
+    name = env.get("SUPERVISOR_PROCESS_NAME", "").strip()
+    if not name:
+        return None
+    group = env.get("SUPERVISOR_GROUP_NAME", "").strip()
+    return f"{group}:{name}" if group and group != name else name
 
 
 def worker_name(kind: str, index: int | None = None) -> str:

@@ -64,6 +64,12 @@ def test_up_run_status_down(tmp_path, monkeypatch):
             return out.returncode == 0 and json.loads(out.stdout)["total"]["done"] == 10
 
         wait_for(all_sent, timeout_s=90, interval_s=0.5, what="10 slips delivered by supervised workers")
+        # each worker names its supervisord program, as `supervisorctl restart` takes it
+        listed = json.loads(payrun("workers", "--json", env=env).stdout)
+        programs = {(w["kind"], w["program"]) for w in listed if w["alive"] and w["kind"] != "control"}
+        assert {("render", "pdf-render:pdf-render-00"), ("email", "send-email")} <= programs, listed
+        assert all(p for _, p in programs), listed
+        assert " pdf-render:pdf-render-00 " in payrun("workers", env=env).stdout
         # Redis stopped under supervisord: a command says so at once (it waited a silent minute)
         from payrun import config, supervise
 
@@ -429,3 +435,31 @@ def test_a_worker_host_on_another_slip_store_is_refused(cfg, conn, tmp_path, red
     with pytest.raises(SetupError, match="set PAYRUN_SLIPS_DIR to the shared store"):
         supervise.check_role(worker_host(own), "worker")
     supervise.check_role(worker_host(shared), "worker")  # the shared store: fine
+
+
+def test_a_worker_names_its_supervisord_program(conn, monkeypatch):
+    """The console's worker rows named host:pid only (a session-27 known limit): which
+    program to restart took `payrun ps` beside it."""
+    import time as time_mod
+
+    from console.data import read_workers
+    from jobs.runtime import RenderWorker, make_queue, supervisor_program
+    from payrun import keys
+
+    assert supervisor_program({}) is None
+    assert supervisor_program({"SUPERVISOR_GROUP_NAME": "pdf-render",
+                               "SUPERVISOR_PROCESS_NAME": "pdf-render-01"}) == "pdf-render:pdf-render-01"
+    assert supervisor_program({"SUPERVISOR_GROUP_NAME": "send-email",
+                               "SUPERVISOR_PROCESS_NAME": "send-email"}) == "send-email"
+    monkeypatch.setenv("SUPERVISOR_GROUP_NAME", "pdf-render")
+    monkeypatch.setenv("SUPERVISOR_PROCESS_NAME", "pdf-render-01")
+    w = RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn, name="render.test.program")
+    w.register_birth()
+    monkeypatch.delenv("SUPERVISOR_PROCESS_NAME")
+    bare = RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn, name="render.test.bare")
+    bare.register_birth()
+    rows = {r.name: r for r in read_workers(conn, time_mod.time())}
+    assert rows["render.test.program"].program == "pdf-render:pdf-render-01"
+    assert rows["render.test.program"].where.endswith(" pdf-render:pdf-render-01")
+    bare_row = rows["render.test.bare"]
+    assert bare_row.program is None and bare_row.where == f"{bare_row.host}:{bare_row.pid}"

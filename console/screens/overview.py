@@ -201,7 +201,7 @@ class OverviewScreen(ConsoleScreen):
                 job = "gone (its job handed back)" if any(w.job_returned for w in dead) else "gone"
             else:
                 job = "idle"
-            rows.append((key, (f"{ws[0].host[:18]}:{ws[0].pid}", kind, f"{len(busy)}/{len(ws)}", job,
+            rows.append((key, (ws[0].where, kind, f"{len(busy)}/{len(ws)}", job,
                                duration(beat))))
         return rows
 

@@ -106,7 +106,7 @@ class WorkersScreen(ConsoleScreen):
             else:
                 state = Text(w.state + (" (stopping)" if w.stopping else ""), style="yellow" if w.stopping else "")
             job = w.job_id or (Text(f"{w.job_returned} (handed back)", style="dim") if w.job_returned else "")
-            rows.append((w.name, (w.name, f"{w.host[:16]}:{w.pid}", w.queues, state, job,
+            rows.append((w.name, (w.name, w.where, w.queues, state, job,
                                   duration(w.job_elapsed_s), duration(w.heartbeat_age_s),
                                   Text("yes", style="green") if w.alive else Text("NO", style="bold red"))))
         with self.app.batch_update():
