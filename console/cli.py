@@ -130,8 +130,9 @@ def register(cli) -> None:
     @pass_ctx
     @handle_errors
     def workers(c, as_json: bool) -> None:
-        """Every RQ worker: host, pid, queues, state, current job and for how long, last
-        heartbeat, whether its liveness key is alive. Reads only."""
+        """Every RQ worker: host, pid, its supervisord program (when run by one), queues,
+        state, current job and for how long, last heartbeat, whether its liveness key is
+        alive. Reads only."""
         snap = snapshot_or_fail(c)
         if as_json:
             click.echo(json.dumps(snap.to_dict()["workers"]))

@@ -185,7 +185,7 @@ def page(conn, ledger, flt: FailedFilter, offset: int = 0, limit: int = 50) -> F
                 "SELECT id, queue, company_id, kind, attempts, last_error, finished_at, (SELECT COUNT(*) FROM"
                 f" attempts a WHERE a.job_id = jobs.id AND a.outcome IN ({_FREE})) AS free"
                 f" FROM jobs WHERE {where}"
-                " ORDER BY finished_at DESC, id DESC LIMIT ? OFFSET ?", [*args, limit, offset])
+                " ORDER BY substr(finished_at, 1, 19) DESC, id DESC LIMIT ? OFFSET ?", [*args, limit, offset])
         ]
         with conn.pipeline(transaction=False) as p:
             for r in rows:
@@ -276,7 +276,7 @@ def _matching_ids(conn, ledger, flt: FailedFilter) -> list[str]:
     if flt.uses_ledger and ledger is not None:
         where, args = _ledger_where(flt)
         ids = [r[0] for r in ledger.db.conn.execute(
-            f"SELECT id, queue FROM jobs WHERE {where} ORDER BY finished_at DESC, id DESC", args)]
+            f"SELECT id, queue FROM jobs WHERE {where} ORDER BY substr(finished_at, 1, 19) DESC, id DESC", args)]
         return ids
     out: list[str] = []
     for q in _queues(flt):

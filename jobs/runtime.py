@@ -367,6 +367,15 @@ class EventsMixin:
         if (timeout is None and pipeline is None and last is not None
                 and (utcnow() - last).total_seconds() < self.heartbeat_every_s):
             return
+        program = supervisor_program()
+        if pipeline is None and program:
+            # a record that lapsed (Redis away past its expiry) is made again by the next
+            # beat with RQ's few fields: the program too (and one round trip, not RQ's two)
+            with self.connection.pipeline(transaction=False) as p:
+                super().heartbeat(timeout, p)
+                p.hset(self.key, "program", program)
+                p.execute()
+            return
         super().heartbeat(timeout, pipeline)
 
     def set_state(self, state: str, pipeline=None) -> None:

@@ -781,7 +781,7 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
                    + (f"; {len(again)} of them render their slip again first (the file was missing from the slip "
                       "store): each send waits for its render, spending no attempt" if again else "")
                    + (f"; left out {len(resent)} whose slip a `payrun resend` delivered since" if resent else "")
-                   + (f"; left out {len(same_slip)} older failure(s) of a slip retried now (one email per slip: "
+                   + (f"; left out {len(same_slip)} older failure(s) of the same slip (one email per slip: "
                       f"{', '.join(same_slip[:5])}{' …' if len(same_slip) > 5 else ''})" if same_slip else "")
                    + ("; no failed job matched" + (f" (`payrun failed{_narrowing(queue, error_text, company, month)}` "
                                                    "lists what --all acts on)" if (queue or error_text or month or company

@@ -60,7 +60,9 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
             r["delivered_by_resend"] = bool(r.get("key")) and slip_key(r["key"]) in resent
     if company is not None:
         out = [r for r in out if r.get("company") == company]
-    out.sort(key=lambda r: (r["ended_at"] or "", r["id"]), reverse=True)  # (ties as the console's list)
+    # newest first by the second (the failed registry's score, which orders the console's
+    # list, has whole seconds), then by id: the console's order
+    out.sort(key=lambda r: ((r["ended_at"] or "")[:19], r["id"]), reverse=True)
     return out[:limit] if limit else out
 
 

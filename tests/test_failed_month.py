@@ -96,17 +96,22 @@ def test_payrun_failed_and_retry_all_take_a_month(two_months):
     assert "no failed job matched (`payrun failed --month 2026-09` lists what --all acts on)" in none.output
 
 
-def test_failures_at_the_same_instant_are_listed_in_one_order_everywhere(two_months):
-    """Ties (jobs that failed in the same second, as a batch refused at once does) are
-    ordered by id the same way by the console's Redis path, its ledger path (a filter) and
-    `payrun failed`: before, the ledger path put them the other way round."""
+def test_failures_in_the_same_second_are_listed_in_one_order_everywhere(two_months):
+    """Failures in one second (a batch refused at once) are ordered by id the same way by
+    the console's Redis path (the failed registry's score: whole seconds), its ledger path
+    (a filter; milliseconds) and `payrun failed` (RQ's ended_at; microseconds): before,
+    each broke the tie by its own fraction of a second, or the ledger by id the other way."""
     cfg, conn, ledger = two_months
-    when, score = "2026-11-02T03:04:05+00:00", 1_800_000_000
+    score = 1_800_000_000
+    # the fractions in an order that is not the ids' (review: equal stamps proved nothing)
+    frac = {f"render-{NOV}-emp-1": ".100", f"email-{NOV}-emp-3": ".900", f"email-{NOV}-emp-2": ".500",
+            f"render-{OCT}-emp-1": ".300", f"render-{OCT}-emp-2": ".700", f"email-{OCT}-emp-3": ".200"}
     for q in (keys.RENDER_QUEUE, keys.EMAIL_QUEUE):
         for m in conn.zrange(f"rq:failed:{q}", 0, -1):
             conn.zadd(f"rq:failed:{q}", {m: score})
-            conn.hset(f"rq:job:{m.decode()}", "ended_at", "2026-11-02T03:04:05.000000Z")
-    ledger.db.conn.execute("UPDATE jobs SET finished_at = ?", (when,))
+            conn.hset(f"rq:job:{m.decode()}", "ended_at", f"2026-11-02T03:04:05{frac[m.decode()]}000Z")
+    for job_id, f in frac.items():
+        ledger.db.conn.execute("UPDATE jobs SET finished_at = ? WHERE id = ?", (f"2026-11-02T03:04:05{f}+00:00", job_id))
     ledger.db.conn.commit()
     nov = [f"render-{NOV}-emp-1", f"email-{NOV}-emp-3", f"email-{NOV}-emp-2"]  # ids descending
 

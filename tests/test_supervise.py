@@ -462,4 +462,11 @@ def test_a_worker_names_its_supervisord_program(conn, monkeypatch):
     assert rows["render.test.program"].program == "pdf-render:pdf-render-01"
     assert rows["render.test.program"].where.endswith(" pdf-render:pdf-render-01")
     bare_row = rows["render.test.bare"]
-    assert bare_row.program is None and bare_row.where == f"{bare_row.host}:{bare_row.pid}"
+    assert bare_row.program is None and bare_row.where == f"{bare_row.host[:18]}:{bare_row.pid}"
+    # a record that lapsed (Redis away past its expiry) gets its program back at the next beat
+    monkeypatch.setenv("SUPERVISOR_PROCESS_NAME", "pdf-render-01")
+    conn.delete(w.key)
+    w.last_heartbeat = None
+    w.heartbeat()
+    assert conn.hget(w.key, "program") == b"pdf-render:pdf-render-01" and 0 < conn.ttl(w.key) <= w.worker_ttl + 60
+    assert conn.hget(w.key, "last_heartbeat")

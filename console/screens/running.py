@@ -89,7 +89,7 @@ class WorkersScreen(ConsoleScreen):
 
     def compose(self) -> ComposeResult:
         yield StatusBar(self.CRUMB)
-        yield LiveTable([("name", "worker"), ("proc", "host:pid"), ("queues", "queues"), ("state", "state"),
+        yield LiveTable([("name", "worker"), ("proc", "host:pid program"), ("queues", "queues"), ("state", "state"),
                          ("job", "job"), ("for", "for"), ("beat", "rq beat"), ("alive", "alive")], id="workers")
         yield Footer(compact=True)
 
