@@ -264,18 +264,38 @@ def test_a_send_that_failed_on_something_else_is_not_rendered_again_whatever_thi
     assert deadletters.slip_gone(old)
 
 
+def render_and_send_fail_on_the_data(world):
+    """A slip lost after its render; its send retried, which makes the render again; but
+    HR broke the employee's name since (too long for the slip): the render fails on the
+    data, and the send with it. Returns (send id, render id, what the send's retry said)."""
+    cfg, conn, db, ledger = world
+    send_id = render_then_lose_one_slip(world)
+    db.conn.execute("UPDATE employees SET name_en = ? WHERE id = ?", ("A" * 81, EMP))  # too long for the slip
+    db.conn.commit()
+    first_retry = deadletters.retry(cfg, conn, [send_id], payroll_db=db)
+    render_all(conn)  # fails on the data
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)  # and the send with it
+    return send_id, keys.render_job_id(MONTH, EMP), first_retry
+
+
+def deliver_the_slip(conn, ledger, provider, send_id) -> None:
+    """Work everything after a retry; the slip is delivered once and nothing stays failed."""
+    work_everything(conn, ledger)
+    email_q = make_queue(keys.EMAIL_QUEUE, conn)
+    if email_q.scheduled_job_registry.get_job_ids():  # (if the send looked before the render ended)
+        enqueue_due(conn, email_q, {send_id: 0})
+        run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
+    assert provider.delivery(f"slip:{MONTH}:{EMP}") and delivered(provider) == 12
+    assert deadletters.failed(conn) == []
+
+
 def test_a_render_retried_by_itself_takes_its_waiting_send_along(world, provider):
     """Review: a render made again for a send can fail on data HR broke since; fixed, and
     the render retried by itself (as `payrun failed` lists it), its end found the send
     there (failed) and enqueued nothing: the slip was never sent."""
     cfg, conn, db, ledger = world
-    send_id = render_then_lose_one_slip(world)
-    render_id = keys.render_job_id(MONTH, EMP)
-    db.conn.execute("UPDATE employees SET name_en = ? WHERE id = ?", ("A" * 81, EMP))  # too long for the slip
-    db.conn.commit()
-    assert deadletters.retry(cfg, conn, [send_id], payroll_db=db) == ([send_id], [])
-    render_all(conn)  # fails on the data
-    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)  # and the send with it
+    send_id, render_id, first_retry = render_and_send_fail_on_the_data(world)
+    assert first_retry == ([send_id], [])
     failed = {r["id"]: r for r in deadletters.failed(conn)}
     assert set(failed) == {render_id, send_id}
     assert f"its render {render_id} failed" in failed[send_id]["error"] and "`payrun retry` this send" in failed[
@@ -284,13 +304,7 @@ def test_a_render_retried_by_itself_takes_its_waiting_send_along(world, provider
     db.conn.commit()
     out = json.loads(CliRunner().invoke(cli, ["retry", render_id, "--json"]).output)
     assert out["requeued"] == [render_id, send_id]
-    work_everything(conn, ledger)
-    email_q = make_queue(keys.EMAIL_QUEUE, conn)
-    if email_q.scheduled_job_registry.get_job_ids():  # (if the send looked before the render ended)
-        enqueue_due(conn, email_q, {send_id: 0})
-        run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
-    assert provider.delivery(f"slip:{MONTH}:{EMP}") and delivered(provider) == 12
-    assert deadletters.failed(conn) == []
+    deliver_the_slip(conn, ledger, provider, send_id)
 
 
 def test_two_retries_at_once_and_a_render_left_in_no_queue(world, provider):
@@ -354,13 +368,7 @@ def test_retry_all_does_not_call_a_render_it_puts_back_left_out(world, provider,
     send's retry renders the slip again, by putting back that very render. Now the render
     is not named as left out; nor is a send a kept render took along."""
     cfg, conn, db, ledger = world
-    send_id = render_then_lose_one_slip(world)
-    render_id = keys.render_job_id(MONTH, EMP)
-    db.conn.execute("UPDATE employees SET name_en = ? WHERE id = ?", ("A" * 81, EMP))  # too long for the slip
-    db.conn.commit()
-    deadletters.retry(cfg, conn, [send_id], payroll_db=db)
-    render_all(conn)
-    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
+    send_id, render_id, _ = render_and_send_fail_on_the_data(world)
     assert {r["id"] for r in deadletters.failed(conn)} == {render_id, send_id}
     db.conn.execute("UPDATE employees SET name_en = 'Ayesha Siddiqua' WHERE id = ?", (EMP,))
     db.conn.commit()
@@ -376,10 +384,4 @@ def test_retry_all_does_not_call_a_render_it_puts_back_left_out(world, provider,
         done = actions.retry(cfg, conn, [r["id"] for r in deadletters.failed(conn)])
         assert "left out" not in done.message and done.detail["same_slip"] == [], done.message
         assert render_id in done.detail["rendered_again"] or done.count == 2
-    work_everything(conn, ledger)
-    email_q = make_queue(keys.EMAIL_QUEUE, conn)
-    if email_q.scheduled_job_registry.get_job_ids():  # (if the send looked before the render ended)
-        enqueue_due(conn, email_q, {send_id: 0})
-        run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
-    assert provider.delivery(f"slip:{MONTH}:{EMP}") and delivered(provider) == 12
-    assert deadletters.failed(conn) == []
+    deliver_the_slip(conn, ledger, provider, send_id)
