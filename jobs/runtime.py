@@ -341,8 +341,13 @@ class EventsMixin:
 
     def stop_scheduler(self) -> None:
         """RQ's, with a bound: SIGTERM, then SIGKILL after SCHEDULER_STOP_S. RQ joins the
-        scheduler process without a timeout, and a worker stuck there outlives its grace
-        (its locks expire by themselves)."""
+        scheduler process without a timeout, and a worker stuck there outlives its grace.
+
+        Then the scheduler's locks are released from here too (only those still holding
+        its name): a scheduler process that dies without releasing them (SIGTERM in the
+        moment after its fork, before it handles the signal; the SIGKILL above) left them
+        for their 61 s, and every due retry on every host waited that long (a worker
+        stopped right after it started: a restart loop, a deploy)."""
         process = getattr(self.scheduler, "_process", None)
         if process is None or not process.pid:
             return
@@ -356,6 +361,12 @@ class EventsMixin:
                         self.name, process.pid, SCHEDULER_STOP_S)
             process.kill()
             process.join(1)
+        if process.exitcode != 0:
+            try:
+                self.scheduler.release_locks()
+            except Exception as e:  # Redis away: they expire by themselves
+                log.warning("Worker %s: could not release the RQ scheduler's locks (%s): they lapse in 61 s",
+                            self.name, e)
 
     # RQ writes the worker's heartbeat (HSET + EXPIRE, two round trips) three times per job
     # and its state twice: between two renders that is ~8 round trips while the core idles.

@@ -83,7 +83,8 @@ def enqueue_due(conn, queue, due: dict[str, float]) -> None:
 
     conn.zadd(queue.scheduled_job_registry.key, due)
     scheduler = PayrunScheduler([queue], connection=conn)
-    scheduler.acquire_locks()
+    # (a lock still held by a worker's scheduler would make this a silent no-op)
+    assert scheduler.acquire_locks() == {queue.name}, "another RQ scheduler holds the queue's lock"
     try:
         scheduler.enqueue_scheduled_jobs()
     finally:

@@ -314,3 +314,47 @@ def test_a_job_that_expired_in_the_queue_is_skipped_with_the_slot_kept(conn, cfg
     assert run_lanes(conn, [keys.EMAIL_QUEUE], lanes=1, burst=True, limiter=_limiter(conn)) == 1
     assert conn.hget("rq:job:next", "status") == b"finished"
     assert conn.zcard(_limiter(conn).k_slots) == 0
+
+
+def test_a_scheduler_process_that_dies_holding_its_locks_has_them_released_by_its_worker(conn):
+    """RQ's scheduler process releases its queue locks when it handles SIGTERM; one killed
+    first (SIGTERM in the moment after its fork, before it handles signals; a SIGKILL)
+    left them for 61 s, and every host's due retries waited that long. The worker that
+    stops it now releases what still holds its scheduler's name."""
+    import os
+    import signal
+
+    from rq.scheduler import RQScheduler
+
+    queue = make_queue(keys.EMAIL_QUEUE, conn)
+    worker = LaneWorker([queue], connection=lane_connection(conn), name="lane-sched-test")
+    worker.scheduler_connection = conn
+    worker._start_scheduler(burst=False)
+    lock = RQScheduler.get_locking_key(keys.EMAIL_QUEUE)
+    process = worker.scheduler._process
+    assert process is not None and conn.get(lock).decode() == worker.scheduler.name
+    os.kill(process.pid, signal.SIGKILL)  # dies without a word
+    worker.stop_scheduler()
+    assert process.exitcode == -signal.SIGKILL
+    assert conn.get(lock) is None  # another scheduler may take the queue at once
+    other = RQScheduler([queue], connection=conn)
+    assert other.acquire_locks() == {keys.EMAIL_QUEUE}
+    other.release_locks()
+
+
+def test_stopping_a_scheduler_leaves_another_schedulers_lock_alone(conn):
+    import os
+    import signal
+
+    from rq.scheduler import RQScheduler
+
+    queue = make_queue(keys.EMAIL_QUEUE, conn)
+    worker = LaneWorker([queue], connection=lane_connection(conn), name="lane-sched-test-2")
+    worker.scheduler_connection = conn
+    worker._start_scheduler(burst=False)
+    lock = RQScheduler.get_locking_key(keys.EMAIL_QUEUE)
+    os.kill(worker.scheduler._process.pid, signal.SIGKILL)
+    conn.set(lock, "another-host-scheduler")  # its lock lapsed, another scheduler took it
+    worker.stop_scheduler()
+    assert conn.get(lock) == b"another-host-scheduler"
+    conn.delete(lock)
