@@ -1008,7 +1008,8 @@ def ledger(c: Ctx) -> None:
 
 
 @cli.command()
-@click.option("--host", default=None, help="Listen address (default: provider.host, 127.0.0.1).")
+@click.option("--host", default=None, help="Listen address, this machine's loopback only: the simulator has no "
+              "login (default: provider.host, 127.0.0.1).")
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port (default: provider.port, 8025).")
 @click.option("--latency", type=click.FloatRange(0, 60), default=None, help="Seconds per accepted send (1.2).")
 @click.option("--rate", type=click.FloatRange(0.1, 100_000), default=None, help="Accepted sends per second (40).")
@@ -1019,8 +1020,10 @@ def provider(c: Ctx, host: str | None, port: int | None, latency: float | None, 
     answered with 429 + Retry-After, injectable 503 outages, dedupe by Idempotency-Key."""
     from payrun import provider as provider_mod
 
-    _setup_logging()
     p = c.cfg.provider
+    if host is not None and (why := config_mod.provider_host_problem(host)):
+        raise click.BadParameter(why, param_hint="--host")
+    _setup_logging()
     try:
         provider_mod.run(host or p.host, port if port is not None else p.port,
                          latency if latency is not None else p.latency_s, rate if rate is not None else p.rate_per_s)

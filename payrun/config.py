@@ -354,6 +354,8 @@ def validate(cfg: Config, email_token: bool = False) -> None:
                         f"{cfg.limits.outage_pause_s}, outage_pause_max_s={cfg.limits.outage_pause_max_s})")
     if not 1 <= cfg.provider.port <= 65535:
         problems.append(f"provider.port must be a port number, 1-65535 (got {cfg.provider.port})")
+    if why := provider_host_problem(cfg.provider.host):
+        problems.append(f"provider.host {why}")
     if not -1 <= cfg.metrics.port <= 65535:
         problems.append(f"metrics.port must be -1 (off), 0 (any free port) or a port number (got {cfg.metrics.port})")
     if cfg.lease.reap_every_s < 1:
@@ -420,6 +422,16 @@ def email_url_problems(url: str, token: bool = False) -> list[str]:
     if parts.scheme == "http" and token:
         return ["would send PAYRUN_EMAIL_TOKEN to another host in clear text: use https://"]
     return []
+
+
+def provider_host_problem(host: str) -> str | None:
+    """Why the local provider simulator may not listen on ``host`` (pure), or None. It has
+    no login: whoever reaches it reads every recipient and subject (/v1/messages), starts
+    outages and resets its dedupe (/v1/admin). So it listens on this machine's loopback only."""
+    if host and is_loopback(host):
+        return None
+    return (f"must be this machine's loopback (127.0.0.1, ::1 or localhost; got {host!r}): the local "
+            "provider simulator has no login, and anyone who reaches it reads recipients and resets its dedupe")
 
 
 def is_loopback(host: str) -> bool:

@@ -289,6 +289,24 @@ def test_provider_and_bank_ports_out_of_range_or_taken_are_one_line_errors(runne
         config.load(bad, env={"PAYRUN_HOME": str(tmp_path)})
 
 
+def test_the_local_provider_listens_on_loopback_only(runner, tmp_path):
+    """It has no login: on another interface anyone who reached it read every recipient and
+    subject and could reset its dedupe (a security review's finding)."""
+    from payrun import config
+    from payrun.errors import ConfigError
+
+    for host in ("0.0.0.0", "::", "10.1.2.3", ""):
+        out = runner.invoke(cli, ["provider", "--host", host])
+        assert out.exit_code == 2 and "must be this machine's loopback" in out.output, (host, out.output)
+        assert "Traceback" not in out.output
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[provider]\nhost = "0.0.0.0"\n')
+    with pytest.raises(ConfigError, match="provider.host must be this machine's loopback"):
+        config.load(bad, env={"PAYRUN_HOME": str(tmp_path)})
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert config.provider_host_problem(host) is None
+
+
 def test_month_messages_name_the_real_problem(runner, cfg, conn):
     payroll.seed(payroll.PayrollDB(cfg.payroll_path), companies=1, employees=1, seed=1, month="2026-11")
     assert "has no month 13" in one_line_error(runner.invoke(cli, ["run", "--month", "2026-13"]))
