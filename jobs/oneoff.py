@@ -28,7 +28,12 @@ log = logging.getLogger("payrun.worker")
 
 
 def resend_path(month: str, company_id: int, employee_id: str, n: int) -> str:
-    return f"{month}/{company_id}/{employee_id}.resend-{n}.pdf"
+    from jobs.errors import PermanentError
+    from jobs.policy import slip_path_problem
+
+    if why := slip_path_problem(month, company_id, employee_id):
+        raise PermanentError(f"refused to write a slip: {why}")
+    return f"{month}/{company_id}/{employee_id}.resend-{int(n)}.pdf"
 
 
 def resend_number(key: str) -> int:

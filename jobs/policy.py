@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import random
+import re
 import smtplib
 import socket
 from dataclasses import dataclass
@@ -473,3 +474,23 @@ def dead_slot_holders(holders: list[str], alive: dict[str, bool]) -> list[str]:
     reaper applies to its jobs). A holder that names no lane, or a lane not asked about,
     is kept: its lease still frees it."""
     return [h for h in holders if slot_lane(h) and alive.get(slot_lane(h)) is False]
+
+
+_SLIP_MONTH = re.compile(r"[0-9]{4}-[0-9]{2}")
+_SLIP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+def slip_path_problem(month: object, company_id: object, employee_id: object) -> str | None:
+    """Why these cannot name a slip's file (``<month>/<company>/<employee>.pdf`` under the
+    slip store), or None. The parts come from a job's arguments in Redis: a company or
+    employee id such as ``../..`` would write a file outside the store. Ids the importer
+    takes (``emp-00042``, a company number) always pass."""
+    if not isinstance(month, str) or not _SLIP_MONTH.fullmatch(month):
+        return f"month {month!r} is not YYYY-MM"
+    if isinstance(company_id, bool) or not (
+            (isinstance(company_id, int) and company_id >= 0)
+            or (isinstance(company_id, str) and company_id.isascii() and company_id.isdigit() and len(company_id) <= 12)):
+        return f"company id {company_id!r} is not a company number"
+    if not isinstance(employee_id, str) or not _SLIP_NAME.fullmatch(employee_id):
+        return f"employee id {employee_id!r} cannot name a file (letters, digits, - and _ only)"
+    return None

@@ -20,7 +20,7 @@ from rq import Retry, get_current_job
 from jobs import events, idempotency, unrecorded
 from jobs.errors import ClaimLost, PermanentError, ProviderDown, RateWait, RenderPending, SlipMissing, Throttled
 from jobs.policy import (counts_as_provider_failure, pauses_every_sender, record_deadline, record_retry_wait_s,
-                         redis_refuses_writes, send_claim_ttl_s)
+                         redis_refuses_writes, send_claim_ttl_s, slip_path_problem)
 from payrun import config as config_mod
 from payrun import keys
 
@@ -60,6 +60,10 @@ def settings() -> config_mod.Config:
 
 
 def slip_relpath(month: str, company_id: int, employee_id: str) -> str:
+    """Where a slip lives under the slip store; PermanentError for parts that would put it
+    elsewhere (jobs.policy.slip_path_problem)."""
+    if why := slip_path_problem(month, company_id, employee_id):
+        raise PermanentError(f"refused to write a slip: {why}")
     return f"{month}/{company_id}/{employee_id}.pdf"
 
 
@@ -128,8 +132,8 @@ def render_slip(snapshot: dict[str, Any]) -> dict[str, Any]:
 
     cfg = settings()
     job = get_current_job()
-    pdf = slip.render_pdf(snapshot)  # raises PermanentError on bad data
     rel = slip_relpath(snapshot["month"], snapshot["company"]["id"], snapshot["employee"]["id"])
+    pdf = slip.render_pdf(snapshot)  # raises PermanentError on bad data
     if job is not None and _hand_finish_over:
         tmp = slip.stage_slip(cfg.slips_dir / rel, pdf)
         return {"slip": rel, "bytes": len(pdf), FINISH_KEY: {"staged": str(tmp), "email": email_payload(snapshot, rel)}}

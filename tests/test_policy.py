@@ -255,3 +255,40 @@ def test_a_dead_looking_slot_is_freed_only_once_two_passes_settle_apart_saw_it()
     free, mark, forget = slots_to_free(["a:1"], seen, now=100.0 + SLOT_SETTLE_S)
     assert free == ["a:1"] and mark == [] and sorted(forget) == ["a:1", "b:2", "gone:3"]
     assert slots_to_free(["a:1"], {"a:1": 100.0}, now=100.0 + SLOT_SETTLE_S - 0.1)[0] == []
+
+
+@pytest.mark.parametrize("month, company, employee", [
+    ("2026-11", 1, "emp-00042"), ("2026-11", "60", "emp-1"), ("2026-11", 7, "E_17-b")])
+def test_ids_the_importer_takes_name_a_slip_file(month, company, employee):
+    from jobs.policy import slip_path_problem
+
+    assert slip_path_problem(month, company, employee) is None
+
+
+@pytest.mark.parametrize("month, company, employee, why", [
+    ("2026-11", 1, "../../etc/cron.d/x", "employee id"),
+    ("2026-11", 1, "..", "employee id"),
+    ("2026-11", 1, ".hidden", "employee id"),
+    ("2026-11", 1, "a/b", "employee id"),
+    ("2026-11", 1, "emp-1\x00", "employee id"),
+    ("2026-11", 1, "", "employee id"),
+    ("2026-11", 1, None, "employee id"),
+    ("2026-11", "../..", "emp-1", "company id"),
+    ("2026-11", "1/..", "emp-1", "company id"),
+    ("2026-11", -1, "emp-1", "company id"),
+    ("2026-11", True, "emp-1", "company id"),
+    ("2026-11", "\u0661", "emp-1", "company id"),  # a digit of another script
+    ("../2026", 1, "emp-1", "month"),
+    ("2026-11/..", 1, "emp-1", "month"),
+])
+def test_ids_that_would_put_a_slip_outside_the_store_are_refused(month, company, employee, why):
+    """The parts come from a job's arguments in Redis (a security review's finding: the
+    send side checked its path, the render side wrote wherever the ids pointed)."""
+    from jobs import oneoff, tasks
+    from jobs.policy import slip_path_problem
+
+    assert slip_path_problem(month, company, employee).startswith(why)
+    with pytest.raises(PermanentError, match="refused to write a slip"):
+        tasks.slip_relpath(month, company, employee)
+    with pytest.raises(PermanentError, match="refused to write a slip"):
+        oneoff.resend_path(month, company, employee, 1)
