@@ -28,12 +28,10 @@ log = logging.getLogger("payrun.worker")
 
 
 def resend_path(month: str, company_id: int, employee_id: str, n: int) -> str:
-    from jobs.errors import PermanentError
-    from jobs.policy import slip_path_problem
+    """Beside the pay run's slip (its checks: jobs.tasks.slip_relpath)."""
+    from jobs.tasks import slip_relpath
 
-    if why := slip_path_problem(month, company_id, employee_id):
-        raise PermanentError(f"refused to write a slip: {why}")
-    return f"{month}/{company_id}/{employee_id}.resend-{int(n)}.pdf"
+    return slip_relpath(month, company_id, employee_id).removesuffix(".pdf") + f".resend-{int(n)}.pdf"
 
 
 def resend_number(key: str) -> int:

@@ -316,6 +316,16 @@ def test_a_job_that_expired_in_the_queue_is_skipped_with_the_slot_kept(conn, cfg
     assert conn.zcard(_limiter(conn).k_slots) == 0
 
 
+def _worker_with_its_scheduler(conn, name: str):
+    """A send lane's worker with RQ's scheduler process started (holding the email queue's lock)."""
+    from rq.scheduler import RQScheduler
+
+    queue = make_queue(keys.EMAIL_QUEUE, conn)
+    worker = LaneWorker([queue], connection=lane_connection(conn), name=name)
+    worker.scheduler_connection = conn
+    worker._start_scheduler(burst=False)
+    return queue, worker, RQScheduler.get_locking_key(keys.EMAIL_QUEUE)
+
 def test_a_scheduler_process_that_dies_holding_its_locks_has_them_released_by_its_worker(conn):
     """RQ's scheduler process releases its queue locks when it handles SIGTERM; one killed
     first (SIGTERM in the moment after its fork, before it handles signals; a SIGKILL)
@@ -326,11 +336,7 @@ def test_a_scheduler_process_that_dies_holding_its_locks_has_them_released_by_it
 
     from rq.scheduler import RQScheduler
 
-    queue = make_queue(keys.EMAIL_QUEUE, conn)
-    worker = LaneWorker([queue], connection=lane_connection(conn), name="lane-sched-test")
-    worker.scheduler_connection = conn
-    worker._start_scheduler(burst=False)
-    lock = RQScheduler.get_locking_key(keys.EMAIL_QUEUE)
+    queue, worker, lock = _worker_with_its_scheduler(conn, "lane-sched-test")
     process = worker.scheduler._process
     assert process is not None and conn.get(lock).decode() == worker.scheduler.name
     os.kill(process.pid, signal.SIGKILL)  # dies without a word
@@ -346,13 +352,7 @@ def test_stopping_a_scheduler_leaves_another_schedulers_lock_alone(conn):
     import os
     import signal
 
-    from rq.scheduler import RQScheduler
-
-    queue = make_queue(keys.EMAIL_QUEUE, conn)
-    worker = LaneWorker([queue], connection=lane_connection(conn), name="lane-sched-test-2")
-    worker.scheduler_connection = conn
-    worker._start_scheduler(burst=False)
-    lock = RQScheduler.get_locking_key(keys.EMAIL_QUEUE)
+    _, worker, lock = _worker_with_its_scheduler(conn, "lane-sched-test-2")
     os.kill(worker.scheduler._process.pid, signal.SIGKILL)
     conn.set(lock, "another-host-scheduler")  # its lock lapsed, another scheduler took it
     worker.stop_scheduler()
