@@ -156,20 +156,36 @@ def bank_token(cfg) -> str | None:
     return None
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib follows a 3xx and copies the request's headers, ``Authorization`` included, to
+    whatever host the ``Location`` names: the bank token (every employee's net pay) would go
+    along. A redirect is an answer here, never followed (``fetch_credits``)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_opener = urllib.request.build_opener(_NoRedirects)
+
+
 def fetch_credits(base_url: str, month: str, company_id: int, timeout_s: float = 10.0,
                   token: str | None = None) -> list[dict[str, Any]]:
-    """One company's credits for a month. TransientError on an outage, PermanentError on a 4xx."""
+    """One company's credits for a month. TransientError on an outage, PermanentError on a 4xx
+    or a redirect (not followed: the token would go wherever it points)."""
     from jobs.errors import PermanentError, TransientError
     from payrun.config import redact_url
 
     url = f"{base_url.rstrip('/')}/v1/credits?" + urllib.parse.urlencode({"month": month, "company": company_id})
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+        with _opener.open(request, timeout=timeout_s) as resp:
             doc = json.loads(resp.read())
     except urllib.error.HTTPError as e:
         if e.code >= 500 or e.code == 429:
             raise TransientError(f"bank answered {e.code} for {month} company {company_id}")
+        if 300 <= e.code < 400:
+            raise PermanentError(f"bank answered {e.code} (a redirect) for {month} company {company_id}: not followed, "
+                                 "so the token goes nowhere else; set scheduler.bank_url to the address it names")
         raise PermanentError(f"bank refused the request for {month} company {company_id}: HTTP {e.code}")
     except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
         raise TransientError(f"bank unreachable at {redact_url(base_url)}: {getattr(e, 'reason', e)}")

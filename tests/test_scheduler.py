@@ -456,3 +456,54 @@ def test_the_bank_simulator_answers_credits_only_with_its_token(cfg, monkeypatch
         assert shown.scheduler.bank_token == "t0ken" and "t0ken" not in json.dumps(shown.to_dict())
     finally:
         bank.stop()
+
+
+def test_the_bank_token_never_follows_a_redirect_to_another_address():
+    """Security review (session 31): urllib follows a 302 and copies every header,
+    Authorization included, to the address in its Location. A bank (or anyone on the path
+    of an http:// bank URL) answering with a redirect would have been sent the token that
+    reads every employee's net pay. The check now answers PermanentError and sends nothing
+    further."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from jobs.errors import PermanentError
+    from scheduler.bank import fetch_credits
+
+    seen: list[tuple[str, str | None]] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"credits": []}')
+
+        def log_message(self, *a):
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+    target = f"http://localhost:{other.server_address[1]}/steal"
+
+    class Redirecting(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(302)
+            self.send_header("Location", target)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    bank = ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+    servers = [threading.Thread(target=s.serve_forever, daemon=True) for s in (other, bank)]
+    for t in servers:
+        t.start()
+    try:
+        with pytest.raises(PermanentError, match="302.*not followed"):
+            fetch_credits(f"http://127.0.0.1:{bank.server_address[1]}", MONTH, 1, timeout_s=10, token="SECRET-BANK-TOKEN")
+        # the other address answers at once, so a followed redirect would have reached it by now
+        assert seen == []
+    finally:
+        for s in (other, bank):
+            s.shutdown()
+            s.server_close()
