@@ -255,6 +255,16 @@ def redact_url(url: str) -> str:
 
 # ---- loading -------------------------------------------------------------
 
+def _shown(value: Any) -> str:
+    """A mistyped setting's value as an error names it: its type only. The settings most
+    easily mistyped hold secrets (``redis = "redis://:PW@host"`` where a table belongs, a
+    numeric ``bank_token``, a URL in a list), and that message reaches the terminal, cron mail
+    and every supervised program's log at each restart."""
+    kind = {dict: "table", list: "list", str: "string", int: "integer", float: "number", bool: "boolean"}.get(
+        type(value), type(value).__name__)
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
 def _apply(obj: Any, data: dict[str, Any], where: str) -> None:
     known = {f.name: f for f in fields(obj) if f.name != "source"}
     for key, value in data.items():
@@ -264,7 +274,7 @@ def _apply(obj: Any, data: dict[str, Any], where: str) -> None:
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
-                raise ConfigError(f"'{where}{key}' must be a table, got {value!r}")
+                raise ConfigError(f"'{where}{key}' must be a table, got {_shown(value)}")
             _apply(current, value, f"{where}{key}.")
             continue
         if isinstance(current, Path):
@@ -274,7 +284,7 @@ def _apply(obj: Any, data: dict[str, Any], where: str) -> None:
                 value = float(value)
             else:
                 raise ConfigError(
-                    f"'{where}{key}' must be {type(current).__name__}, got {value!r}"
+                    f"'{where}{key}' must be {type(current).__name__}, got {_shown(value)}"
                 )
         setattr(obj, key, value)
 

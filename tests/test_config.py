@@ -45,6 +45,18 @@ def test_wrong_type(tmp_path):
         load(tmp_path, "[render]\ntimeout_s = 'fast'\n")
 
 
+def test_a_mistyped_setting_is_named_without_its_value(tmp_path):
+    """Security review (session 31): the error quoted the value back, and the settings most
+    easily mistyped hold secrets; the message reaches cron mail and every program's log."""
+    for text, where in (('redis = "redis://:S3cretPw@10.0.0.5:6379/0"\n', "'redis' must be a table, got a string"),
+                        ("[scheduler]\nbank_token = 123456789\n", "'scheduler.bank_token' must be str, got an integer"),
+                        ('[email]\nurl = ["smtps://u:S3cretSmtp@mail.example"]\n', "'email.url' must be str, got a list")):
+        with pytest.raises(ConfigError) as e:
+            load(tmp_path, text)
+        assert where in str(e.value)
+        assert not any(secret in str(e.value) for secret in ("S3cretPw", "123456789", "S3cretSmtp"))
+
+
 def test_bad_toml_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="not valid TOML"):
         load(tmp_path, "[render\n")
