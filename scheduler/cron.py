@@ -85,11 +85,17 @@ class CronSpec:
         return dom or dow
 
 
+_NUMBER = re.compile(r"[0-9]{1,4}")
+"""A number in a cron field: ASCII digits only (``str.isdigit`` takes '²', which int()
+refuses, and '١٢', which it reads as 12), and short (a 5,000-digit one hits Python's limit
+on int conversion: not a CronError)."""
+
+
 def _value(text: str, name: str, low: int, high: int, names: dict[str, int] | None) -> int:
     t = text.lower()
     if names and t in names:
         return names[t]
-    if not t.isdigit():
+    if not _NUMBER.fullmatch(t):
         raise CronError(f"{name}: {text!r} is not a number" + (f" or a name ({', '.join(names)})" if names else ""))
     v = int(t)
     if not low <= v <= high:
@@ -107,7 +113,7 @@ def _field(text: str, name: str, low: int, high: int, names: dict[str, int] | No
         rng, _, step_text = item.partition("/")
         step = 1
         if _:
-            if not step_text.isdigit() or int(step_text) < 1:
+            if not _NUMBER.fullmatch(step_text) or int(step_text) < 1:
                 raise CronError(f"{name}: step {step_text!r} must be a whole number >= 1")
             step = int(step_text)
             if step > high - low + 1 and rng == "*":

@@ -53,6 +53,13 @@ def test_steps_ranges_lists_names_and_day_or_semantics():
     ("5-1 * * * *", "goes backwards"),
     ("@often", "unknown macro"),
     ("", "empty"),
+    # security review (session 31): str.isdigit() took these, and int() raised a bare
+    # ValueError (a traceback from every command) or read Arabic-Indic digits as 12
+    ("² * * * *", "minute: '²' is not a number"),
+    ("*/² * * * *", "step '²'"),
+    ("١٢ * * * *", "minute: '١٢' is not a number"),
+    ("1" + "0" * 5000 + " * * * *", "is not a number"),
+    ("0 0 1 * */99999", "step '99999'"),
 ])
 def test_bad_expressions_say_why(expr, reason):
     with pytest.raises(cron.CronError, match=reason):
@@ -97,10 +104,12 @@ def test_entries_are_validated_by_name_with_the_reason():
         {"name": "payroll", "cron": "0 2 1 * *", "job": "payrol"},
         {"name": "bank", "cron": "61 * * * *", "job": "bank-status"},
         {"name": "bank", "cron": "* * * * *", "job": "reaper", "extra": 1},
+        {"name": "sup", "cron": "0 ² 1 * *", "job": "payroll"},
     ])
     assert "cron entry 'payroll': unknown job 'payrol'" in problems[0]
     assert "cron entry 'bank': invalid cron '61 * * * *': minute: 61 is out of range 0-59" in problems[1]
     assert any("used twice" in p for p in problems) and any("unknown key(s) extra" in p for p in problems)
+    assert "cron entry 'sup': invalid cron '0 ² 1 * *': hour: '²' is not a number" in problems[-1]
     assert [e.name for e in cron.load_entries(config_mod.Config().scheduler.entries)] == \
         ["payroll", "bank-status", "reaper"]
 
