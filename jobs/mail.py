@@ -22,6 +22,10 @@ URLs
 ``smtps://[user[:pass]@]host[:port]``               SMTP over TLS (default port 465).
 ``http://host[:port][/prefix]``, ``https://...``     the JSON provider API below.
 
+To another host than this one's loopback, smtp:// needs starttls=1 and http:// is refused:
+a slip carries every earning and the net pay (``payrun.config.email_url_problems``;
+``?insecure=1`` sends slips, never credentials, in clear text to a relay the owner trusts).
+
 Credentials: an SMTP password in the URL wins; otherwise ``PAYRUN_SMTP_PASSWORD`` is used
 when the URL names a user (user without password = take it from the environment). The
 provider API token comes from ``PAYRUN_EMAIL_TOKEN`` (sent as ``Authorization: Bearer``).

@@ -388,6 +388,8 @@ def validate(cfg: Config, email_token: bool = False) -> None:
             problems.append(f"{name} must start with one of {', '.join(s + '://' for s in schemes)} (got {redact_url(url)!r})")
     problems.extend(f"email.url / PAYRUN_EMAIL_URL {why} (got {redact_url(cfg.email.url)!r})"
                     for why in email_url_problems(cfg.email.url, email_token))
+    problems.extend(f"scheduler.bank_url {why} (got {redact_url(cfg.scheduler.bank_url)!r})"
+                    for why in bank_url_problems(cfg.scheduler.bank_url))
     for name, url in (("redis.url / PAYRUN_REDIS_URL", cfg.redis.url), ("redis.readonly_url", cfg.redis.readonly_url)):
         problems.extend(f"{name} {why} (got {redact_url(url)!r})" for why in redis_url_problems(url))
     from scheduler.cron import entry_problems
@@ -417,20 +419,45 @@ def redis_url_problems(url: str) -> list[str]:
 
 
 def email_url_problems(url: str, token: bool = False) -> list[str]:
-    """Credentials that an email URL would send in clear text to another host (pure): an
-    SMTP login without smtps:// or starttls=1, a bearer token (PAYRUN_EMAIL_TOKEN) over
-    http://. This host's loopback (a local relay, the local provider) is fine."""
+    """What an email URL would send in clear text to another host (pure): an SMTP login
+    without smtps:// or starttls=1, a bearer token (PAYRUN_EMAIL_TOKEN) over http://, and
+    the slips themselves (every earning, deduction and net pay) over smtp:// without
+    starttls=1 or http://. ``?insecure=1`` lets the slips go in clear text to a relay the
+    owner trusts (credentials never). This host's loopback (a local relay, the local
+    provider) is fine."""
     if not url:
         return []
     parts = urlsplit(url)
     if is_loopback(parts.hostname or ""):
         return []
-    if parts.scheme == "smtp" and parts.username:
-        starttls = parse_qs(parts.query).get("starttls", ["0"])[-1].lower() in ("1", "true", "yes")
-        if not starttls:
+    query = parse_qs(parts.query)
+
+    def on(name: str) -> bool:
+        return query.get(name, ["0"])[-1].lower() in ("1", "true", "yes")
+
+    opt_out = "or add ?insecure=1 for a relay you trust on a private network"
+    if parts.scheme == "smtp" and not on("starttls"):
+        if parts.username:
             return ["would log in to another host in clear text: use smtps:// or add ?starttls=1"]
-    if parts.scheme == "http" and token:
-        return ["would send PAYRUN_EMAIL_TOKEN to another host in clear text: use https://"]
+        if not on("insecure"):
+            return [f"would send the salary slips to another host in clear text: use smtps:// or add ?starttls=1 ({opt_out})"]
+    if parts.scheme == "http":
+        if token:
+            return ["would send PAYRUN_EMAIL_TOKEN to another host in clear text: use https://"]
+        if not on("insecure"):
+            return [f"would send the salary slips to another host in clear text: use https:// ({opt_out})"]
+    return []
+
+
+def bank_url_problems(url: str) -> list[str]:
+    """Why scheduler.bank_url will not do (pure): the bank check reads every employee's net
+    pay and shows the bank token, so it goes to another host over https:// only."""
+    parts = urlsplit(url or "")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return ["must be an http(s)://host[:port] URL"]
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
+        return ["would fetch every employee's net pay and send the bank token to another host in clear text: "
+                "use https://"]
     return []
 
 

@@ -57,6 +57,21 @@ def test_a_mistyped_setting_is_named_without_its_value(tmp_path):
         assert not any(secret in str(e.value) for secret in ("S3cretPw", "123456789", "S3cretSmtp"))
 
 
+def test_the_bank_is_reached_over_https_unless_it_is_on_this_host(tmp_path):
+    """Security review (session 31): http://bank.example was accepted; the check reads every
+    employee's net pay and shows the bank token."""
+    from payrun.config import bank_url_problems
+
+    for ok in ("http://127.0.0.1:8026", "http://localhost:9000/api", "https://bank.example/api"):
+        assert bank_url_problems(ok) == [], ok
+    assert bank_url_problems("http://bank.example") == [
+        "would fetch every employee's net pay and send the bank token to another host in clear text: use https://"]
+    assert bank_url_problems("ftp://bank.example") == bank_url_problems("https://") == [
+        "must be an http(s)://host[:port] URL"]
+    with pytest.raises(ConfigError, match=r"scheduler.bank_url would fetch .* use https:// \(got 'http://bank.example/v1'\)"):
+        load(tmp_path, "[scheduler]\nbank_url = 'http://bank.example/v1'\n")
+
+
 def test_bad_toml_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="not valid TOML"):
         load(tmp_path, "[render\n")
@@ -122,11 +137,27 @@ def test_email_credentials_never_go_to_another_host_in_clear_text(tmp_path):
         "would log in to another host in clear text: use smtps:// or add ?starttls=1"]
     assert email_url_problems("http://api.mail.example", token=True) == [
         "would send PAYRUN_EMAIL_TOKEN to another host in clear text: use https://"]
+    # session 31's review: the slips themselves (every earning and net pay) in clear text
+    assert email_url_problems("smtp://mail.example:25") == [
+        "would send the salary slips to another host in clear text: use smtps:// or add ?starttls=1 "
+        "(or add ?insecure=1 for a relay you trust on a private network)"]
+    assert email_url_problems("http://api.mail.example") == [
+        "would send the salary slips to another host in clear text: use https:// "
+        "(or add ?insecure=1 for a relay you trust on a private network)"]
+    # the opt-out is for the slips only, never for credentials
+    assert email_url_problems("smtp://u:pw@mail.example?insecure=1") == [
+        "would log in to another host in clear text: use smtps:// or add ?starttls=1"]
+    assert email_url_problems("http://api.mail.example?insecure=1", token=True) == [
+        "would send PAYRUN_EMAIL_TOKEN to another host in clear text: use https://"]
     for ok, token in (("smtp://payroll:pw@mail.example:587?starttls=1", False), ("smtps://u:pw@mail.example", False),
-                      ("smtp://mail.example:25", False), ("smtp://u:pw@127.0.0.1:2525", False),
+                      ("smtp://mail.example:25?starttls=1", False), ("smtp://mail.example:25?insecure=1", False),
+                      ("smtp://u:pw@127.0.0.1:2525", False), ("smtp://[::1]:25", False),
                       ("https://api.mail.example", True), ("http://127.0.0.1:8025", True),
-                      ("http://api.mail.example", False), ("", True)):
+                      ("http://api.mail.example?insecure=yes", False), ("", True)):
         assert email_url_problems(ok, token) == [], ok
+    with pytest.raises(ConfigError, match="PAYRUN_EMAIL_URL would send the salary slips to another host in clear text"):
+        load(tmp_path, "", PAYRUN_EMAIL_URL="smtp://relay.internal:25")
+    load(tmp_path, "", PAYRUN_EMAIL_URL="smtp://relay.internal:25?insecure=1")  # the owner's call, said out loud
     with pytest.raises(ConfigError, match="PAYRUN_EMAIL_URL would log in to another host in clear text"):
         load(tmp_path, "", PAYRUN_EMAIL_URL="smtp://u:pw@mail.example")
     with pytest.raises(ConfigError, match="would send PAYRUN_EMAIL_TOKEN"):
