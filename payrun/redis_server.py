@@ -27,6 +27,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import redis
+from redis.credentials import UsernamePasswordCredentialProvider
 
 from payrun.config import Config
 from payrun.errors import RedisUnavailable, SetupError
@@ -199,11 +200,36 @@ def write_conf(cfg: Config, daemonize: bool) -> Path:
     return conf
 
 
+class _Credentials(UsernamePasswordCredentialProvider):
+    """A client's login, kept out of its repr: redis-py's repr of a client, pool or
+    connection lists every connection keyword, the password in plain text, and Textual's
+    crash screen prints a traceback with every frame's locals. Equal by value, as the
+    keyword it replaces was (RQ compares registries by their connections' keywords)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UsernamePasswordCredentialProvider) and \
+            other.get_credentials() == self.get_credentials()
+
+    def __hash__(self) -> int:
+        return hash(self.get_credentials())
+
+    def __repr__(self) -> str:
+        return f"<credentials of {self.username or 'default'}: ***>"
+
+
 def connect(cfg: Config, url_: str | None = None, **kw) -> redis.Redis:
-    """A client for RQ (bytes responses). Does not start anything."""
+    """A client for RQ (bytes responses). Does not start anything. Its password is held
+    by a credential provider, so no repr of it shows the password (``_Credentials``)."""
     kw.setdefault("socket_timeout", 30)
     kw.setdefault("health_check_interval", 30)
-    return redis.Redis.from_url(url_ or url(cfg), **kw)
+    client = redis.Redis.from_url(url_ or url(cfg), **kw)
+    kwargs = client.connection_pool.connection_kwargs  # (read as each connection is made)
+    password, username = kwargs.pop("password", None), kwargs.pop("username", None)
+    if password is not None:
+        kwargs["credential_provider"] = _Credentials(username, password)
+    elif username is not None:
+        kwargs["username"] = username
+    return client
 
 
 def _supervised_redis_problem(cfg: Config, state: str | None, why: str) -> str | None:

@@ -57,6 +57,27 @@ def test_readonly_user_reads_but_cannot_write(embedded):
     assert ro.client_setname("console") and ro.client_getname() == "console" and ro.ping()
 
 
+def test_no_client_shows_its_password(embedded):
+    """Security review (session 31): redis-py's repr of a client lists its password, and
+    Textual's crash screen prints every frame's locals. A client payrun makes holds its
+    login in a credential provider, and still logs in, as the read-only user too."""
+    from rq.registry import StartedJobRegistry
+
+    cfg, conn = embedded
+    password = (cfg.redis_dir / "password").read_text().strip()
+    assert len(password) >= 16
+    readonly = redis_server.connect(cfg, redis_server.url(cfg, readonly=True))
+    for client in (conn, redis_server.connect(cfg), readonly):
+        shown = repr(client) + repr(client.connection_pool) + repr(client.connection_pool.get_connection())
+        assert password not in shown and "***" in shown
+        assert client.ping()
+    assert conn.acl_whoami() == "default"
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        readonly.set("k", "v")
+    # RQ tells registries apart by their connections' keywords: two clients of one server are one
+    assert StartedJobRegistry("q", connection=conn) == StartedJobRegistry("q", connection=redis_server.connect(cfg))
+
+
 def test_restart_keeps_data(embedded):
     cfg, conn = embedded
     conn.rpush("rq:queue:pdf-render", "a", "b")
