@@ -75,7 +75,9 @@ fully handed over, so the provider cannot have accepted it); timeout / reset / E
 waiting for or reading the response -> OutcomeUnknown.
 
 Timeouts: ``timeout_s`` bounds one whole send (connect + request + reply): before each
-blocking step the socket timeout is set to the time left.
+blocking step the socket timeout is set to the time left, and a send still blocked
+CUTOFF_MARGIN_S past its deadline (a server trickling its reply a byte at a time, each
+read inside the socket timeout) has its socket shut (``_Cutoff``).
 """
 
 from __future__ import annotations
@@ -196,6 +198,58 @@ def _port(parts, default: int, url: str) -> int:
     return port or default
 
 
+CUTOFF_MARGIN_S = 0.5
+"""How long after its deadline a send's socket is shut (``_Cutoff``)."""
+
+
+class _Cutoff:
+    """Ends a send that its deadline did not: shuts the socket down CUTOFF_MARGIN_S after
+    ``seconds``. A socket timeout bounds each read, not a reply: a server that trickles a
+    byte a second (SMTP's greeting, an HTTP status line) held a send, and its lane, for
+    minutes (a security review measured 52 s and 67 s for a 2 s timeout). The shutdown
+    wakes the blocked read at once; the send then fails as timed out (before the message:
+    TransientError; after it: OutcomeUnknown). ``target``: the object whose ``sock`` is the
+    send's socket now (an SMTP session, an HTTP connection), looked up when it fires, as
+    STARTTLS replaces it. Runs on the process's one watchdog thread (jobs.watchdog)."""
+
+    def __init__(self, seconds: float):
+        from jobs.watchdog import WATCHDOG
+
+        self.target = None
+        self.fired = False
+        self._entry = WATCHDOG.arm_call(seconds + CUTOFF_MARGIN_S, self._cut)
+
+    def _cut(self) -> None:
+        self.fired = True
+        sock = getattr(self.target, "sock", None)
+        if sock is not None:
+            try:  # the plain socket's shutdown, even of a TLS one: an SSLSocket's own
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)  # drops its TLS state under the reader
+            except (OSError, ValueError):
+                pass
+
+    def close(self) -> None:
+        """Disarm; once this returned it can no longer fire."""
+        from jobs.watchdog import WATCHDOG
+
+        WATCHDOG.disarm(self._entry)
+
+
+class _CutSMTP(smtplib.SMTP):
+    """smtplib's SMTP with ``cutoff`` watching it from the start: its constructor already
+    reads the greeting."""
+
+    def __init__(self, *args, cutoff: _Cutoff, **kwargs):
+        cutoff.target = self
+        super().__init__(*args, **kwargs)
+
+
+class _CutSMTPS(smtplib.SMTP_SSL):
+    def __init__(self, *args, cutoff: _Cutoff, **kwargs):
+        cutoff.target = self
+        super().__init__(*args, **kwargs)
+
+
 class _Deadline:
     def __init__(self, seconds: float):
         self.end = time.monotonic() + seconds
@@ -286,13 +340,14 @@ class SmtpTransport:
             return fn(*args)
 
         where = f"{self.host}:{self.port}"
+        cutoff = _Cutoff(self.timeout_s)
         try:
             try:
                 if self.ssl:
-                    smtp = smtplib.SMTP_SSL(self.host, self.port, timeout=deadline.left(),
-                                            context=self._ssl)
+                    smtp = _CutSMTPS(self.host, self.port, timeout=deadline.left(), context=self._ssl,
+                                     cutoff=cutoff)
                 else:
-                    smtp = smtplib.SMTP(self.host, self.port, timeout=deadline.left())
+                    smtp = _CutSMTP(self.host, self.port, timeout=deadline.left(), cutoff=cutoff)
                 step(smtp.ehlo_or_helo_if_needed)
                 if self.starttls:
                     step(lambda: smtp.starttls(context=self._ssl))
@@ -338,7 +393,8 @@ class SmtpTransport:
                 raise _classify_smtp(e.smtp_code, e.smtp_error, what) from None
             except (smtplib.SMTPServerDisconnected, socket.timeout, TimeoutError) as e:
                 healthy = False
-                kind = "connection closed" if isinstance(e, smtplib.SMTPServerDisconnected) else "timed out"
+                closed = isinstance(e, smtplib.SMTPServerDisconnected) and not cutoff.fired
+                kind = "connection closed" if closed else "timed out"
                 if handed_over:
                     raise OutcomeUnknown(f"SMTP {where}: {kind} after the message was sent; "
                                          f"it may have been delivered") from None
@@ -348,11 +404,13 @@ class SmtpTransport:
                 raise PermanentError(f"SMTP {where}: {_short(str(e), 120)}") from None
             except OSError as e:  # refused, reset, unreachable, TLS failure
                 healthy = False
+                why = "timed out" if cutoff.fired else _oserr(e)
                 if handed_over:
-                    raise OutcomeUnknown(f"SMTP {where}: {_oserr(e)} after the message was sent; "
+                    raise OutcomeUnknown(f"SMTP {where}: {why} after the message was sent; "
                                          f"it may have been delivered") from None
-                raise TransientError(f"SMTP {where}: {_oserr(e)} before the message was sent") from None
+                raise TransientError(f"SMTP {where}: {why} before the message was sent") from None
         finally:
+            cutoff.close()
             if smtp is not None:
                 if healthy and smtp.sock is not None:
                     try:
@@ -498,6 +556,14 @@ class HttpTransport:
         headers = dict(self._headers)
         headers["Idempotency-Key"] = msg.idempotency_key
         where = f"provider {self.host}:{self.port}"
+        cutoff = _Cutoff(self.timeout_s)
+        try:
+            return self._send(body, headers, where, deadline, cutoff, before_write)
+        finally:
+            cutoff.close()
+
+    def _send(self, body: bytes, headers: dict[str, str], where: str, deadline: _Deadline, cutoff: _Cutoff,
+              before_write: Callable[[], bool] | None) -> str:
         for attempt in (1, 2):
             conn = getattr(self._local, "conn", None)
             reused = conn is not None and conn.sock is not None
@@ -509,6 +575,7 @@ class HttpTransport:
                     self._drop(conn)
                 conn = self._new_conn()
                 self._local.conn = conn
+                cutoff.target = conn
                 try:
                     conn.timeout = deadline.left()
                     conn.connect()
@@ -518,15 +585,16 @@ class HttpTransport:
                 except BaseException:
                     self._drop(conn)
                     raise
+            cutoff.target = conn
             _check_before_write(before_write)
             try:
                 conn.sock.settimeout(deadline.left())
                 conn.request("POST", self.path, body=body, headers=headers)
             except (OSError, http.client.HTTPException) as e:
                 self._drop(conn)
-                if reused and attempt == 1 and not _is_timeout(e):
+                if reused and attempt == 1 and not _is_timeout(e) and not cutoff.fired:
                     continue  # a dead keep-alive connection: retry once on a fresh one
-                raise TransientError(f"{where}: request not sent ({_oserr(e)})") from None
+                raise TransientError(f"{where}: request not sent ({'timed out' if cutoff.fired else _oserr(e)})") from None
             except BaseException:  # interrupted mid-request: the connection is unusable
                 self._drop(conn)
                 raise
@@ -536,12 +604,12 @@ class HttpTransport:
                 raw = resp.read()
             except (OSError, http.client.HTTPException) as e:
                 self._drop(conn)
-                if reused and attempt == 1 and isinstance(e, _STALE):
+                if reused and attempt == 1 and isinstance(e, _STALE) and not cutoff.fired:
                     # closed/reset with no byte of reply on a reused connection: the classic
                     # idle keep-alive race; retrying is safe (same Idempotency-Key)
                     continue
-                raise OutcomeUnknown(f"{where}: {_oserr(e)} after the request was sent; "
-                                     f"it may have been delivered") from None
+                raise OutcomeUnknown(f"{where}: {'timed out' if cutoff.fired else _oserr(e)} after the request "
+                                     f"was sent; it may have been delivered") from None
             except BaseException:  # never leave an unread reply on a reusable connection
                 self._drop(conn)
                 raise

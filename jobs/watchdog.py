@@ -8,7 +8,8 @@ after the job left its ``with`` block) with deadlines in one heap and one thread
 process that sleeps until the earliest.
 
 A timeout can only interrupt Python code, as with RQ's timer: a lane blocked in a socket
-call is bounded by that socket's own timeout, and the send's timeout is below the lease.
+call is bounded by the send's own cutoff (``arm_call``: jobs.mail shuts the socket of a
+send past its deadline), and the send's timeout is below the lease.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from rq.timeouts import BaseDeathPenalty, JobTimeoutException
 
@@ -77,6 +79,12 @@ class Watchdog:
                 self._cond.notify()
         return entry
 
+    def arm_call(self, seconds: float, fn: Callable[[], None]) -> list:
+        """Call ``fn()`` on the watchdog's thread once ``seconds`` have passed, unless
+        disarmed first (the same guarantee as ``arm``). ``fn`` runs under the watchdog's
+        lock: it must be quick and must not arm or disarm."""
+        return self.arm(seconds, None, fn)  # type: ignore[arg-type]
+
     def disarm(self, entry: list) -> bool:
         with self._cond:
             fired = entry[2] == "fired"
@@ -104,8 +112,11 @@ class Watchdog:
                 entry[2] = "fired"
                 self.fired += 1
                 try:
-                    raise_in_thread(entry[0], entry[1])
-                except Exception:  # the thread is gone: nothing left to stop
+                    if entry[0] is None:  # arm_call
+                        entry[1]()
+                    else:
+                        raise_in_thread(entry[0], entry[1])
+                except Exception:  # the thread is gone (or the call failed): nothing left to stop
                     pass
 
 

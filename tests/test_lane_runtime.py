@@ -59,6 +59,20 @@ def test_a_job_that_finished_in_time_is_never_interrupted_afterwards():
     assert dog.fired == 0 and dog.pending() == 0
 
 
+def test_the_watchdog_calls_a_due_call_once_and_never_a_disarmed_one():
+    """arm_call (a send's cutoff, jobs.mail._Cutoff) on the same heap and thread as the job
+    timeouts: due ones are called once on the watchdog's thread, disarmed ones never."""
+    dog = Watchdog()
+    called: list[tuple[str, int]] = []
+    due = dog.arm_call(0.05, lambda: called.append(("due", threading.get_ident())))
+    kept = dog.arm_call(0.05, lambda: called.append(("disarmed", threading.get_ident())))
+    assert dog.disarm(kept) is False
+    wait_for(lambda: called, timeout_s=10, interval_s=0.01, what="the due call")
+    wait_for(lambda: not dog._heap, timeout_s=10, interval_s=0.01, what="the watchdog to pass both deadlines")
+    assert [c[0] for c in called] == ["due"] and called[0][1] != threading.get_ident()
+    assert dog.disarm(due) is True and dog.pending() == 0
+
+
 def test_many_lanes_share_one_watchdog_and_only_the_late_ones_fire():
     outcome: dict[int, str] = {}
     before = watchdog.WATCHDOG.fired

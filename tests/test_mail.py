@@ -469,6 +469,80 @@ def test_http_timeout_after_request_is_outcome_unknown():
         srv.close()
 
 
+class Trickler:
+    """A server on 127.0.0.1 that answers one byte at a time, each well inside a socket
+    timeout: an SMTP greeting, or (after reading a request) an HTTP status line, that
+    never ends. Stops at close() or after 60 s."""
+
+    def __init__(self, answer: bytes, read_request: bool, every_s: float = 0.2):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.port = self.sock.getsockname()[1]
+        self.answer, self.read_request, self.every_s = answer, read_request, every_s
+        self.stop = threading.Event()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self):
+        try:
+            c, _ = self.sock.accept()
+        except OSError:
+            return
+        with c:
+            if self.read_request:
+                c.recv(65536)
+            end = time.monotonic() + 60
+            for byte in self.answer * 1000:
+                if self.stop.wait(self.every_s) or time.monotonic() > end:
+                    return
+                try:
+                    c.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("scheme", ["smtp", "http"])
+def test_a_send_ends_at_its_timeout_however_slowly_the_server_trickles(scheme):
+    """Security review (session 31): a socket timeout bounds each read, not a reply. A server
+    answering a byte every 0.2 s (the SMTP greeting; the HTTP status line) held a 2 s send
+    for minutes, and its lane with it. The send's socket is now shut at its deadline."""
+    from jobs.mail import CUTOFF_MARGIN_S
+
+    srv = Trickler(b"220 slow.example ESMTP " if scheme == "smtp" else b"HTTP/1.1 202 Accepted",
+                   read_request=scheme == "http")
+    try:
+        start = time.monotonic()
+        expected = TransientError if scheme == "smtp" else OutcomeUnknown  # (before / after the message)
+        with pytest.raises(expected, match="timed out") as ei:
+            transport_for(f"{scheme}://127.0.0.1:{srv.port}", 1.0).send(make_msg())
+        took = time.monotonic() - start
+        assert took < 1.0 + CUTOFF_MARGIN_S + 1.0, took
+        assert isinstance(ei.value, OutcomeUnknown) == (scheme == "http")
+    finally:
+        srv.close()
+
+
+def test_a_send_that_ends_leaves_no_cutoff_armed(provider, smtpd):
+    """Each send disarms its cutoff as it ends, however it ends (jobs.watchdog: once
+    disarmed it cannot fire), so no connection kept alive is shut later."""
+    from jobs.watchdog import WATCHDOG
+
+    before = WATCHDOG.pending()
+    t = transport_for(provider.url, 5)
+    t.send(make_msg(key="slip:2026-11:a"))
+    conn = t._local.conn
+    t.send(make_msg(key="slip:2026-11:b"))
+    assert t._local.conn is conn  # kept alive, not cut
+    transport_for(smtpd.url, 5).send(make_msg(key="slip:2026-11:c"))
+    with pytest.raises(TransientError):
+        transport_for(f"smtp://127.0.0.1:{closed_port()}", 2).send(make_msg())
+    assert WATCHDOG.pending() == before
+
+
 @pytest.mark.parametrize("precheck", [True, False])
 def test_http_dead_keepalive_connection_is_retried_once(monkeypatch, precheck):
     if not precheck:  # the server closes between our idle check and the request: retry path
