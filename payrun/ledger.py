@@ -106,8 +106,10 @@ def _secure_file(path: Path) -> None:
     os.chmod(path.parent, 0o700)
     if not path.exists():
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
-    elif path.stat().st_mode & 0o077 and path.stat().st_uid == os.getuid():
-        os.chmod(path, 0o600)  # one copied in, or made under another umask: owner-only again
+    else:  # one copied in, or made under another umask: owner-only again, -wal and -shm too
+        from payrun.files import sqlite_owner_only
+
+        sqlite_owner_only(path)
 
 
 class Ledger:

@@ -147,13 +147,16 @@ class PayrollDB:
 
 
 def _create_private_file(path: Path) -> bool:
-    """Create ``path`` (mode 0600, parent folders 0700) unless it exists; True if this call
-    created it."""
+    """Create ``path`` (mode 0600, parent folders 0700) unless it exists (then make it, its
+    SQLite sidecars and its folder owner-only again); True if this call created it."""
     if not path.parent.exists():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
+        from payrun.files import sqlite_owner_only
+
+        sqlite_owner_only(path)  # every salary and bank account: one restored at 0644 is made 0600 again
         return False
     os.close(fd)
     os.chmod(path, 0o600)  # os.open's mode is filtered by umask; make it exactly 0600

@@ -195,6 +195,7 @@ def write_conf(cfg: Config, daemonize: bool) -> Path:
         f"{MEMORY_TUNING}"
     )
     fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # (open's mode only applies to a new file: it holds both passwords)
     with os.fdopen(fd, "w") as f:
         f.write(text)
     return conf

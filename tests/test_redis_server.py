@@ -41,6 +41,16 @@ def test_locked_down(embedded):
     assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in files if p.stat().st_mode & 0o077} == {}
 
 
+def test_the_redis_conf_is_owner_only_even_when_it_was_not(tmp_path):
+    """Security review (session 31): open()'s mode applies only to a new file, so a redis.conf
+    left at 0644 kept that mode with both passwords written into it."""
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
+    conf = redis_server.write_conf(cfg, daemonize=False)
+    conf.chmod(0o644)
+    assert redis_server.write_conf(cfg, daemonize=False) == conf
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o600 and "requirepass" in conf.read_text()
+
+
 def test_readonly_user_reads_but_cannot_write(embedded):
     cfg, conn = embedded
     conn.set("k", "v")
@@ -211,6 +221,35 @@ def test_secrets_and_the_ledger_are_made_owner_only_again(tmp_path, monkeypatch)
     cfg.ledger_path.chmod(0o644)
     Ledger(cfg.ledger_path).close()
     assert stat.S_IMODE(cfg.ledger_path.stat().st_mode) == 0o600
+
+
+def test_a_payroll_database_restored_readable_by_others_is_owner_only_again(tmp_path):
+    """Security review (session 31): a payroll.db (every salary and bank account) copied in
+    or restored at 0644, in a home made by hand at 0755, stayed so, and SQLite made its -wal
+    and -shm 0644 too; only the ledger was made owner-only again."""
+    import sqlite3
+
+    from payrun import payroll
+
+    home = tmp_path / "srv"
+    home.mkdir()
+    home.chmod(0o755)
+    path = home / "payroll.db"
+    payroll.PayrollDB(path).close()
+    backup = sqlite3.connect(path)  # a restore: the file, and a -wal and -shm left beside it, all 0644
+    backup.execute("PRAGMA journal_mode=WAL")
+    backup.execute("CREATE TABLE IF NOT EXISTS restored (x)")
+    for p in [path, *home.glob("payroll.db-*")]:
+        p.chmod(0o644)
+    db = payroll.PayrollDB(path)
+    try:
+        modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in home.iterdir()}
+        assert set(modes) >= {"payroll.db", "payroll.db-wal", "payroll.db-shm"}
+        assert set(modes.values()) == {"0o600"}, modes
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    finally:
+        db.close()
+        backup.close()
 
 
 def test_a_home_too_deep_for_a_socket_path_still_gets_a_unix_socket(tmp_path, request):
