@@ -233,7 +233,12 @@ def redact_url(url: str) -> str:
     """Replace a password in a URL with ***, keep everything else readable."""
     if not url:
         return url
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # unreadable (an unclosed IPv6 bracket): hide whatever could be a login
+        head, sep, rest = url.partition("://")
+        rest = re.sub(r"(?i)(password=)[^&]*", r"\1***", rest)
+        return head + sep + ("***@" + rest.rsplit("@", 1)[1] if "@" in rest else rest)
     if "://" not in url:  # not a URL: show it as given, less anything before an @ and any password
         shown = re.sub(r"(?i)(password=)[^&]*", r"\1***", url)
         return "***@" + shown.rsplit("@", 1)[1] if "@" in shown else shown
@@ -289,6 +294,30 @@ def _apply(obj: Any, data: dict[str, Any], where: str) -> None:
         setattr(obj, key, value)
 
 
+def credentials_in(data: dict[str, Any]) -> list[str]:
+    """The settings of a config file's parsed TOML that hold a credential (pure): a Redis or
+    email URL with a password, a bank token. Such a file must be owner-only (``load``), as
+    payrun's own secrets are: the Redis password reads every salary."""
+    def section(name: str) -> dict[str, Any]:
+        v = data.get(name)
+        return v if isinstance(v, dict) else {}
+
+    held = []
+    for where, url in (("redis.url", section("redis").get("url")), ("redis.readonly_url", section("redis").get("readonly_url")),
+                       ("email.url", section("email").get("url"))):
+        if isinstance(url, str) and url:
+            parts = urlsplit(url)
+            try:
+                has = bool(parts.password or parse_qs(parts.query).get("password"))
+            except ValueError:
+                has = "@" in url
+            if has:
+                held.append(where)
+    if section("scheduler").get("bank_token"):
+        held.append("scheduler.bank_token")
+    return held
+
+
 def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> Config:
     """Build the effective configuration and validate it; raise ConfigError with a reason."""
     env = dict(os.environ if env is None else env)
@@ -303,6 +332,11 @@ def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = Non
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {p} is not valid TOML: {e}")
         _apply(cfg, data, "")
+        if held := credentials_in(data):
+            mode = p.stat().st_mode
+            if mode & 0o077:
+                raise ConfigError(f"config file {p} holds credentials ({', '.join(held)}) and can be read by other "
+                                  f"users (mode {mode & 0o777:o}): chmod 600 {p}, or move them into the environment")
         cfg.source = str(p)
     if env.get("PAYRUN_HOME"):
         cfg.home = Path(env["PAYRUN_HOME"])
@@ -380,18 +414,25 @@ def validate(cfg: Config, email_token: bool = False) -> None:
         ZoneInfo(cfg.timezone)
     except (ZoneInfoNotFoundError, ValueError):
         problems.append(f"timezone '{cfg.timezone}' is not a known IANA zone (e.g. Asia/Dhaka)")
-    for name, url, schemes in (
-        ("redis.url / PAYRUN_REDIS_URL", cfg.redis.url, ("redis", "rediss", "unix")),
-        ("email.url / PAYRUN_EMAIL_URL", cfg.email.url, ("smtp", "smtps", "http", "https")),
-    ):
-        if url and urlsplit(url).scheme not in schemes:
+    urls = {"redis.url / PAYRUN_REDIS_URL": cfg.redis.url, "redis.readonly_url": cfg.redis.readonly_url,
+            "email.url / PAYRUN_EMAIL_URL": cfg.email.url, "scheduler.bank_url": cfg.scheduler.bank_url}
+    unreadable = {name: why for name, url in urls.items() if (why := url_syntax_problem(url))}
+    problems.extend(f"{name} {why} (got {redact_url(urls[name])!r})" for name, why in unreadable.items())
+
+    def readable(name: str) -> str:
+        return "" if name in unreadable else urls[name]
+
+    for name, schemes in (("redis.url / PAYRUN_REDIS_URL", ("redis", "rediss", "unix")),
+                          ("email.url / PAYRUN_EMAIL_URL", ("smtp", "smtps", "http", "https"))):
+        if (url := readable(name)) and urlsplit(url).scheme not in schemes:
             problems.append(f"{name} must start with one of {', '.join(s + '://' for s in schemes)} (got {redact_url(url)!r})")
     problems.extend(f"email.url / PAYRUN_EMAIL_URL {why} (got {redact_url(cfg.email.url)!r})"
-                    for why in email_url_problems(cfg.email.url, email_token))
-    problems.extend(f"scheduler.bank_url {why} (got {redact_url(cfg.scheduler.bank_url)!r})"
-                    for why in bank_url_problems(cfg.scheduler.bank_url))
-    for name, url in (("redis.url / PAYRUN_REDIS_URL", cfg.redis.url), ("redis.readonly_url", cfg.redis.readonly_url)):
-        problems.extend(f"{name} {why} (got {redact_url(url)!r})" for why in redis_url_problems(url))
+                    for why in email_url_problems(readable("email.url / PAYRUN_EMAIL_URL"), email_token))
+    if "scheduler.bank_url" not in unreadable:
+        problems.extend(f"scheduler.bank_url {why} (got {redact_url(cfg.scheduler.bank_url)!r})"
+                        for why in bank_url_problems(cfg.scheduler.bank_url))
+    for name in ("redis.url / PAYRUN_REDIS_URL", "redis.readonly_url"):
+        problems.extend(f"{name} {why} (got {redact_url(urls[name])!r})" for why in redis_url_problems(readable(name)))
     from scheduler.cron import entry_problems
 
     problems.extend(entry_problems(cfg.scheduler.entries))
@@ -399,6 +440,24 @@ def validate(cfg: Config, email_token: bool = False) -> None:
         problems.append("scheduler needs catchup_window_s >= 0, poll_s > 0 and lock_ttl_s >= 1")
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
+
+
+def url_syntax_problem(url: str) -> str | None:
+    """Why ``url`` cannot be read at all (pure), or None: a port that is not a number, an
+    unclosed IPv6 bracket, a Redis ``db`` that is not a number (redis-py's own reading).
+    Otherwise every command died of a bare ValueError traceback."""
+    if not url:
+        return None
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a bad one
+        if parts.scheme in ("redis", "rediss", "unix"):
+            from redis.connection import parse_url
+
+            parse_url(url)
+    except ValueError as e:
+        return f"is not a valid URL ({e})"
+    return None
 
 
 def redis_url_problems(url: str) -> list[str]:

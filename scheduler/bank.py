@@ -83,7 +83,8 @@ class Bank:
                     return self._reply(200, {"ok": True, "requests": bank.requests})
                 if url.path != "/v1/credits":
                     return self._reply(404, {"error": "not found"})
-                if token and not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {token}"):
+                if token and not hmac.compare_digest(self.headers.get("Authorization", "").encode("utf-8", "surrogateescape"),
+                                                    f"Bearer {token}".encode()):
                     # the credits are every employee's net pay: not for any local user
                     return self._reply(401, {"error": "a bearer token is required"})
                 if failing:

@@ -1,5 +1,6 @@
 """Configuration loading and the validation messages users see."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -8,10 +9,27 @@ from payrun import config
 from payrun.errors import ConfigError
 
 
-def load(tmp_path, toml: str, **env):
+def load(tmp_path, toml: str, mode: int = 0o600, **env):
     p = tmp_path / "payrun.toml"
     p.write_text(toml)
+    p.chmod(mode)
     return config.load(p, env={"PAYRUN_HOME": str(tmp_path / "h"), **env})
+
+
+def test_a_config_file_with_credentials_must_be_owner_only(tmp_path):
+    """Security review (session 31): a config file may hold the Redis password (which reads
+    every salary), an SMTP login or the bank token, and was read whatever its mode."""
+    for text, named in (("[scheduler]\nbank_token = 'x'\n", "scheduler.bank_token"),
+                        ("[redis]\nurl = 'rediss://:pw@redis.internal/0'\n", "redis.url"),
+                        ("[redis]\nreadonly_url = 'unix:///r.sock?password=pw'\n", "redis.readonly_url"),
+                        ("[email]\nurl = 'smtps://u:pw@mail.example'\n", "email.url")):
+        for mode in (0o644, 0o640, 0o604):
+            with pytest.raises(ConfigError, match=rf"holds credentials \({named}\) and can be read by other users "
+                                                  rf"\(mode {mode:o}\): chmod 600 .*payrun.toml"):
+                load(tmp_path, text, mode=mode, PAYRUN_REDIS_URL="unix:///tmp/x.sock?password=s")
+        load(tmp_path, text, mode=0o600, PAYRUN_REDIS_URL="unix:///tmp/x.sock?password=s")
+    # no credential in it: any mode will do
+    assert load(tmp_path, "[render]\ntimeout_s = 20\n[email]\nurl = 'smtps://mail.example'\n", mode=0o644).render.timeout_s == 20
 
 
 def test_defaults_are_the_seed_numbers(tmp_path):
@@ -70,6 +88,20 @@ def test_the_bank_is_reached_over_https_unless_it_is_on_this_host(tmp_path):
         "must be an http(s)://host[:port] URL"]
     with pytest.raises(ConfigError, match=r"scheduler.bank_url would fetch .* use https:// \(got 'http://bank.example/v1'\)"):
         load(tmp_path, "[scheduler]\nbank_url = 'http://bank.example/v1'\n")
+
+
+def test_an_unreadable_url_is_a_config_error_that_shows_no_password(tmp_path):
+    """Security review (session 31): a port that is not a number, an unclosed IPv6 bracket or
+    a Redis db that is not a number ended every command in a bare ValueError traceback."""
+    for env, said in ((dict(PAYRUN_REDIS_URL="redis://:S3cret@127.0.0.1:notaport/0"), "PAYRUN_REDIS_URL is not a valid URL (Port could not be cast"),
+                      (dict(PAYRUN_REDIS_URL="unix:///r.sock?password=S3cret&db=x"), "PAYRUN_REDIS_URL is not a valid URL (Invalid value for 'db'"),
+                      (dict(PAYRUN_REDIS_URL="redis://:S3cret@[::1"), "PAYRUN_REDIS_URL is not a valid URL (Invalid IPv6 URL) (got 'redis://***@[::1')"),
+                      (dict(PAYRUN_EMAIL_URL="smtps://u:S3cret@mail.example:465x"), "PAYRUN_EMAIL_URL is not a valid URL (Port could not")):
+        with pytest.raises(ConfigError, match=re.escape(said)) as e:
+            load(tmp_path, "", **env)
+        assert "S3cret" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"scheduler.bank_url is not a valid URL"):
+        load(tmp_path, "[scheduler]\nbank_url = 'http://127.0.0.1:80a'\n")
 
 
 def test_bad_toml_and_missing_file(tmp_path):

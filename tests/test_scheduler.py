@@ -444,6 +444,11 @@ def test_the_bank_simulator_answers_credits_only_with_its_token(cfg, monkeypatch
         assert e.value.code == 401 and b"amount" not in e.value.read()
         with pytest.raises(PermanentError, match="HTTP 401"):
             fetch_credits(bank.url, MONTH, 1, token="wrong")
+        # a token that is not ASCII is refused too (compare_digest raised on it: no answer at all)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(f"{bank.url}/v1/credits?month={MONTH}&company=1",
+                                                          headers={"Authorization": "Bearer \xe9t\xe9"}), timeout=10)
+        assert e.value.code == 401
         monkeypatch.setenv("PAYRUN_CONFIG", "")
         local = config_mod.load(env={**os.environ})
         local.scheduler.bank_url = bank.url
