@@ -335,19 +335,27 @@ class SmtpTransport:
         smtp: smtplib.SMTP | None = None
 
         def step(fn, *args):
-            if smtp.sock is not None:
+            if smtp is not None and smtp.sock is not None:
                 smtp.sock.settimeout(deadline.left())
-            return fn(*args)
+            try:
+                out = fn(*args)
+            except Exception:
+                if cutoff.fired:  # whatever smtplib made of a reply cut short (a torn code, "22")
+                    raise TimeoutError("the send's deadline passed") from None
+                raise
+            if cutoff.fired and isinstance(out, tuple) and out and isinstance(out[0], int) and not 200 <= out[0] < 600:
+                raise TimeoutError("the send's deadline passed")  # a reply cut short: no real code in it
+            return out
 
         where = f"{self.host}:{self.port}"
         cutoff = _Cutoff(self.timeout_s)
         try:
             try:
                 if self.ssl:
-                    smtp = _CutSMTPS(self.host, self.port, timeout=deadline.left(), context=self._ssl,
-                                     cutoff=cutoff)
+                    smtp = step(lambda: _CutSMTPS(self.host, self.port, timeout=deadline.left(), context=self._ssl,
+                                                  cutoff=cutoff))
                 else:
-                    smtp = _CutSMTP(self.host, self.port, timeout=deadline.left(), cutoff=cutoff)
+                    smtp = step(lambda: _CutSMTP(self.host, self.port, timeout=deadline.left(), cutoff=cutoff))
                 step(smtp.ehlo_or_helo_if_needed)
                 if self.starttls:
                     step(lambda: smtp.starttls(context=self._ssl))
@@ -393,8 +401,7 @@ class SmtpTransport:
                 raise _classify_smtp(e.smtp_code, e.smtp_error, what) from None
             except (smtplib.SMTPServerDisconnected, socket.timeout, TimeoutError) as e:
                 healthy = False
-                closed = isinstance(e, smtplib.SMTPServerDisconnected) and not cutoff.fired
-                kind = "connection closed" if closed else "timed out"
+                kind = "connection closed" if isinstance(e, smtplib.SMTPServerDisconnected) else "timed out"
                 if handed_over:
                     raise OutcomeUnknown(f"SMTP {where}: {kind} after the message was sent; "
                                          f"it may have been delivered") from None

@@ -512,8 +512,9 @@ def test_a_send_ends_at_its_timeout_however_slowly_the_server_trickles(scheme):
     for minutes, and its lane with it. The send's socket is now shut at its deadline."""
     from jobs.mail import CUTOFF_MARGIN_S
 
+    # a byte every 0.6 s: at the cut (1.5 s) the reply's code is torn ("22"), as a trickle's would be
     srv = Trickler(b"220 slow.example ESMTP " if scheme == "smtp" else b"HTTP/1.1 202 Accepted",
-                   read_request=scheme == "http")
+                   read_request=scheme == "http", every_s=0.6)
     try:
         start = time.monotonic()
         expected = TransientError if scheme == "smtp" else OutcomeUnknown  # (before / after the message)
