@@ -123,6 +123,7 @@ def run_variant(label: str, n: int, pdf: bytes, concurrency: int | None, process
             dest = cfg.slips_dir / rel
             dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             dest.write_bytes(pdf)
+            dest.chmod(0o600)  # as a render writes it (a send reads only a slip that is ours alone)
             payloads.append(tasks.email_payload(s, rel))
 
         per = cfg.email.lanes // processes

@@ -81,6 +81,13 @@ class RenderPending(Throttled):
     pass
 
 
+class StoreUnsafe(TransientError):
+    """A folder or slip of the slip store that another account could change (not ours, a
+    symlink, writable by group or others): a slip could be swapped in it between its render
+    and its send. Nothing is written or read there; the job waits for the operator's fix
+    like one on a full disk (jobs.policy.store_entry_problem)."""
+
+
 class PermanentError(JobError):
     pass
 

@@ -57,7 +57,7 @@ def resend_slip(snapshot: dict[str, Any]) -> dict[str, Any]:
     n = resend_number(snapshot["key"])
     month, emp = snapshot["month"], snapshot["employee"]["id"]
     rel = resend_path(month, snapshot["company"]["id"], emp, n)
-    slip.write_slip(cfg.slips_dir / rel, slip.render_pdf(snapshot))
+    slip.write_slip(cfg.slips_dir / rel, slip.render_pdf(snapshot), store=cfg.slips_dir)
     if job is None:
         return {"slip": rel}
     conn = job.connection

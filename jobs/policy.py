@@ -10,6 +10,7 @@ import random
 import re
 import smtplib
 import socket
+import stat
 from dataclasses import dataclass
 
 from jobs.errors import OutcomeUnknown, PermanentError, SlipMissing, TransientError
@@ -494,3 +495,20 @@ def slip_path_problem(month: object, company_id: object, employee_id: object) ->
     if not isinstance(employee_id, str) or not _SLIP_NAME.fullmatch(employee_id):
         return f"employee id {employee_id!r} cannot name a file (letters, digits, - and _ only)"
     return None
+
+
+def store_entry_problem(st_mode: int, st_uid: int, uid: int, slip: bool = False) -> str | None:
+    """Why a folder of the slip store (or, ``slip``, a slip file in it), as ``os.lstat``
+    describes it, is not this account's alone, or None. A send attaches what it reads there
+    to an email: in a folder another account can write to or owns, that account could put a
+    forged slip (other figures, a "new bank account" notice) in place of ours between the
+    render and the send, without reading ours."""
+    what = "is a symlink" if stat.S_ISLNK(st_mode) else None
+    if what is None and not (stat.S_ISREG(st_mode) if slip else stat.S_ISDIR(st_mode)):
+        what = "is not a regular file" if slip else "is not a folder"
+    if what is None and st_uid != uid:
+        what = f"belongs to uid {st_uid}, not to this account (uid {uid})"
+    if what is None and st_mode & (0o077 if slip else 0o022):
+        what = (f"can be {'read or written' if slip else 'written'} by other accounts "
+                f"(mode {stat.S_IMODE(st_mode):o})")
+    return what

@@ -621,17 +621,29 @@ def warm_up() -> None:
 
 # --------------------------------------------------------------------------- storage
 
-def write_slip(path: Path, pdf: bytes) -> None:
+def write_slip(path: Path, pdf: bytes, store: Path | None = None) -> None:
     """Write `pdf` to `path` atomically and durably: file mode 0600, parent dirs it creates
     0700; on disk (data and name) when it returns."""
-    commit_slip(stage_slip(path, pdf, durable=True), path, synced=True)
+    commit_slip(stage_slip(path, pdf, durable=True, store=store), path, synced=True)
 
 
-def stage_slip(path: Path, pdf: bytes, durable: bool = False) -> Path:
+def stage_slip(path: Path, pdf: bytes, durable: bool = False, store: Path | None = None) -> Path:
     """The first half of write_slip: `pdf` in a new temporary file (mode 0600) beside
     `path`, which is not touched yet. ``durable`` syncs the data before it returns;
-    otherwise commit_slip does. Returns the temporary file's path."""
+    otherwise commit_slip does. Returns the temporary file's path. With ``store`` (the slip
+    store's root, `path` inside it) every folder from it down must be this account's alone,
+    or StoreUnsafe is raised before anything is written (payrun.slipstore.unsafe)."""
     path = Path(path)
+
+    def check() -> None:
+        if store is not None:
+            from jobs.errors import StoreUnsafe
+            from payrun import slipstore
+
+            if why := slipstore.unsafe(store, path):
+                raise StoreUnsafe(why)
+
+    check()  # before a folder is made in one that is not ours alone
     parent = path.parent
     missing = []
     probe = parent
@@ -644,6 +656,8 @@ def stage_slip(path: Path, pdf: bytes, durable: bool = False) -> Path:
         except FileExistsError:
             continue  # created concurrently by another worker: leave its mode alone
         os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
+    if missing:
+        check()  # (one another process made meanwhile, too)
 
     tmp = parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)

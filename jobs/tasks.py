@@ -18,11 +18,12 @@ from typing import Any
 from rq import Retry, get_current_job
 
 from jobs import events, idempotency, unrecorded
-from jobs.errors import ClaimLost, PermanentError, ProviderDown, RateWait, RenderPending, SlipMissing, Throttled
+from jobs.errors import (ClaimLost, PermanentError, ProviderDown, RateWait, RenderPending, SlipMissing, StoreUnsafe,
+                         Throttled)
 from jobs.policy import (counts_as_provider_failure, pauses_every_sender, record_deadline, record_retry_wait_s,
                          redis_refuses_writes, send_claim_ttl_s, slip_path_problem)
 from payrun import config as config_mod
-from payrun import keys
+from payrun import keys, slipstore
 
 log = logging.getLogger("payrun.jobs")
 sends_log = logging.getLogger("payrun.sends")  # one line per request, at DEBUG (payrun.logs.debug_loggers)
@@ -135,9 +136,9 @@ def render_slip(snapshot: dict[str, Any]) -> dict[str, Any]:
     rel = slip_relpath(snapshot["month"], snapshot["company"]["id"], snapshot["employee"]["id"])
     pdf = slip.render_pdf(snapshot)  # raises PermanentError on bad data
     if job is not None and _hand_finish_over:
-        tmp = slip.stage_slip(cfg.slips_dir / rel, pdf)
+        tmp = slip.stage_slip(cfg.slips_dir / rel, pdf, store=cfg.slips_dir)
         return {"slip": rel, "bytes": len(pdf), FINISH_KEY: {"staged": str(tmp), "email": email_payload(snapshot, rel)}}
-    slip.write_slip(cfg.slips_dir / rel, pdf)
+    slip.write_slip(cfg.slips_dir / rel, pdf, store=cfg.slips_dir)
     if job is not None:
         enqueue_email(job.connection, cfg, email_payload(snapshot, rel))
     return {"slip": rel, "bytes": len(pdf)}
@@ -587,17 +588,26 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
     if path is None:
         idempotency.release(conn, key, token)
         raise PermanentError("slip path refused: it is not a file inside the slip store")
+    def read_slip() -> bytes:
+        """The slip's bytes, only from a file and folders that are this account's alone."""
+        if why := slipstore.unsafe(cfg.slips_dir, path, slip=True):
+            raise StoreUnsafe(why)
+        return path.read_bytes()
+
     try:
-        pdf = path.read_bytes()
-    except FileNotFoundError:
-        missing = slip_missing(conn, payload, job.meta)
-        try:  # a render that finished between that read and this look: read once more
-            pdf = path.read_bytes() if isinstance(missing, SlipMissing) else None
+        try:
+            pdf = read_slip()
         except FileNotFoundError:
-            pdf = None
-        if pdf is None:
-            idempotency.release(conn, key, token)
-            raise missing from None
+            missing = slip_missing(conn, payload, job.meta)
+            try:  # a render that finished between that read and this look: read once more
+                pdf = read_slip() if isinstance(missing, SlipMissing) else None
+            except FileNotFoundError:
+                pdf = None
+            if pdf is None:
+                raise missing from None
+    except (StoreUnsafe, SlipMissing, RenderPending):
+        idempotency.release(conn, key, token)
+        raise
     job.meta.pop(RENDER_WAITS, None)
     month = payload["month"]
     again = payload.get("reissued")  # HR's resend: say it replaces the slip sent before

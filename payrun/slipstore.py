@@ -55,3 +55,30 @@ def mismatch(conn, slips_dir: Path) -> str | None:
     found = "has no slip store id" if mine is None else f"is another store (id {mine})"
     return (f"the slip store {slips_dir} {found}, not the one the other hosts render into (id {theirs}, its "
             f"{ID_FILE}): set PAYRUN_SLIPS_DIR to the shared store, mounted on this host")
+
+
+def unsafe(root: Path, path: Path, slip: bool = False) -> str | None:
+    """Why the slip store's folders from ``root`` down to ``path``'s folder (and, with
+    ``slip``, the file ``path`` itself) are not this account's alone, or None
+    (jobs.policy.store_entry_problem): each below the root is looked at without following
+    symlinks. ``path`` must be inside ``root`` (as given, or resolved)."""
+    from jobs.policy import store_entry_problem
+
+    root, path = Path(root), Path(path)
+    real = root.resolve()  # the root as configured may be a symlink (to a mount): followed, and checked
+    parts = (path.relative_to(root) if path.is_relative_to(root) else path.relative_to(real)).parts
+    entries = [real] + [real.joinpath(*parts[:i]) for i in range(1, len(parts))]
+    if slip:
+        entries.append(path)
+    uid = os.getuid()
+    for i, entry in enumerate(entries):
+        try:
+            st = os.lstat(entry)
+        except FileNotFoundError:
+            return None  # not there (yet): nothing of anyone's to trust
+        is_slip = slip and i == len(entries) - 1
+        if why := store_entry_problem(st.st_mode, st.st_uid, uid, slip=is_slip):
+            return (f"the slip store's {'slip' if is_slip else 'folder'} {entry} {why}: another account could swap "
+                    f"a slip in it; make it this account's alone (chown, chmod {'600' if is_slip else 'go-w'}), then "
+                    "`payrun retry --all`")
+    return None

@@ -385,3 +385,46 @@ def test_retry_all_does_not_call_a_render_it_puts_back_left_out(world, provider,
         assert "left out" not in done.message and done.detail["same_slip"] == [], done.message
         assert render_id in done.detail["rendered_again"] or done.count == 2
     deliver_the_slip(conn, ledger, provider, send_id)
+
+
+def test_a_slip_store_another_account_could_change_is_neither_written_nor_read(world, provider):
+    """Security review (session 31): a folder of the slip store that another account can
+    write to (a shared mount at 1777, a month folder made by someone else) let that account
+    swap a forged slip in between the render and the send, and the send mailed it. Now a
+    render writes nothing there and a send reads nothing there: both fail as the host's
+    trouble (retried, not "fix the data"; the send's claim released) until the store is
+    this account's alone again."""
+    from jobs import idempotency
+    from jobs.errors import StoreUnsafe
+    from payrun import runs
+
+    cfg, conn, db, ledger = world
+    month_dir = cfg.slips_dir / MONTH
+    month_dir.mkdir(parents=True)
+    month_dir.chmod(0o777)  # e.g. made by another account on a shared mount
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    render_all(conn)
+    render_q, email_q = make_queue(keys.RENDER_QUEUE, conn), make_queue(keys.EMAIL_QUEUE, conn)
+    render = render_q.fetch_job(keys.render_job_id(MONTH, EMP))
+    assert render.get_status() == "scheduled"  # retried, as on a full disk
+    assert f"the slip store's folder {month_dir} can be written by other accounts (mode 777)" in render.meta["last_error"]
+    assert not render.meta["permanent"] and list(month_dir.rglob("*")) == [] and email_q.count == 0
+
+    month_dir.chmod(0o700)  # the operator's fix; the retries go through
+    enqueue_due(conn, render_q, {j: 0 for j in render_q.scheduled_job_registry.get_job_ids()})
+    render_all(conn)
+    assert email_q.count == 12
+    slip = slip_file(cfg)
+    slip.chmod(0o644)  # readable (and so replaceable, were its folder not ours) by others
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=4, burst=True)
+    assert delivered(provider) == 11 and not provider.delivery(f"slip:{MONTH}:{EMP}")
+    send = email_q.fetch_job(keys.email_job_id(MONTH, EMP))
+    assert send.get_status() == "scheduled" and f"the slip store's slip {slip.resolve()} can be read or written by " \
+        "other accounts (mode 644)" in send.meta["last_error"] and "chmod 600" in send.meta["last_error"]
+    assert not idempotency.state(conn, f"slip:{MONTH}:{EMP}").get("owner")  # its claim released: the retry may send
+    assert classify(StoreUnsafe("x")).transient
+
+    slip.chmod(0o600)
+    enqueue_due(conn, email_q, {send.id: 0})
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
+    assert provider.delivery(f"slip:{MONTH}:{EMP}") and delivered(provider) == 12

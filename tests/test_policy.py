@@ -292,3 +292,48 @@ def test_ids_that_would_put_a_slip_outside_the_store_are_refused(month, company,
         tasks.slip_relpath(month, company, employee)
     with pytest.raises(PermanentError, match="refused to write a slip"):
         oneoff.resend_path(month, company, employee, 1)
+
+
+def test_a_slip_store_entry_must_be_this_accounts_alone():
+    """jobs.policy.store_entry_problem, on what os.lstat says (session 31's review: a slip
+    swapped in a folder another account can write to was mailed)."""
+    import stat as st
+
+    from jobs.policy import store_entry_problem
+
+    me = 1000
+    d, f, link = st.S_IFDIR, st.S_IFREG, st.S_IFLNK
+    assert store_entry_problem(d | 0o700, me, me) is None
+    assert store_entry_problem(d | 0o755, me, me) is None  # readable folders are fine: the slips are 0600
+    assert store_entry_problem(f | 0o600, me, me, slip=True) is None
+    assert store_entry_problem(d | 0o777, me, me) == "can be written by other accounts (mode 777)"
+    assert store_entry_problem(d | 0o1777, me, me) == "can be written by other accounts (mode 1777)"
+    assert store_entry_problem(d | 0o770, me, me) == "can be written by other accounts (mode 770)"
+    assert store_entry_problem(d | 0o700, 65534, me) == "belongs to uid 65534, not to this account (uid 1000)"
+    assert store_entry_problem(link | 0o777, me, me) == "is a symlink"
+    assert store_entry_problem(f | 0o600, me, me) == "is not a folder"
+    assert store_entry_problem(d | 0o700, me, me, slip=True) == "is not a regular file"
+    assert store_entry_problem(f | 0o644, me, me, slip=True) == "can be read or written by other accounts (mode 644)"
+    assert store_entry_problem(f | 0o600, 0, me, slip=True) == "belongs to uid 0, not to this account (uid 1000)"
+
+
+def test_the_slip_stores_walk_looks_at_every_folder_below_its_root_without_following_links(tmp_path):
+    from payrun.slipstore import unsafe
+
+    root = tmp_path / "slips"
+    (root / "2026-11" / "3").mkdir(parents=True, mode=0o700)
+    root.chmod(0o700)
+    (root / "2026-11").chmod(0o700)
+    slip = root / "2026-11" / "3" / "emp-1.pdf"
+    slip.write_bytes(b"%PDF")
+    slip.chmod(0o600)
+    assert unsafe(root, slip, slip=True) is None
+    (tmp_path / "mnt").symlink_to(root)  # a root configured through a symlink (to a mount) is followed
+    assert unsafe(tmp_path / "mnt", tmp_path / "mnt" / "2026-11" / "3" / "emp-1.pdf", slip=True) is None
+    assert unsafe(tmp_path / "mnt", slip, slip=True) is None  # (a send's path comes resolved)
+    assert unsafe(root, root / "2026-12" / "1" / "emp-1.pdf") is None  # not there yet: nothing to trust
+    (root / "2026-11" / "3").rename(root / "2026-11" / "3.real")
+    (root / "2026-11" / "3").symlink_to(root / "2026-11" / "3.real")
+    assert f"folder {root / '2026-11' / '3'} is a symlink" in unsafe(root, slip, slip=True)
+    root.chmod(0o777)
+    assert f"folder {root} can be written by other accounts (mode 777)" in unsafe(root, slip)
