@@ -11,6 +11,18 @@ from datetime import datetime, timezone
 
 JOB_FIELDS = ("job_id", "queue", "attempt", "outcome", "error", "worker", "duration_s")
 
+TEST_HOOKS = {
+    "PAYRUN_TEST_JOBS": "workers also run the test suite's jobs (hang, spin, crash) named in Redis",
+    "PAYRUN_CLOCK_FILE": "the scheduler reads the time from a file",
+    "PAYRUN_TEST_TICK_PAUSE": "scheduler ticks pause for the test suite",
+}
+"""Environment variables the test suite sets to steer payrun's processes: never for a real run."""
+
+
+def test_hooks_set(env=os.environ) -> list[str]:
+    """The test hooks set in ``env`` (pure), each as 'NAME: what it does'."""
+    return [f"{k}: {what}" for k, what in TEST_HOOKS.items() if env.get(k)]
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -63,6 +75,8 @@ def setup(level: str = "INFO", as_json: bool | None = None) -> None:
     logging.getLogger("weasyprint.progress").setLevel(logging.WARNING)
     for name in debug_loggers():  # e.g. PAYRUN_LOG_DEBUG=payrun.sends: one topic, not RQ's chatter
         logging.getLogger(name).setLevel(logging.DEBUG)
+    for hook in test_hooks_set():  # set by the test suite; in production a mistake to see at once
+        logging.getLogger("payrun").warning("test hook set, never for a real run: %s", hook)
     if as_json:  # RQ installs its own handlers on its loggers: route them through ours
         for name in ("rq.worker", "rq.job", "rq.scheduler"):
             lg = logging.getLogger(name)

@@ -92,3 +92,24 @@ def test_payrun_log_debug_turns_one_topic_to_debug_and_leaves_the_rest(monkeypat
         logging.getLogger().handlers[:] = []
         sends.setLevel(before[0])
         rq_worker.setLevel(before[1])
+
+
+def test_a_process_started_with_a_test_hook_says_so_in_its_log(monkeypatch, capsys):
+    """Security review (session 31): PAYRUN_TEST_JOBS (workers run the suite's hang/crash
+    jobs named in Redis), PAYRUN_CLOCK_FILE and PAYRUN_TEST_TICK_PAUSE steer production
+    code; set by mistake on a real host they now show in every process's log at its start."""
+    import logging
+
+    from payrun import logs
+
+    assert logs.test_hooks_set({}) == [] and logs.test_hooks_set({"PAYRUN_TEST_JOBS": ""}) == []
+    assert logs.test_hooks_set({"PAYRUN_CLOCK_FILE": "/x"}) == ["PAYRUN_CLOCK_FILE: the scheduler reads the time from a file"]
+    for k in logs.TEST_HOOKS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    logs.setup("INFO")
+    try:
+        err = capsys.readouterr().err
+    finally:
+        logging.getLogger().handlers[:] = []
+    assert "WARNING payrun: test hook set, never for a real run: PAYRUN_TEST_JOBS: workers also run the test suite's jobs" in err
