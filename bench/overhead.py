@@ -33,21 +33,21 @@ from _common import Bench, finish, job_times, load_avg, proc_cpu_s, r4, run_main
 QUEUE = "pdf-render"
 
 BARE_FORK = """
-import sys, logging, redis
+import os, sys, logging, redis
 import jobs.tasks  # the parent has the job's module, like payrun's worker
 from rq import Queue, Worker
 from rq.serializers import JSONSerializer
-conn = redis.Redis.from_url(sys.argv[1])
-q = Queue(sys.argv[2], connection=conn, serializer=JSONSerializer)
+conn = redis.Redis.from_url(os.environ["PAYRUN_REDIS_URL"])  # (not an argument: ps shows those)
+q = Queue(sys.argv[1], connection=conn, serializer=JSONSerializer)
 Worker([q], connection=conn, serializer=JSONSerializer).work(burst=True, logging_level="WARNING")
 """
 BARE_SIMPLE = BARE_FORK.replace("Worker([q]", "SimpleWorker([q]").replace("import Queue, Worker", "import Queue, SimpleWorker")
 LANES = """
-import sys, logging, redis
+import os, sys, logging, redis
 logging.basicConfig(level=logging.WARNING)
 from jobs.runtime import run_lanes
-conn = redis.Redis.from_url(sys.argv[1])
-run_lanes(conn, [sys.argv[2]], lanes=int(sys.argv[3]), burst=True)
+conn = redis.Redis.from_url(os.environ["PAYRUN_REDIS_URL"])
+run_lanes(conn, [sys.argv[1]], lanes=int(sys.argv[2]), burst=True)
 """
 
 
@@ -115,19 +115,18 @@ def main() -> None:
         say(f"overhead bench: {n} no-op jobs per worker kind, one worker process each, load {load_avg()}")
         conn = b.start_redis()
         b.apply_env()
-        url = b.redis_url
         res = {}
         # bare and payrun alternate so that noise hits both alike
-        res["bare_fork"] = run_one(b, conn, "bare rq.Worker (fork)", n, False, ["-c", BARE_FORK, url, QUEUE], False)
+        res["bare_fork"] = run_one(b, conn, "bare rq.Worker (fork)", n, False, ["-c", BARE_FORK, QUEUE], False)
         res["payrun_fork"] = run_one(b, conn, "payrun RenderWorker", n, True, ["worker", QUEUE, "--burst"], True)
         # like for like with RQ's execution model: a fork per job (render.jobs_per_horse = 1)
         fork_conf = b.dir / "fork-per-job.toml"
         fork_conf.write_text("[render]\njobs_per_horse = 1\n")
         res["payrun_fork_per_job"] = run_one(b, conn, "payrun, fork per job", n, True, ["worker", QUEUE, "--burst"],
                                              True, env=dict(b.env(), PAYRUN_CONFIG=str(fork_conf)))
-        res["bare_simple"] = run_one(b, conn, "bare rq.SimpleWorker", n, False, ["-c", BARE_SIMPLE, url, QUEUE], False)
-        res["payrun_lanes_1"] = run_one(b, conn, "payrun run_lanes x1", n, True, ["-c", LANES, url, QUEUE, "1"], False)
-        res["payrun_lanes_45"] = run_one(b, conn, "payrun run_lanes x45", n, True, ["-c", LANES, url, QUEUE, "45"], False)
+        res["bare_simple"] = run_one(b, conn, "bare rq.SimpleWorker", n, False, ["-c", BARE_SIMPLE, QUEUE], False)
+        res["payrun_lanes_1"] = run_one(b, conn, "payrun run_lanes x1", n, True, ["-c", LANES, QUEUE, "1"], False)
+        res["payrun_lanes_45"] = run_one(b, conn, "payrun run_lanes x45", n, True, ["-c", LANES, QUEUE, "45"], False)
         ratio = res["payrun_fork"]["jobs_per_s"] / res["bare_fork"]["jobs_per_s"]
         lanes_ratio = res["payrun_lanes_1"]["jobs_per_s"] / res["bare_simple"]["jobs_per_s"]
         fpj_ratio = res["payrun_fork_per_job"]["jobs_per_s"] / res["bare_fork"]["jobs_per_s"]
