@@ -588,6 +588,7 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
     if path is None:
         idempotency.release(conn, key, token)
         raise PermanentError("slip path refused: it is not a file inside the slip store")
+
     def read_slip() -> bytes:
         """The slip's bytes, only from a file and folders that are this account's alone."""
         if why := slipstore.unsafe(cfg.slips_dir, path, slip=True):

@@ -354,6 +354,7 @@ def test_a_render_that_ends_between_the_sends_read_and_its_look_is_read_again(wo
     def render_ends_meanwhile(*args, **kwargs):
         out = real(*args, **kwargs)
         path.write_bytes(kept)
+        path.chmod(0o600)  # as a render commits it (a send reads only a slip that is ours alone)
         return out
 
     monkeypatch.setattr(tasks, "slip_missing", render_ends_meanwhile)
