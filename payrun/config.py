@@ -306,10 +306,10 @@ def credentials_in(data: dict[str, Any]) -> list[str]:
     for where, url in (("redis.url", section("redis").get("url")), ("redis.readonly_url", section("redis").get("readonly_url")),
                        ("email.url", section("email").get("url"))):
         if isinstance(url, str) and url:
-            parts = urlsplit(url)
             try:
+                parts = urlsplit(url)
                 has = bool(parts.password or parse_qs(parts.query).get("password"))
-            except ValueError:
+            except ValueError:  # unreadable (validate says so): count a login-like part
                 has = "@" in url
             if has:
                 held.append(where)
