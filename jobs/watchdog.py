@@ -59,7 +59,13 @@ class Watchdog:
 
     def __init__(self, clock=time.monotonic):
         self._clock = clock
-        self._cond = threading.Condition()
+        # arm/disarm take the plain lock, not the condition: a timeout fired at a lane (an
+        # async exception, raised while the watchdog holds this lock) that lands as the lane
+        # acquires it inside Condition.__enter__'s Python frame left it held for good; the
+        # watchdog then never fired again and every later arm hung (the whole send-email
+        # process). A C-level __enter__ has no frame for it to land in.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._heap: list[tuple[float, int, list]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
@@ -68,7 +74,7 @@ class Watchdog:
 
     def arm(self, seconds: float, thread_id: int, exc: type[BaseException]) -> list:
         entry = [thread_id, exc, "armed"]
-        with self._cond:
+        with self._lock:
             if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
                 self._heap.clear()  # a forked child inherits no thread, and no parent's jobs
                 self._pid = os.getpid()
@@ -86,13 +92,13 @@ class Watchdog:
         return self.arm(seconds, None, fn)  # type: ignore[arg-type]
 
     def disarm(self, entry: list) -> bool:
-        with self._cond:
+        with self._lock:
             fired = entry[2] == "fired"
             entry[2] = "done"
             return fired
 
     def pending(self) -> int:
-        with self._cond:
+        with self._lock:
             return sum(1 for *_, e in self._heap if e[2] == "armed")
 
     def _run(self) -> None:

@@ -73,6 +73,43 @@ def test_the_watchdog_calls_a_due_call_once_and_never_a_disarmed_one():
     assert dog.disarm(due) is True and dog.pending() == 0
 
 
+# (a timeout that lands in a weakref callback is ignored by Python and reported as unraisable)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_timeout_fired_while_its_lane_arms_or_disarms_never_leaves_the_watchdog_locked():
+    """Review (session 31): a job's timeout is an async exception raised while the watchdog
+    holds its lock; landing as the lane acquired that lock inside Condition.__enter__'s
+    Python frame, it left the lock held for good (the watchdog never fired again, every
+    later arm hung: the whole send-email process). Each send now arms and disarms a cutoff
+    inside its job's timeout, so this window came up per send. A lane under tiny timeouts
+    hammers it for 3 s; the lock must still be free and the lane done."""
+    dog = Watchdog()
+    timeout = watchdog.timeout_exception(JobTimeoutException, 0.001)
+    stop = time.monotonic() + 3
+    seen = {"timeouts": 0, "jobs": 0}
+
+    def lane():
+        me = threading.get_ident()
+        while time.monotonic() < stop:
+            try:
+                job = dog.arm(0.0005, me, timeout)
+                try:
+                    for _ in range(50):  # the sends of the job: their cutoffs
+                        dog.disarm(dog.arm_call(10, lambda: None))
+                finally:
+                    dog.disarm(job)
+                seen["jobs"] += 1
+            except JobTimeoutException:
+                seen["timeouts"] += 1
+
+    t = threading.Thread(target=lane, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), f"the lane hung on the watchdog's lock ({seen})"
+    assert dog._lock.acquire(timeout=2), f"the watchdog's lock was left held ({seen})"
+    dog._lock.release()
+    assert seen["timeouts"] > 0  # (the window was exercised)
+
+
 def test_many_lanes_share_one_watchdog_and_only_the_late_ones_fire():
     outcome: dict[int, str] = {}
     before = watchdog.WATCHDOG.fired
