@@ -203,51 +203,96 @@ CUTOFF_MARGIN_S = 0.5
 
 
 class _Cutoff:
-    """Ends a send that its deadline did not: shuts the socket down CUTOFF_MARGIN_S after
+    """Ends a send that its deadline did not: shuts its socket down CUTOFF_MARGIN_S after
     ``seconds``. A socket timeout bounds each read, not a reply: a server that trickles a
-    byte a second (SMTP's greeting, an HTTP status line) held a send, and its lane, for
-    minutes (a security review measured 52 s and 67 s for a 2 s timeout). The shutdown
-    wakes the blocked read at once; the send then fails as timed out (before the message:
-    TransientError; after it: OutcomeUnknown). ``target``: the object whose ``sock`` is the
-    send's socket now (an SMTP session, an HTTP connection), looked up when it fires, as
-    STARTTLS replaces it. Runs on the process's one watchdog thread (jobs.watchdog)."""
+    byte a second (SMTP's greeting, an HTTP status line, a TLS handshake) held a send, and
+    its lane, for minutes (a security review measured 52 s and 67 s for a 2 s timeout). The
+    shutdown wakes the blocked read at once; the send then fails as timed out (before the
+    message: TransientError; after it: OutcomeUnknown).
+
+    ``adopt(sock)`` as each connection is made (and for a kept-alive one, as the send
+    starts): the cutoff keeps a duplicate of its file descriptor, so a shutdown reaches the
+    connection whatever wraps it meanwhile (TLS, STARTTLS), and a connection made after the
+    deadline is shut as it is adopted. Runs on the process's one watchdog thread
+    (jobs.watchdog)."""
 
     def __init__(self, seconds: float):
         from jobs.watchdog import WATCHDOG
 
-        self.target = None
-        self.fired = False
+        self.fired = self._closed = False
+        self._dup: socket.socket | None = None
         self._entry = WATCHDOG.arm_call(seconds + CUTOFF_MARGIN_S, self._cut)
+
+    def adopt(self, sock: socket.socket | None) -> None:
+        if sock is None or self._closed:  # (a connection made after its send: not this cutoff's)
+            return
+        try:
+            dup = socket.socket(fileno=os.dup(sock.fileno()))  # (an SSLSocket has no dup())
+        except OSError:
+            return
+        old, self._dup = self._dup, dup  # (set before `fired` is read: _cut reads them the other way)
+        if old is not None:
+            old.close()
+        if self.fired:
+            self._shut(dup)
 
     def _cut(self) -> None:
         self.fired = True
-        sock = getattr(self.target, "sock", None)
-        if sock is not None:
-            try:  # the plain socket's shutdown, even of a TLS one: an SSLSocket's own
-                socket.socket.shutdown(sock, socket.SHUT_RDWR)  # drops its TLS state under the reader
-            except (OSError, ValueError):
-                pass
+        if self._dup is not None:
+            self._shut(self._dup)
+
+    @staticmethod
+    def _shut(sock: socket.socket) -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # the connection itself, not just this descriptor
+        except OSError:
+            pass
 
     def close(self) -> None:
-        """Disarm; once this returned it can no longer fire."""
+        """Disarm (once this returned it can no longer fire), and drop the duplicate."""
         from jobs.watchdog import WATCHDOG
 
         WATCHDOG.disarm(self._entry)
+        self._closed = True
+        if self._dup is not None:
+            self._dup.close()
+            self._dup = None
 
 
-class _CutSMTP(smtplib.SMTP):
-    """smtplib's SMTP with ``cutoff`` watching it from the start: its constructor already
-    reads the greeting."""
+class _CutSocket(smtplib.SMTP):
+    """smtplib's SMTP whose TCP connection is adopted by ``self.cutoff`` as it is made, before
+    the greeting is read (in the constructor) and before SMTP_SSL's handshake."""
 
+    cutoff: _Cutoff
+
+    def _get_socket(self, host, port, timeout):
+        sock = super()._get_socket(host, port, timeout)
+        self.cutoff.adopt(sock)
+        return sock
+
+
+class _CutSMTP(_CutSocket):
     def __init__(self, *args, cutoff: _Cutoff, **kwargs):
-        cutoff.target = self
+        self.cutoff = cutoff
         super().__init__(*args, **kwargs)
 
 
-class _CutSMTPS(smtplib.SMTP_SSL):
+class _CutSMTPS(smtplib.SMTP_SSL, _CutSocket):  # (SMTP_SSL's _get_socket wraps what _CutSocket's returns)
     def __init__(self, *args, cutoff: _Cutoff, **kwargs):
-        cutoff.target = self
+        self.cutoff = cutoff
         super().__init__(*args, **kwargs)
+
+
+def _cut_connections(conn: http.client.HTTPConnection, cutoff: _Cutoff) -> None:
+    """``conn``'s next connection (and an HTTPS one's handshake) adopted by ``cutoff``."""
+    make = socket.create_connection
+
+    def create(*args, **kwargs):
+        sock = make(*args, **kwargs)
+        cutoff.adopt(sock)
+        return sock
+
+    conn._create_connection = create
 
 
 class _Deadline:
@@ -339,8 +384,11 @@ class SmtpTransport:
                 smtp.sock.settimeout(deadline.left())
             try:
                 out = fn(*args)
-            except Exception:
-                if cutoff.fired:  # whatever smtplib made of a reply cut short (a torn code, "22")
+            except Exception as e:
+                # whatever smtplib made of a reply cut short (a torn code, "22", a closed
+                # connection); a complete reply read before the cut (a 550, a 535) keeps its meaning
+                complete = isinstance(e, smtplib.SMTPResponseException) and 200 <= e.smtp_code < 600
+                if cutoff.fired and not complete:
                     raise TimeoutError("the send's deadline passed") from None
                 raise
             if cutoff.fired and isinstance(out, tuple) and out and isinstance(out[0], int) and not 200 <= out[0] < 600:
@@ -348,7 +396,7 @@ class SmtpTransport:
             return out
 
         where = f"{self.host}:{self.port}"
-        cutoff = _Cutoff(self.timeout_s)
+        cutoff = _Cutoff(deadline.end - time.monotonic())  # (from the send's start, not from here)
         try:
             try:
                 if self.ssl:
@@ -420,11 +468,15 @@ class SmtpTransport:
             cutoff.close()
             if smtp is not None:
                 if healthy and smtp.sock is not None:
+                    quit_cut = _Cutoff(min(2.0, self.timeout_s))  # a trickled QUIT reply holds nothing either
+                    quit_cut.adopt(smtp.sock)
                     try:
                         smtp.sock.settimeout(min(2.0, self.timeout_s))
                         smtp.quit()
                     except Exception:
                         pass
+                    finally:
+                        quit_cut.close()
                 try:
                     smtp.close()
                 except Exception:
@@ -547,11 +599,15 @@ class HttpTransport:
             self._drop(conn)  # closed by the server while idle: reconnect now, not at the start time
         if getattr(self._local, "conn", None) is None:
             conn = self._new_conn()
+            cutoff = _Cutoff(self.timeout_s)  # (a trickled TLS handshake holds nothing either)
+            _cut_connections(conn, cutoff)
             try:
                 conn.connect()
                 self._local.conn = conn
             except (OSError, http.client.HTTPException):
                 self._drop(conn)
+            finally:
+                cutoff.close()
         return self.body(msg)
 
     def send(self, msg: Message, prepared: bytes | None = None,
@@ -563,7 +619,7 @@ class HttpTransport:
         headers = dict(self._headers)
         headers["Idempotency-Key"] = msg.idempotency_key
         where = f"provider {self.host}:{self.port}"
-        cutoff = _Cutoff(self.timeout_s)
+        cutoff = _Cutoff(deadline.end - time.monotonic())
         try:
             return self._send(body, headers, where, deadline, cutoff, before_write)
         finally:
@@ -582,7 +638,7 @@ class HttpTransport:
                     self._drop(conn)
                 conn = self._new_conn()
                 self._local.conn = conn
-                cutoff.target = conn
+                _cut_connections(conn, cutoff)
                 try:
                     conn.timeout = deadline.left()
                     conn.connect()
@@ -592,7 +648,8 @@ class HttpTransport:
                 except BaseException:
                     self._drop(conn)
                     raise
-            cutoff.target = conn
+            if reused:
+                cutoff.adopt(conn.sock)
             _check_before_write(before_write)
             try:
                 conn.sock.settimeout(deadline.left())

@@ -527,6 +527,89 @@ def test_a_send_ends_at_its_timeout_however_slowly_the_server_trickles(scheme):
         srv.close()
 
 
+class QuitTrickler:
+    """An SMTP server on 127.0.0.1 that takes the message at once, then answers QUIT a
+    byte every 0.5 s (continuation lines, each byte inside the 2 s quit timeout).
+    Stops at close() or after 60 s."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.delivered = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        try:
+            c, _ = self.sock.accept()
+        except OSError:
+            return
+        with c, c.makefile("rb") as f:
+            c.sendall(b"220 ok\r\n")
+            end = time.monotonic() + 60
+            while not self.stop.is_set() and time.monotonic() < end:
+                cmd = f.readline().strip().upper()
+                if not cmd:
+                    return
+                if cmd.startswith((b"EHLO", b"HELO", b"MAIL", b"RCPT")):
+                    c.sendall(b"250 ok\r\n")
+                elif cmd == b"DATA":
+                    c.sendall(b"354 go\r\n")
+                    while f.readline() not in (b".\r\n", b""):
+                        pass
+                    self.delivered += 1
+                    c.sendall(b"250 queued\r\n")
+                elif cmd == b"QUIT":
+                    for byte in b"221-bye\r\n" * 1000:
+                        if self.stop.wait(0.5) or time.monotonic() > end:
+                            return
+                        try:
+                            c.sendall(bytes([byte]))
+                        except OSError:
+                            return
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+
+
+def test_a_trickled_quit_holds_a_delivered_send_no_longer_than_its_quit_timeout():
+    """Review (session 31): the QUIT after a delivered message ran after the send's cutoff
+    was disarmed, so a server trickling its QUIT reply held the send (and its lane) for as
+    long as it liked. The QUIT has a cutoff of its own; the send is still a success."""
+    srv = QuitTrickler()
+    try:
+        start = time.monotonic()
+        assert transport_for(f"smtp://127.0.0.1:{srv.port}", 2).send(make_msg())
+        assert time.monotonic() - start < 2 + 0.5 + 1.5 and srv.delivered == 1
+    finally:
+        srv.close()
+
+
+def test_a_connection_made_after_the_deadline_is_cut_before_its_greeting(monkeypatch):
+    """Review (session 31): a cut that fired while smtplib was still connecting (a first
+    address that black-holes for the whole timeout, then the next one answers) found no
+    socket to shut, and the greeting was then read without bound. The connection is now
+    adopted as it is made, and one made after the deadline is shut at once."""
+    srv = Trickler(b"220 slow.example ESMTP ", read_request=False, every_s=0.6)
+    real = socket.create_connection
+
+    def slow_connect(address, timeout=None, *args, **kwargs):  # the simulated slow network
+        time.sleep(1.0 + 0.7)  # past the 1 s deadline and its cutoff's margin
+        return real(address, timeout, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", slow_connect)
+    try:
+        start = time.monotonic()
+        with pytest.raises(TransientError, match="timed out before the message was sent"):
+            transport_for(f"smtp://127.0.0.1:{srv.port}", 1.0).send(make_msg())
+        assert time.monotonic() - start < 1.7 + 1.5
+    finally:
+        srv.close()
+
+
 def test_a_send_that_ends_leaves_no_cutoff_armed(provider, smtpd):
     """Each send disarms its cutoff as it ends, however it ends (jobs.watchdog: once
     disarmed it cannot fire), so no connection kept alive is shut later."""
