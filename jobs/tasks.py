@@ -589,9 +589,13 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
         idempotency.release(conn, key, token)
         raise PermanentError("slip path refused: it is not a file inside the slip store")
 
+    # looked at as the render wrote it (its folders under the store, symlinks not followed),
+    # not as resolved: a symlinked folder is refused here as it is there
+    as_written = cfg.slips_dir / payload["slip"]
+
     def read_slip() -> bytes:
         """The slip's bytes, only from a file and folders that are this account's alone."""
-        if why := slipstore.unsafe(cfg.slips_dir, path, slip=True):
+        if why := slipstore.unsafe(cfg.slips_dir, as_written, slip=True):
             raise StoreUnsafe(why)
         return path.read_bytes()
 

@@ -82,3 +82,36 @@ def unsafe(root: Path, path: Path, slip: bool = False) -> str | None:
                     f"a slip in it; make it this account's alone (chown, chmod {'600' if is_slip else 'go-w'}), then "
                     "`payrun retry --all`")
     return None
+
+
+def store_problem(root: Path) -> str | None:
+    """Why the slip store at ``root`` would make every render and send fail (its root, or a
+    month or company folder in it, not this account's alone: ``unsafe``), or None; for
+    `payrun up` to say before the night's run rather than each job after it. Slip files are
+    not looked at (a month holds 50,000)."""
+    from jobs.policy import store_entry_problem
+
+    root = Path(root)
+    if not root.exists():
+        return None
+    if why := unsafe(root, root / "-"):
+        return why
+    level, uid = [root.resolve()], os.getuid()
+    for _depth in ("months", "companies"):
+        below = []
+        for folder in level:
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            for e in entries:
+                if not (e.is_dir(follow_symlinks=False) or e.is_symlink()):
+                    continue  # (the store's id file, a slip)
+                st = e.stat(follow_symlinks=False)
+                if why := store_entry_problem(st.st_mode, st.st_uid, uid):
+                    return (f"the slip store's folder {e.path} {why}: another account could swap a slip in it; "
+                            "make it this account's alone (chown, chmod go-w)")
+                if not e.is_symlink():
+                    below.append(e.path)
+        level = below
+    return None

@@ -254,6 +254,10 @@ def _log_tail(cfg: Config, program: str, lines: int = 5) -> str:
 
 
 def check_role(cfg: Config, role: str) -> None:
+    from payrun import slipstore
+
+    if why := slipstore.store_problem(cfg.slips_dir):  # every render and send would fail on it
+        raise SetupError(why)
     if role == "worker" and cfg.embedded_redis:
         raise SetupError("a worker-only host needs PAYRUN_REDIS_URL: the control host's Redis "
                          "(`payrun config redis-url` there)")

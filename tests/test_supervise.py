@@ -360,6 +360,26 @@ def test_up_says_which_program_did_not_stay_up_when_started_again(tmp_path, monk
     assert not any(a[0] in ("stop", "shutdown") for a in calls)  # nothing else stopped
 
 
+def test_up_refuses_a_slip_store_another_account_could_change(cfg, conn):
+    """Session 31: a render and a send refuse a slip store folder that is not this
+    account's alone; `payrun up` says so before the night's run, not each job after it."""
+    from payrun import supervise
+
+    company = cfg.slips_dir / "2026-11" / "3"
+    company.mkdir(parents=True)
+    for d in (cfg.slips_dir, company.parent, company):
+        d.chmod(0o700)
+    supervise.check_role(cfg, "all")
+    company.chmod(0o777)
+    with pytest.raises(SetupError, match=rf"the slip store's folder {company} can be written by other accounts "
+                                         r"\(mode 777\).*chmod go-w"):
+        supervise.check_role(cfg, "all")
+    company.chmod(0o700)
+    (cfg.slips_dir / "2026-12").symlink_to(company)
+    with pytest.raises(SetupError, match="2026-12 is a symlink"):
+        supervise.check_role(cfg, "all")
+
+
 def test_a_worker_host_is_not_started_as_a_control_host(cfg, conn, monkeypatch):
     """Multi-host drill: `payrun up` (role all) on a worker host started a second ledger
     that took a share of the events. It is refused while another host's ledger applies
