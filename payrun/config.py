@@ -334,9 +334,10 @@ def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = Non
         _apply(cfg, data, "")
         if held := credentials_in(data):
             mode = p.stat().st_mode
-            if mode & 0o077:
-                raise ConfigError(f"config file {p} holds credentials ({', '.join(held)}) and can be read by other "
-                                  f"users (mode {mode & 0o777:o}): chmod 600 {p}, or move them into the environment")
+            if mode & 0o006:  # (a group, e.g. root:payrun 0640, is the owner's deliberate choice)
+                raise ConfigError(f"config file {p} holds credentials ({', '.join(held)}) and can be "
+                                  f"{'read' if mode & 0o004 else 'changed'} by every user (mode {mode & 0o777:o}): "
+                                  f"chmod o-rwx {p} (or 600), or move them into the environment")
         cfg.source = str(p)
     if env.get("PAYRUN_HOME"):
         cfg.home = Path(env["PAYRUN_HOME"])
@@ -511,7 +512,9 @@ def email_url_problems(url: str, token: bool = False) -> list[str]:
 def bank_url_problems(url: str) -> list[str]:
     """Why scheduler.bank_url will not do (pure): the bank check reads every employee's net
     pay and shows the bank token, so it goes to another host over https:// only."""
-    parts = urlsplit(url or "")
+    if not url:
+        return []  # no bank to check (the bank-status entry then fails, saying so)
+    parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return ["must be an http(s)://host[:port] URL"]
     if parts.scheme == "http" and not is_loopback(parts.hostname):

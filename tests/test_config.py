@@ -23,11 +23,12 @@ def test_a_config_file_with_credentials_must_be_owner_only(tmp_path):
                         ("[redis]\nurl = 'rediss://:pw@redis.internal/0'\n", "redis.url"),
                         ("[redis]\nreadonly_url = 'unix:///r.sock?password=pw'\n", "redis.readonly_url"),
                         ("[email]\nurl = 'smtps://u:pw@mail.example'\n", "email.url")):
-        for mode in (0o644, 0o640, 0o604):
-            with pytest.raises(ConfigError, match=rf"holds credentials \({named}\) and can be read by other users "
-                                                  rf"\(mode {mode:o}\): chmod 600 .*payrun.toml"):
+        for mode, how in ((0o644, "read"), (0o604, "read"), (0o602, "changed")):
+            with pytest.raises(ConfigError, match=rf"holds credentials \({named}\) and can be {how} by every user "
+                                                  rf"\(mode {mode:o}\): chmod o-rwx .*payrun.toml"):
                 load(tmp_path, text, mode=mode, PAYRUN_REDIS_URL="unix:///tmp/x.sock?password=s")
-        load(tmp_path, text, mode=0o600, PAYRUN_REDIS_URL="unix:///tmp/x.sock?password=s")
+        for mode in (0o600, 0o640):  # (root:payrun 0640: a group the owner chose)
+            load(tmp_path, text, mode=mode, PAYRUN_REDIS_URL="unix:///tmp/x.sock?password=s")
     # no credential in it: any mode will do
     assert load(tmp_path, "[render]\ntimeout_s = 20\n[email]\nurl = 'smtps://mail.example'\n", mode=0o644).render.timeout_s == 20
 
@@ -84,6 +85,7 @@ def test_the_bank_is_reached_over_https_unless_it_is_on_this_host(tmp_path):
         assert bank_url_problems(ok) == [], ok
     assert bank_url_problems("http://bank.example") == [
         "would fetch every employee's net pay and send the bank token to another host in clear text: use https://"]
+    assert bank_url_problems("") == []  # no bank configured
     assert bank_url_problems("ftp://bank.example") == bank_url_problems("https://") == [
         "must be an http(s)://host[:port] URL"]
     with pytest.raises(ConfigError, match=r"scheduler.bank_url would fetch .* use https:// \(got 'http://bank.example/v1'\)"):
