@@ -93,8 +93,10 @@ def test_a_timeout_fired_while_its_lane_arms_or_disarms_never_leaves_the_watchdo
         while time.monotonic() < stop and seen["timeouts"] < 200:
             try:
                 job = dog.arm(0.0005, me, timeout)
-                try:
-                    while time.monotonic() < stop:  # the sends of the job, their cutoffs, until its timeout lands
+                try:  # the sends of the job, their cutoffs, until its timeout lands (50 ms at most:
+                    # Python drops a timeout that lands in a weakref callback, as an "unraisable")
+                    job_end = time.monotonic() + 0.05
+                    while time.monotonic() < job_end:
                         dog.disarm(dog.arm_call(10, lambda: None))
                 finally:
                     dog.disarm(job)
@@ -108,7 +110,7 @@ def test_a_timeout_fired_while_its_lane_arms_or_disarms_never_leaves_the_watchdo
     assert not t.is_alive(), f"the lane hung on the watchdog's lock ({seen})"
     assert dog._lock.acquire(timeout=2), f"the watchdog's lock was left held ({seen})"
     dog._lock.release()
-    assert seen["timeouts"] >= 50  # (the window was exercised)
+    assert seen["timeouts"] >= 10  # (the window was exercised)
 
 
 def test_many_lanes_share_one_watchdog_and_only_the_late_ones_fire():
