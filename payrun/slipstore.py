@@ -78,10 +78,13 @@ def unsafe(root: Path, path: Path, slip: bool = False) -> str | None:
             return None  # not there (yet): nothing of anyone's to trust
         is_slip = slip and i == len(entries) - 1
         if why := store_entry_problem(st.st_mode, st.st_uid, uid, slip=is_slip):
-            return (f"the slip store's {'slip' if is_slip else 'folder'} {entry} {why}: another account could swap "
-                    f"a slip in it; make it this account's alone (chown, chmod {'600' if is_slip else 'go-w'}), then "
-                    "`payrun retry --all`")
+            return _not_alone(entry, why, is_slip) + ", then `payrun retry --all`"
     return None
+
+
+def _not_alone(entry, why: str, is_slip: bool = False) -> str:
+    return (f"the slip store's {'slip' if is_slip else 'folder'} {entry} {why}: another account could swap a slip "
+            f"in it; make it this account's alone (chown, chmod {'600' if is_slip else 'go-w'})")
 
 
 def store_problem(root: Path) -> str | None:
@@ -109,8 +112,7 @@ def store_problem(root: Path) -> str | None:
                     continue  # (the store's id file, a slip)
                 st = e.stat(follow_symlinks=False)
                 if why := store_entry_problem(st.st_mode, st.st_uid, uid):
-                    return (f"the slip store's folder {e.path} {why}: another account could swap a slip in it; "
-                            "make it this account's alone (chown, chmod go-w)")
+                    return _not_alone(e.path, why)
                 if not e.is_symlink():
                     below.append(e.path)
         level = below

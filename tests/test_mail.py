@@ -472,15 +472,17 @@ def test_http_timeout_after_request_is_outcome_unknown():
 class Trickler:
     """A server on 127.0.0.1 that answers one byte at a time, each well inside a socket
     timeout: an SMTP greeting, or (after reading a request) an HTTP status line, that
-    never ends. Stops at close() or after 60 s."""
+    never ends. Stops at close() or after 60 s. ``_serve`` is what it does with its one
+    connection (QuitTrickler: an SMTP session whose QUIT reply trickles)."""
 
-    def __init__(self, answer: bytes, read_request: bool, every_s: float = 0.2):
+    def __init__(self, answer: bytes = b"", read_request: bool = False, every_s: float = 0.2):
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(4)
         self.port = self.sock.getsockname()[1]
         self.answer, self.read_request, self.every_s = answer, read_request, every_s
         self.stop = threading.Event()
+        self.end = time.monotonic() + 60
         threading.Thread(target=self._loop, daemon=True).start()
 
     def _loop(self):
@@ -489,16 +491,21 @@ class Trickler:
         except OSError:
             return
         with c:
-            if self.read_request:
-                c.recv(65536)
-            end = time.monotonic() + 60
-            for byte in self.answer * 1000:
-                if self.stop.wait(self.every_s) or time.monotonic() > end:
-                    return
-                try:
-                    c.sendall(bytes([byte]))
-                except OSError:
-                    return
+            self._serve(c)
+
+    def _serve(self, c: socket.socket) -> None:
+        if self.read_request:
+            c.recv(65536)
+        self.trickle(c, self.answer)
+
+    def trickle(self, c: socket.socket, answer: bytes) -> None:
+        for byte in answer * 1000:
+            if self.stop.wait(self.every_s) or time.monotonic() > self.end:
+                return
+            try:
+                c.sendall(bytes([byte]))
+            except OSError:
+                return
 
     def close(self):
         self.stop.set()
@@ -527,29 +534,20 @@ def test_a_send_ends_at_its_timeout_however_slowly_the_server_trickles(scheme):
         srv.close()
 
 
-class QuitTrickler:
+class QuitTrickler(Trickler):
     """An SMTP server on 127.0.0.1 that takes the message at once, then answers QUIT a
     byte every 0.5 s (continuation lines, each byte inside the 2 s quit timeout).
     Stops at close() or after 60 s."""
 
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(1)
-        self.port = self.sock.getsockname()[1]
-        self.stop = threading.Event()
-        self.delivered = 0
-        threading.Thread(target=self._serve, daemon=True).start()
+    delivered = 0
 
-    def _serve(self):
-        try:
-            c, _ = self.sock.accept()
-        except OSError:
-            return
-        with c, c.makefile("rb") as f:
+    def __init__(self):
+        super().__init__(every_s=0.5)
+
+    def _serve(self, c: socket.socket) -> None:
+        with c.makefile("rb") as f:
             c.sendall(b"220 ok\r\n")
-            end = time.monotonic() + 60
-            while not self.stop.is_set() and time.monotonic() < end:
+            while not self.stop.is_set() and time.monotonic() < self.end:
                 cmd = f.readline().strip().upper()
                 if not cmd:
                     return
@@ -562,17 +560,7 @@ class QuitTrickler:
                     self.delivered += 1
                     c.sendall(b"250 queued\r\n")
                 elif cmd == b"QUIT":
-                    for byte in b"221-bye\r\n" * 1000:
-                        if self.stop.wait(0.5) or time.monotonic() > end:
-                            return
-                        try:
-                            c.sendall(bytes([byte]))
-                        except OSError:
-                            return
-
-    def close(self):
-        self.stop.set()
-        self.sock.close()
+                    return self.trickle(c, b"221-bye\r\n")
 
 
 def test_a_trickled_quit_holds_a_delivered_send_no_longer_than_its_quit_timeout():
