@@ -57,7 +57,7 @@ from jobs.errors import ClaimLost, PermanentError, ProviderDown, RenderPending, 
 from jobs.limits import EMPTY
 from jobs.policy import backoff_attempt, backoff_delay, classify, outage_hold_is_free, shutdown_deadline
 from jobs.tasks import allowed_functions
-from jobs.watchdog import WatchdogDeathPenalty
+from jobs.watchdog import WATCHDOG, WatchdogDeathPenalty
 from payrun import keys
 
 RQ_RESOLVE_SERIALIZER = rq_serializers.resolve_serializer
@@ -1140,6 +1140,14 @@ class LaneWorker(EventsMixin, SimpleWorker):
 
     def _install_signal_handlers(self) -> None:  # the process's main thread owns signals
         pass
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        try:
+            super().execute_job(job, queue)
+        finally:
+            # a timeout raised again (jobs.watchdog.REFIRE_EVERY_S) that landed in the job's
+            # with-block exit, before it disarmed, must not fire into the lane's next work
+            WATCHDOG.disarm_thread(threading.get_ident())
 
     def set_state(self, state: str, pipeline=None) -> None:
         """RQ marks a worker idle after every job; a lane that goes straight on to the next

@@ -42,7 +42,8 @@ ALLOWED_FUNCTIONS = frozenset({
 """Job functions a payrun worker agrees to run (JSON still lets a job name any import path)."""
 
 TEST_FUNCTIONS = frozenset({"jobs.testing.hang", "jobs.testing.sleep", "jobs.testing.noop", "jobs.testing.spin",
-                            "jobs.testing.throttled_once", "jobs.testing.flaky", "jobs.testing.held_then_flaky"})
+                            "jobs.testing.throttled_once", "jobs.testing.flaky", "jobs.testing.held_then_flaky",
+                            "jobs.testing.loses_its_first_timeout"})
 
 
 def allowed_functions() -> frozenset[str]:

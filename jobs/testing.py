@@ -36,6 +36,27 @@ def spin(seconds: float) -> float:
     return seconds
 
 
+def loses_its_first_timeout(seconds: float) -> float:
+    """Busy Python code for ``seconds`` whose first timeout lands inside a weakref callback,
+    where CPython ignores it (reported as "unraisable"), as a real job's can: only a
+    timeout raised again stops it before ``seconds``."""
+    import weakref
+
+    from rq.timeouts import BaseTimeoutException
+
+    class _Dying:
+        pass
+
+    def callback(_ref) -> None:  # runs in this thread, as the object dies
+        try:
+            spin(seconds)
+        except BaseTimeoutException:
+            raise  # out of a weakref callback: Python drops it
+    kept = weakref.ref(_Dying(), callback)  # (the object dies at once: callback runs here)
+    del kept
+    return spin(seconds)
+
+
 def held_then_flaky() -> None:
     """Held back on its first try (a 429 pause), then failing with a transient error: the
     retry after the failure waits at the back of the queue, not at the held try's front."""

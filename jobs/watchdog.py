@@ -10,6 +10,13 @@ process that sleeps until the earliest.
 A timeout can only interrupt Python code, as with RQ's timer: a lane blocked in a socket
 call is bounded by the send's own cutoff (``arm_call``: jobs.mail shuts the socket of a
 send past its deadline), and the send's timeout is below the lease.
+
+Unlike RQ's timer, a timeout is raised again every ``REFIRE_EVERY_S`` until the job has
+left its ``with`` block. CPython ignores an exception raised in a weakref callback or a
+``__del__`` (it reports it as "unraisable"), and an async exception that lands there is
+lost: the job then ran on past its timeout, holding its lane, until something else
+stopped it. A job's code that swallowed the timeout (``except Exception``) is stopped
+the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ import time
 from collections.abc import Callable
 
 from rq.timeouts import BaseDeathPenalty, JobTimeoutException
+
+REFIRE_EVERY_S = 1.0
+"""A fired timeout whose job is still inside its ``with`` block is raised again this often
+(a timeout Python dropped, or one the job swallowed)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -54,10 +65,13 @@ class Watchdog:
 
     ``arm`` returns an entry; ``disarm(entry)`` returns True if the deadline had already
     fired. Both take the same lock as the firing, so once ``disarm`` returned the entry can
-    no longer fire. Disarmed entries stay in the heap until they reach its top (lazy
-    deletion: at most one per job started within the longest timeout)."""
+    no longer fire. A fired timeout stays in the heap, due again ``refire_s`` later, until
+    it is disarmed (``arm_call``'s calls are made once). Disarmed entries stay in the heap
+    until they reach its top (lazy deletion: at most one per job started within the
+    longest timeout)."""
 
-    def __init__(self, clock=time.monotonic):
+    def __init__(self, clock=time.monotonic, refire_s: float = REFIRE_EVERY_S):
+        self.refire_s = refire_s
         self._clock = clock
         # arm/disarm take the plain lock, not the condition: a timeout fired at a lane (an
         # async exception, raised while the watchdog holds this lock) that lands as the lane
@@ -70,7 +84,8 @@ class Watchdog:
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._pid = 0
-        self.fired = 0
+        self.fired = 0  # timeouts and calls fired (a timeout raised again counts once)
+        self.refired = 0  # timeouts raised again: their job was still running
 
     def arm(self, seconds: float, thread_id: int, exc: type[BaseException]) -> list:
         entry = [thread_id, exc, "armed"]
@@ -97,14 +112,26 @@ class Watchdog:
             entry[2] = "done"
             return fired
 
-    def pending(self) -> int:
+    def disarm_thread(self, thread_id: int) -> int:
+        """Disarm every timeout armed for ``thread_id``; returns how many were live. A lane
+        calls it after each job: a repeated timeout that landed in the ``with`` block's
+        own exit, before that disarmed it, would otherwise go on firing into the lane's
+        next work."""
         with self._lock:
-            return sum(1 for *_, e in self._heap if e[2] == "armed")
+            live = [e for *_, e in self._heap if e[0] == thread_id and e[2] in ("armed", "fired")]
+            for e in live:
+                e[2] = "done"
+            return len(live)
+
+    def pending(self) -> int:
+        """Timeouts and calls not yet disarmed that can still fire."""
+        with self._lock:
+            return sum(1 for *_, e in self._heap if e[2] in ("armed", "fired"))
 
     def _run(self) -> None:
         with self._cond:
             while True:
-                while self._heap and self._heap[0][2][2] != "armed":
+                while self._heap and self._heap[0][2][2] == "done":
                     heapq.heappop(self._heap)
                 if not self._heap:
                     self._cond.wait()
@@ -115,13 +142,18 @@ class Watchdog:
                     self._cond.wait(left)
                     continue
                 heapq.heappop(self._heap)
+                first = entry[2] == "armed"
                 entry[2] = "fired"
-                self.fired += 1
+                if first:
+                    self.fired += 1
                 try:
                     if entry[0] is None:  # arm_call
                         entry[1]()
-                    else:
-                        raise_in_thread(entry[0], entry[1])
+                    elif raise_in_thread(entry[0], entry[1]):
+                        # due again until disarmed: the job's with block disarms it on its way out
+                        heapq.heappush(self._heap, (self._clock() + self.refire_s, next(self._seq), entry))
+                        if not first:
+                            self.refired += 1
                 except Exception:  # the thread is gone (or the call failed): nothing left to stop
                     pass
 

@@ -113,6 +113,74 @@ def test_a_timeout_fired_while_its_lane_arms_or_disarms_never_leaves_the_watchdo
     assert seen["timeouts"] >= 10  # (the window was exercised)
 
 
+def test_a_timeout_the_job_swallowed_is_raised_again_until_it_leaves(monkeypatch):
+    """A fired timeout is raised again every ``refire_s`` while its job is still inside
+    its with block (here the job swallows the first one), and never after it left."""
+    monkeypatch.setattr(watchdog.WATCHDOG, "refire_s", 0.1)
+    got: list = []
+    before = watchdog.WATCHDOG.refired
+
+    def lane():
+        try:
+            with WatchdogDeathPenalty(0.1, JobTimeoutException, job_id="j"):
+                try:
+                    _spin_until(10)
+                except JobTimeoutException:
+                    got.append("swallowed")
+                _spin_until(10)
+            got.append("finished")
+        except JobTimeoutException as e:
+            got.append(e)
+        _spin_until(0.3)  # past three more re-fires: nothing lands once it left
+        got.append("after")
+
+    t0 = time.monotonic()
+    t = threading.Thread(target=lane)
+    t.start()
+    t.join(15)
+    assert got[0] == "swallowed" and isinstance(got[1], JobTimeoutException) and got[2:] == ["after"], got
+    assert time.monotonic() - t0 < 5
+    assert watchdog.WATCHDOG.refired - before == 1
+
+
+def test_a_timeout_python_dropped_is_raised_again(monkeypatch):
+    """Session 31 noticed it: an async exception that lands in a weakref callback is
+    ignored by CPython ("unraisable"), and the job ran on past its timeout. The job here
+    loses its first timeout exactly so; the watchdog raises it again and the job stops."""
+    from jobs import testing
+
+    monkeypatch.setattr(watchdog.WATCHDOG, "refire_s", 0.2)
+    dropped: list = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_type))
+    got: list = []
+
+    def lane():
+        try:
+            with WatchdogDeathPenalty(0.1, JobTimeoutException, job_id="j"):
+                testing.loses_its_first_timeout(4)
+            got.append("finished")
+        except JobTimeoutException as e:
+            got.append(e)
+
+    t0 = time.monotonic()
+    t = threading.Thread(target=lane)
+    t.start()
+    t.join(15)
+    assert len(dropped) == 1 and issubclass(dropped[0], JobTimeoutException), dropped  # (lost once)
+    assert len(got) == 1 and isinstance(got[0], JobTimeoutException), got
+    assert time.monotonic() - t0 < 3  # not the 4 s of the callback's spin plus 4 s more
+
+
+def test_disarming_a_thread_disarms_only_its_own_timeouts():
+    dog = Watchdog()
+    mine = [dog.arm(60, 1234, JobTimeoutException) for _ in range(2)]
+    other = dog.arm(60, 5678, JobTimeoutException)
+    call = dog.arm_call(60, lambda: None)
+    assert dog.disarm_thread(1234) == 2 and dog.disarm_thread(1234) == 0
+    assert dog.pending() == 2  # the other thread's timeout and the call
+    assert all(dog.disarm(e) is False for e in mine) and dog.disarm(other) is False and dog.disarm(call) is False
+
+
 def test_many_lanes_share_one_watchdog_and_only_the_late_ones_fire():
     outcome: dict[int, str] = {}
     before = watchdog.WATCHDOG.fired
@@ -159,6 +227,26 @@ def test_a_send_lane_times_out_a_job_and_its_next_job_runs_on_the_same_connectio
     assert slow[b"status"] == b"failed"
     assert b"Task exceeded maximum timeout value (1 seconds)" in slow[b"meta"]
     assert conn.hget("rq:job:after", "status") == b"finished"
+
+
+def test_a_send_lane_stops_a_job_whose_timeout_python_dropped(conn, cfg, monkeypatch):
+    """Through the real lanes: the job loses its first timeout in a weakref callback; the
+    timeout raised again fails it well before its 6 s of work, and the next job runs with
+    no timeout of the last one left armed for the lane."""
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    monkeypatch.setattr(watchdog.WATCHDOG, "refire_s", 0.2)
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: None)
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    q.enqueue_call("jobs.testing.loses_its_first_timeout", args=(6,), job_id="lost", timeout=1,
+                   meta={"kind": "test"})
+    q.enqueue_call("jobs.testing.spin", args=(1.5,), job_id="after", timeout=5, meta={"kind": "test"})
+    t0 = time.monotonic()
+    assert run_lanes(conn, [keys.EMAIL_QUEUE], lanes=1, burst=True) == 2
+    assert time.monotonic() - t0 < 10  # 1 s + a re-fire + 1.5 s, not 12 s of spinning
+    lost = conn.hgetall("rq:job:lost")
+    assert lost[b"status"] == b"failed"
+    assert b"Task exceeded maximum timeout value (1 seconds)" in lost[b"meta"]
+    assert conn.hget("rq:job:after", "status") == b"finished"  # (longer than the re-fire interval)
 
 
 class _WakesWithNothing:
