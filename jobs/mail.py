@@ -221,7 +221,12 @@ class _Cutoff:
 
         self.fired = self._closed = False
         self._dup: socket.socket | None = None
+        self.deadline = time.monotonic() + seconds
         self._entry = WATCHDOG.arm_call(seconds + CUTOFF_MARGIN_S, self._cut)
+
+    def left(self) -> float:
+        """Seconds to the send's deadline (0 once past it)."""
+        return max(0.0, self.deadline - time.monotonic())
 
     def adopt(self, sock: socket.socket | None) -> None:
         if sock is None or self._closed:  # (a connection made after its send: not this cutoff's)
@@ -259,14 +264,97 @@ class _Cutoff:
             self._dup = None
 
 
+RESOLVER_THREADS = 4
+"""Threads per process that look up the provider's name (``connect_within``)."""
+
+
+class _Resolver:
+    """``socket.getaddrinfo`` on a few daemon threads, waited for no longer than a send has
+    left. getaddrinfo takes no timeout (glibc's own is 5 s per try, per nameserver, and a
+    broken resolver can take longer), and a job's timeout cannot interrupt C code: a lane
+    stuck in a lookup stayed stuck past its send's deadline. A lookup still running when
+    its caller gave up finishes on its thread and is thrown away; one whose caller gave up
+    before it started is skipped. Daemon threads: a hung lookup never holds the process's
+    exit."""
+
+    def __init__(self, threads: int = RESOLVER_THREADS):
+        import queue
+
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        for i in range(threads):
+            threading.Thread(target=self._run, name=f"dns-{i}", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            host, port, box, done = self._queue.get()
+            if box.get("abandoned"):
+                continue
+            try:
+                box["infos"] = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                box["error"] = e
+            finally:
+                done.set()
+
+    def lookup(self, host: str, port: int, within_s: float) -> list:
+        box: dict = {}
+        done = threading.Event()
+        self._queue.put((host, port, box, done))
+        if not done.wait(within_s):
+            box["abandoned"] = True
+            raise socket.timeout(f"looking up {host} took longer than the send's {within_s:.1f} s left")
+        if "error" in box:
+            raise box["error"]
+        return box["infos"]
+
+
+_resolver: tuple[int, _Resolver] | None = None
+_resolver_lock = threading.Lock()
+
+
+def _lookup(host: str, port: int, within_s: float) -> list:
+    """``getaddrinfo(host, port)`` for a TCP connection, within ``within_s`` seconds: at once
+    for an address; for a name on the resolver threads (``_Resolver``)."""
+    global _resolver
+    try:
+        return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        pass  # a name
+    if within_s <= 0:
+        raise socket.timeout(f"no time left to look up {host}")
+    with _resolver_lock:
+        if _resolver is None or _resolver[0] != os.getpid():  # (a forked child has none of its threads)
+            _resolver = (os.getpid(), _Resolver())
+        resolver = _resolver[1]
+    return resolver.lookup(host, port, within_s)
+
+
+def connect_within(address: tuple[str, int], timeout, source_address=None, *, within_s: float) -> socket.socket:
+    """``socket.create_connection(address, timeout, source_address)`` whose name lookup ends
+    within ``within_s`` seconds too (``_lookup``); then each address found in turn, as
+    create_connection tries them."""
+    host, port = address[0], address[1]
+    error: OSError | None = None
+    for family, _type, _proto, _canon, sa in _lookup(host, port, within_s):
+        ip = sa[0] if family != socket.AF_INET6 or not sa[3] else f"{sa[0]}%{sa[3]}"
+        try:
+            return socket.create_connection((ip, sa[1]), timeout, source_address)
+        except OSError as e:
+            error = e
+    raise error if error is not None else OSError(f"no address found for {host}")
+
+
 class _CutSocket(smtplib.SMTP):
     """smtplib's SMTP whose TCP connection is adopted by ``self.cutoff`` as it is made, before
-    the greeting is read (in the constructor) and before SMTP_SSL's handshake."""
+    the greeting is read (in the constructor) and before SMTP_SSL's handshake, and whose
+    name lookup ends by the send's deadline (``connect_within``)."""
 
     cutoff: _Cutoff
 
     def _get_socket(self, host, port, timeout):
-        sock = super()._get_socket(host, port, timeout)
+        if timeout is not None and not timeout:
+            raise ValueError("Non-blocking socket (timeout=0) is not supported")  # (as smtplib's)
+        sock = connect_within((host, port), timeout, self.source_address, within_s=self.cutoff.left())
         self.cutoff.adopt(sock)
         return sock
 
@@ -284,11 +372,11 @@ class _CutSMTPS(smtplib.SMTP_SSL, _CutSocket):  # (SMTP_SSL's _get_socket wraps 
 
 
 def _cut_connections(conn: http.client.HTTPConnection, cutoff: _Cutoff) -> None:
-    """``conn``'s next connection (and an HTTPS one's handshake) adopted by ``cutoff``."""
-    make = socket.create_connection
+    """``conn``'s next connection (and an HTTPS one's handshake) adopted by ``cutoff``, its
+    name lookup ended by the cutoff's deadline (``connect_within``)."""
 
-    def create(*args, **kwargs):
-        sock = make(*args, **kwargs)
+    def create(address, timeout=socket._GLOBAL_DEFAULT_TIMEOUT, source_address=None):
+        sock = connect_within(address, timeout, source_address, within_s=cutoff.left())
         cutoff.adopt(sock)
         return sock
 

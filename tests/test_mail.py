@@ -598,6 +598,63 @@ def test_a_connection_made_after_the_deadline_is_cut_before_its_greeting(monkeyp
         srv.close()
 
 
+HANGING_NAME = "dns-hangs.example"
+
+
+@pytest.fixture
+def hanging_dns(monkeypatch):
+    """A resolver that never answers for HANGING_NAME (until the test ends), as a broken
+    nameserver behind glibc's retries does; every other lookup is the real one."""
+    real = socket.getaddrinfo
+    release = threading.Event()
+
+    def getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):
+        if host == HANGING_NAME:
+            if flags & socket.AI_NUMERICHOST:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            release.wait(30)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, port, family, type, proto, flags)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield
+    release.set()
+
+
+@pytest.mark.parametrize("scheme", ["smtp", "http"])
+def test_a_send_ends_at_its_timeout_when_the_name_lookup_hangs(hanging_dns, scheme):
+    """getaddrinfo takes no timeout, and a job's timeout cannot interrupt it (C code): a
+    lane stuck in a lookup stayed stuck past its send's deadline (session 31's note). The
+    lookup now runs on a resolver thread, waited for until the deadline; the send fails as
+    host trouble (retried, no attempt of the slip's lost to a permanent error)."""
+    start = time.monotonic()
+    with pytest.raises(TransientError, match="timed out|cannot connect"):
+        transport_for(f"{scheme}://{HANGING_NAME}:2525", 1.0).send(make_msg())
+    assert time.monotonic() - start < 1.0 + 1.0
+
+
+def test_a_send_to_a_name_tries_each_address_it_resolves_to(smtpd, monkeypatch):
+    """A name (not an address) is looked up on the resolver threads, and its addresses are
+    tried in turn as socket.create_connection does: the first one here refuses."""
+    port = int(smtpd.url.rsplit(":", 1)[1])
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port_, family=0, type=0, proto=0, flags=0):
+        if host == "mail.payrun.test":
+            if flags & socket.AI_NUMERICHOST:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            tried.append(threading.current_thread().name)
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.2", closed_port())),
+                    (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port_))]
+        return real(host, port_, family, type, proto, flags)
+
+    tried: list[str] = []
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    transport_for(f"smtp://mail.payrun.test:{port}", 5).send(make_msg())
+    assert len(smtpd.messages) == 1
+    assert tried and tried[0].startswith("dns-")  # (on a resolver thread, not the lane's)
+
+
 def test_a_send_that_ends_leaves_no_cutoff_armed(provider, smtpd):
     """Each send disarms its cutoff as it ends, however it ends (jobs.watchdog: once
     disarmed it cannot fire), so no connection kept alive is shut later."""
