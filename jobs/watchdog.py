@@ -81,6 +81,7 @@ class Watchdog:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._heap: list[tuple[float, int, list]] = []
+        self._by_thread: dict[int, list[list]] = {}  # the timeouts not yet disarmed, per thread
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._pid = 0
@@ -92,10 +93,13 @@ class Watchdog:
         with self._lock:
             if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
                 self._heap.clear()  # a forked child inherits no thread, and no parent's jobs
+                self._by_thread.clear()
                 self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._run, name="job-watchdog", daemon=True)
                 self._thread.start()
             heapq.heappush(self._heap, (self._clock() + seconds, next(self._seq), entry))
+            if thread_id is not None:
+                self._by_thread.setdefault(thread_id, []).append(entry)
             if self._heap[0][2] is entry:
                 self._cond.notify()
         return entry
@@ -110,6 +114,11 @@ class Watchdog:
         with self._lock:
             fired = entry[2] == "fired"
             entry[2] = "done"
+            mine = self._by_thread.get(entry[0])
+            if mine is not None:
+                mine[:] = [e for e in mine if e is not entry]  # (by identity: entries compare by value)
+                if not mine:
+                    del self._by_thread[entry[0]]
             return fired
 
     def disarm_thread(self, thread_id: int) -> int:
@@ -118,7 +127,7 @@ class Watchdog:
         own exit, before that disarmed it, would otherwise go on firing into the lane's
         next work."""
         with self._lock:
-            live = [e for *_, e in self._heap if e[0] == thread_id and e[2] in ("armed", "fired")]
+            live = [e for e in self._by_thread.pop(thread_id, ()) if e[2] != "done"]
             for e in live:
                 e[2] = "done"
             return len(live)

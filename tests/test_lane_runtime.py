@@ -179,6 +179,11 @@ def test_disarming_a_thread_disarms_only_its_own_timeouts():
     assert dog.disarm_thread(1234) == 2 and dog.disarm_thread(1234) == 0
     assert dog.pending() == 2  # the other thread's timeout and the call
     assert all(dog.disarm(e) is False for e in mine) and dog.disarm(other) is False and dog.disarm(call) is False
+    # a job's own disarm leaves its thread's other timeouts (equal by value) armed
+    first, second = dog.arm(60, 1234, JobTimeoutException), dog.arm(60, 1234, JobTimeoutException)
+    dog.disarm(second)
+    assert dog.disarm_thread(1234) == 1 and first[2] == "done"
+    assert not dog._by_thread  # nothing kept for threads with no timeout armed
 
 
 def test_many_lanes_share_one_watchdog_and_only_the_late_ones_fire():
