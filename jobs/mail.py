@@ -103,6 +103,8 @@ from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from rq.timeouts import BaseTimeoutException
+
 from jobs.errors import (AccountRefused, OutcomeUnknown, PermanentError, RateWait, RecipientDeferred,
                          TransientError, Throttled)
 from jobs.policy import rcpt_refusal_is_ours
@@ -224,10 +226,6 @@ class _Cutoff:
         self.deadline = time.monotonic() + seconds
         self._entry = WATCHDOG.arm_call(seconds + CUTOFF_MARGIN_S, self._cut)
 
-    def left(self) -> float:
-        """Seconds to the send's deadline (0 once past it)."""
-        return max(0.0, self.deadline - time.monotonic())
-
     def adopt(self, sock: socket.socket | None) -> None:
         if sock is None or self._closed:  # (a connection made after its send: not this cutoff's)
             return
@@ -329,18 +327,25 @@ def _lookup(host: str, port: int, within_s: float) -> list:
     return resolver.lookup(host, port, within_s)
 
 
-def connect_within(address: tuple[str, int], timeout, source_address=None, *, within_s: float) -> socket.socket:
-    """``socket.create_connection(address, timeout, source_address)`` whose name lookup ends
-    within ``within_s`` seconds too (``_lookup``); then each address found in turn, as
-    create_connection tries them."""
+def connect_within(address: tuple[str, int], timeout, source_address=None, *, deadline: float) -> socket.socket:
+    """``socket.create_connection(address, timeout, source_address)`` that ends by
+    ``deadline`` (monotonic), name lookup included (``_lookup``): then each address found in
+    turn, as create_connection tries them, each connect given no more than what is left."""
     host, port = address[0], address[1]
     error: OSError | None = None
-    for family, _type, _proto, _canon, sa in _lookup(host, port, within_s):
+    for family, _type, _proto, _canon, sa in _lookup(host, port, deadline - time.monotonic()):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout(f"no time left to connect to {host}")
         ip = sa[0] if family != socket.AF_INET6 or not sa[3] else f"{sa[0]}%{sa[3]}"
+        wait = left if timeout is None or timeout is socket._GLOBAL_DEFAULT_TIMEOUT else min(timeout, left)
         try:
-            return socket.create_connection((ip, sa[1]), timeout, source_address)
+            sock = socket.create_connection((ip, sa[1]), wait, source_address)
         except OSError as e:
             error = e
+            continue
+        sock.settimeout(timeout if timeout is not socket._GLOBAL_DEFAULT_TIMEOUT else socket.getdefaulttimeout())
+        return sock
     raise error if error is not None else OSError(f"no address found for {host}")
 
 
@@ -354,7 +359,7 @@ class _CutSocket(smtplib.SMTP):
     def _get_socket(self, host, port, timeout):
         if timeout is not None and not timeout:
             raise ValueError("Non-blocking socket (timeout=0) is not supported")  # (as smtplib's)
-        sock = connect_within((host, port), timeout, self.source_address, within_s=self.cutoff.left())
+        sock = connect_within((host, port), timeout, self.source_address, deadline=self.cutoff.deadline)
         self.cutoff.adopt(sock)
         return sock
 
@@ -376,7 +381,7 @@ def _cut_connections(conn: http.client.HTTPConnection, cutoff: _Cutoff) -> None:
     name lookup ended by the cutoff's deadline (``connect_within``)."""
 
     def create(address, timeout=socket._GLOBAL_DEFAULT_TIMEOUT, source_address=None):
-        sock = connect_within(address, timeout, source_address, within_s=cutoff.left())
+        sock = connect_within(address, timeout, source_address, deadline=cutoff.deadline)
         cutoff.adopt(sock)
         return sock
 
@@ -545,6 +550,9 @@ class SmtpTransport:
             except smtplib.SMTPException as e:
                 # no AUTH / STARTTLS support, no usable auth method: configuration, not luck
                 raise PermanentError(f"SMTP {where}: {_short(str(e), 120)}") from None
+            except BaseTimeoutException:  # the job's timeout, anywhere (mid-DATA too): no QUIT on it
+                healthy = False
+                raise
             except OSError as e:  # refused, reset, unreachable, TLS failure
                 healthy = False
                 why = "timed out" if cutoff.fired else _oserr(e)

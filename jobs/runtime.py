@@ -1145,9 +1145,15 @@ class LaneWorker(EventsMixin, SimpleWorker):
         try:
             super().execute_job(job, queue)
         finally:
-            # a timeout raised again (jobs.watchdog.REFIRE_EVERY_S) that landed in the job's
-            # with-block exit, before it disarmed, must not fire into the lane's next work
-            WATCHDOG.disarm_thread(threading.get_ident())
+            # a timeout raised again (jobs.watchdog.REFIRE_EVERY_S) that escaped the job's
+            # with-block exit before it disarmed must not fire into the lane's next work
+            # (and one landing here, as this disarms, is the job's, not the lane's)
+            while True:
+                try:
+                    WATCHDOG.disarm_thread(threading.get_ident())
+                    break
+                except BaseTimeoutException:
+                    continue
 
     def set_state(self, state: str, pipeline=None) -> None:
         """RQ marks a worker idle after every job; a lane that goes straight on to the next

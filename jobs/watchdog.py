@@ -30,11 +30,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from rq.timeouts import BaseDeathPenalty, JobTimeoutException
+from rq.timeouts import BaseDeathPenalty, BaseTimeoutException, JobTimeoutException
 
-REFIRE_EVERY_S = 1.0
+REFIRE_EVERY_S = 5.0
 """A fired timeout whose job is still inside its ``with`` block is raised again this often
-(a timeout Python dropped, or one the job swallowed)."""
+(a timeout Python dropped, or one the job swallowed). Not sooner: a job's own cleanup
+after its timeout (giving its idempotency claim back, a QUIT) gets this long before the
+next one lands in it."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -58,6 +60,11 @@ def raise_in_thread(thread_id: int, exc: type[BaseException]) -> bool:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), None)
         raise SystemError("PyThreadState_SetAsyncExc failed")
     return ret == 1
+
+
+def _clear_pending(thread_id: int) -> None:
+    """Drop an async exception raised into ``thread_id`` and not delivered yet."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), None)
 
 
 class Watchdog:
@@ -114,9 +121,11 @@ class Watchdog:
         with self._lock:
             fired = entry[2] == "fired"
             entry[2] = "done"
+            if fired and entry[0] == threading.get_ident():
+                _clear_pending(entry[0])  # (fired just now, not delivered yet: it must not land after this)
             mine = self._by_thread.get(entry[0])
             if mine is not None:
-                mine[:] = [e for e in mine if e is not entry]  # (by identity: entries compare by value)
+                mine[:] = [e for e in mine if e is not entry and e[2] != "done"]  # (by identity: equal by value)
                 if not mine:
                     del self._by_thread[entry[0]]
             return fired
@@ -128,8 +137,12 @@ class Watchdog:
         next work."""
         with self._lock:
             live = [e for e in self._by_thread.pop(thread_id, ()) if e[2] != "done"]
+            fired = False
             for e in live:
+                fired = fired or e[2] == "fired"
                 e[2] = "done"
+            if fired and thread_id == threading.get_ident():
+                _clear_pending(thread_id)
             return len(live)
 
     def pending(self) -> int:
@@ -188,3 +201,15 @@ class WatchdogDeathPenalty(BaseDeathPenalty):
         if self._entry is not None:
             WATCHDOG.disarm(self._entry)
             self._entry = None
+
+    def __exit__(self, type, value, traceback):
+        """RQ's exit ignores a timeout that lands while it cancels, and moves on with the
+        entry still live: with timeouts raised again (REFIRE_EVERY_S) that left the next
+        one to land in RQ's bookkeeping after the job, or in the lane's next job. Cancel
+        again until it is done: the next fire is REFIRE_EVERY_S away."""
+        while self._entry is not None:
+            try:
+                self.cancel_death_penalty()
+            except BaseTimeoutException:
+                continue
+        return False

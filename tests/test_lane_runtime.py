@@ -171,6 +171,49 @@ def test_a_timeout_python_dropped_is_raised_again(monkeypatch):
     assert time.monotonic() - t0 < 3  # not the 4 s of the callback's spin plus 4 s more
 
 
+def test_a_timeout_raised_again_as_its_job_cancels_it_is_cancelled_all_the_same(monkeypatch):
+    """Review (session 32): RQ's exit ignores a timeout that lands while it cancels and
+    moves on with the entry still live; raised again, it then landed after the job (in
+    RQ's bookkeeping: a send process restarted). The exit cancels again until done."""
+    monkeypatch.setattr(watchdog.WATCHDOG, "refire_s", 0.05)
+    real_cancel = WatchdogDeathPenalty.cancel_death_penalty
+    landed: list[str] = []
+
+    def slow_cancel(self):
+        if not landed:  # the first cancel is slow (a busy host): the next fire lands in it
+            landed.append("cancelling")
+            refired = watchdog.WATCHDOG.refired
+            _spin_until_true(lambda: watchdog.WATCHDOG.refired > refired, 5)
+        real_cancel(self)
+
+    monkeypatch.setattr(WatchdogDeathPenalty, "cancel_death_penalty", slow_cancel)
+    got: list = []
+
+    def lane():
+        try:
+            with WatchdogDeathPenalty(0.05, JobTimeoutException, job_id="j"):
+                try:
+                    _spin_until(10)
+                except JobTimeoutException:
+                    got.append("swallowed")  # (the job ends normally after its timeout)
+            got.append("left")
+            _spin_until(0.5)  # ten re-fire intervals: none may land here
+            got.append("after")
+        except JobTimeoutException:
+            got.append("landed after the job")
+
+    t = threading.Thread(target=lane)
+    t.start()
+    t.join(15)
+    assert landed and got == ["swallowed", "left", "after"], got
+
+
+def _spin_until_true(condition, limit_s: float) -> None:
+    end = time.monotonic() + limit_s
+    while not condition() and time.monotonic() < end:
+        pass
+
+
 def test_disarming_a_thread_disarms_only_its_own_timeouts():
     dog = Watchdog()
     mine = [dog.arm(60, 1234, JobTimeoutException) for _ in range(2)]
