@@ -253,6 +253,42 @@ class PayrunScheduler(RQScheduler):
         return super().work()
 
 
+def free_dead_scheduler_locks(conn, queue_names, hostname: str | None = None) -> list[str]:
+    """Release RQ's scheduler locks (``rq:scheduler-lock:<queue>``) whose holder was a
+    scheduler process on this host that is gone. A worker killed by SIGKILL takes its
+    scheduler with it (``PayrunScheduler``: it dies with its parent), and the lock stayed
+    its 61 s: every due retry of the queue waited for it (a walkthrough: a held send
+    picked up a minute late after a `kill -9`). The holder is known by the lock's value
+    (its name) and its record (``rq:scheduler:<name>``: hostname, pid); a holder on
+    another host, or with no record left, is left to its lock's TTL. Returns the queues
+    freed."""
+    import socket as socket_
+
+    from rq.scheduler import SCHEDULER_KEY_TEMPLATE, release_lock
+
+    from jobs.slip import _pid_alive
+
+    here = hostname or socket_.gethostname()
+    freed = []
+    for name in queue_names:
+        key = RQScheduler.get_locking_key(name)
+        holder = conn.get(key)
+        if holder is None:
+            continue
+        holder = holder.decode()
+        record = conn.hmget(SCHEDULER_KEY_TEMPLATE % holder, "hostname", "pid")
+        if record[0] is None or record[0].decode() != here or not (record[1] or b"").isdigit():
+            continue
+        pid = int(record[1])
+        if pid <= 0 or _pid_alive(pid):
+            continue
+        if release_lock(conn, key, holder):  # (only if still that holder's)
+            log.warning("RQ scheduler lock for %s was held by scheduler pid %d on this host, which is gone: "
+                        "released (due retries wait no longer for its lapse)", name, pid)
+            freed.append(name)
+    return freed
+
+
 class _QuietJobOK(logging.Filter):
     """Drops RQ's per-job success lines ("Successfully completed ... job in ...", "...: Job
     OK (id)"): payrun's own "job <id> done (attempt n) in x s" line says the same. Three
@@ -403,6 +439,9 @@ class EventsMixin:
             date_format=date_format, log_format=log_format, serializer=self.serializer,
         )
         self.scheduler.acquire_locks()
+        missing = {q.name for q in self.queues} - set(self.scheduler.acquired_locks)
+        if missing and free_dead_scheduler_locks(self.scheduler.connection, sorted(missing)):
+            self.scheduler.acquire_locks()  # (acquire_locks takes every lock it can, the held ones again)
         if self.scheduler.acquired_locks:
             if burst:
                 try:

@@ -4,6 +4,7 @@ Real Redis where Redis is involved; timeouts are polled with deadlines, never sl
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -548,3 +549,45 @@ def test_stopping_a_scheduler_leaves_another_schedulers_lock_alone(conn):
     worker.stop_scheduler()
     assert conn.get(lock) == b"another-host-scheduler"
     conn.delete(lock)
+
+
+def test_a_scheduler_lock_held_by_a_dead_scheduler_on_this_host_is_taken_at_once(conn):
+    """Walkthrough (session 32): `kill -9` of a send-email worker takes its scheduler along,
+    nobody releases the lock, and the restarted worker's scheduler waited out its 61 s
+    while a held send was due. A lock whose holder's record names this host and a pid
+    that is gone is released; one on another host, or of a live process, is left."""
+    import socket
+    import subprocess
+    import sys as sys_
+
+    from rq.scheduler import SCHEDULER_KEY_TEMPLATE, RQScheduler
+
+    from jobs.runtime import free_dead_scheduler_locks
+
+    lock = RQScheduler.get_locking_key(keys.EMAIL_QUEUE)
+    dead = subprocess.Popen([sys_.executable, "-c", "pass"])
+    dead.wait()  # (reaped: its pid is free)
+
+    def held_by(name: str, hostname: str, pid: int) -> None:
+        conn.set(lock, name, ex=61)
+        conn.hset(SCHEDULER_KEY_TEMPLATE % name, mapping={"name": name, "hostname": hostname, "pid": str(pid)})
+
+    try:
+        held_by("elsewhere", "another-host", dead.pid)
+        assert free_dead_scheduler_locks(conn, [keys.EMAIL_QUEUE]) == [] and conn.get(lock) == b"elsewhere"
+        held_by("alive", socket.gethostname(), os.getpid())
+        assert free_dead_scheduler_locks(conn, [keys.EMAIL_QUEUE]) == [] and conn.get(lock) == b"alive"
+        conn.delete(SCHEDULER_KEY_TEMPLATE % "alive")
+        conn.set(lock, "no-record", ex=61)  # (its record lapsed: who held it is unknown)
+        assert free_dead_scheduler_locks(conn, [keys.EMAIL_QUEUE]) == [] and conn.get(lock) == b"no-record"
+
+        held_by("killed", socket.gethostname(), dead.pid)
+        queue, worker, _ = _worker_with_its_scheduler(conn, "lane-sched-test-3")  # (its start frees it)
+        try:
+            assert worker.scheduler.acquired_locks == {keys.EMAIL_QUEUE}
+            assert conn.get(lock).decode() == worker.scheduler.name
+        finally:
+            worker.stop_scheduler()
+            worker.scheduler.release_locks()
+    finally:
+        conn.delete(lock, *(SCHEDULER_KEY_TEMPLATE % n for n in ("elsewhere", "alive", "killed")))
