@@ -320,7 +320,10 @@ def error_head(text: str) -> str:
     "provider 127.0.0.1:8025: HTTP 503 provider outage: try later"."""
     from console.failed import short_error
 
-    return short_error(text).split(": ")[0].strip()[:48]
+    head = short_error(text).split(": ")[0].strip()
+    if len(head) > 48:  # (cut at 48, not mid-clause: "provider down (11 sends in a row failed),  ×1")
+        head = head[:48].rstrip(" ,;")
+    return head
 
 
 def read_retrying(conn, sample: int = RETRY_SAMPLE, queues=(keys.RENDER_QUEUE, keys.EMAIL_QUEUE)) -> list[tuple[str, int]]:
@@ -578,7 +581,8 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
     elif provider_down_s is not None:
         if rate_per_s > 0:
             back = local + timedelta(seconds=remaining / rate_per_s)
-            out.update(if_back_now=back.isoformat(), on_time_if_back_now=back <= deadline)
+            out.update(if_back_now=back.isoformat(), on_time_if_back_now=back <= deadline,
+                       back_within_a_minute=remaining / rate_per_s < 60)
     elif rate_per_s > 0 and not out["stalled"]:
         at = local + timedelta(seconds=remaining / rate_per_s)
         out.update(at=at.isoformat(), on_time=at <= deadline)

@@ -1042,3 +1042,14 @@ async def test_the_overview_says_why_jobs_are_retrying(cfg, conn, monkeypatch):
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, lambda: app.snapshot is not None)
         assert "retrying: HTTP 503 from the provider (test) ×3" in text_of(app, "#limits")
+
+
+def test_a_long_error_head_is_cut_clean():
+    """Walkthrough (session 32): an outage read "retrying: email provider down (11 sends in
+    a row failed),  ×1" (cut at 48 characters in the middle of ", every sender paused")."""
+    from console.data import error_head
+
+    text = ("email provider down (11 sends in a row failed), every sender paused 30 s: "
+            "held, no attempt spent (last: HTTP 503)")
+    assert error_head(text) == "email provider down (11 sends in a row failed)"
+    assert error_head("provider 127.0.0.1:8025: HTTP 503 provider outage: try later") == "HTTP 503 provider outage"
