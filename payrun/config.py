@@ -270,17 +270,27 @@ def _shown(value: Any) -> str:
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
 
 
-def _apply(obj: Any, data: dict[str, Any], where: str) -> None:
+def _apply(obj: Any, data: dict[str, Any], where: str, problems: list[str] | None = None) -> None:
+    """Set ``data``'s settings on ``obj``. Each unknown or mistyped one is a problem: added
+    to ``problems`` (the rest still set, so that one reading reports every problem of the
+    file), or raised as ConfigError at once without a list."""
+    def problem(text: str) -> None:
+        if problems is None:
+            raise ConfigError(text)
+        problems.append(text)
+
     known = {f.name: f for f in fields(obj) if f.name != "source"}
     for key, value in data.items():
         if key not in known:
             allowed = ", ".join(sorted(known))
-            raise ConfigError(f"unknown setting '{where}{key}' (allowed here: {allowed})")
+            problem(f"unknown setting '{where}{key}' (allowed here: {allowed})")
+            continue
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
-                raise ConfigError(f"'{where}{key}' must be a table, got {_shown(value)}")
-            _apply(current, value, f"{where}{key}.")
+                problem(f"'{where}{key}' must be a table, got {_shown(value)}")
+                continue
+            _apply(current, value, f"{where}{key}.", problems)
             continue
         if isinstance(current, Path):
             value = Path(str(value))
@@ -288,9 +298,8 @@ def _apply(obj: Any, data: dict[str, Any], where: str) -> None:
             if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             else:
-                raise ConfigError(
-                    f"'{where}{key}' must be {type(current).__name__}, got {_shown(value)}"
-                )
+                problem(f"'{where}{key}' must be {type(current).__name__}, got {_shown(value)}")
+                continue
         setattr(obj, key, value)
 
 
@@ -323,15 +332,17 @@ def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = Non
     env = dict(os.environ if env is None else env)
     cfg = Config()
     path = path or env.get("PAYRUN_CONFIG")
+    problems: list[str] = []
     if path:
         p = Path(path)
         try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
+            text = p.read_text(encoding="utf-8")
+            data = tomllib.loads(text)
         except FileNotFoundError:
             raise ConfigError(f"config file {p} does not exist (from PAYRUN_CONFIG or --config)")
         except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {p} is not valid TOML: {e}")
-        _apply(cfg, data, "")
+            raise ConfigError(f"config file {p} is not valid TOML: {e}{toml_error_key(text, str(e))}")
+        _apply(cfg, data, "", problems)
         if held := credentials_in(data):
             mode = p.stat().st_mode
             if mode & 0o006:  # (a group, e.g. root:payrun 0640, is the owner's deliberate choice)
@@ -354,17 +365,32 @@ def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = Non
         raise ConfigError(f"the data directory would be {cfg.home}, a system directory (the default ./var "
                           f"resolves against the current directory, {Path.cwd()}): set PAYRUN_HOME, or run "
                           f"payrun from its own directory")
-    validate(cfg, email_token=bool(env.get("PAYRUN_EMAIL_TOKEN")))
+    validate(cfg, email_token=bool(env.get("PAYRUN_EMAIL_TOKEN")), known=problems)
     return cfg
+
+
+def toml_error_key(text: str, error: str) -> str:
+    """The setting on the line a TOML error names, as " (in 'key = ...')" (pure), or "".
+    tomllib says only "Invalid value (at line 4, column 19)". The key, never the value: a
+    half-typed line may hold a password."""
+    m = re.search(r"at line (\d+)", error)
+    lines = text.splitlines()
+    if not m or not 1 <= int(m.group(1)) <= len(lines):
+        return ""
+    line = lines[int(m.group(1)) - 1]
+    key = line.split("=", 1)[0].strip() if "=" in line else ""
+    return f" (in '{key} = ...')" if key and len(key) <= 80 else ""
 
 
 SYSTEM_DIRS = frozenset(Path(p) for p in ("/", "/var", "/usr", "/etc", "/tmp", "/root", "/home", "/opt", "/srv",
                                           "/bin", "/sbin", "/lib", "/boot", "/dev", "/proc", "/sys", "/run"))
 
 
-def validate(cfg: Config, email_token: bool = False) -> None:
-    """Refuse settings that cannot work, naming the values involved. ``email_token``:
-    PAYRUN_EMAIL_TOKEN is set (the provider's bearer token)."""
+def validate(cfg: Config, email_token: bool = False, known: list[str] | None = None) -> None:
+    """Refuse settings that cannot work, naming the values involved: one ConfigError with
+    every problem, after ``known`` ones (the file's unknown or mistyped settings), one per
+    line when there are several. ``email_token``: PAYRUN_EMAIL_TOKEN is set (the
+    provider's bearer token)."""
     problems: list[str] = []
     lease = cfg.lease
     for kind, timeout in (("render", cfg.render.timeout_s), ("email", cfg.email.timeout_s)):
@@ -439,8 +465,11 @@ def validate(cfg: Config, email_token: bool = False) -> None:
     problems.extend(entry_problems(cfg.scheduler.entries))
     if cfg.scheduler.catchup_window_s < 0 or cfg.scheduler.poll_s <= 0 or cfg.scheduler.lock_ttl_s < 1:
         problems.append("scheduler needs catchup_window_s >= 0, poll_s > 0 and lock_ttl_s >= 1")
+    problems = [*(known or []), *problems]
+    if len(problems) == 1:
+        raise ConfigError(f"invalid configuration: {problems[0]}")
     if problems:
-        raise ConfigError("invalid configuration: " + "; ".join(problems))
+        raise ConfigError(f"invalid configuration, {len(problems)} problems:\n  " + "\n  ".join(problems))
 
 
 def url_syntax_problem(url: str) -> str | None:

@@ -245,3 +245,23 @@ def test_the_default_data_directory_run_from_the_root_is_refused(monkeypatch):
     with pytest.raises(ConfigError, match="the data directory would be /var, a system directory"):
         config.load(env={})
     assert config.load(env={"PAYRUN_HOME": "/srv/payrun/var"}).home == Path("/srv/payrun/var")
+
+
+def test_every_problem_of_a_config_file_is_reported_at_once(tmp_path):
+    """Walkthrough (session 32): a file with an unknown key, a mistyped value and a lease
+    below the timeouts took three rounds of `payrun config show`, one problem each. The
+    README promises one line per problem."""
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, '[render]\ntimeot_s = 120\n[email]\nlanes = "fifty"\n[lease]\nvisibility_s = 5\n')
+    lines = str(e.value).splitlines()
+    assert lines[0] == "invalid configuration, 4 problems:"
+    assert "unknown setting 'render.timeot_s'" in lines[1] and "'email.lanes' must be int" in lines[2]
+    assert all("lease.visibility_s (5 s)" in line for line in lines[3:]) and len(lines) == 5
+
+
+def test_a_toml_error_names_the_key_of_its_line_but_never_the_value(tmp_path):
+    with pytest.raises(ConfigError, match=r"line 3, column 19\) \(in 'email_rate_per_s = \.\.\.'\)"):
+        load(tmp_path, 'timezone = "Asia/Dhaka"\n[limits]\nemail_rate_per_s =\n[redis]\nurl = "redis://:S3cret@h\n')
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, '[redis]\nurl = "redis://:S3cret@h\n')
+    assert "S3cret" not in str(e.value) and "(in 'url = ...')" in str(e.value)
