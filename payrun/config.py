@@ -388,8 +388,8 @@ SYSTEM_DIRS = frozenset(Path(p) for p in ("/", "/var", "/usr", "/etc", "/tmp", "
 
 def validate(cfg: Config, email_token: bool = False, known: list[str] | None = None) -> None:
     """Refuse settings that cannot work, naming the values involved: one ConfigError with
-    every problem, after ``known`` ones (the file's unknown or mistyped settings), one per
-    line when there are several. ``email_token``: PAYRUN_EMAIL_TOKEN is set (the
+    every problem, after ``known`` ones (the file's unknown or mistyped settings), on one
+    line. ``email_token``: PAYRUN_EMAIL_TOKEN is set (the
     provider's bearer token)."""
     problems: list[str] = []
     lease = cfg.lease
@@ -466,10 +466,8 @@ def validate(cfg: Config, email_token: bool = False, known: list[str] | None = N
     if cfg.scheduler.catchup_window_s < 0 or cfg.scheduler.poll_s <= 0 or cfg.scheduler.lock_ttl_s < 1:
         problems.append("scheduler needs catchup_window_s >= 0, poll_s > 0 and lock_ttl_s >= 1")
     problems = [*(known or []), *problems]
-    if len(problems) == 1:
-        raise ConfigError(f"invalid configuration: {problems[0]}")
-    if problems:
-        raise ConfigError(f"invalid configuration, {len(problems)} problems:\n  " + "\n  ".join(problems))
+    if problems:  # (one line: it goes into every supervised program's log as one record)
+        raise ConfigError("invalid configuration: " + "; ".join(problems))
 
 
 def url_syntax_problem(url: str) -> str | None:
