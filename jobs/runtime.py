@@ -262,13 +262,11 @@ def free_dead_scheduler_locks(conn, queue_names, hostname: str | None = None) ->
     (its name) and its record (``rq:scheduler:<name>``: hostname, pid); a holder on
     another host, or with no record left, is left to its lock's TTL. Returns the queues
     freed."""
-    import socket as socket_
-
     from rq.scheduler import SCHEDULER_KEY_TEMPLATE, release_lock
 
-    from jobs.slip import _pid_alive
+    from payrun.procs import pid_alive
 
-    here = hostname or socket_.gethostname()
+    here = hostname or socket.gethostname()
     freed = []
     for name in queue_names:
         key = RQScheduler.get_locking_key(name)
@@ -280,7 +278,7 @@ def free_dead_scheduler_locks(conn, queue_names, hostname: str | None = None) ->
         if record[0] is None or record[0].decode() != here or not (record[1] or b"").isdigit():
             continue
         pid = int(record[1])
-        if pid <= 0 or _pid_alive(pid):
+        if pid <= 0 or pid_alive(pid):
             continue
         if release_lock(conn, key, holder):  # (only if still that holder's)
             log.warning("RQ scheduler lock for %s was held by scheduler pid %d on this host, which is gone: "

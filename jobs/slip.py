@@ -48,6 +48,7 @@ from weasyprint.urls import URLFetcher, URLFetcherResponse
 
 from jobs import cascade
 from jobs.errors import PermanentError
+from payrun.procs import pid_alive
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 TEMPLATES_DIR = PACKAGE_DIR / "templates"
@@ -393,26 +394,13 @@ def sweep_font_faces(tmp: str | None = None) -> list[Path]:
             st = os.lstat(path)
         except (ValueError, OSError):
             continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or _pid_alive(pid):
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or pid_alive(pid):
             continue
         shutil.rmtree(path, ignore_errors=True)
         gone.append(path)
     return gone
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, exited and not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
 
 
 _ENV: jinja2.Environment | None = None

@@ -159,13 +159,14 @@ def leftovers(before: set[Path]) -> list[Path]:
     and those of processes gone are swept here as a worker's start sweeps them: it counts
     only if the sweep cannot remove it."""
     from jobs import slip
+    from payrun.procs import pid_alive
 
     slip.sweep_font_faces()
     found = []
     for p in sorted(_temp_entries() - before):
         if p.name.startswith(slip.FONT_FACES_PREFIX) and p.exists():
             pid = int(p.name[len(slip.FONT_FACES_PREFIX):].split("-", 1)[0])
-            if slip._pid_alive(pid):
+            if pid_alive(pid):
                 continue
         if p.exists() or p.is_symlink():
             found.append(p)

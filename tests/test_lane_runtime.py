@@ -27,21 +27,28 @@ def _spin_until(stop_s: float) -> None:
         pass
 
 
-def test_a_job_past_its_timeout_gets_rqs_timeout_exception_in_its_own_thread():
+def _run_in_a_lane(job, timeout: float) -> list:
+    """``job()`` under a WatchdogDeathPenalty of ``timeout`` in a thread of its own, as a
+    lane runs it: what came of it ("finished" or the exception), once the thread ended."""
     got: list = []
 
     def lane():
         try:
-            with WatchdogDeathPenalty(0.2, JobTimeoutException, job_id="j"):
-                _spin_until(10)
+            with WatchdogDeathPenalty(timeout, JobTimeoutException, job_id="j"):
+                job()
             got.append("finished")
         except JobTimeoutException as e:
             got.append(e)
 
-    t0 = time.monotonic()
     t = threading.Thread(target=lane)
     t.start()
     t.join(15)
+    return got
+
+
+def test_a_job_past_its_timeout_gets_rqs_timeout_exception_in_its_own_thread():
+    t0 = time.monotonic()
+    got = _run_in_a_lane(lambda: _spin_until(10), 0.2)
     assert len(got) == 1 and isinstance(got[0], JobTimeoutException), got
     assert str(got[0]) == "Task exceeded maximum timeout value (0.2 seconds)"  # RQ's message
     assert 0.2 <= time.monotonic() - t0 < 10
@@ -153,20 +160,8 @@ def test_a_timeout_python_dropped_is_raised_again(monkeypatch):
     monkeypatch.setattr(watchdog.WATCHDOG, "refire_s", 0.2)
     dropped: list = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_type))
-    got: list = []
-
-    def lane():
-        try:
-            with WatchdogDeathPenalty(0.1, JobTimeoutException, job_id="j"):
-                testing.loses_its_first_timeout(4)
-            got.append("finished")
-        except JobTimeoutException as e:
-            got.append(e)
-
     t0 = time.monotonic()
-    t = threading.Thread(target=lane)
-    t.start()
-    t.join(15)
+    got = _run_in_a_lane(lambda: testing.loses_its_first_timeout(4), 0.1)
     assert len(dropped) == 1 and issubclass(dropped[0], JobTimeoutException), dropped  # (lost once)
     assert len(got) == 1 and isinstance(got[0], JobTimeoutException), got
     assert time.monotonic() - t0 < 3  # not the 4 s of the callback's spin plus 4 s more
