@@ -401,8 +401,6 @@ def sweep_font_faces(tmp: str | None = None) -> list[Path]:
     return gone
 
 
-
-
 _ENV: jinja2.Environment | None = None
 _FONT_CONFIG: _ProcessFontConfiguration | None = None
 _FETCHER: AssetsOnlyFetcher | None = None

@@ -389,8 +389,7 @@ SYSTEM_DIRS = frozenset(Path(p) for p in ("/", "/var", "/usr", "/etc", "/tmp", "
 def validate(cfg: Config, email_token: bool = False, known: list[str] | None = None) -> None:
     """Refuse settings that cannot work, naming the values involved: one ConfigError with
     every problem, after ``known`` ones (the file's unknown or mistyped settings), on one
-    line. ``email_token``: PAYRUN_EMAIL_TOKEN is set (the
-    provider's bearer token)."""
+    line. ``email_token``: PAYRUN_EMAIL_TOKEN is set (the provider's bearer token)."""
     problems: list[str] = []
     lease = cfg.lease
     for kind, timeout in (("render", cfg.render.timeout_s), ("email", cfg.email.timeout_s)):
