@@ -306,13 +306,78 @@ class _Resolver:
         return box["infos"]
 
 
-_resolver: tuple[int, _Resolver] | None = None
+DNS_REUSE_S = 30.0
+"""A provider name's addresses are reused this long (per process) before it is looked up
+again: one lookup per 30 s, not one per send (40 a second at the provider's limit)."""
+
+DNS_STALE_S = 600.0
+"""When a lookup fails or hangs, the addresses a lookup gave less than this long ago are
+used instead: a resolver's blip in the middle of a run does not fail sends (serve-stale,
+as RFC 8767 has caching resolvers do)."""
+
+DNS_STALE_WAIT_S = 2.0
+"""With such addresses in hand, a lookup is waited for this long at most."""
+
+DNS_RETRY_S = 5.0
+"""After a failed lookup answered from the stale addresses, the next lookup is tried this
+much later (one warning per try, not one per send)."""
+
+
+class _Answers:
+    """The addresses of the names this process sends to, reused ``DNS_REUSE_S``, used up to
+    ``DNS_STALE_S`` old when the lookup fails or hangs (``DNS_STALE_WAIT_S``; then tried again
+    ``DNS_RETRY_S`` later). While one lane looks a name up again, the others use the last
+    addresses rather than queue behind it. A name never looked up successfully is looked up
+    by each send, its failure that send's (as without this cache). ``clock``: monotonic
+    seconds (tests pass their own)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._got: dict[tuple[str, int], tuple[float, list]] = {}  # (host, port) -> (when, addresses)
+        self._busy: set[tuple[str, int]] = set()  # being looked up again
+        self._next_try: dict[tuple[str, int], float] = {}  # after a failure answered from stale ones
+
+    def lookup(self, host: str, port: int, within_s: float, resolve: Callable[[str, int, float], list]) -> list:
+        key = (host, port)
+        with self._lock:
+            now = self._clock()
+            when, infos = self._got.get(key, (None, None))
+            age = None if when is None else now - when
+            if age is not None and age < DNS_REUSE_S:
+                return infos
+            stale = infos if age is not None and age < DNS_STALE_S else None
+            if stale is not None and (key in self._busy or now < self._next_try.get(key, now)):
+                return stale
+            self._busy.add(key)
+        try:
+            try:
+                fresh = resolve(host, port, min(within_s, DNS_STALE_WAIT_S) if stale is not None else within_s)
+            except OSError as e:  # (gaierror, a timeout)
+                if stale is None:
+                    raise
+                with self._lock:
+                    self._next_try[key] = self._clock() + DNS_RETRY_S
+                log.warning("looking up %s failed (%s): using its addresses of %.0f s ago, trying again in %.0f s",
+                            host, e, age, DNS_RETRY_S)
+                return stale
+            with self._lock:
+                self._got[key] = (self._clock(), fresh)
+                self._next_try.pop(key, None)
+            return fresh
+        finally:
+            with self._lock:
+                self._busy.discard(key)
+
+
+_resolver: tuple[int, _Resolver, _Answers] | None = None
 _resolver_lock = threading.Lock()
 
 
 def _lookup(host: str, port: int, within_s: float) -> list:
     """``getaddrinfo(host, port)`` for a TCP connection, within ``within_s`` seconds: at once
-    for an address; for a name on the resolver threads (``_Resolver``)."""
+    for an address; for a name on the resolver threads (``_Resolver``), its answer reused
+    and kept for a failing resolver (``_Answers``)."""
     global _resolver
     try:
         return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
@@ -322,9 +387,17 @@ def _lookup(host: str, port: int, within_s: float) -> list:
         raise socket.timeout(f"no time left to look up {host}")
     with _resolver_lock:
         if _resolver is None or _resolver[0] != os.getpid():  # (a forked child has none of its threads)
-            _resolver = (os.getpid(), _Resolver())
-        resolver = _resolver[1]
-    return resolver.lookup(host, port, within_s)
+            _resolver = (os.getpid(), _Resolver(), _Answers())
+        _, resolver, answers = _resolver
+    return answers.lookup(host, port, within_s, resolver.lookup)
+
+
+def forget_addresses() -> None:
+    """Drop this process's looked-up addresses (the next send to a name looks it up)."""
+    global _resolver
+    with _resolver_lock:
+        if _resolver is not None:
+            _resolver = (_resolver[0], _resolver[1], _Answers())
 
 
 def connect_within(address: tuple[str, int], timeout, source_address=None, *, deadline: float) -> socket.socket:

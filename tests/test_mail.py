@@ -1035,3 +1035,154 @@ def test_dropping_recorded_notes_keeps_a_later_note_of_the_same_key(tmp_path):
     unrecorded.drop(tmp_path, [("slip:2026-11:emp-1", "<m1>")])
     assert [e["message_id"] for e in unrecorded.pending(tmp_path)] == ["<m1-later>"]
     assert oct((tmp_path / unrecorded.FILE).stat().st_mode & 0o777) == "0o600"
+
+
+# ---- the provider's name: looked up once per DNS_REUSE_S, kept for a failing resolver ----
+
+@pytest.fixture(autouse=True)
+def _fresh_addresses():
+    """No test sees addresses another test's (patched) resolver gave."""
+    from jobs import mail
+
+    mail.forget_addresses()
+    yield
+    mail.forget_addresses()
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class _Resolve:
+    """A resolver for _Answers: answers from ``self.answer`` (a list, or an exception to
+    raise), recording each call's name and the time it was given."""
+
+    def __init__(self):
+        self.answer: object = [("addr", 1)]
+        self.calls: list[tuple[str, float]] = []
+
+    def __call__(self, host: str, port: int, within_s: float) -> list:
+        self.calls.append((host, within_s))
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+def test_a_name_is_looked_up_once_per_reuse_period_not_once_per_send():
+    from jobs.mail import DNS_REUSE_S, DNS_STALE_WAIT_S, _Answers
+
+    clock, resolve = _Clock(), _Resolve()
+    answers = _Answers(clock)
+    for _ in range(40):  # a second of sends at the provider's limit
+        assert answers.lookup("mail.example", 25, 5.0, resolve) == [("addr", 1)]
+    assert len(resolve.calls) == 1
+    assert answers.lookup("other.example", 25, 5.0, resolve) == [("addr", 1)]  # each name its own
+    assert len(resolve.calls) == 2
+    clock.t += DNS_REUSE_S - 0.1
+    answers.lookup("mail.example", 25, 5.0, resolve)
+    assert len(resolve.calls) == 2
+    clock.t += 0.2
+    resolve.answer = [("new-addr", 1)]
+    assert answers.lookup("mail.example", 25, 5.0, resolve) == [("new-addr", 1)]  # looked up again
+    assert resolve.calls[0] == ("mail.example", 5.0)  # the first: nothing to fall back on, the whole time left
+    assert resolve.calls[-1] == ("mail.example", DNS_STALE_WAIT_S)  # then: the last addresses if it is slow
+
+
+def test_a_failing_resolver_is_answered_from_the_last_addresses_then_retried_later(caplog):
+    from jobs.mail import DNS_RETRY_S, DNS_REUSE_S, DNS_STALE_WAIT_S, _Answers
+
+    clock, resolve = _Clock(), _Resolve()
+    answers = _Answers(clock)
+    answers.lookup("mail.example", 25, 5.0, resolve)
+    clock.t += DNS_REUSE_S + 1
+    resolve.answer = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+    with caplog.at_level("WARNING", logger="jobs.mail"):
+        assert answers.lookup("mail.example", 25, 5.0, resolve) == [("addr", 1)]
+    assert resolve.calls[-1] == ("mail.example", DNS_STALE_WAIT_S)  # not the send's whole 5 s
+    assert "looking up mail.example failed" in caplog.text and "trying again in" in caplog.text
+    calls = len(resolve.calls)
+    for _ in range(100):  # the sends meanwhile: no lookup, no warning each
+        assert answers.lookup("mail.example", 25, 5.0, resolve) == [("addr", 1)]
+    assert len(resolve.calls) == calls
+    clock.t += DNS_RETRY_S
+    resolve.answer = [("addr", 2)]
+    assert answers.lookup("mail.example", 25, 5.0, resolve) == [("addr", 2)]  # the resolver is back
+    assert len(resolve.calls) == calls + 1
+
+
+def test_addresses_too_old_are_not_used_and_a_name_never_resolved_fails_its_send():
+    from jobs.mail import DNS_STALE_S, _Answers
+
+    clock, resolve = _Clock(), _Resolve()
+    answers = _Answers(clock)
+    resolve.answer = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+    with pytest.raises(socket.gaierror):
+        answers.lookup("never.example", 25, 5.0, resolve)
+    with pytest.raises(socket.gaierror):  # no answer kept from a failure: the next send looks it up too
+        answers.lookup("never.example", 25, 5.0, resolve)
+    assert len(resolve.calls) == 2
+    resolve.answer = [("addr", 1)]
+    answers.lookup("mail.example", 25, 5.0, resolve)
+    clock.t += DNS_STALE_S + 1
+    resolve.answer = socket.timeout("looking up mail.example took longer than the send's 2.0 s left")
+    with pytest.raises(socket.timeout):
+        answers.lookup("mail.example", 25, 5.0, resolve)
+
+
+def test_while_one_lane_looks_a_name_up_again_the_others_use_the_last_addresses():
+    from jobs.mail import DNS_REUSE_S, _Answers
+
+    clock, resolve = _Clock(), _Resolve()
+    answers = _Answers(clock)
+    answers.lookup("mail.example", 25, 5.0, resolve)
+    clock.t += DNS_REUSE_S + 1
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(host, port, within_s):
+        entered.set()
+        release.wait(10)
+        return [("addr", 2)]
+
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(answers.lookup, "mail.example", 25, 5.0, slow)
+        assert entered.wait(5)
+        assert answers.lookup("mail.example", 25, 5.0, resolve) == [("addr", 1)]  # at once, not queued
+        assert len(resolve.calls) == 1
+        release.set()
+        assert first.result(5) == [("addr", 2)]
+    assert answers.lookup("mail.example", 25, 5.0, resolve) == [("addr", 2)]
+
+
+def test_sends_to_a_name_go_on_through_a_resolver_outage(smtpd, monkeypatch):
+    """Through a real SMTP server: the name is looked up once for many sends, and when the
+    resolver then fails, the sends still go to the addresses it gave last."""
+    from jobs import mail
+
+    port = int(smtpd.url.rsplit(":", 1)[1])
+    real = socket.getaddrinfo
+    state = {"up": True, "lookups": 0}
+
+    def getaddrinfo(host, port_, family=0, type=0, proto=0, flags=0):
+        if host == "relay.payrun.test":
+            if flags & socket.AI_NUMERICHOST:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            state["lookups"] += 1
+            if not state["up"]:
+                raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port_))]
+        return real(host, port_, family, type, proto, flags)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    t = transport_for(f"smtp://relay.payrun.test:{port}", 5)
+    for i in range(3):
+        t.send(make_msg(key=f"slip:2026-11:dns-{i}"))
+    assert state["lookups"] == 1
+    monkeypatch.setattr(mail, "DNS_REUSE_S", 0.0)  # every send looks it up again from here on
+    state["up"] = False
+    t.send(make_msg(key="slip:2026-11:dns-outage"))
+    assert state["lookups"] == 2
+    assert len(smtpd.messages) == 4
