@@ -267,13 +267,13 @@ RESOLVER_THREADS = 4
 
 
 class _Resolver:
-    """``socket.getaddrinfo`` on a few daemon threads, waited for no longer than a send has
-    left. getaddrinfo takes no timeout (glibc's own is 5 s per try, per nameserver, and a
-    broken resolver can take longer), and a job's timeout cannot interrupt C code: a lane
-    stuck in a lookup stayed stuck past its send's deadline. A lookup still running when
-    its caller gave up finishes on its thread and is thrown away; one whose caller gave up
-    before it started is skipped. Daemon threads: a hung lookup never holds the process's
-    exit."""
+    """``socket.getaddrinfo`` on a few daemon threads. getaddrinfo takes no timeout (glibc's
+    own is 5 s per try, per nameserver, and a broken resolver can take longer), and a job's
+    timeout cannot interrupt C code: a lane stuck in a lookup stayed stuck past its send's
+    deadline. Lanes wait for a lookup's answer no longer than their send has left
+    (``_Answers``); the lookup itself runs to its end on its thread, and its answer is kept
+    even when no lane waits for it any more. Daemon threads: a hung lookup never holds the
+    process's exit."""
 
     def __init__(self, threads: int = RESOLVER_THREADS):
         import queue
@@ -284,26 +284,20 @@ class _Resolver:
 
     def _run(self) -> None:
         while True:
-            host, port, box, done = self._queue.get()
-            if box.get("abandoned"):
-                continue
+            host, port, done = self._queue.get()
             try:
-                box["infos"] = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                box["error"] = e
-            finally:
-                done.set()
+                infos, error = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM), None
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits
+                infos, error = None, e
+            try:
+                done(infos, error)
+            except Exception:  # (never lose the thread)
+                log.exception("looking up %s: handing its answer over failed", host)
 
-    def lookup(self, host: str, port: int, within_s: float) -> list:
-        box: dict = {}
-        done = threading.Event()
-        self._queue.put((host, port, box, done))
-        if not done.wait(within_s):
-            box["abandoned"] = True
-            raise socket.timeout(f"looking up {host} took longer than the send's {within_s:.1f} s left")
-        if "error" in box:
-            raise box["error"]
-        return box["infos"]
+    def start(self, host: str, port: int, done: Callable[[list | None, BaseException | None], None]) -> None:
+        """Look ``host`` up on a resolver thread: ``done(addresses, None)`` or
+        ``done(None, error)`` is called there when the lookup ends."""
+        self._queue.put((host, port, done))
 
 
 DNS_REUSE_S = 30.0
@@ -322,23 +316,48 @@ DNS_RETRY_S = 5.0
 """After a failed lookup answered from the stale addresses, the next lookup is tried this
 much later (one warning per try, not one per send)."""
 
+DNS_HUNG_S = 30.0
+"""A lookup still unanswered this long after it started is taken for hung: the next send
+that needs the name starts another (glibc gives up by then: 5 s x 2 tries x up to 3
+nameservers)."""
+
+
+class _Flight:
+    """One lookup of a name, shared by every lane that needs its answer meanwhile."""
+
+    __slots__ = ("started", "done", "infos", "error")
+
+    def __init__(self, started: float):
+        self.started = started
+        self.done = threading.Event()
+        self.infos: list | None = None
+        self.error: BaseException | None = None
+
 
 class _Answers:
     """The addresses of the names this process sends to, reused ``DNS_REUSE_S``, used up to
     ``DNS_STALE_S`` old when the lookup fails or hangs (``DNS_STALE_WAIT_S``; then tried again
-    ``DNS_RETRY_S`` later). While one lane looks a name up again, the others use the last
-    addresses rather than queue behind it. A name never looked up successfully is looked up
-    by each send, its failure that send's (as without this cache). ``clock``: monotonic
-    seconds (tests pass their own)."""
+    ``DNS_RETRY_S`` later). One lookup per name at a time (single flight): with addresses in
+    hand the other lanes use them meanwhile; with none, they all wait for that one lookup,
+    each as long as its send has left, rather than queue lookups of their own behind it on
+    the resolver's few threads. A lookup's answer is kept when it comes, even after every
+    lane waiting for it gave up: a slow resolver still refills the cache. A name never
+    looked up successfully fails the sends that wait for it (as without this cache).
+    ``clock``: monotonic seconds and ``wait(event, seconds) -> bool`` (tests pass their own)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 wait: Callable[[threading.Event, float], bool] = threading.Event.wait):
         self._clock = clock
+        self._wait = wait
         self._lock = threading.Lock()
         self._got: dict[tuple[str, int], tuple[float, list]] = {}  # (host, port) -> (when, addresses)
-        self._busy: set[tuple[str, int]] = set()  # being looked up again
+        self._flights: dict[tuple[str, int], _Flight] = {}  # being looked up
         self._next_try: dict[tuple[str, int], float] = {}  # after a failure answered from stale ones
 
-    def lookup(self, host: str, port: int, within_s: float, resolve: Callable[[str, int, float], list]) -> list:
+    def lookup(self, host: str, port: int, within_s: float,
+               start: Callable[[str, int, Callable[[list | None, BaseException | None], None]], None]) -> list:
+        """``host``'s addresses, within ``within_s`` seconds; ``start(host, port, done)``
+        begins a lookup whose end calls ``done(addresses, error)`` (``_Resolver.start``)."""
         key = (host, port)
         with self._lock:
             now = self._clock()
@@ -347,27 +366,52 @@ class _Answers:
             if age is not None and age < DNS_REUSE_S:
                 return infos
             stale = infos if age is not None and age < DNS_STALE_S else None
-            if stale is not None and (key in self._busy or now < self._next_try.get(key, now)):
-                return stale
-            self._busy.add(key)
-        try:
-            try:
-                fresh = resolve(host, port, min(within_s, DNS_STALE_WAIT_S) if stale is not None else within_s)
-            except OSError as e:  # (gaierror, a timeout)
-                if stale is None:
-                    raise
-                with self._lock:
-                    self._next_try[key] = self._clock() + DNS_RETRY_S
-                log.warning("looking up %s failed (%s): using its addresses of %.0f s ago, trying again in %.0f s",
-                            host, e, age, DNS_RETRY_S)
-                return stale
-            with self._lock:
-                self._got[key] = (self._clock(), fresh)
+            flight = self._flights.get(key)
+            if flight is not None and now - flight.started < DNS_HUNG_S:
+                if stale is not None:
+                    return stale  # (the lane that started it waits for it)
+                ours = False
+            else:
+                if stale is not None and now < self._next_try.get(key, now):
+                    return stale
+                flight = self._flights[key] = _Flight(now)
+                ours = True
+        if ours:
+            start(host, port, lambda got, error: self._landed(key, flight, got, error))
+        answered = self._wait(flight.done, min(within_s, DNS_STALE_WAIT_S) if stale is not None else within_s)
+        if answered and flight.error is None:
+            return flight.infos
+        if answered and (stale is None or not isinstance(flight.error, OSError)):
+            raise _copy_error(flight.error)  # (not an OSError: not the resolver's failure but an unusable name)
+        if stale is None:
+            raise socket.timeout(f"looking up {host} took longer than the send's {within_s:.1f} s left")
+        why = flight.error if answered else f"no answer in {min(within_s, DNS_STALE_WAIT_S):.1f} s"
+        with self._lock:
+            self._next_try[key] = self._clock() + DNS_RETRY_S
+        log.warning("looking up %s failed (%s): using its addresses of %.0f s ago, trying again in %.0f s",
+                    host, why, age, DNS_RETRY_S)
+        return stale
+
+    def _landed(self, key: tuple[str, int], flight: _Flight, infos: list | None, error: BaseException | None) -> None:
+        with self._lock:
+            if error is None:
+                self._got[key] = (self._clock(), infos)
                 self._next_try.pop(key, None)
-            return fresh
-        finally:
-            with self._lock:
-                self._busy.discard(key)
+            if self._flights.get(key) is flight:
+                del self._flights[key]
+        flight.infos, flight.error = infos, error
+        flight.done.set()
+
+
+def _copy_error(e: BaseException) -> BaseException:
+    """``e`` anew, for one of the lanes that waited for it (one exception object raised in
+    several threads at once would gather all their tracebacks)."""
+    import copy
+
+    try:
+        return copy.copy(e)
+    except Exception:
+        return OSError(str(e))
 
 
 _resolver: tuple[int, _Resolver, _Answers] | None = None
@@ -389,7 +433,7 @@ def _lookup(host: str, port: int, within_s: float) -> list:
         if _resolver is None or _resolver[0] != os.getpid():  # (a forked child has none of its threads)
             _resolver = (os.getpid(), _Resolver(), _Answers())
         _, resolver, answers = _resolver
-    return answers.lookup(host, port, within_s, resolver.lookup)
+    return answers.lookup(host, port, within_s, resolver.start)
 
 
 def forget_addresses() -> None:

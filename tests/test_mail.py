@@ -1057,104 +1057,217 @@ class _Clock:
         return self.t
 
 
-class _Resolve:
-    """A resolver for _Answers: answers from ``self.answer`` (a list, or an exception to
-    raise), recording each call's name and the time it was given."""
+class _Start:
+    """A resolver for _Answers (its ``start``): answers from ``self.answer`` (a list, or an
+    exception), at once, or, with ``hold`` set, when the test calls ``land()``. Records
+    each lookup started."""
 
     def __init__(self):
         self.answer: object = [("addr", 1)]
-        self.calls: list[tuple[str, float]] = []
+        self.hold = False
+        self.calls: list[str] = []
+        self.pending: list = []
 
-    def __call__(self, host: str, port: int, within_s: float) -> list:
-        self.calls.append((host, within_s))
+    def __call__(self, host: str, port: int, done) -> None:
+        self.calls.append(host)
+        if self.hold:
+            self.pending.append(done)
+        else:
+            self._answer(done)
+
+    def _answer(self, done) -> None:
         if isinstance(self.answer, BaseException):
-            raise self.answer
-        return self.answer
+            done(None, self.answer)
+        else:
+            done(self.answer, None)
+
+    def land(self) -> None:
+        """The lookups held so far end now, with ``self.answer``."""
+        pending, self.pending = self.pending, []
+        for done in pending:
+            self._answer(done)
+
+
+class _Wait:
+    """_Answers' wait on the fake clock: an answer already in is taken at once; otherwise the
+    whole time passes (the clock moves on) with no answer. Records each wait's seconds."""
+
+    def __init__(self, clock: _Clock):
+        self.clock = clock
+        self.seconds: list[float] = []
+
+    def __call__(self, event: threading.Event, seconds: float) -> bool:
+        self.seconds.append(seconds)
+        if event.is_set():
+            return True
+        self.clock.t += seconds
+        return False
+
+
+def _answers():
+    from jobs.mail import _Answers
+
+    clock = _Clock()
+    wait = _Wait(clock)
+    return _Answers(clock, wait), clock, wait, _Start()
 
 
 def test_a_name_is_looked_up_once_per_reuse_period_not_once_per_send():
-    from jobs.mail import DNS_REUSE_S, DNS_STALE_WAIT_S, _Answers
+    from jobs.mail import DNS_REUSE_S, DNS_STALE_WAIT_S
 
-    clock, resolve = _Clock(), _Resolve()
-    answers = _Answers(clock)
+    answers, clock, wait, start = _answers()
     for _ in range(40):  # a second of sends at the provider's limit
-        assert answers.lookup("mail.example", 25, 5.0, resolve) == [("addr", 1)]
-    assert len(resolve.calls) == 1
-    assert answers.lookup("other.example", 25, 5.0, resolve) == [("addr", 1)]  # each name its own
-    assert len(resolve.calls) == 2
+        assert answers.lookup("mail.example", 25, 5.0, start) == [("addr", 1)]
+    assert len(start.calls) == 1
+    assert answers.lookup("other.example", 25, 5.0, start) == [("addr", 1)]  # each name its own
+    assert len(start.calls) == 2
     clock.t += DNS_REUSE_S - 0.1
-    answers.lookup("mail.example", 25, 5.0, resolve)
-    assert len(resolve.calls) == 2
+    answers.lookup("mail.example", 25, 5.0, start)
+    assert len(start.calls) == 2
     clock.t += 0.2
-    resolve.answer = [("new-addr", 1)]
-    assert answers.lookup("mail.example", 25, 5.0, resolve) == [("new-addr", 1)]  # looked up again
-    assert resolve.calls[0] == ("mail.example", 5.0)  # the first: nothing to fall back on, the whole time left
-    assert resolve.calls[-1] == ("mail.example", DNS_STALE_WAIT_S)  # then: the last addresses if it is slow
+    start.answer = [("new-addr", 1)]
+    assert answers.lookup("mail.example", 25, 5.0, start) == [("new-addr", 1)]  # looked up again
+    assert wait.seconds[0] == 5.0  # the first: nothing to fall back on, the whole time left
+    assert wait.seconds[-1] == DNS_STALE_WAIT_S  # then: the last addresses if it is slow
 
 
 def test_a_failing_resolver_is_answered_from_the_last_addresses_then_retried_later(caplog):
-    from jobs.mail import DNS_RETRY_S, DNS_REUSE_S, DNS_STALE_WAIT_S, _Answers
+    from jobs.mail import DNS_RETRY_S, DNS_REUSE_S, DNS_STALE_WAIT_S
 
-    clock, resolve = _Clock(), _Resolve()
-    answers = _Answers(clock)
-    answers.lookup("mail.example", 25, 5.0, resolve)
+    answers, clock, wait, start = _answers()
+    answers.lookup("mail.example", 25, 5.0, start)
     clock.t += DNS_REUSE_S + 1
-    resolve.answer = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+    start.answer = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
     with caplog.at_level("WARNING", logger="jobs.mail"):
-        assert answers.lookup("mail.example", 25, 5.0, resolve) == [("addr", 1)]
-    assert resolve.calls[-1] == ("mail.example", DNS_STALE_WAIT_S)  # not the send's whole 5 s
+        assert answers.lookup("mail.example", 25, 5.0, start) == [("addr", 1)]
+    assert wait.seconds[-1] == DNS_STALE_WAIT_S  # not the send's whole 5 s
     assert "looking up mail.example failed" in caplog.text and "trying again in" in caplog.text
-    calls = len(resolve.calls)
+    calls = len(start.calls)
     for _ in range(100):  # the sends meanwhile: no lookup, no warning each
-        assert answers.lookup("mail.example", 25, 5.0, resolve) == [("addr", 1)]
-    assert len(resolve.calls) == calls
+        assert answers.lookup("mail.example", 25, 5.0, start) == [("addr", 1)]
+    assert len(start.calls) == calls
     clock.t += DNS_RETRY_S
-    resolve.answer = [("addr", 2)]
-    assert answers.lookup("mail.example", 25, 5.0, resolve) == [("addr", 2)]  # the resolver is back
-    assert len(resolve.calls) == calls + 1
+    start.answer = [("addr", 2)]
+    assert answers.lookup("mail.example", 25, 5.0, start) == [("addr", 2)]  # the resolver is back
+    assert len(start.calls) == calls + 1
 
 
 def test_addresses_too_old_are_not_used_and_a_name_never_resolved_fails_its_send():
-    from jobs.mail import DNS_STALE_S, _Answers
+    from jobs.mail import DNS_STALE_S
 
-    clock, resolve = _Clock(), _Resolve()
-    answers = _Answers(clock)
-    resolve.answer = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+    answers, clock, wait, start = _answers()
+    start.answer = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
     with pytest.raises(socket.gaierror):
-        answers.lookup("never.example", 25, 5.0, resolve)
+        answers.lookup("never.example", 25, 5.0, start)
     with pytest.raises(socket.gaierror):  # no answer kept from a failure: the next send looks it up too
-        answers.lookup("never.example", 25, 5.0, resolve)
-    assert len(resolve.calls) == 2
-    resolve.answer = [("addr", 1)]
-    answers.lookup("mail.example", 25, 5.0, resolve)
+        answers.lookup("never.example", 25, 5.0, start)
+    assert len(start.calls) == 2
+    start.answer = [("addr", 1)]
+    answers.lookup("mail.example", 25, 5.0, start)
     clock.t += DNS_STALE_S + 1
-    resolve.answer = socket.timeout("looking up mail.example took longer than the send's 2.0 s left")
-    with pytest.raises(socket.timeout):
-        answers.lookup("mail.example", 25, 5.0, resolve)
+    start.hold = True  # (a resolver that does not answer)
+    with pytest.raises(socket.timeout, match="took longer than the send's 5.0 s left"):
+        answers.lookup("mail.example", 25, 5.0, start)
+    start.land()
+    start.hold = False
+    assert answers.lookup("mail.example", 25, 5.0, start) == [("addr", 1)]  # (fresh again)
+    clock.t += 31
+    start.answer = UnicodeError("label too long")  # not a resolver's failure: not answered from stale ones
+    with pytest.raises(UnicodeError):
+        answers.lookup("mail.example", 25, 5.0, start)
 
 
 def test_while_one_lane_looks_a_name_up_again_the_others_use_the_last_addresses():
     from jobs.mail import DNS_REUSE_S, _Answers
 
-    clock, resolve = _Clock(), _Resolve()
-    answers = _Answers(clock)
-    answers.lookup("mail.example", 25, 5.0, resolve)
+    clock, start = _Clock(), _Start()
+    answers = _Answers(clock)  # (real waits)
+    answers.lookup("mail.example", 25, 5.0, start)
     clock.t += DNS_REUSE_S + 1
-    entered, release = threading.Event(), threading.Event()
-
-    def slow(host, port, within_s):
-        entered.set()
-        release.wait(10)
-        return [("addr", 2)]
-
+    start.hold = True
     with ThreadPoolExecutor(1) as pool:
-        first = pool.submit(answers.lookup, "mail.example", 25, 5.0, slow)
-        assert entered.wait(5)
-        assert answers.lookup("mail.example", 25, 5.0, resolve) == [("addr", 1)]  # at once, not queued
-        assert len(resolve.calls) == 1
-        release.set()
+        first = pool.submit(answers.lookup, "mail.example", 25, 5.0, start)
+        deadline = time.monotonic() + 5
+        while not start.pending and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert start.pending
+        assert answers.lookup("mail.example", 25, 5.0, start) == [("addr", 1)]  # at once, not queued
+        assert len(start.calls) == 2
+        start.answer = [("addr", 2)]
+        start.land()
         assert first.result(5) == [("addr", 2)]
-    assert answers.lookup("mail.example", 25, 5.0, resolve) == [("addr", 2)]
+    assert answers.lookup("mail.example", 25, 5.0, start) == [("addr", 2)]
+
+
+def test_lanes_with_no_addresses_yet_share_one_lookup_not_one_each():
+    """Review (session 34): with no answer in hand, each of 50 lanes queued a lookup of its
+    own on the resolver's 4 threads; behind a 5 s resolver half of them ran out of time,
+    enough failed sends in a row to pause every sender as if the provider were down."""
+    from jobs.mail import _Answers
+
+    clock, start = _Clock(), _Start()
+    waiting = []
+
+    def wait(event, seconds):
+        waiting.append(seconds)
+        return event.wait(seconds)
+
+    answers = _Answers(clock, wait)
+    start.hold = True
+    with ThreadPoolExecutor(50) as pool:
+        lanes = [pool.submit(answers.lookup, "mail.example", 25, 10.0, start) for _ in range(50)]
+        deadline = time.monotonic() + 10
+        while len(waiting) < 50 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(waiting) == 50  # every lane waits...
+        assert start.calls == ["mail.example"]  # ...for the one lookup
+        start.land()
+        assert [lane.result(5) for lane in lanes] == [[("addr", 1)]] * 50
+
+
+def test_a_late_answer_is_kept_though_no_lane_waited_for_it(caplog):
+    """Review (session 34): a lookup slower than the wait was thrown away when it came, so a
+    slow resolver never refilled the cache: the lanes went on with older and older addresses
+    until they were too old to use, and then every lane looked the name up again at once."""
+    from jobs.mail import DNS_REUSE_S
+
+    answers, clock, wait, start = _answers()
+    start.hold = True
+    with pytest.raises(socket.timeout):  # nothing in hand: that send fails...
+        answers.lookup("mail.example", 25, 5.0, start)
+    start.land()  # ...but its answer, coming later, is kept
+    assert answers.lookup("mail.example", 25, 5.0, start) == [("addr", 1)]
+    assert len(start.calls) == 1
+    clock.t += DNS_REUSE_S + 1
+    with caplog.at_level("WARNING", logger="jobs.mail"):
+        assert answers.lookup("mail.example", 25, 5.0, start) == [("addr", 1)]  # slow: the last ones
+    assert "no answer in 2.0 s" in caplog.text
+    for _ in range(10):  # while it runs: no other lookup
+        assert answers.lookup("mail.example", 25, 5.0, start) == [("addr", 1)]
+    assert len(start.calls) == 2
+    start.answer = [("addr", 2)]
+    start.land()
+    assert answers.lookup("mail.example", 25, 5.0, start) == [("addr", 2)]  # the late answer, no new lookup
+    assert len(start.calls) == 2
+
+
+def test_a_lookup_that_hangs_is_started_again_after_a_while():
+    from jobs.mail import DNS_HUNG_S
+
+    answers, clock, wait, start = _answers()
+    start.hold = True
+    with pytest.raises(socket.timeout):
+        answers.lookup("mail.example", 25, 5.0, start)
+    with pytest.raises(socket.timeout):  # waits for the same lookup
+        answers.lookup("mail.example", 25, 5.0, start)
+    assert len(start.calls) == 1
+    clock.t += DNS_HUNG_S
+    with pytest.raises(socket.timeout):  # that one is hung: another is started
+        answers.lookup("mail.example", 25, 5.0, start)
+    assert len(start.calls) == 2
+    start.land()  # both end: the answer is kept, and nothing is left in flight
+    assert answers.lookup("mail.example", 25, 5.0, start) == [("addr", 1)]
+    assert answers._flights == {}
 
 
 def test_sends_to_a_name_go_on_through_a_resolver_outage(smtpd, monkeypatch):
