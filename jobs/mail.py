@@ -444,6 +444,55 @@ def forget_addresses() -> None:
             _resolver = (_resolver[0], _resolver[1], _Answers())
 
 
+EHLO_NAME_WAIT_S = 2.0
+"""How long a send waits, once per process, for the name this host gives in EHLO."""
+
+_ehlo: tuple[int, threading.Event, dict] | None = None  # (pid, worked out, {"name": ...})
+_ehlo_lock = threading.Lock()
+
+
+def _smtplib_local_name() -> str:
+    """smtplib's own choice of the name to give in EHLO: the host's FQDN, or its address
+    in brackets when that has no dot (both looked up: they can hang)."""
+    fqdn = socket.getfqdn()
+    if "." in fqdn:
+        return fqdn
+    addr = "127.0.0.1"
+    try:
+        addr = socket.gethostbyname(socket.gethostname())
+    except socket.gaierror:
+        pass
+    return f"[{addr}]"
+
+
+def ehlo_name(within_s: float) -> str:
+    """The name this host gives in EHLO: smtplib's own choice (``_smtplib_local_name``),
+    worked out once per process on a daemon thread and waited for at most ``within_s``
+    (no more than ``EHLO_NAME_WAIT_S``); until it is known, ``socket.gethostname()``,
+    which looks nothing up. smtplib worked it out on every connection, outside the send's
+    deadline and the resolver's cache: a resolver's blip hung or failed every SMTP send."""
+    global _ehlo
+    with _ehlo_lock:
+        if _ehlo is None or _ehlo[0] != os.getpid():  # (a forked child has none of its threads)
+            done, box = threading.Event(), {}
+
+            def work() -> None:
+                try:
+                    box["name"] = _smtplib_local_name()
+                except Exception as e:  # noqa: BLE001 - the host name serves instead
+                    log.warning("working out this host's name for EHLO failed (%s): giving %s",
+                                e, socket.gethostname())
+                    box["name"] = socket.gethostname()
+                done.set()
+
+            _ehlo = (os.getpid(), done, box)
+            threading.Thread(target=work, name="ehlo-name", daemon=True).start()
+        _, done, box = _ehlo
+    if done.wait(max(0.0, min(within_s, EHLO_NAME_WAIT_S))):
+        return box["name"]
+    return socket.gethostname()
+
+
 def connect_within(address: tuple[str, int], timeout, source_address=None, *, deadline: float) -> socket.socket:
     """``socket.create_connection(address, timeout, source_address)`` that ends by
     ``deadline`` (monotonic), name lookup included (``_lookup``): then each address found in
@@ -610,10 +659,11 @@ class SmtpTransport:
         try:
             try:
                 if self.ssl:
-                    smtp = step(lambda: _CutSMTPS(self.host, self.port, timeout=deadline.left(), context=self._ssl,
-                                                  cutoff=cutoff))
+                    smtp = step(lambda: _CutSMTPS(self.host, self.port, ehlo_name(deadline.left()),
+                                                  timeout=deadline.left(), context=self._ssl, cutoff=cutoff))
                 else:
-                    smtp = step(lambda: _CutSMTP(self.host, self.port, timeout=deadline.left(), cutoff=cutoff))
+                    smtp = step(lambda: _CutSMTP(self.host, self.port, ehlo_name(deadline.left()),
+                                                 timeout=deadline.left(), cutoff=cutoff))
                 step(smtp.ehlo_or_helo_if_needed)
                 if self.starttls:
                     step(lambda: smtp.starttls(context=self._ssl))

@@ -64,8 +64,10 @@ class Recorder:
         self.data_delay_s = 0.0
         self.on_data = None  # called (no arguments) as each message's DATA arrives
         self.on_rcpt = None  # called (no arguments) as each RCPT arrives
+        self.ehlo_names: list[str] = []  # the name each session's client gave in EHLO
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        self.ehlo_names.append(session.host_name)
         if self.on_rcpt is not None:
             self.on_rcpt()
         if address in self.rcpt_reply:
@@ -1299,3 +1301,55 @@ def test_sends_to_a_name_go_on_through_a_resolver_outage(smtpd, monkeypatch):
     t.send(make_msg(key="slip:2026-11:dns-outage"))
     assert state["lookups"] == 2
     assert len(smtpd.messages) == 4
+
+
+# ---- the name this host gives in EHLO: worked out once per process, never holding a send ----
+
+@pytest.fixture
+def ehlo_lookup(monkeypatch):
+    """socket.getfqdn counted, answering ``state["name"]`` once ``state["go"]`` is set (set
+    at the start; a test clears it to hang the lookup); a fresh process's EHLO name."""
+    from jobs import mail
+
+    state = {"calls": 0, "name": "sender.payrun.test", "go": threading.Event()}
+    state["go"].set()
+
+    def getfqdn(name=""):
+        if threading.current_thread().name != "ehlo-name":
+            return real(name)  # (aiosmtpd's, for its own greeting)
+        state["calls"] += 1
+        state["go"].wait(30)
+        return state["name"]
+
+    real = socket.getfqdn
+
+    monkeypatch.setattr(mail, "_ehlo", None)
+    monkeypatch.setattr(socket, "getfqdn", getfqdn)
+    yield state
+    state["go"].set()
+
+
+def test_the_ehlo_name_is_worked_out_once_per_process_not_once_per_send(smtpd, ehlo_lookup):
+    """Review (session 34): smtplib looked this host's name up (socket.getfqdn) on every
+    connection, outside the send's deadline and the resolver's cache."""
+    t = transport_for(smtpd.url, 5)
+    for i in range(3):
+        t.send(make_msg(key=f"slip:2026-11:ehlo-{i}"))
+    assert ehlo_lookup["calls"] == 1
+    assert smtpd.ehlo_names == ["sender.payrun.test"] * 3
+
+
+def test_a_hanging_host_name_lookup_does_not_hold_a_send(smtpd, ehlo_lookup):
+    from jobs import mail
+
+    ehlo_lookup["go"].clear()  # the lookup hangs
+    start = time.monotonic()
+    t = transport_for(smtpd.url, 5)
+    t.send(make_msg(key="slip:2026-11:ehlo-hangs"))
+    assert time.monotonic() - start < mail.EHLO_NAME_WAIT_S + 1.5  # waited 2 s for it, not the send's 5 or more
+    assert smtpd.ehlo_names == [socket.gethostname()]  # (the host's own name, no lookup)
+    ehlo_lookup["go"].set()  # the lookup ends: the next send gives its answer, without another
+    assert mail._ehlo[1].wait(5)
+    t.send(make_msg(key="slip:2026-11:ehlo-later"))
+    assert smtpd.ehlo_names[-1] == "sender.payrun.test"
+    assert ehlo_lookup["calls"] == 1
