@@ -155,12 +155,13 @@ class Transport(Protocol):
     SMTP just before DATA (after the connection, EHLO, TLS, AUTH, MAIL and RCPT); over
     HTTP, where ``before_write`` is already the last step before the request, it is not
     called. It raises to call the send off (jobs.tasks.send_limited: the idempotency
-    claim is no longer ours)."""
+    claim is no longer ours). ``until`` (monotonic): the send ends by then if that is
+    sooner than its timeout (what its job has left, jobs.policy.send_ends_by)."""
 
     def prepare(self, msg: Message) -> bytes: ...
     def send(self, msg: Message, prepared: bytes | None = None,
              before_write: Callable[[], bool] | None = None,
-             before_data: Callable[[], None] | None = None) -> str: ...
+             before_data: Callable[[], None] | None = None, until: float | None = None) -> str: ...
     def close(self) -> None: ...
 
 
@@ -555,8 +556,12 @@ def _cut_connections(conn: http.client.HTTPConnection, cutoff: _Cutoff) -> None:
 
 
 class _Deadline:
-    def __init__(self, seconds: float):
+    """A send's deadline: ``seconds`` from now, or ``until`` (monotonic) if that is sooner."""
+
+    def __init__(self, seconds: float, until: float | None = None):
         self.end = time.monotonic() + seconds
+        if until is not None:
+            self.end = min(self.end, until)
 
     def left(self) -> float:
         left = self.end - time.monotonic()
@@ -624,8 +629,8 @@ class SmtpTransport:
 
     def send(self, msg: Message, prepared: bytes | None = None,
              before_write: Callable[[], bool] | None = None,
-             before_data: Callable[[], None] | None = None) -> str:
-        deadline = _Deadline(self.timeout_s)
+             before_data: Callable[[], None] | None = None, until: float | None = None) -> str:
+        deadline = _Deadline(self.timeout_s, until)
         envelope_from = parseaddr(msg.sender)[1] or msg.sender
         to = msg.to_addr
         if not to.isascii() or not envelope_from.isascii():
@@ -875,9 +880,9 @@ class HttpTransport:
 
     def send(self, msg: Message, prepared: bytes | None = None,
              before_write: Callable[[], bool] | None = None,
-             before_data: Callable[[], None] | None = None) -> str:
+             before_data: Callable[[], None] | None = None, until: float | None = None) -> str:
         """``before_data`` is not called: ``before_write`` runs just before the request."""
-        deadline = _Deadline(self.timeout_s)
+        deadline = _Deadline(self.timeout_s, until)
         body = prepared if prepared is not None else self.body(msg)
         headers = dict(self._headers)
         headers["Idempotency-Key"] = msg.idempotency_key

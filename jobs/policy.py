@@ -286,6 +286,22 @@ def record_deadline(started_s: float, job_timeout_s: float | None, default_timeo
     return started_s + (job_timeout_s or default_timeout_s) - margin_s
 
 
+RECORD_TIME_S = 1.0
+"""What a send leaves of its job's time, before ``record_deadline``, for its record."""
+
+
+def send_ends_by(now_s: float, send_timeout_s: float, record_by_s: float,
+                 record_time_s: float = RECORD_TIME_S) -> float:
+    """Until when (the clock of ``now_s``) a send starting at ``now_s`` may run: its own
+    timeout, but ending ``record_time_s`` before its job's ``record_by_s``
+    (``record_deadline``). A send that started late in its job (after the rate limiter's
+    wait of up to half its timeout) was given its whole timeout again, so the job's timeout
+    could cut it after the provider had the message and before its record: over SMTP, a
+    second email on the next try. Cut by its own deadline instead, it fails as a send does
+    (not sent, or its outcome unknown) and has time left to record one that was made."""
+    return min(now_s + send_timeout_s, record_by_s - record_time_s)
+
+
 def record_retry_wait_s(tries: int, left_s: float, first_s: float = RECORD_RETRY_FIRST_S,
                         max_s: float = RECORD_RETRY_MAX_S) -> float | None:
     """How long to wait before trying again, for the ``tries``-th time (1-based), to record

@@ -21,7 +21,7 @@ from jobs import events, idempotency, unrecorded
 from jobs.errors import (ClaimLost, PermanentError, ProviderDown, RateWait, RenderPending, SlipMissing, StoreUnsafe,
                          Throttled)
 from jobs.policy import (counts_as_provider_failure, pauses_every_sender, record_deadline, record_retry_wait_s,
-                         redis_refuses_writes, send_claim_ttl_s, slip_path_problem)
+                         redis_refuses_writes, send_claim_ttl_s, send_ends_by, slip_path_problem)
 from payrun import config as config_mod
 from payrun import keys, slipstore
 
@@ -239,7 +239,8 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str, record
 
         try:
             sent = True
-            message_id = tr.send(msg, prepared, before_write=before_write, before_data=still_ours)
+            message_id = tr.send(msg, prepared, before_write=before_write, before_data=still_ours,
+                                 until=send_ends_by(time.monotonic(), cfg.email.timeout_s, record_by))
         finally:
             for stamp_ms, wall_ms in traced:
                 sends_log.debug("send %s: gate %.3f written %.3f", key, stamp_ms, wall_ms)

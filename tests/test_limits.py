@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from conftest import wait_for
 from jobs.limits import Limiter, Settings, set_limits
 from jobs.runtime import make_queue
@@ -415,7 +417,7 @@ def test_a_provider_429_says_how_long_after_its_gate_pass_the_request_left(conn,
         def prepare(self, msg):
             return b"{}"
 
-        def send(self, msg, prepared, before_write=None, before_data=None):
+        def send(self, msg, prepared, before_write=None, before_data=None, until=None):
             assert before_write() is True
             raise Throttled("provider: 429 rate limited", retry_after_s=1.0)
 
@@ -441,6 +443,37 @@ def test_a_provider_429_says_how_long_after_its_gate_pass_the_request_left(conn,
     assert t0_ms - 1 <= stamp <= written < t0_ms + 10_000
     assert conn.pttl(keys.limit_pause("email")) > 0  # everyone waits
     tasks.settings.cache_clear()
+
+
+def test_a_send_that_starts_late_in_its_job_ends_before_the_jobs_timeout(conn, cfg, monkeypatch):
+    """Review (session 34): a send was given its whole timeout (30 s) from when it left the
+    rate limiter, up to 15 s into its job, so the job's timeout (30 s) could cut it after the
+    provider had the message and before its record: over SMTP a second email on the retry.
+    It now ends by its own deadline a second before the job's record deadline: failed as a
+    send (here: its outcome unknown) with time left in the job."""
+    from jobs import idempotency, mail, tasks
+    from jobs.errors import OutcomeUnknown
+    from payrun.provider import Provider
+
+    slow = Provider(latency_s=20, rate_per_s=1000).start()  # answers long after any deadline here
+    try:
+        tasks.settings.cache_clear()
+        monkeypatch.setattr(tasks, "transport", lambda: mail.HttpTransport(slow.url, 30))
+        monkeypatch.setattr(tasks, "_limiters", {})
+        key, token = "2026-11:1:emp-late", "email-late:1"
+        assert idempotency.claim(conn, key, token, 60) not in (idempotency.SENT, idempotency.BUSY)
+        msg = mail.Message(to_addr="a@payrun.test", to_name="A", subject="s", text_body="b",
+                           attachment_name="s.pdf", attachment_bytes=b"%PDF-1.7", idempotency_key=key,
+                           sender="payroll@payrun.test")
+        start = time.monotonic()
+        record_by = start + 3.0  # the job has 5 s left: its record may wait until 3 s from now
+        with pytest.raises(OutcomeUnknown):
+            tasks.send_limited(conn, tasks.settings(), msg, key, token, record_by=record_by)
+        took = time.monotonic() - start
+        assert took < 3.0 - 1.0 + mail.CUTOFF_MARGIN_S + 0.5, took  # by record_by less 1 s (+ the cutoff's margin)
+    finally:
+        slow.stop()
+        tasks.settings.cache_clear()
 
 
 def test_the_configs_limits_apply_at_each_start_unless_an_operator_set_one(conn):

@@ -134,6 +134,18 @@ def test_a_made_send_may_wait_to_be_recorded_until_its_own_jobs_timeout():
     assert record_deadline(1000.0, job_timeout_s=None, default_timeout_s=30) == 1028.0
 
 
+def test_a_send_ends_before_its_jobs_timeout_leaving_time_for_its_record():
+    from jobs.policy import RECORD_TIME_S, send_ends_by
+
+    assert RECORD_TIME_S == 1
+    # a send at the job's start: by its record's deadline (28 s) less 1, before its own 30 s
+    assert send_ends_by(1000.0, send_timeout_s=30, record_by_s=1028.0) == 1027.0
+    # after a 15 s wait at the rate limiter: 12 s left, not another 30
+    assert send_ends_by(1015.0, send_timeout_s=30, record_by_s=1028.0) == 1027.0
+    # a short send timeout in a long job: the send's own
+    assert send_ends_by(1000.0, send_timeout_s=5, record_by_s=1028.0) == 1005.0
+
+
 def test_is_stranded():
     from jobs.policy import is_stranded
 
