@@ -136,10 +136,14 @@ def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
         sent_at = time.time()
         _count_reminder_sent(conn, job.id, sent_at)
         return {"sent": key, "message_id": earlier, "sent_at": sent_at, "recorded_late": True}
+    try:
+        pdf = notice_pdf(payload["subject"], payload["text"])
+    except BaseException:  # (not sent: the claim is given back, for the next try to send at once)
+        idempotency.release(conn, key, token)
+        raise
     msg = mail.Message(
         to_addr=payload["to"], to_name=payload["to_name"], subject=payload["subject"],
-        text_body=payload["text"], attachment_name="reminder.pdf",
-        attachment_bytes=notice_pdf(payload["subject"], payload["text"]),
+        text_body=payload["text"], attachment_name="reminder.pdf", attachment_bytes=pdf,
         idempotency_key=key, sender=cfg.email.sender,
     )
     message_id = tasks.send_limited(conn, cfg, msg, key, token, record_by=record_by)

@@ -612,7 +612,7 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
                 pdf = None
             if pdf is None:
                 raise missing from None
-    except (StoreUnsafe, SlipMissing, RenderPending):
+    except BaseException:  # (refused, missing, pending, or an I/O error): the next try may send at once
         idempotency.release(conn, key, token)
         raise
     job.meta.pop(RENDER_WAITS, None)

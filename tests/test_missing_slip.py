@@ -429,3 +429,30 @@ def test_a_slip_store_another_account_could_change_is_neither_written_nor_read(w
     enqueue_due(conn, email_q, {send.id: 0})
     run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
     assert provider.delivery(f"slip:{MONTH}:{EMP}") and delivered(provider) == 12
+
+
+def test_a_slip_that_cannot_be_read_gives_the_sends_claim_back(world, provider, monkeypatch):
+    """Review (session 34): an I/O error reading the slip (a store's disk or mount failing)
+    kept the send's idempotency claim until it ran out, so its retry waited ~90 s for it."""
+    from pathlib import Path
+
+    from jobs import idempotency
+    from payrun import runs
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    render_all(conn)
+    broken = slip_file(cfg)
+    real = Path.read_bytes
+
+    def read_bytes(self):
+        if self == broken:
+            raise OSError(5, "Input/output error", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=4, burst=True)
+    assert delivered(provider) == 11
+    send = make_queue(keys.EMAIL_QUEUE, conn).fetch_job(keys.email_job_id(MONTH, EMP))
+    assert "Input/output error" in send.meta["last_error"] and not send.meta["permanent"]
+    assert not idempotency.state(conn, f"slip:{MONTH}:{EMP}").get("owner")  # its claim released: the retry may send
