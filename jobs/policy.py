@@ -286,20 +286,26 @@ def record_deadline(started_s: float, job_timeout_s: float | None, default_timeo
     return started_s + (job_timeout_s or default_timeout_s) - margin_s
 
 
-RECORD_TIME_S = 1.0
-"""What a send leaves of its job's time, before ``record_deadline``, for its record."""
+SEND_RESERVE_S = 3.0
+"""What a send leaves of its job's time: the record's margin (``RECORD_MARGIN_S``) and a
+second to record it; at most a fifth of a short send timeout's."""
 
 
-def send_ends_by(now_s: float, send_timeout_s: float, record_by_s: float,
-                 record_time_s: float = RECORD_TIME_S) -> float:
-    """Until when (the clock of ``now_s``) a send starting at ``now_s`` may run: its own
-    timeout, but ending ``record_time_s`` before its job's ``record_by_s``
-    (``record_deadline``). A send that started late in its job (after the rate limiter's
-    wait of up to half its timeout) was given its whole timeout again, so the job's timeout
-    could cut it after the provider had the message and before its record: over SMTP, a
-    second email on the next try. Cut by its own deadline instead, it fails as a send does
-    (not sent, or its outcome unknown) and has time left to record one that was made."""
-    return min(now_s + send_timeout_s, record_by_s - record_time_s)
+def send_window(now_s: float, send_timeout_s: float, job_ends_s: float,
+                reserve_s: float = SEND_RESERVE_S) -> tuple[float, float]:
+    """``(wait_until, send_until)`` for a send whose job is cut off at ``job_ends_s`` (the
+    clock of ``now_s``): it waits for its start at the rate limiter until ``wait_until``
+    (half its timeout, leaving the send a quarter of it), and the send itself, however
+    long its own timeout, ends by ``send_until``, ``reserve_s`` before the job's end.
+
+    A send used to wait up to half its timeout and then be given its whole timeout again,
+    so its job's timeout (the same 30 s) could cut it after the provider had the message
+    and before its record: over SMTP, a second email on the next try. Cut by its own
+    deadline instead, it fails as a send does (not sent, or its outcome unknown), with time
+    left to record one that was made; a start found too late is a RateWait (retried, no
+    attempt spent), not a send timed out before it left."""
+    send_until = job_ends_s - min(reserve_s, send_timeout_s / 5)
+    return min(now_s + send_timeout_s / 2, send_until - send_timeout_s / 4), send_until
 
 
 def record_retry_wait_s(tries: int, left_s: float, first_s: float = RECORD_RETRY_FIRST_S,

@@ -20,8 +20,8 @@ from rq import Retry, get_current_job
 from jobs import events, idempotency, unrecorded
 from jobs.errors import (ClaimLost, PermanentError, ProviderDown, RateWait, RenderPending, SlipMissing, StoreUnsafe,
                          Throttled)
-from jobs.policy import (counts_as_provider_failure, pauses_every_sender, record_deadline, record_retry_wait_s,
-                         redis_refuses_writes, send_claim_ttl_s, send_ends_by, slip_path_problem)
+from jobs.policy import (RECORD_MARGIN_S, counts_as_provider_failure, pauses_every_sender, record_deadline,
+                         record_retry_wait_s, redis_refuses_writes, send_claim_ttl_s, send_window, slip_path_problem)
 from payrun import config as config_mod
 from payrun import keys, slipstore
 
@@ -215,8 +215,8 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str, record
     try:
         tr = transport()
         prepared = tr.prepare(msg)  # before the wait: at the start time, only the send is left
-        deadline = time.monotonic() + cfg.email.timeout_s / 2
-        if not lim.token(deadline_s=deadline):
+        deadline, send_until = send_window(time.monotonic(), cfg.email.timeout_s, record_by + RECORD_MARGIN_S)
+        if deadline <= time.monotonic() or not lim.token(deadline_s=deadline):  # (too late in its job: no start)
             _raise_if_provider_down(conn)
             raise RateWait()
         written: list[float] = []
@@ -240,7 +240,7 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str, record
         try:
             sent = True
             message_id = tr.send(msg, prepared, before_write=before_write, before_data=still_ours,
-                                 until=send_ends_by(time.monotonic(), cfg.email.timeout_s, record_by))
+                                 until=send_until)
         finally:
             for stamp_ms, wall_ms in traced:
                 sends_log.debug("send %s: gate %.3f written %.3f", key, stamp_ms, wall_ms)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -449,10 +450,11 @@ def test_a_send_that_starts_late_in_its_job_ends_before_the_jobs_timeout(conn, c
     """Review (session 34): a send was given its whole timeout (30 s) from when it left the
     rate limiter, up to 15 s into its job, so the job's timeout (30 s) could cut it after the
     provider had the message and before its record: over SMTP a second email on the retry.
-    It now ends by its own deadline a second before the job's record deadline: failed as a
-    send (here: its outcome unknown) with time left in the job."""
+    It now ends by its own deadline before the job's end (3 s; a fifth of a short timeout):
+    failed as a send (here: its outcome unknown), with time left to record one that was made."""
     from jobs import idempotency, mail, tasks
-    from jobs.errors import OutcomeUnknown
+    from jobs.errors import OutcomeUnknown, RateWait
+    from jobs.policy import counts_as_provider_failure
     from payrun.provider import Provider
 
     slow = Provider(latency_s=20, rate_per_s=1000).start()  # answers long after any deadline here
@@ -465,12 +467,23 @@ def test_a_send_that_starts_late_in_its_job_ends_before_the_jobs_timeout(conn, c
         msg = mail.Message(to_addr="a@payrun.test", to_name="A", subject="s", text_body="b",
                            attachment_name="s.pdf", attachment_bytes=b"%PDF-1.7", idempotency_key=key,
                            sender="payroll@payrun.test")
+        settings = tasks.settings()
+        short = dataclasses.replace(settings, email=dataclasses.replace(settings.email, timeout_s=10))
         start = time.monotonic()
-        record_by = start + 3.0  # the job has 5 s left: its record may wait until 3 s from now
-        with pytest.raises(OutcomeUnknown):
-            tasks.send_limited(conn, tasks.settings(), msg, key, token, record_by=record_by)
+        record_by = start + 6.0  # a 10 s job with 8 s left (its record may wait until 2 s before its end)
+        with pytest.raises(OutcomeUnknown):  # (the transport's own timeout: 30 s)
+            tasks.send_limited(conn, short, msg, key, token, record_by=record_by)
         took = time.monotonic() - start
-        assert took < 3.0 - 1.0 + mail.CUTOFF_MARGIN_S + 0.5, took  # by record_by less 1 s (+ the cutoff's margin)
+        assert took < 8.0 - 2.0 + mail.CUTOFF_MARGIN_S + 0.5, took  # by the job's end less a fifth of 10 s
+        assert took > 8.0 - 2.0 - 0.5, took  # (not cut sooner)
+
+        # with too little of its job left to send at all: no start taken, no send timed out
+        # (which would count toward a provider outage), the claim given back, no attempt spent
+        assert idempotency.claim(conn, key, token, 60) not in (idempotency.SENT, idempotency.BUSY)
+        with pytest.raises(RateWait):
+            tasks.send_limited(conn, settings, msg, key, token, record_by=time.monotonic() + 5.0)
+        assert not idempotency.state(conn, key).get("owner")
+        assert not counts_as_provider_failure(RateWait())
     finally:
         slow.stop()
         tasks.settings.cache_clear()

@@ -134,16 +134,20 @@ def test_a_made_send_may_wait_to_be_recorded_until_its_own_jobs_timeout():
     assert record_deadline(1000.0, job_timeout_s=None, default_timeout_s=30) == 1028.0
 
 
-def test_a_send_ends_before_its_jobs_timeout_leaving_time_for_its_record():
-    from jobs.policy import RECORD_TIME_S, send_ends_by
+def test_a_send_waits_and_runs_within_its_jobs_time_leaving_time_for_its_record():
+    from jobs.policy import SEND_RESERVE_S, send_window
 
-    assert RECORD_TIME_S == 1
-    # a send at the job's start: by its record's deadline (28 s) less 1, before its own 30 s
-    assert send_ends_by(1000.0, send_timeout_s=30, record_by_s=1028.0) == 1027.0
-    # after a 15 s wait at the rate limiter: 12 s left, not another 30
-    assert send_ends_by(1015.0, send_timeout_s=30, record_by_s=1028.0) == 1027.0
-    # a short send timeout in a long job: the send's own
-    assert send_ends_by(1000.0, send_timeout_s=5, record_by_s=1028.0) == 1005.0
+    assert SEND_RESERVE_S == 3
+    # at its job's start (a 30 s job): half its timeout at the limiter; the send ends 3 s before the job
+    assert send_window(1000.0, send_timeout_s=30, job_ends_s=1030.0) == (1015.0, 1027.0)
+    # later in its job: the wait leaves the send a quarter of its timeout
+    assert send_window(1010.0, send_timeout_s=30, job_ends_s=1030.0) == (1019.5, 1027.0)
+    # too late to start one: the wait ends before now (a RateWait, not a send with no time)
+    wait_until, _ = send_window(1021.0, send_timeout_s=30, job_ends_s=1030.0)
+    assert wait_until < 1021.0
+    # a short timeout: a fifth of it reserved, not 3 s (which would leave a 2 s send nothing)
+    assert send_window(1000.0, send_timeout_s=5, job_ends_s=1005.0) == (1002.5, 1004.0)
+    assert send_window(1000.0, send_timeout_s=1, job_ends_s=1001.0) == (1000.5, 1000.8)
 
 
 def test_is_stranded():
