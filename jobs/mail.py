@@ -468,10 +468,11 @@ def _smtplib_local_name() -> str:
 
 def ehlo_name(within_s: float) -> str:
     """The name this host gives in EHLO: smtplib's own choice (``_smtplib_local_name``),
-    worked out once per process on a daemon thread and waited for at most ``within_s``
-    (no more than ``EHLO_NAME_WAIT_S``); until it is known, ``socket.gethostname()``,
-    which looks nothing up. smtplib worked it out on every connection, outside the send's
-    deadline and the resolver's cache: a resolver's blip hung or failed every SMTP send."""
+    worked out once per process on a daemon thread, which the first send waits for at most
+    ``within_s`` (no more than ``EHLO_NAME_WAIT_S``) and no later send waits for; until it
+    is known, ``socket.gethostname()``, which looks nothing up. smtplib worked it out on
+    every connection, outside the send's deadline and the resolver's cache: a resolver's
+    blip hung or failed every SMTP send."""
     global _ehlo
     with _ehlo_lock:
         if _ehlo is None or _ehlo[0] != os.getpid():  # (a forked child has none of its threads)
@@ -489,7 +490,11 @@ def ehlo_name(within_s: float) -> str:
             _ehlo = (os.getpid(), done, box)
             threading.Thread(target=work, name="ehlo-name", daemon=True).start()
         _, done, box = _ehlo
-    if done.wait(max(0.0, min(within_s, EHLO_NAME_WAIT_S))):
+        first = not box.get("waited")  # (after one send waited for it, a hung lookup costs no send more)
+        box["waited"] = True
+    if done.is_set():
+        return box["name"]
+    if first and done.wait(max(0.0, min(within_s, EHLO_NAME_WAIT_S))):
         return box["name"]
     return socket.gethostname()
 

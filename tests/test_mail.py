@@ -1348,6 +1348,10 @@ def test_a_hanging_host_name_lookup_does_not_hold_a_send(smtpd, ehlo_lookup):
     t.send(make_msg(key="slip:2026-11:ehlo-hangs"))
     assert time.monotonic() - start < mail.EHLO_NAME_WAIT_S + 1.5  # waited 2 s for it, not the send's 5 or more
     assert smtpd.ehlo_names == [socket.gethostname()]  # (the host's own name, no lookup)
+    start = time.monotonic()
+    t.send(make_msg(key="slip:2026-11:ehlo-hangs-2"))  # still hung: the next send does not wait for it again
+    assert time.monotonic() - start < mail.EHLO_NAME_WAIT_S / 2
+    assert smtpd.ehlo_names[-1] == socket.gethostname()
     ehlo_lookup["go"].set()  # the lookup ends: the next send gives its answer, without another
     assert mail._ehlo[1].wait(5)
     t.send(make_msg(key="slip:2026-11:ehlo-later"))
