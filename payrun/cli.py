@@ -124,7 +124,8 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 
     \b
     Quick start:   payrun demo
-    One pay run:   payrun seed && payrun up && payrun run --month 2026-11 && payrun status
+    One pay run:   payrun seed --month 2026-11 --employees 2000 && payrun up &&
+                   payrun run --month 2026-11 && payrun status --month 2026-11
     Environment:   PAYRUN_HOME (data dir, ./var), PAYRUN_CONFIG (TOML file),
                    PAYRUN_REDIS_URL (external Redis; unset = embedded),
                    PAYRUN_EMAIL_URL (smtp://… or http://…; unset = local provider)
