@@ -156,7 +156,7 @@ class Transport(Protocol):
     HTTP, where ``before_write`` is already the last step before the request, it is not
     called. It raises to call the send off (jobs.tasks.send_limited: the idempotency
     claim is no longer ours). ``until`` (monotonic): the send ends by then if that is
-    sooner than its timeout (what its job has left, jobs.policy.send_ends_by)."""
+    sooner than its timeout (what its job has left, jobs.policy.send_window)."""
 
     def prepare(self, msg: Message) -> bytes: ...
     def send(self, msg: Message, prepared: bytes | None = None,
@@ -740,12 +740,17 @@ class SmtpTransport:
         finally:
             cutoff.close()
             if smtp is not None:
-                if healthy and smtp.sock is not None:
-                    quit_cut = _Cutoff(min(2.0, self.timeout_s))  # a trickled QUIT reply holds nothing either
+                # QUIT only within what is left of the send's deadline (``until``: its job's time),
+                # never past it: a delivered message must have its time to be recorded
+                quit_s = min(2.0, self.timeout_s, deadline.end - time.monotonic() - CUTOFF_MARGIN_S)
+                if healthy and smtp.sock is not None and quit_s > 0:
+                    quit_cut = _Cutoff(quit_s)  # a trickled QUIT reply holds nothing either
                     quit_cut.adopt(smtp.sock)
                     try:
-                        smtp.sock.settimeout(min(2.0, self.timeout_s))
+                        smtp.sock.settimeout(quit_s)
                         smtp.quit()
+                    except BaseTimeoutException:  # the job's timeout: not swallowed
+                        raise
                     except Exception:
                         pass
                     finally:

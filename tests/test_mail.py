@@ -1357,3 +1357,26 @@ def test_a_hanging_host_name_lookup_does_not_hold_a_send(smtpd, ehlo_lookup):
     t.send(make_msg(key="slip:2026-11:ehlo-later"))
     assert smtpd.ehlo_names[-1] == "sender.payrun.test"
     assert ehlo_lookup["calls"] == 1
+
+
+def test_the_quit_after_a_delivery_ends_within_the_sends_deadline():
+    """Review (session 35): QUIT had 2 s (+ the cutoff's margin) of its own after the
+    server's 250, whatever the send had left: a delivered send ran past its ``until``,
+    into the time its job keeps for recording it."""
+    class SlowQuit(Recorder):
+        async def handle_QUIT(self, server, session, envelope):
+            await asyncio.sleep(10)
+            return "221 Bye"
+
+    handler = SlowQuit()
+    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0)
+    ctl.start()
+    try:
+        t = transport_for(f"smtp://127.0.0.1:{ctl.port}", 30)
+        t.send(make_msg(key="slip:2026-11:warm"))  # (the EHLO name known: not part of this)
+        until = time.monotonic() + 1.0
+        t.send(make_msg(key="slip:2026-11:slow-quit"), until=until)
+        assert time.monotonic() < until + 0.1
+        assert len(handler.messages) == 2
+    finally:
+        ctl.stop()
