@@ -21,7 +21,7 @@ from rq import get_current_job
 
 from jobs import idempotency
 from jobs.errors import TransientError
-from jobs.policy import record_deadline, send_claim_ttl_s
+from jobs.policy import send_claim_ttl_s
 from payrun import keys
 
 log = logging.getLogger("payrun.worker")
@@ -121,7 +121,7 @@ def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
     cfg = tasks.settings()
     job = get_current_job()
     # its own timeout, set when it was scheduled (days ago, perhaps under another config)
-    record_by = record_deadline(time.monotonic(), job.timeout, cfg.email.timeout_s)
+    started = time.monotonic()
     conn = job.connection
     key = payload["key"]
     token = f"{job.id}:{job.meta.get('attempt', 0)}"
@@ -146,7 +146,7 @@ def send_reminder(payload: dict[str, Any]) -> dict[str, Any]:
         text_body=payload["text"], attachment_name="reminder.pdf", attachment_bytes=pdf,
         idempotency_key=key, sender=cfg.email.sender,
     )
-    message_id = tasks.send_limited(conn, cfg, msg, key, token, record_by=record_by)
+    message_id = tasks.send_limited(conn, cfg, msg, key, token, started=started, job_timeout_s=job.timeout)
     sent_at = time.time()
     _count_reminder_sent(conn, job.id, sent_at)
     return {"sent": key, "message_id": message_id, "sent_at": sent_at}

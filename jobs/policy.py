@@ -277,13 +277,11 @@ RECORD_MARGIN_S = 2.0
 timeout: past it, the job's own timeout (and its failure handling) comes first."""
 
 
-def record_deadline(started_s: float, job_timeout_s: float | None, default_timeout_s: float,
-                    margin_s: float = RECORD_MARGIN_S) -> float:
-    """Until when (the clock of ``started_s``) a send started at ``started_s`` may wait to
-    record itself: its job's own timeout (fixed when it was enqueued: a config changed
-    since does not move it), or the configured one for a job that has none, less the
-    margin."""
-    return started_s + (job_timeout_s or default_timeout_s) - margin_s
+def job_end(started_s: float, job_timeout_s: float | None, default_timeout_s: float) -> float:
+    """When (the clock of ``started_s``) a send job started at ``started_s`` is cut off:
+    its own timeout (fixed when it was enqueued: a config changed since does not move it),
+    or the configured one for a job that has none."""
+    return started_s + (job_timeout_s or default_timeout_s)
 
 
 SEND_RESERVE_S = 3.0
@@ -303,9 +301,35 @@ def send_window(now_s: float, send_timeout_s: float, job_ends_s: float,
     and before its record: over SMTP, a second email on the next try. Cut by its own
     deadline instead, it fails as a send does (not sent, or its outcome unknown), with time
     left to record one that was made; a start found too late is a RateWait (retried, no
-    attempt spent), not a send timed out before it left."""
+    attempt spent), not a send timed out before it left. ``send_timeout_s``: the send's
+    own timeout, ``send_timeout_s`` below (no longer than its job's)."""
     send_until = job_ends_s - min(reserve_s, send_timeout_s / 5)
     return min(now_s + send_timeout_s / 2, send_until - send_timeout_s / 4), send_until
+
+
+def send_timeout_s(configured_s: float, job_timeout_s: float | None) -> float:
+    """A send's timeout: the configured one, or its job's timeout if that is shorter (fixed
+    when the job was enqueued: a reminder enqueued with 30 s and the configuration raised
+    to 120 s since). Its window (``send_window``) reserved a quarter of the configured
+    timeout for the send, more than such a job's whole time: it never started, a RateWait
+    on every try."""
+    return min(configured_s, job_timeout_s or configured_s)
+
+
+def send_may_start(now_s: float, send_until_s: float, send_timeout_s: float) -> bool:
+    """Whether a send whose start time has come (or whose sender stalled since) still has
+    time to be made: an eighth of its timeout before ``send_until_s`` (its window's end,
+    ``send_window``), half of what the window leaves it. One with less is a RateWait, tried
+    again: started, it could only time out, and a send timed out counts toward the
+    provider-outage pause (``counts_as_provider_failure``) when the provider was not at fault."""
+    return send_until_s - now_s >= send_timeout_s / 8
+
+
+def ehlo_wait_s(now_s: float, window_ends_s: float, send_left_s: float) -> float:
+    """How long a send waits for this host's name for EHLO, being looked up (jobs.mail):
+    until the shared window ends (every send meanwhile waits for the same lookup, not only
+    the first), and never more than a quarter of what the send has left."""
+    return max(0.0, min(window_ends_s - now_s, send_left_s / 4))
 
 
 def record_retry_wait_s(tries: int, left_s: float, first_s: float = RECORD_RETRY_FIRST_S,

@@ -20,8 +20,9 @@ from rq import Retry, get_current_job
 from jobs import events, idempotency, unrecorded
 from jobs.errors import (ClaimLost, PermanentError, ProviderDown, RateWait, RenderPending, SlipMissing, StoreUnsafe,
                          Throttled)
-from jobs.policy import (RECORD_MARGIN_S, counts_as_provider_failure, pauses_every_sender, record_deadline,
-                         record_retry_wait_s, redis_refuses_writes, send_claim_ttl_s, send_window, slip_path_problem)
+from jobs.policy import (RECORD_MARGIN_S, counts_as_provider_failure, job_end, pauses_every_sender,
+                         record_retry_wait_s, redis_refuses_writes, send_claim_ttl_s, send_may_start, send_timeout_s,
+                         send_window, slip_path_problem)
 from payrun import config as config_mod
 from payrun import keys, slipstore
 
@@ -195,7 +196,8 @@ def limiter(conn):
         return lim
 
 
-def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str, record_by: float | None = None) -> str:
+def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str, started: float | None = None,
+                 job_timeout_s: float | None = None) -> str:
     """Send ``msg`` under the global limits, for the attempt holding the idempotency claim
     (``key``, ``token``): body and connection ready first, then the start time, then the
     send (re-gated if this thread stalled after its start). A failure gives the claim
@@ -204,18 +206,22 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str, record
     marks the key sent. Just before the message is written (over SMTP again just before
     DATA), the claim is checked still ours and renewed (jobs.idempotency.hold), or the
     send stops unsent (ClaimLost). A made send whose record finds Redis away (restarting)
-    is recorded once it is back, until ``record_by`` (monotonic; default: the send's
-    timeout from now, less jobs.policy.RECORD_MARGIN_S): see ``_record_sent``.
-    Returns the provider's message id."""
-    if record_by is None:
-        record_by = record_deadline(time.monotonic(), None, cfg.email.timeout_s)
+    is recorded once it is back, until shortly before its job's end: see ``_record_sent``.
+    The job started at ``started`` (monotonic; default now) with its own ``job_timeout_s``
+    (default the configured send timeout): the wait and the send end within it
+    (jobs.policy.send_window). Returns the provider's message id."""
+    if started is None:
+        started = time.monotonic()
+    job_ends = job_end(started, job_timeout_s, cfg.email.timeout_s)
+    record_by = job_ends - RECORD_MARGIN_S
+    send_s = send_timeout_s(cfg.email.timeout_s, job_timeout_s)
     lim = limiter(conn)
     claim_ttl = send_claim_ttl_s(cfg.email.timeout_s, cfg.lease.visibility_s)
     sent = False  # the request was handed to the transport: its failure is the provider's
     try:
         tr = transport()
         prepared = tr.prepare(msg)  # before the wait: at the start time, only the send is left
-        deadline, send_until = send_window(time.monotonic(), cfg.email.timeout_s, record_by + RECORD_MARGIN_S)
+        deadline, send_until = send_window(time.monotonic(), send_s, job_ends)
         if deadline <= time.monotonic() or not lim.token(deadline_s=deadline):  # (too late in its job: no start)
             _raise_if_provider_down(conn)
             raise RateWait()
@@ -230,6 +236,7 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str, record
 
         def before_write() -> bool:
             ok = lim.recheck(deadline_s=deadline)  # (may wait for a new start: the claim check comes after)
+            ok = ok and send_may_start(time.monotonic(), send_until, send_s)  # (stalled since its start: too late)
             if ok:
                 still_ours()
             written.append(time.monotonic())
@@ -571,7 +578,7 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
 
     cfg = settings()
     job = get_current_job()
-    record_by = record_deadline(time.monotonic(), job.timeout, cfg.email.timeout_s)  # (its timeout runs from ~now)
+    started = time.monotonic()  # (its timeout runs from ~now)
     conn = job.connection
     key = payload["key"]
     token = f"{job.id}:{job.meta.get('attempt', 0)}"
@@ -635,7 +642,7 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
         idempotency_key=key,
         sender=cfg.email.sender,
     )
-    message_id = send_limited(conn, cfg, msg, key, token, record_by=record_by)
+    message_id = send_limited(conn, cfg, msg, key, token, started=started, job_timeout_s=job.timeout)
     return {"sent": key, "message_id": message_id}
 
 

@@ -470,9 +470,8 @@ def test_a_send_that_starts_late_in_its_job_ends_before_the_jobs_timeout(conn, c
         settings = tasks.settings()
         short = dataclasses.replace(settings, email=dataclasses.replace(settings.email, timeout_s=10))
         start = time.monotonic()
-        record_by = start + 6.0  # a 10 s job with 8 s left (its record may wait until 2 s before its end)
         with pytest.raises(OutcomeUnknown):  # (the transport's own timeout: 30 s)
-            tasks.send_limited(conn, short, msg, key, token, record_by=record_by)
+            tasks.send_limited(conn, short, msg, key, token, started=start - 2.0)  # a 10 s job with 8 s left
         took = time.monotonic() - start
         assert took < 8.0 - 2.0 + mail.CUTOFF_MARGIN_S + 0.5, took  # by the job's end less a fifth of 10 s
         assert took > 8.0 - 2.0 - 0.5, took  # (not cut sooner)
@@ -481,11 +480,79 @@ def test_a_send_that_starts_late_in_its_job_ends_before_the_jobs_timeout(conn, c
         # (which would count toward a provider outage), the claim given back, no attempt spent
         assert idempotency.claim(conn, key, token, 60) not in (idempotency.SENT, idempotency.BUSY)
         with pytest.raises(RateWait):
-            tasks.send_limited(conn, settings, msg, key, token, record_by=time.monotonic() + 5.0)
+            tasks.send_limited(conn, settings, msg, key, token, started=time.monotonic() - 23.0)  # 7 s of 30 left
         assert not idempotency.state(conn, key).get("owner")
         assert not counts_as_provider_failure(RateWait())
     finally:
         slow.stop()
+        tasks.settings.cache_clear()
+
+
+def _late_msg(key):
+    from jobs import mail
+
+    return mail.Message(to_addr="a@payrun.test", to_name="A", subject="s", text_body="b",
+                        attachment_name="s.pdf", attachment_bytes=b"%PDF-1.7", idempotency_key=key,
+                        sender="payroll@payrun.test")
+
+
+def test_a_job_enqueued_with_a_shorter_timeout_than_the_config_now_gives_is_sent(conn, cfg, monkeypatch):
+    """Review (session 35): a reminder enqueued with a 30 s timeout, the configured send
+    timeout raised to 120 s since: its window kept 30 s (a quarter of 120) for the send,
+    more than its whole job, and it was refused as a RateWait on every try."""
+    from jobs import idempotency, mail, tasks
+    from payrun.provider import Provider
+
+    fast = Provider(latency_s=0.05, rate_per_s=1000).start()
+    try:
+        tasks.settings.cache_clear()
+        settings = tasks.settings()
+        long = dataclasses.replace(settings, email=dataclasses.replace(settings.email, timeout_s=120))
+        monkeypatch.setattr(tasks, "transport", lambda: mail.HttpTransport(fast.url, 120))
+        monkeypatch.setattr(tasks, "_limiters", {})
+        key, token = "2026-11:1:emp-short-job", "email-short:1"
+        assert idempotency.claim(conn, key, token, 60) not in (idempotency.SENT, idempotency.BUSY)
+        assert tasks.send_limited(conn, long, _late_msg(key), key, token, started=time.monotonic(), job_timeout_s=30)
+        assert idempotency.state(conn, key).get("state") == "sent"
+    finally:
+        fast.stop()
+        tasks.settings.cache_clear()
+
+
+def test_a_send_that_stalls_after_its_start_time_is_not_made_without_time_left(conn, cfg, monkeypatch):
+    """Review (session 35): a sender that stalled between its start time and the write
+    (a paused process; over SMTP a slow EHLO name) made the send with its window nearly
+    gone: it timed out, counted toward the provider-outage pause. Now a RateWait."""
+    from jobs import idempotency, mail, tasks
+    from jobs.errors import RateWait
+    from payrun.provider import Provider
+
+    fast = Provider(latency_s=0.05, rate_per_s=1000).start()
+    try:
+        tasks.settings.cache_clear()
+        settings = tasks.settings()
+        monkeypatch.setattr(tasks, "transport", lambda: mail.HttpTransport(fast.url, 30))
+        monkeypatch.setattr(tasks, "_limiters", {})
+        lim = tasks.limiter(conn)
+        real = lim.recheck
+
+        def stalls(**kw):
+            ok = real(**kw)
+            time.sleep(1.5)  # (the stall itself, not a wait for something: 2 s job, 0.1 s of its window left)
+            return ok
+
+        monkeypatch.setattr(lim, "recheck", stalls)
+        counted = []
+        monkeypatch.setattr(tasks, "_count_provider_failure", lambda *a: counted.append(a))
+        key, token = "2026-11:1:emp-stalled", "email-stalled:1"
+        assert idempotency.claim(conn, key, token, 60) not in (idempotency.SENT, idempotency.BUSY)
+        with pytest.raises(RateWait):
+            tasks.send_limited(conn, settings, _late_msg(key), key, token, started=time.monotonic(), job_timeout_s=2)
+        assert not idempotency.state(conn, key).get("owner")  # the claim given back
+        assert fast.stats()["received"] == 0  # not made
+        assert counted == []  # not the provider's failure
+    finally:
+        fast.stop()
         tasks.settings.cache_clear()
 
 

@@ -125,13 +125,13 @@ def test_a_made_send_is_recorded_with_short_doubling_waits_until_its_job_has_no_
 
 
 def test_a_made_send_may_wait_to_be_recorded_until_its_own_jobs_timeout():
-    from jobs.policy import RECORD_MARGIN_S, record_deadline
+    from jobs.policy import RECORD_MARGIN_S, job_end
 
-    assert RECORD_MARGIN_S == 2
-    assert record_deadline(1000.0, job_timeout_s=30, default_timeout_s=30) == 1028.0
+    assert RECORD_MARGIN_S == 2  # (the record waits until the job's end less this: jobs.tasks.send_limited)
+    assert job_end(1000.0, job_timeout_s=30, default_timeout_s=30) == 1030.0
     # enqueued with 12 s, config raised to 30 since: the job is still killed at 12
-    assert record_deadline(1000.0, job_timeout_s=12, default_timeout_s=30) == 1010.0
-    assert record_deadline(1000.0, job_timeout_s=None, default_timeout_s=30) == 1028.0
+    assert job_end(1000.0, job_timeout_s=12, default_timeout_s=30) == 1012.0
+    assert job_end(1000.0, job_timeout_s=None, default_timeout_s=30) == 1030.0
 
 
 def test_a_send_waits_and_runs_within_its_jobs_time_leaving_time_for_its_record():
@@ -148,6 +148,46 @@ def test_a_send_waits_and_runs_within_its_jobs_time_leaving_time_for_its_record(
     # a short timeout: a fifth of it reserved, not 3 s (which would leave a 2 s send nothing)
     assert send_window(1000.0, send_timeout_s=5, job_ends_s=1005.0) == (1002.5, 1004.0)
     assert send_window(1000.0, send_timeout_s=1, job_ends_s=1001.0) == (1000.5, 1000.8)
+
+
+def test_a_send_is_given_no_longer_than_its_jobs_own_timeout():
+    """Review (session 35): a reminder enqueued with a 30 s timeout, the configuration
+    raised to 120 s since: its window kept a quarter of 120 s for the send, more than its
+    whole job, so it was never started (a RateWait on every try)."""
+    from jobs.policy import send_timeout_s, send_window
+
+    assert send_timeout_s(30, None) == 30 and send_timeout_s(30, 30) == 30
+    assert send_timeout_s(120, 30) == 30  # the job's own, shorter
+    assert send_timeout_s(30, 120) == 30  # (a longer job: the send's timeout is still the configured one)
+    wait_until, send_until = send_window(1000.0, send_timeout_s(120, 30), job_ends_s=1030.0)
+    assert (wait_until, send_until) == (1015.0, 1027.0)  # as any 30 s send job
+    wait_until, _ = send_window(1000.0, 120, job_ends_s=1030.0)
+    assert wait_until < 1000.0  # (what it was: never started)
+
+
+def test_a_send_stalled_after_its_start_is_not_made_with_no_time_left():
+    """Review (session 35): a send that got its start time and then stalled (a paused
+    process, a slow EHLO name) was made with its window nearly gone: it timed out and counted
+    toward the provider-outage pause. An eighth of its timeout is the least it starts with."""
+    from jobs.policy import send_may_start, send_window
+
+    wait_until, send_until = send_window(1000.0, 30, job_ends_s=1030.0)
+    assert send_may_start(wait_until, send_until, 30)  # the latest start the window gives: 12 s left
+    assert send_may_start(send_until - 3.75, send_until, 30)
+    assert not send_may_start(send_until - 3.7, send_until, 30)
+    assert not send_may_start(send_until + 1, send_until, 30)
+    wait_until, send_until = send_window(1000.0, 2, job_ends_s=1002.0)  # a short timeout: the same share
+    assert send_may_start(wait_until, send_until, 2) and not send_may_start(send_until - 0.2, send_until, 2)
+
+
+def test_a_send_waits_for_the_ehlo_name_within_the_shared_window_and_a_quarter_of_its_time():
+    from jobs.policy import ehlo_wait_s
+
+    assert ehlo_wait_s(100.0, window_ends_s=102.0, send_left_s=20.0) == 2.0  # the first send
+    assert ehlo_wait_s(101.5, window_ends_s=102.0, send_left_s=20.0) == 0.5  # one started meanwhile: the same end
+    assert ehlo_wait_s(103.0, window_ends_s=102.0, send_left_s=20.0) == 0.0  # after the window: nobody waits
+    assert ehlo_wait_s(100.0, window_ends_s=102.0, send_left_s=4.0) == 1.0  # a late send keeps 3/4 of its time
+    assert ehlo_wait_s(100.0, window_ends_s=102.0, send_left_s=-1.0) == 0.0
 
 
 def test_is_stranded():
