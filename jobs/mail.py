@@ -378,7 +378,11 @@ class _Answers:
                 flight = self._flights[key] = _Flight(now)
                 ours = True
         if ours:
-            start(host, port, lambda got, error: self._landed(key, flight, got, error))
+            try:
+                start(host, port, lambda got, error: self._landed(key, flight, got, error))
+            except BaseException as e:  # (a job's timeout, raised right here): no lookup runs for it
+                self._landed(key, flight, None, OSError(f"looking up {host} was not started ({type(e).__name__})"))
+                raise
         answered = self._wait(flight.done, min(within_s, DNS_STALE_WAIT_S) if stale is not None else within_s)
         if answered and flight.error is None:
             return flight.infos

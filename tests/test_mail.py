@@ -1227,6 +1227,24 @@ def test_lanes_with_no_addresses_yet_share_one_lookup_not_one_each():
         assert [lane.result(5) for lane in lanes] == [[("addr", 1)]] * 50
 
 
+def test_a_job_timeout_before_its_lookup_starts_leaves_no_flight_behind():
+    """Review (session 35): a job's timeout raised between registering a lookup and
+    starting it left a flight nobody would end: every send to that name then waited for it
+    and failed, for DNS_HUNG_S (30 s)."""
+    answers, clock, wait, start = _answers()
+
+    class JobTimeoutException(Exception):  # (RQ's, raised in the lane's thread)
+        pass
+
+    def cut(host, port, done):
+        raise JobTimeoutException("job exceeded its timeout")
+
+    with pytest.raises(JobTimeoutException):
+        answers.lookup("mail.example", 25, 5.0, cut)
+    assert answers.lookup("mail.example", 25, 5.0, start) == [("addr", 1)]  # the next send looks it up
+    assert start.calls == ["mail.example"]
+
+
 def test_a_late_answer_is_kept_though_no_lane_waited_for_it(caplog):
     """Review (session 34): a lookup slower than the wait was thrown away when it came, so a
     slow resolver never refilled the cache: the lanes went on with older and older addresses
