@@ -450,57 +450,88 @@ def forget_addresses() -> None:
 
 
 EHLO_NAME_WAIT_S = 2.0
-"""How long a send waits, once per process, for the name this host gives in EHLO."""
+"""How long the sends of a process wait, together, for the name this host gives in EHLO
+while it is first looked up (from the first send's start; each no more than a quarter
+of what it has left: jobs.policy.ehlo_wait_s)."""
 
-_ehlo: tuple[int, threading.Event, dict] | None = None  # (pid, worked out, {"name": ...})
+EHLO_NAME_RETRY_S = 600.0
+"""A lookup of that name that failed, or still hangs, is started again this much later
+(no send waits for that one: its answer is used once it comes)."""
+
+
+class _EhloLookup:
+    """One lookup of this host's name for EHLO, on a daemon thread."""
+
+    __slots__ = ("pid", "started", "window_ends", "done", "name", "failed")
+
+    def __init__(self, started: float, window_s: float):
+        self.pid = os.getpid()
+        self.started = started
+        self.window_ends = started + window_s
+        self.done = threading.Event()
+        self.name: str | None = None  # the host's FQDN; None: it has none (or not known)
+        self.failed = False
+
+    def run(self) -> None:
+        try:
+            fqdn = socket.getfqdn()
+            self.name = fqdn if "." in fqdn else None
+        except Exception as e:  # noqa: BLE001 - the connection's address serves instead
+            log.warning("looking up this host's name for EHLO failed (%s): giving its address instead", e)
+            self.failed = True
+        self.done.set()
+
+
+_ehlo: _EhloLookup | None = None
 _ehlo_lock = threading.Lock()
 
 
-def _smtplib_local_name() -> str:
-    """smtplib's own choice of the name to give in EHLO: the host's FQDN, or its address
-    in brackets when that has no dot (both looked up: they can hang)."""
-    fqdn = socket.getfqdn()
-    if "." in fqdn:
-        return fqdn
-    addr = "127.0.0.1"
-    try:
-        addr = socket.gethostbyname(socket.gethostname())
-    except socket.gaierror:
-        pass
-    return f"[{addr}]"
-
-
-def ehlo_name(within_s: float) -> str:
-    """The name this host gives in EHLO: smtplib's own choice (``_smtplib_local_name``),
-    worked out once per process on a daemon thread, which the first send waits for at most
-    ``within_s`` (no more than ``EHLO_NAME_WAIT_S``) and no later send waits for; until it
-    is known, ``socket.gethostname()``, which looks nothing up. smtplib worked it out on
-    every connection, outside the send's deadline and the resolver's cache: a resolver's
-    blip hung or failed every SMTP send."""
+def _ehlo_lookup(now: float) -> _EhloLookup:
+    """This process's lookup of its name, started if there is none (or it failed or hung
+    ``EHLO_NAME_RETRY_S`` ago: then with no window for sends to wait in)."""
     global _ehlo
     with _ehlo_lock:
-        if _ehlo is None or _ehlo[0] != os.getpid():  # (a forked child has none of its threads)
-            done, box = threading.Event(), {}
+        current = _ehlo
+        fresh = current is None or current.pid != os.getpid()  # (a forked child has none of its threads)
+        stale = (not fresh and now - current.started >= EHLO_NAME_RETRY_S
+                 and (current.failed or not current.done.is_set()))
+        if fresh or stale:
+            current = _ehlo = _EhloLookup(now, EHLO_NAME_WAIT_S if fresh else 0.0)
+            threading.Thread(target=current.run, name="ehlo-name", daemon=True).start()
+        return current
 
-            def work() -> None:
-                try:
-                    box["name"] = _smtplib_local_name()
-                except Exception as e:  # noqa: BLE001 - the host name serves instead
-                    log.warning("working out this host's name for EHLO failed (%s): giving %s",
-                                e, socket.gethostname())
-                    box["name"] = socket.gethostname()
-                done.set()
 
-            _ehlo = (os.getpid(), done, box)
-            threading.Thread(target=work, name="ehlo-name", daemon=True).start()
-        _, done, box = _ehlo
-        first = not box.get("waited")  # (after one send waited for it, a hung lookup costs no send more)
-        box["waited"] = True
-    if done.is_set():
-        return box["name"]
-    if first and done.wait(max(0.0, min(within_s, EHLO_NAME_WAIT_S))):
-        return box["name"]
-    return socket.gethostname()
+def ehlo_name(send_left_s: float, lookup: _EhloLookup | None = None) -> str | None:
+    """The name this host gives in EHLO: its FQDN, looked up once per process on a daemon
+    thread; None when it has none (a name with no dot, as in many containers), its lookup
+    failed, or it is not known yet, for the caller to give the connection's own address
+    instead (``address_literal``), as RFC 5321 has a client with no FQDN do. Sends wait
+    for the first lookup together, ``EHLO_NAME_WAIT_S`` from its start at most (and each
+    a quarter of what it has left); after that no send waits for it. smtplib looked the
+    name up on every connection, outside the send's deadline and the resolver's cache (a
+    resolver's blip hung or failed every send), and its fallback, the host name, is
+    refused by relays that want an FQDN (Postfix's reject_non_fqdn_helo_hostname).
+    ``lookup``: the one ``_ehlo_lookup`` gave this send before it connected."""
+    from jobs.policy import ehlo_wait_s
+
+    now = time.monotonic()
+    if lookup is None:
+        lookup = _ehlo_lookup(now)
+    if not lookup.done.is_set():
+        wait = ehlo_wait_s(now, lookup.window_ends, send_left_s)
+        if wait <= 0 or not lookup.done.wait(wait):
+            return None
+    return lookup.name
+
+
+def address_literal(sock: socket.socket) -> str:
+    """The EHLO name of a host with no FQDN: the address of its end of ``sock`` in brackets
+    (RFC 5321 4.1.3: ``[192.0.2.1]``, ``[IPv6:2001:db8::1]``)."""
+    addr = sock.getsockname()
+    ip = addr[0] if isinstance(addr, tuple) else "127.0.0.1"  # (a unix socket: no address of its own)
+    if sock.family == socket.AF_INET6:
+        return f"[IPv6:{ip.split('%')[0]}]"
+    return f"[{ip}]"
 
 
 def connect_within(address: tuple[str, int], timeout, source_address=None, *, deadline: float) -> socket.socket:
@@ -523,6 +554,9 @@ def connect_within(address: tuple[str, int], timeout, source_address=None, *, de
         sock.settimeout(timeout if timeout is not socket._GLOBAL_DEFAULT_TIMEOUT else socket.getdefaulttimeout())
         return sock
     raise error if error is not None else OSError(f"no address found for {host}")
+
+
+_EHLO_LATER = "[set-after-connect]"  # (smtplib's SMTP looks the name up itself when given None)
 
 
 class _CutSocket(smtplib.SMTP):
@@ -672,12 +706,14 @@ class SmtpTransport:
         cutoff = _Cutoff(deadline.end - time.monotonic())  # (from the send's start, not from here)
         try:
             try:
+                named = _ehlo_lookup(time.monotonic())  # (under way while we connect)
                 if self.ssl:
-                    smtp = step(lambda: _CutSMTPS(self.host, self.port, ehlo_name(deadline.left()),
+                    smtp = step(lambda: _CutSMTPS(self.host, self.port, _EHLO_LATER,
                                                   timeout=deadline.left(), context=self._ssl, cutoff=cutoff))
                 else:
-                    smtp = step(lambda: _CutSMTP(self.host, self.port, ehlo_name(deadline.left()),
+                    smtp = step(lambda: _CutSMTP(self.host, self.port, _EHLO_LATER,
                                                  timeout=deadline.left(), cutoff=cutoff))
+                smtp.local_hostname = ehlo_name(deadline.left(), named) or address_literal(smtp.sock)
                 step(smtp.ehlo_or_helo_if_needed)
                 if self.starttls:
                     step(lambda: smtp.starttls(context=self._ssl))

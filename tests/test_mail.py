@@ -1329,7 +1329,7 @@ def ehlo_lookup(monkeypatch):
     at the start; a test clears it to hang the lookup); a fresh process's EHLO name."""
     from jobs import mail
 
-    state = {"calls": 0, "name": "sender.payrun.test", "go": threading.Event()}
+    state = {"calls": 0, "name": "sender.payrun.test", "go": threading.Event(), "fail": False}
     state["go"].set()
 
     def getfqdn(name=""):
@@ -1337,6 +1337,8 @@ def ehlo_lookup(monkeypatch):
             return real(name)  # (aiosmtpd's, for its own greeting)
         state["calls"] += 1
         state["go"].wait(30)
+        if state["fail"]:
+            raise OSError("resolver gone")
         return state["name"]
 
     real = socket.getfqdn
@@ -1365,16 +1367,75 @@ def test_a_hanging_host_name_lookup_does_not_hold_a_send(smtpd, ehlo_lookup):
     t = transport_for(smtpd.url, 5)
     t.send(make_msg(key="slip:2026-11:ehlo-hangs"))
     assert time.monotonic() - start < mail.EHLO_NAME_WAIT_S + 1.5  # waited 2 s for it, not the send's 5 or more
-    assert smtpd.ehlo_names == [socket.gethostname()]  # (the host's own name, no lookup)
+    assert smtpd.ehlo_names == ["[127.0.0.1]"]  # (the connection's own address, no lookup)
     start = time.monotonic()
     t.send(make_msg(key="slip:2026-11:ehlo-hangs-2"))  # still hung: the next send does not wait for it again
     assert time.monotonic() - start < mail.EHLO_NAME_WAIT_S / 2
-    assert smtpd.ehlo_names[-1] == socket.gethostname()
+    assert smtpd.ehlo_names[-1] == "[127.0.0.1]"
     ehlo_lookup["go"].set()  # the lookup ends: the next send gives its answer, without another
-    assert mail._ehlo[1].wait(5)
+    assert mail._ehlo.done.wait(5)
     t.send(make_msg(key="slip:2026-11:ehlo-later"))
     assert smtpd.ehlo_names[-1] == "sender.payrun.test"
     assert ehlo_lookup["calls"] == 1
+
+
+def test_sends_made_at_once_all_wait_for_the_first_lookup_of_the_ehlo_name(smtpd, ehlo_lookup):
+    """Review (session 35): only the first send of a process waited for the name; the
+    others made at the same moment (a worker's 45 lanes at its start) gave the host name,
+    dotless in most containers, which relays wanting an FQDN refuse."""
+    ehlo_lookup["go"].clear()
+    answer = threading.Timer(0.5, ehlo_lookup["go"].set)  # a resolver answering in 0.5 s
+    answer.start()
+    t = transport_for(smtpd.url, 10)
+    errors: list[BaseException] = []
+
+    def send(i: int) -> None:
+        try:
+            t.send(make_msg(key=f"slip:2026-11:ehlo-at-once-{i}"))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    answer.cancel()
+    assert errors == []
+    assert smtpd.ehlo_names == ["sender.payrun.test"] * 8
+    assert ehlo_lookup["calls"] == 1
+
+
+def test_a_host_with_no_fqdn_gives_its_address_in_ehlo_not_a_bare_name(smtpd, ehlo_lookup):
+    ehlo_lookup["name"] = "payrun-7f9c2"  # a container's host name: no dot
+    transport_for(smtpd.url, 5).send(make_msg(key="slip:2026-11:ehlo-dotless"))
+    assert smtpd.ehlo_names == ["[127.0.0.1]"]
+
+
+def test_a_failed_lookup_of_the_ehlo_name_is_tried_again_later(smtpd, ehlo_lookup, monkeypatch):
+    """Review (session 35): a name that could not be looked up was given up for the
+    process's life (weeks under supervisord). It is looked up again EHLO_NAME_RETRY_S later,
+    without holding a send."""
+    from jobs import mail
+
+    ehlo_lookup["fail"] = True
+    t = transport_for(smtpd.url, 5)
+    t.send(make_msg(key="slip:2026-11:ehlo-failed"))
+    assert smtpd.ehlo_names == ["[127.0.0.1]"] and ehlo_lookup["calls"] == 1
+    t.send(make_msg(key="slip:2026-11:ehlo-failed-2"))  # not yet due: not looked up again
+    assert ehlo_lookup["calls"] == 1
+    monkeypatch.setattr(mail, "EHLO_NAME_RETRY_S", 0.0)  # (its ten minutes have passed)
+    ehlo_lookup["fail"] = False
+    ehlo_lookup["go"].clear()  # the new lookup takes its time: the send does not wait for it
+    start = time.monotonic()
+    t.send(make_msg(key="slip:2026-11:ehlo-retry"))
+    assert time.monotonic() - start < mail.EHLO_NAME_WAIT_S / 2
+    assert smtpd.ehlo_names[-1] == "[127.0.0.1]" and ehlo_lookup["calls"] == 2
+    monkeypatch.setattr(mail, "EHLO_NAME_RETRY_S", 600.0)
+    ehlo_lookup["go"].set()
+    assert mail._ehlo.done.wait(5)
+    t.send(make_msg(key="slip:2026-11:ehlo-retried"))
+    assert smtpd.ehlo_names[-1] == "sender.payrun.test" and ehlo_lookup["calls"] == 2
 
 
 def test_the_quit_after_a_delivery_ends_within_the_sends_deadline():
