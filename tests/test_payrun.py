@@ -1020,3 +1020,31 @@ def test_a_delivery_noted_on_one_host_is_recorded_by_its_send_email_process_and_
     stats = provider.stats()
     assert stats["received"] == 12 and stats["delivered"] == 12  # no second request for emp-00002
     assert ledger.job(job_id)["status"] == "done"
+
+
+def test_a_reminder_whose_pdf_cannot_be_rendered_gives_its_claim_back(world, provider, monkeypatch):
+    """Review (session 35): the release on a failed reminder PDF (session 35's fix) had no
+    test. Kept, the claim held the retry off for ~90 s as if another attempt were sending."""
+    from click.testing import CliRunner
+
+    from conftest import enqueue_due
+    from jobs import idempotency
+    from jobs.runtime import PayrunJob
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    res = json.loads(CliRunner().invoke(cli, ["remind", "--company", "1", "--in", "2h", "--json"]).output)
+    job_id = res["jobs"][0]
+    key = PayrunJob.fetch(job_id, connection=conn).args[0]["key"]
+
+    def broken(subject, text):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(oneoff, "notice_pdf", broken)
+    queue = make_queue(keys.EMAIL_QUEUE, conn)
+    enqueue_due(conn, queue, {job_id: 0})
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=1, burst=True)
+    job = PayrunJob.fetch(job_id, connection=conn)
+    assert "Input/output error" in job.meta["last_error"]
+    assert provider.stats()["received"] == 0
+    assert not idempotency.state(conn, key).get("owner")  # its claim (taken first) given back: the retry may send
