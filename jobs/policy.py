@@ -302,7 +302,7 @@ def send_window(now_s: float, send_timeout_s: float, job_ends_s: float,
     deadline instead, it fails as a send does (not sent, or its outcome unknown), with time
     left to record one that was made; a start found too late is a RateWait (retried, no
     attempt spent), not a send timed out before it left. ``send_timeout_s``: the send's
-    own timeout, ``send_timeout_s`` below (no longer than its job's)."""
+    own timeout, no longer than its job's (the function ``send_timeout_s`` below)."""
     send_until = job_ends_s - min(reserve_s, send_timeout_s / 5)
     return min(now_s + send_timeout_s / 2, send_until - send_timeout_s / 4), send_until
 

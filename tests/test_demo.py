@@ -62,3 +62,22 @@ def test_the_demo_waits_long_enough_for_the_run_it_was_asked_for():
     assert default_timeout_s(50_000, 40.0) == 2 * 1_250 + 300
     assert default_timeout_s(50_000, 10.0) == 2 * 5_000 + 300
     assert default_timeout_s(20_000, 40.0) == 1_300
+
+
+def test_a_demo_that_gives_up_counts_what_the_provider_delivered(tmp_path):
+    """New-user walkthrough (session 35): `demo --timeout 10` gave up and printed "164 sent"
+    beside the provider's "196 delivered": the table was taken while sends were in flight
+    and before the ledger had caught up. It now stops the workers first (they finish and
+    record what they hold) and applies the ledger's backlog, then counts."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PAYRUN_REDIS_URL", "PAYRUN_EMAIL_URL", "PAYRUN_CONFIG")}
+    env["PAYRUN_HOME"] = str(tmp_path / "home")
+    r = subprocess.run([sys.executable, "-m", "payrun.cli", "demo", "--employees", "1500", "--companies", "2",
+                        "--timeout", "10"], env=env, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "gave up after 10 s" in out, out[-3000:]
+    total = re.search(r"Total: ([\d,]+) sent, ([\d,]+) in progress", out)
+    delivered = re.search(r"provider: ([\d,]+) delivered", out)
+    assert total and delivered, out[-3000:]
+    sent = int(total.group(1).replace(",", ""))
+    assert 0 < sent < 1500 and sent == int(delivered.group(1).replace(",", "")), out[-3000:]
