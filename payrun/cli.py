@@ -67,6 +67,24 @@ class Ctx:
             self.require_home()
         return redis_server.ensure_running(self.cfg)
 
+    def running_redis(self):
+        """The Redis of a payrun that is up, never started for a look: after `payrun down`,
+        `failed` and `limits show` started the embedded Redis (and left it running) to
+        report "no failed jobs" while `queues`, `workers` and `running` refused."""
+        from payrun import redis_server
+        from payrun.errors import RedisUnavailable
+
+        if self.cfg.embedded_redis:
+            self.require_home()
+        try:
+            up = redis_server.ping(redis_server.connect(self.cfg, socket_timeout=2, socket_connect_timeout=2))
+        except Exception:  # noqa: BLE001 - an answer that is an error: not a Redis to read from
+            up = False
+        if not up:  # (said as `queues` says it)
+            raise RedisUnavailable(f"Redis unreachable at {config_mod.redact_url(redis_server.url(self.cfg))} "
+                                   f"({redis_server.unreachable_hint(self.cfg)})")
+        return redis_server.connect(self.cfg)
+
     def ledger(self):
         from payrun.errors import SetupError
         from payrun.ledger import Ledger
@@ -439,7 +457,7 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
 
     _known_company(c, company)
     _check_month_option(month)
-    every = deadletters.failed(c.redis(), queue, error_text, None, company=company, ledger=_maybe_ledger(c),
+    every = deadletters.failed(c.running_redis(), queue, error_text, None, company=company, ledger=_maybe_ledger(c),
                                month=month)
     rows = every[:limit]
     if as_json:
@@ -631,7 +649,7 @@ def limits_show(c: Ctx, as_json: bool) -> None:
     from jobs.limits import email_limiter, read_outage
     from payrun import keys
 
-    conn = c.redis()
+    conn = c.running_redis()
     lim = email_limiter(conn, c.cfg)
     st = lim.settings()
     outage = read_outage(conn)
@@ -1090,6 +1108,9 @@ def down(c: Ctx) -> None:
     """Stop every program gracefully (workers finish their jobs), then supervisord."""
     from payrun import supervise
 
+    # from the wrong directory it said "supervisord is not running", exit 0, and left a
+    # ./var behind: an on-call engineer in the wrong shell was told payrun was stopped
+    c.require_home()
     left = _run_left(c)  # (while Redis still answers)
     click.echo(supervise.down(c.cfg))
     if left:
@@ -1142,6 +1163,7 @@ def ps(c: Ctx) -> None:
     """Show the supervised programs (supervisorctl status)."""
     from payrun import supervise
 
+    c.require_home()  # (from the wrong directory: "supervisord is not running" while it runs elsewhere)
     out, code = supervise.ctl(c.cfg, "status", timeout_s=supervise.STATUS_TIMEOUT_S)
     if supervise.absent(out):
         click.echo(f"supervisord is not running for {c.cfg.home} (`payrun up` starts it)", err=True)

@@ -124,7 +124,9 @@ def test_durations_parse_or_say_why(text):
 def test_a_read_command_in_a_directory_with_no_payrun_refuses_instead_of_starting_an_empty_one(tmp_path, monkeypatch):
     monkeypatch.delenv("PAYRUN_REDIS_URL", raising=False)
     monkeypatch.setenv("PAYRUN_HOME", str(tmp_path / "elsewhere" / "var"))
-    for args in (["failed"], ["status"], ["queues"]):
+    # (`down`, `ps` and `drain` too: `down` said "supervisord is not running", exit 0, and
+    # left a ./var behind, to an on-call engineer in the wrong shell while payrun ran elsewhere)
+    for args in (["failed"], ["status"], ["queues"], ["down"], ["ps"], ["drain"], ["limits", "show"]):
         out = CliRunner().invoke(cli, args)
         assert out.exit_code == 2, (args, out.output)
         assert f"no payrun data directory at {tmp_path / 'elsewhere' / 'var'} (no payroll.db" in out.output
@@ -142,6 +144,22 @@ def test_a_read_command_in_a_directory_with_no_payrun_refuses_instead_of_startin
     (tmp_path / "elsewhere" / "var" / "demo" / "ledger.db").touch()
     out = CliRunner().invoke(cli, ["status"]).output
     assert f"`payrun demo` keeps its data in {tmp_path / 'elsewhere' / 'var' / 'demo'}" in out, out
+
+
+def test_a_look_after_payrun_down_does_not_start_redis(tmp_path, monkeypatch):
+    """New-user walkthrough (session 35): after `payrun down`, `payrun failed` and `payrun
+    limits show` started the embedded Redis, left it running, and answered from it ("no
+    failed jobs"), while `queues`, `workers` and `running` refused."""
+    monkeypatch.delenv("PAYRUN_REDIS_URL", raising=False)
+    monkeypatch.delenv("PAYRUN_CONFIG", raising=False)
+    home = tmp_path / "var"
+    monkeypatch.setenv("PAYRUN_HOME", str(home))
+    assert CliRunner().invoke(cli, ["seed", "--month", "2026-11", "--employees", "60"]).exit_code == 0
+    for args in (["failed"], ["limits", "show"], ["queues"]):
+        out = CliRunner().invoke(cli, args)
+        assert out.exit_code == 1 and "Redis unreachable" in out.output, (args, out.output)
+        assert "password=***" in out.output or "Redis unreachable (" in out.output  # (never the password)
+    assert not (home / "redis" / "redis.sock").exists() and not (home / "redis" / "redis.pid").exists()
 
 
 def test_a_refused_import_in_a_directory_with_no_payrun_leaves_none_behind(tmp_path, monkeypatch):

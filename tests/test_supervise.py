@@ -47,8 +47,10 @@ def test_up_run_status_down(tmp_path, monkeypatch):
     home = tmp_path / "h"
     env = clean_env(tmp_path, home)
     payroll.seed(payroll.PayrollDB(home / "payroll.db"), companies=2, employees=10, seed=5, month="2026-11")
-    # any command run before `up` starts the embedded Redis in the background: `up` takes it over
-    assert payrun("failed", env=env).returncode == 0
+    # a command that acts, run before `up`, starts the embedded Redis in the background: `up`
+    # takes it over (a look such as `payrun failed` refuses instead of starting one)
+    assert payrun("failed", env=env).returncode == 1
+    assert payrun("reap", env=env).returncode == 0
     up = payrun("up", env=env)
     try:
         assert up.returncode == 0, up.stderr + up.stdout
