@@ -292,6 +292,14 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
                            f"{'reads' if len(had) == 1 else 'read'} differently now (made with the old data): "
                            f"{', '.join(had[:_NAMED])}{more}. `payrun resend --employee {had[0]} --month {month}` "
                            "sends one again with the new data (`payrun retry` re-renders a failed one)")
+            moved_to = sorted(set(r.readdressed.get(month, ())) & ledger.employees_with_jobs(month))
+            if moved_to:  # the slip does not print the address: nothing to render again
+                more = f" and {len(moved_to) - _NAMED} more" if len(moved_to) > _NAMED else ""
+                click.echo(f"note: {len(moved_to)} {month} slip{'' if len(moved_to) == 1 else 's'} already made "
+                           f"{'goes' if len(moved_to) == 1 else 'go'} to a new email address now (the slip reads "
+                           f"the same): {', '.join(moved_to[:_NAMED])}{more}. A send that failed goes to the new "
+                           f"address with `payrun retry {keys.email_job_id(month, moved_to[0])}`; one delivered to "
+                           f"the old address, with `payrun resend --employee {moved_to[0]} --month {month}`")
     if ledger is not None:  # salary lines for a month already run: `run` alone would skip them
         from payrun.runs import behind_for
 

@@ -509,8 +509,10 @@ class ImportResult:
     (resends included) keep the name and address they were run with."""
     changed_slips: dict[str, list[str]] = field(default_factory=dict)
     """Employees import: month -> employees whose slip for that month (a salary line that
-    existed) now reads differently: amounts, name, company, ... (email included: a resend
-    goes to the new address)."""
+    existed) now reads differently: amounts, name, company, ... ."""
+    readdressed: dict[str, list[str]] = field(default_factory=dict)
+    """Employees import: month -> employees whose slip for that month reads the same but
+    goes to another email address now (the slip does not print it)."""
 
 
 _MONTH_RE = re.compile(r"[0-9]{4}-[0-9]{2}")
@@ -791,13 +793,19 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
     moved = sorted((e["id"], before[e["id"]]["company_id"], e["company_id"]) for e in employees
                    if e["id"] in before and before[e["id"]]["company_id"] != e["company_id"])
     changed_slips: dict[str, list[str]] = {}
+    readdressed: dict[str, list[str]] = {}
     for (emp, month), row in sorted(slips_before.items()):
-        if slips_after.get((emp, month)) != row:
+        after = slips_after.get((emp, month))
+        if after is None or after == row:
+            continue
+        if after[:_SNAPSHOT_EMAIL] + after[_SNAPSHOT_EMAIL + 1:] == row[:_SNAPSHOT_EMAIL] + row[_SNAPSHOT_EMAIL + 1:]:
+            readdressed.setdefault(month, []).append(emp)  # (only the address: the slip is the same)
+        else:
             changed_slips.setdefault(month, []).append(emp)
     return ImportResult(companies=len({e["company_id"] for e in employees}),
                         employees=len(employees), salary_lines=len(lines), existing_employees=sorted(before),
                         months=sorted({ln["month"] for ln in lines}), employee_ids=sorted(ids),
-                        changed_employees=changed, moved=moved, changed_slips=changed_slips,
+                        changed_employees=changed, moved=moved, changed_slips=changed_slips, readdressed=readdressed,
                         ignored_columns=ignored)
 
 
@@ -894,6 +902,8 @@ LEFT JOIN company_months m ON m.month = s.month AND m.company_id = {LINE_COMPANY
 """
 """The company's name and address are those it had when its month was run
 (``keep_company_details``); a month run before payrun kept them reads today's."""
+_SNAPSHOT_EMAIL = 4
+"""The email's column in ``_SNAPSHOT_SQL``'s rows (the one field the slip does not print)."""
 
 
 def keep_company_details(db: "PayrollDB | sqlite_utils.Database", month: str, company_id: int) -> None:
