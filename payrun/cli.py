@@ -679,7 +679,7 @@ def limits_show(c: Ctx, as_json: bool) -> None:
         if src["set_at"]:  # an incident's override outlives restarts and config edits: say so
             label = "cap" if f == "cap" else "rate"
             click.echo(f"note: the {label} in force ({src['value']}) was set by `payrun limits set` or the console at "
-                       f"{src['set_at']}; the config says {src['config'] if src['config'] is not None else 'nothing yet'}: "
+                       f"{local_time(src['set_at'], c.cfg.timezone)}; the config says {src['config'] if src['config'] is not None else 'nothing yet'}: "
                        "`payrun limits reset` goes back to it")
     waiting = (f" ({e['waiting_for_rate']} of them waiting for their start under the rate: raising the cap would "
                "not help)" if e["waiting_for_rate"] else "")

@@ -589,6 +589,12 @@ def test_limits_show_and_reset_from_the_cli(cfg, conn):
     assert runner.invoke(cli, ["limits", "set", "--rate", "12"]).exit_code == 0
     shown = runner.invoke(cli, ["limits", "show"]).output
     assert "note: the rate in force (12.0) was set by `payrun limits set` or the console at" in shown, shown
+    # in the payroll's zone, as every other time the CLI prints (it printed UTC's ISO form)
+    from jobs.limits import limit_sources
+    from payrun.clitools import local_time
+
+    set_at = limit_sources(conn, "email")["rate_per_s"]["set_at"]
+    assert f"console at {local_time(set_at, cfg.timezone)};" in shown and set_at not in shown, shown
     assert f"the config says {cfg.limits.email_rate_per_s}" in shown and "`payrun limits reset`" in shown
     out = runner.invoke(cli, ["limits", "reset"])
     assert out.exit_code == 0 and f"rate {cfg.limits.email_rate_per_s:g}/s (the config's)" in out.output
