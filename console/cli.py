@@ -139,16 +139,20 @@ def register(cli) -> None:
             return
         if not snap.workers:
             click.echo("no workers registered (`payrun up` starts them)")
-        else:
-            where = "host:pid program" if any(w.program for w in snap.workers) else "host:pid"
-            click.echo(f"{'worker':<34} {where} {'queues':<10} {'state':<9} {'job':<30} {'for':>6}  "
-                       "RQ heartbeat (an idle send lane beats every 30 s; liveness is separate)")
         gone = [w for w in snap.workers if not w.alive]
+        rows = []
         for w, lanes in collapse_gone_lanes(snap.workers):
-            state = w.state if w.alive else "GONE"
             name = w.name if lanes == 1 else f"{w.name.rsplit('.', 1)[0]}.* ({lanes} lanes)"
-            click.echo(f"{name:<34} {w.host}:{w.pid}" + (f" {w.program}" if w.program else "")
-                       + f" {w.queues:<10} {state:<9} "
+            rows.append((w, name, f"{w.host}:{w.pid}" + (f" {w.program}" if w.program else "")))
+        if rows:  # (columns as wide as their longest entry: a host name or program longer than 34 broke them)
+            where = "host:pid program" if any(w.program for w in snap.workers) else "host:pid"
+            name_w = max(34, *(len(n) for _, n, _ in rows))
+            where_w = max(len(where), *(len(p) for _, _, p in rows))
+            click.echo(f"{'worker':<{name_w}} {where:<{where_w}} {'queues':<10} {'state':<9} {'job':<30} {'for':>6}  "
+                       "RQ heartbeat (an idle send lane beats every 30 s; liveness is separate)")
+        for w, name, place in rows:
+            state = w.state if w.alive else "GONE"
+            click.echo(f"{name:<{name_w}} {place:<{where_w}} {w.queues:<10} {state:<9} "
                        f"{(w.job_id or '-'):<30} {_age(w.job_elapsed_s):>6}  beat {_age(w.heartbeat_age_s)} ago"
                        + ("" if w.alive else "  NO LIVENESS")
                        + (f"  (its job {w.job_returned} was handed back)" if w.job_returned else "")

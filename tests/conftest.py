@@ -190,3 +190,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.section("left behind in the temp directory", sep="=", red=True, bold=True)
         for p in left:
             terminalreporter.line(f"  {p}")
+
+
+def assert_worker_columns_line_up(output: str) -> None:
+    """`payrun workers`: each row's queues, state and job start where the header's do."""
+    header, *rows = output.splitlines()
+    rows = [r for r in rows if any(f" {s} " in r for s in ("GONE", "busy", "idle", "started", "suspended"))]
+    assert rows, output
+    for column in ("queues", "state", "job"):
+        at = header.index(f" {column}") + 1
+        assert all(r[at - 1] == " " and r[at] != " " for r in rows), (column, output)

@@ -363,6 +363,10 @@ def test_sigkill_loses_nothing_the_reaper_returns_the_job(cfg, conn, env, tmp_pa
     Ledger(cfg.ledger_path).close()  # a data directory in use (the CLI refuses an empty one)
     out = CliRunner().invoke(cli, ["workers"], env=env)
     assert out.exit_code == 0 and "GONE" in out.output and "its job crash-1 was handed back" in out.output, out.output
+    # (walkthrough, session 35) the columns line up with the header's, whatever the host's name
+    from conftest import assert_worker_columns_line_up
+
+    assert_worker_columns_line_up(out.output)
 
 
 def test_two_reapers_at_once_return_a_job_exactly_once(conn):

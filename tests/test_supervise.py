@@ -71,7 +71,11 @@ def test_up_run_status_down(tmp_path, monkeypatch):
         programs = {(w["kind"], w["program"]) for w in listed if w["alive"] and w["kind"] != "control"}
         assert {("render", "pdf-render:pdf-render-00"), ("email", "send-email")} <= programs, listed
         assert all(p for _, p in programs), listed
-        assert " pdf-render:pdf-render-00 " in payrun("workers", env=env).stdout
+        shown = payrun("workers", env=env).stdout
+        assert " pdf-render:pdf-render-00 " in shown
+        from conftest import assert_worker_columns_line_up
+
+        assert_worker_columns_line_up(shown)  # (walkthrough, session 35: the programs pushed them out of line)
         # Redis stopped under supervisord: a command says so at once (it waited a silent minute)
         from payrun import config, supervise
 
