@@ -647,7 +647,10 @@ def _read_csv(path: str | os.PathLike[str], expected: tuple[str, ...]
         if not any(f.strip() for f in fields):
             continue  # blank line
         if len(fields) != len(header):
-            problems.append((start, f"has {len(fields)} fields, the header has {len(header)}"))
+            why = f"has {len(fields)} fields, the header has {len(header)}"
+            if len(fields) > len(header) and _thousands_split(fields):
+                why += THOUSANDS_HINT
+            problems.append((start, why))
             continue
         rows.append((start, {h: f for h, f in zip(header, fields) if h in expected}))
     if header is None:
@@ -658,11 +661,47 @@ def _read_csv(path: str | os.PathLike[str], expected: tuple[str, ...]
     return rows, problems, [h for h in header if h and h not in expected]
 
 
+THOUSANDS_HINT = (" (an amount written with a thousands separator, like 45,000, splits into two fields: "
+                  "write it 45000, or quote it: \"45,000\")")
+
+
+def _thousands_split(fields: list[str]) -> bool:
+    """Whether a row with too many fields has what an unquoted ``45,000`` makes of an
+    amount: digits, then a field of exactly three digits (any script: ৪৫,০০০ too)."""
+    f = [x.strip() for x in fields]
+    return any(a.isdigit() and b.isdigit() and len(b) == 3 for a, b in zip(f, f[1:]))
+
+
+GROUPED_AFTER = 3
+"""A reason found on more lines than this is listed once, with its lines (a whole file of
+unquoted 45,000s gave one error of 1,762 characters, the same words on every line)."""
+
+
+def _group(problems: list[tuple[int, str]]) -> list[tuple[str, str]]:
+    """(where, why) in line order: one entry per reason on many lines ("lines 2, 3, 4 and
+    57 more"), else one per line."""
+    lines_of: dict[str, list[int]] = {}
+    for line, why in problems:
+        lines_of.setdefault(why, []).append(line)
+    out: list[tuple[str, str]] = []
+    done: set[str] = set()
+    for line, why in problems:
+        lines = lines_of[why]
+        if len(lines) <= GROUPED_AFTER:
+            out.append((f"line {line}", why))
+        elif why not in done:
+            done.add(why)
+            out.append((f"lines {', '.join(map(str, lines[:GROUPED_AFTER]))} and {len(lines) - GROUPED_AFTER} more",
+                        why))
+    return out
+
+
 def _fail(path: str | os.PathLike[str], problems: list[tuple[int, str]]) -> None:
     problems = sorted(problems, key=lambda x: x[0])
     bad_rows = len({line for line, _ in problems})
-    listed = "; ".join(f"line {line}: {why}" for line, why in problems[:MAX_LISTED_PROBLEMS])
-    more = len(problems) - MAX_LISTED_PROBLEMS
+    grouped = _group(problems)
+    listed = "; ".join(f"{where}: {why}" for where, why in grouped[:MAX_LISTED_PROBLEMS])
+    more = len(grouped) - MAX_LISTED_PROBLEMS
     if more > 0:
         listed += f"; ... and {more} more"
     err = InputError(f"{Path(path)}: {bad_rows} bad row(s), nothing imported: {listed}")

@@ -383,15 +383,17 @@ def test_many_problems_are_capped_and_accounts_never_echoed(seeded: P.PayrollDB,
     bad = []
     for i in range(80):
         r = dict(rows[0], employee_id=f"emp-{i:05d}", email=f"x{i}@x.example",
-                 bank_account="98765432101234X", company_id="777")
+                 bank_account="98765432101234X", company_id=str(700 + i))
         bad.append(r)
     path = write_csv(tmp_path / "in.csv", header, bad)
     with pytest.raises(InputError) as e:
         P.import_csv(seeded, path)
     msg = str(e.value)
     assert len(e.value.problems) == 160  # type: ignore[attr-defined]
-    assert msg.count("line ") == P.MAX_LISTED_PROBLEMS
-    assert "and 110 more" in msg
+    # the same reason on every line is given once, with its lines; 80 companies, one each
+    assert "lines 2, 3, 4 and 77 more: bank_account must be 8 to 20 digits" in msg
+    assert msg.count("line ") == P.MAX_LISTED_PROBLEMS - 1  # (the grouped entry is one of the 50)
+    assert "and 31 more" in msg
     assert "98765432101234" not in msg
 
 
@@ -418,6 +420,30 @@ def test_header_and_file_problems(seeded: P.PayrollDB, tmp_path: Path) -> None:
     p.write_text(",".join(header) + "\n1,2,3\n", encoding="utf-8")
     with pytest.raises(InputError, match="line 2: has 3 fields, the header has 17"):
         P.import_csv(seeded, p)
+
+
+def test_unquoted_thousands_separators_get_one_short_error_with_the_fix(seeded, tmp_path):
+    """New-user walkthrough (session 35): a spreadsheet's "45,000" saved unquoted split each
+    amount in two: one error of 1,762 characters, the same words for every line, and no
+    hint. The reason is now given once, with its lines, and says what to do."""
+    lines = SAMPLE_CSV.read_text(encoding="utf-8").splitlines()
+    bad = [lines[0]] + [re.sub(r",(\d\d)(\d{3}),", r",\1,\2,", ln, count=1) for ln in lines[1:]]
+    p = tmp_path / "thousands.csv"
+    p.write_text("\n".join(bad) + "\n", encoding="utf-8")
+    with pytest.raises(InputError) as e:
+        P.import_csv(seeded, p)
+    msg = str(e.value)
+    n = len(lines) - 1
+    assert f"{n} bad row(s), nothing imported: lines 2, 3, 4 and {n - 3} more: has 18 fields, the header has 17" in msg
+    assert msg.count("thousands separator") == 1 and 'quote it: "45,000"' in msg
+    assert len(msg) < 400, len(msg)
+    assert len(e.value.problems) == n  # (callers still get every line)
+    # a row with one field too many for another reason: no hint about amounts
+    p = tmp_path / "extra.csv"
+    p.write_text(lines[0] + "\n" + lines[1] + ",extra\n", encoding="utf-8")
+    with pytest.raises(InputError) as e:
+        P.import_csv(seeded, p)
+    assert "line 2: has 18 fields, the header has 17" in str(e.value) and "separator" not in str(e.value)
 
 
 # ---- property: never a partial import, never another exception type ---------
