@@ -61,6 +61,9 @@ class ConsoleApp(App):
         """Keys typed after `:` before its bar had focus (mounting takes a moment): the
         command's text, not hotkeys. None when no bar is on its way."""
         self._typeahead_since = 0.0
+        self._colon_at = -TYPEAHEAD_MAX_S
+        """When a `:` last came in (its bar not yet on its way): the keys behind it belong
+        to the command, and a read-only console must not refuse them on their way in."""
 
     # ---- lifecycle ------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -186,6 +189,7 @@ class ConsoleApp(App):
 
         if not self.screen.query(CommandBar):
             self.typeahead, self._typeahead_since = [], time.monotonic()
+            self._colon_at = -TYPEAHEAD_MAX_S  # (its keys are kept from here on: typeahead)
             self.screen.mount(CommandBar())
 
     async def on_event(self, event: events.Event) -> None:
@@ -225,7 +229,11 @@ class ConsoleApp(App):
             if kept:
                 event.stop()
                 return
-        if (self.readonly and isinstance(event, events.Key) and not event.is_forwarded
+        if (isinstance(event, events.Key) and not event.is_forwarded and event.character == ":"
+                and self.typeahead is None and not isinstance(self.focused, Input)):
+            self._colon_at = time.monotonic()
+        colon_pending = self.typeahead is None and time.monotonic() - self._colon_at <= TYPEAHEAD_MAX_S
+        if (self.readonly and isinstance(event, events.Key) and not event.is_forwarded and not colon_pending
                 and not isinstance(self.focused, Input) and (what := self._write_key(event.key))):
             # hidden from the footer and refused by check_action, but a key that did nothing
             # at all read as a console that does not answer

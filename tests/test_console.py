@@ -362,6 +362,32 @@ async def test_a_command_typed_in_one_burst_is_a_command_not_hotkeys(failed_worl
 
 
 @sync
+async def test_a_command_typed_in_one_burst_reaches_the_bar_of_a_read_only_console(failed_world):
+    """New-user walkthrough (session 35): in `payrun console --readonly`, `:failed company:2`
+    pasted into tmux became `:faie company:2`: l and d, keys of disabled actions (limits,
+    drain), were refused with a warning on their way in, before `:` had opened the bar."""
+    from textual import events
+
+    cfg, conn, ledger = failed_world
+    app = make_app(cfg, conn, readonly=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        burst = [("colon", ":")] + [(c if c.isalnum() else {" ": "space", ":": "colon"}[c], c)
+                                    for c in "failed company:2"] + [("enter", None)]
+        for key, ch in burst:  # all queued at once, as a terminal delivers a paste
+            app.post_message(events.Key(key, ch))
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 3,
+                     what="company 2's failed jobs, from the command")
+        assert app.screen.page.flt.company == 2
+        # a disabled key alone still says why it does nothing
+        await pilot.press("escape")
+        await settle(pilot, lambda: type(app.screen).__name__ == "OverviewScreen", what="the overview")
+        await pilot.press("d")
+        await settle(pilot, lambda: any("read-only console: d" in n.message for n in app._notifications),
+                     what="the read-only warning")
+
+
+@sync
 async def test_retry_selected_and_one_by_company(failed_world):
     cfg, conn, ledger = failed_world
     app = make_app(cfg, conn)
