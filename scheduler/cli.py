@@ -107,6 +107,9 @@ def register(cli) -> None:
     def schedule_cmd(c, as_json: bool) -> None:
         """List the cron entries: next fire time (configured zone and UTC), last run,
         its outcome, and missed ticks."""
+        # (from the wrong directory it said "never run" of a pay run that ran elsewhere, and
+        # left a ./var/redis/password behind, as `payrun down` said "not running")
+        c.require_home()
         conn = _maybe_redis(c.cfg)
         rows = schedule_view(c.cfg, conn)
         alive = schedulers_alive(conn) if conn is not None else None

@@ -146,6 +146,26 @@ def test_a_read_command_in_a_directory_with_no_payrun_refuses_instead_of_startin
     assert f"`payrun demo` keeps its data in {tmp_path / 'elsewhere' / 'var' / 'demo'}" in out, out
 
 
+def test_the_wrong_shell_is_refused_and_left_as_it_was(tmp_path, monkeypatch):
+    """New-user walkthrough: in a directory with no payrun data and no PAYRUN_HOME set,
+    `payrun down` said "supervisord is not running", exit 0, and left ./var/log and
+    ./var/redis/password there, to an on-call engineer in the wrong shell while payrun ran
+    elsewhere. `ps` and `drain` alike, and `schedule` said "never run" of a pay run that ran
+    elsewhere. Each refuses, and creates nothing."""
+    for name in ("PAYRUN_HOME", "PAYRUN_REDIS_URL", "PAYRUN_CONFIG", "SUPERVISOR_ENABLED", "PAYRUN_REDIS_SUPERVISED"):
+        monkeypatch.delenv(name, raising=False)
+    wrong = tmp_path / "wrong-shell"
+    wrong.mkdir()
+    monkeypatch.chdir(wrong)
+    for args in (["down"], ["ps"], ["drain"], ["schedule"], ["schedule", "--json"]):
+        out = CliRunner().invoke(cli, args)
+        assert out.exit_code == 2, (args, out.output)
+        assert out.output.count("\n") == 1 and "not running" not in out.output, (args, out.output)
+        assert f"no payrun data directory at {wrong / 'var'} (no payroll.db" in out.output, (args, out.output)
+        assert "set PAYRUN_HOME" in out.output
+        assert list(wrong.iterdir()) == [], args  # no ./var/log, no ./var/redis/password
+
+
 def test_a_look_after_payrun_down_does_not_start_redis(tmp_path, monkeypatch):
     """New-user walkthrough (session 35): after `payrun down`, `payrun failed` and `payrun
     limits show` started the embedded Redis, left it running, and answered from it ("no
@@ -155,10 +175,14 @@ def test_a_look_after_payrun_down_does_not_start_redis(tmp_path, monkeypatch):
     home = tmp_path / "var"
     monkeypatch.setenv("PAYRUN_HOME", str(home))
     assert CliRunner().invoke(cli, ["seed", "--month", "2026-11", "--employees", "60"]).exit_code == 0
-    for args in (["failed"], ["limits", "show"], ["queues"]):
+    for args in (["failed"], ["limits", "show"], ["queues"], ["workers"], ["running"]):
         out = CliRunner().invoke(cli, args)
         assert out.exit_code == 1 and "Redis unreachable" in out.output, (args, out.output)
         assert "password=***" in out.output or "Redis unreachable (" in out.output  # (never the password)
+    # every other look answers from the ledger, and says Redis is not there, without starting it
+    assert "schedulers: Redis not reachable" in CliRunner().invoke(cli, ["schedule"]).output
+    for args in (["status"], ["job", "render-2026-11-emp-00001"], ["config", "show"]):
+        CliRunner().invoke(cli, args)
     assert not (home / "redis" / "redis.sock").exists() and not (home / "redis" / "redis.pid").exists()
 
 
