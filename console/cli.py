@@ -45,6 +45,42 @@ def collapse_gone_lanes(workers: list) -> list[tuple]:
     return [(groups[k][0], len(groups[k])) if isinstance(k, tuple) else (k, 1) for k in out]
 
 
+WORKER_COLUMNS_MIN = {"worker": 34, "queues": 10, "state": 9, "job": 30, "for": 6}
+"""`payrun workers`' usual widths: a column is wider when an entry is (never cut)."""
+
+
+def worker_table(workers: list) -> list[str]:
+    """`payrun workers`' header and rows (none with no worker). Every column is as wide as
+    its longest entry, the header's included: the host:pid column was not padded, so under
+    supervisord (its program names), or with a host name of another length, each row's
+    queues, state and job sat right of their headings; a long job id (a reminder's, a bank
+    check's) or a worker of several queues pushed the columns after it."""
+    rows = []
+    for w, lanes in collapse_gone_lanes(workers):
+        rows.append({
+            "worker": w.name if lanes == 1 else f"{w.name.rsplit('.', 1)[0]}.* ({lanes} lanes)",
+            "where": f"{w.host}:{w.pid}" + (f" {w.program}" if w.program else ""),
+            "queues": w.queues, "state": w.state if w.alive else "GONE", "job": w.job_id or "-",
+            "for": _age(w.job_elapsed_s),
+            "tail": f"beat {_age(w.heartbeat_age_s)} ago" + ("" if w.alive else "  NO LIVENESS")
+                    + (f"  (its job {w.job_returned} was handed back)" if w.job_returned else "")
+                    + ("  stopping" if w.stopping else ""),
+        })
+    if not rows:
+        return []
+    head = {"worker": "worker", "where": "host:pid program" if any(w.program for w in workers) else "host:pid",
+            "queues": "queues", "state": "state", "job": "job", "for": "for",
+            "tail": "RQ heartbeat (an idle send lane beats every 30 s; liveness is separate)"}
+    width = {k: max(WORKER_COLUMNS_MIN.get(k, 0), *(len(r[k]) for r in (head, *rows)))
+             for k in ("worker", "where", "queues", "state", "job", "for")}
+
+    def line(r: dict) -> str:
+        return (" ".join(f"{r[k]:<{width[k]}}" for k in ("worker", "where", "queues", "state", "job"))
+                + f" {r['for']:>{width['for']}}  {r['tail']}")
+
+    return [line(head)] + [line(r) for r in rows]
+
+
 def register(cli) -> None:
     """Add this package's commands to the `payrun` group."""
 
@@ -140,23 +176,8 @@ def register(cli) -> None:
         if not snap.workers:
             click.echo("no workers registered (`payrun up` starts them)")
         gone = [w for w in snap.workers if not w.alive]
-        rows = []
-        for w, lanes in collapse_gone_lanes(snap.workers):
-            name = w.name if lanes == 1 else f"{w.name.rsplit('.', 1)[0]}.* ({lanes} lanes)"
-            rows.append((w, name, f"{w.host}:{w.pid}" + (f" {w.program}" if w.program else "")))
-        if rows:  # (columns as wide as their longest entry: a host name or program longer than 34 broke them)
-            where = "host:pid program" if any(w.program for w in snap.workers) else "host:pid"
-            name_w = max(34, *(len(n) for _, n, _ in rows))
-            where_w = max(len(where), *(len(p) for _, _, p in rows))
-            click.echo(f"{'worker':<{name_w}} {where:<{where_w}} {'queues':<10} {'state':<9} {'job':<30} {'for':>6}  "
-                       "RQ heartbeat (an idle send lane beats every 30 s; liveness is separate)")
-        for w, name, place in rows:
-            state = w.state if w.alive else "GONE"
-            click.echo(f"{name:<{name_w}} {place:<{where_w}} {w.queues:<10} {state:<9} "
-                       f"{(w.job_id or '-'):<30} {_age(w.job_elapsed_s):>6}  beat {_age(w.heartbeat_age_s)} ago"
-                       + ("" if w.alive else "  NO LIVENESS")
-                       + (f"  (its job {w.job_returned} was handed back)" if w.job_returned else "")
-                       + ("  stopping" if w.stopping else ""))
+        for line in worker_table(snap.workers):
+            click.echo(line)
         if gone:
             procs = len({w.process for w in gone})
             click.echo(f"{len(gone)} worker(s) GONE{f' in {procs} processes' if procs > 1 else ''}: no liveness "

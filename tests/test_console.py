@@ -1079,3 +1079,37 @@ def test_a_long_error_head_is_cut_clean():
             "held, no attempt spent (last: HTTP 503)")
     assert error_head(text) == "email provider down (11 sends in a row failed)"
     assert error_head("provider 127.0.0.1:8025: HTTP 503 provider outage: try later") == "HTTP 503 provider outage"
+
+
+def test_the_workers_table_lines_up_whatever_the_host_program_or_job():
+    """New-user walkthrough: `payrun workers` under supervisord put every row's queues,
+    state and job right of their headings (the host:pid program column was not padded).
+    The pure table, with hosts of several lengths (a host:pid of exactly 8 characters, as
+    `vm:19091`, lined up by chance), programs, a long job id and a worker of three queues."""
+    from conftest import assert_worker_columns_line_up
+    from console.cli import worker_table
+    from console.data import WorkerRow
+
+    def row(name, host, pid, queues="pdf-render", job=None, program=None, alive=True, kind="render"):
+        return WorkerRow(name=name, host=host, pid=pid, queues=queues, state="busy" if job else "idle",
+                         job_id=job, job_elapsed_s=3.0 if job else None, heartbeat_age_s=4.0, alive=alive,
+                         stopping=False, kind=kind, program=program)
+
+    plain = [row("render.vm.19091", "vm", 19091, job="render-2026-11-emp-00017"),
+             row("render.payrun-control-01.dhaka.example.4242", "payrun-control-01.dhaka.example", 4242)]
+    supervised = [row("render.vm.19091", "vm", 19091, program="pdf-render:pdf-render-00",
+                      job="render-2026-11-emp-00017"),
+                  row("email.vm.19100.00", "vm", 19100, queues="send-email", program="send-email", kind="email"),
+                  row("control.vm.7", "vm", 7, queues="control,pdf-render,send-email", program="control",
+                      job="bank-bank-status-20261130T2000Z-2026-11-c12", kind="control")]
+    gone = [row(f"email.gone-host.555.{i:02d}", "gone-host", 555, queues="send-email", alive=False, kind="email")
+            for i in range(3)]
+    for workers in (plain, supervised, supervised + gone, gone):
+        lines = worker_table(workers)
+        assert len(lines) == 1 + len(workers) - (len(gone) - 1 if gone[0] in workers else 0), lines
+        assert "host:pid program" in lines[0] if any(w.program for w in workers) else "host:pid " in lines[0]
+        assert_worker_columns_line_up("\n".join(lines))
+        beat = lines[0].index("RQ heartbeat")  # the `for` column ends where the header's does
+        assert all(ln.index("beat ") == beat for ln in lines[1:]), lines
+    assert worker_table([]) == []
+    assert "(3 lanes)" in worker_table(gone)[1] and "GONE" in worker_table(gone)[1]
