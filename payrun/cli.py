@@ -294,12 +294,10 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
                            "sends one again with the new data (`payrun retry` re-renders a failed one)")
             moved_to = sorted(set(r.readdressed.get(month, ())) & ledger.employees_with_jobs(month))
             if moved_to:  # the slip does not print the address: nothing to render again
-                more = f" and {len(moved_to) - _NAMED} more" if len(moved_to) > _NAMED else ""
-                click.echo(f"note: {len(moved_to)} {month} slip{'' if len(moved_to) == 1 else 's'} already made "
-                           f"{'goes' if len(moved_to) == 1 else 'go'} to a new email address now (the slip reads "
-                           f"the same): {', '.join(moved_to[:_NAMED])}{more}. A send that failed goes to the new "
-                           f"address with `payrun retry {keys.email_job_id(month, moved_to[0])}`; one delivered to "
-                           f"the old address, with `payrun resend --employee {moved_to[0]} --month {month}`")
+                st = ledger.statuses([f(month, e) for e in moved_to for f in (keys.render_job_id, keys.email_job_id)])
+                for line in readdressed_notes(month, {e: (st.get(keys.render_job_id(month, e)),
+                                                          st.get(keys.email_job_id(month, e))) for e in moved_to}):
+                    click.echo(line)
     if ledger is not None:  # salary lines for a month already run: `run` alone would skip them
         from payrun.runs import behind_for
 
@@ -314,6 +312,51 @@ PERMANENT_HINT = ("failed for good on its data (a permanent error: the address r
                   "`payrun retry ID`")
 
 _NAMED = 10
+
+
+def _named(ids: list[str]) -> str:
+    return ", ".join(ids[:_NAMED]) + (f" and {len(ids) - _NAMED} more" if len(ids) > _NAMED else "")
+
+
+def readdressed_state(render: str | None, send: str | None) -> str:
+    """Where a slip of a month already run stands, its employee's email address alone
+    changed since, by its render's and its send's ledger states: "failed" (a retry reads
+    the address again: to the new one), "delivered" (to the old one), else "on its way"
+    (a job keeps the address it was made with: to the old one)."""
+    if send == "done":
+        return "delivered"
+    if send == "failed" or (send is None and render == "failed"):
+        return "failed"
+    return "on its way"
+
+
+def readdressed_notes(month: str, states: dict[str, tuple[str | None, str | None]]) -> list[str]:
+    """`payrun import`'s note on slips whose employee's address alone changed: employee ->
+    (render status, send status). The slip does not print the address, so none needs
+    making again; what to do depends on the send (the note said the slip "reads
+    differently" and offered a resend, then offered `payrun retry` of a send that had not
+    failed, which retry refuses)."""
+    emps = sorted(states)
+    n = len(emps)
+    by: dict[str, list[str]] = {"failed": [], "delivered": [], "on its way": []}
+    for e in emps:
+        by[readdressed_state(*states[e])].append(e)
+    lines = [f"note: {n} {month} slip{'' if n == 1 else 's'} already made {'goes' if n == 1 else 'go'} to a new "
+             f"email address now (the slip does not print it: no new slip is needed): {_named(emps)}"]
+    if by["failed"]:
+        ids = [keys.email_job_id(month, e) if states[e][1] == "failed" else keys.render_job_id(month, e)
+               for e in by["failed"]]
+        rest = f" (the other {len(ids) - _NAMED}: ids from `payrun failed --month {month}`)" if len(ids) > _NAMED else ""
+        lines.append(f"  failed: {_named(by['failed'])}; `payrun retry {' '.join(ids[:_NAMED])}` sends "
+                     f"{'it' if len(ids) == 1 else 'them'} to the new address{rest}")
+    if by["delivered"]:
+        lines.append(f"  delivered to the old address: {_named(by['delivered'])}; `payrun resend --employee "
+                     f"{by['delivered'][0]} --month {month}` sends one to the new address too, if it should")
+    if by["on its way"]:
+        lines.append(f"  not delivered yet, on its way to the old address (a job keeps the address it was made "
+                     f"with): {_named(by['on its way'])}; a send of it that fails goes to the new address with "
+                     "`payrun retry`")
+    return lines
 """How many employees an import's notes name before "... and N more"."""
 
 

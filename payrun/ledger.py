@@ -391,6 +391,15 @@ class Ledger:
                 out[r["id"]] = r["company_id"]
         return out
 
+    def statuses(self, job_ids: Iterable[str]) -> dict[str, str]:
+        """job id -> status, for the ids the ledger knows."""
+        out: dict[str, str] = {}
+        for chunk in iter_chunks(list(job_ids), 500):
+            marks = ",".join("?" * len(chunk))
+            for r in self.db.conn.execute(f"SELECT id, status FROM jobs WHERE id IN ({marks})", tuple(chunk)):
+                out[r[0]] = r[1]
+        return out
+
     def companies_of(self, job_ids: list[str]) -> dict[str, int]:
         """job id -> company id, for the ids the ledger knows."""
         return {i: c for i, (c, _) in self.whose(job_ids).items()}

@@ -265,11 +265,53 @@ def test_reimporting_employees_after_a_run_names_whose_slips_changed(runner, cfg
     assert (f"note: 2 2026-11 slips already made read differently now (made with the old data): {e4}, {e8}. "
             f"`payrun resend --employee {e4} --month 2026-11` sends one again") in out.output, out.output
     # (walkthrough, session 35) an address alone: the slip does not print it, so it does not
-    # "read differently"; a failed send needs only a retry, which takes the new address
-    assert (f"note: 1 2026-11 slip already made goes to a new email address now (the slip reads the same): {e6}. "
-            f"A send that failed goes to the new address with `payrun retry email-2026-11-{e6}`; one delivered "
-            f"to the old address, with `payrun resend --employee {e6} --month 2026-11`") in out.output, out.output
+    # "read differently"; what to do depends on its send, here not made yet (no worker ran)
+    assert (f"note: 1 2026-11 slip already made goes to a new email address now (the slip does not print it: no "
+            f"new slip is needed): {e6}\n  not delivered yet, on its way to the old address (a job keeps the "
+            f"address it was made with): {e6}; a send of it that fails goes to the new address with `payrun retry`"
+            ) in out.output, out.output
+    assert "payrun retry email-" not in out.output  # (it offered a retry of a send that had not failed: refused)
     assert rows[0]["employee_id"] not in out.output
+    # its render failed: the retry to name is the render's, which reads the new address
+    from payrun.ledger import Ledger
+
+    led = Ledger(cfg.ledger_path)
+    with led.db.conn:
+        led.db.conn.execute("UPDATE jobs SET status = 'failed' WHERE id = ?", (f"render-2026-11-{e6}",))
+    led.close()
+    rows[6]["email"] = "newer.address@example.org"
+    with open(fixed, "w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerows(rows)
+    out = runner.invoke(cli, ["import", str(fixed)])
+    assert out.exit_code == 0 and "read differently" not in out.output, out.output
+    assert (f"\n  failed: {e6}; `payrun retry render-2026-11-{e6}` sends it to the new address\n" in out.output
+            and "on its way" not in out.output), out.output
+
+
+def test_the_note_on_a_changed_address_alone_says_what_each_slip_needs():
+    """A slip whose employee's address alone changed needs no new slip; what it needs
+    depends on its send: a failed one a retry (which reads the address again), one
+    delivered to the old address a resend if it should reach the new one, one on its way
+    nothing yet (it goes to the old address: a job keeps the address it was made with)."""
+    from payrun.cli import readdressed_notes, readdressed_state
+
+    assert readdressed_state("done", "done") == "delivered"
+    assert readdressed_state("done", "failed") == "failed" and readdressed_state("failed", None) == "failed"
+    for render, send in (("queued", None), ("running", None), ("retrying", None), ("done", None),
+                         ("done", "queued"), ("done", "retrying"), ("done", "running"), (None, None)):
+        assert readdressed_state(render, send) == "on its way", (render, send)
+    states = {"e1": ("done", "failed"), "e2": ("failed", None), "e3": ("done", "done"), "e4": ("done", "retrying")}
+    head, failed, delivered, pending = readdressed_notes("2026-11", states)
+    assert head.startswith("note: 4 2026-11 slips already made go to a new email address now") and "e1, e2, e3, e4" in head
+    assert failed == "  failed: e1, e2; `payrun retry email-2026-11-e1 render-2026-11-e2` sends them to the new address"
+    assert delivered.startswith("  delivered to the old address: e3; `payrun resend --employee e3 --month 2026-11`")
+    assert pending.startswith("  not delivered yet, on its way to the old address") and ": e4;" in pending
+    assert readdressed_notes("2026-11", {"e3": ("done", "done")})[1:] == [delivered]
+    many = readdressed_notes("2026-11", {f"e{i:02d}": ("done", "failed") for i in range(12)})
+    assert "e09 and 2 more" in many[0] and "email-2026-11-e09`" in many[1] and "email-2026-11-e10" not in many[1]
+    assert "(the other 2: ids from `payrun failed --month 2026-11`)" in many[1]
 
 
 def test_provider_and_bank_ports_out_of_range_or_taken_are_one_line_errors(runner, cfg, tmp_path, monkeypatch):
