@@ -312,6 +312,7 @@ PERMANENT_HINT = ("failed for good on its data (a permanent error: the address r
                   "`payrun retry ID`")
 
 _NAMED = 10
+"""How many employees an import's notes name before "... and N more"."""
 
 
 def _named(ids: list[str]) -> str:
@@ -357,7 +358,6 @@ def readdressed_notes(month: str, states: dict[str, tuple[str | None, str | None
                      f"with): {_named(by['on its way'])}; a send of it that fails goes to the new address with "
                      "`payrun retry`")
     return lines
-"""How many employees an import's notes name before "... and N more"."""
 
 
 # ---- the pay run -----------------------------------------------------------------
