@@ -314,6 +314,19 @@ async def test_retry_all_filtered_requeues_exactly_the_matching_jobs(failed_worl
     assert entry["command"] == "payrun retry --all --queue pdf-render --error refused" and entry["who"]
 
 
+async def _type_burst_failed_company_2(app, pilot):
+    """`:failed company:2` and Enter, every key queued at once as a terminal delivers a
+    paste; waits for company 2's three failed jobs."""
+    from textual import events
+
+    burst = [("colon", ":")] + [(c if c.isalnum() else {" ": "space", ":": "colon"}[c], c)
+                                for c in "failed company:2"] + [("enter", None)]
+    for key, ch in burst:
+        app.post_message(events.Key(key, ch))
+    await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 3,
+                 what="company 2's failed jobs, from the command")
+
+
 @sync
 async def test_a_command_typed_in_one_burst_is_a_command_not_hotkeys(failed_world):
     """Walkthrough: `:failed company:2` pasted (or typed fast) into tmux opened the plain
@@ -325,12 +338,7 @@ async def test_a_command_typed_in_one_burst_is_a_command_not_hotkeys(failed_worl
     app = make_app(cfg, conn)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, lambda: app.snapshot is not None)
-        burst = [("colon", ":")] + [(c if c.isalnum() else {" ": "space", ":": "colon"}[c], c)
-                                    for c in "failed company:2"] + [("enter", None)]
-        for key, ch in burst:  # all queued at once, as a terminal delivers a paste
-            app.post_message(events.Key(key, ch))
-        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 3,
-                     what="company 2's failed jobs, from the command")
+        await _type_burst_failed_company_2(app, pilot)
         assert app.typeahead is None and not app.screen.query("#command-bar")
         # Esc in the burst: the bar closes, nothing typed after `:` runs as a hotkey
         for key, ch in [("colon", ":"), ("d", "d"), ("escape", None)]:
@@ -366,18 +374,11 @@ async def test_a_command_typed_in_one_burst_reaches_the_bar_of_a_read_only_conso
     """New-user walkthrough (session 35): in `payrun console --readonly`, `:failed company:2`
     pasted into tmux became `:faie company:2`: l and d, keys of disabled actions (limits,
     drain), were refused with a warning on their way in, before `:` had opened the bar."""
-    from textual import events
-
     cfg, conn, ledger = failed_world
     app = make_app(cfg, conn, readonly=True)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, lambda: app.snapshot is not None)
-        burst = [("colon", ":")] + [(c if c.isalnum() else {" ": "space", ":": "colon"}[c], c)
-                                    for c in "failed company:2"] + [("enter", None)]
-        for key, ch in burst:  # all queued at once, as a terminal delivers a paste
-            app.post_message(events.Key(key, ch))
-        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 3,
-                     what="company 2's failed jobs, from the command")
+        await _type_burst_failed_company_2(app, pilot)
         assert app.screen.page.flt.company == 2
         # a disabled key alone still says why it does nothing
         await pilot.press("escape")

@@ -13,14 +13,20 @@ import subprocess
 import sys
 
 
-def test_demo_delivers_every_slip_once_with_no_429(tmp_path):
+def _demo(tmp_path, employees: int, *, timeout_s: int) -> tuple[str, int]:
+    """`payrun demo` as a new user runs it: a fresh home, no Redis, provider or config from
+    the test session's environment. Returns its output and exit code."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("PAYRUN_REDIS_URL", "PAYRUN_EMAIL_URL", "PAYRUN_CONFIG")}
     env["PAYRUN_HOME"] = str(tmp_path / "home")
-    r = subprocess.run([sys.executable, "-m", "payrun.cli", "demo", "--employees", "60", "--companies", "2",
-                        "--timeout", "240"], env=env, capture_output=True, text=True, timeout=300)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-3000:]
+    r = subprocess.run([sys.executable, "-m", "payrun.cli", "demo", "--employees", str(employees), "--companies", "2",
+                        "--timeout", str(timeout_s)], env=env, capture_output=True, text=True, timeout=300)
+    return r.stdout + r.stderr, r.returncode
+
+
+def test_demo_delivers_every_slip_once_with_no_429(tmp_path):
+    out, rc = _demo(tmp_path, 60, timeout_s=240)
+    assert rc == 0, out[-3000:]
     m = re.search(r"provider: (\d+) delivered, (\d+) duplicates refused, (\d+) throttled \(429\), (\d+) rejected", out)
     assert m, out[-3000:]
     assert tuple(map(int, m.groups())) == (60, 0, 0, 0), out[-3000:]
@@ -69,13 +75,8 @@ def test_a_demo_that_gives_up_counts_what_the_provider_delivered(tmp_path):
     beside the provider's "196 delivered": the table was taken while sends were in flight
     and before the ledger had caught up. It now stops the workers first (they finish and
     record what they hold) and applies the ledger's backlog, then counts."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PAYRUN_REDIS_URL", "PAYRUN_EMAIL_URL", "PAYRUN_CONFIG")}
-    env["PAYRUN_HOME"] = str(tmp_path / "home")
-    r = subprocess.run([sys.executable, "-m", "payrun.cli", "demo", "--employees", "1500", "--companies", "2",
-                        "--timeout", "10"], env=env, capture_output=True, text=True, timeout=300)
-    out = r.stdout + r.stderr
-    assert r.returncode != 0 and "gave up after 10 s" in out, out[-3000:]
+    out, rc = _demo(tmp_path, 1500, timeout_s=10)
+    assert rc != 0 and "gave up after 10 s" in out, out[-3000:]
     total = re.search(r"Total: ([\d,]+) sent, ([\d,]+) in progress", out)
     delivered = re.search(r"provider: ([\d,]+) delivered", out)
     assert total and delivered, out[-3000:]
