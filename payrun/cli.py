@@ -1239,7 +1239,7 @@ def config_show(c: Ctx, as_json: bool) -> None:
     d = c.cfg.to_dict(redact=True)
     from payrun import redis_server
 
-    d["effective"]["redis_url"] = config_mod.redact_url(redis_server.url(c.cfg))
+    d["effective"]["redis_url"] = redis_server.shown_url(c.cfg)
     if as_json:
         click.echo(json.dumps(d, indent=2))
         return
@@ -1266,6 +1266,8 @@ def config_redis_url(c: Ctx, readonly: bool) -> None:
     shows the password in every user's `ps`, and plain rq info uses pickle."""
     from payrun import redis_server
 
+    if c.cfg.embedded_redis:  # (elsewhere it minted a password for a Redis that is not there)
+        c.require_home()
     click.echo(redis_server.url(c.cfg, readonly=readonly, strict=True))
 
 
@@ -1284,6 +1286,8 @@ def config_rq_env(c: Ctx) -> None:
 
     from payrun import redis_server
 
+    if c.cfg.embedded_redis:  # (elsewhere: a new password, and `rq info` then said the socket is not there)
+        c.require_home()
     for name, value in (("RQ_REDIS_URL", redis_server.url(c.cfg)),
                         ("RQ_QUEUE_CLASS", "jobs.runtime.PayrunQueue"),
                         ("RQ_JOB_CLASS", "jobs.runtime.PayrunJob")):

@@ -101,6 +101,15 @@ def _socket_path(cfg: Config) -> Path:
     return short_socket_dir(cfg) / SOCKET_NAME
 
 
+def _short_link(cfg: Config, tmp: str | None = None) -> Path:
+    """Where short_socket_dir's link to the Redis directory is (made or not)."""
+    tmp = tmp or tempfile.gettempdir()
+    if len(tmp) > MAX_SOCKET_PATH - 40:  # a deep $TMPDIR
+        tmp = "/tmp"
+    digest = hashlib.sha256(str(cfg.redis_dir.absolute()).encode()).hexdigest()[:12]
+    return Path(tmp) / f"payrun-{os.getuid()}-{digest}"
+
+
 def short_socket_dir(cfg: Config, tmp: str | None = None) -> Path:
     """A short path to the Redis directory, for a ``$PAYRUN_HOME`` too deep for a socket
     path: ``<tmp>/payrun-<uid>-<hash of the directory>``, a symlink to it (a socket's path
@@ -110,11 +119,7 @@ def short_socket_dir(cfg: Config, tmp: str | None = None) -> Path:
     it). One made by someone else stops payrun with SetupError (a TCP port instead would
     let that user take it while Redis is down and be sent the password)."""
     target = str(cfg.redis_dir.absolute())
-    tmp = tmp or tempfile.gettempdir()
-    if len(tmp) > MAX_SOCKET_PATH - 40:  # a deep $TMPDIR
-        tmp = "/tmp"
-    link = Path(tmp) / (
-        f"payrun-{os.getuid()}-{hashlib.sha256(target.encode()).hexdigest()[:12]}")
+    link = _short_link(cfg, tmp)
     for _ in range(2):
         try:
             st = os.lstat(link)
@@ -137,6 +142,20 @@ def embedded_url(cfg: Config, readonly: bool = False) -> str:
     sock = _socket_path(cfg)
     user = READONLY_USER if readonly else ""
     return f"unix://{sock}?password={pw}" + (f"&username={user}" if user else "")
+
+
+def shown_url(cfg: Config) -> str:
+    """The Redis URL as `payrun config show` prints it, password hidden, made without
+    touching the disk: no password file and no short socket link created for a look (from
+    the wrong directory, `config show` left a new ./var/redis/password behind)."""
+    from payrun.config import redact_url
+
+    if cfg.redis.url:
+        return redact_url(cfg.redis.url)
+    sock = cfg.redis_dir / SOCKET_NAME
+    if len(str(sock)) > MAX_SOCKET_PATH:  # (the path _socket_path uses, its link made or not)
+        sock = _short_link(cfg) / SOCKET_NAME
+    return f"unix://{sock}?password=***"
 
 
 def url(cfg: Config, readonly: bool = False, strict: bool = False) -> str:

@@ -131,9 +131,9 @@ def test_a_read_command_in_a_directory_with_no_payrun_refuses_instead_of_startin
         assert out.exit_code == 2, (args, out.output)
         assert f"no payrun data directory at {tmp_path / 'elsewhere' / 'var'} (no payroll.db" in out.output
     assert not (tmp_path / "elsewhere").exists()  # no new Redis, no new ledger
-    # commands that create the directory without using it (a Redis password, logs) do not
-    # make it count; nor does an external Redis make a ledger appear
-    assert CliRunner().invoke(cli, ["config", "redis-url"]).exit_code == 0
+    # a command that creates the directory without using it (`supervisor-env`: its logs
+    # folder) does not make it count; nor does an external Redis make a ledger appear
+    assert CliRunner().invoke(cli, ["supervisor-env"]).exit_code == 0
     assert (tmp_path / "elsewhere" / "var").exists()
     assert CliRunner().invoke(cli, ["status"]).exit_code == 2
     monkeypatch.setenv("PAYRUN_REDIS_URL", "redis://:pw@127.0.0.1:1/0")
@@ -151,19 +151,26 @@ def test_the_wrong_shell_is_refused_and_left_as_it_was(tmp_path, monkeypatch):
     `payrun down` said "supervisord is not running", exit 0, and left ./var/log and
     ./var/redis/password there, to an on-call engineer in the wrong shell while payrun ran
     elsewhere. `ps` and `drain` alike, and `schedule` said "never run" of a pay run that ran
-    elsewhere. Each refuses, and creates nothing."""
+    elsewhere. `config redis-url` and `config rq-env` minted a password for a Redis that is
+    not there (`rq info` then failed on a missing socket). Each refuses, and creates
+    nothing; `config show`, a look at the settings, answers and creates nothing either."""
     for name in ("PAYRUN_HOME", "PAYRUN_REDIS_URL", "PAYRUN_CONFIG", "SUPERVISOR_ENABLED", "PAYRUN_REDIS_SUPERVISED"):
         monkeypatch.delenv(name, raising=False)
     wrong = tmp_path / "wrong-shell"
     wrong.mkdir()
     monkeypatch.chdir(wrong)
-    for args in (["down"], ["ps"], ["drain"], ["schedule"], ["schedule", "--json"]):
+    for args in (["down"], ["ps"], ["drain"], ["schedule"], ["schedule", "--json"], ["config", "redis-url"],
+                 ["config", "redis-url", "--readonly"], ["config", "rq-env"]):
         out = CliRunner().invoke(cli, args)
         assert out.exit_code == 2, (args, out.output)
         assert out.output.count("\n") == 1 and "not running" not in out.output, (args, out.output)
         assert f"no payrun data directory at {wrong / 'var'} (no payroll.db" in out.output, (args, out.output)
         assert "set PAYRUN_HOME" in out.output
         assert list(wrong.iterdir()) == [], args  # no ./var/log, no ./var/redis/password
+    out = CliRunner().invoke(cli, ["config", "show", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["effective"]["redis_url"] == f"unix://{wrong / 'var' / 'redis' / 'redis.sock'}?password=***"
+    assert list(wrong.iterdir()) == []
 
 
 def test_a_look_after_payrun_down_does_not_start_redis(tmp_path, monkeypatch):
