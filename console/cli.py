@@ -250,6 +250,8 @@ def register(cli) -> None:
         resends, reminders, drains, limits, worker stops), times in the payroll's zone."""
         from console import actions
 
+        if not actions.audit_path(c.cfg).exists():  # (elsewhere: "no actions recorded", of a payrun run elsewhere)
+            c.require_home()
         rows = actions.read_audit(c.cfg, last)
         if as_json:
             click.echo(json.dumps(rows))

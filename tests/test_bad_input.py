@@ -152,7 +152,8 @@ def test_the_wrong_shell_is_refused_and_left_as_it_was(tmp_path, monkeypatch):
     ./var/redis/password there, to an on-call engineer in the wrong shell while payrun ran
     elsewhere. `ps` and `drain` alike, and `schedule` said "never run" of a pay run that ran
     elsewhere. `config redis-url` and `config rq-env` minted a password for a Redis that is
-    not there (`rq info` then failed on a missing socket). Each refuses, and creates
+    not there (`rq info` then failed on a missing socket); `audit` said "no actions
+    recorded". Each refuses, and creates
     nothing; `config show`, a look at the settings, answers and creates nothing either."""
     for name in ("PAYRUN_HOME", "PAYRUN_REDIS_URL", "PAYRUN_CONFIG", "SUPERVISOR_ENABLED", "PAYRUN_REDIS_SUPERVISED"):
         monkeypatch.delenv(name, raising=False)
@@ -160,7 +161,7 @@ def test_the_wrong_shell_is_refused_and_left_as_it_was(tmp_path, monkeypatch):
     wrong.mkdir()
     monkeypatch.chdir(wrong)
     for args in (["down"], ["ps"], ["drain"], ["schedule"], ["schedule", "--json"], ["config", "redis-url"],
-                 ["config", "redis-url", "--readonly"], ["config", "rq-env"]):
+                 ["config", "redis-url", "--readonly"], ["config", "rq-env"], ["audit"]):
         out = CliRunner().invoke(cli, args)
         assert out.exit_code == 2, (args, out.output)
         assert out.output.count("\n") == 1 and "not running" not in out.output, (args, out.output)
