@@ -1051,11 +1051,13 @@ def ledger(c: Ctx) -> None:
 
     _setup_logging()
     log = logging.getLogger("payrun.ledger")
+    # its own database first: one it cannot open fails now, not after Redis has come up (by
+    # then `payrun up` had seen every program stay up its 5 s and said all was well)
+    store = c.ledger()
     conn = c.redis()
     from payrun import redis_server
 
     redis_server.wait_for_writes(conn, "ledger", log, c.cfg)
-    store = c.ledger()
     stopping = []
     signal.signal(signal.SIGTERM, lambda *a: stopping.append(1))
     signal.signal(signal.SIGINT, lambda *a: stopping.append(1))

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from payrun import redis_server
@@ -85,7 +86,8 @@ def ctl(cfg: Config, *args: str, timeout_s: float | None = None) -> tuple[str, i
 
 UP_SETTLE_S = 5.0
 """`payrun up` returns once every program has been up this long (supervisord's uptime, from
-its start) without a restart.
+its start) without a restart, and the embedded Redis has answered this long (the programs
+wait for it before anything else that can fail).
 supervisord counts a start good once the program has lived its ``startsecs``: a program
 that fails a little later (the provider finding its port taken, on a loaded host after
 its imports) was RUNNING for a moment, and `up` said everything was up while it
@@ -124,9 +126,12 @@ def settled(status: str, min_uptime_s: float = UP_SETTLE_S) -> bool:
     return True
 
 
-def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all") -> str:
+def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all",
+       clock: Callable[[], float] | None = None, pause: Callable[[float], None] | None = None) -> str:
     """Start supervisord for a role: ``all`` (control host: everything) or ``worker``
-    (render and send workers only, against PAYRUN_REDIS_URL)."""
+    (render and send workers only, against PAYRUN_REDIS_URL). ``clock``/``pause``: monotonic
+    seconds and sleep, for tests."""
+    clock, pause = clock or time.monotonic, pause or time.sleep
     conf = CONFS[role]
     if not conf.exists():
         raise SetupError(f"{conf} is missing")
@@ -148,14 +153,21 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
     # on a loaded host the embedded Redis (a Python wrapper that execs redis-server) can be
     # RUNNING before its socket exists, and a script's next command would fail to connect;
     # and a program can fail just after it (UP_SETTLE_S): everything must have stayed up
+    # (and the programs waited for Redis before they did anything that can fail: on a
+    # loaded host it answered ~5 s after the start, and a ledger that could not open its
+    # database failed just after `up` had said all was well: they get UP_SETTLE_S with it too)
     own_redis = role == "all" and cfg.embedded_redis
     conn = redis_server.connect(cfg, socket_timeout=2) if own_redis else None
+    redis_since: float | None = None
     try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        deadline = clock() + timeout_s
+        while clock() < deadline:
             out, code = ctl(cfg, "status", timeout_s=STATUS_TIMEOUT_S)
             lines = [ln for ln in out.splitlines() if ln.strip()]
-            if settled(out) and (conn is None or redis_server.ping(conn)):
+            if conn is not None and redis_since is None and redis_server.ping(conn):
+                redis_since = clock()
+            redis_settled = conn is None or (redis_since is not None and clock() - redis_since >= UP_SETTLE_S)
+            if settled(out) and redis_settled and (conn is None or redis_server.ping(conn)):
                 return note + out.rstrip()
             failed = [ln.split()[0] for ln in lines if " FATAL " in ln or " BACKOFF " in ln or " EXITED " in ln]
             if failed:
@@ -164,7 +176,7 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all")
                 down(cfg)
                 raise SetupError(f"{', '.join(failed)} failed to start, so everything was stopped again:\n"
                                  f"{out.rstrip()}\n{logs}logs: {cfg.log_dir}")
-            time.sleep(0.5)
+            pause(0.5)
         waiting = "" if conn is None or redis_server.ping(conn) else \
             f"the embedded Redis does not answer on {cfg.redis_dir} (see {cfg.log_dir / 'redis.log'})\n"
         unsettled = [ln.split()[0] for ln in out.splitlines() if ln.strip() and not settled(ln)]

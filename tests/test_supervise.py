@@ -271,9 +271,23 @@ def test_plain_supervisord_and_supervisorctl_work_with_the_printed_environment(t
     assert down.returncode == 0, down.stderr
 
 
+def test_the_ledger_fails_on_its_own_database_before_it_waits_for_redis(tmp_path):
+    """Under supervisord the ledger waited for the embedded Redis first, and only then found
+    its database unreadable: on a loaded host after `payrun up` had said all was well."""
+    env = clean_env(tmp_path, tmp_path / "h")
+    (tmp_path / "h" / "ledger.db").mkdir(parents=True)
+    env.update(SUPERVISOR_ENABLED="1", PAYRUN_REDIS_SUPERVISED="1")  # as supervisord runs it: Redis is waited for
+    out = payrun("ledger", env=env, timeout=60)
+    assert out.returncode != 0 and "unable to open database file" in out.stdout + out.stderr, out
+    assert not (tmp_path / "h" / "redis" / "redis.sock").exists()
+
+
 def test_up_returns_only_once_the_embedded_redis_answers(tmp_path, monkeypatch):
     """supervisord calls Redis RUNNING after `startsecs`, before a loaded host has created its
-    socket (CI saw `payrun up` return 0 and the next connect fail): `up` also waits for a PONG."""
+    socket (CI saw `payrun up` return 0 and the next connect fail): `up` also waits for a PONG.
+    And then for UP_SETTLE_S more: the programs wait for Redis before they do anything that
+    can fail (a loaded host's fast suite saw a ledger with an unreadable database fail just
+    after `up` had returned 0, Redis having answered at ~5 s)."""
     from payrun import config, redis_server, supervise
 
     (tmp_path / "h").mkdir()
@@ -283,17 +297,22 @@ def test_up_returns_only_once_the_embedded_redis_answers(tmp_path, monkeypatch):
     monkeypatch.setattr(supervise, "ctl", lambda cfg, *a, **kw: (next(statuses, running), 0))
     monkeypatch.setattr(supervise, "take_over_redis", lambda cfg: "")
     monkeypatch.setattr(supervise.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "", ""))
-    monkeypatch.setattr(supervise.time, "sleep", lambda s: None)
-    pongs = iter([False, False, True])
-    pinged = []
-    monkeypatch.setattr(redis_server, "ping", lambda conn: pinged.append(1) or next(pongs))
-    assert "RUNNING" in supervise.up(cfg, timeout_s=30)
-    assert len(pinged) == 3  # every status said RUNNING; up went on until the server answered
+    now = [0.0]
+
+    def pause(s: float) -> None:
+        now[0] += s
+
+    pinged = []  # (when, answered): no answer for the first two looks
+    monkeypatch.setattr(redis_server, "ping", lambda conn: pinged.append((now[0], len(pinged) >= 2)) or pinged[-1][1])
+    assert "RUNNING" in supervise.up(cfg, timeout_s=30, clock=lambda: now[0], pause=pause)
+    first_pong = next(t for t, ok in pinged if ok)
+    assert first_pong == 1.0  # every status said RUNNING; up went on until the server answered,
+    assert now[0] == first_pong + supervise.UP_SETTLE_S  # then gave the programs their 5 s with it
 
     monkeypatch.setattr(redis_server, "ping", lambda conn: False)
     statuses = iter(["unix:///x/supervisor.sock no such file"])
     with pytest.raises(supervise.SetupError, match="does not answer"):
-        supervise.up(cfg, timeout_s=0.2)
+        supervise.up(cfg, timeout_s=2, clock=lambda: now[0], pause=pause)
 
 
 def test_up_starts_again_what_supervisord_gave_up_on_and_leaves_the_rest_running(tmp_path):
