@@ -149,6 +149,9 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
                    PAYRUN_EMAIL_URL (smtp://… or http://…; unset = local provider)
     """
     ctx.obj = Ctx(config_path)
+    from payrun import supervise
+
+    supervise.stop_with_supervisord(ctx.invoked_subcommand)
 
 
 # ---- data in -------------------------------------------------------------------
@@ -1165,7 +1168,7 @@ def down(c: Ctx) -> None:
     # ./var behind: an on-call engineer in the wrong shell was told payrun was stopped
     c.require_home()
     left = _run_left(c)  # (while Redis still answers)
-    click.echo(supervise.down(c.cfg))
+    click.echo(supervise.down(c.cfg, say=lambda m: click.echo(m, err=True)))
     if left:
         month, n = left
         click.echo(f"the {month} pay run was in progress: at most {n:,} slip{'' if n == 1 else 's'} not sent yet wait "
@@ -1219,7 +1222,9 @@ def ps(c: Ctx) -> None:
     c.require_home()  # (from the wrong directory: "supervisord is not running" while it runs elsewhere)
     out, code = supervise.ctl(c.cfg, "status", timeout_s=supervise.STATUS_TIMEOUT_S)
     if supervise.absent(out):
-        click.echo(f"supervisord is not running for {c.cfg.home} (`payrun up` starts it)", err=True)
+        found = supervise.orphans(c.cfg)
+        click.echo(f"supervisord is not running for {c.cfg.home} (`payrun up` starts it)"
+                   + (f", but {supervise.orphans_line(found)}" if found else ""), err=True)
         sys.exit(3)
     click.echo(out.rstrip())
     sys.exit(0 if code == 0 else 3)

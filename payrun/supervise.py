@@ -231,6 +231,95 @@ def _start_failed_again(cfg: Config, status: str, wait: bool, timeout_s: float) 
             f"({', '.join(dead)}): started {'them' if len(dead) > 1 else 'it'} again:\n" + out.rstrip())
 
 
+def _proc_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _is_supervisord(pid: int) -> bool:
+    """Whether process ``pid`` runs supervisord (its program, or python running it)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]
+    except OSError:
+        return False
+    return any(os.path.basename(a) == b"supervisord" for a in args)
+
+
+def stop_with_supervisord(command: str | None, env=os.environ) -> bool:
+    """In a program supervisord runs (not Redis): be sent SIGTERM when supervisord dies.
+
+    supervisord killed (the OOM killer, kill -9) left every program running on as an orphan
+    (an ops drill): still taking and sending jobs, its log lines lost (their pipe went with
+    supervisord), unseen by `payrun ps`, in the way of the next `payrun up` (its ports, its
+    Redis connections), and stopped from under by `payrun down`, which then stopped Redis
+    beneath sends in flight. With this each program stops as on `supervisorctl stop`: the
+    jobs in hand finish, within the grace. Redis is left running: the sends finishing need
+    it, and `payrun up` takes it over once they are done. Linux only (prctl
+    PR_SET_PDEATHSIG). True if set."""
+    if not env.get("SUPERVISOR_ENABLED") or not env.get("SUPERVISOR_PROCESS_NAME") or command in (None, "redis"):
+        return False
+    parent = os.getppid()
+    if not _is_supervisord(parent):  # (a grandchild: the env is inherited)
+        return False
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGTERM, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG = 1
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:  # supervisord died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
+
+
+def orphans(cfg: Config, proc: Path = Path("/proc")) -> list[tuple[int, str]]:
+    """(pid, program) of the processes supervisord started for this data directory that
+    outlived it (they are not its children any more): found by the environment supervisord
+    gave them. Linux /proc; processes of other users are not readable and not listed."""
+    home = str(Path(cfg.home).absolute())
+    ours: dict[int, tuple[int, str]] = {}  # pid -> (parent, program): the env is inherited by their own forks
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            raw = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        env = dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
+        if env.get(b"PAYRUN_HOME", b"").decode(errors="replace") != home or b"SUPERVISOR_PROCESS_NAME" not in env:
+            continue
+        if "payrun" not in _proc_name(int(d.name)) and "redis" not in _proc_name(int(d.name)):
+            continue
+        ours[int(d.name)] = (_ppid(d), env[b"SUPERVISOR_PROCESS_NAME"].decode(errors="replace"))
+    # a program itself (not a fork of one: RQ's scheduler, a horse) whose parent is not
+    # supervisord; not Redis (left running on purpose: `down` stops it after the others)
+    return sorted((pid, name) for pid, (parent, name) in ours.items()
+                  if parent not in ours and name != "redis" and not _is_supervisord(parent))
+
+
+def _ppid(d: Path) -> int:
+    try:
+        return int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def orphans_line(found: list[tuple[int, str]]) -> str:
+    """What `ps`, `up` and `down` say of them."""
+    if not found:
+        return ""
+    named = ", ".join(f"{name} (pid {pid})" for pid, name in found[:12])
+    more = f" and {len(found) - 12} more" if len(found) > 12 else ""
+    return (f"{len(found)} of its programs still run without it (supervisord died?): {named}{more}; they "
+            f"stop by themselves once their jobs in hand are done (a payrun of this version), or stop them with "
+            f"kill -TERM {' '.join(str(p) for p, _ in found)}")
+
+
 def take_over_redis(cfg: Config) -> str:
     """Before supervisord starts its own embedded Redis: any payrun command (`payrun failed`,
     `payrun run`, ...) starts that server in the background when it is not up, and
@@ -244,10 +333,13 @@ def take_over_redis(cfg: Config) -> str:
     me = conn.client_id()
     others = [c for c in conn.client_list() if int(c["id"]) != me]
     if others:
+        found = orphans(cfg)
         raise SetupError(
             f"the embedded Redis in {cfg.redis_dir} is running outside supervisord and {len(others)} "
-            f"other connection(s) are using it (a `payrun demo`, a console, workers started by hand?): "
-            f"stop them, then run `payrun up` again")
+            f"other connection(s) are using it ("
+            + (f"a supervisord that died: {orphans_line(found)}" if found else
+               "a `payrun demo`, a console, workers started by hand?")
+            + "): stop them, then run `payrun up` again")
     redis_server.stop(cfg)
     if redis_server.ping(redis_server.connect(cfg, socket_timeout=2)):
         raise SetupError(f"the embedded Redis in {cfg.redis_dir}, started outside supervisord, did not stop "
@@ -306,12 +398,39 @@ def check_role(cfg: Config, role: str) -> None:
                              "the events from the control host's)")
 
 
-def down(cfg: Config) -> str:
+ORPHAN_WAIT_S = 50.0
+"""How long `payrun down` waits for the programs of a supervisord that died to finish
+their jobs and exit, before it stops Redis (above the workers' stopwaitsecs, 45 s)."""
+
+
+def wait_gone(pids: list[int], timeout_s: float, clock: Callable[[], float] = time.monotonic,
+              pause: Callable[[float], None] = time.sleep, alive: Callable[[int], bool] | None = None) -> list[int]:
+    """Wait until none of ``pids`` runs, at most ``timeout_s``; returns those still running."""
+    alive = alive or (lambda pid: Path(f"/proc/{pid}").exists())
+    deadline = clock() + timeout_s
+    left = [p for p in pids if alive(p)]
+    while left and clock() < deadline:
+        pause(0.2)
+        left = [p for p in left if alive(p)]
+    return left
+
+
+def down(cfg: Config, say: Callable[[str], None] | None = None) -> str:
     out, code = ctl(cfg, "status", timeout_s=STATUS_TIMEOUT_S)
     if code == HUNG:
         raise SetupError(f"supervisord does not answer ({out}): nothing was stopped; its pid is in "
                          f"{cfg.home / 'supervisord.pid'}")
     if code not in (0, 3):
+        # its programs may still run (supervisord killed): Redis stays until they are gone,
+        # or sends they finish would go unrecorded (an ops drill: sent again after `up`)
+        if found := orphans(cfg):
+            if say:
+                say(f"supervisord is not running for {cfg.home}, but {orphans_line(found)}; waiting up to "
+                    f"{ORPHAN_WAIT_S:.0f} s for them before stopping Redis")
+            if left := wait_gone([p for p, _ in found], ORPHAN_WAIT_S):
+                raise SetupError(f"supervisord is not running for {cfg.home}, and "
+                                 f"{orphans_line([f for f in found if f[0] in left])}. Redis was left running "
+                                 "for them: `payrun down` again once they are gone")
         stopped = redis_server.stop(cfg)
         return "supervisord is not running" + ("; stopped the embedded Redis" if stopped else "")
     # workers first (they finish their jobs within the grace), the ledger drains, Redis last

@@ -515,3 +515,110 @@ def test_a_worker_names_its_supervisord_program(conn, monkeypatch):
     w.heartbeat()
     assert conn.hget(w.key, "program") == b"pdf-render:pdf-render-01" and 0 < conn.ttl(w.key) <= w.worker_ttl + 60
     assert conn.hget(w.key, "last_heartbeat")
+
+
+@pytest.mark.slow
+def test_a_killed_supervisord_takes_its_programs_with_it_and_up_starts_clean(tmp_path):
+    """Ops drill: supervisord killed with -9 mid-run (the OOM killer) left every program
+    running as an orphan: still sending, its log lines lost, invisible to `payrun ps`,
+    `payrun up` refused (their Redis connections, their ports), and `payrun down` stopped
+    Redis beneath their sends (12 slips sent twice after the next `up`). Each program now
+    stops as on `supervisorctl stop` when supervisord dies; Redis stays for them, and the
+    next `payrun up` takes it over and finishes the run, each slip once."""
+    import signal
+
+    from payrun import config, redis_server, supervise
+
+    home = tmp_path / "h"
+    env = clean_env(tmp_path, home)
+    n = 120
+    payroll.seed(payroll.PayrollDB(home / "payroll.db"), companies=2, employees=n, seed=3, month="2026-11")
+    up = payrun("up", env=env)
+    assert up.returncode == 0, up.stderr + up.stdout
+    cfg = config.load(env={"PAYRUN_HOME": str(home), "PAYRUN_CONFIG": env["PAYRUN_CONFIG"]})
+    try:
+        assert json.loads(payrun("run", "--month", "2026-11", "--json", env=env).stdout)["jobs_created"] == n
+
+        def done() -> int:
+            out = payrun("status", "--json", env=env)
+            return json.loads(out.stdout)["total"]["done"] if out.returncode == 0 else 0
+
+        wait_for(lambda: done() >= 10, timeout_s=120, interval_s=0.5, what="the run to be under way")
+        assert supervise.orphans(cfg) == []  # supervisord's own children are not orphans
+        os.kill(int((home / "supervisord.pid").read_text()), signal.SIGKILL)
+        # every program but Redis stops by itself, its jobs in hand finished (within the grace)
+        wait_for(lambda: not supervise.orphans(cfg), timeout_s=90, interval_s=0.5, what="the orphans to stop")
+        assert redis_server.ping(redis_server.connect(cfg, socket_timeout=2))  # Redis stays for them
+        before = done()  # (the ledger applied what it had on its way out)
+        assert 10 <= before < n
+        ps = payrun("ps", env=env)
+        assert ps.returncode == 3 and "supervisord is not running" in ps.stderr and "still run" not in ps.stderr
+        again = payrun("up", env=env)  # takes Redis over: nothing uses it any more
+        assert again.returncode == 0, again.stderr + again.stdout
+        wait_for(lambda: done() == n, timeout_s=240, interval_s=1, what="every slip after the restart")
+        conn = redis_server.connect(cfg)
+        assert conn.zcard("rq:failed:pdf-render") == 0 and conn.zcard("rq:failed:send-email") == 0
+        stats = json.loads(subprocess.run(
+            [sys.executable, "-c", "import json,sys,urllib.request;print(urllib.request.urlopen(sys.argv[1]).read().decode())",
+             f"http://127.0.0.1:{cfg.provider.port}/v1/stats"], capture_output=True, text=True).stdout)
+        # the provider restarted too (its counts are since then): each slip not sent before
+        # the kill was sent once after it, and none sent before was sent again
+        assert stats["delivered"] == n - before and stats["duplicates_refused"] == 0, (before, stats)
+    finally:
+        payrun("down", env=env)
+
+
+def test_orphans_of_a_dead_supervisord_are_named_and_down_leaves_redis_for_them(tmp_path, monkeypatch):
+    """`payrun ps` said only "supervisord is not running" while 11 of its programs ran on,
+    and `payrun down` stopped Redis beneath them. A stand-in for such a program: a process
+    with the environment supervisord gives its programs, whose parent is not supervisord."""
+    from click.testing import CliRunner
+
+    from payrun import config, supervise
+    from payrun.cli import cli
+
+    home = tmp_path / "h"
+    home.mkdir()
+    (home / "payroll.db").touch()
+    monkeypatch.delenv("PAYRUN_REDIS_URL", raising=False)
+    monkeypatch.delenv("SUPERVISOR_ENABLED", raising=False)
+    monkeypatch.setenv("PAYRUN_HOME", str(home))
+    env = dict(os.environ, SUPERVISOR_ENABLED="1", SUPERVISOR_PROCESS_NAME="send-email", PAYRUN_HOME=str(home))
+    orphan = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()  # payrun worker send-email"],
+                              env=env, stdin=subprocess.PIPE)
+    try:
+        cfg = config.load(env={"PAYRUN_HOME": str(home)})
+        wait_for(lambda: supervise.orphans(cfg), timeout_s=10, what="the stand-in to be seen")
+        assert supervise.orphans(cfg) == [(orphan.pid, "send-email")]
+        ps = CliRunner().invoke(cli, ["ps"])
+        assert ps.exit_code == 3 and f"send-email (pid {orphan.pid})" in ps.output, ps.output
+        assert "still run without it" in ps.output and f"kill -TERM {orphan.pid}" in ps.output
+        monkeypatch.setattr(supervise, "ORPHAN_WAIT_S", 0.5)
+        stopped = []
+        monkeypatch.setattr(supervise.redis_server, "stop", lambda cfg: stopped.append(1) or True)
+        down = CliRunner().invoke(cli, ["down"])
+        assert down.exit_code != 0 and "Redis was left running" in down.output and not stopped, down.output
+        orphan.stdin.close()
+        orphan.wait(10)
+        down = CliRunner().invoke(cli, ["down"])
+        assert down.exit_code == 0 and "stopped the embedded Redis" in down.output and stopped, down.output
+    finally:
+        orphan.kill()
+        orphan.wait()
+
+
+def test_wait_gone_polls_until_the_processes_leave_or_the_deadline():
+    from payrun.supervise import wait_gone
+
+    now = [0.0]
+    running = {1, 2}
+
+    def pause(s: float) -> None:
+        now[0] += s
+        if now[0] >= 1.0:
+            running.discard(1)
+
+    assert wait_gone([1, 2, 3], 5, clock=lambda: now[0], pause=pause, alive=running.__contains__) == [2]
+    assert now[0] >= 5.0
+    now[0] = 0.0
+    assert wait_gone([1], 5, clock=lambda: now[0], pause=pause, alive=running.__contains__) == []
