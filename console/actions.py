@@ -106,6 +106,9 @@ def resume(cfg, conn, queue: str | None = None, via: str = "console") -> Outcome
     if queue:
         n = conn.srem(paused_queues_key(), queue)
         msg = f"intake resumed on {queue}" if n else f"{queue} was not drained"
+        if conn.exists(SUSPENDED_KEY):  # (it said "intake resumed" and nothing moved)
+            msg += ("; but intake stays stopped on every queue (a drain of all: `payrun drain` without "
+                    "--queue): `payrun resume` (the console's U) lifts it")
     else:
         from rq.suspension import resume as rq_resume
 

@@ -415,14 +415,14 @@ class ConsoleApp(App):
                                           "payrun drain", expect="all", what="queues stop taking work"),
                              lambda ok: ok and self.act("drain", actions.drain, None))
 
-    def confirm_resume(self, queue: str | None) -> None:
+    def confirm_resume(self, queue: str | None, why: str = "") -> None:
         from console.dialogs.confirm import ConfirmKey
 
         if self.refuse_if_readonly("resume"):
             return
         what = queue or "every queue (lifts all drains)"
         cmd = "payrun resume" + (f" --queue {queue}" if queue else "")
-        self.push_screen(ConfirmKey(f"Resume {what}?", "Workers take new jobs again.", cmd),
+        self.push_screen(ConfirmKey(f"Resume {what}?", (why + "\n" if why else "") + "Workers take new jobs again.", cmd),
                          lambda ok: ok and self.act("resume", actions.resume, queue))
 
     def confirm_stop(self, worker: str) -> None:

@@ -654,6 +654,29 @@ def test_a_drain_holds_for_a_render_worker_already_waiting_for_a_job(cfg, conn, 
         w.wait(timeout=30)
 
 
+@sync
+async def test_u_after_a_drain_of_every_queue_resumes_every_queue(cfg, conn):
+    """Ops walkthrough: after `payrun drain` (every queue) the overview said "resume with u";
+    u on a queue offered "Resume pdf-render?", said "intake resumed on pdf-render", and
+    nothing moved (the drain of all held). u now offers what stops intake: every queue.
+    `payrun resume --queue Q` says the drain of all still holds."""
+    from payrun.cli import cli
+
+    actions.drain(cfg, conn, None, via="cli")
+    out = CliRunner().invoke(cli, ["resume", "--queue", keys.RENDER_QUEUE], catch_exceptions=False)
+    assert "intake stays stopped on every queue" in out.output and "`payrun resume`" in out.output, out.output
+    assert conn.exists("rq:suspended")
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None and app.snapshot.suspended)
+        app.screen.query_one("#queues").focus()
+        await pilot.press("u")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the resume dialog")
+        assert app.screen.command == "payrun resume"  # every queue, not --queue pdf-render
+        await pilot.press("y")
+        await settle(pilot, lambda: not conn.exists("rq:suspended"), what="intake resumed everywhere")
+
+
 def test_drain_and_resume_one_queue_from_the_cli(cfg, conn):
     from payrun.cli import cli
 

@@ -244,7 +244,12 @@ class OverviewScreen(ConsoleScreen):
 
     def action_resume(self) -> None:
         where, key = self._focused()
-        if where == "queues" and key:
+        snap = self.app.snapshot
+        if snap is not None and snap.suspended:
+            # every queue drained (`payrun drain`, D): what stops intake is that, not one
+            # queue; u offered "Resume pdf-render?", said "intake resumed" and nothing moved
+            self.app.confirm_resume(None, why="Intake is stopped on every queue (a drain of all).")
+        elif where == "queues" and key:
             self.app.confirm_resume(key)
         else:  # (as d: u off the queues table offered to lift every drain)
             self.notify("select a queue (Tab to the queues table), or U to resume every queue", severity="warning")
