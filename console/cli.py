@@ -203,7 +203,8 @@ def register(cli) -> None:
         for r in snap.running:
             to = f"{r.timeout_s:g}" if r.timeout_s else "?"
             click.echo(f"{r.job_id:<36} {r.queue:<10} {r.worker:<34} {_age(r.elapsed_s):>6} / {to} s"
-                       + ("  NEAR TIMEOUT" if r.near_timeout else "") + (f"  STUCK: {r.stuck}" if r.stuck else ""))
+                       + ("  PAST TIMEOUT" if r.past_timeout else "  NEAR TIMEOUT" if r.near_timeout else "")
+                       + (f"  STUCK: {r.stuck}" if r.stuck else ""))
 
     @cli.command()
     @click.option("--queue", type=QUEUE_CHOICE, default=None, help="Only this queue (default: every queue).")

@@ -171,7 +171,13 @@ class RunningRow:
 
     @property
     def near_timeout(self) -> bool:
+        """At NEAR_TIMEOUT of its timeout or beyond (past it too)."""
         return bool(self.timeout_s and self.elapsed_s is not None and self.elapsed_s >= NEAR_TIMEOUT * self.timeout_s)
+
+    @property
+    def past_timeout(self) -> bool:
+        """Running longer than its timeout (its worker is being made to stop it, or is gone)."""
+        return bool(self.timeout_s and self.elapsed_s is not None and self.elapsed_s > self.timeout_s)
 
 
 @dataclass
@@ -222,6 +228,7 @@ class Snapshot:
             q["rate_per_s"] = round(row.rate_per_s, 3)
         for r, row in zip(d["running"], self.running):
             r["near_timeout"] = row.near_timeout
+            r["past_timeout"] = row.past_timeout
         return d
 
 

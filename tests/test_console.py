@@ -1137,3 +1137,16 @@ def test_the_workers_table_lines_up_whatever_the_host_program_or_job():
         assert all(ln.index("beat ") == beat for ln in lines[1:]), lines
     assert worker_table([]) == []
     assert "(3 lanes)" in worker_table(gone)[1] and "GONE" in worker_table(gone)[1]
+
+
+def test_a_job_running_past_its_timeout_is_said_to_be_past_it_not_near_it():
+    """Ops walkthrough: `payrun running` labelled a job at 1m21s of a 30 s timeout "NEAR
+    TIMEOUT"."""
+    from console.data import RunningRow
+
+    def row(elapsed):
+        return RunningRow("render-x", "pdf-render", "w", elapsed, 30.0, 10.0, None)
+
+    assert [(row(e).near_timeout, row(e).past_timeout) for e in (10, 25, 30, 81)] == [
+        (False, False), (True, False), (True, False), (True, True)]
+    assert (row(None).near_timeout, row(None).past_timeout) == (False, False)

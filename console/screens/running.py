@@ -51,9 +51,11 @@ class RunningScreen(ConsoleScreen):
             self.query_one("#summary", Static).update("running jobs unknown: Redis unreachable")
             return
         stuck = sum(1 for r in snap.running if r.stuck)
-        near = sum(1 for r in snap.running if r.near_timeout and not r.stuck)
+        near = sum(1 for r in snap.running if r.near_timeout and not r.past_timeout and not r.stuck)
+        past = sum(1 for r in snap.running if r.past_timeout and not r.stuck)
         self.query_one("#summary", Static).update(
-            f"{len(snap.running):,} running · {near} near their timeout (≥80%) · {stuck} stuck "
+            f"{len(snap.running):,} running · {near} near their timeout (≥80%) · "
+            + (f"{past} past it · " if past else "") + f"{stuck} stuck "
             f"(dead worker, lapsed lease, or over {self.app.source.cfg.lease.stuck_after_s / 60:g} min)")
 
     def _row(self):
