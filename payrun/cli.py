@@ -949,6 +949,13 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
         if not loop:
             if not returned and not as_json:
                 click.echo("nothing stuck" if not freed else "no job stuck")
+                running = sum(int(conn.zcard(f"rq:wip:{q}")) for q in keys.QUEUES)
+                if running:  # (right after a kill -9 it said "nothing stuck" and 34 came back 10 s later)
+                    from jobs.runtime import ALIVE_TTL_S
+
+                    click.echo(f"  {running:,} job{'s are' if running != 1 else ' is'} running on live workers; a "
+                               f"worker killed in the last {ALIVE_TTL_S} s still counts as alive until its liveness "
+                               "key lapses: run this again then (the reaper program does it every few seconds)")
             return
         deadline = time.monotonic() + every
         while not stopping and time.monotonic() < deadline:

@@ -468,6 +468,24 @@ def test_a_live_worker_job_is_not_reaped(conn):
     assert [s.job_id for s in reaper.find_stuck(conn, now=time.time() + 120)] == ["alive-1"]  # lease lapsed
 
 
+def test_reap_saying_nothing_stuck_says_a_worker_just_killed_still_counts_as_alive(cfg, conn):
+    """Ops walkthrough: `payrun reap` right after a kill -9 said "nothing stuck" (exit 0),
+    and 10 s later returned the 34 jobs the dead sender held: a false all-clear."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    assert CliRunner().invoke(cli, ["reap"]).output.strip() == "nothing stuck"  # nothing running
+    conn.set(keys.alive("render.alive.2"), 1, ex=10)
+    job = enqueue(conn, keys.RENDER_QUEUE, "jobs.testing.noop", job_id="alive-2")
+    conn.lrem(make_queue(keys.RENDER_QUEUE, conn).key, 0, job.id)
+    conn.zadd("rq:wip:pdf-render", {"alive-2:e": time.time() + 60})
+    conn.hset(job.key, "worker_name", "render.alive.2")
+    out = CliRunner().invoke(cli, ["reap"])
+    assert out.exit_code == 0 and out.output.startswith("nothing stuck\n"), out.output
+    assert "1 job is running on live workers; a worker killed in the last 10 s still counts as alive" in out.output
+
+
 def test_a_job_just_started_is_not_reaped_before_its_record_names_the_worker(conn):
     """RQ records the execution (rq:wip, rq:execution:...) one transaction before it
     writes worker_name into the job hash. A reaper pass in between took the live worker
