@@ -36,6 +36,8 @@ from zoneinfo import ZoneInfo
 from jobs.events import one_line
 from payrun import keys
 from payrun.ledger import STATES, Ledger, latest_month
+from payrun.ledger import backlog as ledger_backlog
+from payrun.ledger import backlog_age_s as ledger_backlog_age_s
 
 FINISHED_TTL_S = 24 * 3600
 """result_ttl of payrun's render and email jobs (payrun/runs.py, jobs/tasks.py): a finished
@@ -220,6 +222,10 @@ class Snapshot:
     retry_errors: list[tuple[str, int]] = field(default_factory=list)
     """Why jobs are waiting out a backoff: the heads of their last errors, most frequent
     first, over the RETRY_SAMPLE due first (read_retrying)."""
+    ledger_backlog: int = 0
+    """Workers' events not yet applied to the ledger (the HR figures lag by them)."""
+    ledger_backlog_age_s: float = 0.0
+    """How old the oldest of them is (a ledger keeping up applies each within ~0.2 s)."""
     took_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -703,6 +709,8 @@ class Source:
                 snap.running = read_running(conn, now, self.cfg.lease.stuck_after_s)
                 snap.limits = read_limits(conn, self.cfg)
                 snap.retry_errors = read_retrying(conn)
+                snap.ledger_backlog = ledger_backlog(conn)  # (`payrun status` said the ledger was behind; we did not)
+                snap.ledger_backlog_age_s = round(ledger_backlog_age_s(conn), 1) if snap.ledger_backlog else 0.0
             except Exception as e:  # Redis down or slow: say so, keep going with the ledger
                 errors.append(f"Redis unreachable ({type(e).__name__}: {one_line(e, 200)})")
                 snap.queues, snap.workers, snap.running = [], [], []

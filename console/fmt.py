@@ -82,6 +82,17 @@ def _deadline(deadline: datetime, seen_from: datetime) -> str:
     return f"{deadline:%H:%M} tomorrow" if days == 1 else f"{deadline:%H:%M} {deadline:%d %b}"
 
 
+def ledger_behind_text(backlog: int, age_s: float) -> str:
+    """The note under the HR line when the ledger is not keeping up (as `payrun status`
+    says it): its figures are behind the workers' by ``backlog`` events."""
+    from payrun.ledger import LEDGER_STALE_S
+
+    if not backlog or age_s < LEDGER_STALE_S:
+        return ""
+    return (f"the ledger is {backlog:,} update{'' if backlog == 1 else 's'} behind (the oldest from {duration(age_s)} ago): these figures lag; "
+            "is `payrun ledger` running? (`payrun ps`)")
+
+
 def answer(counts: dict[str, int], eta: dict[str, Any] | None = None) -> str:
     """The HR line: "49,992 sent, 8 in progress (1 stuck), 0 failed — ETA 02:31 — on time for 09:00"."""
     line = hr_line(counts)

@@ -1150,3 +1150,24 @@ def test_a_job_running_past_its_timeout_is_said_to_be_past_it_not_near_it():
     assert [(row(e).near_timeout, row(e).past_timeout) for e in (10, 25, 30, 81)] == [
         (False, False), (True, False), (True, False), (True, True)]
     assert (row(None).near_timeout, row(None).past_timeout) == (False, False)
+
+
+@sync
+async def test_the_overview_says_when_the_ledger_is_behind(failed_world):
+    """Ops walkthrough: with the ledger paused 20 s, `payrun status` said "ledger is 1,665
+    updates behind"; the console showed its lagging figures with an ETA and no note."""
+    from console.fmt import ledger_behind_text
+
+    cfg, conn, ledger = failed_world
+    assert ledger_behind_text(0, 0) == "" and ledger_behind_text(5, 3.0) == ""  # keeping up: a few are normal
+    conn.delete(keys.EVENTS_STREAM)
+    old_ms = int((time.time() - 25) * 1000)
+    for i in range(3):  # written 25 s ago, applied by no ledger
+        conn.xadd(keys.EVENTS_STREAM, {"id": f"x-{i}", "state": "done"}, id=f"{old_ms}-{i}")
+    snap = Source(cfg, conn).snapshot()
+    assert snap.ledger_backlog == 3 and 20 <= snap.ledger_backlog_age_s < 60, snap.ledger_backlog_age_s
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None and app.snapshot.status is not None)
+        await settle(pilot, lambda: "the ledger is 3 updates behind" in text_of(app, "#answer"), what="the note")
+        assert "is `payrun ledger` running?" in text_of(app, "#answer")

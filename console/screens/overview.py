@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 
 from console.data import Snapshot
-from console.fmt import answer, duration, spark
+from console.fmt import answer, duration, ledger_behind_text, spark
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
@@ -88,9 +88,11 @@ class OverviewScreen(ConsoleScreen):
                 t.stylize("bold red")
             for line in no_slip_lines(st):
                 t.append("\n" + line, style="bold yellow")
-            ans.update(t)
         else:
-            ans.update("no pay run in the ledger yet: `payrun run --month YYYY-MM` starts one")
+            t = Text("no pay run in the ledger yet: `payrun run --month YYYY-MM` starts one")
+        if behind := ledger_behind_text(snap.ledger_backlog, snap.ledger_backlog_age_s):  # (a run it has not seen yet)
+            t.append("\n" + behind, style="bold yellow")
+        ans.update(t)
         name_w = max(24, min(48, self.size.width - 56))  # 80 columns: 24; wider: whole names
         with self.app.batch_update():
             self.query_one("#companies", LiveTable).sync([
