@@ -23,7 +23,22 @@ from payrun.clitools import handle_errors, pass_ctx  # noqa: E402
 
 
 def _setup_logging() -> None:
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from payrun import logs
+
+    logs.setup("INFO")  # (every other program's lines: the UTC offset, or JSON with log.json)
+
+
+def _local(iso: str, zone: str) -> str:
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    return datetime.fromisoformat(iso).astimezone(ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M")
+
+
+def service_window(cfg) -> str:
+    from scheduler.service import window_text
+
+    return window_text(float(cfg.scheduler.catchup_window_s))
 
 
 def _maybe_redis(cfg):
@@ -60,17 +75,53 @@ def schedule_view(cfg, conn=None, now=None) -> list[dict]:
             }
             if store is not None:
                 row.update(store.summary(e.name))
+            row["due_since"] = None
             if conn is not None:
                 raw = conn.get(service.cursor_key(e.name))
                 if raw is not None:
                     from datetime import datetime
 
-                    row["handled_until"] = datetime.fromtimestamp(float(raw), timezone.utc).isoformat(timespec="seconds")
+                    handled = datetime.fromtimestamp(float(raw), timezone.utc)
+                    row["handled_until"] = handled.isoformat(timespec="seconds")
+                    # a tick due and not fired yet (no scheduler ran at its time): "next" is
+                    # the one after it, and read "next: next month" at 02:05 on the 1st
+                    due = cron.next_after(e.spec, zone, handled)
+                    if due <= now:
+                        row["due_since"] = due.isoformat()
             rows.append(row)
     finally:
         if store is not None:
             store.close()
     return rows
+
+
+def running_entries_differ(cfg, conn) -> list[str]:
+    """The entries whose schedule the running schedulers loaded (at their start, written to
+    Redis: scheduler.service.ENTRIES_KEY) differ from this config file's, one line each: an
+    edited file is used only after a restart, and `payrun schedule` showed the file's time
+    while the tick at it never fired (a walkthrough moved a pay run's time: no run, no
+    missed tick)."""
+    from scheduler import cron, service
+
+    raw = conn.hgetall(service.ENTRIES_KEY)
+    if not raw:
+        return []
+    running = {k.decode(): json.loads(v) for k, v in raw.items()}
+    mine = {e.name: {"cron": e.cron, "job": e.job, "zone": cfg.timezone}
+            for e in cron.load_entries(cfg.scheduler.entries)}
+    out = []
+    for name in sorted(set(running) | set(mine)):
+        r, m = running.get(name), mine.get(name)
+        if r == m:
+            continue
+        if m is None:
+            out.append(f"{name}: running, not in this file")
+        elif r is None:
+            out.append(f"{name}: in this file, not running")
+        else:
+            now_ = ", ".join(f"{k} {r.get(k)!r}" for k in ("cron", "job", "zone") if r.get(k) != m.get(k))
+            out.append(f"{name}: running with {now_}")
+    return out
 
 
 def schedulers_alive(conn) -> list[str]:
@@ -113,8 +164,10 @@ def register(cli) -> None:
         conn = _maybe_redis(c.cfg)
         rows = schedule_view(c.cfg, conn)
         alive = schedulers_alive(conn) if conn is not None else None
+        differ = running_entries_differ(c.cfg, conn) if conn is not None and alive else []
         if as_json:
-            click.echo(json.dumps({"timezone": c.cfg.timezone, "schedulers": alive, "entries": rows}))
+            click.echo(json.dumps({"timezone": c.cfg.timezone, "schedulers": alive, "entries": rows,
+                                   "running_differs": differ}))
             return
         for r in rows:
             nl, nu = r["next_local"], r["next_utc"]
@@ -127,8 +180,18 @@ def register(cli) -> None:
             if r["duplicates_stopped"]:
                 last += f"; {r['duplicates_stopped']} duplicate run(s) stopped"
             click.echo(f"{'':<12} {last}")
+            if r["due_since"]:
+                due = r["due_since"]
+                click.echo(f"{'':<12} DUE since {_local(due, r['zone'])} {r['zone']} ({due[11:16]} UTC), not fired yet: "
+                           f"no scheduler has run since; one that starts within the catch-up window "
+                           f"({service_window(c.cfg)}) fires it, later it is recorded as missed")
             if r["missed"]:
-                click.echo(f"{'':<12} MISSED {r['missed']} tick(s), newest {r['last_missed'][:16].replace('T', ' ')} UTC")
+                click.echo(f"{'':<12} MISSED {r['missed']} tick(s), newest {r['last_missed'][:16].replace('T', ' ')} UTC"
+                           + (f" — {r['missed_detail']}" if r.get("missed_detail") else ""))
+        if differ:
+            click.echo("the schedulers running now loaded another schedule at their start (the file is read "
+                       "only then): " + "; ".join(differ) + ". Restart them to use this file's "
+                       "(`supervisorctl restart scheduler-a scheduler-b`, or `payrun down && payrun up`)")
         if alive is None:
             click.echo("schedulers: Redis not reachable")
         else:

@@ -72,6 +72,15 @@ return 0
 """
 
 
+def window_text(seconds: float) -> str:
+    """A catch-up window as people write it: 60 s, 15 min, 6 h (it printed 0.0166667 h)."""
+    if seconds < 120:
+        return f"{seconds:g} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:g} min"
+    return f"{seconds / 3600:g} h"
+
+
 def cursor_key(entry: str) -> str:
     return f"payrun:cron:cursor:{entry}"
 
@@ -265,6 +274,16 @@ class PayrunScheduler(Scheduler):
             self.connection.hset(self.key, "death", time.time())
         super().register_birth()
 
+    def heartbeat(self) -> None:
+        """rq-scheduler's EXPIRE of this scheduler's record, and the record made again when it
+        is gone: it lapsed while Redis was away (10 s past the poll interval), and `payrun
+        schedule` said "schedulers alive: 0" of two schedulers firing ticks, until restarted."""
+        if not self.connection.expire(self.key, int(self._interval) + 10):
+            with self.connection.pipeline() as p:
+                p.hset(self.key, "birth", time.time())
+                p.expire(self.key, int(self._interval) + 10)
+                p.execute()
+
     def acquire_lock(self) -> bool:
         self._lock_acquired = bool(self.connection.set(self.scheduler_lock_key, self.name, nx=True,
                                                        ex=int(self._interval) + 10))
@@ -310,8 +329,8 @@ class PayrunScheduler(Scheduler):
         for e in self.cron.entries:
             log.info("cron %s: '%s' (%s) runs %s; next %s", e.name, e.cron, self.cron.cfg.timezone, e.job,
                      self.cron._both(self.cron.next_fire(e, now)))
-        log.info("scheduler %s: polling every %g s, catch-up window %g h", self.name, self._interval,
-                 self.cron.window_s / 3600)
+        log.info("scheduler %s: polling every %g s, catch-up window %s", self.name, self._interval,
+                 window_text(self.cron.window_s))
         try:
             while not self._stopping:
                 started = time.monotonic()

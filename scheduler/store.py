@@ -114,6 +114,8 @@ class Store:
                  (entry, *RAN)).fetchone()
         missed = q("SELECT COUNT(*), MAX(scheduled_for) FROM cron_runs WHERE entry = ? AND status = 'missed'",
                    (entry,)).fetchone()
+        missed_detail = q("SELECT detail FROM cron_runs WHERE entry = ? AND status = 'missed'"
+                          " ORDER BY scheduled_for DESC LIMIT 1", (entry,)).fetchone()
         coalesced = q("SELECT COUNT(*) FROM cron_runs WHERE entry = ? AND status = 'coalesced'",
                       (entry,)).fetchone()[0]
         return {
@@ -124,6 +126,7 @@ class Store:
             "duplicates_stopped": last[4] if last else 0,
             "missed": missed[0],
             "last_missed": missed[1],
+            "missed_detail": missed_detail[0] if missed_detail else None,  # (what to run by hand)
             "coalesced": coalesced,
         }
 

@@ -256,6 +256,13 @@ def test_catch_up_fires_a_missed_tick_once_within_the_window_and_records_it_past
     s = spawn(env, "scheduler", log=w["tmp"] / "s1.log")
     wait_for(lambda: conn.exists(service.cursor_key("payroll")), timeout_s=30, what="the first pass")
     stop(s)
+    # 02:30 and no scheduler ran at 02:00: `payrun schedule` says the tick is due, not
+    # "next 1 January" (a walkthrough read that at a tick overdue)
+    set_clock(w["clock"], PAY_TICK + timedelta(minutes=30))
+    view = subprocess.run([sys.executable, "-m", "payrun.cli", "schedule"], env=env, timeout=60,
+                          capture_output=True, text=True, check=True).stdout
+    assert "DUE since 2026-12-01 02:00 Asia/Dhaka (20:00 UTC), not fired yet" in view, view
+    assert "catch-up window (6 h)" in view
     # nobody runs at 02:00; one scheduler is back at 07:30 (5 h 30 late, inside 6 h)
     set_clock(w["clock"], PAY_TICK + timedelta(hours=5, minutes=30))
     s = spawn(env, "scheduler", log=w["tmp"] / "s2.log")
@@ -293,6 +300,10 @@ def test_catch_up_fires_a_missed_tick_once_within_the_window_and_records_it_past
                           capture_output=True, text=True, check=True)
     payroll_view = next(e for e in json.loads(view.stdout)["entries"] if e["name"] == "payroll")
     assert payroll_view["missed"] == 1 and payroll_view["last_run"] == cron.iso(PAY_TICK)
+    assert "payrun run --month 2026-12" in payroll_view["missed_detail"] and payroll_view["due_since"] is None
+    text = subprocess.run([sys.executable, "-m", "payrun.cli", "schedule"], env=env, timeout=60,
+                          capture_output=True, text=True, check=True).stdout
+    assert "MISSED 1 tick(s), newest 2026-12-31 20:00 UTC — " in text and "payrun run --month 2026-12" in text, text
     assert payroll_view["next_local"].startswith("2027-02-01T02:00:00+06:00")
     assert payroll_view["next_utc"].startswith("2027-01-31T20:00:00+00:00")
 
@@ -512,3 +523,53 @@ def test_the_bank_token_never_follows_a_redirect_to_another_address():
         for s in (other, bank):
             s.shutdown()
             s.server_close()
+
+
+def test_a_scheduler_record_lapsed_while_redis_was_away_is_made_again(cfg, conn):
+    """Ops walkthrough: after a 35 s Redis restart `payrun schedule` said "schedulers alive: 0"
+    while two schedulers fired ticks: rq-scheduler's heartbeat only extends its record's
+    expiry, and the record had lapsed."""
+    from scheduler.cli import schedulers_alive
+    from scheduler.service import PayrunScheduler
+
+    s = PayrunScheduler(cfg, conn, name="sched-x")
+    s.register_birth()
+    assert schedulers_alive(conn) == ["sched-x"]
+    conn.delete(s.key)  # lapsed while Redis was away (or lost with its data)
+    assert schedulers_alive(conn) == []
+    s.heartbeat()
+    assert schedulers_alive(conn) == ["sched-x"] and 0 < conn.ttl(s.key) <= int(cfg.scheduler.poll_s) + 10
+    s.heartbeat()  # (the usual beat: the expiry only)
+    assert schedulers_alive(conn) == ["sched-x"]
+
+
+def test_schedule_says_when_the_running_schedulers_loaded_another_schedule(cfg, conn):
+    """Ops walkthrough: the pay run's time edited in the file, schedulers not restarted:
+    `payrun schedule` showed the new time, and the tick at it never fired."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+    from scheduler import cron
+    from scheduler.cli import running_entries_differ
+    from scheduler.service import CronPass, PayrunScheduler
+
+    assert running_entries_differ(cfg, conn) == []  # none running: nothing to compare
+    CronPass(conn, cfg, name="s1").register(service.clock())
+    assert running_entries_differ(cfg, conn) == []  # as the file says
+    first = cron.load_entries(cfg.scheduler.entries)[0]
+    conn.hset(service.ENTRIES_KEY, first.name, json.dumps({"cron": "1 2 3 4 *", "job": first.job, "zone": cfg.timezone}))
+    conn.hset(service.ENTRIES_KEY, "old-entry", json.dumps({"cron": "0 1 * * *", "job": "reaper", "zone": cfg.timezone}))
+    differ = running_entries_differ(cfg, conn)
+    assert differ == sorted([f"{first.name}: running with cron '1 2 3 4 *'", "old-entry: running, not in this file"])
+    PayrunScheduler(cfg, conn, name="s1").register_birth()  # (the note needs a scheduler alive)
+    (cfg.home / "payroll.db").touch()
+    out = CliRunner().invoke(cli, ["schedule"])
+    assert "the schedulers running now loaded another schedule at their start" in out.output, out.output
+    assert "supervisorctl restart scheduler-a scheduler-b" in out.output
+    assert json.loads(CliRunner().invoke(cli, ["schedule", "--json"]).output)["running_differs"] == differ
+
+
+def test_a_catch_up_window_reads_as_people_write_it():
+    from scheduler.service import window_text
+
+    assert [window_text(x) for x in (60, 900, 6 * 3600, 90 * 60)] == ["60 s", "15 min", "6 h", "90 min"]
