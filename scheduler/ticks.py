@@ -112,6 +112,15 @@ def _payroll_tick(cfg, conn, store, entry: str, scheduled_for: str, options: dic
         if result.already:
             text += f"; {len(result.already)} companies already run"
     status = "aborted" if result.aborted else "enqueued"
+    if result.jobs:  # in the audit log as `payrun run` is ("who started this run?" had no answer there)
+        from payrun import audit
+
+        try:
+            audit.audit(cfg, audit.Outcome("run", f"cron {entry} ({scheduled_for}): payrun run --month {month}",
+                                           result.jobs, ok=not result.aborted,
+                                           message=f"created {result.jobs:,} render job(s) for {month}"), via="cron")
+        except OSError as e:  # the run is made; a log line must not fail the tick
+            log.warning("payroll tick %s: could not write the audit log: %s", scheduled_for, e)
     if first:
         store.finish_tick(entry, scheduled_for, status, result.jobs, _detail(options, text), owner=owner)
     elif result.jobs:

@@ -301,6 +301,11 @@ def test_catch_up_fires_a_missed_tick_once_within_the_window_and_records_it_past
     payroll_view = next(e for e in json.loads(view.stdout)["entries"] if e["name"] == "payroll")
     assert payroll_view["missed"] == 1 and payroll_view["last_run"] == cron.iso(PAY_TICK)
     assert "payrun run --month 2026-12" in payroll_view["missed_detail"] and payroll_view["due_since"] is None
+    from payrun.audit import read_audit
+
+    runs_audited = [e for e in read_audit(w["cfg"]) if e["what"] == "run"]  # who started the run: cron
+    assert [(e["via"], e["count"]) for e in runs_audited] == [("cron", 12)], runs_audited
+    assert runs_audited[0]["command"] == f"cron payroll ({cron.iso(PAY_TICK)}): payrun run --month 2026-11"
     text = subprocess.run([sys.executable, "-m", "payrun.cli", "schedule"], env=env, timeout=60,
                           capture_output=True, text=True, check=True).stdout
     assert "MISSED 1 tick(s), newest 2026-12-31 20:00 UTC — " in text and "payrun run --month 2026-12" in text, text
