@@ -69,8 +69,8 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                          + (f" (companies: {', '.join(map(str, known[:20]))}{' …' if len(known) > 20 else ''})"
                             if known else ""))
     redis_failed = False
+    redis_stuck: list[str] = []
     if month:
-        redis_stuck: list[str] = []
         if conn is not None:
             from jobs.reaper import find_stuck
 
@@ -92,6 +92,11 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **row})
     in_progress = total["queued"] + total["running"] + total["retrying"]
     lag, lag_age, notes = None, None, []
+    if month and redis_stuck:  # (an ops drill: the reaper stopped, a killed sender's 33 jobs held for 4 min, no note)
+        n = len(redis_stuck)
+        notes.append(f"{n:,} job{'s are' if n != 1 else ' is'} held by workers that are gone (or whose lease "
+                     "lapsed): the reaper returns them within seconds; if this stays, is it running? (`payrun ps`: "
+                     "reaper); `payrun reap` returns them now")
     for cid, n in sorted(not_run.items()):  # in the table too: everyone paid this month has a row
         companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **zero})
         missing[cid] = n

@@ -1048,3 +1048,19 @@ def test_a_reminder_whose_pdf_cannot_be_rendered_gives_its_claim_back(world, pro
     assert "Input/output error" in job.meta["last_error"]
     assert provider.stats()["received"] == 0
     assert not idempotency.state(conn, key).get("owner")  # its claim (taken first) given back: the retry may send
+
+
+def test_status_notes_jobs_held_by_gone_workers_and_names_the_reaper(world):
+    """Ops drill: with the reaper stopped, a killed sender's 33 jobs stayed held for 4
+    minutes; `payrun status` counted them stuck and said nothing of why or what to do."""
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, "2026-11")
+    assert not any("held by workers that are gone" in n
+                   for n in status.report(cfg, ledger, "2026-11", None, conn=conn)["notes"])
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    job_id = q.get_job_ids()[0]
+    conn.lrem(q.key, 0, job_id)  # taken by a worker since killed: its lease lapsed a while ago
+    conn.zadd(f"rq:wip:{keys.RENDER_QUEUE}", {f"{job_id}:e1": time.time() - 30})
+    conn.hset(f"rq:job:{job_id}", mapping={"worker_name": "render.gone.1", "status": "started"})
+    notes = status.report(cfg, ledger, "2026-11", None, conn=conn)["notes"]
+    assert any(n.startswith("1 job is held by workers that are gone") and "`payrun reap`" in n for n in notes), notes
