@@ -462,8 +462,13 @@ def validate(cfg: Config, email_token: bool = False, known: list[str] | None = N
     from scheduler.cron import entry_problems
 
     problems.extend(entry_problems(cfg.scheduler.entries))
-    if cfg.scheduler.catchup_window_s < 0 or cfg.scheduler.poll_s <= 0 or cfg.scheduler.lock_ttl_s < 1:
-        problems.append("scheduler needs catchup_window_s >= 0, poll_s > 0 and lock_ttl_s >= 1")
+    sc = cfg.scheduler  # (each value that is wrong, by name: it listed all three rules for one)
+    if sc.catchup_window_s < 0:
+        problems.append(f"scheduler.catchup_window_s must be >= 0 s (got {sc.catchup_window_s:g})")
+    if sc.poll_s <= 0:
+        problems.append(f"scheduler.poll_s must be > 0 s (got {sc.poll_s:g})")
+    if sc.lock_ttl_s < 1:
+        problems.append(f"scheduler.lock_ttl_s must be >= 1 s (got {sc.lock_ttl_s:g})")
     problems = [*(known or []), *problems]
     if problems:  # (one line: it goes into every supervised program's log as one record)
         raise ConfigError("invalid configuration: " + "; ".join(problems))

@@ -29,10 +29,13 @@ def _setup_logging() -> None:
 
 
 def _local(iso: str, zone: str) -> str:
-    from datetime import datetime
+    from datetime import datetime, timezone
     from zoneinfo import ZoneInfo
 
-    return datetime.fromisoformat(iso).astimezone(ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M")
+    at = datetime.fromisoformat(iso)
+    if at.tzinfo is None:  # (the ledger's times are UTC)
+        at = at.replace(tzinfo=timezone.utc)
+    return at.astimezone(ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M")
 
 
 def service_window(cfg) -> str:
@@ -173,8 +176,8 @@ def register(cli) -> None:
             nl, nu = r["next_local"], r["next_utc"]
             click.echo(f"{r['name']:<12} {r['cron']:<14} {r['job']:<11} next {nl[:16].replace('T', ' ')} "
                        f"{r['zone']} ({nu[11:16]} UTC {nu[:10]})")
-            last = (f"last {r['last_run'][:16].replace('T', ' ')} UTC: {r['outcome']}, {r['jobs']} job(s)"
-                    if r["last_run"] else "never run")
+            last = (f"last {_local(r['last_run'], r['zone'])} {r['zone']} ({r['last_run'][11:16]} UTC): "
+                    f"{r['outcome']}, {r['jobs']} job(s)" if r["last_run"] else "never run")
             if r["detail"]:
                 last += f" — {r['detail']}"
             if r["duplicates_stopped"]:
@@ -186,7 +189,8 @@ def register(cli) -> None:
                            f"no scheduler has run since; one that starts within the catch-up window "
                            f"({service_window(c.cfg)}) fires it, later it is recorded as missed")
             if r["missed"]:
-                click.echo(f"{'':<12} MISSED {r['missed']} tick(s), newest {r['last_missed'][:16].replace('T', ' ')} UTC"
+                click.echo(f"{'':<12} MISSED {r['missed']} tick(s), newest {_local(r['last_missed'], r['zone'])} "
+                           f"{r['zone']} ({r['last_missed'][11:16]} UTC {r['last_missed'][:10]})"
                            + (f" — {r['missed_detail']}" if r.get("missed_detail") else ""))
         if differ:
             click.echo("the schedulers running now loaded another schedule at their start (the file is read "

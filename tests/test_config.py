@@ -48,6 +48,16 @@ def test_timeout_at_or_above_lease_is_refused_naming_both(tmp_path):
     assert "render.timeout_s (60 s)" in str(e.value) and "lease.visibility_s (60 s)" in str(e.value)
 
 
+def test_bad_scheduler_numbers_are_named_each_with_its_value(tmp_path):
+    """A walkthrough's `poll_s = 0` and `catchup_window_s = -5` got all three rules back,
+    without which value broke which."""
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, "[scheduler]\npoll_s = 0\ncatchup_window_s = -5\n")
+    msg = str(e.value)
+    assert "scheduler.poll_s must be > 0 s (got 0)" in msg and "scheduler.catchup_window_s must be >= 0 s (got -5)" in msg
+    assert "lock_ttl_s" not in msg
+
+
 def test_grace_below_timeout_is_refused_naming_both(tmp_path):
     with pytest.raises(ConfigError) as e:
         load(tmp_path, "[lease]\ngrace_s = 10\n")

@@ -308,7 +308,7 @@ def test_catch_up_fires_a_missed_tick_once_within_the_window_and_records_it_past
     assert runs_audited[0]["command"] == f"cron payroll ({cron.iso(PAY_TICK)}): payrun run --month 2026-11"
     text = subprocess.run([sys.executable, "-m", "payrun.cli", "schedule"], env=env, timeout=60,
                           capture_output=True, text=True, check=True).stdout
-    assert "MISSED 1 tick(s), newest 2026-12-31 20:00 UTC — " in text and "payrun run --month 2026-12" in text, text
+    assert "MISSED 1 tick(s), newest 2027-01-01 02:00 Asia/Dhaka (20:00 UTC 2026-12-31) — " in text and "payrun run --month 2026-12" in text, text
     assert payroll_view["next_local"].startswith("2027-02-01T02:00:00+06:00")
     assert payroll_view["next_utc"].startswith("2027-01-31T20:00:00+00:00")
 
