@@ -149,9 +149,10 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
                    PAYRUN_EMAIL_URL (smtp://… or http://…; unset = local provider)
     """
     ctx.obj = Ctx(config_path)
-    from payrun import supervise
+    if os.environ.get("SUPERVISOR_ENABLED"):  # (every other command starts without the import)
+        from payrun import supervise
 
-    supervise.stop_with_supervisord(ctx.invoked_subcommand)
+        supervise.stop_with_supervisord(ctx.invoked_subcommand)
 
 
 # ---- data in -------------------------------------------------------------------

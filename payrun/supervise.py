@@ -231,13 +231,6 @@ def _start_failed_again(cfg: Config, status: str, wait: bool, timeout_s: float) 
             f"({', '.join(dead)}): started {'them' if len(dead) > 1 else 'it'} again:\n" + out.rstrip())
 
 
-def _proc_name(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _is_supervisord(pid: int) -> bool:
     """Whether process ``pid`` runs supervisord (its program, or python running it)."""
     try:
@@ -277,36 +270,38 @@ def stop_with_supervisord(command: str | None, env=os.environ) -> bool:
     return True
 
 
-def orphans(cfg: Config, proc: Path = Path("/proc")) -> list[tuple[int, str]]:
-    """(pid, program) of the processes supervisord started for this data directory that
-    outlived it (they are not its children any more): found by the environment supervisord
-    gave them. Linux /proc; processes of other users are not readable and not listed."""
+def processes(cfg: Config, proc: Path = Path("/proc")) -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, program) of the live processes supervisord started for this data
+    directory, their own forks included (a horse, RQ's scheduler process): found by the
+    environment supervisord gave them, which forks inherit. Zombies are left out. Linux
+    /proc; processes of other users are not readable and not listed."""
     home = str(Path(cfg.home).absolute())
-    ours: dict[int, tuple[int, str]] = {}  # pid -> (parent, program): the env is inherited by their own forks
+    ours: dict[int, tuple[int, str]] = {}
     for d in proc.iterdir():
         if not d.name.isdigit():
             continue
         try:
             raw = (d / "environ").read_bytes()
-        except OSError:
+            env = dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
+            if env.get(b"PAYRUN_HOME", b"").decode(errors="replace") != home or b"SUPERVISOR_PROCESS_NAME" not in env:
+                continue
+            name = (d / "cmdline").read_bytes().decode(errors="replace")
+            state, parent = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
             continue
-        env = dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
-        if env.get(b"PAYRUN_HOME", b"").decode(errors="replace") != home or b"SUPERVISOR_PROCESS_NAME" not in env:
-            continue
-        if "payrun" not in _proc_name(int(d.name)) and "redis" not in _proc_name(int(d.name)):
-            continue
-        ours[int(d.name)] = (_ppid(d), env[b"SUPERVISOR_PROCESS_NAME"].decode(errors="replace"))
-    # a program itself (not a fork of one: RQ's scheduler, a horse) whose parent is not
-    # supervisord; not Redis (left running on purpose: `down` stops it after the others)
+        if ("payrun" in name or "redis" in name) and state != "Z":
+            ours[int(d.name)] = (int(parent), env[b"SUPERVISOR_PROCESS_NAME"].decode(errors="replace"))
+    return ours
+
+
+def orphans(cfg: Config, proc: Path = Path("/proc")) -> list[tuple[int, str]]:
+    """(pid, program) of the programs supervisord started for this data directory that
+    outlived it (they are not its children any more)."""
+    ours = processes(cfg, proc)
+    # a program itself (not a fork of one) whose parent is not supervisord; not Redis (left
+    # running on purpose: `down` stops it after the others)
     return sorted((pid, name) for pid, (parent, name) in ours.items()
                   if parent not in ours and name != "redis" and not _is_supervisord(parent))
-
-
-def _ppid(d: Path) -> int:
-    try:
-        return int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def orphans_line(found: list[tuple[int, str]]) -> str:

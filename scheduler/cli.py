@@ -38,12 +38,6 @@ def _local(iso: str, zone: str) -> str:
     return at.astimezone(ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M")
 
 
-def service_window(cfg) -> str:
-    from scheduler.service import window_text
-
-    return window_text(float(cfg.scheduler.catchup_window_s))
-
-
 def _maybe_redis(cfg):
     from payrun import redis_server
 
@@ -110,8 +104,7 @@ def running_entries_differ(cfg, conn) -> list[str]:
     if not raw:
         return []
     running = {k.decode(): json.loads(v) for k, v in raw.items()}
-    mine = {e.name: {"cron": e.cron, "job": e.job, "zone": cfg.timezone}
-            for e in cron.load_entries(cfg.scheduler.entries)}
+    mine = {e.name: service.entry_record(e, cfg.timezone) for e in cron.load_entries(cfg.scheduler.entries)}
     out = []
     for name in sorted(set(running) | set(mine)):
         r, m = running.get(name), mine.get(name)
@@ -184,10 +177,12 @@ def register(cli) -> None:
                 last += f"; {r['duplicates_stopped']} duplicate run(s) stopped"
             click.echo(f"{'':<12} {last}")
             if r["due_since"]:
+                from scheduler.service import window_text
+
                 due = r["due_since"]
                 click.echo(f"{'':<12} DUE since {_local(due, r['zone'])} {r['zone']} ({due[11:16]} UTC), not fired yet: "
                            f"no scheduler has run since; one that starts within the catch-up window "
-                           f"({service_window(c.cfg)}) fires it, later it is recorded as missed")
+                           f"({window_text(float(c.cfg.scheduler.catchup_window_s))}) fires it, later it is recorded as missed")
             if r["missed"]:
                 click.echo(f"{'':<12} MISSED {r['missed']} tick(s), newest {_local(r['last_missed'], r['zone'])} "
                            f"{r['zone']} ({r['last_missed'][11:16]} UTC {r['last_missed'][:10]})"

@@ -72,6 +72,12 @@ return 0
 """
 
 
+def entry_record(e: cron.Entry, zone: str) -> dict[str, str]:
+    """What a running scheduler says it loaded for one entry (ENTRIES_KEY): what `payrun
+    schedule` compares with the config file."""
+    return {"cron": e.cron, "job": e.job, "zone": zone}
+
+
 def window_text(seconds: float) -> str:
     """A catch-up window as people write it: 60 s, 15 min, 6 h (it printed 0.0166667 h)."""
     if seconds < 120:
@@ -124,7 +130,7 @@ class CronPass:
         with self.conn.pipeline() as pipe:
             pipe.delete(ENTRIES_KEY)
             for e in self.entries:
-                pipe.hset(ENTRIES_KEY, e.name, json.dumps({"cron": e.cron, "job": e.job, "zone": self.cfg.timezone}))
+                pipe.hset(ENTRIES_KEY, e.name, json.dumps(entry_record(e, self.cfg.timezone)))
             pipe.execute()
 
     def run(self, now: datetime) -> list[dict[str, Any]]:

@@ -519,24 +519,6 @@ def test_a_worker_names_its_supervisord_program(conn, monkeypatch):
     assert conn.hget(w.key, "last_heartbeat")
 
 
-def _processes_of(home: Path) -> list[int]:
-    """Live processes supervisord started for ``home`` (by the environment it gave them),
-    their forks included, Redis left out."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            env = dict(kv.split(b"=", 1) for kv in (d / "environ").read_bytes().split(b"\0") if b"=" in kv)
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if (env.get(b"PAYRUN_HOME") == str(home.absolute()).encode() and env.get(b"SUPERVISOR_PROCESS_NAME")
-                and env.get(b"SUPERVISOR_PROCESS_NAME") != b"redis" and state != "Z"):
-            found.append(int(d.name))
-    return found
-
-
 @pytest.mark.slow
 def test_a_killed_supervisord_takes_its_programs_with_it_and_up_starts_clean(tmp_path):
     """Ops drill: supervisord killed with -9 mid-run (the OOM killer) left every program
@@ -569,7 +551,8 @@ def test_a_killed_supervisord_takes_its_programs_with_it_and_up_starts_clean(tmp
         # every program but Redis stops by itself, its jobs in hand finished (within the grace)
         # (every process of theirs, their forks too: a horse or RQ's scheduler process outlives
         # its worker by a moment, and `ps` names it meanwhile)
-        wait_for(lambda: not _processes_of(home), timeout_s=90, interval_s=0.5, what="the orphans to stop")
+        wait_for(lambda: not [p for p, (_, name) in supervise.processes(cfg).items() if name != "redis"],
+                 timeout_s=90, interval_s=0.5, what="the orphans to stop")
         assert redis_server.ping(redis_server.connect(cfg, socket_timeout=2))  # Redis stays for them
         before = done()  # (the ledger applied what it had on its way out)
         assert 10 <= before < n
