@@ -90,26 +90,63 @@ def email_payload(snapshot: dict[str, Any], rel: str) -> dict[str, Any]:
     }
 
 
+_email_enqueuers: dict[int, Any] = {}
+_email_enqueuers_lock = threading.Lock()
+
+
+def _email_enqueuer(conn, cfg: config_mod.Config):
+    """This connection's one-script enqueue of send jobs (payrun.bulk.OneEnqueuer) for
+    ``cfg``'s send options, built once; None if this RQ's enqueue cannot be repeated."""
+    from jobs.runtime import make_queue
+    from payrun import bulk
+
+    which = (cfg.email.timeout_s, cfg.email.retry.attempts)
+    with _email_enqueuers_lock:
+        got = _email_enqueuers.get(id(conn))
+        if got is not None and got[0] is conn and got[1] == which:
+            return got[2]
+        if len(_email_enqueuers) > 256:  # connections come and go in tests and tools
+            _email_enqueuers.clear()
+        tpl = bulk.template(make_queue(keys.EMAIL_QUEUE, conn), SEND_FUNC, **_email_job_options(cfg))
+        enq = bulk.OneEnqueuer(conn, tpl, keys.EVENTS_STREAM) if tpl is not None else None
+        _email_enqueuers[id(conn)] = (conn, which, enq)
+        return enq
+
+
+SEND_FUNC = "jobs.tasks.send_slip"
+
+
+def _email_job_options(cfg: config_mod.Config) -> dict[str, Any]:
+    """RQ's options of a send job (its timeout, retries and how long its record stays)."""
+    return dict(timeout=cfg.email.timeout_s, retry=_retry(cfg.email.retry), result_ttl=24 * 3600,
+                failure_ttl=30 * 24 * 3600)
+
+
 def enqueue_email(conn, cfg: config_mod.Config, payload: dict[str, Any]) -> str | None:
     """Enqueue the send job for a rendered slip, once: a render retried after this
-    already happened finds the job and leaves it alone."""
-    from jobs.runtime import make_queue
-
+    already happened finds the job and leaves it alone. The ledger's "queued" event is
+    written first, atomically with the job (one script: payrun.bulk.OneEnqueuer)."""
     job_id = keys.email_job_id(payload["month"], payload["employee_id"])
+    meta = {"kind": "email", "key": payload["key"], "retry": vars(cfg.email.retry)}
+    fields = dict(kind="email", company=payload["company_id"], employee=payload["employee_id"],
+                  month=payload["month"], key=payload["key"], queue=keys.EMAIL_QUEUE)
+    description = f"send slip {payload['key']}"
+    enq = _email_enqueuer(conn, cfg)
+    if enq is not None:
+        if not enq.enqueue(job_id, payload, description, meta, events.event(job_id, "queued", **fields)):
+            return None
+        events.log_emitted(job_id, "queued", **fields)
+        return job_id
+    from jobs.runtime import make_queue  # an RQ whose enqueue payrun.bulk cannot repeat: RQ's own
+
     queue = make_queue(keys.EMAIL_QUEUE, conn)
     if conn.exists(queue.job_class.key_for(job_id)):
         return None
     with conn.pipeline() as pipe:
         pipe.multi()  # the event and the job land together, event first
-        events.emit(pipe, job_id, "queued", kind="email", company=payload["company_id"],
-                    employee=payload["employee_id"], month=payload["month"], key=payload["key"],
-                    queue=keys.EMAIL_QUEUE)
-        queue.enqueue_call(
-            "jobs.tasks.send_slip", args=(payload,), job_id=job_id, timeout=cfg.email.timeout_s,
-            retry=_retry(cfg.email.retry), description=f"send slip {payload['key']}",
-            meta={"kind": "email", "key": payload["key"], "retry": vars(cfg.email.retry)},
-            result_ttl=24 * 3600, failure_ttl=30 * 24 * 3600, pipeline=pipe,
-        )
+        events.emit(pipe, job_id, "queued", **fields)
+        queue.enqueue_call(SEND_FUNC, args=(payload,), job_id=job_id, description=description, meta=meta,
+                           pipeline=pipe, **_email_job_options(cfg))
         pipe.execute()
     return job_id
 

@@ -110,3 +110,42 @@ def test_start_run_falls_back_to_enqueue_many(cfg, conn, monkeypatch):
     finally:
         ledger.close()
         db.close()
+
+
+def _send_state(conn):
+    """The send queue's jobs (timestamps checked, then dropped) and the events stream
+    (each event's own ts dropped)."""
+    queue = make_queue(keys.EMAIL_QUEUE, conn)
+    events_ = []
+    for _, ev in conn.xrange(keys.EVENTS_STREAM):
+        assert ev.pop(b"ts")
+        events_.append(ev)
+    return _state(conn, queue), events_
+
+
+def test_enqueue_email_writes_what_rq_enqueue_call_writes_once(cfg, conn, monkeypatch):
+    """A render's send job goes in with one script (payrun.bulk.OneEnqueuer): the same
+    event first and the same record RQ's ``enqueue_call`` wrote in a MULTI after an EXISTS,
+    and nothing at all when the job is there already (a render retried after its send)."""
+    from jobs import tasks
+
+    payload = {"month": "2026-11", "key": "slip:2026-11:E1", "company_id": 7, "company_name": "Ṭaka & Co <b>",
+               "employee_id": "E1", "to": "rahim@example.test", "to_name": "রহিম উদ্দিন", "slip": "2026-11/7/E1.pdf"}
+    with monkeypatch.context() as m:
+        m.setattr(tasks, "_email_enqueuer", lambda *a: None)  # RQ's own path
+        assert tasks.enqueue_email(conn, cfg, payload) == "email-2026-11-E1"
+    from_rq = _send_state(conn)
+    assert len(from_rq[0][1]) == 1 and [e[b"status"] for e in from_rq[1]] == [b"queued"]
+    conn.flushdb()
+
+    assert tasks._email_enqueuer(conn, cfg) is not None  # the pinned RQ's enqueue is one this repeats
+    assert tasks.enqueue_email(conn, cfg, payload) == "email-2026-11-E1"
+    assert _send_state(conn) == from_rq
+    job = PayrunJob.fetch("email-2026-11-E1", connection=conn)
+    assert job.func_name == tasks.SEND_FUNC and list(job.args) == [payload]
+    assert job.timeout == cfg.email.timeout_s and job.retries_left == cfg.email.retry.attempts - 1
+
+    # once: a second enqueue (a render retried after its send was made) writes nothing
+    assert tasks.enqueue_email(conn, cfg, payload) is None
+    assert _send_state(conn) == from_rq
+    assert conn.llen("rq:queue:" + keys.EMAIL_QUEUE) == 1
