@@ -92,19 +92,38 @@ def schedule_view(cfg, conn=None, now=None) -> list[dict]:
     return rows
 
 
-def running_entries_differ(cfg, conn) -> list[str]:
+def running_entries_differ(cfg, conn, alive: list[str] | None = None) -> list[str]:
     """The entries whose schedule the running schedulers loaded (at their start, written to
-    Redis: scheduler.service.ENTRIES_KEY) differ from this config file's, one line each: an
+    Redis: scheduler.service.entries_key) differ from this config file's, one line each: an
     edited file is used only after a restart, and `payrun schedule` showed the file's time
     while the tick at it never fired (a walkthrough moved a pay run's time: no run, no
-    missed tick)."""
+    missed tick). When the schedulers alive (``alive``; default: looked up) loaded different
+    schedules from each other (a deploy restarted one of two), each line names the
+    scheduler it is about."""
     from scheduler import cron, service
 
-    raw = conn.hgetall(service.ENTRIES_KEY)
-    if not raw:
+    if alive is None:
+        alive = schedulers_alive(conn)
+    if not alive:
         return []
-    running = {k.decode(): json.loads(v) for k, v in raw.items()}
     mine = {e.name: service.entry_record(e, cfg.timezone) for e in cron.load_entries(cfg.scheduler.entries)}
+    legacy = None
+    per: dict[str, list[str]] = {}
+    for sched in alive:
+        raw = conn.hgetall(service.entries_key(sched))
+        if not raw:  # a scheduler of an older payrun: the one shared copy
+            legacy = conn.hgetall(service.ENTRIES_KEY) if legacy is None else legacy
+            raw = legacy
+        if not raw:
+            continue
+        per[sched] = _entries_differ({k.decode(): json.loads(v) for k, v in raw.items()}, mine)
+    kinds = {tuple(lines) for lines in per.values()}
+    if len(kinds) <= 1:
+        return list(next(iter(kinds), ()))
+    return [f"{sched}: {line}" for sched, lines in sorted(per.items()) for line in lines]
+
+
+def _entries_differ(running: dict[str, dict], mine: dict[str, dict]) -> list[str]:
     out = []
     for name in sorted(set(running) | set(mine)):
         r, m = running.get(name), mine.get(name)
@@ -160,7 +179,7 @@ def register(cli) -> None:
         conn = _maybe_redis(c.cfg)
         rows = schedule_view(c.cfg, conn)
         alive = schedulers_alive(conn) if conn is not None else None
-        differ = running_entries_differ(c.cfg, conn) if conn is not None and alive else []
+        differ = running_entries_differ(c.cfg, conn, alive) if conn is not None and alive else []
         if as_json:
             click.echo(json.dumps({"timezone": c.cfg.timezone, "schedulers": alive, "entries": rows,
                                    "running_differs": differ}))
@@ -188,9 +207,16 @@ def register(cli) -> None:
                            f"{r['zone']} ({r['last_missed'][11:16]} UTC {r['last_missed'][:10]})"
                            + (f" — {r['missed_detail']}" if r.get("missed_detail") else ""))
         if differ:
-            click.echo("the schedulers running now loaded another schedule at their start (the file is read "
-                       "only then): " + "; ".join(differ) + ". Restart them to use this file's "
-                       "(`supervisorctl restart scheduler-a scheduler-b`, or `payrun down && payrun up`)")
+            named = sorted({line.split(": ", 1)[0] for line in differ} & set(alive or []))
+            if named:  # two schedules at once (a deploy restarted some schedulers): these are on another
+                programs = " ".join(sorted({n.split(".", 1)[0] for n in named}))
+                click.echo(f"not every scheduler runs the same schedule: {', '.join(named)} loaded another one "
+                           "at its start (the file is read only then): " + "; ".join(differ) +
+                           f". Restart it to use this file's (`supervisorctl restart {programs}` on its host)")
+            else:
+                click.echo("the schedulers running now loaded another schedule at their start (the file is read "
+                           "only then): " + "; ".join(differ) + ". Restart them to use this file's "
+                           "(`supervisorctl restart scheduler-a scheduler-b`, or `payrun down && payrun up`)")
         if alive is None:
             click.echo("schedulers: Redis not reachable")
         else:

@@ -57,6 +57,16 @@ UTC = timezone.utc
 CLAIM_TTL_S = 30
 """A claimed tick not enqueued within this (the claimer died or froze) may be claimed again."""
 ENTRIES_KEY = "payrun:cron:entries"
+"""The entries the scheduler started last loaded (read by older versions of `payrun schedule`)."""
+ENTRIES_TTL_S = 86400
+"""A scheduler's own copy (``entries_key``) outlives its last beat by this much (a killed
+one's copy goes by itself; only the copies of schedulers alive are read)."""
+
+
+def entries_key(scheduler: str) -> str:
+    """The entries one scheduler loaded at its start: during a deploy two schedulers can
+    run two schedules, and `payrun schedule` names the one still on the old file."""
+    return f"{ENTRIES_KEY}:{scheduler}"
 STATE_KEY = "payrun:cron:state"
 MISSED_CAP = 50
 """At most this many missed-tick rows per entry per pass (the newest); the rest are counted."""
@@ -127,11 +137,23 @@ class CronPass:
 
     def register(self, now: datetime) -> None:
         """Write the entries (and their next times) to Redis for `payrun schedule`."""
+        records = {e.name: json.dumps(entry_record(e, self.cfg.timezone)) for e in self.entries}
         with self.conn.pipeline() as pipe:
-            pipe.delete(ENTRIES_KEY)
-            for e in self.entries:
-                pipe.hset(ENTRIES_KEY, e.name, json.dumps(entry_record(e, self.cfg.timezone)))
+            for key in (ENTRIES_KEY, entries_key(self.name)):
+                pipe.delete(key)
+                if records:
+                    pipe.hset(key, mapping=records)
+            pipe.expire(entries_key(self.name), ENTRIES_TTL_S)
             pipe.execute()
+
+    def keep_registered(self, now: datetime) -> None:
+        """Renew this scheduler's copy of its entries (each beat); written again if it is
+        gone (Redis lost it, or it lapsed while Redis was away)."""
+        if not self.conn.expire(entries_key(self.name), ENTRIES_TTL_S) and self.entries:
+            self.register(now)
+
+    def unregister(self) -> None:
+        self.conn.delete(entries_key(self.name))
 
     def run(self, now: datetime) -> list[dict[str, Any]]:
         actions: list[dict[str, Any]] = []
@@ -289,6 +311,7 @@ class PayrunScheduler(Scheduler):
                 p.hset(self.key, "birth", time.time())
                 p.expire(self.key, int(self._interval) + 10)
                 p.execute()
+        self.cron.keep_registered(clock())
 
     def acquire_lock(self) -> bool:
         self._lock_acquired = bool(self.connection.set(self.scheduler_lock_key, self.name, nx=True,
@@ -357,6 +380,7 @@ class PayrunScheduler(Scheduler):
             try:
                 self.remove_lock()
                 self.register_death()
+                self.cron.unregister()
             except Exception:
                 pass
             log.info("scheduler %s: stopped", self.name)

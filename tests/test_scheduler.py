@@ -560,13 +560,15 @@ def test_schedule_says_when_the_running_schedulers_loaded_another_schedule(cfg, 
 
     assert running_entries_differ(cfg, conn) == []  # none running: nothing to compare
     CronPass(conn, cfg, name="s1").register(service.clock())
+    PayrunScheduler(cfg, conn, name="s1").register_birth()  # (only schedulers alive are compared)
     assert running_entries_differ(cfg, conn) == []  # as the file says
     first = cron.load_entries(cfg.scheduler.entries)[0]
-    conn.hset(service.ENTRIES_KEY, first.name, json.dumps({"cron": "1 2 3 4 *", "job": first.job, "zone": cfg.timezone}))
-    conn.hset(service.ENTRIES_KEY, "old-entry", json.dumps({"cron": "0 1 * * *", "job": "reaper", "zone": cfg.timezone}))
+    conn.hset(service.entries_key("s1"), first.name,
+              json.dumps({"cron": "1 2 3 4 *", "job": first.job, "zone": cfg.timezone}))
+    conn.hset(service.entries_key("s1"), "old-entry", json.dumps({"cron": "0 1 * * *", "job": "reaper",
+                                                                 "zone": cfg.timezone}))
     differ = running_entries_differ(cfg, conn)
     assert differ == sorted([f"{first.name}: running with cron '1 2 3 4 *'", "old-entry: running, not in this file"])
-    PayrunScheduler(cfg, conn, name="s1").register_birth()  # (the note needs a scheduler alive)
     (cfg.home / "payroll.db").touch()
     out = CliRunner().invoke(cli, ["schedule"])
     assert "the schedulers running now loaded another schedule at their start" in out.output, out.output
@@ -578,3 +580,41 @@ def test_a_catch_up_window_reads_as_people_write_it():
     from scheduler.service import window_text
 
     assert [window_text(x) for x in (60, 900, 6 * 3600, 90 * 60)] == ["60 s", "15 min", "6 h", "90 min"]
+
+
+def test_schedule_names_the_scheduler_still_on_the_old_schedule(cfg, conn):
+    """Ops walkthrough: a deploy restarts scheduler-a with an edited pay-run time while
+    scheduler-b still runs the old one. Each start overwrote one shared copy of the
+    entries, so `payrun schedule` compared the file with whichever started last and
+    said all was well, or told to restart both. Each scheduler's own copy is compared."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+    from scheduler import cron
+    from scheduler.cli import running_entries_differ
+    from scheduler.service import CronPass, PayrunScheduler
+
+    first = cron.load_entries(cfg.scheduler.entries)[0]
+    old = json.dumps({"cron": "1 2 3 4 *", "job": first.job, "zone": cfg.timezone})
+    for name in ("scheduler-b.h2", "scheduler-a.h1"):  # b started first, on the old file
+        PayrunScheduler(cfg, conn, name=name).register_birth()
+        CronPass(conn, cfg, name=name).register(service.clock())
+        if name == "scheduler-b.h2":
+            conn.hset(service.entries_key(name), first.name, old)
+    # the shared copy is scheduler-a's, as the file says: it alone would say nothing differs
+    assert json.loads(conn.hget(service.ENTRIES_KEY, first.name))["cron"] == first.cron
+    assert running_entries_differ(cfg, conn) == [f"scheduler-b.h2: {first.name}: running with cron '1 2 3 4 *'"]
+    (cfg.home / "payroll.db").touch()
+    out = CliRunner().invoke(cli, ["schedule"]).output
+    assert "not every scheduler runs the same schedule: scheduler-b.h2 loaded another one" in out, out
+    assert "supervisorctl restart scheduler-b` on its host" in out
+    # a scheduler of an older payrun (no copy of its own) is compared through the shared one
+    conn.delete(service.entries_key("scheduler-b.h2"), service.entries_key("scheduler-a.h1"))
+    assert running_entries_differ(cfg, conn) == []
+    # a stopped scheduler's copy goes with it; a lapsed one is written again by its next beat
+    s = PayrunScheduler(cfg, conn, name="scheduler-a.h1")
+    s.heartbeat()
+    assert conn.hget(service.entries_key("scheduler-a.h1"), first.name) is not None
+    assert 0 < conn.ttl(service.entries_key("scheduler-a.h1")) <= service.ENTRIES_TTL_S
+    s.cron.unregister()
+    assert not conn.exists(service.entries_key("scheduler-a.h1"))
