@@ -19,6 +19,24 @@ from payrun.errors import SetupError
 from payrun import payroll
 
 
+@pytest.fixture(autouse=True)
+def _no_supervisord_outlives_its_test(tmp_path):
+    """After each test, a supervisord still running for a home under its tmp_path (a failed
+    assert between `up` and the test's own `down`) is brought down: pytest removes the
+    temp dir, and the programs ran on, polling Redis, for as long as the host stayed up."""
+    yield
+    for pidfile in tmp_path.glob("**/supervisord.pid"):
+        try:
+            pid = int(pidfile.read_text().strip())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            continue
+        env = clean_env(tmp_path, pidfile.parent)
+        out = payrun("down", env=env)
+        assert False, f"a supervisord (pid {pid}) was left running for {pidfile.parent}: brought down " \
+                      f"(rc {out.returncode}); the test should have"
+
+
 def payrun(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "payrun.cli", *args], env=env, capture_output=True,
                           text=True, timeout=timeout)
