@@ -8,6 +8,7 @@ import json
 import logging
 import os
 from datetime import datetime, timezone
+from pathlib import Path
 
 JOB_FIELDS = ("job_id", "queue", "attempt", "outcome", "error", "worker", "duration_s")
 
@@ -62,10 +63,48 @@ def debug_loggers() -> list[str]:
     return [n.strip() for n in os.environ.get("PAYRUN_LOG_DEBUG", "").split(",") if n.strip()]
 
 
+def supervised_log_file(env=os.environ) -> Path | None:
+    """The log file supervisord writes this program's output to (supervisor.conf:
+    ``$PAYRUN_HOME/log/<process name>.log``), if this process is a supervised program and
+    the file is there; else None (pure but for the existence check)."""
+    name, home = env.get("SUPERVISOR_PROCESS_NAME"), env.get("PAYRUN_HOME")
+    if not env.get("SUPERVISOR_ENABLED") or not name or not home or "/" in name or name.startswith("."):
+        return None
+    path = Path(home) / "log" / f"{name}.log"
+    return path if path.is_file() else None
+
+
+class SupervisedStreamHandler(logging.StreamHandler):
+    """Standard error, as supervisord captures it; once that pipe is gone (supervisord
+    died: its programs finish their jobs in hand, jobs.runtime / payrun.supervise
+    ``stop_with_supervisord``), the lines go straight to the end of the same log file
+    supervisord wrote, so the last lines of a program that outlived it are not lost."""
+
+    def __init__(self, fallback: Path | None = None):
+        super().__init__()
+        self.fallback = fallback
+        self.switched = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        import sys
+
+        err = sys.exc_info()[1]
+        if self.fallback is not None and not self.switched and isinstance(err, (BrokenPipeError, ConnectionError)):
+            try:  # (not setStream: it flushes the broken pipe first)
+                self.stream = open(self.fallback, "a", encoding="utf-8", buffering=1)
+            except OSError:
+                self.fallback = None
+            else:
+                self.switched = True
+                self.emit(record)  # (into the file now)
+                return
+        super().handleError(record)
+
+
 def setup(level: str = "INFO", as_json: bool | None = None) -> None:
     if as_json is None:
         as_json = os.environ.get("PAYRUN_LOG_JSON") == "1"
-    handler = logging.StreamHandler()
+    handler = SupervisedStreamHandler(supervised_log_file())
     handler.setFormatter(JsonFormatter() if as_json else PlainFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -543,8 +543,9 @@ def test_a_killed_supervisord_takes_its_programs_with_it_and_up_starts_clean(tmp
     running as an orphan: still sending, its log lines lost, invisible to `payrun ps`,
     `payrun up` refused (their Redis connections, their ports), and `payrun down` stopped
     Redis beneath their sends (12 slips sent twice after the next `up`). Each program now
-    stops as on `supervisorctl stop` when supervisord dies; Redis stays for them, and the
-    next `payrun up` takes it over and finishes the run, each slip once."""
+    stops as on `supervisorctl stop` when supervisord dies, its last lines written to its
+    log file itself; Redis stays for them, and the next `payrun up` takes it over and
+    finishes the run, each slip once."""
     import signal
 
     from payrun import config, redis_server, supervise
@@ -565,6 +566,7 @@ def test_a_killed_supervisord_takes_its_programs_with_it_and_up_starts_clean(tmp
 
         wait_for(lambda: done() >= 10, timeout_s=120, interval_s=0.5, what="the run to be under way")
         assert supervise.orphans(cfg) == []  # supervisord's own children are not orphans
+        logs_at_kill = {p: p.stat().st_size for p in (home / "log").glob("*.log")}
         os.kill(int((home / "supervisord.pid").read_text()), signal.SIGKILL)
         # every program but Redis stops by itself, its jobs in hand finished (within the grace)
         # (every process of theirs, their forks too: a horse or RQ's scheduler process outlives
@@ -572,6 +574,14 @@ def test_a_killed_supervisord_takes_its_programs_with_it_and_up_starts_clean(tmp
         wait_for(lambda: not [p for p, (_, name) in supervise.processes(cfg).items() if name != "redis"],
                  timeout_s=90, interval_s=0.5, what="the orphans to stop")
         assert redis_server.ping(redis_server.connect(cfg, socket_timeout=2))  # Redis stays for them
+        # and their last lines (the jobs they finished, their stop) are in their log files
+        after_kill = {p.name: p.read_bytes()[size:].decode() for p, size in logs_at_kill.items()}
+        assert "ledger: stopped" in after_kill["ledger.log"], after_kill
+        renders = [name for name in after_kill if name.startswith("pdf-render-")]
+        assert renders, after_kill
+        for name in renders:
+            assert "stopping on request" in after_kill[name] or "shut down" in after_kill[name], after_kill
+        assert after_kill["send-email.log"].strip(), after_kill
         before = done()  # (the ledger applied what it had on its way out)
         assert 10 <= before < n
         ps = payrun("ps", env=env)
@@ -645,3 +655,36 @@ def test_wait_gone_polls_until_the_processes_leave_or_the_deadline():
     assert now[0] >= 5.0
     now[0] = 0.0
     assert wait_gone([1], 5, clock=lambda: now[0], pause=pause, alive=running.__contains__) == []
+
+
+def test_a_program_whose_supervisord_died_logs_into_its_log_file(tmp_path):
+    """Ops drill: supervisord killed, its programs finished their jobs in hand (PDEATHSIG)
+    but their last lines went into the pipe supervisord had held, and were lost. Once that
+    pipe is gone a program's lines go straight to the end of the file supervisord wrote."""
+    import logging
+
+    from payrun import logs
+
+    home = tmp_path / "h"
+    (home / "log").mkdir(parents=True)
+    env = {"SUPERVISOR_ENABLED": "1", "SUPERVISOR_PROCESS_NAME": "pdf-render-01", "PAYRUN_HOME": str(home)}
+    assert logs.supervised_log_file(env) is None  # supervisord has not written one: no guess
+    log_file = home / "log" / "pdf-render-01.log"
+    log_file.write_text("a line supervisord wrote\n")
+    assert logs.supervised_log_file(env) == log_file
+    assert logs.supervised_log_file({**env, "SUPERVISOR_ENABLED": ""}) is None
+    assert logs.supervised_log_file({**env, "SUPERVISOR_PROCESS_NAME": "../../etc/x"}) is None
+
+    r, w = os.pipe()
+    handler = logs.SupervisedStreamHandler(log_file)
+    handler.setStream(os.fdopen(w, "w", encoding="utf-8"))
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    record = lambda msg: logging.LogRecord("payrun.worker", logging.INFO, __file__, 1, msg, None, None)  # noqa: E731
+    handler.emit(record("through the pipe"))
+    assert os.read(r, 100) == b"through the pipe\n"
+    os.close(r)  # supervisord is gone
+    handler.emit(record("job render-1 done (attempt 1) in 0.04 s"))
+    handler.emit(record("Worker render.1: warm shut down"))
+    assert log_file.read_text() == ("a line supervisord wrote\njob render-1 done (attempt 1) in 0.04 s\n"
+                                    "Worker render.1: warm shut down\n")
+    handler.close()
