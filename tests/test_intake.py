@@ -222,9 +222,10 @@ def test_sigterm_between_two_jobs_stops_a_render_worker_at_once(conn):
 
 def test_sigterm_landing_inside_a_log_line_still_stops_a_render_worker(conn):
     """The signal handler raises StopRequested wherever the main thread is. Inside a log
-    handler's emit (RQ's dequeue line), logging swallows it ("--- Logging error ---"): the
-    worker went on taking every job until it was killed (a rolling deploy's render worker
-    ran 35 s past its 5 s grace). Now it finishes the job it took and stops."""
+    handler's emit (RQ's dequeue line then, the job's "running" line now), logging swallows
+    it ("--- Logging error ---"): the worker went on taking every job until it was killed
+    (a rolling deploy's render worker ran 35 s past its 5 s grace). Now it finishes the job
+    it took and stops."""
     import logging
     import signal
 
@@ -238,22 +239,25 @@ def test_sigterm_landing_inside_a_log_line_still_stops_a_render_worker(conn):
 
         def emit(self, record):
             try:  # as StreamHandler.emit does: an error goes to handleError, not up
-                if not self.fired and f"{keys.RENDER_QUEUE}: s0" in record.getMessage():
+                if not self.fired and record.getMessage().startswith("job s0 running"):
                     self.fired = True
                     w.request_stop(signal.SIGTERM, None)
             except Exception:  # noqa: BLE001
                 self.handleError(record)
 
     handler = SignalDuringEmit()
-    rq_log = logging.getLogger("rq.worker")
-    rq_log.addHandler(handler)
+    jobs_log = logging.getLogger("payrun.jobs")
+    jobs_log.addHandler(handler)
+    level = jobs_log.level
+    jobs_log.setLevel(logging.INFO)
     saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False  # (no traceback on stderr)
     try:
         w.work(burst=True, logging_level="INFO")
     finally:
         logging.raiseExceptions = raise_exceptions
-        rq_log.removeHandler(handler)
+        jobs_log.removeHandler(handler)
+        jobs_log.setLevel(level)
         signal.signal(signal.SIGTERM, saved[0])
         signal.signal(signal.SIGINT, saved[1])
     assert handler.fired
