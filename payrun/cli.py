@@ -1235,7 +1235,7 @@ def ps(c: Ctx) -> None:
                    + (f", but {supervise.orphans_line(found)}" if found else ""), err=True)
         sys.exit(3)
     click.echo(out.rstrip())
-    sys.exit(0 if code == 0 else 3)
+    sys.exit(3 if code not in (0, 3) else supervise.ps_code(out))
 
 
 # ---- configuration ---------------------------------------------------------------

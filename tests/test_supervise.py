@@ -627,3 +627,21 @@ def test_wait_gone_polls_until_the_processes_leave_or_the_deadline():
     assert now[0] >= 5.0
     now[0] = 0.0
     assert wait_gone([1], 5, clock=lambda: now[0], pause=pause, alive=running.__contains__) == []
+
+
+def test_ps_exits_0_when_the_only_stopped_programs_were_never_meant_to_start():
+    """With PAYRUN_EMAIL_URL (or PAYRUN_REDIS_URL) set, the local provider (or the embedded
+    Redis) is autostart=false: `STOPPED   Not started` is how it should be, and `payrun ps`
+    exited 3 for it on every host sending through a real provider."""
+    from payrun import supervise
+
+    running = ("control                          RUNNING   pid 1374, uptime 0:00:07\n"
+               "ledger                           RUNNING   pid 1373, uptime 0:00:07\n")
+    assert supervise.ps_code(running) == 0
+    assert supervise.ps_code(running + "provider                         STOPPED   Not started\n") == 0
+    # stopped by hand, given up on, restarting: not running as it should
+    assert supervise.ps_code(running + "ledger                           STOPPED   Dec 05 08:53 PM\n") == 3
+    assert supervise.ps_code(running + "send-email                       FATAL     Exited too quickly\n") == 3
+    assert supervise.ps_code(running + "send-email                       BACKOFF   Exited too quickly\n") == 3
+    assert supervise.ps_code(running + "redis                            STARTING  \n") == 3
+    assert supervise.ps_code("") == 3
