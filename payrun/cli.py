@@ -569,8 +569,11 @@ def _retry_all(queue: str | None, error_text: str | None, company: int | None, m
 
 
 def _check_month_option(month: str | None) -> None:
-    if month is not None and not keys.MONTH_RE.fullmatch(month):
-        raise InputError(f"--month {month!r} is not a month: YYYY-MM, e.g. --month 2026-11")
+    """The words every other --month gives (`failed` and `retry` had their own)."""
+    if month is not None:
+        from payrun.runs import validate_month
+
+        validate_month(month)
 
 
 def _known_company(c: Ctx, company: int | None) -> None:

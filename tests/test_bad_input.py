@@ -239,3 +239,14 @@ def test_a_file_name_with_a_nul_byte_is_a_usage_error(cfg):
     for argv in (["import", "a\x00b.csv"], ["--config", "a\x00b.toml", "status"]):
         result = CliRunner().invoke(cli, argv)
         assert result.exit_code == 2 and "cannot contain a NUL byte" in result.output, (argv, result.output)
+
+
+def test_failed_and_retry_say_a_bad_month_as_every_other_command_does(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAYRUN_HOME", str(tmp_path / "h"))
+    runner = CliRunner()
+    assert runner.invoke(cli, ["seed", "--companies", "1", "--employees", "1", "--month", "2026-11"]).exit_code == 0
+    for argv in (["failed", "--month", "2026-13"], ["retry", "--all", "--month", "2026-13"]):
+        out = runner.invoke(cli, argv)
+        assert out.exit_code == 2, (argv, out.output)
+        assert "--month must look like 2026-11 (YYYY-MM): '2026-13' has no month 13" in out.output, (argv, out.output)
+    assert "got '2026-1'" in runner.invoke(cli, ["failed", "--month", "2026-1"]).output
