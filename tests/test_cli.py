@@ -408,6 +408,9 @@ def test_import_says_what_it_did_not_read_and_which_detail_differs(runner, cfg, 
     runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
     wrong = runner.invoke(cli, ["import", "docs/sample-companies.csv"])
     assert wrong.exit_code == 2 and "this looks like a companies file: `payrun import --companies FILE`" in wrong.output
+    other_way = runner.invoke(cli, ["import", "--companies", "docs/sample-employees.csv"])  # (no hint that way round)
+    assert other_way.exit_code == 2
+    assert "this looks like an employees file: `payrun import FILE` (without --companies)" in other_way.output
     with open("docs/sample-employees.csv", encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f)
         header, rows = list(reader.fieldnames or []), list(reader)
