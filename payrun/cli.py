@@ -472,7 +472,7 @@ def _companies(ids: list[int]) -> str:
 
 @cli.command()
 @click.option("--month", default=None, help="YYYY-MM (default: the latest run).")
-@click.option("--company", type=int, default=None)
+@click.option("--company", type=int, default=None, help="Only this company id.")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
@@ -892,7 +892,8 @@ def _narrowing(queue: str | None, error_text: str | None, company: int | None, m
 
 @cli.command()
 @click.option("--loop", is_flag=True, help="Keep reaping every lease.reap_every_s seconds (until SIGTERM).")
-@click.option("--every", "every_s", type=click.IntRange(1, 3600), default=None, help="Seconds between passes.")
+@click.option("--every", "every_s", type=click.IntRange(1, 3600), default=None,
+              help="With --loop: seconds between passes (default: lease.reap_every_s, 5).")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
@@ -912,6 +913,8 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
     from jobs import limits, reaper
     from jobs.policy import redis_refuses_writes
 
+    if every_s is not None and not loop:  # (it made one pass and exited, the --every unread)
+        raise InputError("--every sets the pause between passes of --loop: add --loop (without it, one pass)")
     conn = c.redis()
     every = every_s or c.cfg.lease.reap_every_s
     stopping: list[int] = []
@@ -1153,7 +1156,8 @@ def demo(c: Ctx, employees: int, companies: int, month: str | None, timeout_s: i
 
 
 @cli.command()
-@click.option("--wait/--no-wait", default=True, help="Return only once every program is running.")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Return only once every program has stayed up (--no-wait: once supervisord started).")
 @click.option("--role", type=click.Choice(["all", "worker"]), default=None,
               help="all = the control host (everything); worker = render and send workers only, "
                    "against PAYRUN_REDIS_URL and a shared PAYRUN_SLIPS_DIR. Default: the role this "

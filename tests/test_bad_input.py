@@ -250,3 +250,16 @@ def test_failed_and_retry_say_a_bad_month_as_every_other_command_does(tmp_path, 
         assert out.exit_code == 2, (argv, out.output)
         assert "--month must look like 2026-11 (YYYY-MM): '2026-13' has no month 13" in out.output, (argv, out.output)
     assert "got '2026-1'" in runner.invoke(cli, ["failed", "--month", "2026-1"]).output
+
+
+def test_reap_every_without_loop_is_refused_and_the_helps_state_what_they_left_out(tmp_path, monkeypatch):
+    """`payrun reap --every 30` made one pass and exited, the --every unread; `status --company`
+    had no help line and `up --help` did not say that it waits by default."""
+    monkeypatch.setenv("PAYRUN_HOME", str(tmp_path / "h"))
+    runner = CliRunner()
+    assert runner.invoke(cli, ["seed", "--companies", "1", "--employees", "1", "--month", "2026-11"]).exit_code == 0
+    out = runner.invoke(cli, ["reap", "--every", "30"])
+    assert out.exit_code == 2 and "add --loop" in out.output, out.output
+    assert "Only this company id." in runner.invoke(cli, ["status", "--help"]).output
+    assert "[default: wait]" in runner.invoke(cli, ["up", "--help"]).output
+    assert "default: lease.reap_every_s" in runner.invoke(cli, ["reap", "--help"]).output
