@@ -262,4 +262,4 @@ def test_reap_every_without_loop_is_refused_and_the_helps_state_what_they_left_o
     assert out.exit_code == 2 and "add --loop" in out.output, out.output
     assert "Only this company id." in runner.invoke(cli, ["status", "--help"]).output
     assert "[default: wait]" in runner.invoke(cli, ["up", "--help"]).output
-    assert "default: lease.reap_every_s" in runner.invoke(cli, ["reap", "--help"]).output
+    assert "lease.reap_every_s, 5)" in " ".join(runner.invoke(cli, ["reap", "--help"]).output.split())
