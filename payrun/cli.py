@@ -1169,7 +1169,15 @@ def up(c: Ctx, wait: bool, role: str | None) -> None:
     supervisor-worker.conf (role worker)."""
     from payrun import supervise
 
-    click.echo(supervise.up(c.cfg, wait=wait, role=role or supervise._role(c.cfg)))
+    role = role or supervise._role(c.cfg)
+    home = c.cfg.home
+    fresh = role == "all" and not any((home / m).exists() for m in Ctx.HOME_MARKERS)
+    click.echo(supervise.up(c.cfg, wait=wait, role=role))
+    if fresh:  # (run from the wrong directory, it started a whole empty payrun there, ports and all)
+        demo = " (`payrun demo` keeps its data in its demo/ folder)" if (home / "demo" / "payroll.db").exists() else ""
+        click.echo(f"note: {home} held no payrun data, so this is a new, empty payrun: `payrun seed` or "
+                   f"`payrun import` next. If your data is elsewhere{demo}: `payrun down` here, then set PAYRUN_HOME "
+                   f"to it", err=True)
 
 
 @cli.command()

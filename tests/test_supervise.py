@@ -645,3 +645,26 @@ def test_ps_exits_0_when_the_only_stopped_programs_were_never_meant_to_start():
     assert supervise.ps_code(running + "send-email                       BACKOFF   Exited too quickly\n") == 3
     assert supervise.ps_code(running + "redis                            STARTING  \n") == 3
     assert supervise.ps_code("") == 3
+
+
+def test_up_in_a_directory_with_no_payrun_data_says_it_started_an_empty_one(tmp_path, monkeypatch):
+    """Run from the wrong directory, `payrun up` started a whole empty payrun there (its
+    provider then holding the port the real one needs), without a word."""
+    from click.testing import CliRunner
+
+    from payrun import supervise
+    from payrun.cli import cli
+
+    home = tmp_path / "var"
+    monkeypatch.setenv("PAYRUN_HOME", str(home))
+    monkeypatch.delenv("PAYRUN_REDIS_URL", raising=False)
+    monkeypatch.setattr(supervise, "up", lambda cfg_, wait, role: "started")
+    payroll.seed(payroll.PayrollDB(home / "demo" / "payroll.db"), companies=1, employees=1, seed=5, month="2026-11")
+    fresh = CliRunner().invoke(cli, ["up"])
+    assert fresh.exit_code == 0
+    assert f"note: {home} held no payrun data, so this is a new, empty payrun" in fresh.output, fresh.output
+    assert "`payrun demo` keeps its data in its demo/ folder" in fresh.output
+    payroll.seed(payroll.PayrollDB(home / "payroll.db"), companies=1, employees=1, seed=5, month="2026-11")
+    again = CliRunner().invoke(cli, ["up"])
+    assert again.exit_code == 0 and "note:" not in again.output, again.output
+    assert "note:" not in CliRunner().invoke(cli, ["up", "--role", "worker"], env={"PAYRUN_HOME": str(tmp_path / "w")}).output
