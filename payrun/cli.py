@@ -191,6 +191,18 @@ def seed(c: Ctx, companies: int, employees: int, seed_: int, month: str | None) 
         click.echo(f"note: the database holds more than this seed (seed adds and updates, never removes): "
                    f"{_n(held_c, 'company', 'companies')} in all, {_n(held_e, 'employee')} with salary lines "
                    f"for {month}")
+    if c.cfg.ledger_path.exists():  # (re-seeding a month already run changed it without a word)
+        from payrun.ledger import Ledger
+
+        led = Ledger(c.cfg.ledger_path)
+        try:
+            run = led.runs(month)
+        finally:
+            led.close()
+        if run:
+            click.echo(f"note: {month} was already run: its slips keep the data they were made with (a `payrun "
+                       f"resend` prints today's); employees new to {month} get theirs with `payrun run --month "
+                       f"{month} --resume`")
 
 
 def _n(n: int, one: str, many: str | None = None) -> str:

@@ -263,3 +263,21 @@ def test_reap_every_without_loop_is_refused_and_the_helps_state_what_they_left_o
     assert "Only this company id." in runner.invoke(cli, ["status", "--help"]).output
     assert "[default: wait]" in runner.invoke(cli, ["up", "--help"]).output
     assert "lease.reap_every_s, 5)" in " ".join(runner.invoke(cli, ["reap", "--help"]).output.split())
+
+
+def test_seed_into_a_month_already_run_says_its_slips_keep_their_data(tmp_path, monkeypatch):
+    from payrun import config as config_mod
+    from payrun.ledger import Ledger
+
+    monkeypatch.setenv("PAYRUN_HOME", str(tmp_path / "h"))
+    runner = CliRunner()
+    first = runner.invoke(cli, ["seed", "--companies", "1", "--employees", "3", "--month", "2026-11"])
+    assert first.exit_code == 0 and "already run" not in first.output
+    led = Ledger(config_mod.load().ledger_path)
+    led.claim_run(1, "2026-11", "test")
+    led.close()
+    again = runner.invoke(cli, ["seed", "--companies", "2", "--employees", "5", "--month", "2026-11"])
+    assert again.exit_code == 0
+    assert "note: 2026-11 was already run: its slips keep the data they were made with" in again.output, again.output
+    other = runner.invoke(cli, ["seed", "--companies", "2", "--employees", "5", "--month", "2026-12"])
+    assert "already run" not in other.output
