@@ -205,6 +205,11 @@ def seed(c: Ctx, companies: int, employees: int, seed_: int, month: str | None) 
                        f"{month} --resume`")
 
 
+def _months_kept(db) -> list[str]:
+    """The months whose pay run kept its companies' names and addresses (company_months)."""
+    return [r[0] for r in db.conn.execute("SELECT DISTINCT month FROM company_months ORDER BY month")]
+
+
 def _n(n: int, one: str, many: str | None = None) -> str:
     return f"{n:,} {one if n == 1 else many or one + 's'}"
 
@@ -275,6 +280,9 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
             if m in r.corrected:
                 click.echo(f"{m}: corrected the name and address kept for {_companies(r.corrected[m])} (that "
                            "month's resends and retries print the file's)")
+            elif m not in (run := _months_kept(db)):  # (a typo'd month read like a month with nothing wrong)
+                click.echo(f"{m}: nothing to correct: no pay run of {m} keeps company details (months run: "
+                           f"{', '.join(run[-6:]) or 'none'})")
             else:
                 click.echo(f"{m}: nothing to correct (no company in the file was run that month with other "
                            "details)")
