@@ -640,6 +640,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
         like = c.ledger().ids_like(job_id)
         if like and like[0].startswith(job_id):
             hint = "ids starting with it: " + ", ".join(like)
+        elif own := c.ledger().ids_of_employee(job_id):
+            hint = f"that is an employee; their jobs, newest first: {', '.join(own)}"
         else:
             hint = f"ids look like {like[0] if like else 'email-2026-11-emp-00017'}: render-… or email-<month>-<employee>"
         raise PayrunError(f"no job {job_id!r} in the ledger or in Redis ({hint})")

@@ -273,6 +273,12 @@ class Ledger:
         return [r[0] for r in self.db.conn.execute(
             "SELECT id FROM jobs WHERE kind = 'email' ORDER BY rowid DESC LIMIT 1")]
 
+    def ids_of_employee(self, employee_id: str, limit: int = 6) -> list[str]:
+        """The newest job ids of an employee (`payrun job emp-00003`, an employee's id given
+        for a job's, answered with an unrelated example id)."""
+        return [r[0] for r in self.db.conn.execute(
+            "SELECT id FROM jobs WHERE employee_id = ? ORDER BY rowid DESC LIMIT ?", (employee_id, limit))]
+
     def reminder_ids(self, batch: str) -> list[str]:
         """The job ids of a `payrun remind` batch (remind-<batch>-<employee>)."""
         pattern = "remind-" + batch.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "-%"

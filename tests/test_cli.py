@@ -118,9 +118,14 @@ def test_an_unknown_job_id_gets_the_ids_it_begins_or_one_of_this_ledgers(runner,
     from payrun.ledger import Ledger
 
     ledger = Ledger(cfg.ledger_path)
-    ledger.create_jobs([{"id": f"{k}-2026-12-emp-{i:05d}", "kind": k, "month": "2026-12", "company_id": 1}
+    ledger.create_jobs([{"id": f"{k}-2026-12-emp-{i:05d}", "kind": k, "month": "2026-12", "company_id": 1,
+                         "employee_id": f"emp-{i:05d}"}
                         for k in ("render", "email") for i in (1, 12, 13, 2)])
     ledger.close()
+    # an employee's id given for a job's: their jobs (it got an unrelated example id)
+    msg = one_line_error(runner.invoke(cli, ["job", "emp-00012"]))
+    assert msg.endswith("(that is an employee; their jobs, newest first: email-2026-12-emp-00012, "
+                        "render-2026-12-emp-00012)"), msg
     msg = one_line_error(runner.invoke(cli, ["job", "email-2026-12-emp-0001"]))
     assert msg.endswith("(ids starting with it: email-2026-12-emp-00012, email-2026-12-emp-00013)"), msg
     msg = one_line_error(runner.invoke(cli, ["job", "slip-42"]))
