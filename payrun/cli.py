@@ -227,6 +227,14 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
     """Import payroll data from CSV. Any bad row: every problem is listed with its line
     number and nothing from the file is imported.
 
+    \b
+    Employees (a row per employee and month; amounts in taka: 45000 or 45000.50):
+      company_id, employee_id, name_en, name_bn (may be empty), email, department,
+      designation, bank_account, month (YYYY-MM), basic, house_rent, medical,
+      conveyance, bonus, tax, provident_fund, loan
+    Companies (--companies; import them first): id, name, address
+    Samples: docs/sample-employees.csv, docs/sample-companies.csv
+
     A month's run keeps each company's name and address as they were when it started: a
     resend or retry of that month prints them, whatever is imported later. To correct
     them for a month already run, import the companies with --month."""

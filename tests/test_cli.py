@@ -534,3 +534,15 @@ def test_the_gone_lanes_of_one_restarted_sender_read_as_one_row():
     shown = collapse_gone_lanes([*old[:20], held, *old[20:], render, *new])
     assert [(w.name, n) for w, n in shown] == [("email.vm.13878.00", 50), ("email.vm.13878.50", 1),
                                                ("render.vm.12000", 1), *[(w.name, 1) for w in new]]
+
+
+def test_import_help_lists_the_columns_it_reads(runner):
+    """A new user had to find docs/sample-employees.csv to learn the columns."""
+    import re
+
+    from payrun import payroll
+
+    text = " ".join(runner.invoke(cli, ["import", "--help"]).output.split())
+    listed = re.search(r"Employees \(.*?\): (.*?) Companies", text).group(1)
+    assert [c.split(" (")[0] for c in listed.split(", ")] == list(payroll.CSV_COLUMNS), listed
+    assert f"Companies (--companies; import them first): {', '.join(payroll.COMPANY_CSV_COLUMNS)}" in text
