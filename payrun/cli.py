@@ -271,7 +271,7 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
         fixed = "".join(f"; kept for {m} corrected: {_companies(ids)}" for m, ids in r.corrected.items())
         actions.audit(c.cfg, actions.Outcome(
             "import", f"payrun import --companies {csv_file}" + "".join(f" --month {m}" for m in months),
-            r.companies, message=f"{r.companies} companies ({len(r.updated)} updated){fixed}"), via="cli")
+            r.companies, message=f"{_n(r.companies, 'company', 'companies')} ({len(r.updated)} updated){fixed}"), via="cli")
         new = r.companies - len(r.updated) - r.unchanged
         click.echo(f"imported {r.companies} compan{'y' if r.companies == 1 else 'ies'} from {csv_file}: "
                    f"{new} new, {len(r.updated)} updated, {r.unchanged} unchanged")
@@ -298,8 +298,8 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
     from payrun import audit as actions
 
     actions.audit(c.cfg, actions.Outcome("import", f"payrun import {csv_file}", r.employees,
-                                         message=f"{r.employees} employees ({len(r.changed_employees)} with changed "
-                                                 f"details), {r.salary_lines} salary lines"), via="cli")
+                                         message=f"{_n(r.employees, 'employee')} ({len(r.changed_employees)} with changed "
+                                                 f"details), {_n(r.salary_lines, 'salary line')}"), via="cli")
     known = len(r.existing_employees)
     there = f"{known} already there"
     if known:

@@ -546,3 +546,12 @@ def test_import_help_lists_the_columns_it_reads(runner):
     listed = re.search(r"Employees \(.*?\): (.*?) Companies", text).group(1)
     assert [c.split(" (")[0] for c in listed.split(", ")] == list(payroll.CSV_COLUMNS), listed
     assert f"Companies (--companies; import them first): {', '.join(payroll.COMPANY_CSV_COLUMNS)}" in text
+
+
+def test_the_audit_line_of_an_import_of_one_says_one(runner, cfg, tmp_path):
+    """`payrun audit` read "1 companies (0 updated)"."""
+    one = tmp_path / "one.csv"
+    one.write_text("id,name,address\n1,Doel Garments Ltd,\"House 1, Road 2, Dhaka\"\n", encoding="utf-8")
+    assert runner.invoke(cli, ["import", "--companies", str(one)]).exit_code == 0
+    out = runner.invoke(cli, ["audit"]).output
+    assert "1 company (0 updated)" in out and "1 companies" not in out, out
