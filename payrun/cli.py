@@ -161,7 +161,7 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 @click.option("--companies", default=60, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--employees", default=50_000, show_default=True, type=click.IntRange(1, 1_000_000))
 @click.option("--seed", "seed_", default=7, show_default=True, type=int, help="Random seed: same seed, same data.")
-@click.option("--month", default=None, help="Month of the salary lines (YYYY-MM; default: this month).")
+@click.option("--month", default=None, metavar="YYYY-MM", help="Month of the salary lines (default: this month).")
 @pass_ctx
 @handle_errors
 def seed(c: Ctx, companies: int, employees: int, seed_: int, month: str | None) -> None:
@@ -402,7 +402,7 @@ def default_month() -> str:
 
 
 @cli.command()
-@click.option("--month", required=True, help="Month to pay, YYYY-MM.")
+@click.option("--month", required=True, metavar="YYYY-MM", help="Month to pay.")
 @click.option("--company", type=int, default=None, help="Only this company id.")
 @click.option("--resume", is_flag=True,
               help="Complete a fan-out that died half-way (run row still 'fanning-out'): enqueue only "
@@ -499,7 +499,7 @@ def _companies(ids: list[int]) -> str:
 
 
 @cli.command()
-@click.option("--month", default=None, help="YYYY-MM (default: the latest run).")
+@click.option("--month", default=None, metavar="YYYY-MM", help="The pay run to show (default: the latest run).")
 @click.option("--company", type=int, default=None, help="Only this company id.")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
@@ -1002,7 +1002,7 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--before", required=True, help="Remove ledger history of months before this one (YYYY-MM).")
+@click.option("--before", required=True, metavar="YYYY-MM", help="Remove ledger history of months before this one.")
 @click.option("--slips", is_flag=True, help="Also delete those months' slip PDFs.")
 @click.option("--dry-run", is_flag=True, help="Say what would go, remove nothing.")
 @click.option("--force", is_flag=True, help="Also the latest pay run and months with unfinished jobs.")
@@ -1163,7 +1163,7 @@ def redis_cmd(c: Ctx) -> None:
 @cli.command()
 @click.option("--employees", default=600, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--companies", default=3, show_default=True, type=click.IntRange(1, 1_000))
-@click.option("--month", default=None, help="Month to run (default: this month).")
+@click.option("--month", default=None, metavar="YYYY-MM", help="Month to run (default: this month).")
 @click.option("--timeout", "timeout_s", default=None, type=click.IntRange(10, 86_400),
               help="Give up after this many seconds (default: twice what the email rate limit "
                    "needs for the slips, plus 5 minutes; at least 900).")

@@ -199,7 +199,7 @@ def register(cli) -> None:
 
     @cli.command(name="resend")
     @click.option("--employee", "employee_id", required=True, help="Employee id, e.g. emp-00017.")
-    @click.option("--month", required=True, help="YYYY-MM.")
+    @click.option("--month", required=True, metavar="YYYY-MM", help="The pay month of the slip.")
     @click.option("--json", "as_json", is_flag=True)
     @pass_ctx
     @handle_errors

@@ -555,3 +555,21 @@ def test_the_audit_line_of_an_import_of_one_says_one(runner, cfg, tmp_path):
     assert runner.invoke(cli, ["import", "--companies", str(one)]).exit_code == 0
     out = runner.invoke(cli, ["audit"]).output
     assert "1 company (0 updated)" in out and "1 companies" not in out, out
+
+
+def test_every_month_option_shows_its_form_in_help():
+    """Half the --month options read `--month TEXT` in --help, the other half `--month YYYY-MM`."""
+    import click
+
+    def walk(cmd, path):
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                yield from walk(sub, [*path, name])
+            return
+        for p in cmd.params:
+            if isinstance(p, click.Option) and p.opts[0] in ("--month", "--before"):
+                yield " ".join(path), p
+
+    found = list(walk(cli, []))
+    assert len(found) >= 8, found
+    assert [(where, p.opts[0]) for where, p in found if p.metavar != "YYYY-MM"] == []
