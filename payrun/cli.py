@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -1147,7 +1148,9 @@ def provider(c: Ctx, host: str | None, port: int | None, latency: float | None, 
         provider_mod.run(host or p.host, port if port is not None else p.port,
                          latency if latency is not None else p.latency_s, rate if rate is not None else p.rate_per_s)
     except OSError as e:  # the port is taken, or the address is not this host's
-        raise InputError(f"cannot listen on {host or p.host}:{port if port is not None else p.port}: {e}")
+        taken = " (another payrun's provider? give this one another port: provider.port in the config file)" \
+            if e.errno == errno.EADDRINUSE else ""
+        raise InputError(f"cannot listen on {host or p.host}:{port if port is not None else p.port}: {e}{taken}")
 
 
 @cli.command(name="redis")

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -306,11 +307,13 @@ def register(cli) -> None:
 
         u = urlsplit(c.cfg.scheduler.bank_url)
         _setup_logging()
+        where = (host or u.hostname or "127.0.0.1", port if port is not None else (u.port or 8026))
         try:
-            bank = Bank(c.cfg.payroll_path, host or u.hostname or "127.0.0.1", port if port is not None else (u.port or 8026),
-                        token=redis_server.local_secret(c.cfg, "bank-token"))
-        except OSError as e:
-            raise InputError(f"cannot listen: {e}")
+            bank = Bank(c.cfg.payroll_path, *where, token=redis_server.local_secret(c.cfg, "bank-token"))
+        except OSError as e:  # (it said "cannot listen" without where: the provider's line beside it did)
+            taken = " (another payrun's bank? give this one another port in scheduler.bank_url)" \
+                if e.errno == errno.EADDRINUSE else ""
+            raise InputError(f"cannot listen on {where[0]}:{where[1]}: {e}{taken}")
         bank.serve_forever()
 
 

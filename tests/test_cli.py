@@ -573,3 +573,20 @@ def test_every_month_option_shows_its_form_in_help():
     found = list(walk(cli, []))
     assert len(found) >= 8, found
     assert [(where, p.opts[0]) for where, p in found if p.metavar != "YYYY-MM"] == []
+
+
+def test_a_taken_port_is_named_with_the_setting_that_moves_it(runner, cfg):
+    """Two data directories `payrun up` on one host: the provider's log named the address
+    but not what to change, and the bank's said only "cannot listen"."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        out = runner.invoke(cli, ["provider", "--port", str(port)])
+        assert out.exit_code == 2, out.output
+        assert f"cannot listen on 127.0.0.1:{port}" in out.output and "provider.port in the config file" in out.output
+        out = runner.invoke(cli, ["bank", "--port", str(port)])
+        assert out.exit_code == 2, out.output
+        assert f"cannot listen on 127.0.0.1:{port}" in out.output and "scheduler.bank_url" in out.output, out.output
