@@ -281,3 +281,19 @@ def test_seed_into_a_month_already_run_says_its_slips_keep_their_data(tmp_path, 
     assert "note: 2026-11 was already run: its slips keep the data they were made with" in again.output, again.output
     other = runner.invoke(cli, ["seed", "--companies", "2", "--employees", "5", "--month", "2026-12"])
     assert "already run" not in other.output
+
+
+def test_a_refused_resend_does_not_start_redis(tmp_path, monkeypatch):
+    """`payrun resend` for a month not run, or an employee not there, was refused after it
+    had started the embedded Redis in the background, which it left running."""
+    monkeypatch.delenv("PAYRUN_REDIS_URL", raising=False)
+    monkeypatch.delenv("PAYRUN_CONFIG", raising=False)
+    home = tmp_path / "var"
+    monkeypatch.setenv("PAYRUN_HOME", str(home))
+    assert CliRunner().invoke(cli, ["seed", "--month", "2026-11", "--companies", "1", "--employees", "2"]).exit_code == 0
+    for args, why in ((["--employee", "emp-00001", "--month", "2026-11"], "has not been run for company 1"),
+                      (["--employee", "emp-99999", "--month", "2026-11"], "no employee 'emp-99999'"),
+                      (["--employee", "emp-00001", "--month", "2026-10"], "no salary line for 2026-10")):
+        out = CliRunner().invoke(cli, ["resend", *args])
+        assert out.exit_code == 2 and why in out.output, (args, out.output)
+    assert not (home / "redis" / "redis.sock").exists() and not (home / "redis" / "redis.pid").exists()
