@@ -35,7 +35,7 @@ def check_run_month(months: list[str], month: str) -> None:
     validate_month(month)
     if month not in months:
         raise InputError(f"no pay run for {month}" + (f" (runs: {', '.join(months[-12:])})" if months
-                                                       else ": `payrun run --month YYYY-MM` starts one"))
+                                                       else f": `payrun run --month {month}` starts it"))
 
 
 def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int | None = None,

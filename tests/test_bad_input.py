@@ -297,3 +297,13 @@ def test_a_refused_resend_does_not_start_redis(tmp_path, monkeypatch):
         out = CliRunner().invoke(cli, ["resend", *args])
         assert out.exit_code == 2 and why in out.output, (args, out.output)
     assert not (home / "redis" / "redis.sock").exists() and not (home / "redis" / "redis.pid").exists()
+
+
+def test_status_of_a_month_not_run_names_that_month_in_its_hint(tmp_path, monkeypatch):
+    """It said "`payrun run --month YYYY-MM` starts one" for the month the user had just typed."""
+    monkeypatch.delenv("PAYRUN_REDIS_URL", raising=False)
+    monkeypatch.setenv("PAYRUN_HOME", str(tmp_path / "var"))
+    assert CliRunner().invoke(cli, ["seed", "--month", "2026-11", "--companies", "1", "--employees", "2"]).exit_code == 0
+    out = CliRunner().invoke(cli, ["status", "--month", "2026-11"])
+    assert out.exit_code == 2 and "no pay run for 2026-11: `payrun run --month 2026-11` starts it" in out.output, \
+        out.output
