@@ -1206,11 +1206,26 @@ def up(c: Ctx, wait: bool, role: str | None) -> None:
     home = c.cfg.home
     fresh = role == "all" and not any((home / m).exists() for m in Ctx.HOME_MARKERS)
     click.echo(supervise.up(c.cfg, wait=wait, role=role))
+    _say_drained(c)
     if fresh:  # (run from the wrong directory, it started a whole empty payrun there, ports and all)
         demo = " (`payrun demo` keeps its data in its demo/ folder)" if (home / "demo" / "payroll.db").exists() else ""
         click.echo(f"note: {home} held no payrun data, so this is a new, empty payrun: `payrun seed` or "
                    f"`payrun import` next. If your data is elsewhere{demo}: `payrun down` here, then set PAYRUN_HOME "
                    f"to it", err=True)
+
+
+def _say_drained(c: Ctx) -> None:
+    """A drain outlives `payrun down`/`up`: `up` reported every program RUNNING and said
+    nothing of it, and nothing moved until someone read `payrun status`'s note."""
+    from payrun.status import intake_notes
+
+    try:
+        conn = _maybe_redis(c)
+        notes = [n for n in intake_notes(conn) if "drained" in n] if conn is not None else []
+    except Exception:  # (a note only: `up` itself went well)
+        notes = []
+    for n in notes:
+        click.echo(f"note: {n}", err=True)
 
 
 @cli.command()

@@ -668,3 +668,27 @@ def test_up_in_a_directory_with_no_payrun_data_says_it_started_an_empty_one(tmp_
     again = CliRunner().invoke(cli, ["up"])
     assert again.exit_code == 0 and "note:" not in again.output, again.output
     assert "note:" not in CliRunner().invoke(cli, ["up", "--role", "worker"], env={"PAYRUN_HOME": str(tmp_path / "w")}).output
+
+
+def test_up_says_that_intake_is_still_drained(cfg, conn, monkeypatch):
+    """A drain outlives `payrun down`/`up`: `up` listed every program RUNNING and said
+    nothing, and the run did not move."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    monkeypatch.setattr(supervise_mod(), "up", lambda cfg_, wait, role: "started")
+    payroll.seed(payroll.PayrollDB(cfg.payroll_path), companies=1, employees=1, seed=5, month="2026-11")
+    runner = CliRunner()
+    assert "drained" not in runner.invoke(cli, ["up"]).output
+    assert runner.invoke(cli, ["drain"]).exit_code == 0
+    out = runner.invoke(cli, ["up"])
+    assert out.exit_code == 0 and "note: intake is drained everywhere (`payrun drain`)" in out.output, out.output
+    assert runner.invoke(cli, ["resume"]).exit_code == 0
+    assert "drained" not in runner.invoke(cli, ["up"]).output
+
+
+def supervise_mod():
+    from payrun import supervise
+
+    return supervise
