@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -161,7 +162,7 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 @click.option("--companies", default=60, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--employees", default=50_000, show_default=True, type=click.IntRange(1, 1_000_000))
 @click.option("--seed", "seed_", default=7, show_default=True, type=int, help="Random seed: same seed, same data.")
-@click.option("--month", default=None, help="Month of the salary lines (YYYY-MM; default: this month).")
+@click.option("--month", default=None, metavar="YYYY-MM", help="Month of the salary lines (default: this month).")
 @pass_ctx
 @handle_errors
 def seed(c: Ctx, companies: int, employees: int, seed_: int, month: str | None) -> None:
@@ -191,6 +192,23 @@ def seed(c: Ctx, companies: int, employees: int, seed_: int, month: str | None) 
         click.echo(f"note: the database holds more than this seed (seed adds and updates, never removes): "
                    f"{_n(held_c, 'company', 'companies')} in all, {_n(held_e, 'employee')} with salary lines "
                    f"for {month}")
+    if c.cfg.ledger_path.exists():  # (re-seeding a month already run changed it without a word)
+        from payrun.ledger import Ledger
+
+        led = Ledger(c.cfg.ledger_path)
+        try:
+            run = led.runs(month)
+        finally:
+            led.close()
+        if run:
+            click.echo(f"note: {month} was already run: its slips keep the data they were made with (a `payrun "
+                       f"resend` prints today's); employees new to {month} get theirs with `payrun run --month "
+                       f"{month} --resume`")
+
+
+def _months_kept(db) -> list[str]:
+    """The months whose pay run kept its companies' names and addresses (company_months)."""
+    return [r[0] for r in db.conn.execute("SELECT DISTINCT month FROM company_months ORDER BY month")]
 
 
 def _n(n: int, one: str, many: str | None = None) -> str:
@@ -209,6 +227,14 @@ def _n(n: int, one: str, many: str | None = None) -> str:
 def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...]) -> None:
     """Import payroll data from CSV. Any bad row: every problem is listed with its line
     number and nothing from the file is imported.
+
+    \b
+    Employees (a row per employee and month; amounts in taka: 45000 or 45000.50):
+      company_id, employee_id, name_en, name_bn (may be empty), email, department,
+      designation, bank_account, month (YYYY-MM), basic, house_rent, medical,
+      conveyance, bonus, tax, provident_fund, loan
+    Companies (--companies; import them first): id, name, address
+    Samples: docs/sample-employees.csv, docs/sample-companies.csv
 
     A month's run keeps each company's name and address as they were when it started: a
     resend or retry of that month prints them, whatever is imported later. To correct
@@ -246,7 +272,7 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
         fixed = "".join(f"; kept for {m} corrected: {_companies(ids)}" for m, ids in r.corrected.items())
         actions.audit(c.cfg, actions.Outcome(
             "import", f"payrun import --companies {csv_file}" + "".join(f" --month {m}" for m in months),
-            r.companies, message=f"{r.companies} companies ({len(r.updated)} updated){fixed}"), via="cli")
+            r.companies, message=f"{_n(r.companies, 'company', 'companies')} ({len(r.updated)} updated){fixed}"), via="cli")
         new = r.companies - len(r.updated) - r.unchanged
         click.echo(f"imported {r.companies} compan{'y' if r.companies == 1 else 'ies'} from {csv_file}: "
                    f"{new} new, {len(r.updated)} updated, {r.unchanged} unchanged")
@@ -263,6 +289,9 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
             if m in r.corrected:
                 click.echo(f"{m}: corrected the name and address kept for {_companies(r.corrected[m])} (that "
                            "month's resends and retries print the file's)")
+            elif m not in (run := _months_kept(db)):  # (a typo'd month read like a month with nothing wrong)
+                click.echo(f"{m}: nothing to correct: no pay run of {m} keeps company details (months run: "
+                           f"{', '.join(run[-6:]) or 'none'})")
             else:
                 click.echo(f"{m}: nothing to correct (no company in the file was run that month with other "
                            "details)")
@@ -270,8 +299,8 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
     from payrun import audit as actions
 
     actions.audit(c.cfg, actions.Outcome("import", f"payrun import {csv_file}", r.employees,
-                                         message=f"{r.employees} employees ({len(r.changed_employees)} with changed "
-                                                 f"details), {r.salary_lines} salary lines"), via="cli")
+                                         message=f"{_n(r.employees, 'employee')} ({len(r.changed_employees)} with changed "
+                                                 f"details), {_n(r.salary_lines, 'salary line')}"), via="cli")
     known = len(r.existing_employees)
     there = f"{known} already there"
     if known:
@@ -374,7 +403,7 @@ def default_month() -> str:
 
 
 @cli.command()
-@click.option("--month", required=True, help="Month to pay, YYYY-MM.")
+@click.option("--month", required=True, metavar="YYYY-MM", help="Month to pay.")
 @click.option("--company", type=int, default=None, help="Only this company id.")
 @click.option("--resume", is_flag=True,
               help="Complete a fan-out that died half-way (run row still 'fanning-out'): enqueue only "
@@ -471,8 +500,8 @@ def _companies(ids: list[int]) -> str:
 
 
 @cli.command()
-@click.option("--month", default=None, help="YYYY-MM (default: the latest run).")
-@click.option("--company", type=int, default=None)
+@click.option("--month", default=None, metavar="YYYY-MM", help="The pay run to show (default: the latest run).")
+@click.option("--company", type=int, default=None, help="Only this company id.")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
@@ -569,8 +598,11 @@ def _retry_all(queue: str | None, error_text: str | None, company: int | None, m
 
 
 def _check_month_option(month: str | None) -> None:
-    if month is not None and not keys.MONTH_RE.fullmatch(month):
-        raise InputError(f"--month {month!r} is not a month: YYYY-MM, e.g. --month 2026-11")
+    """The words every other --month gives (`failed` and `retry` had their own)."""
+    if month is not None:
+        from payrun.runs import validate_month
+
+        validate_month(month)
 
 
 def _known_company(c: Ctx, company: int | None) -> None:
@@ -617,6 +649,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
         like = c.ledger().ids_like(job_id)
         if like and like[0].startswith(job_id):
             hint = "ids starting with it: " + ", ".join(like)
+        elif own := c.ledger().ids_of_employee(job_id):
+            hint = f"that is an employee; their jobs, newest first: {', '.join(own)}"
         else:
             hint = f"ids look like {like[0] if like else 'email-2026-11-emp-00017'}: render-… or email-<month>-<employee>"
         raise PayrunError(f"no job {job_id!r} in the ledger or in Redis ({hint})")
@@ -889,7 +923,8 @@ def _narrowing(queue: str | None, error_text: str | None, company: int | None, m
 
 @cli.command()
 @click.option("--loop", is_flag=True, help="Keep reaping every lease.reap_every_s seconds (until SIGTERM).")
-@click.option("--every", "every_s", type=click.IntRange(1, 3600), default=None, help="Seconds between passes.")
+@click.option("--every", "every_s", type=click.IntRange(1, 3600), default=None,
+              help="With --loop: seconds between passes (default: lease.reap_every_s, 5).")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
@@ -909,6 +944,8 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
     from jobs import limits, reaper
     from jobs.policy import redis_refuses_writes
 
+    if every_s is not None and not loop:  # (it made one pass and exited, the --every unread)
+        raise InputError("--every sets the pause between passes of --loop: add --loop (without it, one pass)")
     conn = c.redis()
     every = every_s or c.cfg.lease.reap_every_s
     stopping: list[int] = []
@@ -966,7 +1003,7 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--before", required=True, help="Remove ledger history of months before this one (YYYY-MM).")
+@click.option("--before", required=True, metavar="YYYY-MM", help="Remove ledger history of months before this one.")
 @click.option("--slips", is_flag=True, help="Also delete those months' slip PDFs.")
 @click.option("--dry-run", is_flag=True, help="Say what would go, remove nothing.")
 @click.option("--force", is_flag=True, help="Also the latest pay run and months with unfinished jobs.")
@@ -1111,7 +1148,9 @@ def provider(c: Ctx, host: str | None, port: int | None, latency: float | None, 
         provider_mod.run(host or p.host, port if port is not None else p.port,
                          latency if latency is not None else p.latency_s, rate if rate is not None else p.rate_per_s)
     except OSError as e:  # the port is taken, or the address is not this host's
-        raise InputError(f"cannot listen on {host or p.host}:{port if port is not None else p.port}: {e}")
+        taken = " (another payrun's provider? give this one another port: provider.port in the config file)" \
+            if e.errno == errno.EADDRINUSE else ""
+        raise InputError(f"cannot listen on {host or p.host}:{port if port is not None else p.port}: {e}{taken}")
 
 
 @cli.command(name="redis")
@@ -1127,7 +1166,7 @@ def redis_cmd(c: Ctx) -> None:
 @cli.command()
 @click.option("--employees", default=600, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--companies", default=3, show_default=True, type=click.IntRange(1, 1_000))
-@click.option("--month", default=None, help="Month to run (default: this month).")
+@click.option("--month", default=None, metavar="YYYY-MM", help="Month to run (default: this month).")
 @click.option("--timeout", "timeout_s", default=None, type=click.IntRange(10, 86_400),
               help="Give up after this many seconds (default: twice what the email rate limit "
                    "needs for the slips, plus 5 minutes; at least 900).")
@@ -1150,7 +1189,8 @@ def demo(c: Ctx, employees: int, companies: int, month: str | None, timeout_s: i
 
 
 @cli.command()
-@click.option("--wait/--no-wait", default=True, help="Return only once every program is running.")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Return only once every program has stayed up (--no-wait: once supervisord started).")
 @click.option("--role", type=click.Choice(["all", "worker"]), default=None,
               help="all = the control host (everything); worker = render and send workers only, "
                    "against PAYRUN_REDIS_URL and a shared PAYRUN_SLIPS_DIR. Default: the role this "
@@ -1162,7 +1202,30 @@ def up(c: Ctx, wait: bool, role: str | None) -> None:
     supervisor-worker.conf (role worker)."""
     from payrun import supervise
 
-    click.echo(supervise.up(c.cfg, wait=wait, role=role or supervise._role(c.cfg)))
+    role = role or supervise._role(c.cfg)
+    home = c.cfg.home
+    fresh = role == "all" and not any((home / m).exists() for m in Ctx.HOME_MARKERS)
+    click.echo(supervise.up(c.cfg, wait=wait, role=role))
+    _say_drained(c)
+    if fresh:  # (run from the wrong directory, it started a whole empty payrun there, ports and all)
+        demo = " (`payrun demo` keeps its data in its demo/ folder)" if (home / "demo" / "payroll.db").exists() else ""
+        click.echo(f"note: {home} held no payrun data, so this is a new, empty payrun: `payrun seed` or "
+                   f"`payrun import` next. If your data is elsewhere{demo}: `payrun down` here, then set PAYRUN_HOME "
+                   f"to it", err=True)
+
+
+def _say_drained(c: Ctx) -> None:
+    """A drain outlives `payrun down`/`up`: `up` reported every program RUNNING and said
+    nothing of it, and nothing moved until someone read `payrun status`'s note."""
+    from payrun.status import intake_notes
+
+    try:
+        conn = _maybe_redis(c)
+        notes = [n for n in intake_notes(conn) if "drained" in n] if conn is not None else []
+    except Exception:  # (a note only: `up` itself went well)
+        notes = []
+    for n in notes:
+        click.echo(f"note: {n}", err=True)
 
 
 @cli.command()
@@ -1235,7 +1298,7 @@ def ps(c: Ctx) -> None:
                    + (f", but {supervise.orphans_line(found)}" if found else ""), err=True)
         sys.exit(3)
     click.echo(out.rstrip())
-    sys.exit(0 if code == 0 else 3)
+    sys.exit(3 if code not in (0, 3) else supervise.ps_code(out))
 
 
 # ---- configuration ---------------------------------------------------------------

@@ -365,8 +365,20 @@ def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = Non
         raise ConfigError(f"the data directory would be {cfg.home}, a system directory (the default ./var "
                           f"resolves against the current directory, {Path.cwd()}): set PAYRUN_HOME, or run "
                           f"payrun from its own directory")
+    _check_home_is_a_directory(cfg.home)
     validate(cfg, email_token=bool(env.get("PAYRUN_EMAIL_TOKEN")), known=problems)
     return cfg
+
+
+def _check_home_is_a_directory(home: Path) -> None:
+    """A data directory that is a file (or under one) is said in one line: `payrun seed`
+    showed a NotADirectoryError traceback for PAYRUN_HOME naming a file."""
+    for p in (home, *home.parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                raise ConfigError(f"the data directory {home} cannot be made: {p} is a file, not a directory "
+                                  f"(set PAYRUN_HOME to a directory)")
+            return
 
 
 def toml_error_key(text: str, error: str) -> str:

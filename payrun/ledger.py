@@ -273,6 +273,12 @@ class Ledger:
         return [r[0] for r in self.db.conn.execute(
             "SELECT id FROM jobs WHERE kind = 'email' ORDER BY rowid DESC LIMIT 1")]
 
+    def ids_of_employee(self, employee_id: str, limit: int = 6) -> list[str]:
+        """The newest job ids of an employee (`payrun job emp-00003`, an employee's id given
+        for a job's, answered with an unrelated example id)."""
+        return [r[0] for r in self.db.conn.execute(
+            "SELECT id FROM jobs WHERE employee_id = ? ORDER BY rowid DESC LIMIT ?", (employee_id, limit))]
+
     def reminder_ids(self, batch: str) -> list[str]:
         """The job ids of a `payrun remind` batch (remind-<batch>-<employee>)."""
         pattern = "remind-" + batch.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "-%"
@@ -359,6 +365,19 @@ class Ledger:
             counts[row["status"]] = counts.get(row["status"], 0) + row["n"]
             counts["total"] += row["n"]
         return out
+
+    def failed_resends(self, month: str, company_id: int | None = None) -> int:
+        """Resends (`payrun resend`) of ``month`` whose render or send failed for good and
+        that no later try delivered. The HR counts leave them out (a slip counts once, by
+        its first email), so `payrun status` read "0 failed" while HR's resend had failed."""
+        sql = ("SELECT COUNT(*) FROM jobs r LEFT JOIN jobs e ON e.key = r.key AND e.kind = 'email'"
+               " WHERE r.kind = 'resend' AND r.month = ? AND (r.status = 'failed' OR e.status = 'failed')"
+               " AND COALESCE(e.status, '') != 'done'")
+        args: list[Any] = [month]
+        if company_id is not None:
+            sql += " AND r.company_id = ?"
+            args.append(company_id)
+        return self.db.execute(sql, args).fetchone()[0]
 
     def companies_with_slips(self, month: str) -> set[int]:
         """Companies with a slip (render) job in ``month``: from the (month, kind, company) index."""

@@ -636,6 +636,8 @@ def _read_csv(path: str | os.PathLike[str], expected: tuple[str, ...]
                 hint = ""
                 if set(COMPANY_CSV_COLUMNS) <= set(header) and "employee_id" not in header:
                     hint = "; this looks like a companies file: `payrun import --companies FILE`"
+                elif expected == COMPANY_CSV_COLUMNS and {"company_id", "employee_id"} <= set(header):
+                    hint = "; this looks like an employees file: `payrun import FILE` (without --companies)"
                 elif len(header) == 1 and (";" in header[0] or "\t" in header[0]):
                     hint = "; the file seems to separate its columns with ';' or tabs: save it as comma-separated CSV"
                 raise InputError(f"{p}: header (line 1) is missing column(s): "

@@ -35,7 +35,7 @@ def check_run_month(months: list[str], month: str) -> None:
     validate_month(month)
     if month not in months:
         raise InputError(f"no pay run for {month}" + (f" (runs: {', '.join(months[-12:])})" if months
-                                                       else ": `payrun run --month YYYY-MM` starts one"))
+                                                       else f": `payrun run --month {month}` starts it"))
 
 
 def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int | None = None,
@@ -118,6 +118,10 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                      f"{'has' if n_late == 1 else 'have'} "
                      f"salary lines for {month} and no slip (added after the run): "
                      f"payrun run --month {month} --resume")
+    if month and (n_resend := ledger.failed_resends(month, company)):
+        notes.append(f"{n_resend:,} resend{'' if n_resend == 1 else 's'} (`payrun resend`) of {month} failed for "
+                     f"good, not counted above (a slip counts once, sent by its first email): "
+                     f"payrun failed --month {month}")
     from jobs import unrecorded
 
     if waiting := [e for e in unrecorded.pending(cfg.home) if f":{month}:" in str(e.get("key"))]:

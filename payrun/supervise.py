@@ -84,6 +84,25 @@ def ctl(cfg: Config, *args: str, timeout_s: float | None = None) -> tuple[str, i
     return p.stdout + p.stderr, p.returncode
 
 
+def ps_code(status: str) -> int:
+    """`payrun ps`'s exit code for a `supervisorctl status` output: 0 when every program is
+    RUNNING or was never meant to start here (``STOPPED   Not started``: autostart=false, as
+    the local provider is with PAYRUN_EMAIL_URL set and the embedded Redis with
+    PAYRUN_REDIS_URL), else 3. supervisorctl's own code is 3 for those too, so a monitor
+    reading `payrun ps` alarmed forever on a host sending through a real provider."""
+    lines = [ln for ln in status.splitlines() if ln.strip()]
+    if not lines:
+        return 3
+    for ln in lines:
+        f = ln.split()
+        if len(f) > 1 and f[1] == "RUNNING":
+            continue
+        if len(f) > 3 and f[1] == "STOPPED" and f[2:4] == ["Not", "started"]:
+            continue
+        return 3
+    return 0
+
+
 UP_SETTLE_S = 5.0
 """`payrun up` returns once every program has been up this long (supervisord's uptime, from
 its start) without a restart, and the embedded Redis has answered this long (the programs

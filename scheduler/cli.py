@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -225,7 +226,7 @@ def register(cli) -> None:
 
     @cli.command(name="resend")
     @click.option("--employee", "employee_id", required=True, help="Employee id, e.g. emp-00017.")
-    @click.option("--month", required=True, help="YYYY-MM.")
+    @click.option("--month", required=True, metavar="YYYY-MM", help="The pay month of the slip.")
     @click.option("--json", "as_json", is_flag=True)
     @pass_ctx
     @handle_errors
@@ -233,6 +234,8 @@ def register(cli) -> None:
         """Send an employee's slip again (HR's button): re-rendered from the current
         payroll data and sent with a new key slip:<month>:<employee>:resend-<n>, even
         though the original was sent."""
+        resend_refusal(c.ledger(), c.payroll(), employee_id, month)  # before c.redis(): a refused resend
+        # started the embedded Redis in the background and left it running
         out = resend(c.cfg, c.redis(), c.ledger(), c.payroll(), employee_id, month)
         _audit(c.cfg, "resend", f"payrun resend --employee {employee_id} --month {month}", 1,
                f"queued resend {out['key']} (job {out['job']})")
@@ -332,11 +335,13 @@ def register(cli) -> None:
 
         u = urlsplit(c.cfg.scheduler.bank_url)
         _setup_logging()
+        where = (host or u.hostname or "127.0.0.1", port if port is not None else (u.port or 8026))
         try:
-            bank = Bank(c.cfg.payroll_path, host or u.hostname or "127.0.0.1", port if port is not None else (u.port or 8026),
-                        token=redis_server.local_secret(c.cfg, "bank-token"))
-        except OSError as e:
-            raise InputError(f"cannot listen: {e}")
+            bank = Bank(c.cfg.payroll_path, *where, token=redis_server.local_secret(c.cfg, "bank-token"))
+        except OSError as e:  # (it said "cannot listen" without where: the provider's line beside it did)
+            taken = " (another payrun's bank? give this one another port in scheduler.bank_url)" \
+                if e.errno == errno.EADDRINUSE else ""
+            raise InputError(f"cannot listen on {where[0]}:{where[1]}: {e}{taken}")
         bank.serve_forever()
 
 
@@ -349,13 +354,11 @@ def _audit(cfg, what: str, command: str, count: int, message: str) -> None:
 
 # ---- the one-off and delayed jobs ----------------------------------------------------
 
-def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
-    from jobs import idempotency
-    from jobs.runtime import make_queue
-    from payrun import keys, payroll
+def resend_refusal(ledger, db, employee_id: str, month: str) -> dict:
+    """Raise InputError if this slip cannot be sent again (bad month, no such employee or
+    salary line, no slip made yet); else the employee's snapshot. Needs no Redis."""
+    from payrun import payroll
     from payrun.runs import validate_month
-
-    from jobs import oneoff
 
     validate_month(month)
     snap = payroll.employee_snapshot(db, month, employee_id)
@@ -371,6 +374,17 @@ def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
                              f"--company {company} --resume` makes the slip")
         raise InputError(f"{employee_id} has no {month} slip to send again: {month} has not been run for company "
                          f"{company}; `payrun run --month {month} --company {company}` makes and sends it")
+    return snap
+
+
+def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
+    from jobs import idempotency
+    from jobs.runtime import make_queue
+    from payrun import keys
+
+    from jobs import oneoff
+
+    snap = resend_refusal(ledger, db, employee_id, month)
     queue = make_queue(keys.RENDER_QUEUE, conn)
     while True:  # n: a counter in Redis; never reuse a key that exists
         n = int(conn.incr(f"payrun:resend:{month}:{employee_id}"))

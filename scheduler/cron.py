@@ -317,6 +317,9 @@ _DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 
 def parse_duration(text: str) -> timedelta:
     """'30m', '2h', '1h30m', '45s', '1d' -> timedelta. ValueError otherwise."""
+    if "M" in (text or ""):  # ('1M' read as a minute: a reminder meant for next month went out at once)
+        raise ValueError(f"{text!r}: M could mean minutes or months: write m for minutes "
+                         f"(days are d; months are not a unit here)")
     t = (text or "").strip().lower()
     m = _DURATION.fullmatch(t)
     if not t or not m or not any(m.groups()):

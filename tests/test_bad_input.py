@@ -239,3 +239,71 @@ def test_a_file_name_with_a_nul_byte_is_a_usage_error(cfg):
     for argv in (["import", "a\x00b.csv"], ["--config", "a\x00b.toml", "status"]):
         result = CliRunner().invoke(cli, argv)
         assert result.exit_code == 2 and "cannot contain a NUL byte" in result.output, (argv, result.output)
+
+
+def test_failed_and_retry_say_a_bad_month_as_every_other_command_does(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAYRUN_HOME", str(tmp_path / "h"))
+    runner = CliRunner()
+    assert runner.invoke(cli, ["seed", "--companies", "1", "--employees", "1", "--month", "2026-11"]).exit_code == 0
+    for argv in (["failed", "--month", "2026-13"], ["retry", "--all", "--month", "2026-13"]):
+        out = runner.invoke(cli, argv)
+        assert out.exit_code == 2, (argv, out.output)
+        assert "--month must look like 2026-11 (YYYY-MM): '2026-13' has no month 13" in out.output, (argv, out.output)
+    assert "got '2026-1'" in runner.invoke(cli, ["failed", "--month", "2026-1"]).output
+
+
+def test_reap_every_without_loop_is_refused_and_the_helps_state_what_they_left_out(tmp_path, monkeypatch):
+    """`payrun reap --every 30` made one pass and exited, the --every unread; `status --company`
+    had no help line and `up --help` did not say that it waits by default."""
+    monkeypatch.setenv("PAYRUN_HOME", str(tmp_path / "h"))
+    runner = CliRunner()
+    assert runner.invoke(cli, ["seed", "--companies", "1", "--employees", "1", "--month", "2026-11"]).exit_code == 0
+    out = runner.invoke(cli, ["reap", "--every", "30"])
+    assert out.exit_code == 2 and "add --loop" in out.output, out.output
+    assert "Only this company id." in runner.invoke(cli, ["status", "--help"]).output
+    assert "[default: wait]" in runner.invoke(cli, ["up", "--help"]).output
+    assert "lease.reap_every_s, 5)" in " ".join(runner.invoke(cli, ["reap", "--help"]).output.split())
+
+
+def test_seed_into_a_month_already_run_says_its_slips_keep_their_data(tmp_path, monkeypatch):
+    from payrun import config as config_mod
+    from payrun.ledger import Ledger
+
+    monkeypatch.setenv("PAYRUN_HOME", str(tmp_path / "h"))
+    runner = CliRunner()
+    first = runner.invoke(cli, ["seed", "--companies", "1", "--employees", "3", "--month", "2026-11"])
+    assert first.exit_code == 0 and "already run" not in first.output
+    led = Ledger(config_mod.load().ledger_path)
+    led.claim_run(1, "2026-11", "test")
+    led.close()
+    again = runner.invoke(cli, ["seed", "--companies", "2", "--employees", "5", "--month", "2026-11"])
+    assert again.exit_code == 0
+    assert "note: 2026-11 was already run: its slips keep the data they were made with" in again.output, again.output
+    other = runner.invoke(cli, ["seed", "--companies", "2", "--employees", "5", "--month", "2026-12"])
+    assert "already run" not in other.output
+
+
+def test_a_refused_resend_does_not_start_redis(tmp_path, monkeypatch):
+    """`payrun resend` for a month not run, or an employee not there, was refused after it
+    had started the embedded Redis in the background, which it left running."""
+    monkeypatch.delenv("PAYRUN_REDIS_URL", raising=False)
+    monkeypatch.delenv("PAYRUN_CONFIG", raising=False)
+    home = tmp_path / "var"
+    monkeypatch.setenv("PAYRUN_HOME", str(home))
+    assert CliRunner().invoke(cli, ["seed", "--month", "2026-11", "--companies", "1", "--employees", "2"]).exit_code == 0
+    for args, why in ((["--employee", "emp-00001", "--month", "2026-11"], "has not been run for company 1"),
+                      (["--employee", "emp-99999", "--month", "2026-11"], "no employee 'emp-99999'"),
+                      (["--employee", "emp-00001", "--month", "2026-10"], "no salary line for 2026-10")):
+        out = CliRunner().invoke(cli, ["resend", *args])
+        assert out.exit_code == 2 and why in out.output, (args, out.output)
+    assert not (home / "redis" / "redis.sock").exists() and not (home / "redis" / "redis.pid").exists()
+
+
+def test_status_of_a_month_not_run_names_that_month_in_its_hint(tmp_path, monkeypatch):
+    """It said "`payrun run --month YYYY-MM` starts one" for the month the user had just typed."""
+    monkeypatch.delenv("PAYRUN_REDIS_URL", raising=False)
+    monkeypatch.setenv("PAYRUN_HOME", str(tmp_path / "var"))
+    assert CliRunner().invoke(cli, ["seed", "--month", "2026-11", "--companies", "1", "--employees", "2"]).exit_code == 0
+    out = CliRunner().invoke(cli, ["status", "--month", "2026-11"])
+    assert out.exit_code == 2 and "no pay run for 2026-11: `payrun run --month 2026-11` starts it" in out.output, \
+        out.output

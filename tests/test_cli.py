@@ -118,9 +118,14 @@ def test_an_unknown_job_id_gets_the_ids_it_begins_or_one_of_this_ledgers(runner,
     from payrun.ledger import Ledger
 
     ledger = Ledger(cfg.ledger_path)
-    ledger.create_jobs([{"id": f"{k}-2026-12-emp-{i:05d}", "kind": k, "month": "2026-12", "company_id": 1}
+    ledger.create_jobs([{"id": f"{k}-2026-12-emp-{i:05d}", "kind": k, "month": "2026-12", "company_id": 1,
+                         "employee_id": f"emp-{i:05d}"}
                         for k in ("render", "email") for i in (1, 12, 13, 2)])
     ledger.close()
+    # an employee's id given for a job's: their jobs (it got an unrelated example id)
+    msg = one_line_error(runner.invoke(cli, ["job", "emp-00012"]))
+    assert msg.endswith("(that is an employee; their jobs, newest first: email-2026-12-emp-00012, "
+                        "render-2026-12-emp-00012)"), msg
     msg = one_line_error(runner.invoke(cli, ["job", "email-2026-12-emp-0001"]))
     assert msg.endswith("(ids starting with it: email-2026-12-emp-00012, email-2026-12-emp-00013)"), msg
     msg = one_line_error(runner.invoke(cli, ["job", "slip-42"]))
@@ -408,6 +413,9 @@ def test_import_says_what_it_did_not_read_and_which_detail_differs(runner, cfg, 
     runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
     wrong = runner.invoke(cli, ["import", "docs/sample-companies.csv"])
     assert wrong.exit_code == 2 and "this looks like a companies file: `payrun import --companies FILE`" in wrong.output
+    other_way = runner.invoke(cli, ["import", "--companies", "docs/sample-employees.csv"])  # (no hint that way round)
+    assert other_way.exit_code == 2
+    assert "this looks like an employees file: `payrun import FILE` (without --companies)" in other_way.output
     with open("docs/sample-employees.csv", encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f)
         header, rows = list(reader.fieldnames or []), list(reader)
@@ -526,3 +534,59 @@ def test_the_gone_lanes_of_one_restarted_sender_read_as_one_row():
     shown = collapse_gone_lanes([*old[:20], held, *old[20:], render, *new])
     assert [(w.name, n) for w, n in shown] == [("email.vm.13878.00", 50), ("email.vm.13878.50", 1),
                                                ("render.vm.12000", 1), *[(w.name, 1) for w in new]]
+
+
+def test_import_help_lists_the_columns_it_reads(runner):
+    """A new user had to find docs/sample-employees.csv to learn the columns."""
+    import re
+
+    from payrun import payroll
+
+    text = " ".join(runner.invoke(cli, ["import", "--help"]).output.split())
+    listed = re.search(r"Employees \(.*?\): (.*?) Companies", text).group(1)
+    assert [c.split(" (")[0] for c in listed.split(", ")] == list(payroll.CSV_COLUMNS), listed
+    assert f"Companies (--companies; import them first): {', '.join(payroll.COMPANY_CSV_COLUMNS)}" in text
+
+
+def test_the_audit_line_of_an_import_of_one_says_one(runner, cfg, tmp_path):
+    """`payrun audit` read "1 companies (0 updated)"."""
+    one = tmp_path / "one.csv"
+    one.write_text("id,name,address\n1,Doel Garments Ltd,\"House 1, Road 2, Dhaka\"\n", encoding="utf-8")
+    assert runner.invoke(cli, ["import", "--companies", str(one)]).exit_code == 0
+    out = runner.invoke(cli, ["audit"]).output
+    assert "1 company (0 updated)" in out and "1 companies" not in out, out
+
+
+def test_every_month_option_shows_its_form_in_help():
+    """Half the --month options read `--month TEXT` in --help, the other half `--month YYYY-MM`."""
+    import click
+
+    def walk(cmd, path):
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                yield from walk(sub, [*path, name])
+            return
+        for p in cmd.params:
+            if isinstance(p, click.Option) and p.opts[0] in ("--month", "--before"):
+                yield " ".join(path), p
+
+    found = list(walk(cli, []))
+    assert len(found) >= 8, found
+    assert [(where, p.opts[0]) for where, p in found if p.metavar != "YYYY-MM"] == []
+
+
+def test_a_taken_port_is_named_with_the_setting_that_moves_it(runner, cfg):
+    """Two data directories `payrun up` on one host: the provider's log named the address
+    but not what to change, and the bank's said only "cannot listen"."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        out = runner.invoke(cli, ["provider", "--port", str(port)])
+        assert out.exit_code == 2, out.output
+        assert f"cannot listen on 127.0.0.1:{port}" in out.output and "provider.port in the config file" in out.output
+        out = runner.invoke(cli, ["bank", "--port", str(port)])
+        assert out.exit_code == 2, out.output
+        assert f"cannot listen on 127.0.0.1:{port}" in out.output and "scheduler.bank_url" in out.output, out.output

@@ -275,3 +275,20 @@ def test_a_toml_error_names_the_key_of_its_line_but_never_the_value(tmp_path):
     with pytest.raises(ConfigError) as e:
         load(tmp_path, '[redis]\nurl = "redis://:S3cret@h\n')
     assert "S3cret" not in str(e.value) and "(in 'url = ...')" in str(e.value)
+
+
+def test_a_data_directory_that_is_a_file_is_said_in_one_line(tmp_path):
+    """PAYRUN_HOME naming a file (or a path under one): `payrun seed` showed a traceback."""
+    import pytest
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    f = tmp_path / "afile"
+    f.write_text("")
+    for home in (f, f / "sub"):
+        with pytest.raises(ConfigError, match="is a file, not a directory"):
+            config.load(env={"PAYRUN_HOME": str(home)})
+        out = CliRunner().invoke(cli, ["seed", "--companies", "1", "--employees", "1"], env={"PAYRUN_HOME": str(home)})
+        assert out.exit_code == 2 and out.output.startswith("payrun: ") and "Traceback" not in out.output, out.output
+    assert config.load(env={"PAYRUN_HOME": str(tmp_path / "new" / "home")}).home == tmp_path / "new" / "home"

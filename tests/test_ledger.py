@@ -192,3 +192,32 @@ def test_a_second_ledger_waits_and_takes_no_event_from_the_one_applying_them(tmp
     assert ledger_mod.events_owner(conn) == me_again and os.getpid() == int(me_again.split(" ")[1])
     ledger_mod.let_go_of_events(conn, me_again)
     assert ledger_mod.events_owner(conn) is None
+
+
+def test_status_notes_a_failed_resend_the_slip_counts_leave_out(tmp_path):
+    """HR's `payrun resend` failed for good (an address refused); `payrun status` read
+    "12 sent, 0 failed" and said nothing, since a slip counts once, by its first email."""
+    from payrun import config, status
+
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
+    led = Ledger(tmp_path / "ledger.db")
+    key = f"slip:{MONTH}:emp-1"
+    rows = [dict(id=f"render-{MONTH}-emp-1", kind="render", company_id=1, employee_id="emp-1", month=MONTH,
+                 key=key, status="done"),
+            dict(id=f"email-{MONTH}-emp-1", kind="email", company_id=1, employee_id="emp-1", month=MONTH,
+                 key=key, status="done")]
+    for n, (r_status, e_status) in enumerate([("done", "failed"), ("failed", None), ("done", "done")], 1):
+        rk = f"{key}:resend-{n}"
+        rows.append(dict(id=f"resend-{MONTH}-emp-1-{n}", kind="resend", company_id=1, employee_id="emp-1",
+                         month=MONTH, key=rk, status=r_status))
+        if e_status:
+            rows.append(dict(id=f"email-{MONTH}-emp-1-resend-{n}", kind="email", company_id=1, employee_id="emp-1",
+                             month=MONTH, key=rk, status=e_status))
+    led.create_jobs(rows)
+    led.claim_run(1, MONTH, "test")
+    assert led.failed_resends(MONTH) == 2 and led.failed_resends(MONTH, 2) == 0
+    r = status.report(cfg, led, MONTH)
+    assert r["total"]["done"] == 1 and r["total"]["failed"] == 0  # the slip itself was delivered
+    assert any(f"2 resends (`payrun resend`) of {MONTH} failed for good" in n
+               and f"payrun failed --month {MONTH}" in n for n in r["notes"]), r["notes"]
+    led.close()

@@ -908,7 +908,8 @@ def test_a_typo_in_a_companys_name_kept_for_a_month_already_run_is_corrected_by_
     out = runner.invoke(cli, ["import", "--companies", str(fixed), "--month", MONTH, "--month", "2026-10"])
     assert out.exit_code == 0, out.output
     assert f"{MONTH}: corrected the name and address kept for company {company}" in out.output
-    assert "2026-10: nothing to correct" in out.output
+    assert f"2026-10: nothing to correct: no pay run of 2026-10 keeps company details (months run: {MONTH})" \
+        in out.output  # (a typo'd month read like a month run with nothing to fix)
     assert "keep the name and address they were run with" not in out.output  # (November's is corrected)
     assert payroll.employee_snapshot(db, MONTH, "emp-00004")["company"]["name"] == "Meghna Textlies Ltd"
     assert runner.invoke(cli, ["resend", "--employee", "emp-00004", "--month", MONTH]).exit_code == 0

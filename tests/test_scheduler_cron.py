@@ -138,3 +138,12 @@ def test_durations():
     for bad in ("", "30", "m", "1x"):
         with pytest.raises(ValueError):
             cron.parse_duration(bad)
+
+
+def test_a_capital_m_in_a_duration_is_refused_as_minutes_or_months():
+    """`payrun remind --in 1M` (a month, meant) scheduled the reminders a minute away."""
+    for text in ("1M", "30M", "1h30M"):
+        with pytest.raises(ValueError, match="M could mean minutes or months"):
+            cron.parse_duration(text)
+    assert cron.parse_duration("2H") == timedelta(hours=2)  # the other units are not ambiguous
+    assert cron.parse_duration("30m") == timedelta(minutes=30)

@@ -688,3 +688,68 @@ def test_a_program_whose_supervisord_died_logs_into_its_log_file(tmp_path):
     assert log_file.read_text() == ("a line supervisord wrote\njob render-1 done (attempt 1) in 0.04 s\n"
                                     "Worker render.1: warm shut down\n")
     handler.close()
+
+
+def test_ps_exits_0_when_the_only_stopped_programs_were_never_meant_to_start():
+    """With PAYRUN_EMAIL_URL (or PAYRUN_REDIS_URL) set, the local provider (or the embedded
+    Redis) is autostart=false: `STOPPED   Not started` is how it should be, and `payrun ps`
+    exited 3 for it on every host sending through a real provider."""
+    from payrun import supervise
+
+    running = ("control                          RUNNING   pid 1374, uptime 0:00:07\n"
+               "ledger                           RUNNING   pid 1373, uptime 0:00:07\n")
+    assert supervise.ps_code(running) == 0
+    assert supervise.ps_code(running + "provider                         STOPPED   Not started\n") == 0
+    # stopped by hand, given up on, restarting: not running as it should
+    assert supervise.ps_code(running + "ledger                           STOPPED   Dec 05 08:53 PM\n") == 3
+    assert supervise.ps_code(running + "send-email                       FATAL     Exited too quickly\n") == 3
+    assert supervise.ps_code(running + "send-email                       BACKOFF   Exited too quickly\n") == 3
+    assert supervise.ps_code(running + "redis                            STARTING  \n") == 3
+    assert supervise.ps_code("") == 3
+
+
+def test_up_in_a_directory_with_no_payrun_data_says_it_started_an_empty_one(tmp_path, monkeypatch):
+    """Run from the wrong directory, `payrun up` started a whole empty payrun there (its
+    provider then holding the port the real one needs), without a word."""
+    from click.testing import CliRunner
+
+    from payrun import supervise
+    from payrun.cli import cli
+
+    home = tmp_path / "var"
+    monkeypatch.setenv("PAYRUN_HOME", str(home))
+    monkeypatch.delenv("PAYRUN_REDIS_URL", raising=False)
+    monkeypatch.setattr(supervise, "up", lambda cfg_, wait, role: "started")
+    payroll.seed(payroll.PayrollDB(home / "demo" / "payroll.db"), companies=1, employees=1, seed=5, month="2026-11")
+    fresh = CliRunner().invoke(cli, ["up"])
+    assert fresh.exit_code == 0
+    assert f"note: {home} held no payrun data, so this is a new, empty payrun" in fresh.output, fresh.output
+    assert "`payrun demo` keeps its data in its demo/ folder" in fresh.output
+    payroll.seed(payroll.PayrollDB(home / "payroll.db"), companies=1, employees=1, seed=5, month="2026-11")
+    again = CliRunner().invoke(cli, ["up"])
+    assert again.exit_code == 0 and "note:" not in again.output, again.output
+    assert "note:" not in CliRunner().invoke(cli, ["up", "--role", "worker"], env={"PAYRUN_HOME": str(tmp_path / "w")}).output
+
+
+def test_up_says_that_intake_is_still_drained(cfg, conn, monkeypatch):
+    """A drain outlives `payrun down`/`up`: `up` listed every program RUNNING and said
+    nothing, and the run did not move."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    monkeypatch.setattr(supervise_mod(), "up", lambda cfg_, wait, role: "started")
+    payroll.seed(payroll.PayrollDB(cfg.payroll_path), companies=1, employees=1, seed=5, month="2026-11")
+    runner = CliRunner()
+    assert "drained" not in runner.invoke(cli, ["up"]).output
+    assert runner.invoke(cli, ["drain"]).exit_code == 0
+    out = runner.invoke(cli, ["up"])
+    assert out.exit_code == 0 and "note: intake is drained everywhere (`payrun drain`)" in out.output, out.output
+    assert runner.invoke(cli, ["resume"]).exit_code == 0
+    assert "drained" not in runner.invoke(cli, ["up"]).output
+
+
+def supervise_mod():
+    from payrun import supervise
+
+    return supervise
