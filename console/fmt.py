@@ -43,7 +43,8 @@ def eta_text(eta: dict[str, Any] | None) -> str:
     if eta["remaining"] == 0:
         if eta.get("failed"):  # finished, but not everyone got a slip: never "all delivered"
             return f"finished: {eta['failed']:,} failed for good (f lists them)"
-        return "all slips made are delivered" if eta.get("no_slip") else "all delivered"
+        return ("all slips made are delivered" if eta.get("no_slip") or eta.get("no_salary_line")
+                else "all delivered")
     if eta.get("drained"):
         return "no ETA: intake drained (resume with u or `payrun resume`)"
     if eta.get("no_worker"):

@@ -151,7 +151,7 @@ async def test_overview_shows_the_right_numbers(payrun_world):
         report = status.report(cfg, ledger, conn=conn)
         assert snap.status["total"] == report["total"]
         assert report["total"] | {} == {"queued": n2, "running": 0, "retrying": 0, "done": n1 - 1, "failed": 1,
-                                        "stuck": 0, "total": n1 + n2, "no_slip": 0}
+                                        "stuck": 0, "total": n1 + n2, "no_slip": 0, "no_salary_line": 0}
         answer = text_of(app, "#answer")
         assert f"{n1 - 1} sent, {n2} in progress, 1 failed" in answer
         assert cells(app, "#companies", "1")[2:7] == [str(n1 - 1), "0", "0", "1", str(n1)]
@@ -891,6 +891,7 @@ def test_the_eta_is_not_late_in_a_runs_first_minutes_nor_given_while_drained_or_
     finished = total | {"queued": 0, "done": 50_000}
     assert eta_text(eta(finished, 0.0, now, "Asia/Dhaka")) == "all delivered"
     assert eta_text(eta(finished | {"no_slip": 3}, 0.0, now, "Asia/Dhaka")) == "all slips made are delivered"
+    assert eta_text(eta(finished | {"no_salary_line": 1}, 0.0, now, "Asia/Dhaka")) == "all slips made are delivered"
 
 
 def test_the_eta_never_says_all_delivered_over_failed_slips_nor_promises_a_time_with_no_worker():
@@ -1171,3 +1172,23 @@ async def test_the_overview_says_when_the_ledger_is_behind(failed_world):
         await settle(pilot, lambda: app.snapshot is not None and app.snapshot.status is not None)
         await settle(pilot, lambda: "the ledger is 3 updates behind" in text_of(app, "#answer"), what="the note")
         assert "is `payrun ledger` running?" in text_of(app, "#answer")
+
+
+def test_the_hr_line_counts_an_active_employee_with_no_salary_line(payrun_world):
+    """An HR drill: an employee of a company in the run with no salary line for the month
+    got no slip, and the console said "all delivered". It counts them as `payrun status`
+    does."""
+    from console.fmt import answer
+
+    cfg, conn, ledger, *_ = payrun_world
+    with payroll.PayrollDB(cfg.payroll_path) as db:
+        db.conn.execute("INSERT INTO employees (id, company_id, name_en, name_bn, email, department, designation, "
+                        "bank_account) VALUES ('emp-77777', 2, 'No Line', '', 'no.line@example.com', 'HR', 'Clerk', "
+                        "'1234567890123')")
+        db.conn.commit()
+    snap = Source(cfg, conn).snapshot()
+    assert snap.error is None
+    assert snap.status["total"]["no_salary_line"] == 1
+    assert [c["no_salary_line"] for c in snap.status["companies"]] == [0, 1]
+    assert snap.status["total"] == status.report(cfg, ledger, month=MONTH, conn=conn)["total"]
+    assert "1 with no salary line" in answer(snap.status["total"])

@@ -1064,3 +1064,32 @@ def test_status_notes_jobs_held_by_gone_workers_and_names_the_reaper(world):
     conn.hset(f"rq:job:{job_id}", mapping={"worker_name": "render.gone.1", "status": "started"})
     notes = status.report(cfg, ledger, "2026-11", None, conn=conn)["notes"]
     assert any(n.startswith("1 job is held by workers that are gone") and "`payrun reap`" in n for n in notes), notes
+
+
+def test_status_names_an_active_employee_with_no_salary_line_for_the_month(world):
+    """An HR drill: an employee whose salary line never came got no slip, and status said
+    "299 sent, 0 failed" (the console: "all delivered"). Status names them, and leaves
+    out those marked left."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    victim = sorted(payroll.employee_ids(db, MONTH))[0]
+    db.conn.execute("DELETE FROM salary_lines WHERE employee_id = ? AND month = ?", (victim, MONTH))
+    db.conn.commit()
+    runner = CliRunner()
+    assert runner.invoke(cli, ["run", "--month", MONTH]).exit_code == 0
+    hr = json.loads(runner.invoke(cli, ["status", "--json"]).stdout)
+    assert hr["total"]["total"] == 11 and hr["total"]["no_salary_line"] == 1
+    assert hr["no_salary_line"] == [victim]
+    assert any(f"no salary line for {MONTH}, so no slip was made: {victim}" in n for n in hr["notes"])
+    assert "1 with no salary line" in runner.invoke(cli, ["status"]).stdout
+    other = sorted(payroll.employee_ids(db, MONTH))[0]  # a line removed after its slip was made
+    db.conn.execute("DELETE FROM salary_lines WHERE employee_id = ? AND month = ?", (other, MONTH))
+    db.conn.commit()
+    assert json.loads(runner.invoke(cli, ["status", "--json"]).stdout)["no_salary_line"] == [victim]
+    assert runner.invoke(cli, ["employee", "left", victim]).exit_code == 0
+    hr = json.loads(runner.invoke(cli, ["status", "--json"]).stdout)
+    assert hr["total"]["no_salary_line"] == 0 and hr["no_salary_line"] == []
+    assert not any("no salary line" in n for n in hr["notes"])
