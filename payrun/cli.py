@@ -515,6 +515,13 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
     every = deadletters.failed(c.running_redis(), queue, error_text, None, company=company, ledger=_maybe_ledger(c),
                                month=month)
     rows = every[:limit]
+    fixed: set[str] = set()
+    if c.cfg.payroll_path.exists() and any(r.get("permanent") for r in every):
+        with c.payroll() as db:
+            fixed = deadletters.readdressed(c.running_redis(), every, db)
+    for r in every:
+        if r.get("permanent") and r.get("kind") == "email":
+            r["address_changed"] = r["id"] in fixed
     if as_json:
         click.echo(json.dumps(rows))
         return
@@ -527,6 +534,7 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         held, returned = r.get("held", 0), r.get("returned", 0)
         spent = attempts_spent(r["attempts"], held, returned)
         resent = "  [slip delivered since by a resend]" if r.get("delivered_by_resend") else (
+            "  [address changed since: retry sends it to the new one]" if r.get("address_changed") else
             "  [permanent: fix the data, then retry]" if r.get("permanent") and r.get("employee") else "")
         who = ""
         if r.get("employee"):  # HR asks "who did not get a slip?": the person, not only a job id
@@ -544,7 +552,12 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         click.echo(f"{shown}; nothing left to retry: every one of these slips was delivered by a resend")
         return
     click.echo(f"{shown}; retry with: payrun retry ID… or {_retry_all(queue, error_text, company, month)}")
-    permanent = sum(1 for r in every if r.get("permanent") and r.get("employee") and not r.get("delivered_by_resend"))
+    permanent = sum(1 for r in every if r.get("permanent") and r.get("employee") and not r.get("delivered_by_resend")
+                    and not r.get("address_changed"))
+    if fixed:
+        click.echo(f"note: {len(fixed):,} of them went to an address the payroll data has changed since: "
+                   f"`payrun retry {' '.join(sorted(fixed)[:5])}{' …' if len(fixed) > 5 else ''}` sends "
+                   f"{'it' if len(fixed) == 1 else 'them'} to the new one")
     if permanent:
         click.echo(f"note: {permanent:,} of them failed for good on the employee's data (an address refused, a name "
                    "too long): a retry alone fails again; fix the employee first (`payrun import`), then retry")

@@ -66,6 +66,29 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
     return out[:limit] if limit else out
 
 
+def readdressed(conn, rows: list[dict[str, Any]], payroll_db) -> set[str]:
+    """Of ``failed`` rows, the permanent send failures whose employee's email address in
+    ``payroll_db`` is no longer the one the send used: HR fixed it since, and `payrun
+    retry` sends to the new one (an HR drill: the list still said "fix the data" after
+    the fix was imported)."""
+    from payrun import payroll
+
+    sends = [r for r in rows if r.get("permanent") and r.get("employee") and r.get("kind") == "email"
+             and not r.get("delivered_by_resend")]
+    if not sends or payroll_db is None:
+        return set()
+    now = payroll.emails(payroll_db, sorted({r["employee"] for r in sends}))
+    out = set()
+    for job in PayrunJob.fetch_many([r["id"] for r in sends], connection=conn,
+                                    serializer=_registry(conn, keys.EMAIL_QUEUE).serializer):
+        if job is None or not job.args or not isinstance(job.args[0], dict):
+            continue
+        r = next(r for r in sends if r["id"] == job.id)
+        if now.get(r["employee"]) not in (None, job.args[0].get("to")):
+            out.add(job.id)
+    return out
+
+
 def slip_key(key: str) -> str:
     """The slip a key belongs to: slip:<month>:<employee> (a resend's key adds :resend-<n>)."""
     return key.split(":resend-", 1)[0]

@@ -1095,6 +1095,16 @@ def without_salary_line(db: "PayrollDB | sqlite_utils.Database", month: str,
     return out
 
 
+def emails(db: "PayrollDB | sqlite_utils.Database", employee_ids: list[str]) -> dict[str, str]:
+    """employee id -> email address now, of those of ``employee_ids`` that exist."""
+    out: dict[str, str] = {}
+    for i in range(0, len(employee_ids), 500):
+        part = employee_ids[i:i + 500]
+        out.update(_sdb(db).conn.execute(
+            f"SELECT id, email FROM employees WHERE id IN ({','.join('?' * len(part))})", part).fetchall())
+    return out
+
+
 def count_employees(db: "PayrollDB | sqlite_utils.Database", month: str,
                     company_id: int | None = None) -> int:
     """How many snapshots ``snapshots(db, month, company_id)`` yields."""

@@ -347,6 +347,14 @@ def test_bad_address_fixed_then_retried_is_delivered(world, provider):
     # HR fixes the address, then retries everything that failed on it (the retry reminds
     # that such a job fails again unless its data was fixed first: it cannot tell whether it was)
     set_email(db, "emp-00002", "fixed@payroll.example")
+    # the list no longer says "fix the data" of an address fixed since (an HR drill)
+    assert listed[0]["address_changed"] is False
+    assert json.loads(runner.invoke(cli, ["failed", "--json"]).output)[0]["address_changed"] is True
+    text = runner.invoke(cli, ["failed"]).output
+    assert "[address changed since: retry sends it to the new one]" in text and "[permanent:" not in text
+    assert "failed for good on the employee's data" not in text
+    assert (f"note: 1 of them went to an address the payroll data has changed since: `payrun retry "
+            f"{listed[0]['id']}` sends it to the new one") in text
     said = runner.invoke(cli, ["retry", "--all", "--error", "invalid recipient"]).output
     assert said.startswith("requeued 1 job(s)\n") and "note: 1 of them had failed on the employee's data" in said
     run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
