@@ -423,7 +423,8 @@ async def test_retry_selected_with_one_row_retries_that_row_and_permanent_failur
     data (an address refused) looked like any other, its retry offered with no word that it
     fails again: the list marks it, the dialogs say it."""
     cfg, conn, ledger = failed_world
-    for job_id, permanent, error in (("e-refused-2", True, "provider 127.0.0.1:9: HTTP 422 refused"),
+    refused = "HTTP 422 invalid recipient address: 'rina.das.15@doel.invalid' (domain does not exist)"
+    for job_id, permanent, error in (("e-refused-2", True, f"provider 127.0.0.1:9: {refused}"),
                                      ("e-refused-1", False, "provider 127.0.0.1:9: HTTP 503 down")):
         meta = json.loads(conn.hget(f"rq:job:{job_id}", "meta"))  # (one failed on its data, one ran out of tries)
         conn.hset(f"rq:job:{job_id}", "meta", json.dumps({**meta, "permanent": permanent, "last_error": error}))
@@ -436,13 +437,15 @@ async def test_retry_selected_with_one_row_retries_that_row_and_permanent_failur
         rows = {r["id"]: r for r in app.screen.page.rows}
         assert rows["e-refused-2"]["permanent"] and not rows["e-refused-1"]["permanent"]
         assert cells(app, "#failed", "e-refused-2")[5] == "data" and cells(app, "#failed", "e-refused-1")[5] == ""
-        assert cells(app, "#failed", "e-refused-2")[6] == "HTTP 422 refused"  # (no "provider host:port: ")
+        assert cells(app, "#failed", "e-refused-2")[6] == refused  # (no "provider host:port: ")
         assert "failed on the employee's data" in text_of(app, "#failed-summary")
         first = app.screen.query_one("#failed").current_key
         await pilot.press("space", "R")
         await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
         assert app.screen.command == f"payrun retry {first}"  # the selected row, not the one under the cursor
         assert ("fails again" in app.screen.body) == (first == "e-refused-2")
+        # the refused address and the reason whole (an HR drill read "(domain does not ): a retry")
+        assert (f"({refused}): a retry" in app.screen.body) == (first == "e-refused-2")
         await pilot.press("n")
         await settle(pilot, lambda: type(app.screen).__name__ == "FailedScreen")
         await pilot.press("A")

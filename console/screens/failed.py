@@ -14,6 +14,7 @@ from console.failed import FailedFilter, FailedPage, short_error
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
+from payrun.status import cut
 
 
 class FailedScreen(ConsoleScreen):
@@ -197,7 +198,7 @@ class FailedScreen(ConsoleScreen):
         row = next((r for r in (self.page.rows if self.page else []) if r["id"] == key), {})
         body = "Requeue it with a fresh attempt budget."
         if row.get("permanent"):
-            body = (f"It failed on the employee's data ({short_error(row.get('error') or '')[:80]}): a retry alone "
+            body = (f"It failed on the employee's data ({cut(short_error(row.get('error') or ''), 160)}): a retry alone "
                     "fails again unless the employee was fixed first (payrun import). " + body)
         self.app.push_screen(ConfirmKey(f"Retry {key}?", body, cmd),
                              lambda ok: ok and self.app.act("retry", actions.retry, [key], cmd))
