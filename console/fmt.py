@@ -58,7 +58,7 @@ def eta_text(eta: dict[str, Any] | None) -> str:
             deadline = datetime.fromisoformat(eta["deadline"])
             # (within the minute: "done 07:07" read at 07:07:41 looked like a time gone by)
             done = "in under a minute" if eta.get("back_within_a_minute") else f"{back:%H:%M}"
-            text += (f" (back now: done {done}, "
+            text += (f" (if back now: done {done}, "
                      f"{'on time for' if eta['on_time_if_back_now'] else 'LATE for'} "
                      f"{_deadline(deadline, back)})")
         return text
