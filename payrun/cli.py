@@ -518,7 +518,8 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
     fixed: set[str] = set()
     if c.cfg.payroll_path.exists() and any(r.get("permanent") for r in every):
         with c.payroll() as db:
-            fixed = deadletters.readdressed(c.running_redis(), every, db)
+            fixed = deadletters.readdressed(c.running_redis(), [r["id"] for r in every if r.get("permanent") and
+                                                                not r.get("delivered_by_resend")], db)
     for r in every:
         if r.get("permanent") and r.get("kind") == "email":
             r["address_changed"] = r["id"] in fixed
@@ -849,6 +850,7 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
     from console.failed import permanent_among
 
     on_data = permanent_among(conn, ids)  # (read before the retry resets the jobs)
+    fixed = deadletters.readdressed(conn, on_data, db)  # (of them, sends to an address changed since)
     again: list[str] = []
     refused: list[tuple[str, str]] = []
     requeued, missing = deadletters.retry(c.cfg, conn, ids, db, rendered_again=again, refused=refused,
@@ -886,7 +888,10 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
                     click.echo(f"note: {note}", err=True)
             except (RedisError, OSError):
                 pass
-        if on_data := [i for i in on_data if i in set(requeued)]:
+        if readdressed := [i for i in on_data if i in set(requeued) and i in fixed]:
+            click.echo(f"note: {len(readdressed)} of them had an address refused that the payroll data has "
+                       f"changed since: {'it goes' if len(readdressed) == 1 else 'they go'} to the new one")
+        if on_data := [i for i in on_data if i in set(requeued) and i not in fixed]:
             click.echo(f"note: {len(on_data)} of them had failed on the employee's data (an address refused, a "
                        "name too long): they are read again from the payroll database, so if it was not fixed "
                        "first (`payrun import`) they fail again")

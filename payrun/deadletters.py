@@ -66,27 +66,25 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
     return out[:limit] if limit else out
 
 
-def readdressed(conn, rows: list[dict[str, Any]], payroll_db) -> set[str]:
-    """Of ``failed`` rows, the permanent send failures whose employee's email address in
-    ``payroll_db`` is no longer the one the send used: HR fixed it since, and `payrun
-    retry` sends to the new one (an HR drill: the list still said "fix the data" after
-    the fix was imported)."""
+def readdressed(conn, job_ids: list[str], payroll_db) -> set[str]:
+    """Of failed jobs ``job_ids``, the sends that failed for good whose employee's email
+    address in ``payroll_db`` is no longer the one they used: HR fixed it since, and
+    `payrun retry` sends to the new one (an HR drill: the list still said "fix the data"
+    after the fix was imported, and the retry that it fails again unless fixed)."""
     from payrun import payroll
 
-    sends = [r for r in rows if r.get("permanent") and r.get("employee") and r.get("kind") == "email"
-             and not r.get("delivered_by_resend")]
-    if not sends or payroll_db is None:
+    if not job_ids or payroll_db is None:
         return set()
-    now = payroll.emails(payroll_db, sorted({r["employee"] for r in sends}))
-    out = set()
-    for job in PayrunJob.fetch_many([r["id"] for r in sends], connection=conn,
+    used: dict[str, tuple[str, str]] = {}  # job id -> (employee, address it used)
+    for job in PayrunJob.fetch_many(list(job_ids), connection=conn,
                                     serializer=_registry(conn, keys.EMAIL_QUEUE).serializer):
-        if job is None or not job.args or not isinstance(job.args[0], dict):
+        if job is None or job.meta.get("kind") != "email" or not job.meta.get("permanent"):
             continue
-        r = next(r for r in sends if r["id"] == job.id)
-        if now.get(r["employee"]) not in (None, job.args[0].get("to")):
-            out.add(job.id)
-    return out
+        payload = job.args[0] if job.args and isinstance(job.args[0], dict) else {}
+        if payload.get("employee_id") and payload.get("to"):
+            used[job.id] = (payload["employee_id"], payload["to"])
+    now = payroll.emails(payroll_db, sorted({e for e, _ in used.values()}))
+    return {i for i, (emp, to) in used.items() if now.get(emp) not in (None, to)}
 
 
 def slip_key(key: str) -> str:
