@@ -824,7 +824,25 @@ class Source:
         with self._lock:
             from console import failed
 
-            return failed.page(self.conn, self.ledger(), flt, offset, limit)
+            page = failed.page(self.conn, self.ledger(), flt, offset, limit)
+            fixed = self._readdressed([r["id"] for r in page.rows if r.get("permanent")])
+            for r in page.rows:
+                r["address_changed"] = r["id"] in fixed
+            return page
+
+    def _readdressed(self, ids: list[str]) -> set[str]:
+        """Of failed jobs ``ids``, the sends refused for an address the payroll db has
+        changed since (payrun.deadletters.readdressed); none without a payroll db here."""
+        from payrun.deadletters import readdressed
+
+        if not ids:
+            return set()
+        if self._payroll is None:
+            self._payroll = open_payroll_ro(self.cfg.payroll_path)
+        try:
+            return readdressed(self.conn, ids, self._payroll) if self._payroll is not None else set()
+        except sqlite3.Error:
+            return set()
 
     def failed_ids(self, flt: "FailedFilter") -> list[str]:
         with self._lock:
@@ -836,7 +854,9 @@ class Source:
         with self._lock:
             from console import failed
 
-            return failed.permanent_among(self.conn, ids)
+            permanent = failed.permanent_among(self.conn, ids)
+            fixed = self._readdressed(permanent)  # (a retry sends those to the new address)
+            return [i for i in permanent if i not in fixed]
 
     def job_detail(self, job_id: str) -> dict[str, Any]:
         with self._lock:

@@ -76,9 +76,20 @@ def readdressed(conn, job_ids: list[str], payroll_db) -> set[str]:
     if not job_ids or payroll_db is None:
         return set()
     used: dict[str, tuple[str, str]] = {}  # job id -> (employee, address it used)
-    for job in PayrunJob.fetch_many(list(job_ids), connection=conn,
-                                    serializer=_registry(conn, keys.EMAIL_QUEUE).serializer):
-        if job is None or job.meta.get("kind") != "email" or not job.meta.get("permanent"):
+    serializer = _registry(conn, keys.EMAIL_QUEUE).serializer
+    with conn.pipeline(transaction=False) as p:  # (no MULTI: the console's read-only user may not)
+        for job_id in job_ids:
+            p.hgetall(f"rq:job:{job_id}")
+        raws = p.execute()
+    for job_id, raw in zip(job_ids, raws):
+        if not raw:
+            continue
+        job = PayrunJob(job_id, connection=conn, serializer=serializer)
+        try:
+            job.restore(raw)
+        except Exception:  # (a job record RQ cannot read: not ours to judge here)
+            continue
+        if job.meta.get("kind") != "email" or not job.meta.get("permanent"):
             continue
         payload = job.args[0] if job.args and isinstance(job.args[0], dict) else {}
         if payload.get("employee_id") and payload.get("to"):

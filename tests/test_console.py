@@ -1195,3 +1195,44 @@ def test_the_hr_line_counts_an_active_employee_with_no_salary_line(payrun_world)
     assert [c["no_salary_line"] for c in snap.status["companies"]] == [0, 1]
     assert snap.status["total"] == status.report(cfg, ledger, month=MONTH, conn=conn)["total"]
     assert "1 with no salary line" in answer(snap.status["total"])
+
+
+@sync
+async def test_a_refused_address_fixed_since_reads_fixed_not_data(payrun_world):
+    """An HR drill: after importing the corrected address, the failed list still said
+    "data: a retry alone fails again: fix it first", and so did the retry dialog."""
+    import redis
+
+    from payrun.redis_server import READONLY_ACL
+
+    cfg, conn, ledger, bad, *_ = payrun_world
+    job_id = keys.email_job_id(MONTH, bad)
+    # as the console reads: a user that may not write, nor MULTI (RQ's fetch_many does)
+    conn.execute_command("ACL", "SETUSER", "drill-ro", "reset", *READONLY_ACL.split(), ">drill-pw")
+    sock = conn.connection_pool.connection_kwargs["path"]
+    ro = redis.Redis(unix_socket_path=sock, username="drill-ro", password="drill-pw")
+    src = Source(cfg, ro)
+    row = next(r for r in src.failed_page(FailedFilter()).rows if r["id"] == job_id)
+    assert row["permanent"] and not row["address_changed"]
+    assert src.permanent_among([job_id]) == [job_id]
+    with payroll.PayrollDB(cfg.payroll_path) as db:
+        db.conn.execute("UPDATE employees SET email = 'fixed@payroll.example' WHERE id = ?", (bad,))
+        db.conn.commit()
+    row = next(r for r in src.failed_page(FailedFilter()).rows if r["id"] == job_id)
+    assert row["address_changed"] and src.permanent_among([job_id]) == []
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("f")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 1,
+                     what="the failed send")
+        assert cells(app, "#failed", job_id)[5] == "fixed"
+        assert "fixed: its address was refused and has changed since" in text_of(app, "#failed-summary")
+        assert "fails again" not in text_of(app, "#failed-summary")
+        await pilot.press("r")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
+        assert "the retry sends it there" in app.screen.body and "fails again" not in app.screen.body
+        await pilot.press("n")
+    assert conn.llen(f"rq:queue:{keys.EMAIL_QUEUE}") == 0  # nothing retried
+    ro.close()
+    conn.execute_command("ACL", "DELUSER", "drill-ro")
