@@ -824,10 +824,14 @@ class Source:
         with self._lock:
             from console import failed
 
-            page = failed.page(self.conn, self.ledger(), flt, offset, limit)
+            led = self.ledger()
+            page = failed.page(self.conn, led, flt, offset, limit)
             fixed = self._readdressed([r["id"] for r in page.rows if r.get("permanent")])
+            ids = [r["id"] for r in page.rows]  # (`payrun failed` marks them: a retry emails the slip again)
+            resent = set(ids) - set(failed._without_resent(led, ids))
             for r in page.rows:
                 r["address_changed"] = r["id"] in fixed
+                r["delivered_by_resend"] = r["id"] in resent
             return page
 
     def _readdressed(self, ids: list[str]) -> set[str]:

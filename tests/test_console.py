@@ -1198,7 +1198,7 @@ def test_the_hr_line_counts_an_active_employee_with_no_salary_line(payrun_world)
 
 
 @sync
-async def test_a_refused_address_fixed_since_reads_fixed_not_data(payrun_world):
+async def test_a_refused_address_fixed_since_reads_fixed_and_a_slip_resent_since_reads_resent(payrun_world):
     """An HR drill: after importing the corrected address, the failed list still said
     "data: a retry alone fails again: fix it first", and so did the retry dialog."""
     import redis
@@ -1234,5 +1234,30 @@ async def test_a_refused_address_fixed_since_reads_fixed_not_data(payrun_world):
         assert "the retry sends it there" in app.screen.body and "fails again" not in app.screen.body
         await pilot.press("n")
     assert conn.llen(f"rq:queue:{keys.EMAIL_QUEUE}") == 0  # nothing retried
+    # HR sent the slip again instead (`payrun resend`), and it was delivered: a retry of the
+    # failed send would email it a second time; `payrun failed` said so, the console did not
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    assert CliRunner().invoke(cli, ["resend", "--employee", bad, "--month", MONTH]).exit_code == 0
+    run_lanes(conn, [keys.RENDER_QUEUE], lanes=2, burst=True)
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=4, burst=True)
+    ledger_mod.drain(conn, ledger)
+    row = next(r for r in src.failed_page(FailedFilter()).rows if r["id"] == job_id)
+    assert row["delivered_by_resend"]
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("f")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 1,
+                     what="the failed send")
+        assert cells(app, "#failed", job_id)[5] == "resent"
+        summary = text_of(app, "#failed-summary")
+        assert "resent: its slip was delivered by a `payrun resend` since" in summary and "fixed:" not in summary
+        await pilot.press("r")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
+        assert "a retry emails the employee the slip again" in app.screen.body
+        await pilot.press("n")
     ro.close()
     conn.execute_command("ACL", "DELUSER", "drill-ro")
