@@ -1080,7 +1080,9 @@ def without_salary_line(db: "PayrollDB | sqlite_utils.Database", month: str,
     salary line for ``month`` at all, ids ascending: a pay run makes them no slip, and
     "all delivered" must not hide them from HR (a line the import never got, or a person
     unpaid this month). Employees marked left are not counted, nor those in ``with_slip``
-    (a slip job of the month: their line was removed after the run)."""
+    (a slip job of the month: their line was removed after the run), nor those whose
+    first salary line is of a later month (hired since: December's hires are not missing
+    from November)."""
     _check_month(month)
     if not company_ids:
         return {}
@@ -1089,7 +1091,8 @@ def without_salary_line(db: "PayrollDB | sqlite_utils.Database", month: str,
     for cid, emp in _sdb(db).conn.execute(
             f"SELECT e.company_id, e.id FROM employees e WHERE e.active = 1 AND e.company_id IN ({marks}) "
             "AND NOT EXISTS (SELECT 1 FROM salary_lines s WHERE s.employee_id = e.id AND s.month = ?) "
-            "ORDER BY e.company_id, e.id", [*company_ids, month]):
+            "AND COALESCE((SELECT MIN(s.month) FROM salary_lines s WHERE s.employee_id = e.id), '') < ? "
+            "ORDER BY e.company_id, e.id", [*company_ids, month, month]):
         if emp not in with_slip:
             out.setdefault(cid, []).append(emp)
     return out

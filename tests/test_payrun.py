@@ -1098,6 +1098,16 @@ def test_status_names_an_active_employee_with_no_salary_line_for_the_month(world
     db.conn.execute("DELETE FROM salary_lines WHERE employee_id = ? AND month = ?", (other, MONTH))
     db.conn.commit()
     assert json.loads(runner.invoke(cli, ["status", "--json"]).stdout)["no_salary_line"] == [victim]
+    # next month's hire, imported before next month's run, is not missing from this month
+    db.conn.execute("INSERT INTO employees (id, company_id, name_en, name_bn, email, department, designation, "
+                    "bank_account) SELECT 'emp-99999', company_id, name_en, name_bn, 'new.hire@example.com', "
+                    "department, designation, bank_account FROM employees WHERE id = ?", (other,))
+    db.conn.execute("INSERT INTO salary_lines SELECT 'emp-99999', '2031-01', basic, house_rent, medical, conveyance, "
+                    "bonus, tax, provident_fund, loan, company_id FROM salary_lines WHERE employee_id = ? AND month = ?",
+                    (sorted(payroll.employee_ids(db, MONTH))[-1], MONTH))
+    db.conn.commit()
+    hr = json.loads(runner.invoke(cli, ["status", "--json"]).stdout)
+    assert hr["no_salary_line"] == [victim], hr["notes"]
     assert runner.invoke(cli, ["employee", "left", victim]).exit_code == 0
     hr = json.loads(runner.invoke(cli, ["status", "--json"]).stdout)
     assert hr["total"]["no_salary_line"] == 0 and hr["no_salary_line"] == []
