@@ -515,11 +515,13 @@ def read_limits(conn, cfg) -> Limits:
 
 def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis_stuck: list[str],
               month: str | None = None, now: float | None = None,
-              no_slip: dict[int, int] | None = None) -> dict[str, Any]:
+              no_slip: dict[int, int] | None = None,
+              no_salary_line: dict[int, int] | None = None) -> dict[str, Any]:
     """The same figures as payrun.status.report (per company and total), from a read-only
     ledger, the stuck ids already found in Redis and ``no_slip`` (per company, employees
     with salary lines and no slip, added after the run or of a company it never covered:
-    payrun.runs.no_slip)."""
+    payrun.runs.no_slip) and ``no_salary_line`` (per company of the run, active employees with
+    no salary line for the month: payrun.payroll.without_salary_line)."""
     if month is None:
         month = ledger.latest_month()
     counts = ledger.slip_counts(month) if month else {}
@@ -528,10 +530,12 @@ def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis
             if cid in counts:
                 counts[cid]["stuck"] += 1
     no_slip = no_slip or {}
-    total = {s: 0 for s in STATES} | {"stuck": 0, "total": 0, "no_slip": 0}
+    no_salary_line = no_salary_line or {}
+    total = {s: 0 for s in STATES} | {"stuck": 0, "total": 0, "no_slip": 0, "no_salary_line": 0}
     companies = []
     for cid in sorted(set(counts) | set(no_slip)):
-        row = counts.get(cid, {k: 0 for k in (*STATES, "stuck", "total")}) | {"no_slip": no_slip.get(cid, 0)}
+        row = counts.get(cid, {k: 0 for k in (*STATES, "stuck", "total")}) | {
+            "no_slip": no_slip.get(cid, 0), "no_salary_line": no_salary_line.get(cid, 0)}
         for k in total:
             total[k] += row.get(k, 0)
         companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **row})
@@ -583,6 +587,7 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
     out: dict[str, Any] = {"remaining": remaining, "rate_per_s": round(rate_per_s, 3),
                            "deadline": deadline.isoformat(), "at": None, "on_time": None,
                            "drained": drained and remaining > 0, "no_slip": total.get("no_slip", 0),
+                           "no_salary_line": total.get("no_salary_line", 0),
                            "failed": total.get("failed", 0),
                            "provider_down_s": provider_down_s if remaining > 0 else None,
                            "no_worker": list(no_worker or []) if remaining > 0 and not drained else [],
@@ -634,6 +639,7 @@ class Source:
         self._hr: tuple[int, float, tuple, tuple, dict] | None = None
         # (ledger data_version, computed at, stuck ids, (month, no_slip counts), report)
         self._no_slip: tuple[tuple, dict[int, int]] | None = None  # (what it depends on, counts)
+        self._no_salary_line: dict[int, int] = {}  # counted with _no_slip: active, no salary line
         self._month_finished = MonthFinished()
 
     @property
@@ -680,10 +686,12 @@ class Source:
         from payrun.runs import no_slip
 
         if not month:
+            self._no_salary_line = {}
             return {}
         if self._payroll is None:
             self._payroll = open_payroll_ro(self.cfg.payroll_path)
             if self._payroll is None:
+                self._no_salary_line = {}
                 return {}
         version = self._payroll.conn.execute("PRAGMA data_version").fetchone()[0]
         runs = tuple((r["company_id"], r["status"], r["jobs"], r["updated_at"]) for r in rows)
@@ -692,6 +700,10 @@ class Source:
                 self._no_slip[0][0] == month and any(r["status"] == "fanning-out" for r in rows))):
             return self._no_slip[1]  # (a fan-out changes its rows 60 times; ~0.4 s a count at 50,000)
         counts = no_slip(led, self._payroll, month)
+        from payrun.payroll import without_salary_line
+
+        self._no_salary_line = {cid: len(ids) for cid, ids in without_salary_line(
+            self._payroll, month, sorted({r["company_id"] for r in rows}), led.employees_with_jobs(month)).items()}
         self._no_slip = (key, counts)
         return counts
 
@@ -750,16 +762,16 @@ class Source:
         try:
             no_slip = self.no_slip(led, month, rows)
         except sqlite3.Error as e:  # the HR line stands without it
-            no_slip = {}
+            no_slip, self._no_salary_line = {}, {}
             errors.append(f"payroll db unreadable ({str(e)[:60]}): employees with no slip not counted")
         if self._hr is not None:
             v, at, ids, key, report = self._hr
-            same = ids == stuck_ids and key == (month, no_slip)
+            same = ids == stuck_ids and key == (month, no_slip, self._no_salary_line)
             if same and (v == version or time.monotonic() - at < HR_MIN_INTERVAL_S):
                 return report, self._hr_taken
         report = hr_report(led, self.names(), self.cfg.lease.stuck_after_s, list(stuck_ids), month=month, now=now,
-                           no_slip=no_slip)
-        self._hr = (version, time.monotonic(), stuck_ids, (month, no_slip), report)
+                           no_slip=no_slip, no_salary_line=self._no_salary_line)
+        self._hr = (version, time.monotonic(), stuck_ids, (month, no_slip, self._no_salary_line), report)
         self._hr_taken = now
         return report, now
 
@@ -812,7 +824,29 @@ class Source:
         with self._lock:
             from console import failed
 
-            return failed.page(self.conn, self.ledger(), flt, offset, limit)
+            led = self.ledger()
+            page = failed.page(self.conn, led, flt, offset, limit)
+            fixed = self._readdressed([r["id"] for r in page.rows if r.get("permanent")])
+            ids = [r["id"] for r in page.rows]  # (`payrun failed` marks them: a retry emails the slip again)
+            resent = set(ids) - set(failed._without_resent(led, ids))
+            for r in page.rows:
+                r["address_changed"] = r["id"] in fixed
+                r["delivered_by_resend"] = r["id"] in resent
+            return page
+
+    def _readdressed(self, ids: list[str]) -> set[str]:
+        """Of failed jobs ``ids``, the sends refused for an address the payroll db has
+        changed since (payrun.deadletters.readdressed); none without a payroll db here."""
+        from payrun.deadletters import readdressed
+
+        if not ids:
+            return set()
+        if self._payroll is None:
+            self._payroll = open_payroll_ro(self.cfg.payroll_path)
+        try:
+            return readdressed(self.conn, ids, self._payroll) if self._payroll is not None else set()
+        except sqlite3.Error:
+            return set()
 
     def failed_ids(self, flt: "FailedFilter") -> list[str]:
         with self._lock:
@@ -824,7 +858,9 @@ class Source:
         with self._lock:
             from console import failed
 
-            return failed.permanent_among(self.conn, ids)
+            permanent = failed.permanent_among(self.conn, ids)
+            fixed = self._readdressed(permanent)  # (a retry sends those to the new address)
+            return [i for i in permanent if i not in fixed]
 
     def job_detail(self, job_id: str) -> dict[str, Any]:
         with self._lock:

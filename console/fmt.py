@@ -43,7 +43,8 @@ def eta_text(eta: dict[str, Any] | None) -> str:
     if eta["remaining"] == 0:
         if eta.get("failed"):  # finished, but not everyone got a slip: never "all delivered"
             return f"finished: {eta['failed']:,} failed for good (f lists them)"
-        return "all slips made are delivered" if eta.get("no_slip") else "all delivered"
+        return ("all slips made are delivered" if eta.get("no_slip") or eta.get("no_salary_line")
+                else "all delivered")
     if eta.get("drained"):
         return "no ETA: intake drained (resume with u or `payrun resume`)"
     if eta.get("no_worker"):
@@ -57,7 +58,7 @@ def eta_text(eta: dict[str, Any] | None) -> str:
             deadline = datetime.fromisoformat(eta["deadline"])
             # (within the minute: "done 07:07" read at 07:07:41 looked like a time gone by)
             done = "in under a minute" if eta.get("back_within_a_minute") else f"{back:%H:%M}"
-            text += (f" (back now: done {done}, "
+            text += (f" (if back now: done {done}, "
                      f"{'on time for' if eta['on_time_if_back_now'] else 'LATE for'} "
                      f"{_deadline(deadline, back)})")
         return text

@@ -544,6 +544,14 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
     every = deadletters.failed(c.running_redis(), queue, error_text, None, company=company, ledger=_maybe_ledger(c),
                                month=month)
     rows = every[:limit]
+    fixed: set[str] = set()
+    if c.cfg.payroll_path.exists() and any(r.get("permanent") for r in every):
+        with c.payroll() as db:
+            fixed = deadletters.readdressed(c.running_redis(), [r["id"] for r in every if r.get("permanent") and
+                                                                not r.get("delivered_by_resend")], db)
+    for r in every:
+        if r.get("permanent") and r.get("kind") == "email":
+            r["address_changed"] = r["id"] in fixed
     if as_json:
         click.echo(json.dumps(rows))
         return
@@ -556,6 +564,7 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         held, returned = r.get("held", 0), r.get("returned", 0)
         spent = attempts_spent(r["attempts"], held, returned)
         resent = "  [slip delivered since by a resend]" if r.get("delivered_by_resend") else (
+            "  [address changed since: retry sends it to the new one]" if r.get("address_changed") else
             "  [permanent: fix the data, then retry]" if r.get("permanent") and r.get("employee") else "")
         who = ""
         if r.get("employee"):  # HR asks "who did not get a slip?": the person, not only a job id
@@ -573,7 +582,12 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         click.echo(f"{shown}; nothing left to retry: every one of these slips was delivered by a resend")
         return
     click.echo(f"{shown}; retry with: payrun retry ID… or {_retry_all(queue, error_text, company, month)}")
-    permanent = sum(1 for r in every if r.get("permanent") and r.get("employee") and not r.get("delivered_by_resend"))
+    permanent = sum(1 for r in every if r.get("permanent") and r.get("employee") and not r.get("delivered_by_resend")
+                    and not r.get("address_changed"))
+    if fixed:
+        click.echo(f"note: {len(fixed):,} of them went to an address the payroll data has changed since: "
+                   f"`payrun retry {' '.join(sorted(fixed)[:5])}{' …' if len(fixed) > 5 else ''}` sends "
+                   f"{'it' if len(fixed) == 1 else 'them'} to the new one")
     if permanent:
         click.echo(f"note: {permanent:,} of them failed for good on the employee's data (an address refused, a name "
                    "too long): a retry alone fails again; fix the employee first (`payrun import`), then retry")
@@ -870,6 +884,7 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
     from console.failed import permanent_among
 
     on_data = permanent_among(conn, ids)  # (read before the retry resets the jobs)
+    fixed = deadletters.readdressed(conn, on_data, db)  # (of them, sends to an address changed since)
     again: list[str] = []
     refused: list[tuple[str, str]] = []
     requeued, missing = deadletters.retry(c.cfg, conn, ids, db, rendered_again=again, refused=refused,
@@ -907,7 +922,10 @@ def retry_cmd(c: Ctx, job_ids: tuple[str, ...], all_: bool, queue: str | None, e
                     click.echo(f"note: {note}", err=True)
             except (RedisError, OSError):
                 pass
-        if on_data := [i for i in on_data if i in set(requeued)]:
+        if readdressed := [i for i in on_data if i in set(requeued) and i in fixed]:
+            click.echo(f"note: {len(readdressed)} of them had an address refused that the payroll data has "
+                       f"changed since: {'it goes' if len(readdressed) == 1 else 'they go'} to the new one")
+        if on_data := [i for i in on_data if i in set(requeued) and i not in fixed]:
             click.echo(f"note: {len(on_data)} of them had failed on the employee's data (an address refused, a "
                        "name too long): they are read again from the payroll database, so if it was not fixed "
                        "first (`payrun import`) they fail again")

@@ -66,6 +66,38 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
     return out[:limit] if limit else out
 
 
+def readdressed(conn, job_ids: list[str], payroll_db) -> set[str]:
+    """Of failed jobs ``job_ids``, the sends that failed for good whose employee's email
+    address in ``payroll_db`` is no longer the one they used: HR fixed it since, and
+    `payrun retry` sends to the new one (an HR drill: the list still said "fix the data"
+    after the fix was imported, and the retry that it fails again unless fixed)."""
+    from payrun import payroll
+
+    if not job_ids or payroll_db is None:
+        return set()
+    used: dict[str, tuple[str, str]] = {}  # job id -> (employee, address it used)
+    serializer = _registry(conn, keys.EMAIL_QUEUE).serializer
+    with conn.pipeline(transaction=False) as p:  # (no MULTI: the console's read-only user may not)
+        for job_id in job_ids:
+            p.hgetall(f"rq:job:{job_id}")
+        raws = p.execute()
+    for job_id, raw in zip(job_ids, raws):
+        if not raw:
+            continue
+        job = PayrunJob(job_id, connection=conn, serializer=serializer)
+        try:
+            job.restore(raw)
+        except Exception:  # (a job record RQ cannot read: not ours to judge here)
+            continue
+        if job.meta.get("kind") != "email" or not job.meta.get("permanent"):
+            continue
+        payload = job.args[0] if job.args and isinstance(job.args[0], dict) else {}
+        if payload.get("employee_id") and payload.get("to"):
+            used[job.id] = (payload["employee_id"], payload["to"])
+    now = payroll.emails(payroll_db, sorted({e for e, _ in used.values()}))
+    return {i for i, (emp, to) in used.items() if now.get(emp) not in (None, to)}
+
+
 def slip_key(key: str) -> str:
     """The slip a key belongs to: slip:<month>:<employee> (a resend's key adds :resend-<n>)."""
     return key.split(":resend-", 1)[0]

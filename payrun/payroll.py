@@ -1076,6 +1076,40 @@ def employee_ids_by_company(db: "PayrollDB | sqlite_utils.Database", month: str)
     return out
 
 
+def without_salary_line(db: "PayrollDB | sqlite_utils.Database", month: str,
+                        company_ids: list[int], with_slip: set[str] = frozenset()) -> dict[int, list[str]]:
+    """Per company of ``company_ids``, its active employees (by their company now) with no
+    salary line for ``month`` at all, ids ascending: a pay run makes them no slip, and
+    "all delivered" must not hide them from HR (a line the import never got, or a person
+    unpaid this month). Employees marked left are not counted, nor those in ``with_slip``
+    (a slip job of the month: their line was removed after the run), nor those whose
+    first salary line is of a later month (hired since: December's hires are not missing
+    from November)."""
+    _check_month(month)
+    if not company_ids:
+        return {}
+    marks = ",".join("?" * len(company_ids))
+    out: dict[int, list[str]] = {}
+    for cid, emp in _sdb(db).conn.execute(
+            f"SELECT e.company_id, e.id FROM employees e WHERE e.active = 1 AND e.company_id IN ({marks}) "
+            "AND NOT EXISTS (SELECT 1 FROM salary_lines s WHERE s.employee_id = e.id AND s.month = ?) "
+            "AND COALESCE((SELECT MIN(s.month) FROM salary_lines s WHERE s.employee_id = e.id), '') < ? "
+            "ORDER BY e.company_id, e.id", [*company_ids, month, month]):
+        if emp not in with_slip:
+            out.setdefault(cid, []).append(emp)
+    return out
+
+
+def emails(db: "PayrollDB | sqlite_utils.Database", employee_ids: list[str]) -> dict[str, str]:
+    """employee id -> email address now, of those of ``employee_ids`` that exist."""
+    out: dict[str, str] = {}
+    for i in range(0, len(employee_ids), 500):
+        part = employee_ids[i:i + 500]
+        out.update(_sdb(db).conn.execute(
+            f"SELECT id, email FROM employees WHERE id IN ({','.join('?' * len(part))})", part).fetchall())
+    return out
+
+
 def count_employees(db: "PayrollDB | sqlite_utils.Database", month: str,
                     company_id: int | None = None) -> int:
     """How many snapshots ``snapshots(db, month, company_id)`` yields."""

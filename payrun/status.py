@@ -50,6 +50,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     # or of a company no run of the month covered (not_run); "all sent" must not hide them
     missing: dict[int, int] = {}
     not_run: dict[int, int] = {}
+    unpaid: dict[int, list[str]] = {}  # active employees of the run's companies with no salary line
     if month and cfg.payroll_path.exists():
         from payrun import payroll
         from payrun.runs import missing_slips, not_run as runs_not_run
@@ -57,6 +58,9 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         with payroll.PayrollDB(cfg.payroll_path) as db:
             not_run = runs_not_run(ledger, db, month, company)
             missing = missing_slips(ledger, db, month)
+            unpaid = payroll.without_salary_line(db, month, [c for c in sorted(counts)
+                                                             if company is None or c == company],
+                                                 ledger.employees_with_jobs(month))
         if company is not None:
             missing = {c: n for c, n in missing.items() if c == company}
     if month and company is not None and company not in counts and company not in not_run:
@@ -101,8 +105,19 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **zero})
         missing[cid] = n
     total["no_slip"] = sum(missing.values())
+    total["no_salary_line"] = sum(map(len, unpaid.values()))
     for c in companies:
         c["no_slip"] = missing.get(c["id"], 0)
+        c["no_salary_line"] = len(unpaid.get(c["id"], ()))
+    if unpaid:  # (an HR drill: an employee with no November line read as "299 sent, 0 failed")
+        n = total["no_salary_line"]
+        ids = [e for cid in sorted(unpaid) for e in unpaid[cid]]
+        shown = " ".join(ids[:10]) + (f" … ({n - 10:,} more: `--json`)" if n > 10 else "")
+        notes.append(f"{n:,} active employee{'' if n == 1 else 's'} of "
+                     f"{'company' if len(unpaid) == 1 else 'companies'} {', '.join(map(str, sorted(unpaid)))} "
+                     f"{'has' if n == 1 else 'have'} no salary line for {month}, so no slip was made: {shown}. "
+                     f"Paid this month: import the salary line, then `payrun run --month {month} --resume`; "
+                     f"gone: `payrun employee left ID…`")
     if not_run:
         n = sum(not_run.values())
         ids = sorted(not_run)
@@ -170,6 +185,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         "ledger_backlog_age_s": lag_age,
         "redis_reachable": conn is not None and not redis_failed,
         "notes": notes,
+        "no_salary_line": [e for cid in sorted(unpaid) for e in unpaid[cid]],
         "months": months,
         "provider_outage": outage,
     }
@@ -282,6 +298,8 @@ def hr_line(c: dict[str, int]) -> str:
     parts.append(f"{c['failed']:,} failed")
     if c.get("no_slip"):
         parts.append(f"{c['no_slip']:,} with no slip yet")
+    if c.get("no_salary_line"):
+        parts.append(f"{c['no_salary_line']:,} with no salary line")
     return ", ".join(parts)
 
 

@@ -151,7 +151,7 @@ async def test_overview_shows_the_right_numbers(payrun_world):
         report = status.report(cfg, ledger, conn=conn)
         assert snap.status["total"] == report["total"]
         assert report["total"] | {} == {"queued": n2, "running": 0, "retrying": 0, "done": n1 - 1, "failed": 1,
-                                        "stuck": 0, "total": n1 + n2, "no_slip": 0}
+                                        "stuck": 0, "total": n1 + n2, "no_slip": 0, "no_salary_line": 0}
         answer = text_of(app, "#answer")
         assert f"{n1 - 1} sent, {n2} in progress, 1 failed" in answer
         assert cells(app, "#companies", "1")[2:7] == [str(n1 - 1), "0", "0", "1", str(n1)]
@@ -423,7 +423,8 @@ async def test_retry_selected_with_one_row_retries_that_row_and_permanent_failur
     data (an address refused) looked like any other, its retry offered with no word that it
     fails again: the list marks it, the dialogs say it."""
     cfg, conn, ledger = failed_world
-    for job_id, permanent, error in (("e-refused-2", True, "provider 127.0.0.1:9: HTTP 422 refused"),
+    refused = "HTTP 422 invalid recipient address: 'rina.das.15@doel.invalid' (domain does not exist)"
+    for job_id, permanent, error in (("e-refused-2", True, f"provider 127.0.0.1:9: {refused}"),
                                      ("e-refused-1", False, "provider 127.0.0.1:9: HTTP 503 down")):
         meta = json.loads(conn.hget(f"rq:job:{job_id}", "meta"))  # (one failed on its data, one ran out of tries)
         conn.hset(f"rq:job:{job_id}", "meta", json.dumps({**meta, "permanent": permanent, "last_error": error}))
@@ -436,13 +437,15 @@ async def test_retry_selected_with_one_row_retries_that_row_and_permanent_failur
         rows = {r["id"]: r for r in app.screen.page.rows}
         assert rows["e-refused-2"]["permanent"] and not rows["e-refused-1"]["permanent"]
         assert cells(app, "#failed", "e-refused-2")[5] == "data" and cells(app, "#failed", "e-refused-1")[5] == ""
-        assert cells(app, "#failed", "e-refused-2")[6] == "HTTP 422 refused"  # (no "provider host:port: ")
+        assert cells(app, "#failed", "e-refused-2")[6] == refused  # (no "provider host:port: ")
         assert "failed on the employee's data" in text_of(app, "#failed-summary")
         first = app.screen.query_one("#failed").current_key
         await pilot.press("space", "R")
         await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
         assert app.screen.command == f"payrun retry {first}"  # the selected row, not the one under the cursor
         assert ("fails again" in app.screen.body) == (first == "e-refused-2")
+        # the refused address and the reason whole (an HR drill read "(domain does not ): a retry")
+        assert (f"({refused}): a retry" in app.screen.body) == (first == "e-refused-2")
         await pilot.press("n")
         await settle(pilot, lambda: type(app.screen).__name__ == "FailedScreen")
         await pilot.press("A")
@@ -891,6 +894,7 @@ def test_the_eta_is_not_late_in_a_runs_first_minutes_nor_given_while_drained_or_
     finished = total | {"queued": 0, "done": 50_000}
     assert eta_text(eta(finished, 0.0, now, "Asia/Dhaka")) == "all delivered"
     assert eta_text(eta(finished | {"no_slip": 3}, 0.0, now, "Asia/Dhaka")) == "all slips made are delivered"
+    assert eta_text(eta(finished | {"no_salary_line": 1}, 0.0, now, "Asia/Dhaka")) == "all slips made are delivered"
 
 
 def test_the_eta_never_says_all_delivered_over_failed_slips_nor_promises_a_time_with_no_worker():
@@ -1171,3 +1175,89 @@ async def test_the_overview_says_when_the_ledger_is_behind(failed_world):
         await settle(pilot, lambda: app.snapshot is not None and app.snapshot.status is not None)
         await settle(pilot, lambda: "the ledger is 3 updates behind" in text_of(app, "#answer"), what="the note")
         assert "is `payrun ledger` running?" in text_of(app, "#answer")
+
+
+def test_the_hr_line_counts_an_active_employee_with_no_salary_line(payrun_world):
+    """An HR drill: an employee of a company in the run with no salary line for the month
+    got no slip, and the console said "all delivered". It counts them as `payrun status`
+    does."""
+    from console.fmt import answer
+
+    cfg, conn, ledger, *_ = payrun_world
+    with payroll.PayrollDB(cfg.payroll_path) as db:
+        db.conn.execute("INSERT INTO employees (id, company_id, name_en, name_bn, email, department, designation, "
+                        "bank_account) VALUES ('emp-77777', 2, 'No Line', '', 'no.line@example.com', 'HR', 'Clerk', "
+                        "'1234567890123')")
+        db.conn.commit()
+    snap = Source(cfg, conn).snapshot()
+    assert snap.error is None
+    assert snap.status["total"]["no_salary_line"] == 1
+    assert [c["no_salary_line"] for c in snap.status["companies"]] == [0, 1]
+    assert snap.status["total"] == status.report(cfg, ledger, month=MONTH, conn=conn)["total"]
+    assert "1 with no salary line" in answer(snap.status["total"])
+
+
+@sync
+async def test_a_refused_address_fixed_since_reads_fixed_and_a_slip_resent_since_reads_resent(payrun_world):
+    """An HR drill: after importing the corrected address, the failed list still said
+    "data: a retry alone fails again: fix it first", and so did the retry dialog."""
+    import redis
+
+    from payrun.redis_server import READONLY_ACL
+
+    cfg, conn, ledger, bad, *_ = payrun_world
+    job_id = keys.email_job_id(MONTH, bad)
+    # as the console reads: a user that may not write, nor MULTI (RQ's fetch_many does)
+    conn.execute_command("ACL", "SETUSER", "drill-ro", "reset", *READONLY_ACL.split(), ">drill-pw")
+    sock = conn.connection_pool.connection_kwargs["path"]
+    ro = redis.Redis(unix_socket_path=sock, username="drill-ro", password="drill-pw")
+    src = Source(cfg, ro)
+    row = next(r for r in src.failed_page(FailedFilter()).rows if r["id"] == job_id)
+    assert row["permanent"] and not row["address_changed"]
+    assert src.permanent_among([job_id]) == [job_id]
+    with payroll.PayrollDB(cfg.payroll_path) as db:
+        db.conn.execute("UPDATE employees SET email = 'fixed@payroll.example' WHERE id = ?", (bad,))
+        db.conn.commit()
+    row = next(r for r in src.failed_page(FailedFilter()).rows if r["id"] == job_id)
+    assert row["address_changed"] and src.permanent_among([job_id]) == []
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("f")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 1,
+                     what="the failed send")
+        assert cells(app, "#failed", job_id)[5] == "fixed"
+        assert "fixed: its address was refused and has changed since" in text_of(app, "#failed-summary")
+        assert "fails again" not in text_of(app, "#failed-summary")
+        await pilot.press("r")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
+        assert "the retry sends it there" in app.screen.body and "fails again" not in app.screen.body
+        await pilot.press("n")
+    assert conn.llen(f"rq:queue:{keys.EMAIL_QUEUE}") == 0  # nothing retried
+    # HR sent the slip again instead (`payrun resend`), and it was delivered: a retry of the
+    # failed send would email it a second time; `payrun failed` said so, the console did not
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    assert CliRunner().invoke(cli, ["resend", "--employee", bad, "--month", MONTH]).exit_code == 0
+    run_lanes(conn, [keys.RENDER_QUEUE], lanes=2, burst=True)
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=4, burst=True)
+    ledger_mod.drain(conn, ledger)
+    row = next(r for r in src.failed_page(FailedFilter()).rows if r["id"] == job_id)
+    assert row["delivered_by_resend"]
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("f")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 1,
+                     what="the failed send")
+        assert cells(app, "#failed", job_id)[5] == "resent"
+        summary = text_of(app, "#failed-summary")
+        assert "resent: its slip was delivered by a `payrun resend` since" in summary and "fixed:" not in summary
+        await pilot.press("r")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
+        assert "a retry emails the employee the slip again" in app.screen.body
+        await pilot.press("n")
+    ro.close()
+    conn.execute_command("ACL", "DELUSER", "drill-ro")

@@ -344,11 +344,20 @@ def test_bad_address_fixed_then_retried_is_delivered(world, provider):
     detail = json.loads(runner.invoke(cli, ["job", listed[0]["id"], "--json"]).output)
     assert detail["rq_status"] == "failed" and "PermanentError" in detail["traceback"]
     assert detail["ledger"]["history"][0]["outcome"] == "failed"
-    # HR fixes the address, then retries everything that failed on it (the retry reminds
-    # that such a job fails again unless its data was fixed first: it cannot tell whether it was)
+    # HR fixes the address, then retries everything that failed on it (the retry says the
+    # address changed since; of a job whose data did not change, that it fails again)
     set_email(db, "emp-00002", "fixed@payroll.example")
+    # the list no longer says "fix the data" of an address fixed since (an HR drill)
+    assert listed[0]["address_changed"] is False
+    assert json.loads(runner.invoke(cli, ["failed", "--json"]).output)[0]["address_changed"] is True
+    text = runner.invoke(cli, ["failed"]).output
+    assert "[address changed since: retry sends it to the new one]" in text and "[permanent:" not in text
+    assert "failed for good on the employee's data" not in text
+    assert (f"note: 1 of them went to an address the payroll data has changed since: `payrun retry "
+            f"{listed[0]['id']}` sends it to the new one") in text
     said = runner.invoke(cli, ["retry", "--all", "--error", "invalid recipient"]).output
-    assert said.startswith("requeued 1 job(s)\n") and "note: 1 of them had failed on the employee's data" in said
+    assert said.startswith("requeued 1 job(s)\n") and "had failed on the employee's data" not in said
+    assert "note: 1 of them had an address refused that the payroll data has changed since: it goes to the new one" in said
     run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
     ledger_mod.drain(conn, ledger)
     assert provider.delivery(f"slip:{MONTH}:emp-00002")["to"] == "fixed@payroll.example"
@@ -1065,3 +1074,42 @@ def test_status_notes_jobs_held_by_gone_workers_and_names_the_reaper(world):
     conn.hset(f"rq:job:{job_id}", mapping={"worker_name": "render.gone.1", "status": "started"})
     notes = status.report(cfg, ledger, "2026-11", None, conn=conn)["notes"]
     assert any(n.startswith("1 job is held by workers that are gone") and "`payrun reap`" in n for n in notes), notes
+
+
+def test_status_names_an_active_employee_with_no_salary_line_for_the_month(world):
+    """An HR drill: an employee whose salary line never came got no slip, and status said
+    "299 sent, 0 failed" (the console: "all delivered"). Status names them, and leaves
+    out those marked left."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    victim = sorted(payroll.employee_ids(db, MONTH))[0]
+    db.conn.execute("DELETE FROM salary_lines WHERE employee_id = ? AND month = ?", (victim, MONTH))
+    db.conn.commit()
+    runner = CliRunner()
+    assert runner.invoke(cli, ["run", "--month", MONTH]).exit_code == 0
+    hr = json.loads(runner.invoke(cli, ["status", "--json"]).stdout)
+    assert hr["total"]["total"] == 11 and hr["total"]["no_salary_line"] == 1
+    assert hr["no_salary_line"] == [victim]
+    assert any(f"no salary line for {MONTH}, so no slip was made: {victim}" in n for n in hr["notes"])
+    assert "1 with no salary line" in runner.invoke(cli, ["status"]).stdout
+    other = sorted(payroll.employee_ids(db, MONTH))[0]  # a line removed after its slip was made
+    db.conn.execute("DELETE FROM salary_lines WHERE employee_id = ? AND month = ?", (other, MONTH))
+    db.conn.commit()
+    assert json.loads(runner.invoke(cli, ["status", "--json"]).stdout)["no_salary_line"] == [victim]
+    # next month's hire, imported before next month's run, is not missing from this month
+    db.conn.execute("INSERT INTO employees (id, company_id, name_en, name_bn, email, department, designation, "
+                    "bank_account) SELECT 'emp-99999', company_id, name_en, name_bn, 'new.hire@example.com', "
+                    "department, designation, bank_account FROM employees WHERE id = ?", (other,))
+    db.conn.execute("INSERT INTO salary_lines SELECT 'emp-99999', '2031-01', basic, house_rent, medical, conveyance, "
+                    "bonus, tax, provident_fund, loan, company_id FROM salary_lines WHERE employee_id = ? AND month = ?",
+                    (sorted(payroll.employee_ids(db, MONTH))[-1], MONTH))
+    db.conn.commit()
+    hr = json.loads(runner.invoke(cli, ["status", "--json"]).stdout)
+    assert hr["no_salary_line"] == [victim], hr["notes"]
+    assert runner.invoke(cli, ["employee", "left", victim]).exit_code == 0
+    hr = json.loads(runner.invoke(cli, ["status", "--json"]).stdout)
+    assert hr["total"]["no_salary_line"] == 0 and hr["no_salary_line"] == []
+    assert not any("no salary line" in n for n in hr["notes"])

@@ -14,6 +14,7 @@ from console.failed import FailedFilter, FailedPage, short_error
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
+from payrun.status import cut
 
 
 class FailedScreen(ConsoleScreen):
@@ -98,7 +99,9 @@ class FailedScreen(ConsoleScreen):
                 err_text = Text("(no longer failed in Redis) ", style="dim") + err_text
             # "data": the last try failed on the employee's data (an address refused): a retry
             # alone fails again; "" : a transient failure that ran out of attempts
-            why = Text("data", style="bold yellow") if r.get("permanent") else Text("")
+            why = (Text("resent", style="bold cyan") if r.get("delivered_by_resend") else
+                   Text("fixed", style="bold green") if r.get("address_changed") else
+                   Text("data", style="bold yellow") if r.get("permanent") else Text(""))
             rows.append((r["id"], ("●" if r["id"] in self.selected else " ", r["id"], r["queue"] or "",
                                    "" if r.get("company") is None else str(r["company"]), str(r["attempts"]),
                                    why, err_text)))
@@ -117,10 +120,19 @@ class FailedScreen(ConsoleScreen):
         t.append(f" · filter: {str(self.flt) or 'none (/ to set)'}")
         if self.selected:
             t.append(f" · {len(self.selected)} selected", style="bold")
-        if any(r.get("permanent") for r in p.rows):
+        shown = [r for r in p.rows if not r.get("delivered_by_resend")]  # (their why reads "resent")
+        if any(r.get("permanent") and not r.get("address_changed") for r in shown):
             t.append("\n")
             t.append("data", style="bold yellow")
             t.append(": failed on the employee's data; a retry alone fails again: fix it first (payrun import)")
+        if any(r.get("delivered_by_resend") for r in p.rows):
+            t.append("\n")
+            t.append("resent", style="bold cyan")
+            t.append(": its slip was delivered by a `payrun resend` since: a retry emails it again (A leaves it out)")
+        if any(r.get("address_changed") for r in shown):
+            t.append("\n")
+            t.append("fixed", style="bold green")
+            t.append(": its address was refused and has changed since in the payroll data: a retry sends it there")
         self.query_one("#failed-summary", Static).update(t)
 
     def show_snapshot(self, snap) -> None:  # keep the page live, one page read per refresh
@@ -196,8 +208,14 @@ class FailedScreen(ConsoleScreen):
         cmd = f"payrun retry {key}"
         row = next((r for r in (self.page.rows if self.page else []) if r["id"] == key), {})
         body = "Requeue it with a fresh attempt budget."
-        if row.get("permanent"):
-            body = (f"It failed on the employee's data ({short_error(row.get('error') or '')[:80]}): a retry alone "
+        if row.get("delivered_by_resend"):
+            body = ("Its slip was delivered by a `payrun resend` since (payrun status counts it as sent): a retry "
+                    "emails the employee the slip again. " + body)
+        elif row.get("address_changed"):
+            body = (f"Its address was refused ({cut(short_error(row.get('error') or ''), 160)}) and the payroll "
+                    "data has another one since: the retry sends it there. " + body)
+        elif row.get("permanent"):
+            body = (f"It failed on the employee's data ({cut(short_error(row.get('error') or ''), 160)}): a retry alone "
                     "fails again unless the employee was fixed first (payrun import). " + body)
         self.app.push_screen(ConfirmKey(f"Retry {key}?", body, cmd),
                              lambda ok: ok and self.app.act("retry", actions.retry, [key], cmd))

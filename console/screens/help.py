@@ -24,6 +24,8 @@ COMMANDS = [
 RULES = """stuck = its worker lost liveness (10 s), its lease lapsed, or running over lease.stuck_after_s
 rq beat = age of RQ's heartbeat (renewed per job and every ~30 s when idle: not liveness; GONE/alive are)
 why data = failed on the employee's data (an address refused): fix it first (payrun import), then retry
+why fixed = its refused address has changed since in the payroll data: a retry sends it there
+why resent = its slip was delivered by a `payrun resend` since: a retry emails it again
 oldest = age of the job at the head of the queue; done/min from RQ's finished registry
 ETA = slips left ÷ delivery rate of the last 5 min; deadline the first 09:00 local after the run began
 Nothing here writes to Redis unless you confirm an action; every action is in audit.log"""
