@@ -390,10 +390,15 @@ def check_role(cfg: Config, role: str) -> None:
         from payrun import slipstore
 
         try:
-            why = slipstore.mismatch(redis_server.connect(cfg, socket_timeout=5), cfg.slips_dir)
-        except Exception:  # noqa: BLE001 - Redis not reachable now: the workers say so themselves
-            why = None
-        if why:
+            conn = redis_server.connect(cfg, socket_timeout=5)
+            conn.ping()
+        except Exception as e:  # noqa: BLE001 - any reason it cannot be reached
+            # (it started supervisord anyway, and said so only once every worker had crashed
+            # on it and `up` had stopped them again)
+            raise SetupError(f"the control host's Redis at {redis_server.shown_url(cfg)} does not answer "
+                             f"({type(e).__name__}: {str(e)[:120]}): start the control host first (`payrun up` "
+                             f"there), or check PAYRUN_REDIS_URL (`payrun config redis-url` on the control host)")
+        if why := slipstore.mismatch(conn, cfg.slips_dir):
             raise SetupError(why)
     if role == "all" and not cfg.embedded_redis:
         # a control host on an external Redis: refused when another host's ledger already

@@ -502,6 +502,25 @@ def test_a_worker_host_on_another_slip_store_is_refused(cfg, conn, tmp_path, red
     supervise.check_role(worker_host(shared), "worker")  # the shared store: fine
 
 
+def test_a_worker_host_whose_redis_does_not_answer_is_refused_before_anything_starts(tmp_path):
+    """New-user walkthrough: `payrun up --role worker` with the control host's Redis not up
+    (or a wrong PAYRUN_REDIS_URL) started supervisord, and said so only after every worker
+    had crashed on it and `up` had stopped them again."""
+    from payrun import config, supervise
+
+    dead = f"redis://:pw@127.0.0.1:{free_port()}/0"
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "w"), "PAYRUN_REDIS_URL": dead,
+                           "PAYRUN_EMAIL_URL": "http://127.0.0.1:9/", "PAYRUN_SLIPS_DIR": str(tmp_path / "s")})
+    with pytest.raises(SetupError, match=r"the control host's Redis at redis://:\*\*\*@127.0.0.1:\d+/0 does not "
+                                         r"answer \(ConnectionError: .*start the control host first"):
+        supervise.check_role(cfg, "worker")
+    env = clean_env(tmp_path, tmp_path / "w2")
+    env.update(PAYRUN_REDIS_URL=dead, PAYRUN_EMAIL_URL="http://127.0.0.1:9/", PAYRUN_SLIPS_DIR=str(tmp_path / "s"))
+    up = payrun("up", "--role", "worker", env=env)
+    assert up.returncode != 0 and "does not answer" in up.stderr, up.stdout + up.stderr
+    assert not (tmp_path / "w2" / "supervisord.pid").exists()  # nothing was started
+
+
 def test_a_worker_names_its_supervisord_program(conn, monkeypatch):
     """The console's worker rows named host:pid only (a session-27 known limit): which
     program to restart took `payrun ps` beside it."""
