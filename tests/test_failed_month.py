@@ -77,7 +77,7 @@ def test_payrun_failed_and_retry_all_take_a_month(two_months):
     text = runner.invoke(cli, ["failed", "--month", NOV]).output  # its retry hint keeps the month
     assert f"retry with: payrun retry ID… or payrun retry --all --month {NOV}" in text
     bad = runner.invoke(cli, ["failed", "--month", "2026-1"])
-    assert bad.exit_code == 2 and "is not a month" in bad.output
+    assert bad.exit_code == 2 and "--month must look like 2026-11 (YYYY-MM), got '2026-1'" in bad.output
     with_ids = runner.invoke(cli, ["retry", f"render-{OCT}-emp-1", "--month", OCT])
     assert with_ids.exit_code != 0 and "narrow --all" in with_ids.output
     out = runner.invoke(cli, ["retry", "--all", "--month", OCT, "--queue", keys.RENDER_QUEUE, "--json"])
