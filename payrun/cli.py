@@ -470,6 +470,8 @@ def run(c: Ctx, month: str, company: int | None, resume: bool, as_json: bool) ->
                            f"that ran it is gone: payrun run --month {month} --resume")
         if result.aborted:
             click.echo(f"stopped early: {result.aborted}")
+        if fresh or result.added:
+            _note_without_salary_line(db, ledger, month, sorted(set(fresh) | set(result.added)))
     if result.jobs:
         from redis.exceptions import RedisError
 
@@ -482,6 +484,21 @@ def run(c: Ctx, month: str, company: int | None, resume: bool, as_json: bool) ->
         for note in notes:
             click.echo(f"note: {note}", err=True)
     sys.exit(1 if result.aborted else 0)
+
+
+def _note_without_salary_line(db, ledger, month: str, company_ids: list[int]) -> None:
+    """At the run, not only in `payrun status` afterwards: active employees of the companies
+    just run with no salary line for the month get no slip (an HR drill: "299 sent" of 300
+    staff, and nothing said so)."""
+    from payrun import payroll
+
+    unpaid = payroll.without_salary_line(db, month, company_ids, ledger.employees_with_jobs(month))
+    if ids := [e for cid in sorted(unpaid) for e in unpaid[cid]]:
+        shown = " ".join(ids[:10]) + (f" … ({len(ids) - 10:,} more: `payrun status --json`)" if len(ids) > 10 else "")
+        click.echo(f"note: {len(ids):,} active employee{'' if len(ids) == 1 else 's'} of {_companies(sorted(unpaid))} "
+                   f"{'has' if len(ids) == 1 else 'have'} no salary line for {month}: no slip is made for "
+                   f"them: {shown}. Paid this month: import the salary line, then "
+                   f"`payrun run --month {month} --resume`; gone: `payrun employee left ID…`", err=True)
 
 
 def _ids(ids: list[int]) -> str:

@@ -1089,7 +1089,11 @@ def test_status_names_an_active_employee_with_no_salary_line_for_the_month(world
     db.conn.execute("DELETE FROM salary_lines WHERE employee_id = ? AND month = ?", (victim, MONTH))
     db.conn.commit()
     runner = CliRunner()
-    assert runner.invoke(cli, ["run", "--month", MONTH]).exit_code == 0
+    ran = runner.invoke(cli, ["run", "--month", MONTH])
+    assert ran.exit_code == 0
+    # the run itself says so, not only status afterwards
+    assert "1 active employee of company" in ran.stderr and f"has no salary line for {MONTH}: no slip is made " \
+        f"for them: {victim}" in ran.stderr, ran.stderr
     hr = json.loads(runner.invoke(cli, ["status", "--json"]).stdout)
     assert hr["total"]["total"] == 11 and hr["total"]["no_salary_line"] == 1
     assert hr["no_salary_line"] == [victim]
