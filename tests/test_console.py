@@ -456,6 +456,33 @@ async def test_retry_selected_with_one_row_retries_that_row_and_permanent_failur
 
 
 @sync
+async def test_retry_from_the_job_detail_says_a_job_refused_for_its_data_fails_again(failed_world):
+    """Drill: the failed list's r warned that a refused address fails again unless fixed;
+    the job detail's r, on the same job, offered "Requeue it" and nothing more."""
+    cfg, conn, ledger = failed_world
+    refused = "HTTP 422 invalid recipient address: 'rina.das.15@doel.invalid' (domain does not exist)"
+    meta = json.loads(conn.hget("rq:job:e-refused-2", "meta"))
+    conn.hset("rq:job:e-refused-2", "meta", json.dumps({**meta, "permanent": True,
+                                                        "last_error": f"provider 127.0.0.1:9: {refused}"}))
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *"failed queue:send-email", "enter")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 2)
+        table = app.screen.query_one("#failed")
+        table.move_cursor(row=table.get_row_index("e-refused-2"))
+        await pilot.press("enter")
+        await settle(pilot, lambda: getattr(app.screen, "detail", None) is not None, what="job detail")
+        assert app.screen.detail["permanent"] and not app.screen.detail["address_changed"]
+        await pilot.press("r")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the retry dialog")
+        assert "fails again unless the employee was fixed first" in app.screen.body, app.screen.body
+        assert app.screen.command == "payrun retry e-refused-2"
+        await pilot.press("n")
+    assert conn.llen(f"rq:queue:{keys.EMAIL_QUEUE}") == 0  # nothing retried
+
+
+@sync
 async def test_retry_with_options_in_the_command_bar_is_refused_not_taken_for_a_job_id(failed_world):
     """`:retry --all` opened "Retry --all?" behind a one-key confirmation (a job id)."""
     cfg, conn, ledger = failed_world

@@ -10,11 +10,10 @@ from textual.widgets import Footer, Input, Static
 
 from console import actions
 from console.data import PAGE_SIZE
-from console.failed import FailedFilter, FailedPage, short_error
+from console.failed import FailedFilter, FailedPage, retry_one_body, short_error
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
-from payrun.status import cut
 
 
 class FailedScreen(ConsoleScreen):
@@ -207,16 +206,7 @@ class FailedScreen(ConsoleScreen):
             return
         cmd = f"payrun retry {key}"
         row = next((r for r in (self.page.rows if self.page else []) if r["id"] == key), {})
-        body = "Requeue it with a fresh attempt budget."
-        if row.get("delivered_by_resend"):
-            body = ("Its slip was delivered by a `payrun resend` since (payrun status counts it as sent): a retry "
-                    "emails the employee the slip again. " + body)
-        elif row.get("address_changed"):
-            body = (f"Its address was refused ({cut(short_error(row.get('error') or ''), 160)}) and the payroll "
-                    "data has another one since: the retry sends it there. " + body)
-        elif row.get("permanent"):
-            body = (f"It failed on the employee's data ({cut(short_error(row.get('error') or ''), 160)}): a retry alone "
-                    "fails again unless the employee was fixed first (payrun import). " + body)
+        body = retry_one_body(row)
         self.app.push_screen(ConfirmKey(f"Retry {key}?", body, cmd),
                              lambda ok: ok and self.app.act("retry", actions.retry, [key], cmd))
 
