@@ -443,7 +443,7 @@ class ConsoleApp(App):
         lim = self.snapshot.limits if self.snapshot else None
         cfg = self.source.cfg
         self.push_screen(LimitsDialog(lim.cap if lim else cfg.limits.email_concurrency,
-                                      lim.rate_per_s if lim else cfg.limits.email_rate_per_s),
+                                      lim.rate_per_s if lim else cfg.limits.email_rate_per_s, known=lim is not None),
                          lambda v: v and self.confirm_limits(*v))
 
     def confirm_limits(self, cap: int | None, rate: float | None) -> None:

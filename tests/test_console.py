@@ -802,6 +802,25 @@ async def test_unreachable_redis_is_said_and_keys_still_work(cfg, tmp_path):
         assert app.screen.CRUMB == "failed"
 
 
+@sync
+async def test_the_limits_dialog_does_not_give_the_configs_limits_as_in_force_when_redis_is_unreachable(cfg, tmp_path):
+    """Drill: with Redis stopped, l said "in force: cap 50 in flight, rate 40/s" (the
+    config's) while `payrun limits set` had put cap 10 and 30/s in force."""
+    from console.data import connect
+
+    dead = connect(cfg, f"unix://{tmp_path / 'no.sock'}")
+    app = ConsoleApp(Source(cfg, dead), no_blink=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        assert app.snapshot.limits is None
+        await pilot.press("l")
+        await settle(pilot, lambda: type(app.screen).__name__ == "LimitsDialog", what="the limits dialog")
+        body = " ".join(str(w.render()) for w in app.screen.query(".dialog-body"))
+        assert "in force: unknown" in body and "in force: cap" not in body, body
+        assert "(now " not in app.screen.query_one("#cap").placeholder
+        await pilot.press("escape")
+
+
 class SlowSource(Source):
     def snapshot(self) -> Snapshot:
         time.sleep(8)
