@@ -317,11 +317,33 @@ class ConsoleApp(App):
                   else ConfirmTyped("Retry these failed jobs?", len(args), args[:5], cmd))
         self.push_screen(dialog, lambda ok: ok and self.act("retry", actions.retry, list(args), cmd))
 
+    def _queue_arg(self, args: list[str], command: str) -> tuple[bool, str | None]:
+        """(ok, queue) of `:drain [Q]` / `:resume [Q]`: an unknown queue is said at once
+        (it was offered as "Drain nosuch?" and refused only after the y)."""
+        if not args:
+            return True, None
+        if args[0] not in actions.keys.QUEUES:
+            self.notify(f":{command}: unknown queue {args[0]!r} (choose from {', '.join(actions.keys.QUEUES)})",
+                        severity="error")
+            return False, None
+        return True, args[0]
+
     def command_drain(self, args: list[str]) -> None:
-        self.confirm_drain(args[0] if args else None)
+        ok, queue = self._queue_arg(args, "drain")
+        if ok:
+            self.confirm_drain(queue)
 
     def command_resume(self, args: list[str]) -> None:
-        self.confirm_resume(args[0] if args else None)
+        ok, queue = self._queue_arg(args, "resume")
+        if not ok:
+            return
+        if queue and self.snapshot is not None and self.snapshot.suspended:
+            # (as u: `:resume send-email` offered "Resume send-email? Workers take new jobs
+            # again", and nothing moved: the drain of every queue held)
+            self.confirm_resume(None, why=f"Intake is stopped on every queue (a drain of all): resuming {queue} "
+                                          "alone would move nothing.")
+            return
+        self.confirm_resume(queue)
 
     def command_stop(self, args: list[str]) -> None:
         if not args:

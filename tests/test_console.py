@@ -707,6 +707,28 @@ async def test_u_after_a_drain_of_every_queue_resumes_every_queue(cfg, conn):
         await settle(pilot, lambda: not conn.exists("rq:suspended"), what="intake resumed everywhere")
 
 
+@sync
+async def test_resume_of_one_queue_typed_after_a_drain_of_every_queue_offers_every_queue(cfg, conn):
+    """Drill: after D, `:resume send-email` offered "Resume send-email? Workers take new
+    jobs again", and after the y nothing moved (the drain of all held), as u did before;
+    and `:drain nosuch` offered "Drain nosuch?" and was refused only after the y."""
+    actions.drain(cfg, conn, None, via="cli")
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None and app.snapshot.suspended)
+        await pilot.press("colon", *f"resume {keys.EMAIL_QUEUE}", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the resume dialog")
+        assert app.screen.command == "payrun resume" and "a drain of all" in app.screen.body
+        await pilot.press("y")
+        await settle(pilot, lambda: not conn.exists("rq:suspended"), what="intake resumed everywhere")
+        for command in ("drain nosuch", "resume nosuch"):
+            await pilot.press("colon", *command, "enter")
+            await settle(pilot, lambda: any("unknown queue 'nosuch'" in n.message for n in app._notifications),
+                         what=f"{command} refused")
+            assert type(app.screen).__name__ == "OverviewScreen"
+            app.clear_notifications()
+
+
 def test_drain_and_resume_one_queue_from_the_cli(cfg, conn):
     from payrun.cli import cli
 
