@@ -483,6 +483,27 @@ async def test_retry_from_the_job_detail_says_a_job_refused_for_its_data_fails_a
 
 
 @sync
+async def test_a_failed_page_past_the_end_after_a_retry_shows_the_last_page(failed_world):
+    """Drill: on page 2 of a company's failed jobs, A retried them all and the view read
+    "0 failed · page 2/1"; a list shrunk by retries elsewhere left an empty page."""
+    from console.screens.failed import FailedScreen
+
+    cfg, conn, ledger = failed_world
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        app.push_screen(FailedScreen(page_size=3))
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 7)
+        await pilot.press("n", "n")
+        await settle(pilot, lambda: app.screen.page.offset == 6, what="page 3")
+        actions.retry(cfg, conn, ["r-refused-1", "r-refused-2", "r-refused-3", "r-typeerr-1"], via="test")
+        app.refresh_now()
+        await settle(pilot, lambda: app.screen.page.total == 3, what="the shrunk list")
+        assert app.screen.page.offset == 0 and len(app.screen.page.rows) == 3
+        assert "3 failed · page 1/1" in text_of(app, "#failed-summary")
+
+
+@sync
 async def test_retry_with_options_in_the_command_bar_is_refused_not_taken_for_a_job_id(failed_world):
     """`:retry --all` opened "Retry --all?" behind a one-key confirmation (a job id)."""
     cfg, conn, ledger = failed_world

@@ -90,6 +90,12 @@ class FailedScreen(ConsoleScreen):
         if page is None:
             self.query_one("#failed-summary", Static).update(Text(f"could not read failed jobs: {err}", style="red"))
             return
+        if page.offset and page.offset >= page.total:
+            # the list shrank under a later page (a retry, from here or the CLI): show its
+            # last page, not an empty "0 failed · page 2/1"
+            self.page_offset = max(0, (page.total - 1) // self.page_size * self.page_size)
+            self.reload()
+            return
         self.page = page
         rows = []
         for r in page.rows:
