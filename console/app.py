@@ -190,7 +190,7 @@ class ConsoleApp(App):
         if not self.screen.query(CommandBar):
             self.typeahead, self._typeahead_since = [], time.monotonic()
             self._colon_at = -TYPEAHEAD_MAX_S  # (its keys are kept from here on: typeahead)
-            self.screen.mount(CommandBar())
+            self.screen.mount(CommandBar(return_to=self.screen.focused))
 
     async def on_event(self, event: events.Event) -> None:
         # `:workers` typed or pasted in one burst: the keys after `:` arrive before the bar

@@ -803,6 +803,27 @@ async def test_change_limits_from_the_command_bar(cfg, conn):
 
 
 @sync
+async def test_the_command_bar_gives_focus_back_to_the_table_that_had_it(cfg, conn):
+    """Drill: after any `:` command on the overview, focus fell to the processes table,
+    and d on the queue under the cursor said "select a queue (Tab to the queues table)"."""
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        overview = app.screen
+        assert overview.focused.id == "queues"
+        for keys_ in (("colon", "escape"), ("colon", *"limits cap=abc", "enter"),
+                      ("colon", *"workers", "enter", "escape")):
+            await pilot.press(*keys_)
+            await settle(pilot, lambda: app.screen is overview and not overview.query("CommandBar"),
+                         what="the overview again")
+            await pilot.pause()
+            assert overview.focused is not None and overview.focused.id == "queues", (keys_, overview.focused)
+        await pilot.press("d")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the drain dialog")
+        await pilot.press("n")
+
+
+@sync
 async def test_actions_typed_in_the_command_bar_are_carried_out(cfg, conn):
     """`:drain Q`, `:resume`, `:drain` + all: the dialog's answer must reach the action (it
     went to the command bar, removed by then: the dialog closed and nothing happened)."""
