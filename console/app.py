@@ -293,7 +293,15 @@ class ConsoleApp(App):
         self.go("overview")
 
     def command_failed(self, args: list[str]) -> None:
-        self.go("failed", filter_text=" ".join(args))
+        from console.failed import FailedFilter
+
+        text = " ".join(args)
+        try:
+            FailedFilter.parse(text)
+        except ValueError as e:  # (it opened every failed job, unfiltered, under the error)
+            self.notify(f":failed: {e}", severity="error")
+            return
+        self.go("failed", filter_text=text)
 
     def command_running(self, args: list[str]) -> None:
         self.go("running")

@@ -64,6 +64,18 @@ class FailedFilter:
                 words.append(w)
         return cls(queue, company, " ".join(words) or None, month)
 
+    @staticmethod
+    def unknown_keys(s: str) -> list[str]:
+        """Words of ``s`` that look like a filter key with a typo (``compny:2``): they are
+        matched as text in the last error, which showed "0 failed" and read like "company 2
+        has none"."""
+        try:
+            parts = shlex.split(s or "")
+        except ValueError:
+            parts = (s or "").split()
+        return [w for w in parts if re.fullmatch(r"[A-Za-z]+:[\w.-]+", w)
+                and w.partition(":")[0] not in ("queue", "q", "company", "c", "month")]
+
     def __str__(self) -> str:
         parts = []
         if self.queue:

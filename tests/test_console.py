@@ -504,6 +504,25 @@ async def test_a_failed_page_past_the_end_after_a_retry_shows_the_last_page(fail
 
 
 @sync
+async def test_a_bad_failed_filter_typed_after_colon_opens_nothing_and_a_misspelt_key_is_said(failed_world):
+    """Drill: `:failed queue:nosuch` said "unknown queue" over the failed view opened with
+    no filter (every failed job); `/compny:2` read "0 failed · filter: compny:2", as if
+    company 2 had none (it was matched as text in the last error)."""
+    cfg, conn, ledger = failed_world
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *"failed queue:nosuch", "enter")
+        await settle(pilot, lambda: any("unknown queue 'nosuch'" in n.message for n in app._notifications),
+                     what="the refusal")
+        assert type(app.screen).__name__ == "OverviewScreen"
+        await pilot.press("colon", *"failed compny:2", "enter")
+        await settle(pilot, lambda: any("compny:2: not a filter key" in n.message for n in app._notifications),
+                     what="the misspelt key said")
+        assert FailedFilter.unknown_keys("company:2 queue:send-email address: refused") == []
+
+
+@sync
 async def test_retry_with_options_in_the_command_bar_is_refused_not_taken_for_a_job_id(failed_world):
     """`:retry --all` opened "Retry --all?" behind a one-key confirmation (a job id)."""
     cfg, conn, ledger = failed_world

@@ -63,6 +63,9 @@ class FailedScreen(ConsoleScreen):
         except ValueError as e:
             self.notify(str(e), severity="error")
             return
+        if odd := FailedFilter.unknown_keys(text):
+            self.notify(f"{', '.join(odd)}: not a filter key (queue:, company:, month:), matched as text in the "
+                        "last error", severity="warning", timeout=8)
         self.filter_text = text
         self.page_offset = 0
         self.selected.clear()
