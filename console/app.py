@@ -460,9 +460,21 @@ class ConsoleApp(App):
 
         if self.refuse_if_readonly("stop worker"):
             return
+        workers = self.snapshot.workers if self.snapshot is not None else []
+        w = next((w for w in workers if w.name == worker), None)
+        if workers and w is None:  # (`:stop nosuch` was refused only after its y)
+            self.notify(f"no worker named {worker!r} (names in :workers)", severity="error")
+            return
         body = ("It finishes the job in hand, then exits (supervisord starts a fresh one:\n"
                 "drain first if it should take no more work). A send-email lane stops its whole process.")
-        self.push_screen(ConfirmKey(f"Stop worker {worker}?", body, f"payrun stop-worker {worker}"),
+        title = f"Stop worker {worker}?"
+        if w is not None and w.kind == "email":
+            # the title named one lane; the y stops every lane of the process
+            lanes = [x for x in workers if x.process == w.process]
+            busy = sum(1 for x in lanes if x.job_id and x.alive)
+            title = (f"Stop the send-email process {w.pid} on {w.host} (all {len(lanes)} lanes, "
+                     f"{busy} sending)?")
+        self.push_screen(ConfirmKey(title, body, f"payrun stop-worker {worker}"),
                          lambda ok: ok and self.act("stop worker", actions.stop_worker, worker))
 
     def ask_limits(self) -> None:

@@ -688,6 +688,34 @@ async def test_drain_stops_intake_and_a_stopped_worker_finishes_its_job_and_exit
     assert "resumed everywhere" in out.output and not conn.exists("rq:suspended")
 
 
+@sync
+async def test_stopping_a_send_email_lane_says_it_stops_the_whole_process_and_an_unknown_worker_is_refused(cfg, conn):
+    """Drill: s on a running send ("Stop worker email.vm.24520.01?") named one lane; the y
+    stopped the process and all its 50 lanes (the body said so in its last words).
+    `:stop nosuch` was offered behind a y and refused after it."""
+    import dataclasses
+
+    from console.data import WorkerRow
+
+    app = ConsoleApp(Source(cfg, conn), no_blink=True, poll=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        lanes = [WorkerRow(f"email.vm.77.{i:02d}", "vm", 77, keys.EMAIL_QUEUE, "busy" if i < 3 else "idle",
+                           f"email-{MONTH}-emp-{i:05d}" if i < 3 else None, 1.0, 0.5, True, False, "email")
+                 for i in range(5)]
+        app.snapshot = dataclasses.replace(app.snapshot, workers=lanes)
+        await pilot.press("colon", *"stop email.vm.77.01", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the stop dialog")
+        assert app.screen.title_text == "Stop the send-email process 77 on vm (all 5 lanes, 3 sending)?"
+        assert app.screen.command == "payrun stop-worker email.vm.77.01"
+        await pilot.press("n")
+        await settle(pilot, lambda: type(app.screen).__name__ == "OverviewScreen")
+        await pilot.press("colon", *"stop nosuch", "enter")
+        await settle(pilot, lambda: any("no worker named 'nosuch'" in n.message for n in app._notifications),
+                     what="the refusal")
+        assert type(app.screen).__name__ == "OverviewScreen"
+
+
 @pytest.mark.parametrize("everything", [False, True], ids=["one-queue", "everything"])
 def test_a_drain_holds_for_a_render_worker_already_waiting_for_a_job(cfg, conn, worker_env, tmp_path, everything):
     """The worker is blocked in its dequeue (up to 5 s) when the drain comes: the job that
