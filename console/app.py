@@ -190,7 +190,7 @@ class ConsoleApp(App):
         if not self.screen.query(CommandBar):
             self.typeahead, self._typeahead_since = [], time.monotonic()
             self._colon_at = -TYPEAHEAD_MAX_S  # (its keys are kept from here on: typeahead)
-            self.screen.mount(CommandBar())
+            self.screen.mount(CommandBar(return_to=self.screen.focused))
 
     async def on_event(self, event: events.Event) -> None:
         # `:workers` typed or pasted in one burst: the keys after `:` arrive before the bar
@@ -293,7 +293,15 @@ class ConsoleApp(App):
         self.go("overview")
 
     def command_failed(self, args: list[str]) -> None:
-        self.go("failed", filter_text=" ".join(args))
+        from console.failed import FailedFilter
+
+        text = " ".join(args)
+        try:
+            FailedFilter.parse(text)
+        except ValueError as e:  # (it opened every failed job, unfiltered, under the error)
+            self.notify(f":failed: {e}", severity="error")
+            return
+        self.go("failed", filter_text=text)
 
     def command_running(self, args: list[str]) -> None:
         self.go("running")
@@ -317,11 +325,33 @@ class ConsoleApp(App):
                   else ConfirmTyped("Retry these failed jobs?", len(args), args[:5], cmd))
         self.push_screen(dialog, lambda ok: ok and self.act("retry", actions.retry, list(args), cmd))
 
+    def _queue_arg(self, args: list[str], command: str) -> tuple[bool, str | None]:
+        """(ok, queue) of `:drain [Q]` / `:resume [Q]`: an unknown queue is said at once
+        (it was offered as "Drain nosuch?" and refused only after the y)."""
+        if not args:
+            return True, None
+        if args[0] not in actions.keys.QUEUES:
+            self.notify(f":{command}: unknown queue {args[0]!r} (choose from {', '.join(actions.keys.QUEUES)})",
+                        severity="error")
+            return False, None
+        return True, args[0]
+
     def command_drain(self, args: list[str]) -> None:
-        self.confirm_drain(args[0] if args else None)
+        ok, queue = self._queue_arg(args, "drain")
+        if ok:
+            self.confirm_drain(queue)
 
     def command_resume(self, args: list[str]) -> None:
-        self.confirm_resume(args[0] if args else None)
+        ok, queue = self._queue_arg(args, "resume")
+        if not ok:
+            return
+        if queue and self.snapshot is not None and self.snapshot.suspended:
+            # (as u: `:resume send-email` offered "Resume send-email? Workers take new jobs
+            # again", and nothing moved: the drain of every queue held)
+            self.confirm_resume(None, why=f"Intake is stopped on every queue (a drain of all): resuming {queue} "
+                                          "alone would move nothing.")
+            return
+        self.confirm_resume(queue)
 
     def command_stop(self, args: list[str]) -> None:
         if not args:
@@ -430,9 +460,21 @@ class ConsoleApp(App):
 
         if self.refuse_if_readonly("stop worker"):
             return
+        workers = self.snapshot.workers if self.snapshot is not None else []
+        w = next((w for w in workers if w.name == worker), None)
+        if workers and w is None:  # (`:stop nosuch` was refused only after its y)
+            self.notify(f"no worker named {worker!r} (names in :workers)", severity="error")
+            return
         body = ("It finishes the job in hand, then exits (supervisord starts a fresh one:\n"
                 "drain first if it should take no more work). A send-email lane stops its whole process.")
-        self.push_screen(ConfirmKey(f"Stop worker {worker}?", body, f"payrun stop-worker {worker}"),
+        title = f"Stop worker {worker}?"
+        if w is not None and w.kind == "email":
+            # the title named one lane; the y stops every lane of the process
+            lanes = [x for x in workers if x.process == w.process]
+            busy = sum(1 for x in lanes if x.job_id and x.alive)
+            title = (f"Stop the send-email process {w.pid} on {w.host} (all {len(lanes)} lanes, "
+                     f"{busy} sending)?")
+        self.push_screen(ConfirmKey(title, body, f"payrun stop-worker {worker}"),
                          lambda ok: ok and self.act("stop worker", actions.stop_worker, worker))
 
     def ask_limits(self) -> None:
@@ -443,7 +485,7 @@ class ConsoleApp(App):
         lim = self.snapshot.limits if self.snapshot else None
         cfg = self.source.cfg
         self.push_screen(LimitsDialog(lim.cap if lim else cfg.limits.email_concurrency,
-                                      lim.rate_per_s if lim else cfg.limits.email_rate_per_s),
+                                      lim.rate_per_s if lim else cfg.limits.email_rate_per_s, known=lim is not None),
                          lambda v: v and self.confirm_limits(*v))
 
     def confirm_limits(self, cap: int | None, rate: float | None) -> None:

@@ -863,10 +863,20 @@ class Source:
             return [i for i in permanent if i not in fixed]
 
     def job_detail(self, job_id: str) -> dict[str, Any]:
+        """One job, and for a failed one what its retry would do, as the failed list marks
+        it (``permanent``, ``address_changed``, ``delivered_by_resend``): the detail's r
+        offered "Requeue it" with no word that a job refused for its data fails again."""
         with self._lock:
             from console import failed
 
-            return failed.detail(self.conn, self.ledger(), job_id)
+            led = self.ledger()
+            d = failed.detail(self.conn, led, job_id)
+            if d.get("rq_status") == "failed":
+                permanent = bool((d.get("meta") or {}).get("permanent"))
+                d["address_changed"] = permanent and job_id in self._readdressed([job_id])
+                d["permanent"] = permanent and not d["address_changed"]
+                d["delivered_by_resend"] = job_id not in failed._without_resent(led, [job_id])
+            return d
 
 
 from console.failed import FailedFilter, FailedPage  # noqa: E402  (re-exported)

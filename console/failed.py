@@ -64,6 +64,18 @@ class FailedFilter:
                 words.append(w)
         return cls(queue, company, " ".join(words) or None, month)
 
+    @staticmethod
+    def unknown_keys(s: str) -> list[str]:
+        """Words of ``s`` that look like a filter key with a typo (``compny:2``): they are
+        matched as text in the last error, which showed "0 failed" and read like "company 2
+        has none"."""
+        try:
+            parts = shlex.split(s or "")
+        except ValueError:
+            parts = (s or "").split()
+        return [w for w in parts if re.fullmatch(r"[A-Za-z]+:[\w.-]+", w)
+                and w.partition(":")[0] not in ("queue", "q", "company", "c", "month")]
+
     def __str__(self) -> str:
         parts = []
         if self.queue:
@@ -235,6 +247,25 @@ def metas(conn, ids: list[str]):
         yield from ((job_id, _meta(raw)) for job_id, raw in zip(chunk, raws))
 
 
+def retry_one_body(row: dict[str, Any]) -> str:
+    """What the one-job retry dialog says (the failed list's r and the job detail's r):
+    a job that failed on its data fails again unless fixed first, one refused for an
+    address changed since goes to the new one, one whose slip a resend delivered emails it again."""
+    from payrun.status import cut
+
+    body = "Requeue it with a fresh attempt budget."
+    if row.get("delivered_by_resend"):
+        return ("Its slip was delivered by a `payrun resend` since (payrun status counts it as sent): a retry "
+                "emails the employee the slip again. " + body)
+    if row.get("address_changed"):
+        return (f"Its address was refused ({cut(short_error(row.get('error') or ''), 160)}) and the payroll "
+                "data has another one since: the retry sends it there. " + body)
+    if row.get("permanent"):
+        return (f"It failed on the employee's data ({cut(short_error(row.get('error') or ''), 160)}): a retry alone "
+                "fails again unless the employee was fixed first (payrun import). " + body)
+    return body
+
+
 _TRANSPORT_PREFIX = re.compile(r"^(?:provider|SMTP) \S+?: ")
 
 
@@ -302,7 +333,8 @@ def detail(conn, ledger, job_id: str) -> dict[str, Any]:
         job = PayrunJob.fetch(job_id, connection=conn)
         status = job.get_status(refresh=False)
         out["rq_status"] = getattr(status, "value", _s(status))  # "failed", not "JobStatus.FAILED"
-        out["meta"] = {k: v for k, v in job.meta.items() if k in ("kind", "key", "attempt", "last_error", "retry")}
+        out["meta"] = {k: v for k, v in job.meta.items()
+                       if k in ("kind", "key", "attempt", "last_error", "retry", "permanent")}
         out["origin"] = job.origin
         out["func"] = job.func_name
         result = job.latest_result()

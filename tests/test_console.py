@@ -456,6 +456,73 @@ async def test_retry_selected_with_one_row_retries_that_row_and_permanent_failur
 
 
 @sync
+async def test_retry_from_the_job_detail_says_a_job_refused_for_its_data_fails_again(failed_world):
+    """Drill: the failed list's r warned that a refused address fails again unless fixed;
+    the job detail's r, on the same job, offered "Requeue it" and nothing more."""
+    cfg, conn, ledger = failed_world
+    refused = "HTTP 422 invalid recipient address: 'rina.das.15@doel.invalid' (domain does not exist)"
+    meta = json.loads(conn.hget("rq:job:e-refused-2", "meta"))
+    conn.hset("rq:job:e-refused-2", "meta", json.dumps({**meta, "permanent": True,
+                                                        "last_error": f"provider 127.0.0.1:9: {refused}"}))
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *"failed queue:send-email", "enter")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 2)
+        table = app.screen.query_one("#failed")
+        table.move_cursor(row=table.get_row_index("e-refused-2"))
+        await pilot.press("enter")
+        await settle(pilot, lambda: getattr(app.screen, "detail", None) is not None, what="job detail")
+        assert app.screen.detail["permanent"] and not app.screen.detail["address_changed"]
+        await pilot.press("r")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the retry dialog")
+        assert "fails again unless the employee was fixed first" in app.screen.body, app.screen.body
+        assert app.screen.command == "payrun retry e-refused-2"
+        await pilot.press("n")
+    assert conn.llen(f"rq:queue:{keys.EMAIL_QUEUE}") == 0  # nothing retried
+
+
+@sync
+async def test_a_failed_page_past_the_end_after_a_retry_shows_the_last_page(failed_world):
+    """Drill: on page 2 of a company's failed jobs, A retried them all and the view read
+    "0 failed · page 2/1"; a list shrunk by retries elsewhere left an empty page."""
+    from console.screens.failed import FailedScreen
+
+    cfg, conn, ledger = failed_world
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        app.push_screen(FailedScreen(page_size=3))
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 7)
+        await pilot.press("n", "n")
+        await settle(pilot, lambda: app.screen.page.offset == 6, what="page 3")
+        actions.retry(cfg, conn, ["r-refused-1", "r-refused-2", "r-refused-3", "r-typeerr-1"], via="test")
+        app.refresh_now()
+        await settle(pilot, lambda: app.screen.page.total == 3, what="the shrunk list")
+        assert app.screen.page.offset == 0 and len(app.screen.page.rows) == 3
+        assert "3 failed · page 1/1" in text_of(app, "#failed-summary")
+
+
+@sync
+async def test_a_bad_failed_filter_typed_after_colon_opens_nothing_and_a_misspelt_key_is_said(failed_world):
+    """Drill: `:failed queue:nosuch` said "unknown queue" over the failed view opened with
+    no filter (every failed job); `/compny:2` read "0 failed · filter: compny:2", as if
+    company 2 had none (it was matched as text in the last error)."""
+    cfg, conn, ledger = failed_world
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *"failed queue:nosuch", "enter")
+        await settle(pilot, lambda: any("unknown queue 'nosuch'" in n.message for n in app._notifications),
+                     what="the refusal")
+        assert type(app.screen).__name__ == "OverviewScreen"
+        await pilot.press("colon", *"failed compny:2", "enter")
+        await settle(pilot, lambda: any("compny:2: not a filter key" in n.message for n in app._notifications),
+                     what="the misspelt key said")
+        assert FailedFilter.unknown_keys("company:2 queue:send-email address: refused") == []
+
+
+@sync
 async def test_retry_with_options_in_the_command_bar_is_refused_not_taken_for_a_job_id(failed_world):
     """`:retry --all` opened "Retry --all?" behind a one-key confirmation (a job id)."""
     cfg, conn, ledger = failed_world
@@ -621,6 +688,34 @@ async def test_drain_stops_intake_and_a_stopped_worker_finishes_its_job_and_exit
     assert "resumed everywhere" in out.output and not conn.exists("rq:suspended")
 
 
+@sync
+async def test_stopping_a_send_email_lane_says_it_stops_the_whole_process_and_an_unknown_worker_is_refused(cfg, conn):
+    """Drill: s on a running send ("Stop worker email.vm.24520.01?") named one lane; the y
+    stopped the process and all its 50 lanes (the body said so in its last words).
+    `:stop nosuch` was offered behind a y and refused after it."""
+    import dataclasses
+
+    from console.data import WorkerRow
+
+    app = ConsoleApp(Source(cfg, conn), no_blink=True, poll=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        lanes = [WorkerRow(f"email.vm.77.{i:02d}", "vm", 77, keys.EMAIL_QUEUE, "busy" if i < 3 else "idle",
+                           f"email-{MONTH}-emp-{i:05d}" if i < 3 else None, 1.0, 0.5, True, False, "email")
+                 for i in range(5)]
+        app.snapshot = dataclasses.replace(app.snapshot, workers=lanes)
+        await pilot.press("colon", *"stop email.vm.77.01", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the stop dialog")
+        assert app.screen.title_text == "Stop the send-email process 77 on vm (all 5 lanes, 3 sending)?"
+        assert app.screen.command == "payrun stop-worker email.vm.77.01"
+        await pilot.press("n")
+        await settle(pilot, lambda: type(app.screen).__name__ == "OverviewScreen")
+        await pilot.press("colon", *"stop nosuch", "enter")
+        await settle(pilot, lambda: any("no worker named 'nosuch'" in n.message for n in app._notifications),
+                     what="the refusal")
+        assert type(app.screen).__name__ == "OverviewScreen"
+
+
 @pytest.mark.parametrize("everything", [False, True], ids=["one-queue", "everything"])
 def test_a_drain_holds_for_a_render_worker_already_waiting_for_a_job(cfg, conn, worker_env, tmp_path, everything):
     """The worker is blocked in its dequeue (up to 5 s) when the drain comes: the job that
@@ -680,6 +775,28 @@ async def test_u_after_a_drain_of_every_queue_resumes_every_queue(cfg, conn):
         await settle(pilot, lambda: not conn.exists("rq:suspended"), what="intake resumed everywhere")
 
 
+@sync
+async def test_resume_of_one_queue_typed_after_a_drain_of_every_queue_offers_every_queue(cfg, conn):
+    """Drill: after D, `:resume send-email` offered "Resume send-email? Workers take new
+    jobs again", and after the y nothing moved (the drain of all held), as u did before;
+    and `:drain nosuch` offered "Drain nosuch?" and was refused only after the y."""
+    actions.drain(cfg, conn, None, via="cli")
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None and app.snapshot.suspended)
+        await pilot.press("colon", *f"resume {keys.EMAIL_QUEUE}", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the resume dialog")
+        assert app.screen.command == "payrun resume" and "a drain of all" in app.screen.body
+        await pilot.press("y")
+        await settle(pilot, lambda: not conn.exists("rq:suspended"), what="intake resumed everywhere")
+        for command in ("drain nosuch", "resume nosuch"):
+            await pilot.press("colon", *command, "enter")
+            await settle(pilot, lambda: any("unknown queue 'nosuch'" in n.message for n in app._notifications),
+                         what=f"{command} refused")
+            assert type(app.screen).__name__ == "OverviewScreen"
+            app.clear_notifications()
+
+
 def test_drain_and_resume_one_queue_from_the_cli(cfg, conn):
     from payrun.cli import cli
 
@@ -733,6 +850,27 @@ async def test_change_limits_from_the_command_bar(cfg, conn):
 
 
 @sync
+async def test_the_command_bar_gives_focus_back_to_the_table_that_had_it(cfg, conn):
+    """Drill: after any `:` command on the overview, focus fell to the processes table,
+    and d on the queue under the cursor said "select a queue (Tab to the queues table)"."""
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        overview = app.screen
+        assert overview.focused.id == "queues"
+        for keys_ in (("colon", "escape"), ("colon", *"limits cap=abc", "enter"),
+                      ("colon", *"workers", "enter", "escape")):
+            await pilot.press(*keys_)
+            await settle(pilot, lambda: app.screen is overview and not overview.query("CommandBar"),
+                         what="the overview again")
+            await pilot.pause()
+            assert overview.focused is not None and overview.focused.id == "queues", (keys_, overview.focused)
+        await pilot.press("d")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the drain dialog")
+        await pilot.press("n")
+
+
+@sync
 async def test_actions_typed_in_the_command_bar_are_carried_out(cfg, conn):
     """`:drain Q`, `:resume`, `:drain` + all: the dialog's answer must reach the action (it
     went to the command bar, removed by then: the dialog closed and nothing happened)."""
@@ -773,6 +911,25 @@ async def test_unreachable_redis_is_said_and_keys_still_work(cfg, tmp_path):
         assert "last refresh 12s ago: Redis unreachable" in text_of(app, "StatusBar")
         await pilot.press("f")
         assert app.screen.CRUMB == "failed"
+
+
+@sync
+async def test_the_limits_dialog_does_not_give_the_configs_limits_as_in_force_when_redis_is_unreachable(cfg, tmp_path):
+    """Drill: with Redis stopped, l said "in force: cap 50 in flight, rate 40/s" (the
+    config's) while `payrun limits set` had put cap 10 and 30/s in force."""
+    from console.data import connect
+
+    dead = connect(cfg, f"unix://{tmp_path / 'no.sock'}")
+    app = ConsoleApp(Source(cfg, dead), no_blink=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        assert app.snapshot.limits is None
+        await pilot.press("l")
+        await settle(pilot, lambda: type(app.screen).__name__ == "LimitsDialog", what="the limits dialog")
+        body = " ".join(str(w.render()) for w in app.screen.query(".dialog-body"))
+        assert "in force: unknown" in body and "in force: cap" not in body, body
+        assert "(now " not in app.screen.query_one("#cap").placeholder
+        await pilot.press("escape")
 
 
 class SlowSource(Source):

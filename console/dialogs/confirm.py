@@ -89,16 +89,27 @@ class LimitsDialog(ModalScreen[tuple | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, cap: int, rate: float):
+    def __init__(self, cap: int, rate: float, known: bool = True):
+        """``known``: ``cap`` and ``rate`` are the limits in force as the last refresh read
+        them; False: that refresh could not read them (Redis unreachable), and they are the
+        config's, which a `payrun limits set` may have overridden (the dialog said "in
+        force: cap 50" from the config while cap 10 was in force)."""
         super().__init__()
-        self.cap, self.rate = cap, rate
+        self.cap, self.rate, self.known = cap, rate, known
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="confirm"):
             yield Static("Change the email limits (every sender, every host, next send)", classes="dialog-title")
-            yield Static(f"in force: cap {self.cap} in flight, rate {self.rate:g}/s", classes="dialog-body")
-            yield Input(placeholder=f"cap (now {self.cap}; empty = unchanged)", id="cap")
-            yield Input(placeholder=f"rate per s (now {self.rate:g}; empty = unchanged)", id="rate")
+            if self.known:
+                yield Static(f"in force: cap {self.cap} in flight, rate {self.rate:g}/s", classes="dialog-body")
+                now_cap, now_rate = f"now {self.cap}; ", f"now {self.rate:g}; "
+            else:
+                yield Static(f"in force: unknown (the last refresh could not read them: Redis unreachable?); "
+                             f"the config says cap {self.cap}, rate {self.rate:g}/s, which `payrun limits set` "
+                             "may have overridden", classes="dialog-body")
+                now_cap = now_rate = ""
+            yield Input(placeholder=f"cap ({now_cap}empty = unchanged)", id="cap")
+            yield Input(placeholder=f"rate per s ({now_rate}empty = unchanged)", id="rate")
             yield Static("Enter to continue · Esc cancels", classes="dialog-keys")
 
     def on_mount(self) -> None:

@@ -10,11 +10,10 @@ from textual.widgets import Footer, Input, Static
 
 from console import actions
 from console.data import PAGE_SIZE
-from console.failed import FailedFilter, FailedPage, short_error
+from console.failed import FailedFilter, FailedPage, retry_one_body, short_error
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
-from payrun.status import cut
 
 
 class FailedScreen(ConsoleScreen):
@@ -64,6 +63,9 @@ class FailedScreen(ConsoleScreen):
         except ValueError as e:
             self.notify(str(e), severity="error")
             return
+        if odd := FailedFilter.unknown_keys(text):
+            self.notify(f"{', '.join(odd)}: not a filter key (queue:, company:, month:), matched as text in the "
+                        "last error", severity="warning", timeout=8)
         self.filter_text = text
         self.page_offset = 0
         self.selected.clear()
@@ -90,6 +92,12 @@ class FailedScreen(ConsoleScreen):
         self._loading = False
         if page is None:
             self.query_one("#failed-summary", Static).update(Text(f"could not read failed jobs: {err}", style="red"))
+            return
+        if page.offset and page.offset >= page.total:
+            # the list shrank under a later page (a retry, from here or the CLI): show its
+            # last page, not an empty "0 failed · page 2/1"
+            self.page_offset = max(0, (page.total - 1) // self.page_size * self.page_size)
+            self.reload()
             return
         self.page = page
         rows = []
@@ -207,16 +215,7 @@ class FailedScreen(ConsoleScreen):
             return
         cmd = f"payrun retry {key}"
         row = next((r for r in (self.page.rows if self.page else []) if r["id"] == key), {})
-        body = "Requeue it with a fresh attempt budget."
-        if row.get("delivered_by_resend"):
-            body = ("Its slip was delivered by a `payrun resend` since (payrun status counts it as sent): a retry "
-                    "emails the employee the slip again. " + body)
-        elif row.get("address_changed"):
-            body = (f"Its address was refused ({cut(short_error(row.get('error') or ''), 160)}) and the payroll "
-                    "data has another one since: the retry sends it there. " + body)
-        elif row.get("permanent"):
-            body = (f"It failed on the employee's data ({cut(short_error(row.get('error') or ''), 160)}): a retry alone "
-                    "fails again unless the employee was fixed first (payrun import). " + body)
+        body = retry_one_body(row)
         self.app.push_screen(ConfirmKey(f"Retry {key}?", body, cmd),
                              lambda ok: ok and self.app.act("retry", actions.retry, [key], cmd))
 

@@ -27,7 +27,8 @@ why data = failed on the employee's data (an address refused): fix it first (pay
 why fixed = its refused address has changed since in the payroll data: a retry sends it there
 why resent = its slip was delivered by a `payrun resend` since: a retry emails it again
 oldest = age of the job at the head of the queue; done/min from RQ's finished registry
-ETA = slips left ÷ delivery rate of the last 5 min; deadline the first 09:00 local after the run began
+ETA = slips left ÷ the month's slips delivered per second in the last 5 min (the last minute when faster),
+never above the rate limit; deadline the first 09:00 local after the run began
 Nothing here writes to Redis unless you confirm an action; every action is in audit.log"""
 
 

@@ -125,5 +125,10 @@ class JobScreen(ConsoleScreen):
                             severity="warning", timeout=6)
             return
         cmd = f"payrun retry {self.job_id}"
-        self.app.push_screen(ConfirmKey(f"Retry {self.job_id}?", "Requeue it with a fresh attempt budget.", cmd),
+        from console.failed import retry_one_body
+
+        d = self.detail or {}
+        body = retry_one_body({**d, "error": (d.get("ledger") or {}).get("last_error")
+                               or (d.get("meta") or {}).get("last_error") or ""})
+        self.app.push_screen(ConfirmKey(f"Retry {self.job_id}?", body, cmd),
                              lambda ok: ok and self.app.act("retry", actions.retry, [self.job_id], cmd))

@@ -15,11 +15,14 @@ class CommandBar(Input):
                 Binding("up", "history(-1)", show=False), Binding("down", "history(1)", show=False)]
     history: list[str] = []
 
-    def __init__(self) -> None:
+    def __init__(self, return_to=None) -> None:
         super().__init__(placeholder=": failed | running | workers | overview | retry ID… | drain [Q] | resume [Q] | "
                                      "stop WORKER | limits cap=N rate=R | audit | help | q", id="command-bar",
                          select_on_focus=False)  # (selected, the text typed ahead went with the next key)
         self._pos = len(self.history)
+        # the widget that had focus before `:`: it gets it back when the bar goes (focus
+        # fell to the last table, the overview's processes, where d and u said "select a queue")
+        self._return_to = return_to
 
     def on_mount(self) -> None:
         if getattr(self.app, "no_blink", False):
@@ -44,6 +47,9 @@ class CommandBar(Input):
         take = getattr(self.app, "take_typeahead", None)
         if take:
             take()  # never keep keys for a bar that is gone
+        back = self._return_to
+        if back is not None and back.is_attached and back.screen is self.screen:
+            self.screen.set_focus(back)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
