@@ -1074,8 +1074,11 @@ def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> N
         raise PayrunError("--lanes is for send-email workers; a pdf-render or control worker runs one job "
                           "at a time (run one pdf-render worker per core: render.workers)")
     _setup_logging()
-    conn = c.redis()
     from payrun import redis_server
+
+    if not burst and not c.cfg.embedded_redis:  # a worker host: the control host's Redis may be restarting
+        redis_server.wait_until_reachable(c.cfg, f"worker {'/'.join(queues)}", logging.getLogger("payrun.worker"))
+    conn = c.redis()
 
     if not burst:  # (a burst worker is a script's: it fails at once, with the reason)
         redis_server.wait_for_writes(conn, f"worker {'/'.join(queues)}", logging.getLogger("payrun.worker"), c.cfg)
