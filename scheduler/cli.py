@@ -222,7 +222,9 @@ def register(cli) -> None:
             click.echo("schedulers: Redis not reachable")
         else:
             click.echo(f"schedulers alive: {len(alive)}" + (f" ({', '.join(alive)})" if alive else
-                                                              " — no tick fires until one runs: payrun scheduler"))
+                                                              (" — no tick fires until one runs: `payrun up` (on the control host) starts "
+                                                               "scheduler-a and scheduler-b again, or "
+                                                               "`supervisorctl start scheduler-a scheduler-b`")))
 
     @cli.command(name="resend")
     @click.option("--employee", "employee_id", required=True, help="Employee id, e.g. emp-00017.")
