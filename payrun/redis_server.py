@@ -273,6 +273,9 @@ def unreachable_hint(cfg: Config) -> str:
         return _supervised_redis_problem(cfg, state, why) or (
             f"supervisord runs the embedded Redis here and says {state or 'nothing'}: `payrun ps` shows it, "
             f"{cfg.log_dir / 'redis.log'} is its log")
+    if not cfg.embedded_redis:  # a worker host's `payrun up` runs no Redis: the URL's does
+        return ("the Redis of PAYRUN_REDIS_URL / redis.url does not answer: is the control host up "
+                "(`payrun ps` there)? `payrun config redis-url` names it")
     return "is `payrun up` running? `payrun config redis-url` names it"
 
 

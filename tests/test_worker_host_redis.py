@@ -67,3 +67,14 @@ def test_a_burst_worker_still_fails_at_once(gone):
 
     result = CliRunner().invoke(cli, ["worker", "--burst", "pdf-render"])
     assert result.exit_code == 1 and "cannot reach Redis" in result.output
+
+
+def test_a_look_on_a_worker_host_points_at_the_control_host(gone):
+    """`payrun workers` on a worker host, its control host down, said "is `payrun up`
+    running?": it was, on this host; the Redis that did not answer is the control host's."""
+    from payrun.cli import cli
+
+    (gone.home / "supervisor.role").write_text("worker")  # (what `payrun up --role worker` leaves)
+    result = CliRunner().invoke(cli, ["workers"])
+    assert result.exit_code == 1 and "is the control host up" in result.output, result.output
+    assert "is `payrun up` running?" not in result.output and "password=pw" not in result.output
