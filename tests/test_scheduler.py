@@ -630,5 +630,4 @@ def test_schedule_with_no_scheduler_alive_names_how_to_start_them(cfg, conn):
 
     (cfg.home / "payroll.db").touch()
     out = CliRunner().invoke(cli, ["schedule"]).output
-    assert "schedulers alive: 0" in out and "`payrun up` (on the control host) starts scheduler-a and scheduler-b" \
-        in out, out
+    assert "schedulers alive: 0" in out and "`supervisorctl start scheduler-a scheduler-b`" in out, out
