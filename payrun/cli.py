@@ -1058,6 +1058,13 @@ def prune(c: Ctx, before: str, slips: bool, dry_run: bool, force: bool, as_json:
     except PayrunError as e:
         raise PayrunError(str(e).replace("--month", "--before", 1)) from None
     r = retention.prune(c.cfg, c.ledger(), before, slips=slips, dry_run=dry_run, force=force)
+    if not dry_run and r.months:  # it deletes who-got-a-slip history (and PDFs): `payrun audit` left it out
+        from payrun.audit import Outcome, audit
+
+        command = f"payrun prune --before {before}" + (" --slips" if slips else "") + (" --force" if force else "")
+        audit(c.cfg, Outcome("prune", command, r.jobs, message=(
+            f"removed {r.jobs:,} jobs, {r.runs} pay-run rows" + (f", {r.slip_dirs} slip folders" if slips else "")
+            + f" (months {', '.join(r.months)})"), detail={"months": list(r.months)}), via="cli")
     if as_json:
         click.echo(json.dumps({**vars(r), "dry_run": dry_run}))
         return
@@ -1091,8 +1098,11 @@ def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> N
         raise PayrunError("--lanes is for send-email workers; a pdf-render or control worker runs one job "
                           "at a time (run one pdf-render worker per core: render.workers)")
     _setup_logging()
-    conn = c.redis()
     from payrun import redis_server
+
+    if not burst and not c.cfg.embedded_redis:  # a worker host: the control host's Redis may be restarting
+        redis_server.wait_until_reachable(c.cfg, f"worker {'/'.join(queues)}", logging.getLogger("payrun.worker"))
+    conn = c.redis()
 
     if not burst:  # (a burst worker is a script's: it fails at once, with the reason)
         redis_server.wait_for_writes(conn, f"worker {'/'.join(queues)}", logging.getLogger("payrun.worker"), c.cfg)

@@ -273,6 +273,9 @@ def unreachable_hint(cfg: Config) -> str:
         return _supervised_redis_problem(cfg, state, why) or (
             f"supervisord runs the embedded Redis here and says {state or 'nothing'}: `payrun ps` shows it, "
             f"{cfg.log_dir / 'redis.log'} is its log")
+    if not cfg.embedded_redis:  # a worker host's `payrun up` runs no Redis: the URL's does
+        return ("the Redis of PAYRUN_REDIS_URL / redis.url does not answer: is the control host up "
+                "(`payrun ps` there)? `payrun config redis-url` names it")
     return "is `payrun up` running? `payrun config redis-url` names it"
 
 
@@ -325,6 +328,37 @@ def wait_for_writes(conn: redis.Redis, who: str, log: logging.Logger, cfg: Confi
         pause(WRITES_POLL_S)
     if said is not None:
         log.warning("%s: Redis takes writes again after %.0f s; starting", who, clock() - began)
+    return clock() - began
+
+
+REACH_POLL_S = 2.0
+
+
+def _reach_pause(s: float) -> None:
+    time.sleep(s)
+
+
+def wait_until_reachable(cfg: Config, who: str, log: logging.Logger,
+                         clock=time.monotonic, pause=None) -> float:
+    """Before a long-running program starts its work on an external Redis (a worker host on
+    the control host's): wait while it does not answer, saying so once a minute, instead of
+    failing at once. The control host's `payrun down`/`up` (a deploy) takes its Redis away
+    for ~15 s: a worker host's send-email, which exits for a restart when Redis fails under
+    a job, then failed its three starts and was given up on (FATAL): that host sent nothing
+    more until someone ran `payrun up` there (an ops drill). Returns the seconds waited."""
+    from payrun.config import redact_url
+
+    pause = pause or _reach_pause
+    conn = connect(cfg, socket_timeout=5, socket_connect_timeout=5)
+    began, said = clock(), None
+    while not ping(conn):
+        if said is None or clock() - said >= WRITES_LOG_EVERY_S:
+            log.warning("%s waits: cannot reach Redis at %s (PAYRUN_REDIS_URL / redis.url; the control host "
+                        "down or restarting?); starting once it answers", who, redact_url(cfg.redis.url))
+            said = clock()
+        pause(REACH_POLL_S)
+    if said is not None:
+        log.warning("%s: Redis answers again after %.0f s; starting", who, clock() - began)
     return clock() - began
 
 

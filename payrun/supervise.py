@@ -227,7 +227,13 @@ def _start_failed_again(cfg: Config, status: str, wait: bool, timeout_s: float) 
     dead = gave_up(status)
     retrying = gave_up(status, ("BACKOFF",))
     if not dead and not retrying:
-        return "supervisord is already running:\n" + status.rstrip()
+        # stopped by hand (a date, not "Not started"): left stopped, but said (a drill read the
+        # list, saw no failure, and the schedulers it had stopped stayed stopped over a tick)
+        by_hand = [ln.split()[0] for ln in status.splitlines()
+                   if len(ln.split()) > 1 and ln.split()[1] == "STOPPED" and "Not started" not in ln]
+        note = (f"\nnote: {', '.join(by_hand)} stopped by hand, left stopped: `eval \"$(payrun supervisor-env)\"` "
+                f"then `supervisorctl -c \"$PAYRUN_SUPERVISOR_CONF\" start {' '.join(by_hand)}`") if by_hand else ""
+        return "supervisord is already running:\n" + status.rstrip() + note
     if dead:
         ctl(cfg, "start", *dead, timeout_s=60)
     out = status

@@ -222,7 +222,10 @@ def register(cli) -> None:
             click.echo("schedulers: Redis not reachable")
         else:
             click.echo(f"schedulers alive: {len(alive)}" + (f" ({', '.join(alive)})" if alive else
-                                                              " — no tick fires until one runs: payrun scheduler"))
+                                                              (" — no tick fires until one runs: on the control host, "
+                                                               "`supervisorctl start scheduler-a scheduler-b` (after "
+                                                               "`eval \"$(payrun supervisor-env)\"`; `payrun up` "
+                                                               "starts only programs that failed)")))
 
     @cli.command(name="resend")
     @click.option("--employee", "employee_id", required=True, help="Employee id, e.g. emp-00017.")

@@ -161,6 +161,12 @@ def test_prune_keeps_later_months(runner, cfg):
     one_line_error(runner.invoke(cli, ["prune", "--before", "last-year"]))
     out = runner.invoke(cli, ["prune", "--before", "2026-12", "--force"])
     assert out.exit_code == 0 and "removed 1 jobs" in out.output
+    # a prune deletes who-got-a-slip history: it is in the audit log (dry runs and refusals are not)
+    from payrun.audit import read_audit
+
+    pruned = [(e["command"], e["count"], e["detail"]["months"]) for e in read_audit(cfg) if e["what"] == "prune"]
+    assert pruned == [("payrun prune --before 2026-11 --slips", 2, ["2026-09", "2026-10"]),
+                      ("payrun prune --before 2026-12 --force", 1, ["2026-11"])]
     # a pruned month is not run again (its jobs can still be in Redis: the run would never finish)
     payroll.seed(payroll.PayrollDB(cfg.payroll_path), companies=1, employees=2, month="2026-10")
     msg = one_line_error(runner.invoke(cli, ["run", "--month", "2026-10"]))

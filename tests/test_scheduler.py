@@ -618,3 +618,16 @@ def test_schedule_names_the_scheduler_still_on_the_old_schedule(cfg, conn):
     assert 0 < conn.ttl(service.entries_key("scheduler-a.h1")) <= service.ENTRIES_TTL_S
     s.cron.unregister()
     assert not conn.exists(service.entries_key("scheduler-a.h1"))
+
+
+def test_schedule_with_no_scheduler_alive_names_how_to_start_them(cfg, conn):
+    """Ops drill: both supervised schedulers stopped, `payrun schedule` said "no tick fires
+    until one runs: payrun scheduler", i.e. a third one in the operator's terminal, outside
+    supervisord, dying with the shell."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    (cfg.home / "payroll.db").touch()
+    out = CliRunner().invoke(cli, ["schedule"]).output
+    assert "schedulers alive: 0" in out and "`supervisorctl start scheduler-a scheduler-b`" in out, out

@@ -772,3 +772,23 @@ def supervise_mod():
     from payrun import supervise
 
     return supervise
+
+
+def test_up_names_programs_stopped_by_hand_and_starts_nothing(tmp_path, monkeypatch):
+    """Ops drill: both schedulers stopped with supervisorctl over a tick; `payrun up` listed
+    them STOPPED under "supervisord is already running", exit 0, and said nothing more: the
+    tick stayed due. Left stopped (it may be on purpose), but named, with the start."""
+    from payrun import config, supervise
+
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path)})
+    calls = []
+    monkeypatch.setattr(supervise, "ctl", lambda cfg_, *args, timeout_s=None: calls.append(args) or ("", 0))
+    status = ("ledger        RUNNING   pid 10, uptime 0:05:00\n"
+              "provider      STOPPED   Not started\n"
+              "scheduler-a   STOPPED   Dec 05 09:43 PM\n"
+              "scheduler-b   STOPPED   Dec 05 09:43 PM\n")
+    out = supervise._start_failed_again(cfg, status, wait=True, timeout_s=5)
+    assert out.startswith("supervisord is already running:") and calls == []
+    note = out.splitlines()[-1]
+    assert note.startswith("note: scheduler-a, scheduler-b stopped by hand, left stopped") and "provider" not in note
+    assert 'start scheduler-a scheduler-b' in note

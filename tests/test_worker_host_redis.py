@@ -1,0 +1,80 @@
+"""A worker host's workers when the control host's Redis is away (its `payrun down`/`up`
+in a deploy, ~15 s): an ops drill saw the worker host's send-email, which exits for a
+restart when Redis fails under a job, fail its next starts at once ("cannot reach Redis")
+and be given up on by supervisord (FATAL): that host sent nothing more until someone ran
+`payrun up` there. A worker on an external Redis now waits for it at its start."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from click.testing import CliRunner
+
+from payrun import config as config_mod
+from payrun import redis_server
+
+
+class Stopped(BaseException):
+    """Raised from the patched pause: the worker was waiting, not exiting."""
+
+
+@pytest.fixture
+def gone(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    monkeypatch.setenv("PAYRUN_HOME", str(home))
+    monkeypatch.setenv("PAYRUN_REDIS_URL", f"unix://{tmp_path}/no-redis.sock?password=pw")
+    monkeypatch.setenv("PAYRUN_EMAIL_URL", "http://127.0.0.1:9")
+    monkeypatch.delenv("PAYRUN_CONFIG", raising=False)
+    return config_mod.load()
+
+
+def test_wait_until_reachable_says_so_once_a_minute_then_goes_on(gone, monkeypatch, caplog):
+    now, pauses = [0.0], []
+    answers = iter([False] * 40 + [True])
+    monkeypatch.setattr(redis_server, "ping", lambda conn: next(answers))
+
+    def pause(s):
+        pauses.append(s)
+        now[0] += s
+
+    with caplog.at_level(logging.WARNING, logger="payrun.test"):
+        waited = redis_server.wait_until_reachable(gone, "worker send-email", logging.getLogger("payrun.test"),
+                                                   clock=lambda: now[0], pause=pause)
+    assert waited == pytest.approx(80.0) and len(pauses) == 40
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 3  # at once, a minute later, and when it goes on
+    assert said[0].startswith("worker send-email waits: cannot reach Redis at unix://")
+    assert "password=pw" not in " ".join(said)
+    assert "Redis answers again after 80 s; starting" in said[-1]
+
+
+@pytest.mark.parametrize("queue", ["send-email", "pdf-render"])
+def test_a_worker_on_an_unreachable_external_redis_waits_instead_of_exiting(gone, monkeypatch, queue):
+    from payrun.cli import cli
+
+    def pause(s):
+        raise Stopped()
+
+    monkeypatch.setattr(redis_server, "_reach_pause", pause)
+    with pytest.raises(Stopped):  # it paused to wait (before: exit 1, "cannot reach Redis", no pause)
+        CliRunner().invoke(cli, ["worker", queue])
+
+
+def test_a_burst_worker_still_fails_at_once(gone):
+    from payrun.cli import cli
+
+    result = CliRunner().invoke(cli, ["worker", "--burst", "pdf-render"])
+    assert result.exit_code == 1 and "cannot reach Redis" in result.output
+
+
+def test_a_look_on_a_worker_host_points_at_the_control_host(gone):
+    """`payrun workers` on a worker host, its control host down, said "is `payrun up`
+    running?": it was, on this host; the Redis that did not answer is the control host's."""
+    from payrun.cli import cli
+
+    (gone.home / "supervisor.role").write_text("worker")  # (what `payrun up --role worker` leaves)
+    result = CliRunner().invoke(cli, ["workers"])
+    assert result.exit_code == 1 and "is the control host up" in result.output, result.output
+    assert "is `payrun up` running?" not in result.output and "password=pw" not in result.output
