@@ -1274,15 +1274,24 @@ def _say_drained(c: Ctx) -> None:
 
 
 @cli.command()
+@click.option("--force", is_flag=True,
+              help="Stop this host even while workers it does not run (another host's) hold jobs.")
 @pass_ctx
 @handle_errors
-def down(c: Ctx) -> None:
-    """Stop every program gracefully (workers finish their jobs), then supervisord."""
+def down(c: Ctx, force: bool) -> None:
+    """Stop every program gracefully (workers finish their jobs), then supervisord.
+
+    On a control host, refused while workers of another host hold jobs (it would stop
+    Redis and the provider beneath their sends): stop those first, or --force."""
     from payrun import supervise
 
     # from the wrong directory it said "supervisord is not running", exit 0, and left a
     # ./var behind: an on-call engineer in the wrong shell was told payrun was stopped
     c.require_home()
+    if not force and supervise._role(c.cfg) == "all" and (busy := _busy_elsewhere(c)):
+        from payrun.errors import SetupError
+
+        raise SetupError(supervise.busy_elsewhere_line(busy))
     left = _run_left(c)  # (while Redis still answers)
     click.echo(supervise.down(c.cfg, say=lambda m: click.echo(m, err=True)))
     if left:
@@ -1290,6 +1299,25 @@ def down(c: Ctx) -> None:
         click.echo(f"the {month} pay run was in progress: at most {n:,} slip{'' if n == 1 else 's'} not sent yet wait "
                    "in Redis (counted as the stop began: sends in hand finished meanwhile); `payrun up` goes on with "
                    "them (nothing is lost or sent twice)")
+
+
+def _busy_elsewhere(c: Ctx) -> list:
+    """Workers alive with a job in hand that this data directory's supervisord does not run
+    (supervise.busy_elsewhere); none when Redis does not answer (nothing to stop beneath)."""
+    import socket
+    import time
+
+    from console.data import read_workers
+    from payrun import supervise
+
+    try:
+        conn = _maybe_redis(c)
+        if conn is None:
+            return []
+        rows = read_workers(conn, time.time())
+    except Exception:  # noqa: BLE001 - a look only: Redis away, nothing is sending through it
+        return []
+    return supervise.busy_elsewhere(rows, set(supervise.processes(c.cfg)), socket.gethostname())
 
 
 def _run_left(c: Ctx) -> tuple[str, int] | None:

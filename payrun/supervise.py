@@ -340,6 +340,26 @@ def orphans_line(found: list[tuple[int, str]]) -> str:
             f"kill -TERM {' '.join(str(p) for p, _ in found)}")
 
 
+def busy_elsewhere(workers, own_pids: set[int], hostname: str) -> list:
+    """Of ``workers`` (console.data.WorkerRow), those alive with a job in hand that this
+    data directory's supervisord does not run: another host's (or a `payrun worker` started
+    by hand). A control host's `payrun down` stops Redis and the provider beneath their
+    sends in flight: each is retried, and over SMTP delivered twice (an ops drill: 9 of
+    1,600 slips). Pure."""
+    return [w for w in workers if w.alive and w.job_id and (w.host != hostname or w.pid not in own_pids)]
+
+
+def busy_elsewhere_line(busy) -> str:
+    """What `payrun down` says of them."""
+    named = ", ".join(f"{w.name} ({w.where}, {w.job_id})" for w in busy[:6])
+    more = f" and {len(busy) - 6} more" if len(busy) > 6 else ""
+    return (f"{len(busy)} worker{'' if len(busy) == 1 else 's'} not run by this host's supervisord "
+            f"{'holds a job' if len(busy) == 1 else 'hold jobs'} now: {named}{more}. Stopping this host stops Redis "
+            "and the provider beneath their sends in flight (each is then retried, and over SMTP delivered "
+            "twice). Stop them first (`payrun down` on their host), or `payrun drain` and wait until `payrun "
+            "running` is empty; `payrun down --force` stops this host anyway")
+
+
 def take_over_redis(cfg: Config) -> str:
     """Before supervisord starts its own embedded Redis: any payrun command (`payrun failed`,
     `payrun run`, ...) starts that server in the background when it is not up, and

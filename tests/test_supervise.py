@@ -792,3 +792,56 @@ def test_up_names_programs_stopped_by_hand_and_starts_nothing(tmp_path, monkeypa
     note = out.splitlines()[-1]
     assert note.startswith("note: scheduler-a, scheduler-b stopped by hand, left stopped") and "provider" not in note
     assert 'start scheduler-a scheduler-b' in note
+
+
+def test_down_on_a_control_host_waits_for_another_hosts_workers_holding_jobs(cfg, conn, monkeypatch):
+    """Ops drill: `payrun down` on the control host while a worker host was sending stopped
+    Redis and the local provider beneath 9 sends in flight; each was retried, and the
+    restarted provider (its dedupe memory gone) delivered them twice: 1,609 deliveries for
+    1,600 slips. Over SMTP that is every provider. It is refused while a worker it does not
+    run holds a job, and says what to do; --force stops anyway."""
+    import time as time_mod
+
+    from click.testing import CliRunner
+
+    from jobs.runtime import make_queue
+    from payrun import keys, supervise
+    from payrun.cli import cli
+
+    (cfg.home / "payroll.db").touch()
+    downs = []
+    monkeypatch.setattr(supervise, "down", lambda cfg_, say=None: downs.append(1) or "stopped")
+    name = "email.worker-host.4242.07"
+    job = make_queue(keys.EMAIL_QUEUE, conn).enqueue_call("jobs.tasks.noop", job_id="email-2026-11-emp-00042")
+    conn.sadd("rq:workers", f"rq:worker:{name}")
+    conn.hset(f"rq:worker:{name}", mapping={"hostname": "worker-host", "pid": 4242, "queues": keys.EMAIL_QUEUE,
+                                            "state": "busy", "current_job": job.id,
+                                            "program": "send-email"})
+    conn.hset(job.key, mapping={"status": "started", "worker_name": name,
+                                "started_at": time_mod.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time_mod.gmtime())})
+    conn.set(keys.alive(name), 4242, ex=10)
+
+    out = CliRunner().invoke(cli, ["down"])
+    assert out.exit_code != 0 and not downs, out.output
+    assert "1 worker not run by this host's supervisord holds a job now: email.worker-host.4242.07 " \
+           "(worker-host:4242 send-email, email-2026-11-emp-00042)" in out.output, out.output
+    assert "`payrun down` on their host" in out.output and "`payrun down --force`" in out.output
+    assert CliRunner().invoke(cli, ["down", "--force"]).exit_code == 0 and downs == [1]
+    conn.delete(keys.alive(name))  # gone (its job goes back with the reaper): nothing to wait for
+    assert CliRunner().invoke(cli, ["down"]).exit_code == 0 and downs == [1, 1]
+    conn.set(keys.alive(name), 4242, ex=10)
+    conn.hdel(f"rq:worker:{name}", "current_job")  # alive and idle: nothing in flight to lose
+    assert CliRunner().invoke(cli, ["down"]).exit_code == 0 and downs == [1, 1, 1]
+
+
+def test_busy_elsewhere_is_alive_with_a_job_and_not_ours():
+    from types import SimpleNamespace as W
+
+    from payrun import supervise
+
+    rows = [W(name="a", alive=True, job_id="j1", host="here", pid=10),    # ours (our supervisord's)
+            W(name="b", alive=True, job_id="j2", host="here", pid=11),    # this host, not ours: a second home
+            W(name="c", alive=True, job_id="j3", host="there", pid=10),   # another host (same pid: not ours)
+            W(name="d", alive=False, job_id="j4", host="there", pid=12),  # gone: the reaper returns its job
+            W(name="e", alive=True, job_id=None, host="there", pid=13)]   # idle
+    assert [w.name for w in supervise.busy_elsewhere(rows, {10}, "here")] == ["b", "c"]
