@@ -57,6 +57,11 @@ async def settle(pilot, until=lambda: True, timeout_s: float = 20.0, what: str =
         await pilot.pause(0.05)
 
 
+async def notified(pilot, app, text: str, what: str = "the console") -> None:
+    """Wait until a notification containing ``text`` has been shown."""
+    await settle(pilot, lambda: any(text in n.message for n in app._notifications), what=what)
+
+
 def text_of(app, selector: str) -> str:
     return str(app.screen.query_one(selector).render())
 
@@ -384,8 +389,7 @@ async def test_a_command_typed_in_one_burst_reaches_the_bar_of_a_read_only_conso
         await pilot.press("escape")
         await settle(pilot, lambda: type(app.screen).__name__ == "OverviewScreen", what="the overview")
         await pilot.press("d")
-        await settle(pilot, lambda: any("read-only console: d" in n.message for n in app._notifications),
-                     what="the read-only warning")
+        await notified(pilot, app, "read-only console: d", what="the read-only warning")
 
 
 @sync
@@ -513,12 +517,10 @@ async def test_a_bad_failed_filter_typed_after_colon_opens_nothing_and_a_misspel
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, lambda: app.snapshot is not None)
         await pilot.press("colon", *"failed queue:nosuch", "enter")
-        await settle(pilot, lambda: any("unknown queue 'nosuch'" in n.message for n in app._notifications),
-                     what="the refusal")
+        await notified(pilot, app, "unknown queue 'nosuch'", what="the refusal")
         assert type(app.screen).__name__ == "OverviewScreen"
         await pilot.press("colon", *"failed compny:2", "enter")
-        await settle(pilot, lambda: any("compny:2: not a filter key" in n.message for n in app._notifications),
-                     what="the misspelt key said")
+        await notified(pilot, app, "compny:2: not a filter key", what="the misspelt key said")
         assert FailedFilter.unknown_keys("company:2 queue:send-email address: refused") == []
 
 
@@ -530,8 +532,7 @@ async def test_retry_with_options_in_the_command_bar_is_refused_not_taken_for_a_
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, lambda: app.snapshot is not None)
         await pilot.press("colon", *"retry --all", "enter")
-        await settle(pilot, lambda: any(":retry takes job ids" in n.message for n in app._notifications),
-                     what="the refusal")
+        await notified(pilot, app, ":retry takes job ids", what="the refusal")
         assert type(app.screen).__name__ == "OverviewScreen"
 
 
@@ -711,8 +712,7 @@ async def test_stopping_a_send_email_lane_says_it_stops_the_whole_process_and_an
         await pilot.press("n")
         await settle(pilot, lambda: type(app.screen).__name__ == "OverviewScreen")
         await pilot.press("colon", *"stop nosuch", "enter")
-        await settle(pilot, lambda: any("no worker named 'nosuch'" in n.message for n in app._notifications),
-                     what="the refusal")
+        await notified(pilot, app, "no worker named 'nosuch'", what="the refusal")
         assert type(app.screen).__name__ == "OverviewScreen"
 
 
@@ -791,8 +791,7 @@ async def test_resume_of_one_queue_typed_after_a_drain_of_every_queue_offers_eve
         await settle(pilot, lambda: not conn.exists("rq:suspended"), what="intake resumed everywhere")
         for command in ("drain nosuch", "resume nosuch"):
             await pilot.press("colon", *command, "enter")
-            await settle(pilot, lambda: any("unknown queue 'nosuch'" in n.message for n in app._notifications),
-                         what=f"{command} refused")
+            await notified(pilot, app, "unknown queue 'nosuch'", what=f"{command} refused")
             assert type(app.screen).__name__ == "OverviewScreen"
             app.clear_notifications()
 
