@@ -61,12 +61,6 @@ ENTRIES_KEY = "payrun:cron:entries"
 ENTRIES_TTL_S = 86400
 """A scheduler's own copy (``entries_key``) outlives its last beat by this much (a killed
 one's copy goes by itself; only the copies of schedulers alive are read)."""
-
-
-def entries_key(scheduler: str) -> str:
-    """The entries one scheduler loaded at its start: during a deploy two schedulers can
-    run two schedules, and `payrun schedule` names the one still on the old file."""
-    return f"{ENTRIES_KEY}:{scheduler}"
 STATE_KEY = "payrun:cron:state"
 MISSED_CAP = 50
 """At most this many missed-tick rows per entry per pass (the newest); the rest are counted."""
@@ -95,6 +89,12 @@ def window_text(seconds: float) -> str:
     if seconds < 2 * 3600:
         return f"{seconds / 60:g} min"
     return f"{seconds / 3600:g} h"
+
+
+def entries_key(scheduler: str) -> str:
+    """The entries one scheduler loaded at its start: during a deploy two schedulers can
+    run two schedules, and `payrun schedule` names the one still on the old file."""
+    return f"{ENTRIES_KEY}:{scheduler}"
 
 
 def cursor_key(entry: str) -> str:
