@@ -46,6 +46,9 @@ SPARK_MINUTES = 10
 """Throughput history shown per queue, in one-minute buckets (newest last)."""
 RATE_WINDOW_MIN = 5
 """The ETA uses the send rate of the last this-many minutes."""
+CHANGE_SETTLE_S = 15
+"""After the send limits change, the ETA's rate is the one since the change from this many
+seconds on (before it, too few sends to tell; those in flight were started under the old)."""
 STALL_MIN = 2
 """No slip delivered in the current and the previous minute (over a minute) while some
 wait, in a run started more than this many minutes ago: the HR line says so instead of
@@ -196,6 +199,11 @@ class Limits:
     """Sends the provider deduped: resends of slips it already had (a killed sender's)."""
     waiting_for_rate: int = 0
     """Of in_use, senders waiting for their start under the rate (jobs.limits.waiting_for_rate)."""
+    changed_at: float | None = None
+    """When the cap or rate last changed in force (jobs.limits.CHANGED_AT), if in the last
+    RATE_WINDOW_MIN minutes."""
+    sent_since_change: int | None = None
+    """Slips sent since ``changed_at`` (send-email finishes, reminders left out)."""
 
 
 @dataclass
@@ -488,7 +496,9 @@ def read_running(conn, now: float, stuck_after_s: float, queues=keys.QUEUES) -> 
     return out
 
 
-def read_limits(conn, cfg) -> Limits:
+def read_limits(conn, cfg, now: float | None = None) -> Limits:
+    """The email limit's figures; ``now`` (the console's clock) for the sends since the last
+    change of the limits (the slots' leases are always read against this host's clock)."""
     name = "email"
     now_ms = int(time.time() * 1000)
     with conn.pipeline(transaction=False) as p:
@@ -507,10 +517,30 @@ def read_limits(conn, cfg) -> Limits:
 
     outage = outage_from(outage_raw, pause, now_ms=now_ms)
     rate = float(conf.get("rate_per_s", cfg.limits.email_rate_per_s))
+    changed_at, sent = _sent_since_change(conn, conf, now_ms / 1000 if now is None else now)
     return Limits(cap=int(float(conf.get("cap", cfg.limits.email_concurrency))), rate_per_s=rate,
                   in_use=int(in_use), waits=stats.get("waits", 0), http_429=stats.get("http_429", 0),
                   paused_for_s=max(0, int(pause)) / 1000, outage=outage, duplicates=stats.get("duplicates", 0),
-                  waiting_for_rate=waiting_for_rate(float(tat) if tat else None, now_ms, rate, int(in_use)))
+                  waiting_for_rate=waiting_for_rate(float(tat) if tat else None, now_ms, rate, int(in_use)),
+                  changed_at=changed_at, sent_since_change=sent)
+
+
+def _sent_since_change(conn, conf: dict[str, str], now: float) -> tuple[float | None, int | None]:
+    """(when the send limits last changed, slips sent since) if that was in the last
+    RATE_WINDOW_MIN minutes, else (None, None). One more round trip only then."""
+    from jobs.limits import CHANGED_AT
+
+    try:
+        at = float(conf.get(CHANGED_AT) or "")
+    except ValueError:
+        return None, None
+    if not 0 <= now - at < 60 * RATE_WINDOW_MIN:
+        return None, None
+    with conn.pipeline(transaction=False) as p:
+        p.zcount(f"rq:finished:{keys.EMAIL_QUEUE}", f"({at + FINISHED_TTL_S}", "+inf")
+        p.zcount(keys.REMINDERS_SENT, f"({at}", "+inf")
+        finished, reminders = p.execute()
+    return at, max(0, int(finished) - int(reminders))
 
 
 def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis_stuck: list[str],
@@ -719,7 +749,7 @@ class Source:
                 snap.queues, snap.suspended, snap.paused_queues = read_queues(conn, now)
                 snap.workers = read_workers(conn, now)
                 snap.running = read_running(conn, now, self.cfg.lease.stuck_after_s)
-                snap.limits = read_limits(conn, self.cfg)
+                snap.limits = read_limits(conn, self.cfg, now)
                 snap.retry_errors = read_retrying(conn)
                 snap.ledger_backlog = ledger_backlog(conn)  # (`payrun status` said the ledger was behind; we did not)
                 snap.ledger_backlog_age_s = round(ledger_backlog_age_s(conn), 1) if snap.ledger_backlog else 0.0
@@ -741,8 +771,12 @@ class Source:
                     started = max((parse_ts(r["created_at"]) or 0.0 for r in rows), default=0.0)
                     if month and not snap.redis_down and _remaining(snap.status["total"]):
                         self._month_rates(snap.queues, now, month)
+                    lim = snap.limits
+                    changed = (lim is not None and lim.changed_at is not None and lim.sent_since_change is not None
+                               and lim.changed_at > started)  # (before the run: the run's own start counts)
                     rate = self.delivery_rate(snap.queues, now - started if started else None,
-                                              snap.limits.rate_per_s if snap.limits else None)
+                                              lim.rate_per_s if lim else None,
+                                              (now - lim.changed_at, lim.sent_since_change) if changed else None)
                     drained = snap.suspended or bool({keys.RENDER_QUEUE, keys.EMAIL_QUEUE} & set(snap.paused_queues))
                     out = snap.limits.outage if snap.limits else None
                     down = out["for_s"] if out and out["pauses"] else None
@@ -793,7 +827,8 @@ class Source:
 
     @staticmethod
     def delivery_rate(queues: list[QueueRow], running_s: float | None = None,
-                      send_limit_per_s: float | None = None) -> float:
+                      send_limit_per_s: float | None = None,
+                      since_change: tuple[float, int] | None = None) -> float:
         """Slips delivered per second recently: the send rate (reminder emails left out),
         or before any send has finished, the render rate (every slip passes through both).
         ``running_s``: how long ago the run started; in its first RATE_WINDOW_MIN minutes
@@ -801,7 +836,13 @@ class Source:
         read as LATE). The last minute's pace counts when it is faster than the window's
         (sending back at full speed after an outage, a pause or a raised limit: the window
         alone read LATE for minutes), and the send rate never counts above
-        ``send_limit_per_s``, the limit in force (a lowered limit counts at once)."""
+        ``send_limit_per_s``, the limit in force (a lowered limit counts at once).
+        ``since_change``: (seconds since the cap or rate last changed, slips sent since):
+        from CHANGE_SETTLE_S after a change until the window has passed it, the send rate
+        is at most the one since the change (a cap lowered to 10, at 1.2 s a send, sends
+        ~8/s, which no rate limit says: the minutes before it promised the old pace for up
+        to RATE_WINDOW_MIN minutes). Only ever lower: the count is every month's sends, and
+        a raised limit's pace is the last minute's, as above."""
         early = running_s is not None and running_s < 60 * RATE_WINDOW_MIN
         by = {}
         for q in queues:
@@ -815,6 +856,8 @@ class Source:
                 rate = max(rate, q.slips_finished(1) / 60.0)
             by[q.name] = rate
         sends = by.get(keys.EMAIL_QUEUE)
+        if since_change and sends and CHANGE_SETTLE_S <= since_change[0] < 60 * RATE_WINDOW_MIN:
+            sends = min(sends, since_change[1] / since_change[0])
         if sends:
             return min(sends, send_limit_per_s) if send_limit_per_s else sends
         return by.get(keys.RENDER_QUEUE) or 0.0

@@ -616,9 +616,15 @@ def waiting_for_rate(tat_ms: float | None, now_ms: float, rate_per_s: float, in_
 
 
 LIMIT_FIELDS = ("cap", "rate_per_s")
+CHANGED_AT = "changed_at"
+"""The limit's hash field: when its cap or rate last changed in force (epoch seconds), by an
+operator (`payrun limits`, the console), a reset, or a start with new config values. The
+console's ETA counts the send rate from then on (a lowered cap slows sends at once; the
+last minutes' pace would promise the old one for minutes)."""
 
-# KEYS[1]: the limit's hash; ARGV: cap, rate from the config. A field with <field>_set_at
-# (an operator's value) is kept; the others take the config's. Returns the kept ones as
+# KEYS[1]: the limit's hash; ARGV: cap, rate from the config, now (epoch s). A field with
+# <field>_set_at (an operator's value) is kept; the others take the config's (a value that
+# was there before and differs stamps changed_at). Returns the kept ones as
 # {field, value, set_at, ...}.
 _SEED = """
 local kept = {}
@@ -631,6 +637,10 @@ for i, f in ipairs(fields) do
     table.insert(kept, redis.call('HGET', KEYS[1], f) or '')
     table.insert(kept, at)
   else
+    local was = redis.call('HGET', KEYS[1], f)
+    if was and was ~= ARGV[i] then
+      redis.call('HSET', KEYS[1], 'changed_at', ARGV[3])
+    end
     redis.call('HSET', KEYS[1], f, ARGV[i])
   end
 end
@@ -642,7 +652,7 @@ def seed_limits(conn, name: str, cap: int, rate_per_s: float) -> dict[str, tuple
     """A send-email process's start: the config's cap and rate in force, but for a value
     an operator set (kept: {field: (value, set at)}), in one script (two processes
     starting at once)."""
-    flat = conn.eval(_SEED, 1, keys.limit_conf(name), int(cap), float(rate_per_s))
+    flat = conn.eval(_SEED, 1, keys.limit_conf(name), int(cap), float(rate_per_s), repr(time.time()))
     out = {}
     for i in range(0, len(flat or []), 3):
         f, v, at = (x.decode() if isinstance(x, bytes) else str(x) for x in flat[i:i + 3])
@@ -664,7 +674,8 @@ def reset_limits(conn, name: str, cap: int, rate_per_s: float) -> None:
     with conn.pipeline() as pipe:
         pipe.hdel(keys.limit_conf(name), *(f"{f}_set_at" for f in LIMIT_FIELDS))
         pipe.hset(keys.limit_conf(name), mapping={"cap": int(cap), "rate_per_s": float(rate_per_s),
-                                                  "config_cap": int(cap), "config_rate_per_s": float(rate_per_s)})
+                                                  "config_cap": int(cap), "config_rate_per_s": float(rate_per_s),
+                                                  CHANGED_AT: repr(time.time())})
         pipe.delete(keys.limit_tat(name))
         pipe.execute()
 
@@ -683,6 +694,7 @@ def set_limits(conn, name: str, cap: int | None = None, rate_per_s: float | None
         mapping["rate_per_s"] = float(rate_per_s)
         mapping["rate_per_s_set_at"] = now
     if mapping:
+        mapping[CHANGED_AT] = repr(time.time())
         with conn.pipeline() as pipe:
             pipe.hset(keys.limit_conf(name), mapping=mapping)
             if rate_per_s is not None:

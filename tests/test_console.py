@@ -1027,6 +1027,44 @@ def test_the_eta_follows_sending_again_at_once_after_an_outage_and_a_lowered_lim
     assert Source.delivery_rate([renders], running_s=3600, send_limit_per_s=10.0) == pytest.approx(50.0)
 
 
+def test_the_eta_follows_a_lowered_cap_within_seconds_not_minutes(world):
+    """Console drill (session 38): with the cap lowered to 10 at 1.2 s a send (~8/s real)
+    and the rate limit 30/s, the ETA went on promising 30/s for up to 5 minutes: the rate
+    was the window's, capped only by the rate limit. It now counts the sends since the
+    change, from CHANGE_SETTLE_S after it."""
+    from console.data import CHANGE_SETTLE_S, FINISHED_TTL_S, QueueRow, Source
+    from jobs.limits import CHANGED_AT, set_limits
+
+    steady = QueueRow(keys.EMAIL_QUEUE, 0, 10, 0, 0, None, [1800] * 10, False)  # 30/s until now
+    assert Source.delivery_rate([steady], running_s=3600, send_limit_per_s=30.0) == pytest.approx(30.0)
+    assert Source.delivery_rate([steady], 3600, 30.0, since_change=(40.0, 320)) == pytest.approx(8.0)
+    # too soon to tell; the window passed; a raised limit: as before
+    assert Source.delivery_rate([steady], 3600, 30.0, since_change=(CHANGE_SETTLE_S - 1, 0)) == pytest.approx(30.0)
+    assert Source.delivery_rate([steady], 3600, 30.0, since_change=(301.0, 2408)) == pytest.approx(30.0)
+    assert Source.delivery_rate([steady], 3600, 40.0, since_change=(40.0, 1600)) == pytest.approx(30.0)
+
+    # for real: the stamp in Redis, the sends since it in RQ's finished registry
+    cfg, conn, db, ledger = world
+    month = "2026-12"
+    payroll.seed(db, companies=2, employees=12, seed=3, month=month)
+    runs.start_run(cfg, conn, ledger, db, month)
+    set_limits(conn, "email", cap=30, rate_per_s=30.0)
+    now = time.time() + 3600  # an hour into the run, sending 30/s
+    finished = f"rq:finished:{keys.EMAIL_QUEUE}"
+    for i in range(9000):  # the last 5 minutes
+        conn.zadd(finished, {f"email-{month}-x{i:05d}": now - 300 + i / 30 + FINISHED_TTL_S})
+    assert Source(cfg, conn, clock=lambda: now).snapshot().eta["rate_per_s"] == pytest.approx(30.0, rel=0.02)
+    set_limits(conn, "email", cap=10)
+    conn.hset(keys.limit_conf("email"), CHANGED_AT, repr(now - 40))  # lowered 40 s ago
+    conn.zremrangebyscore(finished, f"({now - 40 + FINISHED_TTL_S}", "+inf")
+    for i in range(320):  # ~8/s since
+        conn.zadd(finished, {f"email-{month}-y{i:05d}": now - 40 + (i + 1) / 8 + FINISHED_TTL_S})
+    snap = Source(cfg, conn, clock=lambda: now).snapshot()
+    assert snap.error is None, snap.error
+    assert snap.limits.sent_since_change == 320
+    assert snap.eta["rate_per_s"] == pytest.approx(8.0, rel=0.02), snap.eta  # was 30.0
+
+
 def test_the_eta_is_not_late_in_a_runs_first_minutes_nor_given_while_drained_or_over_missing_slips():
     """Walkthrough: 5 s into a run the console said "ETA 09:13 — LATE for 09:00" (the rate
     was over 5 minutes, 4 of them before the run); drained, it still promised a time; with

@@ -579,6 +579,32 @@ def test_the_configs_limits_apply_at_each_start_unless_an_operator_set_one(conn)
     assert limit_sources(conn, "email")["rate_per_s"]["set_at"] is None
 
 
+def test_a_change_of_the_limits_in_force_is_stamped_for_the_consoles_eta(conn):
+    """The console's ETA counts the send rate from the last change of the cap or rate
+    (console.data.Source.delivery_rate): each way a value changes in force stamps it; a
+    first start, or a restart with the same config, changes nothing and stamps nothing."""
+    from jobs.limits import CHANGED_AT, reset_limits, seed_limits
+
+    def stamp():
+        v = conn.hget(keys.limit_conf("email"), CHANGED_AT)
+        return float(v) if v else None
+
+    seed_limits(conn, "email", 50, 40.0)
+    assert stamp() is None  # the first start: no pace before it to set apart
+    seed_limits(conn, "email", 50, 40.0)
+    assert stamp() is None  # a restart, same config
+    before = time.time()
+    seed_limits(conn, "email", 45, 40.0)  # a deploy with a new cap
+    first = stamp()
+    assert first is not None and before <= first <= time.time()
+    set_limits(conn, "email", cap=10)
+    second = stamp()
+    assert second is not None and second >= first
+    conn.hset(keys.limit_conf("email"), CHANGED_AT, "1.0")
+    reset_limits(conn, "email", 45, 40.0)
+    assert stamp() > 1.0
+
+
 def test_limits_show_and_reset_from_the_cli(cfg, conn):
     from click.testing import CliRunner
 

@@ -28,7 +28,8 @@ why fixed = its refused address has changed since in the payroll data: a retry s
 why resent = its slip was delivered by a `payrun resend` since: a retry emails it again
 oldest = age of the job at the head of the queue; done/min from RQ's finished registry
 ETA = slips left ÷ the month's slips delivered per second in the last 5 min (the last minute when faster),
-never above the rate limit; deadline the first 09:00 local after the run began
+never above the rate limit, nor (5 min after a change of the cap or rate) the pace since the change;
+deadline the first 09:00 local after the run began
 Nothing here writes to Redis unless you confirm an action; every action is in audit.log"""
 
 
