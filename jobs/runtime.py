@@ -1332,6 +1332,61 @@ def worker_name(kind: str, index: int | None = None) -> str:
     return base if index is None else f"{base}.{index:02d}"
 
 
+def dead_here(records: list[tuple[str, dict[str, str], bool]], hostname: str, own_pid: int,
+              running: Callable[[int], bool]) -> list[str]:
+    """Of RQ worker records ``(name, hash fields, liveness key present)``, the ones of this
+    host whose process is gone: same hostname, another pid that no longer ``running``, no
+    liveness. A send-email process whose Redis failed under its jobs exits without
+    `register_death` for the lanes that held one, and they stayed listed as GONE, beside
+    the restarted process's live lanes, until RQ's 480 s key expiry (console drill). A pid
+    reused since by another process keeps its record until then (never one that lives).
+    Pure."""
+    out = []
+    for name, h, alive in records:
+        pid = h.get("pid", "")
+        if alive or h.get("death") or h.get("hostname") != hostname or not pid.isdigit():
+            continue
+        if int(pid) != own_pid and not running(int(pid)):
+            out.append(name)
+    return out
+
+
+def forget_dead_here(conn, hostname: str | None = None, own_pid: int | None = None,
+                     running: Callable[[int], bool] | None = None) -> list[str]:
+    """At a worker's start: register the death of this host's workers whose process is
+    gone (:func:`dead_here`), as RQ's ``register_death`` would have. Their jobs are the
+    reaper's (it goes by liveness and leases, not by these records). Returns their names."""
+    from jobs.reaper import _text
+    from payrun.procs import pid_alive
+    from rq.utils import utcformat
+
+    names = sorted(_text(k).split(":", 2)[-1] for k in conn.smembers("rq:workers"))
+    if not names:
+        return []
+    with conn.pipeline(transaction=False) as p:
+        for n in names:
+            p.hgetall(f"rq:worker:{n}")
+            p.exists(keys.alive(n))
+        res = p.execute()
+    records = [(n, {_text(a): _text(b) for a, b in res[2 * i].items()}, bool(res[2 * i + 1]))
+               for i, n in enumerate(names)]
+    dead = dead_here(records, hostname or socket.gethostname(), os.getpid() if own_pid is None else own_pid,
+                     running or pid_alive)
+    if dead:
+        fields = dict((n, h) for n, h, _ in records)
+        with conn.pipeline() as p:
+            for n in dead:
+                p.srem("rq:workers", f"rq:worker:{n}")
+                for q in filter(None, fields[n].get("queues", "").split(",")):
+                    p.srem(f"rq:workers:{q}", f"rq:worker:{n}")
+                p.hset(f"rq:worker:{n}", "death", utcformat(utcnow()))
+                p.expire(f"rq:worker:{n}", 60)
+            p.execute()
+        log.info("%d worker record(s) of this host's exited processes removed: %s", len(dead),
+                 ", ".join(dead[:4]) + (f" and {len(dead) - 4} more" if len(dead) > 4 else ""))
+    return dead
+
+
 SEND_SWITCH_INTERVAL_S = 0.001
 """GIL switch interval in a send-email process (Python's default is 5 ms)."""
 

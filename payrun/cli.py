@@ -1107,9 +1107,14 @@ def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> N
     if not burst:  # (a burst worker is a script's: it fails at once, with the reason)
         redis_server.wait_for_writes(conn, f"worker {'/'.join(queues)}", logging.getLogger("payrun.worker"), c.cfg)
     from jobs import tasks
+    from jobs.runtime import forget_dead_here
 
     tasks.settings.cache_clear()
     os.environ.setdefault("PAYRUN_HOME", str(c.cfg.home))
+    try:  # (a restart after Redis failed under its jobs: not GONE beside the live ones)
+        forget_dead_here(conn)
+    except Exception as e:  # noqa: BLE001 - housekeeping: RQ's key expiry clears them anyway
+        logging.getLogger("payrun.worker").warning("could not clear exited workers' records: %s", e)
     if queues == (keys.EMAIL_QUEUE,):
         from jobs.runtime import run_lanes
 

@@ -586,3 +586,47 @@ def test_a_scheduler_lock_held_by_a_dead_scheduler_on_this_host_is_taken_at_once
             worker.scheduler.release_locks()
     finally:
         conn.delete(lock, *(SCHEDULER_KEY_TEMPLATE % n for n in ("elsewhere", "alive", "killed")))
+
+
+def test_only_this_hosts_workers_whose_process_exited_are_forgotten():
+    from jobs.runtime import dead_here
+
+    running = {100, 200}.__contains__
+    records = [
+        ("email.h.300.00", {"hostname": "h", "pid": "300"}, False),  # exited: forgotten
+        ("email.h.200.00", {"hostname": "h", "pid": "200"}, False),  # runs (hung, or a reused pid): kept
+        ("email.h.300.01", {"hostname": "h", "pid": "300"}, True),  # liveness still beaten: kept
+        ("email.g.300.00", {"hostname": "g", "pid": "300"}, False),  # another host's: kept
+        ("render.h.100", {"hostname": "h", "pid": "100"}, False),  # ours (own pid): kept
+        ("render.h.400", {"hostname": "h", "pid": "400", "death": "x"}, False),  # already dead
+        ("odd", {"hostname": "h"}, False),  # no pid: kept
+    ]
+    assert dead_here(records, "h", 100, running) == ["email.h.300.00"]
+
+
+def test_a_worker_starting_clears_the_records_of_this_hosts_exited_workers(conn, cfg):
+    """Console drill (session 38): a send-email process whose Redis failed under its jobs
+    exits without registering its lanes' death; after the restart they were listed as GONE
+    beside the live lanes for ~8 minutes (RQ's key expiry). A worker's start now does it."""
+    import socket
+    import subprocess
+
+    from rq import Worker
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    pid = int(gone.stdout)
+    host = socket.gethostname()
+    stale = [f"email.{host}.{pid}.{i:02d}" for i in range(2)]
+    other = f"email.elsewhere.{pid}.00"
+    for name, h in [(n, host) for n in stale] + [(other, "elsewhere")]:
+        conn.hset(f"rq:worker:{name}", mapping={"hostname": h, "pid": pid, "queues": "send-email",
+                                                "state": "busy", "current_job": "email-2026-12-emp-00001"})
+        conn.sadd("rq:workers", f"rq:worker:{name}")
+        conn.sadd("rq:workers:send-email", f"rq:worker:{name}")
+    subprocess.run([sys.executable, "-m", "payrun.cli", "worker", "control", "--burst"], env=os.environ.copy(),
+                   timeout=120, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    listed = {w.name for w in Worker.all(connection=conn)}
+    assert not set(stale) & listed and other in listed, listed
+    assert conn.smembers("rq:workers:send-email") == {f"rq:worker:{other}".encode()}
+    assert all(conn.hget(f"rq:worker:{n}", "death") and 0 < conn.ttl(f"rq:worker:{n}") <= 60 for n in stale)
