@@ -580,7 +580,7 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         # tries held back by the provider or handed back by a stopping worker spent no attempt
         held, returned = r.get("held", 0), r.get("returned", 0)
         spent = attempts_spent(r["attempts"], held, returned)
-        resent = "  [slip delivered since by a resend]" if r.get("delivered_by_resend") else (
+        resent = "  [slip delivered by a resend]" if r.get("delivered_by_resend") else (
             "  [address changed since: retry sends it to the new one]" if r.get("address_changed") else
             "  [permanent: fix the data, then retry]" if r.get("permanent") and r.get("employee") else "")
         who = ""
@@ -593,7 +593,7 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
              f"{len(every):,} failed jobs, the newest {len(rows):,} shown (--limit N for more)")
     resent = sum(1 for r in every if r.get("delivered_by_resend"))
     if resent:
-        shown += (f" ({resent:,} of them delivered since by `payrun resend`: `payrun status` counts those "
+        shown += (f" ({resent:,} of them delivered by a `payrun resend`: `payrun status` counts those "
                   "slips as sent, and retry --all leaves them out)")
     if resent == len(every):
         click.echo(f"{shown}; nothing left to retry: every one of these slips was delivered by a resend")

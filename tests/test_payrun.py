@@ -699,7 +699,7 @@ def test_a_failed_slip_that_a_resend_delivered_counts_as_sent(world, provider):
     counts = ledger.slip_counts(MONTH)[company]
     assert counts["failed"] == 0 and counts["done"] == counts["total"]
     listed = runner.invoke(cli, ["failed"]).output
-    assert "[slip delivered since by a resend]" in listed and "1 of them delivered since" in listed
+    assert "[slip delivered by a resend]" in listed and "1 of them delivered by a `payrun resend`" in listed
     assert "nothing left to retry: every one of these slips was delivered by a resend" in listed
     name = db.conn.execute("SELECT name_en FROM employees WHERE id = 'emp-00005'").fetchone()[0]
     assert f"(emp-00005 {name}, company {company})" in listed  # who, not only which job
