@@ -241,6 +241,8 @@ def redact_url(url: str) -> str:
         return head + sep + ("***@" + rest.rsplit("@", 1)[1] if "@" in rest else rest)
     if "://" not in url:  # not a URL: show it as given, less anything before an @ and any password
         shown = re.sub(r"(?i)(password=)[^&]*", r"\1***", url)
+        if shown.lower().startswith("mailto:") and ":" not in shown[7:].split("@", 1)[0]:
+            return shown  # an email address, not a login: the operator's own text, shown
         return "***@" + shown.rsplit("@", 1)[1] if "@" in shown else shown
     netloc = parts.netloc
     if "@" in netloc:
@@ -463,7 +465,9 @@ def validate(cfg: Config, email_token: bool = False, known: list[str] | None = N
     for name, schemes in (("redis.url / PAYRUN_REDIS_URL", ("redis", "rediss", "unix")),
                           ("email.url / PAYRUN_EMAIL_URL", ("smtp", "smtps", "http", "https"))):
         if (url := readable(name)) and urlsplit(url).scheme not in schemes:
-            problems.append(f"{name} must start with one of {', '.join(s + '://' for s in schemes)} (got {redact_url(url)!r})")
+            problems.append(f"{name} must start with one of {', '.join(s + '://' for s in schemes)} (got {redact_url(url)!r})"
+                            + ("; an address is not a provider: give the mail server's URL (smtp://user:password@host:587),"
+                               " and the From address as email.sender" if url.lower().startswith("mailto:") else ""))
     problems.extend(f"email.url / PAYRUN_EMAIL_URL {why} (got {redact_url(cfg.email.url)!r})"
                     for why in email_url_problems(readable("email.url / PAYRUN_EMAIL_URL"), email_token))
     if "scheduler.bank_url" not in unreadable:

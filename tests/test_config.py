@@ -149,6 +149,12 @@ def test_redact_url():
     assert config.redact_url("localhost:6379?db=0&Password=s3cret") == "localhost:6379?db=0&Password=***"
     with pytest.raises(ConfigError, match=r"must start with one of redis://, rediss://, unix:// \(got 'garbage'\)"):
         config.load(env={"PAYRUN_REDIS_URL": "garbage"})
+    # an email address given as the provider: the operator's own text, and what to give instead
+    # (it read "got '***@example.com'", as if the address held a secret)
+    assert config.redact_url("mailto:hr@example.com") == "mailto:hr@example.com"
+    assert config.redact_url("mailto:u:pw@example.com") == "***@example.com"
+    with pytest.raises(ConfigError, match=r"\(got 'mailto:hr@example.com'\); an address is not a provider"):
+        config.load(env={"PAYRUN_EMAIL_URL": "mailto:hr@example.com"})
 
 
 def test_an_external_redis_needs_a_password_and_tls_off_this_host(tmp_path):
