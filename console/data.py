@@ -50,7 +50,7 @@ CHANGE_SETTLE_S = 15
 """After the send limits change, the ETA's rate is the one since the change from this many
 seconds on (before it, too few sends to tell; those in flight were started under the old)."""
 STALL_MIN = 2
-"""No slip delivered in the current and the previous minute (over a minute) while some
+"""No slip delivered in the last two minutes (two rolling minute buckets) while some
 wait, in a run started more than this many minutes ago: the HR line says so instead of
 an ETA from the last RATE_WINDOW_MIN minutes' rate (which read "on time" for minutes
 after sending stopped)."""
@@ -605,7 +605,7 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
     when the rest would be delivered if it answered now, at ``rate_per_s``. ``no_worker``:
     queues with slips waiting and no live worker (``unserved``): no time is promised
     either (the recent rate may be another month's, or the workers' before they went).
-    ``stalled``: no slip delivered for over a minute (:func:`stalled`): no time is promised.
+    ``stalled``: no slip delivered for 2 minutes (:func:`stalled`): no time is promised.
     ``redis_down``: the queues could not be read: the rate is unknown, not zero."""
     remaining = _remaining(total)
     zone = ZoneInfo(tz)

@@ -63,7 +63,7 @@ def eta_text(eta: dict[str, Any] | None) -> str:
                      f"{_deadline(deadline, back)})")
         return text
     if eta.get("stalled"):
-        return "no ETA: no slip delivered for over a minute (running? failed? limits?)"
+        return "no ETA: no slip delivered for 2 minutes (running? failed? limits?)"
     if not eta.get("at"):
         return "ETA unknown: nothing delivered in the last 5 min"
     at = datetime.fromisoformat(eta["at"])
