@@ -35,6 +35,18 @@ def retry_command(job_ids: list[str]) -> str:
     return "payrun retry " + " ".join(shlex.quote(i) for i in shown) + (f" … ({len(job_ids)} ids)" if len(job_ids) > 3 else "")
 
 
+def not_failed(conn, job_ids: list[str]) -> list[str]:
+    """Of ``job_ids``, those in no queue's failed registry (finished, retried already, a
+    typo): what `:retry` says before offering to retry. Reads only."""
+    with conn.pipeline(transaction=False) as p:
+        for job_id in job_ids:
+            for q in keys.QUEUES:
+                p.zscore(f"rq:failed:{q}", job_id)
+        scores = p.execute()
+    n = len(keys.QUEUES)
+    return [j for i, j in enumerate(job_ids) if all(s is None for s in scores[i * n:(i + 1) * n])]
+
+
 def retry(cfg, conn, job_ids: list[str], command: str | None = None, via: str = "console") -> Outcome:
     from payrun import deadletters
 

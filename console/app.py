@@ -316,9 +316,30 @@ class ConsoleApp(App):
                         "(f), / to filter, then A (it shows the count and asks for it)", severity="warning",
                         timeout=8)
             return
+        if self.refuse_if_readonly("retry"):
+            return
+
+        def check() -> None:  # (off the keyboard's thread: a Redis read)
+            try:
+                missing = actions.not_failed(self.source.action_conn, list(args))
+            except Exception:  # noqa: BLE001 - cannot tell now: the dialog, and the action says
+                missing = []
+            self.call_from_thread(self._offer_retry, list(args), missing)
+
+        self.run_worker(check, thread=True, exit_on_error=False, group="actions", name="retry-check")
+
+    def _offer_retry(self, asked: list[str], missing: list[str]) -> None:
+        """`:retry ID…`'s confirmation, for the ids that are failed jobs; the others are
+        said at once (`:retry nosuch-job` was offered, and refused only after the y)."""
         from console.dialogs.confirm import ConfirmKey, ConfirmTyped
 
-        if self.refuse_if_readonly("retry"):
+        args = [a for a in asked if a not in missing]
+        if missing:
+            names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            self.notify(f":retry: not among failed jobs: {names} (finished, retried already, or gone)"
+                        + ("" if args else "; nothing to retry"), severity="error" if not args else "warning",
+                        timeout=8)
+        if not args:
             return
         cmd = actions.retry_command(args)
         dialog = (ConfirmKey(f"Retry {args[0]}?", "requeue with a fresh attempt budget", cmd) if len(args) == 1

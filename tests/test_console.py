@@ -537,6 +537,27 @@ async def test_retry_with_options_in_the_command_bar_is_refused_not_taken_for_a_
 
 
 @sync
+async def test_retry_of_an_id_that_is_no_failed_job_is_said_before_any_confirmation(failed_world):
+    """Console drill (session 38): `:retry nosuch-job` opened "Retry nosuch-job?" and was
+    refused only after the y. The ids are looked up first (off the keyboard's thread): none
+    failed, nothing is offered; some, only the failed ones are."""
+    cfg, conn, ledger = failed_world
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *"retry nosuch-job", "enter")
+        await notified(pilot, app, "not among failed jobs: nosuch-job", what="the refusal")
+        assert type(app.screen).__name__ == "OverviewScreen"
+        await pilot.press("colon", *"retry nosuch-job e-refused-1", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the confirmation")
+        assert app.screen.title_text == "Retry e-refused-1?"
+        await pilot.press("y")
+        await notified(pilot, app, "requeued 1 job(s)", what="the retry")
+    assert conn.zscore(f"rq:failed:{keys.EMAIL_QUEUE}", "e-refused-1") is None
+    assert conn.zcard(f"rq:failed:{keys.RENDER_QUEUE}") == 5
+
+
+@sync
 async def test_the_view_under_a_dialog_stays_live_and_a_job_detail_reloads(failed_world):
     """Walkthrough: with a confirmation open the view under it stopped updating while its
     header still said "live"; the job detail never showed a retry's outcome."""
