@@ -156,3 +156,15 @@ def test_a_long_company_name_is_cut_at_a_word():
     assert clip("Mahananda Tea Estates Limited", 24) == "Mahananda Tea Estates…"
     assert clip("Padma Packaging", 24) == "Padma Packaging"
     assert clip("Supercalifragilisticexpialidocious Ltd", 10) == "Supercali…"
+
+
+@sync
+async def test_the_running_views_rule_for_stuck_is_whole_at_80_columns():
+    """It read "1 stuck (dead worker, lapsed lease," and stopped at the edge."""
+    app = fixed_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        await pilot.press("r")
+        await ready(pilot, lambda: app.screen.CRUMB == "running" and app.screen.query_one("#summary").region.height == 2,
+                    "the summary on two lines")
+        assert "or over 10 min)" in str(app.screen.query_one("#summary").render())
