@@ -21,6 +21,17 @@ def spark(values: list[int]) -> str:
     return "".join(BARS[min(len(BARS) - 1, round(v / top * (len(BARS) - 1)))] for v in values)
 
 
+def clip(text: str, width: int) -> str:
+    """``text`` in ``width`` characters: whole, or cut at a word with "…" ("Mahananda Tea
+    Estates Li" at 80 columns read as a name of its own)."""
+    if len(text) <= width:
+        return text
+    cut = text[: max(0, width - 1)]
+    if " " in cut.strip() and text[len(cut)] != " ":
+        cut = cut[: cut.rstrip().rindex(" ")]
+    return cut.rstrip(" ,;:-") + "…"
+
+
 def duration(s: float | None) -> str:
     """3s, 4m05s, 2h03m; '-' for unknown."""
     if s is None:

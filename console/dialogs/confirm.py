@@ -71,6 +71,24 @@ class ConfirmTyped(ModalScreen[bool]):
         inp = self.query_one("#typed", Input)
         inp.cursor_blink = False if getattr(self.app, "no_blink", False) else inp.cursor_blink
         inp.focus()
+        self.call_after_refresh(self._fit)
+
+    def on_resize(self) -> None:
+        # in a short terminal (a tmux pane of 14 rows) the dialog was cut at the bottom: the
+        # box the count is typed into and "Type 169 and Enter" were gone, and what was typed
+        # went in blind. The sample goes first; the count, the command and the box stay.
+        # the blank lines between its parts go next
+        self.query_one("#dialog").remove_class("no-sample", "tight")
+        self.call_after_refresh(self._fit)
+
+    def _fit(self) -> None:
+        dialog = self.query_one("#dialog")
+        for step in ("no-sample", "tight"):
+            if dialog.virtual_size.height <= dialog.scrollable_content_region.height or dialog.has_class(step):
+                continue
+            dialog.add_class(step)
+            self.call_after_refresh(self._fit)  # (measured again once laid out)
+            return
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()

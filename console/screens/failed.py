@@ -46,7 +46,8 @@ class FailedScreen(ConsoleScreen):
         yield Input(placeholder="filter: queue:send-email company:3 month:2026-11 refused   (Enter applies, Esc closes)",
                     id="filter")
         yield LiveTable([("sel", " "), ("job", "job"), ("queue", "queue"), ("co", "co"), ("att", "att"),
-                         ("why", "why"), ("error", "last error")], id="failed")
+                         ("why", "why"), ("error", "last error")], id="failed",
+                        drop=("queue",))  # (at 80 columns: room for the error; a job id names its queue)
         yield Footer(compact=True)
 
     def on_mount(self) -> None:

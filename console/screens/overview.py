@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 
 from console.data import Snapshot
-from console.fmt import answer, duration, ledger_behind_text, spark
+from console.fmt import answer, clip, duration, ledger_behind_text, spark
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
@@ -96,7 +96,7 @@ class OverviewScreen(ConsoleScreen):
         name_w = max(24, min(48, self.size.width - 56))  # 80 columns: 24; wider: whole names
         with self.app.batch_update():
             self.query_one("#companies", LiveTable).sync([
-                (str(c["id"]), (str(c["id"]), c["name"][:name_w], _n(c["done"]),
+                (str(c["id"]), (str(c["id"]), clip(c["name"], name_w), _n(c["done"]),
                                 _n(c["queued"] + c["running"] + c["retrying"] - c["stuck"]),
                                 Text(_n(c["stuck"]), style="bold red") if c["stuck"] else "0",
                                 Text(_n(c["failed"]), style="bold red") if c["failed"] else "0", _n(c["total"])))
@@ -164,6 +164,7 @@ class OverviewScreen(ConsoleScreen):
             # slots held by senders waiting for the rate are not requests at the provider
             t.append(f" in flight ({lim.waiting_for_rate} waiting for the rate) · " if lim.waiting_for_rate
                      else " in flight · ")
+            t.append("limit ")  # (a bare "40/s" read as a speed: it is the most sends a second may start)
             t.append(f"{lim.rate_per_s:g}/s", style="bold")
             t.append(f" · {lim.waits:,} waits · ")
             t.append(f"{lim.http_429:,} 429s", style="bold red" if lim.http_429 else "")

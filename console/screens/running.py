@@ -26,7 +26,7 @@ class RunningScreen(ConsoleScreen):
         yield StatusBar(self.CRUMB)
         yield Static("", id="summary")
         yield LiveTable([("job", "job"), ("queue", "queue"), ("elapsed", "elapsed/timeout"), ("lease", "lease"),
-                         ("stuck", "stuck"), ("worker", "worker")], id="running")
+                         ("stuck", "stuck"), ("worker", "worker")], id="running", drop=("queue",))
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -92,7 +92,8 @@ class WorkersScreen(ConsoleScreen):
     def compose(self) -> ComposeResult:
         yield StatusBar(self.CRUMB)
         yield LiveTable([("name", "worker"), ("proc", "host:pid program"), ("queues", "queues"), ("state", "state"),
-                         ("job", "job"), ("for", "for"), ("beat", "rq beat"), ("alive", "alive")], id="workers")
+                         ("job", "job"), ("for", "for"), ("beat", "rq beat"), ("alive", "alive")], id="workers",
+                        drop=("queues", "proc", "beat"))  # (at 80 columns alive was cut off: the overview names programs)
         yield Footer(compact=True)
 
     def on_mount(self) -> None:

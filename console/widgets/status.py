@@ -39,12 +39,45 @@ class StatusBar(Static):
         if snap is None:
             t.append("connecting…", style="italic")
         elif stale:
-            t.append(stale, style="bold")
+            # one line: at 120 columns "Redis unreachable (ConnectionError: Error 111 connecting
+            # to" was cut mid-message; the age and what is wrong go first, the detail if it fits
+            t.append(fit(stale, self.size.width - t.cell_len) if self.size.width else stale, style="bold")
         else:
             t.append(f"● live {clock(snap.taken_at, app.source.cfg.timezone)} ({snap.took_s * 1000:.0f} ms)",
                      style="green")
         self.set_class(bool(stale), "stale")
         self.update(t)
+
+    def on_resize(self) -> None:
+        self.update_text()
+
+
+def fit(text: str, width: int) -> str:
+    """``text`` in ``width`` cells: whole if it fits, else without its parenthesised
+    details ("Redis unreachable (ConnectionError: …)" → "Redis unreachable"), then without
+    "last refresh", else cut at a word with "…"."""
+    if len(text) <= width:
+        return text
+    out, depth = [], 0
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        if depth == 0:
+            out.append(ch)
+        if ch == ")" and depth:
+            depth -= 1
+    short = " ".join("".join(out).split()).replace(" ;", ";").replace(" :", ":")
+    if len(short) <= width:
+        return short
+    short = short.removeprefix("last refresh ")  # "12s ago: Redis unreachable"
+    if len(short) <= width:
+        return short
+    if width <= 1:
+        return ""
+    cut = short[: width - 1]
+    if " " in cut and short[width - 1] != " ":
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" :;,") + "…"
 
 
 def stale_text(age_s: float, error: str | None) -> str:

@@ -4,29 +4,79 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
+
+RESERVED = 3
+"""Columns of a table's width its cells never get: the focus bar (1) and a scrollbar (2)."""
 
 
 class LiveTable(DataTable):
     """Rows keyed by a stable id (job id, worker name, queue). ``sync`` updates changed
     cells in place, removes rows gone, appends new ones; a reorder rebuilds once and keeps
-    the cursor on the same key."""
+    the cursor on the same key.
+
+    ``drop``: column keys to leave out, first to last, while the columns would not fit
+    the table's width (at 80 columns the failed list's last error and the workers' alive
+    were cut off the right edge); a column comes back when the table is wide enough."""
 
     DEFAULT_CSS = """
     LiveTable { height: auto; max-height: 100%; }
     """
 
-    def __init__(self, columns: list[tuple[str, str]], **kw: Any):
+    def __init__(self, columns: list[tuple[str, str]], drop: tuple[str, ...] = (), **kw: Any):
         kw.setdefault("cursor_type", "row")
         kw.setdefault("zebra_stripes", False)
         super().__init__(**kw)
         self._columns = columns
+        self._drop = drop
+        self._shown = [k for k, _ in columns]
         self._cells: dict[str, tuple] = {}
+        """Every row's cells, one per column in ``columns`` (shown or not)."""
 
     def on_mount(self) -> None:
         for key, label in self._columns:
             self.add_column(label, key=key)
+
+    def on_resize(self) -> None:
+        self._fit_columns()
+
+    def _fit_columns(self) -> None:
+        """Leave out the ``drop`` columns, in their order, that the width has no room for."""
+        if not self._drop or not self.size.width:
+            return
+        widths = {}
+        for i, (key, label) in enumerate(self._columns):
+            cells = [Text.from_markup(label).cell_len] + [
+                (c.cell_len if isinstance(c, Text) else Text(str(c)).cell_len) for c in
+                (row[i] for row in self._cells.values())]
+            widths[key] = max(cells) + 2 * self.cell_padding
+        room = self.size.width - RESERVED
+        shown = [k for k, _ in self._columns]
+        for key in self._drop:
+            if sum(widths[k] for k in shown) <= room:
+                break
+            shown.remove(key)
+        if shown != self._shown:
+            self._shown = shown
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        keep = self.current_key
+        self.clear(columns=True)
+        for key, label in self._columns:
+            if key in self._shown:
+                self.add_column(label, key=key)
+        for key, cells in self._cells.items():
+            self.add_row(*self._visible(cells), key=key)
+        if keep is not None and keep in self._cells:
+            self.move_cursor(row=self.get_row_index(keep), animate=False)
+
+    def _visible(self, cells: tuple) -> tuple:
+        if len(self._shown) == len(self._columns):
+            return cells
+        return tuple(c for (k, _), c in zip(self._columns, cells) if k in self._shown)
 
     @property
     def current_key(self) -> str | None:
@@ -47,9 +97,10 @@ class LiveTable(DataTable):
             for key, cells in rows:
                 old = self._cells[key]
                 for i, (a, b) in enumerate(zip(old, cells)):
-                    if str(a) != str(b) or type(a) is not type(b):
+                    if (str(a) != str(b) or type(a) is not type(b)) and cols[i] in self._shown:
                         self.update_cell(key, cols[i], b, update_width=True)
                 self._cells[key] = cells
+            self._fit_columns()
             return
         keep = self.current_key
         gone = set(self._cells) - set(wanted)
@@ -63,16 +114,17 @@ class LiveTable(DataTable):
                 if key in self._cells:
                     if tuple(map(str, self._cells[key])) != tuple(map(str, cells)):
                         for i, (a, b) in enumerate(zip(self._cells[key], cells)):
-                            if str(a) != str(b):
+                            if str(a) != str(b) and cols[i] in self._shown:
                                 self.update_cell(key, cols[i], b, update_width=True)
                 else:
-                    self.add_row(*cells, key=key)
+                    self.add_row(*self._visible(cells), key=key)
                 self._cells[key] = cells
         else:
             self.clear()
             self._cells = {}
             for key, cells in rows:
-                self.add_row(*cells, key=key)
+                self.add_row(*self._visible(cells), key=key)
                 self._cells[key] = cells
+        self._fit_columns()
         if keep is not None and keep in self._cells:
             self.move_cursor(row=self.get_row_index(keep), animate=False)

@@ -1,0 +1,170 @@
+"""The console in small terminals, and resized under a dialog (session-39 drill: tmux at
+80x24 and smaller, a failed list of 5,000). Fixed data, no polling; a dead Redis for the
+unreachable line."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import pytest
+from rich.text import Text
+
+from console.app import ConsoleApp
+from console.data import Source
+from console.widgets.status import fit
+from console.widgets.table import RESERVED
+
+from test_console_snapshots import NOW, FixedSource
+
+
+def sync(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+def fixed_app() -> ConsoleApp:
+    return ConsoleApp(FixedSource(), clock=lambda: NOW, poll=False, no_blink=True)
+
+
+async def ready(pilot, until=lambda: True, what: str = "the console") -> None:
+    for _ in range(200):
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        if until():
+            return
+        await pilot.pause(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def right_edge(table, key: str) -> int:
+    """The last cell column (in the table) of column ``key``; -1 when it is not shown."""
+    x = 0
+    for col in table.ordered_columns:
+        x += col.get_render_width(table)
+        if col.key.value == key:
+            return x
+    return -1
+
+
+@sync
+async def test_the_limits_line_says_the_rate_is_a_limit_not_a_speed():
+    app = fixed_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        line = str(app.screen.query_one("#limits").render())
+        assert "limit 40/s" in line, line
+
+
+@sync
+async def test_the_failed_list_and_the_workers_keep_their_key_columns_at_80_columns():
+    """At 80 columns the last error was cut to "HTTP 422 invalid recip" (the queue column,
+    which the job id names, took its room) and the workers' alive/rq beat were off screen."""
+    app = fixed_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        await pilot.press("f")
+        await ready(pilot, lambda: app.screen.CRUMB == "failed" and app.screen.page is not None)
+        table = app.screen.query_one("#failed")
+        room = table.size.width - RESERVED
+        assert right_edge(table, "queue") == -1
+        assert right_edge(table, "why") + 1 + len("HTTP 422 invalid recipient") <= room
+        await pilot.press("escape")
+        await pilot.press("w")
+        await ready(pilot, lambda: app.screen.CRUMB == "workers")
+        table = app.screen.query_one("#workers")
+        assert 0 < right_edge(table, "alive") <= table.size.width - RESERVED
+        assert right_edge(table, "state") > 0 and right_edge(table, "job") > 0
+        # wider again: every column comes back, in its place
+        await pilot.resize_terminal(160, 24)
+        await ready(pilot, lambda: right_edge(app.screen.query_one("#workers"), "queues") > 0, "the columns back")
+        assert [c.key.value for c in app.screen.query_one("#workers").ordered_columns] == [
+            "name", "proc", "queues", "state", "job", "for", "beat", "alive"]
+        await pilot.press("escape")
+        await pilot.press("f")
+        await ready(pilot, lambda: app.screen.CRUMB == "failed" and right_edge(app.screen.query_one("#failed"),
+                                                                                "queue") > 0)
+
+
+@sync
+async def test_a_bulk_confirmation_keeps_its_typed_box_in_a_short_terminal_and_a_resize():
+    """In a 14-row tmux pane the retry-all dialog was cut at the bottom: no "Type 12 and
+    Enter" and no box to type it in. The sample goes first."""
+    app = fixed_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        await pilot.press("f")
+        await ready(pilot, lambda: app.screen.CRUMB == "failed" and app.screen.page is not None)
+        await pilot.press("A")
+        await ready(pilot, lambda: type(app.screen).__name__ == "ConfirmTyped", "the dialog")
+        dialog = app.screen
+        assert not dialog.query_one("#dialog").has_class("no-sample")
+        for size in ((80, 14), (60, 16), (80, 12)):
+            await pilot.resize_terminal(*size)
+            await ready(pilot, lambda: app.size == size and dialog.query_one("#typed").region.bottom <= size[1]
+                        and dialog.query_one("#typed").region.height == 3, f"the box on screen at {size}")
+            box = dialog.query_one("#typed").region
+            keys = dialog.query_one(".dialog-keys").region
+            assert keys.height and keys.bottom <= box.y, (size, box, keys)
+            assert dialog.query_one("#dialog").has_class("no-sample")
+            assert dialog.query_one(".dialog-count").region.height  # the count stays
+        await pilot.resize_terminal(100, 30)
+        await ready(pilot, lambda: not dialog.query_one("#dialog").has_class("no-sample"), "the sample back")
+        await pilot.press(*"12", "enter")
+        await ready(pilot, lambda: type(app.screen).__name__ == "FailedScreen", "the dialog to close")
+
+
+def test_a_status_too_long_for_its_line_is_shortened_not_cut_mid_message():
+    s = ("last refresh 12s ago: Redis unreachable (ConnectionError: Error 111 connecting to "
+         "redis.internal:6379. Connection refused.)")
+    assert fit(s, 200) == s
+    assert fit(s, 60) == "last refresh 12s ago: Redis unreachable"
+    assert fit(s, 30) == "12s ago: Redis unreachable"
+    assert fit(s, 20) == "12s ago: Redis…"
+
+
+@pytest.mark.parametrize("size,crumb_key", [((120, 24), None), ((80, 24), "f")])
+def test_redis_unreachable_is_said_whole_at_120_and_80_columns(cfg, tmp_path, size, crumb_key):
+    """At 120 columns the status line read "Redis unreachable (ConnectionError: Error 111
+    connecting to" and stopped."""
+    from console.data import connect
+
+    async def run():
+        dead = connect(cfg, f"unix://{tmp_path / 'no.sock'}")
+        app = ConsoleApp(Source(cfg, dead), no_blink=True, poll=False)
+        async with app.run_test(size=size) as pilot:
+            await ready(pilot, lambda: app.snapshot is not None and app.snapshot.redis_down)
+            if crumb_key:
+                await pilot.press(crumb_key)
+                await ready(pilot, lambda: app.screen.CRUMB == "failed")
+            app._tick()
+            await pilot.pause()
+            line = str(app.screen.query_one("StatusBar").render())
+            assert Text(line).cell_len <= size[0], line
+            assert line.rstrip().endswith("Redis unreachable") or "Redis unreachable (" in line and line.rstrip(
+            ).endswith(")"), line
+
+    asyncio.run(run())
+
+
+def test_a_long_company_name_is_cut_at_a_word():
+    from console.fmt import clip
+
+    assert clip("Mahananda Tea Estates Limited", 24) == "Mahananda Tea Estates…"
+    assert clip("Padma Packaging", 24) == "Padma Packaging"
+    assert clip("Supercalifragilisticexpialidocious Ltd", 10) == "Supercali…"
+
+
+@sync
+async def test_the_running_views_rule_for_stuck_is_whole_at_80_columns():
+    """It read "1 stuck (dead worker, lapsed lease," and stopped at the edge."""
+    app = fixed_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        await pilot.press("r")
+        await ready(pilot, lambda: app.screen.CRUMB == "running" and app.screen.query_one("#summary").region.height == 2,
+                    "the summary on two lines")
+        assert "or over 10 min)" in str(app.screen.query_one("#summary").render())
