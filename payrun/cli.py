@@ -1057,20 +1057,20 @@ def prune(c: Ctx, before: str, slips: bool, dry_run: bool, force: bool, as_json:
         validate_month(before)
     except PayrunError as e:
         raise PayrunError(str(e).replace("--month", "--before", 1)) from None
-    r = retention.prune(c.cfg, c.ledger(), before, slips=slips, dry_run=dry_run, force=force)
+    r = retention.prune(c.cfg, c.ledger(), before, slips=slips, dry_run=dry_run, force=force, redis=c.redis)
     if not dry_run and r.months:  # it deletes who-got-a-slip history (and PDFs): `payrun audit` left it out
         from payrun.audit import Outcome, audit
 
         command = f"payrun prune --before {before}" + (" --slips" if slips else "") + (" --force" if force else "")
         audit(c.cfg, Outcome("prune", command, r.jobs, message=(
-            f"removed {r.jobs:,} jobs, {r.runs} pay-run rows" + (f", {r.slip_dirs} slip folders" if slips else "")
+            f"removed {_n(r.jobs, 'job')}, {_n(r.runs, 'pay-run row')}" + (f", {_n(r.slip_dirs, 'slip folder')}" if slips else "")
             + f" (months {', '.join(r.months)})"), detail={"months": list(r.months)}), via="cli")
     if as_json:
         click.echo(json.dumps({**vars(r), "dry_run": dry_run}))
         return
     verb = "would remove" if dry_run else "removed"
-    click.echo(f"{verb} {r.jobs:,} jobs, {r.attempts:,} attempts, {r.runs} pay-run rows"
-               + (f", {r.slip_dirs} slip folders" if slips else "")
+    click.echo(f"{verb} {_n(r.jobs, 'job')}, {_n(r.attempts, 'attempt')}, {_n(r.runs, 'pay-run row')}"
+               + (f", {_n(r.slip_dirs, 'slip folder')}" if slips else "")
                + (f" (months {', '.join(r.months)})" if r.months else " (nothing before " + before + ")")
                + (f"; but without --dry-run: {r.refused}" if r.refused else ""))
 

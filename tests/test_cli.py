@@ -160,7 +160,7 @@ def test_prune_keeps_later_months(runner, cfg):
     assert not (cfg.slips_dir / "2026-09").exists()
     one_line_error(runner.invoke(cli, ["prune", "--before", "last-year"]))
     out = runner.invoke(cli, ["prune", "--before", "2026-12", "--force"])
-    assert out.exit_code == 0 and "removed 1 jobs" in out.output
+    assert out.exit_code == 0 and "removed 1 job," in out.output
     # a prune deletes who-got-a-slip history: it is in the audit log (dry runs and refusals are not)
     from payrun.audit import read_audit
 
@@ -596,3 +596,33 @@ def test_a_taken_port_is_named_with_the_setting_that_moves_it(runner, cfg):
         out = runner.invoke(cli, ["bank", "--port", str(port)])
         assert out.exit_code == 2, out.output
         assert f"cannot listen on 127.0.0.1:{port}" in out.output and "scheduler.bank_url" in out.output, out.output
+
+
+def test_prune_force_keeps_a_month_whose_jobs_redis_still_holds(runner, cfg, conn):
+    """`prune --force` over a month still being made deleted its ledger rows, its pay-run
+    rows and (--slips) the slips its sends were about to attach: --force now overrides
+    only the latest-run rule and unfinished rows Redis has forgotten."""
+    from jobs.runtime import make_queue
+    from payrun import keys
+    from payrun.ledger import Ledger
+
+    ledger = Ledger(cfg.ledger_path)
+    ledger.create_jobs([{"id": f"render-{m}-emp-{i}", "kind": "render", "month": m, "company_id": 1}
+                        for m in ("2026-10", "2026-11") for i in (1, 2)])
+    ledger.claim_run(1, "2026-11", "test")
+    for m in ("2026-10", "2026-11"):
+        (cfg.slips_dir / m / "1").mkdir(parents=True)
+    q = make_queue(keys.RENDER_QUEUE, conn)  # 2026-11 is still in the queue; Redis forgot 2026-10's
+    q.enqueue_call("jobs.testing.noop", job_id="render-2026-11-emp-1", meta={"kind": "test"})
+    msg = one_line_error(runner.invoke(cli, ["prune", "--before", "2026-12", "--slips", "--force"]))
+    assert "even with --force: 2026-11 has 1 job still queued, running or waiting to retry in Redis" in msg, msg
+    assert "2026-10" not in msg
+    assert (cfg.slips_dir / "2026-11").exists() and len(ledger.jobs(limit=10)) == 4  # nothing removed
+    dry = runner.invoke(cli, ["prune", "--before", "2026-12", "--force", "--dry-run"])
+    assert dry.exit_code == 0 and "but without --dry-run: refusing to prune, even with --force" in dry.output
+    out = runner.invoke(cli, ["prune", "--before", "2026-11", "--slips", "--force"])  # Redis forgot those
+    assert out.exit_code == 0, out.output
+    assert "removed 2 jobs, 0 attempts, 0 pay-run rows, 1 slip folder (months 2026-10)" in out.output
+    q.delete(delete_jobs=True)  # 2026-11's job is gone too: --force prunes it
+    out = runner.invoke(cli, ["prune", "--before", "2026-12", "--slips", "--force"])
+    assert out.exit_code == 0 and "removed 2 jobs, 0 attempts, 1 pay-run row, 1 slip folder" in out.output
