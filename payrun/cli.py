@@ -1041,7 +1041,7 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
 @click.option("--before", required=True, metavar="YYYY-MM", help="Remove ledger history of months before this one.")
 @click.option("--slips", is_flag=True, help="Also delete those months' slip PDFs.")
 @click.option("--dry-run", is_flag=True, help="Say what would go, remove nothing.")
-@click.option("--force", is_flag=True, help="Also the latest pay run and months with unfinished jobs.")
+@click.option("--force", is_flag=True, help="Also the latest pay run and unfinished jobs Redis has forgotten (never a month still in Redis's queues).")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
@@ -1049,7 +1049,8 @@ def prune(c: Ctx, before: str, slips: bool, dry_run: bool, force: bool, as_json:
     """Remove old months from the ledger (and optionally their slips). Redis needs no
     pruning: finished jobs expire after a day, failed ones after 30 days. The latest pay
     run and months with jobs still queued, running or retrying are refused unless
-    --force: their ledger is what says who got a slip."""
+    --force: their ledger is what says who got a slip. Even --force refuses a month whose
+    jobs Redis still holds (a month still being made)."""
     from payrun import retention
     from payrun.runs import validate_month
 
