@@ -626,3 +626,51 @@ def test_prune_force_keeps_a_month_whose_jobs_redis_still_holds(runner, cfg, con
     q.delete(delete_jobs=True)  # 2026-11's job is gone too: --force prunes it
     out = runner.invoke(cli, ["prune", "--before", "2026-12", "--slips", "--force"])
     assert out.exit_code == 0 and "removed 2 jobs, 0 attempts, 1 pay-run row, 1 slip folder" in out.output
+
+
+def test_an_address_changed_and_changed_back_is_not_called_the_old_address(runner, cfg, tmp_path):
+    """A -> B -> A: the second import said "delivered to the old address ... `payrun
+    resend` ... if it should" of a slip sent to the address now on file."""
+    import csv
+
+    from payrun.cli import readdressed_notes
+    from payrun.ledger import Ledger
+
+    runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
+    runner.invoke(cli, ["import", "docs/sample-employees.csv"])
+    assert runner.invoke(cli, ["run", "--month", "2026-11"]).exit_code == 0
+    with open("docs/sample-employees.csv", encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        header, rows = list(reader.fieldnames or []), list(reader)
+    e6, e7, old = rows[6]["employee_id"], rows[7]["employee_id"], rows[6]["email"]
+    led = Ledger(cfg.ledger_path)
+    with led.db.conn:  # e6's slip was delivered (to A, the address its job has)
+        led.db.conn.execute("UPDATE jobs SET status = 'done' WHERE employee_id = ?", (e6,))
+    led.db.conn.executemany("INSERT INTO jobs (id, kind, employee_id, month, status) VALUES (?, 'email', ?, "
+                            "'2026-11', 'done')", [(f"email-2026-11-{e6}", e6)])
+    led.db.conn.commit()
+    led.close()
+
+    def import_with(e6_email: str, e7_email: str):
+        rows[6]["email"], rows[7]["email"] = e6_email, e7_email
+        path = tmp_path / "emp.csv"
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=header)
+            w.writeheader()
+            w.writerows(rows)
+        out = runner.invoke(cli, ["import", str(path)])
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    out = import_with("b.address@example.org", "b7@example.org")  # A -> B: to the old address, rightly
+    assert f"delivered to the old address: {e6};" in out and "on its way to the old address" in out, out
+    out = import_with(old, "c7@example.org")  # e6 back to A, e7 on to C
+    assert f"delivered to the old address: {e6}" not in out and f"resend --employee {e6}" not in out, out
+    assert (f"note: 1 2026-11 slip already made has the address on file now (it changed and changed back; "
+            f"delivered or on its way to it): nothing to do: {e6}") in out, out
+    assert f"note: 1 2026-11 slip already made goes to a new email address now (the slip does not print it: no " \
+           f"new slip is needed): {e7}" in out, out
+    # the policy alone: a failed send is still named with its retry (it reads the address again)
+    lines = readdressed_notes("2026-11", {"e1": ("done", "done"), "e2": ("done", "failed")}, same={"e1", "e2"})
+    assert lines[0].endswith("nothing to do: e1") and "failed: e2; `payrun retry email-2026-11-e2`" in lines[2]
+    assert readdressed_notes("2026-11", {"e1": ("done", None)}, same={"e1"})[1:] == []
