@@ -674,3 +674,46 @@ def test_an_address_changed_and_changed_back_is_not_called_the_old_address(runne
     lines = readdressed_notes("2026-11", {"e1": ("done", "done"), "e2": ("done", "failed")}, same={"e1", "e2"})
     assert lines[0].endswith("nothing to do: e1") and "failed: e2; `payrun retry email-2026-11-e2`" in lines[2]
     assert readdressed_notes("2026-11", {"e1": ("done", None)}, same={"e1"})[1:] == []
+
+
+def test_a_missed_pay_run_tick_is_named_by_status_until_the_month_is_run_by_hand(runner, cfg):
+    """The scheduler was down over the 1st's tick and back past the catch-up window:
+    `payrun status` showed the month before, complete, with no word of the month not run,
+    and `payrun schedule` kept saying "run it by hand" after it had been."""
+    from payrun.ledger import Ledger
+    from scheduler.cli import missed_detail_text
+    from scheduler.store import Store, missed_not_run
+
+    ledger = Ledger(cfg.ledger_path)
+    ledger.create_jobs([{"id": "render-2026-10-emp-1", "kind": "render", "month": "2026-10", "company_id": 1}])
+    ledger.claim_run(1, "2026-10", "test")
+    detail = ("no scheduler was running at the tick's time and none came back within the 6 h catch-up window "
+              "(back at 2026-12-03 02:00 +06); run it by hand: payrun run --month 2026-11")
+    store = Store(cfg.ledger_path)
+    store.record_not_run("payroll", "payroll", ["2026-11-30T20:00:00+00:00"], "missed", detail)
+    store.close()
+    out = runner.invoke(cli, ["status"])
+    assert out.exit_code == 0 and "Pay run 2026-10" in out.output, out.output
+    assert ("note: the 2026-11 pay run has not run: its cron tick of 2026-12-01 02:00 Asia/Dhaka was missed (no "
+            "scheduler ran within the catch-up window; `payrun schedule`): run it by hand: `payrun run --month "
+            "2026-11`") in out.output, out.output
+    msg = one_line_error(runner.invoke(cli, ["status", "--month", "2026-11"]))
+    assert msg.startswith("payrun: no pay run for 2026-11: its cron tick of 2026-12-01 02:00 Asia/Dhaka was missed"), msg
+    assert "`payrun run --month 2026-11`" in msg
+    view = runner.invoke(cli, ["schedule"]).output
+    assert "run it by hand: payrun run --month 2026-11" in view, view
+    ledger.create_jobs([{"id": "render-2026-11-emp-1", "kind": "render", "month": "2026-11", "company_id": 1}])
+    ledger.claim_run(1, "2026-11", "test")  # run by hand
+    out = runner.invoke(cli, ["status", "--month", "2026-10"])
+    assert out.exit_code == 0 and "has not run" not in out.output, out.output
+    view = runner.invoke(cli, ["schedule"]).output
+    assert "run it by hand" not in view and "run by hand since (the ledger has the month's run)" in view, view
+    assert json.loads(runner.invoke(cli, ["schedule", "--json"]).output)["entries"][0]["missed_months_not_run"] == []
+    # the policy alone
+    rows = [("2026-10-31T20:00:00+00:00", "x; run it by hand: payrun run --month 2026-10, payrun run --month 2026-11"),
+            ("2026-11-30T20:00:00+00:00", "x; run it by hand: payrun run --month 2026-11")]
+    assert missed_not_run(rows, {"2026-10"}) == {"2026-11": "2026-11-30T20:00:00+00:00"}
+    assert missed_not_run(rows, {"2026-10", "2026-11"}) == {}
+    assert missed_detail_text(rows[0][1], ["2026-11"]) == "x; run it by hand: payrun run --month 2026-11"
+    assert missed_detail_text("bank ticks missed", []) == "bank ticks missed"
+    assert missed_detail_text(rows[1][1], None) == rows[1][1]
