@@ -1254,6 +1254,7 @@ class Liveness:
         self.names = list(names)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
+        self.outage = RepeatedFailure(OUTAGE_LOG_EVERY_S)
 
     def beat(self) -> None:
         with self.conn.pipeline(transaction=False) as pipe:
@@ -1266,7 +1267,11 @@ class Liveness:
             try:
                 self.beat()
             except Exception as e:  # Redis down: the key lapses, the reaper may act; keep trying
-                log.warning("liveness: %s", e)
+                if (line := self.outage.failed(time.monotonic(), e)) is not None:
+                    log.warning("liveness: %s", line)  # (it said so every 2 s while Redis was away)
+            else:
+                if (line := self.outage.ok(time.monotonic())) is not None:
+                    log.warning("liveness: beating again: %s", line)
             self._stop.wait(ALIVE_EVERY_S)
 
     def start(self) -> "Liveness":

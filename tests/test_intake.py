@@ -303,3 +303,27 @@ def test_redis_away_the_intake_says_cannot_look_for_work_once_and_when_it_is_bac
         t.join(timeout=10)
     back = [r.getMessage() for r in caplog.records if "again" in r.getMessage()]
     assert len(back) == 1 and "looks failed" in back[0], back
+
+
+def test_redis_away_liveness_says_so_once_not_every_beat(conn, tmp_path, caplog):
+    import logging
+
+    import redis
+
+    from jobs.runtime import Liveness
+
+    away = redis.Redis(unix_socket_path=str(tmp_path / "gone.sock"), socket_connect_timeout=0.2)
+    live = Liveness(away, ["w1"])
+    caplog.set_level(logging.WARNING, logger="payrun")
+    live._thread.start()
+    try:
+        wait_for(lambda: live.outage.count >= 2, timeout_s=20, what="two failed beats")
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("liveness:")]
+        assert len(said) == 1, said
+        live.conn = conn
+        wait_for(lambda: any("beating again" in r.getMessage() for r in caplog.records), timeout_s=20,
+                 what="the line saying it beats again")
+    finally:
+        live._stop.set()
+        live._thread.join(timeout=10)
+    assert conn.exists(keys.alive("w1"))
