@@ -55,8 +55,9 @@ def forced_refusal(months: list[str], live: dict[str, int]) -> str | None:
             for m, n in sorted(live.items()) if m in months and n]
     if not busy:
         return None
+    first = min(m for m, n in live.items() if m in months and n)
     return ("refusing to prune, even with --force: " + "; ".join(busy) + " (a month still being made: its "
-            "ledger rows and slips are needed; let it finish, `payrun status --month M`, or prune older months)")
+            f"ledger rows and slips are needed; let it finish, `payrun status --month {first}`, or prune older months)")
 
 
 def refusal(months: list[str], latest: set[str], unfinished: dict[str, int]) -> str | None:
