@@ -1254,6 +1254,7 @@ class Liveness:
         self.names = list(names)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
+        self.outage = RepeatedFailure(OUTAGE_LOG_EVERY_S)
 
     def beat(self) -> None:
         with self.conn.pipeline(transaction=False) as pipe:
@@ -1266,7 +1267,11 @@ class Liveness:
             try:
                 self.beat()
             except Exception as e:  # Redis down: the key lapses, the reaper may act; keep trying
-                log.warning("liveness: %s", e)
+                if (line := self.outage.failed(time.monotonic(), e)) is not None:
+                    log.warning("liveness: %s", line)  # (it said so every 2 s while Redis was away)
+            else:
+                if (line := self.outage.ok(time.monotonic())) is not None:
+                    log.warning("liveness: beating again: %s", line)
             self._stop.wait(ALIVE_EVERY_S)
 
     def start(self) -> "Liveness":
@@ -1414,6 +1419,47 @@ def intake_queues(conn, queues: list[Queue]) -> list[Queue]:
     return [] if suspended else _open(queues, paused)
 
 
+class RepeatedFailure:
+    """When to log a failure that repeats every second (Redis away: the intake looks again
+    each second and logged "cannot look for work" each time, 60 lines a minute per
+    send-email process): the first at once, then one line every ``every_s`` with how many
+    looks failed since, and one line when a look succeeds again. Pure: the caller passes
+    the clock and logs what it returns."""
+
+    def __init__(self, every_s: float = 30.0):
+        self.every_s = every_s
+        self.since: float | None = None
+        """When the failures began (None: not failing)."""
+        self._said_at = 0.0
+        self._unsaid = 0
+        self.count = 0
+        """Failures since they began."""
+
+    def failed(self, now: float, error: object) -> str | None:
+        self.count += 1
+        if self.since is None:
+            self.since = self._said_at = now
+            self._unsaid = 0
+            return f"{error}"
+        self._unsaid += 1
+        if now - self._said_at < self.every_s:
+            return None
+        said, self._said_at, self._unsaid = self._unsaid, now, 0
+        return (f"{error} (still failing after {now - self.since:.0f} s: {self.count} looks failed, "
+                f"{said} since the last line)")
+
+    def ok(self, now: float) -> str | None:
+        if self.since is None:
+            return None
+        line = f"back after {now - self.since:.0f} s ({self.count} look{'' if self.count == 1 else 's'} failed)"
+        self.since, self.count, self._unsaid = None, 0, 0
+        return line
+
+
+OUTAGE_LOG_EVERY_S = 30.0
+"""A send-email process's "cannot look for work" is repeated at most this often."""
+
+
 class Intake:
     """Whether there is work, for every lane of one send-email process: one watcher
     thread polls (queue lengths, drained queues, `rq suspend`) every ``poll_s`` and wakes
@@ -1437,6 +1483,7 @@ class Intake:
         self._suspended = False
         self.waiting = 0
         """Jobs waiting in the open queues at the last poll."""
+        self.outage = RepeatedFailure(OUTAGE_LOG_EVERY_S)
 
     def start(self) -> "Intake":
         self.poll()
@@ -1509,9 +1556,12 @@ class Intake:
             try:
                 self.poll()
             except Exception as e:  # Redis blip: lanes keep waiting; look again in a second
-                log.warning("send-email %d: cannot look for work: %s", os.getpid(), e)
+                if (line := self.outage.failed(time.monotonic(), e)) is not None:
+                    log.warning("send-email %d: cannot look for work: %s", os.getpid(), line)
                 self.stop.wait(1)
                 continue
+            if (line := self.outage.ok(time.monotonic())) is not None:
+                log.warning("send-email %d: can look for work again: %s", os.getpid(), line)
             self.stop.wait(self.poll_s)
         self.wake_all()
 

@@ -328,8 +328,13 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
             moved_to = sorted(set(r.readdressed.get(month, ())) & ledger.employees_with_jobs(month))
             if moved_to:  # the slip does not print the address: nothing to render again
                 st = ledger.statuses([f(month, e) for e in moved_to for f in (keys.render_job_id, keys.email_job_id)])
+                conn = _maybe_redis(c)
+                sent = send_addresses(conn, month, moved_to) if conn is not None else {}
+                on_file = payroll.emails(db, moved_to)
+                same = {e for e, to in sent.items() if on_file.get(e) == to}
                 for line in readdressed_notes(month, {e: (st.get(keys.render_job_id(month, e)),
-                                                          st.get(keys.email_job_id(month, e))) for e in moved_to}):
+                                                          st.get(keys.email_job_id(month, e))) for e in moved_to},
+                                              same):
                     click.echo(line)
     if ledger is not None:  # salary lines for a month already run: `run` alone would skip them
         from payrun.runs import behind_for
@@ -364,19 +369,51 @@ def readdressed_state(render: str | None, send: str | None) -> str:
     return "on its way"
 
 
-def readdressed_notes(month: str, states: dict[str, tuple[str | None, str | None]]) -> list[str]:
+def send_addresses(conn, month: str, emps: list[str]) -> dict[str, str]:
+    """employee -> the address their slip's send of ``month`` has (its send job's, else
+    the one its render job will give the send), for those Redis still holds (finished
+    jobs are kept a day)."""
+    from jobs.runtime import PayrunJob
+
+    out: dict[str, str] = {}
+    for e in emps:
+        for job_id, pick in ((keys.email_job_id(month, e), lambda a: a.get("to")),
+                             (keys.render_job_id(month, e), lambda a: (a.get("employee") or {}).get("email"))):
+            try:
+                job = PayrunJob.fetch(job_id, connection=conn)
+                arg = job.args[0] if job.args and isinstance(job.args[0], dict) else {}
+            except Exception:  # gone from Redis, or not readable: not known from this one
+                continue
+            if isinstance(to := pick(arg), str):
+                out[e] = to
+                break
+    return out
+
+
+def readdressed_notes(month: str, states: dict[str, tuple[str | None, str | None]],
+                      same: set[str] = frozenset()) -> list[str]:
     """`payrun import`'s note on slips whose employee's address alone changed: employee ->
     (render status, send status). The slip does not print the address, so none needs
     making again; what to do depends on the send (the note said the slip "reads
     differently" and offered a resend, then offered `payrun retry` of a send that had not
-    failed, which retry refuses)."""
-    emps = sorted(states)
+    failed, which retry refuses). ``same``: those whose send has the address on file now
+    (changed A -> B -> A: it said "delivered to the old address ... resend" of a slip
+    delivered to the address on file)."""
+    back = sorted(e for e in states if e in same and readdressed_state(*states[e]) != "failed")
+    lines = []
+    if back:
+        lines.append(f"note: {len(back)} {month} slip{'' if len(back) == 1 else 's'} already made "
+                     f"{'has' if len(back) == 1 else 'have'} the address on file now (it changed and changed back; "
+                     f"delivered or on its way to it): nothing to do: {_named(back)}")
+    emps = sorted(e for e in states if e not in back)
     n = len(emps)
+    if not n:
+        return lines
     by: dict[str, list[str]] = {"failed": [], "delivered": [], "on its way": []}
     for e in emps:
         by[readdressed_state(*states[e])].append(e)
-    lines = [f"note: {n} {month} slip{'' if n == 1 else 's'} already made {'goes' if n == 1 else 'go'} to a new "
-             f"email address now (the slip does not print it: no new slip is needed): {_named(emps)}"]
+    lines.append(f"note: {n} {month} slip{'' if n == 1 else 's'} already made {'goes' if n == 1 else 'go'} to a new "
+                 f"email address now (the slip does not print it: no new slip is needed): {_named(emps)}")
     if by["failed"]:
         ids = [keys.email_job_id(month, e) if states[e][1] == "failed" else keys.render_job_id(month, e)
                for e in by["failed"]]
@@ -1041,7 +1078,7 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
 @click.option("--before", required=True, metavar="YYYY-MM", help="Remove ledger history of months before this one.")
 @click.option("--slips", is_flag=True, help="Also delete those months' slip PDFs.")
 @click.option("--dry-run", is_flag=True, help="Say what would go, remove nothing.")
-@click.option("--force", is_flag=True, help="Also the latest pay run and months with unfinished jobs.")
+@click.option("--force", is_flag=True, help="Also the latest pay run and unfinished jobs Redis has forgotten (never a month still in Redis's queues).")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
@@ -1049,7 +1086,8 @@ def prune(c: Ctx, before: str, slips: bool, dry_run: bool, force: bool, as_json:
     """Remove old months from the ledger (and optionally their slips). Redis needs no
     pruning: finished jobs expire after a day, failed ones after 30 days. The latest pay
     run and months with jobs still queued, running or retrying are refused unless
-    --force: their ledger is what says who got a slip."""
+    --force: their ledger is what says who got a slip. Even --force refuses a month whose
+    jobs Redis still holds (a month still being made)."""
     from payrun import retention
     from payrun.runs import validate_month
 
@@ -1057,20 +1095,20 @@ def prune(c: Ctx, before: str, slips: bool, dry_run: bool, force: bool, as_json:
         validate_month(before)
     except PayrunError as e:
         raise PayrunError(str(e).replace("--month", "--before", 1)) from None
-    r = retention.prune(c.cfg, c.ledger(), before, slips=slips, dry_run=dry_run, force=force)
+    r = retention.prune(c.cfg, c.ledger(), before, slips=slips, dry_run=dry_run, force=force, redis=c.redis)
     if not dry_run and r.months:  # it deletes who-got-a-slip history (and PDFs): `payrun audit` left it out
         from payrun.audit import Outcome, audit
 
         command = f"payrun prune --before {before}" + (" --slips" if slips else "") + (" --force" if force else "")
         audit(c.cfg, Outcome("prune", command, r.jobs, message=(
-            f"removed {r.jobs:,} jobs, {r.runs} pay-run rows" + (f", {r.slip_dirs} slip folders" if slips else "")
+            f"removed {_n(r.jobs, 'job')}, {_n(r.runs, 'pay-run row')}" + (f", {_n(r.slip_dirs, 'slip folder')}" if slips else "")
             + f" (months {', '.join(r.months)})"), detail={"months": list(r.months)}), via="cli")
     if as_json:
         click.echo(json.dumps({**vars(r), "dry_run": dry_run}))
         return
     verb = "would remove" if dry_run else "removed"
-    click.echo(f"{verb} {r.jobs:,} jobs, {r.attempts:,} attempts, {r.runs} pay-run rows"
-               + (f", {r.slip_dirs} slip folders" if slips else "")
+    click.echo(f"{verb} {_n(r.jobs, 'job')}, {_n(r.attempts, 'attempt')}, {_n(r.runs, 'pay-run row')}"
+               + (f", {_n(r.slip_dirs, 'slip folder')}" if slips else "")
                + (f" (months {', '.join(r.months)})" if r.months else " (nothing before " + before + ")")
                + (f"; but without --dry-run: {r.refused}" if r.refused else ""))
 

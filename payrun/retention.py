@@ -24,11 +24,47 @@ class Pruned:
     """A dry run's answer when the real one would be refused (without --force)."""
 
 
+LIVE_STATUSES = ("queued", "started", "scheduled", "deferred")
+"""RQ statuses of a job not finished: a worker still takes it, or holds it, or a backoff
+will put it back."""
+
+
+def live_in_redis(conn, ids_by_month: dict[str, list[str]]) -> dict[str, int]:
+    """Of each month's unfinished ledger jobs, how many Redis still holds unfinished (the
+    others Redis forgot: nothing will finish them, only --force prunes them)."""
+    live: dict[str, int] = {}
+    for month, ids in ids_by_month.items():
+        for i in range(0, len(ids), 1000):
+            chunk = ids[i:i + 1000]
+            with conn.pipeline(transaction=False) as pipe:
+                for job_id in chunk:
+                    pipe.hget(f"rq:job:{job_id}", "status")
+                got = pipe.execute()
+            n = sum(1 for st in got if st is not None and st.decode() in LIVE_STATUSES)
+            if n:
+                live[month] = live.get(month, 0) + n
+    return live
+
+
+def forced_refusal(months: list[str], live: dict[str, int]) -> str | None:
+    """Why even --force must not prune these months, or None: a month whose jobs Redis
+    still holds is being made now; pruning it deleted the ledger rows its workers report
+    to and (with --slips) the slips its sends were about to attach, and the pay-run rows
+    that keep `payrun run` from making it a second time."""
+    busy = [f"{m} has {n:,} job{'' if n == 1 else 's'} still queued, running or waiting to retry in Redis"
+            for m, n in sorted(live.items()) if m in months and n]
+    if not busy:
+        return None
+    first = min(m for m, n in live.items() if m in months and n)
+    return ("refusing to prune, even with --force: " + "; ".join(busy) + " (a month still being made: its "
+            f"ledger rows and slips are needed; let it finish, `payrun status --month {first}`, or prune older months)")
+
+
 def refusal(months: list[str], latest: set[str], unfinished: dict[str, int]) -> str | None:
     """Why pruning these months would hurt, or None. The latest pay run (the one `payrun
     status` shows) and any month with jobs not finished (queued, running, retrying) are
     kept: their ledger rows are what says who got a slip, and a month pruned and then run
-    again is not supported."""
+    again is not supported. --force overrides this (not `forced_refusal`)."""
     why = [f"{m} is the latest pay run" for m in sorted(latest) if m in months]
     busy = [f"{m} has {n:,} unfinished job{'' if n == 1 else 's'}" for m, n in sorted(unfinished.items())
             if m in months]
@@ -39,7 +75,9 @@ def refusal(months: list[str], latest: set[str], unfinished: dict[str, int]) -> 
 
 
 def prune(cfg: Config, ledger: Ledger, before: str, slips: bool = False, dry_run: bool = False,
-          force: bool = False) -> Pruned:
+          force: bool = False, redis=None) -> Pruned:
+    """``redis``: a callable giving a Redis connection, asked only when --force meets
+    months with unfinished ledger jobs (are they still in Redis?)."""
     from payrun.errors import InputError
 
     db = ledger.db.conn
@@ -57,6 +95,18 @@ def prune(cfg: Config, ledger: Ledger, before: str, slips: bool = False, dry_run
         refused = refusal(months, latest, unfinished)
         if refused and not dry_run:
             raise InputError(refused)
+    else:
+        ids_by_month: dict[str, list[str]] = {}
+        for month, job_id in db.execute("SELECT month, id FROM jobs WHERE month < ? AND status IN "
+                                        "('queued', 'running', 'retrying')", (before,)):
+            ids_by_month.setdefault(month, []).append(job_id)
+        if ids_by_month:
+            if redis is None:
+                raise InputError("refusing to prune with --force: cannot tell whether the unfinished jobs of "
+                                 f"{', '.join(sorted(ids_by_month))} are still in Redis")
+            refused = forced_refusal(months, live_in_redis(redis(), ids_by_month))
+            if refused and not dry_run:
+                raise InputError(refused)
     jobs = db.execute("SELECT COUNT(*) FROM jobs WHERE month < ?", (before,)).fetchone()[0]
     attempts = db.execute(
         "SELECT COUNT(*) FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE month < ?)", (before,)).fetchone()[0]

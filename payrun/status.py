@@ -28,23 +28,39 @@ def _company_names(cfg: Config) -> dict[int, str]:
         return {int(c["id"]): c["name"] for c in payroll.companies(db)}
 
 
-def check_run_month(months: list[str], month: str) -> None:
-    """``month`` well formed and run (one of ``months``, the ledger's), or InputError."""
+def missed_run_text(month: str, tick: str, tz: str) -> str:
+    """The note on a pay month whose cron tick was missed and that was not run since."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    at = datetime.fromisoformat(tick).astimezone(ZoneInfo(tz))
+    return (f"the {month} pay run has not run: its cron tick of {at:%Y-%m-%d %H:%M} {tz} was missed (no scheduler "
+            f"ran within the catch-up window; `payrun schedule`): run it by hand: `payrun run --month {month}`")
+
+
+def check_run_month(months: list[str], month: str, missed: dict[str, str] | None = None, tz: str = "UTC") -> None:
+    """``month`` well formed and run (one of ``months``, the ledger's), or InputError;
+    ``missed``: pay months whose cron tick was missed (month -> tick), named as such."""
     from payrun.runs import validate_month
 
     validate_month(month)
     if month not in months:
+        if missed and month in missed:
+            raise InputError(f"no pay run for {month}: " + missed_run_text(month, missed[month], tz).split(": ", 1)[1])
         raise InputError(f"no pay run for {month}" + (f" (runs: {', '.join(months[-12:])})" if months
                                                        else f": `payrun run --month {month}` starts it"))
 
 
 def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int | None = None,
            conn=None) -> dict[str, Any]:
+    from scheduler.store import missed_pay_months
+
     months = ledger.months()
+    missed = missed_pay_months(ledger.db.conn, set(months))  # (a tick missed: the month is not run)
     if month is None:
         month = ledger.latest_month()
     else:
-        check_run_month(months, month)
+        check_run_month(months, month, missed, cfg.timezone)
     counts = ledger.slip_counts(month, company) if month else {}
     # employees paid this month with no slip: added after their company's run (missing),
     # or of a company no run of the month covered (not_run); "all sent" must not hide them
@@ -96,6 +112,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **row})
     in_progress = total["queued"] + total["running"] + total["retrying"]
     lag, lag_age, notes = None, None, []
+    notes += [missed_run_text(m, t, cfg.timezone) for m, t in sorted(missed.items()) if m > (month or "")]
     if month and redis_stuck:  # (an ops drill: the reaper stopped, a killed sender's 33 jobs held for 4 min, no note)
         n = len(redis_stuck)
         notes.append(f"{n:,} job{'s are' if n != 1 else ' is'} held by workers that are gone (or whose lease "

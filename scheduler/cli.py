@@ -73,6 +73,12 @@ def schedule_view(cfg, conn=None, now=None) -> list[dict]:
             }
             if store is not None:
                 row.update(store.summary(e.name))
+            if store is not None and row["missed"] and e.job == "payroll":
+                from scheduler.store import missed_not_run
+
+                named = store.db.conn.execute("SELECT scheduled_for, detail FROM cron_runs WHERE entry = ? AND "
+                                              "status = 'missed'", (e.name,)).fetchall()
+                row["missed_months_not_run"] = sorted(missed_not_run(named, set(store.ledger.months())))
             row["due_since"] = None
             if conn is not None:
                 raw = conn.get(service.cursor_key(e.name))
@@ -91,6 +97,18 @@ def schedule_view(cfg, conn=None, now=None) -> list[dict]:
         if store is not None:
             store.close()
     return rows
+
+
+def missed_detail_text(detail: str, not_run: list[str] | None) -> str:
+    """A missed pay-run tick's detail as `payrun schedule` prints it: its "run it by hand:
+    payrun run --month M" once M has run since (by hand) says so instead (it kept asking
+    for a run that was done). ``not_run``: the months still not run (None: not a pay run)."""
+    head, sep, _ = detail.partition("; run it by hand: ")
+    if not sep or not_run is None:
+        return detail
+    if not not_run:
+        return head + "; run by hand since (the ledger has the month's run)"
+    return head + sep + ", ".join(f"payrun run --month {m}" for m in not_run)
 
 
 def running_entries_differ(cfg, conn, alive: list[str] | None = None) -> list[str]:
@@ -206,7 +224,8 @@ def register(cli) -> None:
             if r["missed"]:
                 click.echo(f"{'':<12} MISSED {r['missed']} tick(s), newest {_local(r['last_missed'], r['zone'])} "
                            f"{r['zone']} ({r['last_missed'][11:16]} UTC {r['last_missed'][:10]})"
-                           + (f" — {r['missed_detail']}" if r.get("missed_detail") else ""))
+                           + (f" — {missed_detail_text(r['missed_detail'], r.get('missed_months_not_run'))}"
+                              if r.get("missed_detail") else ""))
         if differ:
             named = sorted({line.split(": ", 1)[0] for line in differ} & set(alive or []))
             if named:  # two schedules at once (a deploy restarted some schedulers): these are on another

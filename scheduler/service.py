@@ -76,6 +76,15 @@ return 0
 """
 
 
+def missed_superseded(job: str, fire: datetime | None) -> bool:
+    """Whether ticks missed past the catch-up window are covered by the tick fired on
+    return: for a recurring check (bank-status, reaper) the newest run does what the
+    missed ones would have; a pay run's tick pays one month, so its missed ones are not.
+    (Two days down logged thousands of reaper ticks as ERROR "MISSED" beside the one that
+    ran, and `payrun schedule` listed them as if something was left to do.)"""
+    return fire is not None and job != "payroll"
+
+
 def entry_record(e: cron.Entry, zone: str) -> dict[str, str]:
     """What a running scheduler says it loaded for one entry (ENTRIES_KEY): what `payrun
     schedule` compares with the config file."""
@@ -181,7 +190,7 @@ class CronPass:
         actions: list[dict[str, Any]] = []
         advance_to = now
         if p.missed:
-            actions.append(self._record_missed(e, p.missed, now))
+            actions.append(self._record_missed(e, p.missed, now, superseded=missed_superseded(e.job, p.fire)))
         if p.fire is not None:
             outcome = self.fire(e, p.fire, coalesced=len(p.coalesced))
             actions.append({"entry": e.name, "tick": cron.iso(p.fire), "outcome": outcome})
@@ -242,13 +251,16 @@ class CronPass:
             log.warning("cron %s: tick %s: %s", e.name, scheduled_for, outcome)
         return outcome
 
-    def _record_missed(self, e: cron.Entry, missed: list[datetime], now: datetime) -> dict[str, Any]:
+    def _record_missed(self, e: cron.Entry, missed: list[datetime], now: datetime,
+                       superseded: bool = False) -> dict[str, Any]:
         newest = missed[-1]
         shown = missed[-MISSED_CAP:]
         detail = (f"no scheduler was running at the tick's time and none came back within the "
                   f"{self.window_s / 3600:g} h catch-up window (back at {now.astimezone(self.zone):%Y-%m-%d %H:%M %Z})")
         if len(missed) > len(shown):
             detail += f"; {len(missed) - len(shown)} older tick(s) not listed"
+        if superseded:
+            detail += "; the tick fired on return does their work: nothing to do"
         if e.job == "payroll":
             months = sorted({cron.pay_month(t, self.zone, e.month) for t in missed})
             detail += "; run it by hand: " + ", ".join(f"payrun run --month {m}" for m in months)
@@ -263,7 +275,8 @@ class CronPass:
 
         outcome = self._claim_and_enqueue(marker_key(e.name, "missed-" + cron.stamp(newest)), enqueue)
         if outcome == "fired":
-            log.error("cron %s: MISSED %d tick(s), newest %s: %s", e.name, len(missed), self._both(newest), detail)
+            (log.warning if superseded else log.error)(
+                "cron %s: MISSED %d tick(s), newest %s: %s", e.name, len(missed), self._both(newest), detail)
         return {"entry": e.name, "missed": [cron.iso(t) for t in missed], "outcome": outcome}
 
     def _both(self, t: datetime) -> str:

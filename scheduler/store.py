@@ -48,6 +48,34 @@ CREATE TABLE IF NOT EXISTS bank_credits (
 );
 """
 
+def missed_pay_months(conn, months_run: list[str] | set[str]) -> dict[str, str]:
+    """Pay months whose cron tick was missed (past the catch-up window) and that have no
+    pay run in the ledger since: month -> the newest missed tick's time (UTC ISO). After a
+    missed tick `payrun status` showed the month before, complete, with no word of it, and
+    `payrun schedule` kept saying "run it by hand" after the month was run by hand."""
+    import sqlite3
+
+    try:
+        rows = conn.execute("SELECT scheduled_for, detail FROM cron_runs WHERE job = 'payroll' AND status = 'missed'"
+                            " ORDER BY scheduled_for").fetchall()
+    except sqlite3.OperationalError:  # no scheduler tables yet
+        return {}
+    return missed_not_run([(r[0], r[1] or "") for r in rows], months_run)
+
+
+def missed_not_run(rows: list[tuple[str, str]], months_run: list[str] | set[str]) -> dict[str, str]:
+    """(scheduled_for, detail) of missed pay-run ticks -> {month: newest tick} for the
+    months their detail names (``payrun run --month M``) that are not in ``months_run``."""
+    import re
+
+    out: dict[str, str] = {}
+    for scheduled_for, detail in rows:
+        for month in re.findall(r"payrun run --month ([0-9]{4}-[0-9]{2})", detail):
+            if month not in months_run and scheduled_for > out.get(month, ""):
+                out[month] = scheduled_for
+    return out
+
+
 RAN = ("running", "enqueued", "aborted", "failed")
 NOT_RUN = ("missed", "coalesced")
 

@@ -160,7 +160,7 @@ def test_prune_keeps_later_months(runner, cfg):
     assert not (cfg.slips_dir / "2026-09").exists()
     one_line_error(runner.invoke(cli, ["prune", "--before", "last-year"]))
     out = runner.invoke(cli, ["prune", "--before", "2026-12", "--force"])
-    assert out.exit_code == 0 and "removed 1 jobs" in out.output
+    assert out.exit_code == 0 and "removed 1 job," in out.output
     # a prune deletes who-got-a-slip history: it is in the audit log (dry runs and refusals are not)
     from payrun.audit import read_audit
 
@@ -596,3 +596,124 @@ def test_a_taken_port_is_named_with_the_setting_that_moves_it(runner, cfg):
         out = runner.invoke(cli, ["bank", "--port", str(port)])
         assert out.exit_code == 2, out.output
         assert f"cannot listen on 127.0.0.1:{port}" in out.output and "scheduler.bank_url" in out.output, out.output
+
+
+def test_prune_force_keeps_a_month_whose_jobs_redis_still_holds(runner, cfg, conn):
+    """`prune --force` over a month still being made deleted its ledger rows, its pay-run
+    rows and (--slips) the slips its sends were about to attach: --force now overrides
+    only the latest-run rule and unfinished rows Redis has forgotten."""
+    from jobs.runtime import make_queue
+    from payrun import keys
+    from payrun.ledger import Ledger
+
+    ledger = Ledger(cfg.ledger_path)
+    ledger.create_jobs([{"id": f"render-{m}-emp-{i}", "kind": "render", "month": m, "company_id": 1}
+                        for m in ("2026-10", "2026-11") for i in (1, 2)])
+    ledger.claim_run(1, "2026-11", "test")
+    for m in ("2026-10", "2026-11"):
+        (cfg.slips_dir / m / "1").mkdir(parents=True)
+    q = make_queue(keys.RENDER_QUEUE, conn)  # 2026-11 is still in the queue; Redis forgot 2026-10's
+    q.enqueue_call("jobs.testing.noop", job_id="render-2026-11-emp-1", meta={"kind": "test"})
+    msg = one_line_error(runner.invoke(cli, ["prune", "--before", "2026-12", "--slips", "--force"]))
+    assert "even with --force: 2026-11 has 1 job still queued, running or waiting to retry in Redis" in msg, msg
+    assert "2026-10" not in msg
+    assert (cfg.slips_dir / "2026-11").exists() and len(ledger.jobs(limit=10)) == 4  # nothing removed
+    dry = runner.invoke(cli, ["prune", "--before", "2026-12", "--force", "--dry-run"])
+    assert dry.exit_code == 0 and "but without --dry-run: refusing to prune, even with --force" in dry.output
+    out = runner.invoke(cli, ["prune", "--before", "2026-11", "--slips", "--force"])  # Redis forgot those
+    assert out.exit_code == 0, out.output
+    assert "removed 2 jobs, 0 attempts, 0 pay-run rows, 1 slip folder (months 2026-10)" in out.output
+    q.delete(delete_jobs=True)  # 2026-11's job is gone too: --force prunes it
+    out = runner.invoke(cli, ["prune", "--before", "2026-12", "--slips", "--force"])
+    assert out.exit_code == 0 and "removed 2 jobs, 0 attempts, 1 pay-run row, 1 slip folder" in out.output
+
+
+def test_an_address_changed_and_changed_back_is_not_called_the_old_address(runner, cfg, tmp_path):
+    """A -> B -> A: the second import said "delivered to the old address ... `payrun
+    resend` ... if it should" of a slip sent to the address now on file."""
+    import csv
+
+    from payrun.cli import readdressed_notes
+    from payrun.ledger import Ledger
+
+    runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
+    runner.invoke(cli, ["import", "docs/sample-employees.csv"])
+    assert runner.invoke(cli, ["run", "--month", "2026-11"]).exit_code == 0
+    with open("docs/sample-employees.csv", encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        header, rows = list(reader.fieldnames or []), list(reader)
+    e6, e7, old = rows[6]["employee_id"], rows[7]["employee_id"], rows[6]["email"]
+    led = Ledger(cfg.ledger_path)
+    with led.db.conn:  # e6's slip was delivered (to A, the address its job has)
+        led.db.conn.execute("UPDATE jobs SET status = 'done' WHERE employee_id = ?", (e6,))
+    led.db.conn.executemany("INSERT INTO jobs (id, kind, employee_id, month, status) VALUES (?, 'email', ?, "
+                            "'2026-11', 'done')", [(f"email-2026-11-{e6}", e6)])
+    led.db.conn.commit()
+    led.close()
+
+    def import_with(e6_email: str, e7_email: str):
+        rows[6]["email"], rows[7]["email"] = e6_email, e7_email
+        path = tmp_path / "emp.csv"
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=header)
+            w.writeheader()
+            w.writerows(rows)
+        out = runner.invoke(cli, ["import", str(path)])
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    out = import_with("b.address@example.org", "b7@example.org")  # A -> B: to the old address, rightly
+    assert f"delivered to the old address: {e6};" in out and "on its way to the old address" in out, out
+    out = import_with(old, "c7@example.org")  # e6 back to A, e7 on to C
+    assert f"delivered to the old address: {e6}" not in out and f"resend --employee {e6}" not in out, out
+    assert (f"note: 1 2026-11 slip already made has the address on file now (it changed and changed back; "
+            f"delivered or on its way to it): nothing to do: {e6}") in out, out
+    assert f"note: 1 2026-11 slip already made goes to a new email address now (the slip does not print it: no " \
+           f"new slip is needed): {e7}" in out, out
+    # the policy alone: a failed send is still named with its retry (it reads the address again)
+    lines = readdressed_notes("2026-11", {"e1": ("done", "done"), "e2": ("done", "failed")}, same={"e1", "e2"})
+    assert lines[0].endswith("nothing to do: e1") and "failed: e2; `payrun retry email-2026-11-e2`" in lines[2]
+    assert readdressed_notes("2026-11", {"e1": ("done", None)}, same={"e1"})[1:] == []
+
+
+def test_a_missed_pay_run_tick_is_named_by_status_until_the_month_is_run_by_hand(runner, cfg):
+    """The scheduler was down over the 1st's tick and back past the catch-up window:
+    `payrun status` showed the month before, complete, with no word of the month not run,
+    and `payrun schedule` kept saying "run it by hand" after it had been."""
+    from payrun.ledger import Ledger
+    from scheduler.cli import missed_detail_text
+    from scheduler.store import Store, missed_not_run
+
+    ledger = Ledger(cfg.ledger_path)
+    ledger.create_jobs([{"id": "render-2026-10-emp-1", "kind": "render", "month": "2026-10", "company_id": 1}])
+    ledger.claim_run(1, "2026-10", "test")
+    detail = ("no scheduler was running at the tick's time and none came back within the 6 h catch-up window "
+              "(back at 2026-12-03 02:00 +06); run it by hand: payrun run --month 2026-11")
+    store = Store(cfg.ledger_path)
+    store.record_not_run("payroll", "payroll", ["2026-11-30T20:00:00+00:00"], "missed", detail)
+    store.close()
+    out = runner.invoke(cli, ["status"])
+    assert out.exit_code == 0 and "Pay run 2026-10" in out.output, out.output
+    assert ("note: the 2026-11 pay run has not run: its cron tick of 2026-12-01 02:00 Asia/Dhaka was missed (no "
+            "scheduler ran within the catch-up window; `payrun schedule`): run it by hand: `payrun run --month "
+            "2026-11`") in out.output, out.output
+    msg = one_line_error(runner.invoke(cli, ["status", "--month", "2026-11"]))
+    assert msg.startswith("payrun: no pay run for 2026-11: its cron tick of 2026-12-01 02:00 Asia/Dhaka was missed"), msg
+    assert "`payrun run --month 2026-11`" in msg
+    view = runner.invoke(cli, ["schedule"]).output
+    assert "run it by hand: payrun run --month 2026-11" in view, view
+    ledger.create_jobs([{"id": "render-2026-11-emp-1", "kind": "render", "month": "2026-11", "company_id": 1}])
+    ledger.claim_run(1, "2026-11", "test")  # run by hand
+    out = runner.invoke(cli, ["status", "--month", "2026-10"])
+    assert out.exit_code == 0 and "has not run" not in out.output, out.output
+    view = runner.invoke(cli, ["schedule"]).output
+    assert "run it by hand" not in view and "run by hand since (the ledger has the month's run)" in view, view
+    assert json.loads(runner.invoke(cli, ["schedule", "--json"]).output)["entries"][0]["missed_months_not_run"] == []
+    # the policy alone
+    rows = [("2026-10-31T20:00:00+00:00", "x; run it by hand: payrun run --month 2026-10, payrun run --month 2026-11"),
+            ("2026-11-30T20:00:00+00:00", "x; run it by hand: payrun run --month 2026-11")]
+    assert missed_not_run(rows, {"2026-10"}) == {"2026-11": "2026-11-30T20:00:00+00:00"}
+    assert missed_not_run(rows, {"2026-10", "2026-11"}) == {}
+    assert missed_detail_text(rows[0][1], ["2026-11"]) == "x; run it by hand: payrun run --month 2026-11"
+    assert missed_detail_text("bank ticks missed", []) == "bank ticks missed"
+    assert missed_detail_text(rows[1][1], None) == rows[1][1]

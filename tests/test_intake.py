@@ -262,3 +262,68 @@ def test_sigterm_landing_inside_a_log_line_still_stops_a_render_worker(conn):
         signal.signal(signal.SIGINT, saved[1])
     assert handler.fired
     assert q.count == 4 and q.finished_job_registry.get_job_ids() == ["s0"]
+
+
+def test_repeated_failure_says_it_once_then_every_30_s_with_a_count_and_when_it_is_back():
+    from jobs.runtime import RepeatedFailure
+
+    r = RepeatedFailure(every_s=30)
+    assert r.ok(0.0) is None  # never failed: nothing to say
+    assert r.failed(100.0, "Connection refused") == "Connection refused"  # the first at once
+    assert [r.failed(100.0 + s, "Connection refused") for s in range(1, 30)] == [None] * 29
+    line = r.failed(130.0, "Connection refused")
+    assert line is not None and "31 looks failed, 30 since the last line" in line and "after 30 s" in line
+    assert r.failed(131.0, "Connection refused") is None
+    assert r.ok(140.5) == "back after 40 s (32 looks failed)"
+    assert r.ok(141.0) is None
+    assert r.failed(200.0, "again") == "again"  # a new outage is said at once
+
+
+def test_redis_away_the_intake_says_cannot_look_for_work_once_and_when_it_is_back(conn, tmp_path, caplog):
+    import logging
+
+    import redis
+
+    away = redis.Redis(unix_socket_path=str(tmp_path / "gone.sock"), socket_connect_timeout=0.2)
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    stop = threading.Event()
+    intake = Intake(away, [q], stop)
+    caplog.set_level(logging.WARNING, logger="payrun")
+    t = threading.Thread(target=intake._run, daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: intake.outage.count >= 3, timeout_s=20, what="three failed looks")
+        said = [r.getMessage() for r in caplog.records if "cannot look for work" in r.getMessage()]
+        assert len(said) == 1, said  # it said so every second
+        intake.conn = conn  # Redis is back
+        wait_for(lambda: any("can look for work again" in r.getMessage() for r in caplog.records), timeout_s=20,
+                 what="the line saying it is back")
+    finally:
+        stop.set()
+        t.join(timeout=10)
+    back = [r.getMessage() for r in caplog.records if "again" in r.getMessage()]
+    assert len(back) == 1 and "looks failed" in back[0], back
+
+
+def test_redis_away_liveness_says_so_once_not_every_beat(conn, tmp_path, caplog):
+    import logging
+
+    import redis
+
+    from jobs.runtime import Liveness
+
+    away = redis.Redis(unix_socket_path=str(tmp_path / "gone.sock"), socket_connect_timeout=0.2)
+    live = Liveness(away, ["w1"])
+    caplog.set_level(logging.WARNING, logger="payrun")
+    live._thread.start()
+    try:
+        wait_for(lambda: live.outage.count >= 2, timeout_s=20, what="two failed beats")
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("liveness:")]
+        assert len(said) == 1, said
+        live.conn = conn
+        wait_for(lambda: any("beating again" in r.getMessage() for r in caplog.records), timeout_s=20,
+                 what="the line saying it beats again")
+    finally:
+        live._stop.set()
+        live._thread.join(timeout=10)
+    assert conn.exists(keys.alive("w1"))

@@ -631,3 +631,26 @@ def test_schedule_with_no_scheduler_alive_names_how_to_start_them(cfg, conn):
     (cfg.home / "payroll.db").touch()
     out = CliRunner().invoke(cli, ["schedule"]).output
     assert "schedulers alive: 0" in out and "`supervisorctl start scheduler-a scheduler-b`" in out, out
+
+
+def test_ticks_missed_past_the_window_are_an_error_for_the_pay_run_and_nothing_to_do_for_a_check(cfg, conn, caplog):
+    """Back two days late: the pay run's missed tick is an ERROR with the run to make by
+    hand; a reaper's thousands of missed ticks, covered by the one fired on return, were
+    ERROR "MISSED" lines too, and `payrun schedule` listed them as if work was left."""
+    import logging
+
+    from jobs.runtime import PayrunJob
+
+    p = service.CronPass(conn, cfg, name="drill")
+    p.run(PAY_TICK - timedelta(hours=1))  # the cursor: 01:00 on the 1st
+    caplog.set_level(logging.WARNING, logger="payrun.scheduler")
+    back = PAY_TICK + timedelta(days=2)
+    p.run(back)
+    missed = {r.getMessage().split(":")[0]: r.levelno for r in caplog.records if "MISSED" in r.getMessage()}
+    assert missed == {"cron payroll": logging.ERROR, "cron reaper": logging.WARNING,
+                      "cron bank-status": logging.WARNING}, missed
+    reaper_rec = PayrunJob.fetch(f"missed-reaper-{cron.stamp(back - timedelta(hours=6, minutes=5))}", connection=conn)
+    assert reaper_rec.args[4].endswith("; the tick fired on return does their work: nothing to do"), reaper_rec.args[4]
+    pay_rec = PayrunJob.fetch(f"missed-payroll-{cron.stamp(PAY_TICK)}", connection=conn)
+    assert pay_rec.args[4].endswith("run it by hand: payrun run --month 2026-11"), pay_rec.args[4]
+    assert not service.missed_superseded("payroll", back) and not service.missed_superseded("reaper", None)
