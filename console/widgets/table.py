@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
+
+
+def _plain(cell: Any) -> Any:
+    """A str cell as plain text: DataTable reads a str as Rich markup, so a company name
+    from the payroll import holding ``[/]`` crashed the console (MarkupError), and
+    ``[@click=app.…]`` or ``[link=…]`` made a name a clickable action or link."""
+    return Text(cell) if isinstance(cell, str) else cell
 
 
 class LiveTable(DataTable):
@@ -48,7 +56,7 @@ class LiveTable(DataTable):
                 old = self._cells[key]
                 for i, (a, b) in enumerate(zip(old, cells)):
                     if str(a) != str(b) or type(a) is not type(b):
-                        self.update_cell(key, cols[i], b, update_width=True)
+                        self.update_cell(key, cols[i], _plain(b), update_width=True)
                 self._cells[key] = cells
             return
         keep = self.current_key
@@ -64,15 +72,15 @@ class LiveTable(DataTable):
                     if tuple(map(str, self._cells[key])) != tuple(map(str, cells)):
                         for i, (a, b) in enumerate(zip(self._cells[key], cells)):
                             if str(a) != str(b):
-                                self.update_cell(key, cols[i], b, update_width=True)
+                                self.update_cell(key, cols[i], _plain(b), update_width=True)
                 else:
-                    self.add_row(*cells, key=key)
+                    self.add_row(*map(_plain, cells), key=key)
                 self._cells[key] = cells
         else:
             self.clear()
             self._cells = {}
             for key, cells in rows:
-                self.add_row(*cells, key=key)
+                self.add_row(*map(_plain, cells), key=key)
                 self._cells[key] = cells
         if keep is not None and keep in self._cells:
             self.move_cursor(row=self.get_row_index(keep), animate=False)
