@@ -94,13 +94,25 @@ LANE_HEARTBEAT_EVERY_S = 10.0
 log = logging.getLogger("payrun.worker")
 
 
+def _json_only(args: tuple, kwargs: dict[str, Any], position: int) -> tuple:
+    """The arguments with JSON as the serializer, whatever the caller passed (``position``:
+    where the serializer sits among the positional ones)."""
+    if len(args) > position:
+        args = args[:position] + (JSONSerializer,) + args[position + 1:]
+    else:
+        kwargs["serializer"] = JSONSerializer
+    return args
+
+
 class PayrunJob(Job):
-    """RQ's Job, JSON only. ``Job.fetch(id, connection=c)`` passes serializer=None, which RQ
-    would resolve to pickle: that is never allowed here."""
+    """RQ's Job, JSON only, whatever serializer the caller names. ``Job.fetch(id,
+    connection=c)`` passes serializer=None, which RQ would resolve to pickle, and rq's own
+    commands (``rq requeue``, ``rq empty``, ``rq enqueue``, ``rq worker``) pass their
+    ``--serializer`` default, pickle, by name: `rq requeue --all` under `payrun config
+    rq-env` unpickled every failed job's meta (code run by whoever can write to Redis)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
-        if kwargs.get("serializer") is None:
-            kwargs["serializer"] = JSONSerializer
+        args = _json_only(args, kwargs, 2)  # Job(id, connection, serializer)
         super().__init__(*args, **kwargs)
 
     returned_tries = 0
@@ -204,17 +216,39 @@ def recover_meta(meta: dict) -> dict:
 
 
 class PayrunQueue(Queue):
-    """RQ's Queue with JSON and PayrunJob even when the caller passes ``None`` for either
-    (``Queue.all``, ``Queue.from_queue_key`` and RQ's own command line do; RQ resolves
-    ``None`` to pickle). ``RQ_QUEUE_CLASS=jobs.runtime.PayrunQueue`` makes ``rq info`` use
+    """RQ's Queue with JSON, whatever serializer the caller names, and PayrunJob when it
+    names no job class (``Queue.all``, ``Queue.from_queue_key`` and RQ's own command line
+    pass ``None``, which RQ resolves to pickle, or pickle by name: ``rq enqueue``, ``rq
+    empty``). ``RQ_QUEUE_CLASS=jobs.runtime.PayrunQueue`` makes ``rq info`` use
     it (`payrun config rq-env`): its registry cleanup then reads jobs with JSON instead
     of unpickling what it finds in Redis."""
 
     def __init__(self, *args: Any, **kwargs: Any):
-        if kwargs.get("serializer") is None:
+        args = _json_only(args, kwargs, 5)  # Queue(name, connection, default_timeout, is_async, job_class, serializer)
+        if len(args) > 4:
+            if args[4] is None:
+                args = args[:4] + (PayrunJob,) + args[5:]
+        elif kwargs.get("job_class") is None:
+            kwargs["job_class"] = PayrunJob
+        super().__init__(*args, **kwargs)
+
+
+class PayrunRqWorker(Worker):
+    """RQ's plain Worker with JSON, PayrunJob and PayrunQueue, whatever `rq worker` passes
+    (its ``--serializer`` default is pickle: the worker's scheduler, ``--with-scheduler``,
+    fetched due jobs with RQ's own Job class and unpickled their meta).
+    ``RQ_WORKER_CLASS=jobs.runtime.PayrunRqWorker`` (`payrun config rq-env`) makes rq's
+    commands use it; payrun's own workers are `payrun worker QUEUE`."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        if len(args) > 15:  # Worker(queues, name, ..., prepare_for_work, serializer, ...)
+            args = args[:15] + (JSONSerializer,) + args[16:]
+        else:
             kwargs["serializer"] = JSONSerializer
         if kwargs.get("job_class") is None:
             kwargs["job_class"] = PayrunJob
+        if kwargs.get("queue_class") is None:
+            kwargs["queue_class"] = PayrunQueue
         super().__init__(*args, **kwargs)
 
 

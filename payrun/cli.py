@@ -1474,8 +1474,9 @@ def config_rq_env(c: Ctx) -> None:
     \b
     eval "$(payrun config rq-env)" && rq info
     RQ_REDIS_URL: the URL with credentials (in the environment, not in `ps`);
-    RQ_QUEUE_CLASS, RQ_JOB_CLASS: our JSON queue and job classes, so rq's registry
-    cleanup reads jobs with JSON: plain `rq info` unpickles what it finds in Redis."""
+    RQ_QUEUE_CLASS, RQ_JOB_CLASS, RQ_WORKER_CLASS: our JSON classes, so rq's registry
+    cleanup, `rq requeue` and a worker's scheduler read jobs with JSON: plain `rq info`
+    unpickles what it finds in Redis."""
     import shlex
 
     from payrun import redis_server
@@ -1484,7 +1485,8 @@ def config_rq_env(c: Ctx) -> None:
         c.require_home()
     for name, value in (("RQ_REDIS_URL", redis_server.url(c.cfg)),
                         ("RQ_QUEUE_CLASS", "jobs.runtime.PayrunQueue"),
-                        ("RQ_JOB_CLASS", "jobs.runtime.PayrunJob")):
+                        ("RQ_JOB_CLASS", "jobs.runtime.PayrunJob"),
+                        ("RQ_WORKER_CLASS", "jobs.runtime.PayrunRqWorker")):
         click.echo(f"export {name}={shlex.quote(value)}")
 
 

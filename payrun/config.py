@@ -32,6 +32,21 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from payrun.errors import ConfigError
 
 
+def _redacted_repr(self) -> str:
+    """A settings section's repr with its URLs' passwords and its tokens as ***: the
+    dataclass's own printed them, and Textual's crash screen prints every frame's locals
+    (a ``cfg`` among them)."""
+    shown = []
+    for f in dataclasses.fields(self):
+        value = getattr(self, f.name)
+        if f.name.endswith("url") and isinstance(value, str):
+            value = redact_url(value)
+        elif f.name.endswith("token") and value:
+            value = "***"
+        shown.append(f"{f.name}={value!r}")
+    return f"{type(self).__name__}({', '.join(shown)})"
+
+
 @dataclass
 class RetryPolicy:
     base_s: float = 1.0
@@ -68,6 +83,8 @@ class EmailConfig:
     timeout_s: int = 30
     """One send (connect + request + reply) longer than this counts as failed."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    __repr__ = _redacted_repr
 
 
 @dataclass
@@ -125,6 +142,8 @@ class RedisConfig:
     readonly_url: str = ""
     """A read-only user's URL for `payrun console --readonly` on an external Redis."""
 
+    __repr__ = _redacted_repr
+
 
 @dataclass
 class MetricsConfig:
@@ -152,6 +171,8 @@ class SchedulerConfig:
     bank_token: str = ""
     """Bearer token for the bank's API (PAYRUN_BANK_TOKEN); empty = for a bank on this
     host's loopback, the data directory's own secret, which `payrun bank` requires."""
+
+    __repr__ = _redacted_repr
     """Prometheus endpoint of `payrun ledger`, on 127.0.0.1 only; -1 = off, 0 = any free port."""
 
 

@@ -298,3 +298,37 @@ def test_a_data_directory_that_is_a_file_is_said_in_one_line(tmp_path):
         out = CliRunner().invoke(cli, ["seed", "--companies", "1", "--employees", "1"], env={"PAYRUN_HOME": str(home)})
         assert out.exit_code == 2 and out.output.startswith("payrun: ") and "Traceback" not in out.output, out.output
     assert config.load(env={"PAYRUN_HOME": str(tmp_path / "new" / "home")}).home == tmp_path / "new" / "home"
+
+
+def _crash_with(cfg):
+    """A traceback as Textual's crash screen makes it, of a frame holding ``cfg``."""
+    from rich.traceback import Traceback
+
+    try:
+        raise RuntimeError(type(cfg).__name__)
+    except RuntimeError:
+        return Traceback(show_locals=True, locals_max_length=5)
+
+
+def test_no_repr_of_the_configuration_shows_a_credential(tmp_path):
+    """Security review (session 39): the Config dataclass's repr held the Redis, read-only
+    and SMTP passwords and the bank token in plain text, and Textual's crash screen prints
+    every frame's locals (a `cfg` among them) the way rich.pretty does."""
+    from rich.pretty import pretty_repr
+
+    cfg = load(tmp_path, "[redis]\nurl = 'rediss://:REDISPW@redis.example/0'\n"
+                         "readonly_url = 'rediss://ro:ROPW@redis.example/0'\n"
+                         "[email]\nurl = 'smtps://bob:SMTPPW@mail.example'\n"
+                         "[scheduler]\nbank_url = 'https://u:BANKPW@bank.example'\nbank_token = 'BANKTOKEN'\n")
+    assert cfg.redis.url.endswith("REDISPW@redis.example/0") and cfg.scheduler.bank_token == "BANKTOKEN"
+    crash = _crash_with(cfg)
+    from rich.console import Console
+
+    out = Console(width=400, record=True, file=open("/dev/null", "w"))
+    out.print(crash)
+    shown = [repr(cfg), str(cfg), pretty_repr(cfg), pretty_repr(cfg, max_length=5), repr(cfg.redis),
+             repr(cfg.email), repr(cfg.scheduler), out.export_text()]
+    for text in shown:
+        for secret in ("REDISPW", "ROPW", "SMTPPW", "BANKPW", "BANKTOKEN"):
+            assert secret not in text, (secret, text[:300])
+    assert "redis.example" in repr(cfg) and "bob:***@mail.example" in repr(cfg)  # the rest still reads

@@ -1481,3 +1481,25 @@ async def test_a_refused_address_fixed_since_reads_fixed_and_a_slip_resent_since
         await pilot.press("n")
     ro.close()
     conn.execute_command("ACL", "DELUSER", "drill-ro")
+
+
+@sync
+async def test_a_company_name_with_brackets_prints_as_written_not_as_markup(payrun_world):
+    """Security review (session 39): the companies table is a DataTable, which reads a str
+    cell as Rich markup: a company name imported with ``[/]`` stopped the console with a
+    MarkupError, and ``[@click=app.…]`` made the name a clickable console action."""
+    cfg, conn, ledger, bad, n1, n2 = payrun_world
+    name = "Acme [/] [@click=app.quit]Bold[/] [link=http://127.0.0.1:9/]x[/link] Ltd"
+    db = payroll.PayrollDB(cfg.payroll_path)
+    db.conn.execute("UPDATE companies SET name = ? WHERE id = 1", (name,))
+    db.conn.commit()
+    db.close()
+    app = make_app(cfg, conn)
+    async with app.run_test(size=(160, 24)) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None and app.snapshot.status, what="first refresh")
+        await settle(pilot, lambda: "1" in app.screen.query_one("#companies").keys(), what="the companies table")
+        await pilot.pause()
+        cell = app.screen.query_one("#companies").get_row("1")[1]
+        assert str(cell) == name[:len(str(cell))] and len(str(cell)) >= 24
+        assert not any(getattr(s.style, "meta", None) or "link" in str(s.style) for s in getattr(cell, "spans", []))
+    assert app.return_code in (None, 0)

@@ -89,6 +89,49 @@ def test_rq_info_with_payrun_config_rq_env_never_unpickles_and_keeps_the_url_out
     assert flag.exists()
 
 
+def test_rq_requeue_worker_and_empty_with_payrun_config_rq_env_never_unpickle(conn, cfg, tmp_path):
+    """Security review (session 39): rq's other commands pass their `--serializer` default,
+    pickle, by name, and our classes kept any serializer that was not None: `rq requeue
+    --all` under `payrun config rq-env` unpickled a failed job's meta, and `rq worker
+    --with-scheduler` a due scheduled job's (code run in the operator's shell by whoever
+    can write to Redis)."""
+    import pickle
+
+    from rq.registry import FailedJobRegistry
+    from rq.serializers import JSONSerializer, PickleSerializer
+
+    flag = tmp_path / "pwned"
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, (f"touch {flag}",))
+
+    env = _rq_env(cfg)
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    for job_id in ("failed-bomb", "waiting-bomb"):
+        job = q.enqueue_call("jobs.testing.noop", job_id=job_id, meta={"kind": "email"})
+        conn.hset(job.key, "meta", pickle.dumps(Boom()))
+    conn.lrem(q.key, 0, "failed-bomb")
+    conn.zadd(f"rq:failed:{keys.EMAIL_QUEUE}", {"failed-bomb": time.time() + 3600})
+    job = q.enqueue_call("jobs.testing.noop", job_id="scheduled-bomb", meta={"kind": "email"})
+    conn.lrem(q.key, 0, "scheduled-bomb")
+    conn.hset(job.key, "meta", pickle.dumps(Boom()))
+    conn.zadd(f"rq:scheduled:{keys.EMAIL_QUEUE}", {"scheduled-bomb": int(time.time()) - 5})
+    for args in (["requeue", "--queue", keys.EMAIL_QUEUE, "--all"], ["worker", "--burst", "--with-scheduler", keys.EMAIL_QUEUE],
+                 ["empty", keys.EMAIL_QUEUE]):
+        out = subprocess.run([RQ, *args], capture_output=True, text=True, timeout=60, env=env)
+        # (the worker's scheduler, RQ's own Job class, stops on the meta it cannot read as JSON)
+        assert out.returncode == 0 or args[0] == "worker", out.stderr
+        assert not flag.exists(), args
+    assert PayrunJob("x", conn, PickleSerializer).serializer is JSONSerializer
+    assert PayrunJob("x", connection=conn, serializer="pickle").serializer is JSONSerializer
+    assert FailedJobRegistry(keys.EMAIL_QUEUE, connection=conn, job_class=PayrunJob,
+                             serializer=PickleSerializer).job_class is PayrunJob
+    from jobs.runtime import PayrunQueue
+    assert PayrunQueue("x", connection=conn, serializer="rq.serializers.DefaultSerializer").serializer is JSONSerializer
+    assert PayrunQueue("x", conn, None, True, None, PickleSerializer).serializer is JSONSerializer
+
+
 def test_rq_info_interval_mode_runs(conn, redis_url):
     """`rq info -i` keeps refreshing: two screens seen (however long the CLI takes to start
     on a loaded host), and it is still running."""

@@ -12,6 +12,13 @@ RESERVED = 3
 """Columns of a table's width its cells never get: the focus bar (1) and a scrollbar (2)."""
 
 
+def _plain(cell: Any) -> Any:
+    """A str cell as plain text: DataTable reads a str as Rich markup, so a company name
+    from the payroll import holding ``[/]`` crashed the console (MarkupError), and
+    ``[@click=app.…]`` or ``[link=…]`` made a name a clickable action or link."""
+    return Text(cell) if isinstance(cell, str) else cell
+
+
 class LiveTable(DataTable):
     """Rows keyed by a stable id (job id, worker name, queue). ``sync`` updates changed
     cells in place, removes rows gone, appends new ones; a reorder rebuilds once and keeps
@@ -74,9 +81,10 @@ class LiveTable(DataTable):
             self.move_cursor(row=self.get_row_index(keep), animate=False)
 
     def _visible(self, cells: tuple) -> tuple:
+        """The shown columns' cells, as plain text (:func:`_plain`)."""
         if len(self._shown) == len(self._columns):
-            return cells
-        return tuple(c for (k, _), c in zip(self._columns, cells) if k in self._shown)
+            return tuple(map(_plain, cells))
+        return tuple(_plain(c) for (k, _), c in zip(self._columns, cells) if k in self._shown)
 
     @property
     def current_key(self) -> str | None:
@@ -98,7 +106,7 @@ class LiveTable(DataTable):
                 old = self._cells[key]
                 for i, (a, b) in enumerate(zip(old, cells)):
                     if (str(a) != str(b) or type(a) is not type(b)) and cols[i] in self._shown:
-                        self.update_cell(key, cols[i], b, update_width=True)
+                        self.update_cell(key, cols[i], _plain(b), update_width=True)
                 self._cells[key] = cells
             self._fit_columns()
             return
@@ -115,7 +123,7 @@ class LiveTable(DataTable):
                     if tuple(map(str, self._cells[key])) != tuple(map(str, cells)):
                         for i, (a, b) in enumerate(zip(self._cells[key], cells)):
                             if str(a) != str(b) and cols[i] in self._shown:
-                                self.update_cell(key, cols[i], b, update_width=True)
+                                self.update_cell(key, cols[i], _plain(b), update_width=True)
                 else:
                     self.add_row(*self._visible(cells), key=key)
                 self._cells[key] = cells
