@@ -241,14 +241,17 @@ class PayrunRqWorker(Worker):
     commands use it; payrun's own workers are `payrun worker QUEUE`."""
 
     def __init__(self, *args: Any, **kwargs: Any):
-        if len(args) > 15:  # Worker(queues, name, ..., prepare_for_work, serializer, ...)
-            args = args[:15] + (JSONSerializer,) + args[16:]
-        else:
-            kwargs["serializer"] = JSONSerializer
-        if kwargs.get("job_class") is None:
-            kwargs["job_class"] = PayrunJob
-        if kwargs.get("queue_class") is None:
-            kwargs["queue_class"] = PayrunQueue
+        # Worker(queues, name, default_result_ttl, connection, exception_handlers,
+        # maintenance_interval, default_worker_ttl, worker_ttl, job_class, queue_class,
+        # log_job_description, job_monitoring_interval, disable_default_exception_handler,
+        # prepare_for_work, serializer, ...) in rq 2.12 (pinned)
+        args = _json_only(args, kwargs, 14)
+        for position, name, cls in ((8, "job_class", PayrunJob), (9, "queue_class", PayrunQueue)):
+            if len(args) > position:
+                if args[position] is None:
+                    args = args[:position] + (cls,) + args[position + 1:]
+            elif kwargs.get(name) is None:
+                kwargs[name] = cls
         super().__init__(*args, **kwargs)
 
 

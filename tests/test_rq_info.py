@@ -231,3 +231,18 @@ def test_rq_info_lists_a_workers_queue_before_its_first_job(conn, redis_url):
     assert out.returncode == 0, out.stderr
     assert keys.CONTROL_QUEUE in out.stdout and keys.EMAIL_QUEUE in out.stdout
     register_queues(conn, [])  # nothing to list: no error
+
+
+def test_payruns_rq_worker_class_is_json_however_rq_passes_its_arguments(conn):
+    """rq's `rq worker` builds its worker class by keyword; a script may pass them by
+    position: either way pickle named as the serializer becomes JSON, and no job or
+    queue class named means payrun's (an index one off replaced the wrong argument)."""
+    from rq.serializers import DefaultSerializer, JSONSerializer
+
+    from jobs.runtime import PayrunJob, PayrunQueue, PayrunRqWorker
+
+    by_name = PayrunRqWorker(["q"], connection=conn, serializer=DefaultSerializer)
+    by_position = PayrunRqWorker(["q"], "w-pos", 500, conn, None, 600, 420, None, None, None, True, 30, False,
+                                 True, DefaultSerializer)
+    for w in (by_name, by_position):
+        assert w.serializer is JSONSerializer and w.job_class is PayrunJob and w.queue_class is PayrunQueue
