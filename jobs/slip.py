@@ -347,7 +347,8 @@ class _ProcessFontConfiguration(FontConfiguration):
         # font file (DejaVu from /usr/share/fonts), a file outside jobs/assets/ read inside
         # a render. Now such a glyph prints as an empty box. FONTCONFIG_FILE is read by
         # FcInitLoadConfigAndFonts (WeasyPrint's __init__), so it is set around that only.
-        conf_dir = Path(tempfile.mkdtemp(prefix="payrun-fonts-"))  # 0700
+        conf_dir = Path(tempfile.mkdtemp(prefix=f"{FONT_CONF_PREFIX}{self._owner_pid}-"))  # 0700
+        # (named by pid: one killed in the few ms it exists is swept as the copies below are)
         conf = conf_dir / "fonts.conf"
         conf.write_text(FONTS_CONF.format(fonts=escape(str(ASSETS_DIR / "fonts"))), encoding="utf-8")
         saved = os.environ.get("FONTCONFIG_FILE")
@@ -381,16 +382,20 @@ class _ProcessFontConfiguration(FontConfiguration):
 
 
 FONT_FACES_PREFIX = "payrun-fontfaces-"
+FONT_CONF_PREFIX = "payrun-fonts-"
+"""The folder of a process's fonts.conf, removed as soon as fontconfig has read it."""
 """Temporary folders of the @font-face copies: ``payrun-fontfaces-<pid>-<random>``."""
 
 
 def sweep_font_faces(tmp: str | None = None) -> list[Path]:
-    """Delete the @font-face folders (ours: this user's) of processes that are gone, e.g.
-    a worker killed by SIGKILL. Returns what it deleted."""
+    """Delete the @font-face and fonts.conf folders (ours: this user's) of processes that
+    are gone, e.g. a worker killed by SIGKILL. Returns what it deleted."""
     gone = []
-    for path in Path(tmp or tempfile.gettempdir()).glob(f"{FONT_FACES_PREFIX}*"):
+    folders = [(prefix, path) for prefix in (FONT_FACES_PREFIX, FONT_CONF_PREFIX)
+               for path in Path(tmp or tempfile.gettempdir()).glob(f"{prefix}*")]
+    for prefix, path in folders:
         try:
-            pid = int(path.name[len(FONT_FACES_PREFIX):].split("-", 1)[0])
+            pid = int(path.name[len(prefix):].split("-", 1)[0])
             st = os.lstat(path)
         except (ValueError, OSError):
             continue

@@ -164,10 +164,11 @@ def leftovers(before: set[Path]) -> list[Path]:
     slip.sweep_font_faces()
     found = []
     for p in sorted(_temp_entries() - before):
-        if p.name.startswith(slip.FONT_FACES_PREFIX) and p.exists():
-            pid = int(p.name[len(slip.FONT_FACES_PREFIX):].split("-", 1)[0])
-            if pid_alive(pid):
-                continue
+        prefix = next((x for x in (slip.FONT_FACES_PREFIX, slip.FONT_CONF_PREFIX) if p.name.startswith(x)), None)
+        if prefix and p.exists():
+            pid = p.name[len(prefix):].split("-", 1)[0]
+            if not pid.isdigit() or pid_alive(int(pid)):
+                continue  # (in use; or an old-style name: another checkout's process)
         if p.exists() or p.is_symlink():
             found.append(p)
     return found

@@ -519,6 +519,22 @@ def test_the_font_configuration_leaves_no_file_behind():
     assert set(glob.glob(pattern)) == before
 
 
+def test_a_fonts_conf_folder_of_a_process_killed_while_it_existed_is_swept(tmp_path):
+    """The fonts.conf folder lives a few ms at a process's start; one killed then left it
+    for good (an empty payrun-fonts-* folder, which the suite's leftover check counts)."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    left = tmp_path / f"{slip.FONT_CONF_PREFIX}{int(dead.stdout)}-abc"
+    mine = tmp_path / f"{slip.FONT_CONF_PREFIX}{os.getpid()}-def"
+    left.mkdir()
+    mine.mkdir()
+    assert slip.sweep_font_faces(str(tmp_path)) == [left]
+    assert not left.exists() and mine.is_dir()
+
+
 def test_a_killed_renderer_leaves_its_font_copies_only_until_the_next_start():
     """WeasyPrint copies the @font-face files (~1.4 MB) into a temporary folder and deletes
     it only from __del__: every worker killed by signal, and most that exited, left one
