@@ -749,3 +749,26 @@ def test_a_scheduler_without_the_ledger_leaves_a_lost_cursor_to_the_control_host
     assert not conn.exists(service.cursor_key("payroll")) and not cfg.ledger_path.exists()
     logged = [r.getMessage() for r in caplog.records if "no ledger on this host" in r.getMessage()]
     assert len(logged) == 3, logged  # once per entry, not every pass
+
+
+def test_payrun_scheduler_back_after_redis_lost_everything_fires_the_pay_run_tick(world):
+    """The same drill with real `payrun scheduler` processes: one ran at 01:00, Redis was
+    flushed, the next one starts at 07:30 and fires the 02:00 tick."""
+    w, conn = world, world["conn"]
+    env = write_config(w, [ENTRIES[0]])
+    set_clock(w["clock"], PAY_TICK - timedelta(hours=1))
+    s = spawn(env, "scheduler", log=w["tmp"] / "s1.log")
+    try:
+        wait_for(lambda: conn.exists(service.cursor_key("payroll")), timeout_s=30, what="the first pass")
+    finally:
+        stop(s)
+    conn.flushdb()
+    set_clock(w["clock"], PAY_TICK + timedelta(hours=5, minutes=30))
+    s = spawn(env, "scheduler", log=w["tmp"] / "s2.log")
+    try:
+        wait_for(lambda: (marker(conn, "payroll", PAY_TICK) or b"").startswith(b"fired:"), timeout_s=30,
+                 what="the pay-run tick to fire after Redis lost the cursor")
+    finally:
+        stop(s)
+    assert job_ids(conn, "tick-payroll-") == {ticks.tick_job_id("payroll", cron.stamp(PAY_TICK))}
+    assert "no cursor in Redis" in (w["tmp"] / "s2.log").read_text()
