@@ -82,11 +82,18 @@ def schedule_view(cfg, conn=None, now=None) -> list[dict]:
             row["due_since"] = None
             if conn is not None:
                 raw = conn.get(service.cursor_key(e.name))
+                handled = None
                 if raw is not None:
                     from datetime import datetime
 
                     handled = datetime.fromtimestamp(float(raw), timezone.utc)
                     row["handled_until"] = handled.isoformat(timespec="seconds")
+                elif store is not None:  # Redis lost the cursor: where the next pass resumes from
+                    reg, newest = store.recovery_facts(e.name)
+                    if reg or newest:
+                        handled = cron.recovered_cursor(now, reg and cron.from_iso(reg),
+                                                        newest and cron.from_iso(newest))
+                if handled is not None:
                     # a tick due and not fired yet (no scheduler ran at its time): "next" is
                     # the one after it, and read "next: next month" at 02:05 on the 1st
                     due = cron.next_after(e.spec, zone, handled)

@@ -227,6 +227,21 @@ def plan(spec: CronSpec, zone: ZoneInfo, cursor: datetime, now: datetime, window
     return p
 
 
+def recovered_cursor(now: datetime, registered_at: datetime | None, newest_row: datetime | None) -> datetime:
+    """Where an entry's cursor starts again when Redis has lost it (no persistence, a
+    FLUSHALL, a new Redis after a failover): the newest instant durable knowledge says was
+    handled — the newest tick with a ``cron_runs`` row (run, missed or coalesced), or the
+    entry's registration time (its first scheduler's start) when it has no row — never
+    later than ``now``. A row wins over the registration even when older: an entry whose
+    registration was first written by an upgrade (after rows existed) must not start at
+    the upgrade. Ticks due since then are planned as usual (``plan``: fired within
+    the catch-up window, recorded missed past it). With no knowledge at all (first start
+    ever) it is ``now``: no backfill. Restarting from "now" after a lost cursor skipped a
+    pay-run tick due meanwhile with no DUE, no MISSED and no row."""
+    start = newest_row if newest_row is not None else registered_at
+    return now if start is None else min(start, now)
+
+
 # ---- entries from the config ---------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -14,6 +14,12 @@ Every tick still fires once:
   another scheduler took the tick enqueues nothing. The tick job's id is deterministic
   (``tick-<entry>-<stamp>``) and it carries the time it stands for (UTC ISO).
 - The tick job then takes its own lock and unique row (scheduler/ticks.py).
+- A lost cursor (Redis without persistence, a FLUSHALL, a new Redis after a failover) is
+  rebuilt from durable knowledge in the ledger's SQLite file, not from "now": the newest
+  ``cron_runs`` row of the entry, or its registration time (``cron_entries``, written at
+  a scheduler's start) when it has no row (scheduler/cron.py ``recovered_cursor``). A tick
+  due meanwhile is then caught up or recorded missed as below. A scheduler on a host
+  without the ledger (role worker) leaves a lost cursor to one on the control host.
 - Catch-up: when no scheduler ran at a tick's time, the newest due tick within
   ``scheduler.catchup_window_s`` (6 h) fires once on return; older due ticks are recorded
   as missed (cron_runs rows via a control job, and an ERROR line here).
@@ -129,13 +135,58 @@ def clock() -> datetime:
     return datetime.now(UTC)
 
 
+# ---- the durable side of the cursor ----------------------------------------------------
+
+class LedgerMemory:
+    """What outlives Redis: the ledger's SQLite file (scheduler/store.py) on the control
+    host. Opened per call (only at a scheduler's start and when a cursor is lost), so a
+    scheduler holds no SQLite connection in its loop."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+
+    def available(self) -> bool:
+        """False on a worker host (``payrun up --role worker``) with no ledger: opening one
+        there would make an empty ledger, and an empty ledger says "start from now"."""
+        if self.cfg.ledger_path.exists():
+            return True
+        role = self.cfg.home / "supervisor.role"
+        return not (role.exists() and role.read_text().strip() == "worker")
+
+    def register(self, entries: list[str], now: datetime) -> None:
+        if not self.available():
+            return
+        from scheduler.store import Store
+
+        store = Store(self.cfg.ledger_path)
+        try:
+            store.register_entries(entries, cron.iso(now))
+        finally:
+            store.close()
+
+    def facts(self, entry: str) -> tuple[datetime | None, datetime | None] | None:
+        """(registered_at, newest tick with a row) of an entry; None: no ledger on this host."""
+        if not self.available():
+            return None
+        from scheduler.store import Store
+
+        store = Store(self.cfg.ledger_path)
+        try:
+            reg, newest = store.recovery_facts(entry)
+        finally:
+            store.close()
+        return (cron.from_iso(reg) if reg else None), (cron.from_iso(newest) if newest else None)
+
+
 # ---- the cron pass ---------------------------------------------------------------------
 
 class CronPass:
     """One scheduler's view of the cron entries; ``run(now)`` is one pass."""
 
-    def __init__(self, conn, cfg: Config, name: str | None = None):
+    def __init__(self, conn, cfg: Config, name: str | None = None, memory: LedgerMemory | None = None):
         self.conn = conn
+        self.memory = memory if memory is not None else LedgerMemory(cfg)
+        self._no_memory_logged: set[str] = set()
         self.cfg = cfg
         self.zone = ZoneInfo(cfg.timezone)
         self.entries = cron.load_entries(cfg.scheduler.entries)
@@ -154,6 +205,10 @@ class CronPass:
                     pipe.hset(key, mapping=records)
             pipe.expire(entries_key(self.name), ENTRIES_TTL_S)
             pipe.execute()
+        try:  # each entry's registration time: where its cursor starts again if Redis loses it
+            self.memory.register([e.name for e in self.entries], now)
+        except Exception:
+            log.exception("scheduler %s: could not record the entries in the ledger", self.name)
 
     def keep_registered(self, now: datetime) -> None:
         """Renew this scheduler's copy of its entries (each beat); written again if it is
@@ -174,17 +229,43 @@ class CronPass:
         self.conn.hset(STATE_KEY, mapping={"last_pass": now.isoformat(), "last_pass_by": self.name})
         return actions
 
-    def _cursor(self, e: cron.Entry, now: datetime) -> datetime:
+    def _cursor(self, e: cron.Entry, now: datetime) -> datetime | None:
+        """The entry's shared cursor; when Redis has none, rebuilt from the ledger (None:
+        no ledger on this host, the entry is left to a scheduler that has it)."""
         key = cursor_key(e.name)
         raw = self.conn.get(key)
-        if raw is None:  # first start ever (or Redis lost it): from now on, no backfill
-            self.conn.set(key, repr(now.timestamp()), nx=True)
+        if raw is None:
+            start = self._recover(e, now)
+            if start is None:
+                return None
+            self.conn.set(key, repr(start.timestamp()), nx=True)  # two schedulers: the first one's stands
             raw = self.conn.get(key)
+            if raw is None:
+                return None
         return datetime.fromtimestamp(float(raw), UTC)
+
+    def _recover(self, e: cron.Entry, now: datetime) -> datetime | None:
+        """Where a missing cursor starts again: never simply "now" (a pay-run tick due while
+        Redis was away was skipped without a word), but from the ledger."""
+        facts = self.memory.facts(e.name)
+        if facts is None:
+            if e.name not in self._no_memory_logged:
+                self._no_memory_logged.add(e.name)
+                log.error("cron %s: no cursor in Redis and no ledger on this host: left to a scheduler on the "
+                          "control host (is one running? `supervisorctl start scheduler-a scheduler-b` there)", e.name)
+            return None
+        registered_at, newest = facts
+        start = cron.recovered_cursor(now, registered_at, newest)
+        if start < now:
+            source = "its newest tick row" if newest is not None else "its registration"
+            log.warning("cron %s: no cursor in Redis (lost, flushed or a new Redis): resuming from %s (%s in "
+                        "the ledger); ticks due since fire within the catch-up window or are recorded missed",
+                        e.name, self._both(start), source)
+        return start
 
     def _entry(self, e: cron.Entry, now: datetime) -> list[dict[str, Any]]:
         cursor = self._cursor(e, now)
-        if cursor >= now:
+        if cursor is None or cursor >= now:
             return []
         p = cron.plan(e.spec, self.zone, cursor, now, self.window_s)
         actions: list[dict[str, Any]] = []

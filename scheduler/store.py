@@ -6,6 +6,9 @@ cron_runs     UNIQUE(entry, scheduled_for): one row per tick. For entries other 
               payroll_runs(company_id, month) (payrun/runs.py) and this row records the
               tick's outcome. Ticks that did not run are rows too: status 'missed' (past
               the catch-up window) or 'coalesced' (superseded by a newer tick on catch-up).
+cron_entries  per entry: when a scheduler first loaded it (``registered_at``, UTC ISO). With
+              the newest cron_runs row it is where an entry's cursor starts again when
+              Redis lost it (scheduler/cron.py ``recovered_cursor``).
 bank_credits  per (month, employee): whether the salary reached the account, as last
               reported by the payroll bank.
 
@@ -35,6 +38,10 @@ CREATE TABLE IF NOT EXISTS cron_runs (
     PRIMARY KEY (entry, scheduled_for)
 );
 CREATE INDEX IF NOT EXISTS cron_runs_status ON cron_runs(entry, status);
+CREATE TABLE IF NOT EXISTS cron_entries (
+    entry TEXT PRIMARY KEY,
+    registered_at TEXT NOT NULL           -- UTC ISO 8601: the first scheduler start that loaded it
+);
 CREATE TABLE IF NOT EXISTS bank_credits (
     month TEXT NOT NULL,
     employee_id TEXT NOT NULL,
@@ -122,6 +129,22 @@ class Store:
                 "INSERT OR IGNORE INTO cron_runs (entry, scheduled_for, job, status, detail, created_at, updated_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)", [(entry, t, job, status, detail, now, now) for t in ticks])
         return cur.rowcount
+
+    def register_entries(self, entries: list[str], now: str) -> int:
+        """Record when each entry was first loaded (``now``, UTC ISO); an entry already
+        registered keeps its time. Returns how many were new."""
+        with self.db.conn:
+            cur = self.db.conn.executemany("INSERT OR IGNORE INTO cron_entries (entry, registered_at) VALUES (?, ?)",
+                                           [(e, now) for e in entries])
+        return cur.rowcount
+
+    def recovery_facts(self, entry: str) -> tuple[str | None, str | None]:
+        """(registered_at, newest scheduled_for of any cron_runs row) of one entry, UTC ISO
+        or None: what a lost Redis cursor is rebuilt from."""
+        q = self.db.conn.execute
+        reg = q("SELECT registered_at FROM cron_entries WHERE entry = ?", (entry,)).fetchone()
+        newest = q("SELECT MAX(scheduled_for) FROM cron_runs WHERE entry = ?", (entry,)).fetchone()
+        return (reg[0] if reg else None), (newest[0] if newest else None)
 
     def tick(self, entry: str, scheduled_for: str) -> dict[str, Any] | None:
         rows = list(self.db.query("SELECT * FROM cron_runs WHERE entry = ? AND scheduled_for = ?",

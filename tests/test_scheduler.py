@@ -654,3 +654,121 @@ def test_ticks_missed_past_the_window_are_an_error_for_the_pay_run_and_nothing_t
     pay_rec = PayrunJob.fetch(f"missed-payroll-{cron.stamp(PAY_TICK)}", connection=conn)
     assert pay_rec.args[4].endswith("run it by hand: payrun run --month 2026-11"), pay_rec.args[4]
     assert not service.missed_superseded("payroll", back) and not service.missed_superseded("reaper", None)
+
+
+def control_burst(env) -> None:
+    subprocess.run([sys.executable, "-m", "payrun.cli", "worker", "control", "--burst"], env=env, timeout=120,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+
+
+def test_a_cursor_lost_with_redis_catches_up_the_pay_run_once_or_records_it_missed(world, caplog):
+    """Ops drill: Redis (no persistence) lost everything while the 1st's 02:00 tick passed;
+    the first pass back started its cursor at "now": no DUE, no MISSED, no row, no payday.
+    The cursor is rebuilt from the ledger: registration, then the newest tick row."""
+    import logging
+
+    w, conn = world, world["conn"]
+    env = write_config(w, [ENTRIES[0]])
+    a, b = (service.CronPass(conn, w["cfg"], name=n) for n in ("scheduler-a", "scheduler-b"))
+    start = PAY_TICK - timedelta(days=3)
+    a.register(start)  # (at the scheduler's start)
+    b.register(start + timedelta(hours=1))  # (a later start keeps the first registration)
+    assert a.run(start) == [] and conn.exists(service.cursor_key("payroll"))
+    conn.flushdb()  # Redis lost: cursor, markers, queues — 01:00 on the 1st
+    # 02:30: `payrun schedule` knows the tick is due, from the ledger
+    from scheduler.cli import schedule_view
+
+    view = schedule_view(w["cfg"], conn, now=PAY_TICK + timedelta(minutes=30))[0]
+    assert view["due_since"] == PAY_TICK.isoformat() and view["handled_until"] is None, view
+    # both schedulers come back at 07:00 (5 h late, inside the 6 h window): one fires
+    back = PAY_TICK + timedelta(hours=5)
+    caplog.set_level(logging.WARNING, logger="payrun.scheduler")
+    assert [o["outcome"] for o in a.run(back)] == ["fired"]
+    assert b.run(back) == []  # (the cursor a moved)
+    conn.delete(service.cursor_key("payroll"))  # b rebuilt it too before a moved it: the marker decides
+    assert [o["outcome"] for o in b.run(back)] == ["done-elsewhere"]
+    assert any("no cursor in Redis" in r.getMessage() and "its registration" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert job_ids(conn, "tick-payroll-") == {ticks.tick_job_id("payroll", cron.stamp(PAY_TICK))}
+    assert float(conn.get(service.cursor_key("payroll"))) == back.timestamp()
+    control_burst(env)
+    row = {r["scheduled_for"]: r for r in rows(w, "payroll")}[cron.iso(PAY_TICK)]
+    assert row["status"] == "enqueued" and row["jobs"] == 12, row
+    render = make_queue(keys.RENDER_QUEUE, conn).count
+    assert render == 12
+    # lost again the same morning: the tick's row says it ran; nothing fires twice
+    conn.flushdb()
+    for p in (a, b):
+        assert p.run(back + timedelta(hours=1)) == []
+    assert make_queue(keys.CONTROL_QUEUE, conn).count == 0 and make_queue(keys.RENDER_QUEUE, conn).count == 0
+    # lost once more, and no scheduler back until 1 January 11:00 (9 h late): recorded missed
+    conn.flushdb()
+    jan = utc(2026, 12, 31, 20, 0)
+    caplog.clear()
+    acts = a.run(jan + timedelta(hours=9)) + b.run(jan + timedelta(hours=9))
+    assert [x.get("missed") for x in acts if x.get("outcome") == "fired"] == [[cron.iso(jan)]], acts
+    assert not job_ids(conn, "tick-payroll-")
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "cron payroll: MISSED 1 tick(s)" in errors[0] and \
+        "run it by hand: payrun run --month 2026-12" in errors[0], errors
+    control_burst(env)
+    missed = {r["scheduled_for"]: r for r in rows(w, "payroll")}[cron.iso(jan)]
+    assert missed["status"] == "missed" and "payrun run --month 2026-12" in missed["detail"]
+    assert {r["month"] for r in Ledger(w["cfg"].ledger_path).runs()} == {MONTH}  # November paid once
+
+
+def test_a_lost_cursor_never_pays_a_month_already_run_by_hand(world):
+    """The month ran by hand (no cron row); Redis lost the cursor before the tick: the tick
+    fires on return and the pay run's own guard (payroll_runs rows) creates nothing."""
+    w, conn = world, world["conn"]
+    env = write_config(w, [ENTRIES[0]])
+    p = service.CronPass(conn, w["cfg"], name="scheduler-a")
+    p.register(PAY_TICK - timedelta(days=3))
+    ledger = Ledger(w["cfg"].ledger_path)
+    for cid in (1, 2):
+        ledger.claim_run(cid, MONTH, "by-hand")
+        ledger.finish_run(cid, MONTH, 6)
+    ledger.close()
+    p.run(PAY_TICK + timedelta(hours=1))
+    control_burst(env)
+    row = {r["scheduled_for"]: r for r in rows(w, "payroll")}[cron.iso(PAY_TICK)]
+    assert row["jobs"] == 0 and "already run" in row["detail"], row
+    assert make_queue(keys.RENDER_QUEUE, conn).count == 0
+
+
+def test_a_scheduler_without_the_ledger_leaves_a_lost_cursor_to_the_control_host(cfg, conn, caplog):
+    """A scheduler on a worker host (no ledger there) must not restart a lost cursor at
+    "now": that would skip the tick for the control host's schedulers too."""
+    import logging
+
+    (cfg.home / "supervisor.role").write_text("worker\n")
+    p = service.CronPass(conn, cfg, name="remote")
+    caplog.set_level(logging.ERROR, logger="payrun.scheduler")
+    p.register(PAY_TICK - timedelta(hours=1))
+    assert p.run(PAY_TICK - timedelta(hours=1)) == [] and p.run(PAY_TICK) == []
+    assert not conn.exists(service.cursor_key("payroll")) and not cfg.ledger_path.exists()
+    logged = [r.getMessage() for r in caplog.records if "no ledger on this host" in r.getMessage()]
+    assert len(logged) == 3, logged  # once per entry, not every pass
+
+
+def test_payrun_scheduler_back_after_redis_lost_everything_fires_the_pay_run_tick(world):
+    """The same drill with real `payrun scheduler` processes: one ran at 01:00, Redis was
+    flushed, the next one starts at 07:30 and fires the 02:00 tick."""
+    w, conn = world, world["conn"]
+    env = write_config(w, [ENTRIES[0]])
+    set_clock(w["clock"], PAY_TICK - timedelta(hours=1))
+    s = spawn(env, "scheduler", log=w["tmp"] / "s1.log")
+    try:
+        wait_for(lambda: conn.exists(service.cursor_key("payroll")), timeout_s=30, what="the first pass")
+    finally:
+        stop(s)
+    conn.flushdb()
+    set_clock(w["clock"], PAY_TICK + timedelta(hours=5, minutes=30))
+    s = spawn(env, "scheduler", log=w["tmp"] / "s2.log")
+    try:
+        wait_for(lambda: (marker(conn, "payroll", PAY_TICK) or b"").startswith(b"fired:"), timeout_s=30,
+                 what="the pay-run tick to fire after Redis lost the cursor")
+    finally:
+        stop(s)
+    assert job_ids(conn, "tick-payroll-") == {ticks.tick_job_id("payroll", cron.stamp(PAY_TICK))}
+    assert "no cursor in Redis" in (w["tmp"] / "s2.log").read_text()

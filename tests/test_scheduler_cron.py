@@ -91,6 +91,34 @@ def test_plan_catch_up_within_the_window_and_missed_past_it():
     assert late.fire is None and late.missed == [utc(2026, 11, 30, 20)]
 
 
+def test_a_lost_cursor_resumes_from_the_newest_row_or_the_registration_never_from_now():
+    """Ops drill: Redis lost the cursor while the 1st's 02:00 tick passed; restarting from
+    "now" skipped the pay run with no DUE, no MISSED and no row."""
+    now = utc(2026, 11, 30, 21, 0)  # 03:00 Dhaka on the 1st
+    registered, row = utc(2026, 10, 2, 4, 0), utc(2026, 10, 31, 20, 0)
+    assert cron.recovered_cursor(now, None, None) == now                 # first start ever: no backfill
+    assert cron.recovered_cursor(now, registered, None) == registered    # no row yet: since registration
+    assert cron.recovered_cursor(now, registered, row) == row            # the newest tick with a row
+    # a row wins over a later registration (first written by an upgrade, after rows existed)
+    assert cron.recovered_cursor(now, utc(2026, 11, 30, 20, 30), row) == row
+    assert cron.recovered_cursor(now, now + timedelta(hours=1), None) == now  # never in the future
+
+
+def test_a_lost_cursor_catches_up_the_pay_run_within_the_window_and_records_it_missed_past_it():
+    spec = cron.parse("0 2 1 * *")
+    row = utc(2026, 10, 31, 20, 0)  # November's tick ran (its row); Redis lost the cursor since
+    inside = utc(2026, 12, 1, 1, 0)  # 07:00 Dhaka on 1 December: 5 h late
+    p = cron.plan(spec, DHAKA, cron.recovered_cursor(inside, None, row), inside, 21600)
+    assert p.fire == utc(2026, 11, 30, 20) and not p.missed and not p.coalesced
+    past = utc(2026, 12, 1, 3, 0)  # 09:00 Dhaka: 7 h late
+    p = cron.plan(spec, DHAKA, cron.recovered_cursor(past, None, row), past, 21600)
+    assert p.fire is None and p.missed == [utc(2026, 11, 30, 20)]
+    # the tick that has a row is not due again: a month already run by cron does not fire twice
+    ran = utc(2026, 11, 30, 20, 0)
+    p = cron.plan(spec, DHAKA, cron.recovered_cursor(inside, None, ran), inside, 21600)
+    assert p.fire is None and not p.missed
+
+
 def test_plan_coalesces_frequent_ticks_after_downtime():
     spec = cron.parse("*/15 * * * *")
     p = cron.plan(spec, DHAKA, utc(2026, 1, 1, 0, 0), utc(2026, 1, 1, 8, 7), 6 * 3600)
