@@ -25,6 +25,7 @@ from typing import Any
 
 from jobs.events import NO_ATTEMPT_OUTCOMES, RETURNED_FIELD, attempts_spent
 from payrun import keys
+from payrun.text import visible
 
 _FREE = ",".join(f"'{o}'" for o in NO_ATTEMPT_OUTCOMES)  # SQL list of the outcomes that spent no attempt
 
@@ -271,8 +272,9 @@ _TRANSPORT_PREFIX = re.compile(r"^(?:provider|SMTP) \S+?: ")
 
 def short_error(text: str) -> str:
     """The last error as a list shows it: without the transport's "provider host:port: "
-    prefix, the same on every row (at 80 columns it left only "HTTP" of the reason)."""
-    return _TRANSPORT_PREFIX.sub("", text or "", count=1)
+    prefix, the same on every row (at 80 columns it left only "HTTP" of the reason); control
+    characters as escapes (an error stored before they were escaped at recording)."""
+    return visible(_TRANSPORT_PREFIX.sub("", text or "", count=1))
 
 
 def _queue_of(conn, ids: list[str]) -> list[str]:

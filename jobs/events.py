@@ -15,13 +15,16 @@ from typing import Any
 import logging
 
 from payrun import keys
+from payrun.text import visible
 
 _log = logging.getLogger("payrun.jobs")
 
 
 def one_line(text: str, limit: int = 300) -> str:
-    """``text`` on one line, at most ``limit`` characters (an error for a log line or an event)."""
-    text = " ".join(str(text).split())
+    """``text`` on one line, at most ``limit`` characters (an error for a log line or an event),
+    its control characters written as escapes (``\\x1b``): a mail server's or provider's reply
+    quoted in an error reaches the ledger, logs and the operator's terminal."""
+    text = visible(" ".join(str(text).split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -108,6 +108,7 @@ from rq.timeouts import BaseTimeoutException
 from jobs.errors import (AccountRefused, OutcomeUnknown, PermanentError, RateWait, RecipientDeferred,
                          TransientError, Throttled)
 from jobs.policy import rcpt_refusal_is_ours
+from payrun.text import visible
 
 log = logging.getLogger(__name__)
 
@@ -804,9 +805,11 @@ class SmtpTransport:
 
 
 def _short(text: str | bytes, limit: int = 200) -> str:
+    """A server's reply as our error quotes it: one line, control characters as escapes
+    (an ESC in a reply reached the operator's terminal through `payrun failed`)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    text = " ".join(text.split())
+    text = visible(" ".join(text.split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

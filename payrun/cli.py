@@ -14,6 +14,7 @@ import click
 from payrun import config as config_mod
 from payrun import keys
 from payrun.errors import InputError, PayrunError
+from payrun.text import visible
 
 
 from payrun.clitools import FilePath, handle_errors, local_time  # noqa: E402
@@ -624,7 +625,7 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         if r.get("employee"):  # HR asks "who did not get a slip?": the person, not only a job id
             who = f"  ({r['employee']}{' ' + names[r['employee']] if r['employee'] in names else ''}"
             who += f", company {r['company']})" if r.get("company") is not None else ")"
-        click.echo(f"{r['id']:<36} {r['queue']:<10} attempts={spent:<2}{_free_tries(held, returned)} {r['error']}"
+        click.echo(f"{r['id']:<36} {r['queue']:<10} attempts={spent:<2}{_free_tries(held, returned)} {visible(r['error'])}"
                    f"{who}{resent}")
     shown = (f"{len(every):,} failed job(s)" if len(rows) == len(every) else
              f"{len(every):,} failed jobs, the newest {len(rows):,} shown (--limit N for more)")
@@ -735,18 +736,18 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             click.echo(tries_text(row))
         if row.get("last_error"):
             earlier = " (of an earlier attempt)" if row["status"] == "done" else ""
-            click.echo(f"last error{earlier}: {row['last_error']}")
+            click.echo(f"last error{earlier}: {visible(row['last_error'])}")
         for h in row["history"]:
             delay = f"  retry in {h['delay_s']:.1f} s" if h.get("delay_s") else ""
             ended = local_time(h["ended_at"], c.cfg.timezone) if h.get("ended_at") else "…"
             click.echo(f"  #{h['attempt']} {local_time(h.get('started_at'), c.cfg.timezone)} -> {ended} "
-                       f"{h.get('outcome')}{delay}  {h.get('error') or ''}".rstrip())
+                       f"{h.get('outcome')}{delay}  {visible(h.get('error') or '')}".rstrip())
     if rq_status:
         click.echo(f"in Redis: {getattr(rq_status, 'value', rq_status)}")
         if permanent and getattr(rq_status, "value", rq_status) == "failed":
             click.echo(PERMANENT_HINT)
     if tb:
-        click.echo("last traceback:\n" + tb.rstrip())
+        click.echo("last traceback:\n" + "\n".join(visible(line) for line in tb.rstrip().splitlines()))
 
 
 @cli.group(name="employee")
@@ -848,7 +849,7 @@ def limits_show(c: Ctx, as_json: bool) -> None:
                    "senders holding a slot while they wait")
     if outage and not outage["pauses"]:
         click.echo(f"the provider failed the last {outage['failed_in_a_row']:,} sends (an outage pause after "
-                   f"{c.cfg.limits.outage_after} in a row); last: {outage['last_error'][:120]}")
+                   f"{c.cfg.limits.outage_after} in a row); last: {visible(outage['last_error'])[:120]}")
     click.echo(f"provider outages: {e.get('outages', 0):,} ended, {e.get('outage_pauses', 0):,} pauses"
                + ("" if c.cfg.limits.outage_after else " (this config turns the outage pause off: limits.outage_after = 0)"))
 

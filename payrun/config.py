@@ -26,7 +26,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from payrun.errors import ConfigError
@@ -250,18 +250,43 @@ class Config:
         return d
 
 
+SECRET_QUERY_PARAMS = frozenset({
+    "password", "passwd", "pass", "pwd", "secret", "client_secret", "token", "access_token", "auth_token",
+    "key", "api_key", "apikey", "api-key", "access_key", "secret_key",
+})
+"""Query parameters whose value a URL shown to anyone (``payrun config show``, an error
+message, a log) replaces with ``***``, whatever their case (``?Token=``, ``?API_KEY=``): an
+HTTP email provider's or a bank's URL may carry its credential so."""
+
+_SECRET_PARAM_RE = re.compile(
+    r"(?i)((?:^|(?<=[?&;#]))(?:" + "|".join(re.escape(n) for n in sorted(SECRET_QUERY_PARAMS, key=len, reverse=True))
+    + r")=)[^&;#]*")
+"""Such a parameter in text that is no readable URL (the fallback paths of redact_url)."""
+
+
+def _secret_param(item: str) -> bool:
+    name = unquote(item.split("=", 1)[0]).strip().lower()  # (api%5Fkey is api_key too)
+    return "=" in item and name in SECRET_QUERY_PARAMS
+
+
+def _mask_params(query: str) -> str:
+    """``a=1&token=abc`` -> ``a=1&token=***``: the name as given, the value hidden."""
+    return "&".join(q.split("=", 1)[0] + "=***" if _secret_param(q) else q for q in query.split("&") if q)
+
+
 def redact_url(url: str) -> str:
-    """Replace a password in a URL with ***, keep everything else readable."""
+    """Replace a password in a URL with ***, and the value of every query parameter that
+    holds a credential (SECRET_QUERY_PARAMS, any case); keep everything else readable."""
     if not url:
         return url
     try:
         parts = urlsplit(url)
     except ValueError:  # unreadable (an unclosed IPv6 bracket): hide whatever could be a login
         head, sep, rest = url.partition("://")
-        rest = re.sub(r"(?i)(password=)[^&]*", r"\1***", rest)
+        rest = _SECRET_PARAM_RE.sub(r"\1***", rest)
         return head + sep + ("***@" + rest.rsplit("@", 1)[1] if "@" in rest else rest)
     if "://" not in url:  # not a URL: show it as given, less anything before an @ and any password
-        shown = re.sub(r"(?i)(password=)[^&]*", r"\1***", url)
+        shown = _SECRET_PARAM_RE.sub(r"\1***", url)
         if shown.lower().startswith("mailto:") and ":" not in shown[7:].split("@", 1)[0]:
             return shown  # an email address, not a login: the operator's own text, shown
         return "***@" + shown.rsplit("@", 1)[1] if "@" in shown else shown
@@ -270,14 +295,12 @@ def redact_url(url: str) -> str:
         creds, host = netloc.rsplit("@", 1)
         user = creds.split(":", 1)[0]
         netloc = f"{user}:***@{host}" if ":" in creds else f"***@{host}"
-    query = "&".join(
-        "password=***" if q.startswith("password=") else q for q in parts.query.split("&") if q
-    )
+    query = _mask_params(parts.query)
     out = f"{parts.scheme}://{netloc}{parts.path}"
     if query:
         out += f"?{query}"
-    if parts.fragment:
-        out += f"#{parts.fragment}"
+    if parts.fragment:  # (#access_token=… as OAuth's implicit flow writes it)
+        out += f"#{_mask_params(parts.fragment) if '=' in parts.fragment else parts.fragment}"
     return out
 
 

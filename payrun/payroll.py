@@ -45,6 +45,7 @@ import sqlite_utils
 
 from payrun import keys
 from payrun.errors import InputError
+from payrun.text import text_problem
 
 AMOUNT_FIELDS = (
     "basic", "house_rent", "medical", "conveyance", "bonus", "tax", "provident_fund", "loan",
@@ -584,8 +585,8 @@ def _parse_amount(s: str) -> int:
 def _clean_text(s: str) -> tuple[str, str | None]:
     """Strip and NFC-normalise (Bengali has composed/decomposed forms); reason if bad."""
     s = unicodedata.normalize("NFC", s.strip())
-    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in s):
-        return s, "contains a control character"
+    if (why := text_problem(s)) is not None:  # control characters, line separators, bidi controls
+        return s, why
     if len(s) > MAX_TEXT_LEN:
         return s, f"is longer than {MAX_TEXT_LEN} characters"
     return s, None

@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 from payrun import keys
 from payrun.config import Config
 from payrun.errors import InputError
+from payrun.text import visible
 from payrun.ledger import LEDGER_STALE_S, STATES, Ledger, backlog, backlog_age_s
 
 
@@ -223,9 +224,9 @@ def outage_text(out: dict[str, Any], tz: str) -> str:
         return (f"the email provider refuses our credentials since {since}: fix the token or login "
                 f"(PAYRUN_EMAIL_TOKEN; SMTP: PAYRUN_SMTP_PASSWORD), and the sends held back go out (each spends "
                 f"no attempt for its first {OUTAGE_HOLDS_PER_JOB} holds); {now}; {out['failed_in_a_row']:,} sends "
-                f"in a row refused, last: {cut(out['last_error'], 160)}")
+                f"in a row refused, last: {cut(visible(out['last_error']), 160)}")
     return (f"the email provider is down since {since} ({out['failed_in_a_row']:,} sends in a row failed, last: "
-            f"{cut(out['last_error'], 120)}): {now}; the sends held back spend no attempt and go out once it answers")
+            f"{cut(visible(out['last_error']), 120)}): {now}; the sends held back spend no attempt and go out once it answers")
 
 
 def cut(text: str, limit: int) -> str:

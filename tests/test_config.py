@@ -1,5 +1,6 @@
 """Configuration loading and the validation messages users see."""
 
+import json
 import re
 from pathlib import Path
 
@@ -155,6 +156,30 @@ def test_redact_url():
     assert config.redact_url("mailto:u:pw@example.com") == "***@example.com"
     with pytest.raises(ConfigError, match=r"\(got 'mailto:hr@example.com'\); an address is not a provider"):
         config.load(env={"PAYRUN_EMAIL_URL": "mailto:hr@example.com"})
+
+
+def test_redact_url_hides_credential_query_parameters(tmp_path):
+    """Security review (session 39): only ``password=`` was masked, and only in lower case;
+    an HTTP provider's ``?token=`` / ``?api_key=`` or a bank URL's ``?secret=`` printed in
+    clear in `payrun config show` and in every error that names the URL."""
+    r = config.redact_url
+    assert r("https://api.mail.example/v1/send?token=T0K&region=eu") == "https://api.mail.example/v1/send?token=***&region=eu"
+    assert r("https://bank.example/v1?API_KEY=k1&apikey=k2&Key=k3&secret=s&access_token=a&month=2026-11") == (
+        "https://bank.example/v1?API_KEY=***&apikey=***&Key=***&secret=***&access_token=***&month=2026-11")
+    assert r("http://127.0.0.1:8025/send?api%5Fkey=k") == "http://127.0.0.1:8025/send?api%5Fkey=***"
+    assert r("unix:///x.sock?Password=abc&db=2") == "unix:///x.sock?Password=***&db=2"
+    assert r("https://u:pw@h.example/p?monkey=banana&keys=3#access_token=z") == (
+        "https://u:***@h.example/p?monkey=banana&keys=3#access_token=***")  # not a secret's name: kept
+    assert r("https://h.example/#section-2") == "https://h.example/#section-2"
+    assert r("https://[::1/x?token=abc") == "https://[::1/x?token=***"  # unreadable: the fallback
+    assert r("h.example/send?a=1&Token=abc") == "h.example/send?a=1&Token=***"  # no scheme
+    # the effective configuration as `payrun config show` prints it
+    toml = tmp_path / "payrun.toml"
+    toml.write_text('[scheduler]\nbank_url = "https://bank.example/v1?apikey=BANKSECRET"\n')
+    cfg = config.load(path=toml, env={"PAYRUN_EMAIL_URL": "https://mail.example/v1?access_token=MAILSECRET"})
+    shown = json.dumps(cfg.to_dict(redact=True))
+    assert "BANKSECRET" not in shown and "MAILSECRET" not in shown
+    assert "https://bank.example/v1?apikey=***" in shown and "https://mail.example/v1?access_token=***" in shown
 
 
 def test_an_external_redis_needs_a_password_and_tls_off_this_host(tmp_path):

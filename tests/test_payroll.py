@@ -377,6 +377,45 @@ def test_all_bad_rows_listed_with_physical_line_numbers(seeded: P.PayrollDB,
     assert "3 bad row(s)" in str(e.value)
 
 
+@pytest.mark.parametrize("ch", ["\u2028", "\u2029", "\u202a", "\u202b", "\u202c", "\u202d", "\u202e",
+                                "\u2066", "\u2067", "\u2068", "\u2069", "\u200e", "\u200f", "\u061c"])
+def test_line_separators_and_bidi_controls_are_refused_with_their_line(seeded: P.PayrollDB, tmp_path: Path,
+                                                                     ch: str) -> None:
+    """Security review (session 39): U+2028/2029 and the bidi controls are not category Cc,
+    so the control-character check let them through; each can make a name read otherwise
+    on the slip, in a terminal or in a log ("Ahmed\u202edenied" shows "Ahmeddeined")."""
+    header, rows = sample_rows()
+    before = dump(seeded)
+    rows[2]["name_en"] = f"Tanvir{ch}Ahmed"  # row 3 -> line 4
+    rows[4]["department"] = f"Acc{ch}ounts"  # row 5 -> line 6
+    path = write_csv(tmp_path / "in.csv", header, rows)
+    with pytest.raises(InputError) as e:
+        P.import_csv(seeded, path)
+    assert [line for line, _ in e.value.problems] == [4, 6]  # type: ignore[attr-defined]
+    msg = str(e.value)
+    assert f"line 4: name_en contains U+{ord(ch):04X} (" in msg and "line 6: department contains" in msg
+    assert ch not in msg  # the message names the character; it does not print it
+    assert dump(seeded) == before
+    bad = tmp_path / "companies.csv"
+    bad.write_text(f"id,name,address\n7,New Co,Dhaka\n8,Evil{ch}Co,Dhaka\n9,Fine Co,\"Road 4{ch}, Dhaka\"\n",
+                   encoding="utf-8")
+    with pytest.raises(InputError) as e:
+        P.import_companies_csv(seeded, bad)
+    assert [line for line, _ in e.value.problems] == [3, 4]  # type: ignore[attr-defined]
+    assert "line 3: name contains U+" in str(e.value) and "line 4: address contains U+" in str(e.value)
+    assert dump(seeded) == before
+
+
+def test_zero_width_joiner_and_non_joiner_stay_accepted(seeded: P.PayrollDB, tmp_path: Path) -> None:
+    """Bengali script needs ZWJ/ZWNJ (র‍্যাব, ক্‌ষ): they are not bidi controls."""
+    header, rows = sample_rows()
+    rows[0]["name_bn"] = "র\u200d্যাব ক্\u200cষ"
+    path = write_csv(tmp_path / "in.csv", header, rows)
+    P.import_csv(seeded, path)
+    got = seeded.conn.execute("SELECT name_bn FROM employees WHERE id = ?", (rows[0]["employee_id"],)).fetchone()[0]
+    assert got == "র\u200d্যাব ক্\u200cষ"
+
+
 def test_many_problems_are_capped_and_accounts_never_echoed(seeded: P.PayrollDB,
                                                            tmp_path: Path) -> None:
     header, rows = sample_rows()

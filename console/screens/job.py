@@ -14,6 +14,7 @@ from textual.widgets import Footer, Static
 from console import actions
 from console.screens.base import ConsoleScreen
 from payrun.ledger import tries_text
+from payrun.text import visible
 from console.widgets.status import StatusBar
 
 
@@ -38,12 +39,12 @@ def render_detail(d: dict, tz: str | None = None) -> Text:
                  f"{' on ' + led['worker'] if led.get('worker') else ''}\n")
         if led.get("last_error"):
             t.append("last error: ", style="bold")
-            t.append(f"{led['last_error']}\n", style="red")
+            t.append(f"{visible(led['last_error'])}\n", style="red")
         t.append(f"\nattempts ({tz or 'UTC'})\n", style="bold underline")
         for h in led.get("history", []):
             delay = f"  retry in {h['delay_s']:.1f} s" if h.get("delay_s") else ""
             t.append(f"  #{h['attempt']} {_hms(h.get('started_at'), tz, '?')} → {_hms(h.get('ended_at'), tz, '…')} "
-                     f"{h.get('outcome')}{delay}  {h.get('error') or ''}\n")
+                     f"{h.get('outcome')}{delay}  {visible(h.get('error') or '')}\n")
     else:
         t.append("(not in the ledger)\n", style="dim")
     t.append(f"\nin Redis: {d.get('rq_status') or d.get('rq_error') or '?'}")
@@ -52,7 +53,7 @@ def render_detail(d: dict, tz: str | None = None) -> Text:
     t.append("\n")
     if d.get("traceback"):
         t.append("\nlast traceback\n", style="bold underline")
-        t.append(d["traceback"].rstrip() + "\n", style="dim")
+        t.append("\n".join(visible(line) for line in d["traceback"].rstrip().splitlines()) + "\n", style="dim")
     return t
 
 
