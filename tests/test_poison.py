@@ -14,6 +14,7 @@ import sys
 from datetime import datetime, timezone
 
 import pytest
+from click.testing import CliRunner
 
 from conftest import wait_for
 from jobs.runtime import RenderWorker, make_queue, run_lanes
@@ -110,3 +111,17 @@ def test_a_running_control_worker_fails_a_job_with_no_data_pushed_while_it_waits
             w.wait()
         log.close()
 
+
+def test_payrun_failed_lists_a_failed_job_with_no_data_and_retry_refuses_it(conn, cfg):
+    from payrun.cli import cli
+
+    conn.hset("rq:job:handmade", mapping={"origin": keys.CONTROL_QUEUE, "status": "failed"})
+    conn.zadd(f"rq:failed:{keys.CONTROL_QUEUE}", {"handmade": 9_999_999_999})
+    out = CliRunner().invoke(cli, ["failed"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    assert "handmade" in out.output and "job data missing" in out.output
+    rows = json.loads(CliRunner().invoke(cli, ["failed", "--json"], catch_exceptions=False).output)
+    assert [r["id"] for r in rows] == ["handmade"] and rows[0]["error"].startswith("job data missing")
+    out = CliRunner().invoke(cli, ["retry", "handmade"], catch_exceptions=False)
+    assert "job data missing" in out.output
+    assert conn.zscore(f"rq:failed:{keys.CONTROL_QUEUE}", "handmade") is not None  # left where it was
