@@ -77,6 +77,15 @@ TRANSIENT_BUILTINS: tuple[type[BaseException], ...] = (
 )
 
 
+def unreadable_reason(exc: BaseException) -> str:
+    """Why a job's data could not be read (RQ's DeserializationError says nothing itself:
+    the serializer's error is its cause). Never the data."""
+    cause = exc.__cause__ or exc.__context__
+    if cause is None:
+        return "not JSON"
+    return f"not JSON ({type(cause).__name__}: {cause})"
+
+
 def classify(exc: BaseException) -> Verdict:
     """Decide whether a failure is worth retrying.
 
@@ -96,6 +105,8 @@ def classify(exc: BaseException) -> Verdict:
         return Verdict(True, str(exc) or name, exc.retry_after_s)
     if name in ("JobTimeoutException", "AbandonedJobError", "ShutDownImminentException"):
         return Verdict(True, str(exc) or name)
+    if name == "DeserializationError":  # RQ's: the job's data is not JSON (its hash written by hand, a pickle)
+        return Verdict(False, f"job data unreadable: {unreadable_reason(exc)}", on_data=False)
     if isinstance(exc, smtplib.SMTPResponseException):
         code = exc.smtp_code
         return Verdict(400 <= code < 500, f"SMTP {code} {exc.smtp_error!r}")

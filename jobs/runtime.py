@@ -39,10 +39,10 @@ from typing import Any
 
 from rq import Queue, SimpleWorker, Worker
 from rq.executions import Execution
-from rq.exceptions import NoSuchJobError
+from rq.exceptions import DeserializationError, NoSuchJobError
 from rq.job import Job, JobStatus, _job_stack
 from rq.worker import WorkerStatus
-from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
+from rq.defaults import DEFAULT_FAILURE_TTL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.scheduler import RQScheduler
 from rq import job as rq_job, queue as rq_queue, registry as rq_registry, results as rq_results
 from rq import serializers as rq_serializers
@@ -50,12 +50,13 @@ from rq.serializers import JSONSerializer
 from rq.worker import base as rq_worker_base
 from rq.suspension import WORKERS_SUSPENDED
 from rq.timeouts import BaseTimeoutException
-from rq.utils import get_version, now as utcnow
+from rq.utils import get_version, now as utcnow, utcformat
 
 from jobs import events, idempotency
 from jobs.errors import ClaimLost, PermanentError, ProviderDown, RenderPending, SlipMissing, Throttled
 from jobs.limits import EMPTY
-from jobs.policy import backoff_attempt, backoff_delay, classify, outage_hold_is_free, shutdown_deadline
+from jobs.policy import (backoff_attempt, backoff_delay, classify, outage_hold_is_free, shutdown_deadline,
+                         unreadable_reason)
 from jobs.tasks import allowed_functions
 from jobs.watchdog import WATCHDOG, WatchdogDeathPenalty
 from payrun import keys
@@ -186,6 +187,9 @@ class PayrunJob(Job):
         return self._result
 
 
+NO_DATA = "its Redis hash has no 'data' field"
+
+
 def recover_meta(meta: dict) -> dict:
     """Undo what RQ's own registry cleanup (``rq info``, RQ maintenance) does to a JSON
     job it finds abandoned: it reads ``meta`` with pickle, fails, keeps the raw bytes as
@@ -213,6 +217,30 @@ def recover_meta(meta: dict) -> dict:
         if isinstance(value, dict):
             return recover_meta(value)
     return {}
+
+
+class UnreadableJob(Exception):
+    """A job hash with no ``data`` field, met by RQ's dequeue (``DequeuedJob``)."""
+
+    def __init__(self, job_id: str, raw_meta: bytes | None):
+        super().__init__(f"job {job_id}: {NO_DATA}")
+        self.job_id, self.raw_meta = job_id, raw_meta
+
+
+class DequeuedJob(PayrunJob):
+    """PayrunJob as RQ's blocking dequeue fetches it (``RenderWorker``): a hash with no
+    ``data`` raises UnreadableJob, which RQ's dequeue lets through, instead of RQ's
+    NoSuchJobError, which it swallows, leaving the id taken in the queue's intermediate
+    list: never run, never failed, put back by the reaper and skipped again."""
+
+    def refresh(self) -> None:
+        raw = self.connection.hgetall(self.key)
+        if not raw:
+            raise NoSuchJobError(f"No such job: {self.key}")
+        try:
+            self.restore(raw)
+        except NoSuchJobError:
+            raise UnreadableJob(self.id, raw.get(b"meta")) from None
 
 
 class PayrunQueue(Queue):
@@ -492,8 +520,49 @@ class EventsMixin:
         self.in_hand = (job, queue)
         try:
             super().execute_job(job, queue)
+        except DeserializationError as e:
+            # data that is not JSON (a pickle from `rq requeue`, bytes written by hand): RQ
+            # reads the function's name for the process title as the job starts, in the
+            # worker itself (a warm horse's worker), and the error ended the worker, which
+            # took the same job again after each restart. (A lane meets it inside the job's
+            # own try: it fails there, jobs.policy.classify names it.)
+            self.fail_unreadable(job.id, queue, unreadable_reason(e), job=job)
         finally:
             self.in_hand = None
+
+    def fail_unreadable(self, job_id: str, queue: Queue, reason: str, job: Job | None = None,
+                        raw_meta: bytes | None = None) -> None:
+        """Put a job payrun cannot read (no ``data`` field in its hash, or data that is not
+        JSON) in its queue's failed registry with the error "job data unreadable: <reason>",
+        and tell the ledger: the worker goes on with the next job. Nothing of it is run or
+        unpickled; its meta is kept only if it is JSON (``raw_meta``: as found in Redis).
+        `payrun failed` lists it; `payrun retry` cannot bring it back (nothing to run)."""
+        error = events.one_line(f"job data unreadable: {reason}")
+        meta: dict = {}
+        try:
+            if job is not None:
+                meta = dict(job.meta)
+            elif raw_meta:
+                loaded = json.loads(raw_meta)
+                meta = loaded if isinstance(loaded, dict) else {}
+        except Exception:  # noqa: BLE001 - unreadable meta too: start afresh
+            meta = {}
+        meta.update(last_error=error, error_attempt=meta.get("attempt"), permanent=False)
+        key = self.job_class.key_for(job_id)
+        with self.connection.pipeline() as pipe:
+            if job is not None and getattr(self, "execution", None) is not None:
+                self.cleanup_execution(job, pipeline=pipe)  # started already (its attempt counted)
+            pipe.lrem(queue.intermediate_queue_key, 1, job_id)
+            pipe.hset(key, mapping={"status": JobStatus.FAILED.value, "ended_at": utcformat(utcnow()),
+                                    "meta": json.dumps(meta)})
+            pipe.expire(key, DEFAULT_FAILURE_TTL)
+            pipe.zadd(queue.failed_job_registry.key, {job_id: time.time() + DEFAULT_FAILURE_TTL})
+            # (kind and queue: a ledger row for a job payrun never created, so the ledger shows it too)
+            events.emit(pipe, job_id, "failed", attempt=meta.get("attempt"), error=error,
+                        kind=meta.get("kind") or "unreadable", queue=queue.name)
+            pipe.execute()
+        log.error("Worker %s: job %s: %s: moved to the failed jobs (`payrun failed`), not run", self.name,
+                  job_id, error)
 
     def requeue_front(self, job: Job, queue: Queue, reason: str) -> None:
         """Give a job back without spending an attempt: front of its queue, ledger told,
@@ -545,6 +614,8 @@ class EventsMixin:
             job._taken_over = True  # handle_job_failure lets it go; its meta is not ours to save
             return False
         verdict = classify(exc_value)
+        if isinstance(exc_value, DeserializationError):  # (a lane's; a render worker's: fail_unreadable)
+            job._unreadable = True
         job._held_try = False
         job.meta["last_error"] = events.one_line(verdict.reason)
         job.meta["error_attempt"] = job.meta.get("attempt")
@@ -659,8 +730,11 @@ class EventsMixin:
                         error=job.meta.get("last_error"), delay=job.meta.get("last_delay"),
                         held=1 if getattr(job, "_held_try", False) else None)
         else:
+            unreadable = getattr(job, "_unreadable", False)  # its data is not JSON (as fail_unreadable says)
             events.emit(self.connection, job.id, "failed", attempt=job.meta.get("attempt"),
-                        error=job.meta.get("last_error"))
+                        error=job.meta.get("last_error"),
+                        kind=(job.meta.get("kind") or "unreadable") if unreadable else None,
+                        queue=queue.name if unreadable else None)
 
 
 HORSE_STOP = b"stop\n"
@@ -1088,13 +1162,20 @@ return {0}
             self._take_script = self.connection.register_script(self._TAKE)
         # (a Redis error goes up to RQ's work loop, as one in the drain check does: the worker
         # exits non-zero and its supervisor starts it again)
-        got = self._take_script(keys=[keys.PAUSED_QUEUES, WORKERS_SUSPENDED, queue.key, queue.intermediate_queue_key],
-                                args=[queue.name, self.job_class.redis_job_namespace_prefix])
-        if not got or int(got[0]) != 1:
-            return None
-        job_id, flat = got[1].decode(), got[2]
-        job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
-        job.restore(dict(zip(flat[::2], flat[1::2])))
+        while True:
+            got = self._take_script(keys=[keys.PAUSED_QUEUES, WORKERS_SUSPENDED, queue.key,
+                                          queue.intermediate_queue_key],
+                                    args=[queue.name, self.job_class.redis_job_namespace_prefix])
+            if not got or int(got[0]) != 1:
+                return None
+            job_id, flat = got[1].decode(), got[2]
+            job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+            raw = dict(zip(flat[::2], flat[1::2]))
+            try:
+                job.restore(raw)
+                break
+            except NoSuchJobError:  # a hash with no `data` (RQ's restore says so this way): never runnable
+                self.fail_unreadable(job_id, queue, NO_DATA, raw_meta=raw.get(b"meta"))
         job.redis_server_version = self.get_redis_server_version()
         # RQ's line for a dequeue, at debug: the job's "running" line follows at once (one
         # line per job less in a worker's log: 50,000 a month, ~0.1 ms of its CPU each)
@@ -1148,10 +1229,15 @@ return {0}
                 self.heartbeat()
                 time.sleep(1)
             self._ordered_queues = open_
+            job_class, self.job_class = self.job_class, DequeuedJob  # (RQ's dequeue fetches with it)
             try:
                 result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except UnreadableJob as e:  # RQ's dequeue attached the queue it took it from
+                self.fail_unreadable(e.job_id, e.queue, NO_DATA, raw_meta=e.raw_meta)
+                continue
             finally:
                 self._ordered_queues = every
+                self.job_class = job_class
             if result is None or intake_queues(self.connection, [result[1]]):
                 return result
             job, queue = result
@@ -1662,8 +1748,12 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
                         slot = got.slot
                         if got.raw:
                             job = lane.job_class(got.job_id, connection=lane.connection, serializer=lane.serializer)
-                            job.restore(got.raw)
-                            result = job, queue
+                            try:
+                                job.restore(got.raw)
+                                result = job, queue
+                            except NoSuchJobError:  # no `data` in its hash: never runnable
+                                lane.fail_unreadable(got.job_id, queue, NO_DATA, raw_meta=got.raw.get(b"meta"))
+                                try_now = True
                         else:
                             try_now = True  # expired while queued: RQ's dequeue skips it too
                 else:

@@ -4,6 +4,7 @@ running RQ's cleanup), and requeued by hand with a fresh attempt budget."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from rq import Retry
@@ -30,7 +31,7 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
     for qname in ([queue] if queue else [keys.RENDER_QUEUE, keys.EMAIL_QUEUE, keys.CONTROL_QUEUE]):
         reg = _registry(conn, qname)
         ids = reg.get_job_ids(desc=True, cleanup=False)
-        for job in PayrunJob.fetch_many(ids, connection=conn, serializer=reg.serializer):
+        for job in _fetch_many(conn, ids, reg.serializer):
             if job is None:
                 continue
             last_error = job.meta.get("last_error") or ""
@@ -64,6 +65,46 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
     # list, has whole seconds), then by id: the console's order
     out.sort(key=lambda r: ((r["ended_at"] or "")[:19], r["id"]), reverse=True)
     return out[:limit] if limit else out
+
+
+DATA_MISSING = "job data missing (its Redis hash has no 'data' field): nothing to retry"
+
+
+def _fetch_many(conn, ids: list[str], serializer) -> list[PayrunJob | None]:
+    """RQ's ``Job.fetch_many``, but a hash with no ``data`` field (written by hand, or a
+    job the workers moved here as unreadable) is a job whose meta says "job data missing",
+    not a NoSuchJobError that ended the whole listing. None for a hash that is gone."""
+    with conn.pipeline() as pipe:
+        for job_id in ids:
+            pipe.hgetall(PayrunJob.key_for(job_id))
+        raws = pipe.execute()
+    out: list[PayrunJob | None] = []
+    for job_id, raw in zip(ids, raws):
+        if not raw:
+            out.append(None)
+            continue
+        job = PayrunJob(job_id, connection=conn, serializer=serializer)
+        try:
+            job.restore(raw)
+        except NoSuchJobError:
+            job.meta = _json_meta(raw.get(b"meta"))
+            job.meta["last_error"] = job.meta.get("last_error") or DATA_MISSING
+            ended = raw.get(b"ended_at")
+            try:
+                job.ended_at = datetime.fromisoformat(ended.decode().replace("Z", "+00:00")) if ended else None
+            except ValueError:
+                job.ended_at = None
+        out.append(job)
+    return out
+
+
+def _json_meta(raw: bytes | None) -> dict:
+    """A job's meta read as JSON only (never unpickled); {} if it is anything else."""
+    try:
+        value = json.loads(raw) if raw else {}
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def readdressed(conn, job_ids: list[str], payroll_db) -> set[str]:
@@ -348,7 +389,15 @@ def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None, rendered_again
     todo = list(job_ids)
     for job_id in todo:
         reg = _failed_in(conn, job_id)
-        job = PayrunJob.fetch(job_id, connection=conn, serializer=reg.serializer) if reg is not None else None
+        try:
+            job = PayrunJob.fetch(job_id, connection=conn, serializer=reg.serializer) if reg is not None else None
+        except NoSuchJobError:
+            job = None
+            if conn.exists(PayrunJob.key_for(job_id)):  # its hash has no `data`: nothing to run again
+                if refused is None:
+                    raise InputError(f"{job_id}: {DATA_MISSING}") from None
+                refused.append((job_id, DATA_MISSING))
+                continue
         if job is None:
             missing.append(job_id)
             continue

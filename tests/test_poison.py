@@ -1,0 +1,127 @@
+"""A job payrun cannot read — its hash has no ``data`` field, or data that is not JSON
+(written by hand, by `rq requeue`, a pickle) — is failed as "job data unreadable" and the
+worker goes on with the next job. It used to end the control / pdf-render worker as it
+took the job (RQ's restore, or its process title reading the function's name, raised in
+the worker itself), and supervisord started it again onto the same job until FATAL.
+Nothing of such a job is ever unpickled or run. Real Redis."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import wait_for
+from jobs.runtime import RenderWorker, make_queue, run_lanes
+from payrun import keys
+
+BAD = {
+    "no-data": None,
+    "not-json": b"hello",
+    # what `rq requeue` under RQ's default serializer would have a job carry
+    "pickle": pickle.dumps(("os.system", None, ("touch /tmp/payrun-poison-ran",), {})),
+}
+
+
+def _poison(conn, queue: str, job_id: str, data: bytes | None) -> None:
+    """A job hash as RQ writes one, and its id pushed on the queue, as RQ would."""
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    h = {"created_at": now, "enqueued_at": now, "origin": queue, "description": "poison()", "status": "queued",
+         "timeout": "30", "meta": json.dumps({"kind": "test"})}
+    if data is not None:
+        h["data"] = data
+    conn.hset(f"rq:job:{job_id}", mapping=h)
+    conn.sadd("rq:queues", f"rq:queue:{queue}")
+    conn.rpush(f"rq:queue:{queue}", job_id)
+
+
+def _assert_failed_unreadable(conn, queue: str, job_id: str) -> None:
+    assert conn.zscore(f"rq:failed:{queue}", job_id) is not None, f"{job_id} is not in the failed registry"
+    h = conn.hgetall(f"rq:job:{job_id}")
+    assert h[b"status"] == b"failed"
+    assert json.loads(h[b"meta"])["last_error"].startswith("job data unreadable: ")
+    assert job_id.encode() not in conn.lrange(f"rq:queue:{queue}:intermediate", 0, -1)
+    assert not [m for m in conn.zrange(f"rq:wip:{queue}", 0, -1) if m.startswith(job_id.encode())]
+    failed = [f for _, f in conn.xrange(keys.EVENTS_STREAM)
+              if f[b"job"] == job_id.encode() and f[b"status"] == b"failed"]
+    assert failed and failed[-1][b"error"].startswith(b"job data unreadable: ")  # the ledger is told
+    assert failed[-1][b"kind"] and failed[-1][b"queue"] == queue.encode()  # (a row even for an id it never had)
+
+
+@pytest.mark.parametrize("bad", sorted(BAD))
+@pytest.mark.parametrize("queue", [keys.CONTROL_QUEUE, keys.RENDER_QUEUE])
+def test_a_render_or_control_worker_fails_an_unreadable_job_and_takes_the_next(conn, cfg, monkeypatch, queue, bad):
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    _poison(conn, queue, "poison-1", BAD[bad])
+    make_queue(queue, conn).enqueue_call("jobs.testing.noop", job_id="after-1", meta={"kind": "test"})
+    w = RenderWorker([make_queue(queue, conn)], connection=conn, name=f"{queue}.test.poison")
+    w.jobs_per_horse = 100  # the warm horse: its worker starts the job itself (where it raised)
+    w.work(burst=True, logging_level="CRITICAL")
+    _assert_failed_unreadable(conn, queue, "poison-1")
+    assert conn.hget("rq:job:after-1", "status") == b"finished"
+
+
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_a_send_lane_fails_an_unreadable_job_and_takes_the_next(conn, cfg, monkeypatch, bad):
+    from jobs.limits import Limiter
+
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    _poison(conn, keys.EMAIL_QUEUE, "poison-1", BAD[bad])
+    make_queue(keys.EMAIL_QUEUE, conn).enqueue_call("jobs.testing.noop", job_id="after-1", meta={"kind": "test"})
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=1, burst=True, limiter=Limiter(conn, "email", 2, 40.0, lease_s=30))
+    _assert_failed_unreadable(conn, keys.EMAIL_QUEUE, "poison-1")
+    assert conn.hget("rq:job:after-1", "status") == b"finished"
+
+
+def test_a_running_control_worker_fails_a_job_with_no_data_pushed_while_it_waits(conn, cfg, tmp_path):
+    """The worker waiting in RQ's blocking dequeue: RQ skipped such a job without a word and
+    left its id taken in the intermediate list (never run, never failed)."""
+    import os
+
+    env = dict(os.environ, PAYRUN_TEST_JOBS="1")
+    log = open(tmp_path / "w.log", "ab")
+    w = subprocess.Popen([sys.executable, "-m", "payrun.cli", "worker", keys.CONTROL_QUEUE], env=env, stdout=log,
+                         stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: conn.keys("payrun:alive:control.*") and conn.keys("rq:worker:control.*"), timeout_s=60,
+                 what="the control worker to start")
+        wait_for(lambda: conn.hget(conn.keys("rq:worker:control.*")[0], "state") == b"idle", timeout_s=30,
+                 what="the control worker to wait for work")
+        for i, bad in enumerate(sorted(BAD)):
+            _poison(conn, keys.CONTROL_QUEUE, f"poison-{i}", BAD[bad])
+        make_queue(keys.CONTROL_QUEUE, conn).enqueue_call("jobs.testing.noop", job_id="after-1",
+                                                            meta={"kind": "test"})
+        wait_for(lambda: conn.hget("rq:job:after-1", "status") == b"finished", timeout_s=30, what="the next job")
+        wait_for(lambda: conn.zcard(f"rq:failed:{keys.CONTROL_QUEUE}") == len(BAD), timeout_s=30,
+                 what="the unreadable jobs to fail")
+        for i in range(len(BAD)):
+            _assert_failed_unreadable(conn, keys.CONTROL_QUEUE, f"poison-{i}")
+        assert w.poll() is None, (tmp_path / "w.log").read_text()  # still running
+    finally:
+        w.terminate()
+        try:
+            w.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            w.kill()
+            w.wait()
+        log.close()
+
+
+def test_payrun_failed_lists_a_failed_job_with_no_data_and_retry_refuses_it(conn, cfg):
+    from payrun.cli import cli
+
+    conn.hset("rq:job:handmade", mapping={"origin": keys.CONTROL_QUEUE, "status": "failed"})
+    conn.zadd(f"rq:failed:{keys.CONTROL_QUEUE}", {"handmade": 9_999_999_999})
+    out = CliRunner().invoke(cli, ["failed"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    assert "handmade" in out.output and "job data missing" in out.output
+    rows = json.loads(CliRunner().invoke(cli, ["failed", "--json"], catch_exceptions=False).output)
+    assert [r["id"] for r in rows] == ["handmade"] and rows[0]["error"].startswith("job data missing")
+    out = CliRunner().invoke(cli, ["retry", "handmade"], catch_exceptions=False)
+    assert "job data missing" in out.output
+    assert conn.zscore(f"rq:failed:{keys.CONTROL_QUEUE}", "handmade") is not None  # left where it was
