@@ -242,7 +242,7 @@ def test_payruns_rq_worker_class_is_json_however_rq_passes_its_arguments(conn):
     from jobs.runtime import PayrunJob, PayrunQueue, PayrunRqWorker
 
     by_name = PayrunRqWorker(["q"], connection=conn, serializer=DefaultSerializer)
-    by_position = PayrunRqWorker(["q"], "w-pos", 500, conn, None, 600, 420, None, None, None, True, 30, False,
+    by_position = PayrunRqWorker(["q"], "w-pos", 500, conn, None, 600, None, 420, None, None, True, 30, False,
                                  True, DefaultSerializer)
     for w in (by_name, by_position):
         assert w.serializer is JSONSerializer and w.job_class is PayrunJob and w.queue_class is PayrunQueue
