@@ -52,7 +52,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 from rq_scheduler import Scheduler
 
-from jobs.runtime import PayrunJob, PayrunQueue, make_queue
+from jobs.runtime import OUTAGE_LOG_EVERY_S, PayrunJob, PayrunQueue, RepeatedFailure, make_queue
 from payrun import keys
 from payrun.config import Config
 from scheduler import cron, ticks
@@ -387,6 +387,9 @@ class PayrunScheduler(Scheduler):
                          job_class=PayrunJob, queue_class=JSONQueue, name=name)
         self.cron = CronPass(connection, cfg, name=name)
         self._stopping = False
+        self.outage = RepeatedFailure(OUTAGE_LOG_EVERY_S)
+        """A failing pass (Redis away) is logged at once, then every 30 s, and "back" once:
+        each scheduler logged "pass failed" every poll (every second) while Redis was away."""
 
     def register_birth(self) -> None:
         """As rq-scheduler's, but a restart under the same name (supervisord restarting
@@ -464,10 +467,13 @@ class PayrunScheduler(Scheduler):
                             self.enqueue_jobs()
                         finally:
                             self.remove_lock()
+                    if (line := self.outage.ok(time.monotonic())) is not None:
+                        log.warning("scheduler %s: passes work again: %s", self.name, line)
                     if burst:
                         break
                 except Exception as e:  # Redis blip: keep going, ticks are not lost (cursor)
-                    log.warning("scheduler %s: pass failed: %s", self.name, e)
+                    if (line := self.outage.failed(time.monotonic(), e)) is not None:
+                        log.warning("scheduler %s: pass failed: %s", self.name, line)
                 while not self._stopping and time.monotonic() - started < self._interval:
                     time.sleep(min(0.05, self._interval))
         finally:

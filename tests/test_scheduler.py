@@ -772,3 +772,43 @@ def test_payrun_scheduler_back_after_redis_lost_everything_fires_the_pay_run_tic
         stop(s)
     assert job_ids(conn, "tick-payroll-") == {ticks.tick_job_id("payroll", cron.stamp(PAY_TICK))}
     assert "no cursor in Redis" in (w["tmp"] / "s2.log").read_text()
+
+
+def test_a_scheduler_says_redis_is_away_once_then_every_30_s_and_back_once(cfg, conn, caplog, monkeypatch):
+    """Ops drill (session 39): with Redis stopped for 20 s each scheduler logged "pass failed"
+    every poll, once a second. The clock is faked: 1 s per pass, 120 passes failing, then 3 working."""
+    import redis as redis_mod
+    from types import SimpleNamespace
+
+    from scheduler.service import PayrunScheduler
+
+    now = [0.0]
+    passes = [0]
+
+    def monotonic():
+        return now[0]
+
+    def sleep(s):
+        now[0] += s
+
+    monkeypatch.setattr(service, "time", SimpleNamespace(monotonic=monotonic, sleep=sleep, time=time.time))
+    s = PayrunScheduler(cfg, conn, name="sched-away")
+    real_beat = s.heartbeat
+
+    def beat():
+        passes[0] += 1
+        if passes[0] > 123:
+            s._stopping = True
+        if passes[0] <= 120:
+            raise redis_mod.ConnectionError("Error 2 connecting to redis.sock. No such file or directory.")
+        real_beat()
+
+    s.heartbeat = beat
+    caplog.set_level("WARNING", logger="payrun.scheduler")
+    s.run()
+    failed = [r.getMessage() for r in caplog.records if "pass failed" in r.getMessage()]
+    back = [r.getMessage() for r in caplog.records if "work again" in r.getMessage()]
+    assert passes[0] == 124
+    assert 2 <= len(failed) <= 5, failed  # at once, then every 30 s of the ~120 s
+    assert "still failing" in failed[1]
+    assert len(back) == 1 and "back after" in back[0], back
