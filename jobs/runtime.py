@@ -37,6 +37,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker, Worker
 from rq.executions import Execution
 from rq.exceptions import DeserializationError, NoSuchJobError
@@ -784,6 +785,7 @@ class RenderWorker(EventsMixin, Worker):
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("job_monitoring_interval", 1)
         super().__init__(*args, **kwargs)
+        self._pubsub_outage = RepeatedFailure(OUTAGE_LOG_EVERY_S, new_after_s=PUBSUB_RETRY_S * 5)
         self._grace_deadline: float | None = None
         self._timed_out: set[str] = set()
         self._liveness: Liveness | None = None
@@ -1210,6 +1212,18 @@ return {0}
         self._stop_requested = True
         super()._shutdown()
 
+    def _pubsub_exception_handler(self, exc, pubsub, pubsub_thread) -> None:
+        """RQ's handler for its command channel's thread (`payrun stop-worker`), less loud:
+        with Redis away it logged an ERROR every 2 s in every render and control worker (an
+        ops drill: 10 lines per worker for 20 s of Redis stopped). The first at once, then
+        every 30 s; the worker's `liveness:` line says when Redis is back."""
+        if not isinstance(exc, RedisConnectionError):
+            return super()._pubsub_exception_handler(exc, pubsub, pubsub_thread)
+        if (line := self._pubsub_outage.failed(time.monotonic(), exc)) is not None:
+            log.warning("Worker %s: its command channel cannot reach Redis: %s; trying again every %g s",
+                        self.name, line, PUBSUB_RETRY_S)
+        time.sleep(PUBSUB_RETRY_S)
+
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
         """A job waiting in the queue is taken at once (``_take_at_once``); otherwise RQ's
         dequeue, over the queues not drained (`payrun drain --queue Q`). A drain that comes
@@ -1549,16 +1563,23 @@ class RepeatedFailure:
     looks failed since, and one line when a look succeeds again. Pure: the caller passes
     the clock and logs what it returns."""
 
-    def __init__(self, every_s: float = 30.0):
+    def __init__(self, every_s: float = 30.0, new_after_s: float | None = None):
         self.every_s = every_s
+        self.new_after_s = new_after_s
+        """For a caller that never sees a success (RQ's pubsub thread): a failure this long
+        after the one before starts a new outage, said at once (None: only ``ok`` ends one)."""
         self.since: float | None = None
         """When the failures began (None: not failing)."""
         self._said_at = 0.0
+        self._last = 0.0
         self._unsaid = 0
         self.count = 0
         """Failures since they began."""
 
     def failed(self, now: float, error: object) -> str | None:
+        if self.since is not None and self.new_after_s is not None and now - self._last > self.new_after_s:
+            self.since, self.count = None, 0
+        self._last = now
         self.count += 1
         if self.since is None:
             self.since = self._said_at = now
@@ -1581,6 +1602,9 @@ class RepeatedFailure:
 
 OUTAGE_LOG_EVERY_S = 30.0
 """A send-email process's "cannot look for work" is repeated at most this often."""
+
+PUBSUB_RETRY_S = 2.0
+"""How often RQ's command channel thread tries Redis again (RQ's own 2 s)."""
 
 
 class Intake:
