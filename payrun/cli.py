@@ -1016,6 +1016,7 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
 
     from jobs import limits, reaper
     from jobs.policy import redis_refuses_writes
+    from jobs.runtime import OUTAGE_LOG_EVERY_S, RepeatedFailure
 
     if every_s is not None and not loop:  # (it made one pass and exited, the --every unread)
         raise InputError("--every sets the pause between passes of --loop: add --loop (without it, one pass)")
@@ -1027,6 +1028,9 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
         signal.signal(signal.SIGTERM, lambda *a: stopping.append(1))
         signal.signal(signal.SIGINT, lambda *a: stopping.append(1))
     log = logging.getLogger("payrun.reaper")
+    # Redis away: said at once, then every 30 s, and "answers again" once (it said two
+    # lines every pass, every 5 s, for as long as Redis was away)
+    outage = RepeatedFailure(OUTAGE_LOG_EVERY_S)
     while True:
         try:
             returned = reaper.reap(conn)
@@ -1037,14 +1041,21 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
                 if isinstance(e, redis_errors.ResponseError):
                     raise  # (handle_errors says it in one line)
                 raise PayrunError(f"Redis unavailable: {e}")
-            log.warning("reaper: Redis unavailable or refusing writes (%s); trying again in %d s", e, every)
+            if (line := outage.failed(time.monotonic(), e)) is not None:
+                log.warning("reaper: Redis unavailable or refusing writes (%s); trying again every %d s", line, every)
             returned = []
+            away = True
+        else:
+            away = False
+            if (line := outage.ok(time.monotonic())) is not None:
+                log.warning("reaper: Redis answers again: %s", line)
         try:
             freed = limits.free_dead_slots(conn)
         except (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ResponseError) as e:
             if isinstance(e, redis_errors.ResponseError) and not redis_refuses_writes(e):
                 raise
-            log.warning("reaper: could not check the email slots (%s)", e)
+            if not away:  # (Redis away is said above)
+                log.warning("reaper: could not check the email slots (%s)", e)
             freed = []
         if freed and not (as_json and not loop):
             from jobs.policy import slot_lane

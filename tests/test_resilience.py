@@ -685,3 +685,48 @@ def test_a_burst_lanes_empty_queue_check_counts_redis_away_as_work_left():
 
     assert _all_empty([Away()]) is False
 
+
+def test_the_reaper_loop_says_redis_is_away_once_then_every_30_s_and_back_once(cfg, conn, caplog, monkeypatch):
+    """Ops drill (session 39): with Redis stopped 20 s, `payrun reap --loop` logged two lines
+    every pass (every 5 s) for as long as it was away. The clock is faked: 60 passes away
+    (300 s), 2 back."""
+    import signal as signal_mod
+
+    import redis as redis_mod
+    from click.testing import CliRunner
+
+    from jobs import limits
+    from payrun import cli as cli_mod
+
+    class Stopped(BaseException):
+        pass
+
+    now, passes = [1000.0], [0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+    monkeypatch.setattr(signal_mod, "signal", lambda *a: None)
+    monkeypatch.setattr(cli_mod, "_setup_logging", lambda *a, **k: None)
+
+    def reap(c):
+        passes[0] += 1
+        if passes[0] > 62:
+            raise Stopped()
+        if passes[0] <= 60:
+            raise redis_mod.ConnectionError("Error 2 connecting to redis.sock. No such file or directory.")
+        return []
+
+    def free(c):
+        if passes[0] <= 60:
+            raise redis_mod.ConnectionError("Error 2 connecting to redis.sock. No such file or directory.")
+        return []
+
+    monkeypatch.setattr(reaper, "reap", reap)
+    monkeypatch.setattr(limits, "free_dead_slots", free)
+    caplog.set_level("WARNING", logger="payrun.reaper")
+    with pytest.raises(Stopped):  # (CliRunner lets a BaseException through)
+        CliRunner().invoke(cli_mod.cli, ["reap", "--loop"])
+    said = [r.getMessage() for r in caplog.records if r.name == "payrun.reaper"]
+    away = [m for m in said if "redis.sock" in m]
+    assert 2 <= len(away) <= 12, said  # at once, then every 30 s of the 300 s; not 120 lines
+    assert not any("email slots" in m for m in said), said
+    assert len([m for m in said if "answers again" in m]) == 1, said
