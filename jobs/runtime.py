@@ -1368,6 +1368,15 @@ class LaneWorker(EventsMixin, SimpleWorker):
             held = getattr(self.connection, "connection", None)
             if held is not None:
                 held.disconnect()
+        if isinstance(exc_info[1], DeserializationError):
+            # data that is not JSON: one line, as a render worker's fail_unreadable says it
+            # (RQ logged its traceback, "exception raised while executing (<DeserializationError>)")
+            log.error("Worker %s: job %s: job data unreadable: %s: moved to the failed jobs (`payrun failed`), "
+                      "not run", self.name, job.id, unreadable_reason(exc_info[1]))
+            for handler in self._exc_handlers:  # (RQ's walk: _classify_exception fails it for good)
+                if handler(job, *exc_info) is False:
+                    break
+            return
         super().handle_exception(job, *exc_info)
 
     def subscribe(self) -> None:  # one pubsub thread per lane would be 45 threads

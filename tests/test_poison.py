@@ -125,3 +125,20 @@ def test_payrun_failed_lists_a_failed_job_with_no_data_and_retry_refuses_it(conn
     out = CliRunner().invoke(cli, ["retry", "handmade"], catch_exceptions=False)
     assert "job data missing" in out.output
     assert conn.zscore(f"rq:failed:{keys.CONTROL_QUEUE}", "handmade") is not None  # left where it was
+
+
+@pytest.mark.parametrize("bad", ["not-json", "pickle"])
+def test_a_send_lane_says_an_unreadable_job_in_one_line_as_the_other_workers_do(conn, cfg, monkeypatch, caplog, bad):
+    """Ops drill (session 39): a render or control worker logged "job data unreadable: not JSON
+    (…)" for a job whose data is not JSON; a send lane logged RQ's traceback under "exception
+    raised while executing (<DeserializationError>)", which names neither."""
+    from jobs.limits import Limiter
+
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    _poison(conn, keys.EMAIL_QUEUE, "poison-2", BAD[bad])
+    caplog.set_level("INFO")
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=1, burst=True, limiter=Limiter(conn, "email", 2, 40.0, lease_s=30))
+    _assert_failed_unreadable(conn, keys.EMAIL_QUEUE, "poison-2")
+    said = [r.getMessage() for r in caplog.records if "poison-2" in r.getMessage() and r.levelname == "ERROR"]
+    assert len(said) == 1 and "job data unreadable: not JSON (" in said[0], said
+    assert "Traceback" not in said[0] and "moved to the failed jobs" in said[0]
