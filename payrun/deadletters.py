@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from rq import Retry
-from rq.exceptions import NoSuchJobError
+from rq.exceptions import DeserializationError, NoSuchJobError
 from rq.registry import FailedJobRegistry
 
 from jobs import events
@@ -68,6 +68,7 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
 
 
 DATA_MISSING = "job data missing (its Redis hash has no 'data' field): nothing to retry"
+DATA_UNREADABLE = "job data unreadable (its 'data' field is not JSON): nothing to retry"
 
 
 def _fetch_many(conn, ids: list[str], serializer) -> list[PayrunJob | None]:
@@ -400,6 +401,13 @@ def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None, rendered_again
                 continue
         if job is None:
             missing.append(job_id)
+            continue
+        try:
+            job.func_name  # its data read as JSON, never unpickled
+        except DeserializationError:  # (a worker failed it as unreadable): nothing to run again
+            if refused is None:
+                raise InputError(f"{job_id}: {DATA_UNREADABLE}") from None
+            refused.append((job_id, DATA_UNREADABLE))
             continue
         again = slip_gone(job)
         _fresh_budget(cfg, job)

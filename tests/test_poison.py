@@ -125,3 +125,23 @@ def test_payrun_failed_lists_a_failed_job_with_no_data_and_retry_refuses_it(conn
     out = CliRunner().invoke(cli, ["retry", "handmade"], catch_exceptions=False)
     assert "job data missing" in out.output
     assert conn.zscore(f"rq:failed:{keys.CONTROL_QUEUE}", "handmade") is not None  # left where it was
+
+
+@pytest.mark.parametrize("bad", ["not-json", "pickle"])
+def test_retry_refuses_a_job_failed_as_unreadable_instead_of_crashing(conn, cfg, monkeypatch, bad):
+    """A job a worker failed as "job data unreadable" keeps its data: `payrun retry` (and the
+    console's, through it) read it for the slip check and ended in a DeserializationError
+    traceback, `--all` half-way through. Now it is refused, as a job with no data is."""
+    from payrun.cli import cli
+
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    _poison(conn, keys.RENDER_QUEUE, "poison-1", BAD[bad])
+    w = RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn, name="render.test.poison-retry")
+    w.work(burst=True, logging_level="CRITICAL")
+    _assert_failed_unreadable(conn, keys.RENDER_QUEUE, "poison-1")
+    out = CliRunner().invoke(cli, ["retry", "poison-1"], catch_exceptions=False)
+    assert out.exit_code == 1 and "job data unreadable (its 'data' field is not JSON)" in out.output, out.output
+    out = CliRunner().invoke(cli, ["retry", "--all", "--json"], catch_exceptions=False)
+    assert json.loads(out.output)["not_requeued"][0]["id"] == "poison-1", out.output
+    assert conn.zscore(f"rq:failed:{keys.RENDER_QUEUE}", "poison-1") is not None  # left where it was
+    assert conn.llen(f"rq:queue:{keys.RENDER_QUEUE}") == 0
