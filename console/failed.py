@@ -25,6 +25,7 @@ from typing import Any
 
 from jobs.events import NO_ATTEMPT_OUTCOMES, RETURNED_FIELD, attempts_spent
 from payrun import keys
+from payrun.deadletters import UNREADABLE_MISSING as DATA_MISSING, unreadable_job as _unreadable
 from payrun.text import visible
 
 _FREE = ",".join(f"'{o}'" for o in NO_ATTEMPT_OUTCOMES)  # SQL list of the outcomes that spent no attempt
@@ -357,30 +358,3 @@ def detail(conn, ledger, job_id: str) -> dict[str, Any]:
     return out
 
 
-DATA_MISSING = "job data missing (its Redis hash has no 'data' field)"
-DATA_UNREADABLE = "job data unreadable (its 'data' field is not JSON)"
-
-
-def _unreadable(conn, job_id: str) -> dict[str, Any] | None:
-    """For a job whose hash is there but whose data RQ cannot read (no ``data`` field:
-    written by hand, or so by rq; data not JSON), what the detail shows instead of RQ's
-    error (which is the raw hash): its status and queue, its meta read as JSON only, why
-    its data cannot be read and which fields the hash has (never their values). None if
-    the hash is gone or its data reads as JSON (another error)."""
-    raw = conn.hgetall(f"rq:job:{job_id}")
-    if not raw:
-        return None
-    fields = sorted(_s(k) for k in raw)
-    data = raw.get(b"data")
-    if data is None:
-        why = DATA_MISSING
-    else:
-        try:
-            json.loads(data)
-            return None
-        except ValueError:  # (UnicodeDecodeError too)
-            why = DATA_UNREADABLE
-    meta = _meta(raw.get(b"meta"))
-    return {"rq_status": _s(raw.get(b"status")) or None, "origin": _s(raw.get(b"origin")) or None,
-            "meta": {k: v for k, v in meta.items() if k in ("kind", "key", "attempt", "last_error", "permanent")},
-            "unreadable": why, "fields": fields}

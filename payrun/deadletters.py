@@ -108,6 +108,39 @@ def _json_meta(raw: bytes | None) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+UNREADABLE_MISSING = "job data missing (its Redis hash has no 'data' field)"
+UNREADABLE_NOT_JSON = "job data unreadable (its 'data' field is not JSON)"
+
+
+def unreadable_job(conn, job_id: str) -> dict[str, Any] | None:
+    """For a job whose hash is there but whose data RQ cannot read (no ``data`` field:
+    written by hand, or so by rq; data not JSON), what the console's job detail and
+    `payrun job` show instead of RQ's error (which is the raw hash): its status and queue, its meta read as JSON only, why
+    its data cannot be read and which fields the hash has (never their values). None if
+    the hash is gone or its data reads as JSON (another error)."""
+    raw = conn.hgetall(f"rq:job:{job_id}")
+    if not raw:
+        return None
+    fields = sorted(_str(k) for k in raw)
+    data = raw.get(b"data")
+    if data is None:
+        why = UNREADABLE_MISSING
+    else:
+        try:
+            json.loads(data)
+            return None
+        except ValueError:  # (UnicodeDecodeError too)
+            why = UNREADABLE_NOT_JSON
+    meta = _json_meta(raw.get(b"meta"))
+    return {"rq_status": _str(raw.get(b"status")) or None, "origin": _str(raw.get(b"origin")) or None,
+            "meta": {k: v for k, v in meta.items() if k in ("kind", "key", "attempt", "last_error", "permanent")},
+            "unreadable": why, "fields": fields}
+
+
+def _str(v: Any) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else ("" if v is None else str(v))
+
+
 def readdressed(conn, job_ids: list[str], payroll_db) -> set[str]:
     """Of failed jobs ``job_ids``, the sends that failed for good whose employee's email
     address in ``payroll_db`` is no longer the one they used: HR fixed it since, and

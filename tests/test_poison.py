@@ -145,3 +145,20 @@ def test_retry_refuses_a_job_failed_as_unreadable_instead_of_crashing(conn, cfg,
     assert json.loads(out.output)["not_requeued"][0]["id"] == "poison-1", out.output
     assert conn.zscore(f"rq:failed:{keys.RENDER_QUEUE}", "poison-1") is not None  # left where it was
     assert conn.llen(f"rq:queue:{keys.RENDER_QUEUE}") == 0
+
+
+def test_payrun_job_says_a_failed_job_with_no_data_is_there_and_what_it_lacks(conn, cfg):
+    """`payrun job` answered "no job … in the ledger or in Redis" for it (RQ's fetch failed)."""
+    from payrun.cli import cli
+    from payrun.ledger import Ledger
+
+    Ledger(cfg.ledger_path).close()  # (a data directory: `payrun job` reads the ledger first)
+
+    conn.hset("rq:job:handmade", mapping={"origin": keys.CONTROL_QUEUE, "status": "failed", "description": "x-value"})
+    conn.zadd(f"rq:failed:{keys.CONTROL_QUEUE}", {"handmade": 9_999_999_999})
+    out = CliRunner().invoke(cli, ["job", "handmade"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    assert "in Redis: failed" in out.output and "job data missing (its Redis hash has no 'data' field)" in out.output
+    assert "fields in its hash: description, origin, status" in out.output and "x-value" not in out.output
+    data = json.loads(CliRunner().invoke(cli, ["job", "handmade", "--json"], catch_exceptions=False).output)
+    assert data["rq_status"] == "failed" and data["unreadable"].startswith("job data missing")
