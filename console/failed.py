@@ -25,6 +25,7 @@ from typing import Any
 
 from jobs.events import NO_ATTEMPT_OUTCOMES, RETURNED_FIELD, attempts_spent
 from payrun import keys
+from payrun.deadletters import UNREADABLE_MISSING as DATA_MISSING, unreadable_job as _unreadable
 from payrun.text import visible
 
 _FREE = ",".join(f"'{o}'" for o in NO_ATTEMPT_OUTCOMES)  # SQL list of the outcomes that spent no attempt
@@ -138,19 +139,22 @@ def _redis_rows(conn, ids: list[tuple[str, str]], ledger=None) -> list[dict[str,
     with conn.pipeline(transaction=False) as p:
         for job_id, _ in ids:
             p.hmget(f"rq:job:{job_id}", "meta", "ended_at", "description", RETURNED_FIELD)
+            p.hexists(f"rq:job:{job_id}", "data")
         res = p.execute()
+        res = list(zip(res[::2], res[1::2]))
     # a worker of the version before the Redis count (a rolling deploy) reported its
     # returned tries to the ledger only
     in_ledger = ledger.returned_tries([i for i, _ in ids]) if ledger is not None and ids else {}
     rows = []
-    for (job_id, q), (meta, ended, desc, returned) in zip(ids, res):
+    for (job_id, q), ((meta, ended, desc, returned), has_data) in zip(ids, res):
         m = _meta(meta)
         returned = max(int(_s(returned) or 0), in_ledger.get(job_id, 0))
         rows.append({"id": job_id, "queue": q, "company": None, "kind": m.get("kind"),
                      # attempts spent: tries held back by the provider or handed back spent none
                      "attempts": attempts_spent(int(m.get("attempt", 0) or 0), int(m.get("held", 0) or 0),
                                                 returned),
-                     "error": m.get("last_error") or "",
+                     # (a hash with no data and no error of a worker's: as `payrun failed` says)
+                     "error": m.get("last_error") or ("" if has_data else f"{DATA_MISSING}: nothing to retry"),
                      # the last try failed on the data (EventsMixin._classify_exception): a
                      # retry alone fails again, as `payrun failed` says
                      "permanent": bool(m.get("permanent")),
@@ -343,5 +347,14 @@ def detail(conn, ledger, job_id: str) -> dict[str, Any]:
         if result is not None and result.exc_string:
             out["traceback"] = result.exc_string
     except Exception as e:  # gone from Redis (expired, deleted) or Redis down
-        out["rq_error"] = f"{type(e).__name__}: {e}"
+        try:
+            unreadable = _unreadable(conn, job_id)
+        except Exception:  # noqa: BLE001 - Redis down: say what the fetch said
+            unreadable = None
+        if unreadable is not None:  # RQ's error would dump the raw hash: say what it lacks instead
+            out.update(unreadable)
+        else:
+            out["rq_error"] = f"{type(e).__name__}: {e}"
     return out
+
+

@@ -700,10 +700,11 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
     from jobs.runtime import PayrunJob
     from jobs.events import NO_ATTEMPT_OUTCOMES
     from payrun.ledger import tries_counts, tries_text
+    from payrun import deadletters
 
     row = c.ledger().job(job_id)
     conn = _maybe_redis(c)
-    tb = rq_status = None
+    tb = rq_status = unreadable = None
     permanent = False
     if conn is not None:
         try:
@@ -713,7 +714,12 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             result = job.latest_result()
             tb = result.exc_string if result is not None and result.exc_string else None
         except Exception:
-            pass
+            try:  # a hash with no data, or data not JSON: there, but nothing RQ can read
+                unreadable = deadletters.unreadable_job(conn, job_id)
+            except Exception:  # noqa: BLE001 - Redis went away
+                unreadable = None
+            if unreadable is not None:
+                rq_status = unreadable["rq_status"] or "?"
     if row is None and rq_status is None:
         like = c.ledger().ids_like(job_id)
         if like and like[0].startswith(job_id):
@@ -724,6 +730,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             hint = f"ids look like {like[0] if like else 'email-2026-11-emp-00017'}: render-… or email-<month>-<employee>"
         raise PayrunError(f"no job {job_id!r} in the ledger or in Redis ({hint})")
     data = {"ledger": row, "rq_status": rq_status, "traceback": tb}
+    if unreadable is not None:
+        data["unreadable"] = unreadable["unreadable"]
     if as_json:
         click.echo(json.dumps(data, default=str))
         return
@@ -744,6 +752,11 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
                        f"{h.get('outcome')}{delay}  {visible(h.get('error') or '')}".rstrip())
     if rq_status:
         click.echo(f"in Redis: {getattr(rq_status, 'value', rq_status)}")
+        if unreadable is not None:
+            click.echo(f"{unreadable['unreadable']}: nothing to run or retry")
+            if not row and unreadable["meta"].get("last_error"):
+                click.echo(f"last error: {visible(unreadable['meta']['last_error'])}")
+            click.echo(f"fields in its hash: {visible(', '.join(unreadable['fields']))}")
         if permanent and getattr(rq_status, "value", rq_status) == "failed":
             click.echo(PERMANENT_HINT)
     if tb:

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from rq import Retry
-from rq.exceptions import NoSuchJobError
+from rq.exceptions import DeserializationError, NoSuchJobError
 from rq.registry import FailedJobRegistry
 
 from jobs import events
@@ -68,6 +68,7 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
 
 
 DATA_MISSING = "job data missing (its Redis hash has no 'data' field): nothing to retry"
+DATA_UNREADABLE = "job data unreadable (its 'data' field is not JSON): nothing to retry"
 
 
 def _fetch_many(conn, ids: list[str], serializer) -> list[PayrunJob | None]:
@@ -105,6 +106,39 @@ def _json_meta(raw: bytes | None) -> dict:
     except (ValueError, UnicodeDecodeError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+UNREADABLE_MISSING = "job data missing (its Redis hash has no 'data' field)"
+UNREADABLE_NOT_JSON = "job data unreadable (its 'data' field is not JSON)"
+
+
+def unreadable_job(conn, job_id: str) -> dict[str, Any] | None:
+    """For a job whose hash is there but whose data RQ cannot read (no ``data`` field:
+    written by hand, or so by rq; data not JSON), what the console's job detail and
+    `payrun job` show instead of RQ's error (which is the raw hash): its status and queue, its meta read as JSON only, why
+    its data cannot be read and which fields the hash has (never their values). None if
+    the hash is gone or its data reads as JSON (another error)."""
+    raw = conn.hgetall(f"rq:job:{job_id}")
+    if not raw:
+        return None
+    fields = sorted(_str(k) for k in raw)
+    data = raw.get(b"data")
+    if data is None:
+        why = UNREADABLE_MISSING
+    else:
+        try:
+            json.loads(data)
+            return None
+        except ValueError:  # (UnicodeDecodeError too)
+            why = UNREADABLE_NOT_JSON
+    meta = _json_meta(raw.get(b"meta"))
+    return {"rq_status": _str(raw.get(b"status")) or None, "origin": _str(raw.get(b"origin")) or None,
+            "meta": {k: v for k, v in meta.items() if k in ("kind", "key", "attempt", "last_error", "permanent")},
+            "unreadable": why, "fields": fields}
+
+
+def _str(v: Any) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else ("" if v is None else str(v))
 
 
 def readdressed(conn, job_ids: list[str], payroll_db) -> set[str]:
@@ -400,6 +434,13 @@ def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None, rendered_again
                 continue
         if job is None:
             missing.append(job_id)
+            continue
+        try:
+            job.func_name  # its data read as JSON, never unpickled
+        except DeserializationError:  # (a worker failed it as unreadable): nothing to run again
+            if refused is None:
+                raise InputError(f"{job_id}: {DATA_UNREADABLE}") from None
+            refused.append((job_id, DATA_UNREADABLE))
             continue
         again = slip_gone(job)
         _fresh_budget(cfg, job)

@@ -631,6 +631,37 @@ async def test_job_detail_shows_attempts_and_traceback(failed_world):
         assert (cfg.home / "audit.log").read_text().splitlines() == audit_lines  # nothing done, nothing audited
 
 
+@sync
+async def test_a_failed_job_with_no_data_shows_what_it_lacks_not_the_raw_hash(cfg, conn):
+    """A failed job whose hash has no ``data`` (written by hand, or left so by rq), as
+    `payrun failed` lists it ("job data missing"): the failed list says so too, and its
+    detail says what is missing and which fields the hash has, not RQ's "NoSuchJobError:
+    Unexpected job format: {…}" with every raw value; r refuses at once, as payrun retry does."""
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    conn.hset("rq:job:poison-1", mapping={"status": "failed", "origin": keys.EMAIL_QUEUE, "created_at": now,
+                                          "ended_at": now, "description": "secret-looking-value"})
+    conn.zadd(f"rq:failed:{keys.EMAIL_QUEUE}", {"poison-1": time.time() + 3600})
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("f")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 1)
+        assert "job data missing" in app.screen.page.rows[0]["error"]
+        await pilot.press("enter")
+        await settle(pilot, lambda: getattr(app.screen, "detail", None) is not None, what="job detail")
+        shown = text_of(app, "#job")
+        assert "in Redis: failed" in shown
+        assert "job data missing (its Redis hash has no 'data' field)" in shown
+        assert "fields in its hash: created_at, description, ended_at, origin, status" in shown
+        assert "Unexpected job format" not in shown and "secret-looking-value" not in shown
+        await pilot.press("r")
+        await notified(pilot, app, "nothing to retry")
+        assert type(app.screen).__name__ == "JobScreen"  # no confirmation offered
+    assert not (cfg.home / "audit.log").exists() or "poison-1" not in (cfg.home / "audit.log").read_text()
+
+
 # ---- read-only ------------------------------------------------------------------------
 
 @sync

@@ -168,3 +168,31 @@ async def test_the_running_views_rule_for_stuck_is_whole_at_80_columns():
         await ready(pilot, lambda: app.screen.CRUMB == "running" and app.screen.query_one("#summary").region.height == 2,
                     "the summary on two lines")
         assert "or over 10 min)" in str(app.screen.query_one("#summary").render())
+
+
+@sync
+async def test_the_overviews_worker_processes_leave_out_the_program_rather_than_cut_rq_beat_at_80_columns():
+    """A supervised worker's program and a send's longest job leave no room for rq beat at 80
+    columns: it was cut to its first character ("1" for "12s"), a number that reads wrong.
+    The program (which `payrun ps` names) goes first; a wider terminal shows it again."""
+    class Supervised(FixedSource):  # as supervisord runs them: the program beside host:pid
+        def snapshot(self):
+            snap = super().snapshot()
+            for w in snap.workers:
+                w.program = "send-email" if w.kind == "email" else f"pdf-render:pdf-render-{w.pid % 100:02d}"
+                w.heartbeat_age_s = 12.0
+            return snap
+
+    app = ConsoleApp(Supervised(), clock=lambda: NOW, poll=False, no_blink=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        table = app.screen.query_one("#procs")
+        await ready(pilot, lambda: table.row_count > 0, "the worker processes")
+        room = table.size.width - RESERVED
+        last = [c.key.value for c in table.ordered_columns][-1]
+        assert right_edge(table, last) <= room, [c.key.value for c in table.ordered_columns]
+        assert right_edge(table, "job") > 0 and right_edge(table, "beat") > 0 and right_edge(table, "program") == -1
+        await pilot.resize_terminal(120, 30)
+        await ready(pilot, lambda: right_edge(app.screen.query_one("#procs"), "program") > 0, "the program back")
+        assert [c.key.value for c in app.screen.query_one("#procs").ordered_columns] == [
+            "proc", "program", "kind", "busy", "job", "beat"]

@@ -142,3 +142,40 @@ def test_a_send_lane_says_an_unreadable_job_in_one_line_as_the_other_workers_do(
     said = [r.getMessage() for r in caplog.records if "poison-2" in r.getMessage() and r.levelname == "ERROR"]
     assert len(said) == 1 and "job data unreadable: not JSON (" in said[0], said
     assert "Traceback" not in said[0] and "moved to the failed jobs" in said[0]
+
+
+@pytest.mark.parametrize("bad", ["not-json", "pickle"])
+def test_retry_refuses_a_job_failed_as_unreadable_instead_of_crashing(conn, cfg, monkeypatch, bad):
+    """A job a worker failed as "job data unreadable" keeps its data: `payrun retry` (and the
+    console's, through it) read it for the slip check and ended in a DeserializationError
+    traceback, `--all` half-way through. Now it is refused, as a job with no data is."""
+    from payrun.cli import cli
+
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    _poison(conn, keys.RENDER_QUEUE, "poison-1", BAD[bad])
+    w = RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn, name="render.test.poison-retry")
+    w.work(burst=True, logging_level="CRITICAL")
+    _assert_failed_unreadable(conn, keys.RENDER_QUEUE, "poison-1")
+    out = CliRunner().invoke(cli, ["retry", "poison-1"], catch_exceptions=False)
+    assert out.exit_code == 1 and "job data unreadable (its 'data' field is not JSON)" in out.output, out.output
+    out = CliRunner().invoke(cli, ["retry", "--all", "--json"], catch_exceptions=False)
+    assert json.loads(out.output)["not_requeued"][0]["id"] == "poison-1", out.output
+    assert conn.zscore(f"rq:failed:{keys.RENDER_QUEUE}", "poison-1") is not None  # left where it was
+    assert conn.llen(f"rq:queue:{keys.RENDER_QUEUE}") == 0
+
+
+def test_payrun_job_says_a_failed_job_with_no_data_is_there_and_what_it_lacks(conn, cfg):
+    """`payrun job` answered "no job … in the ledger or in Redis" for it (RQ's fetch failed)."""
+    from payrun.cli import cli
+    from payrun.ledger import Ledger
+
+    Ledger(cfg.ledger_path).close()  # (a data directory: `payrun job` reads the ledger first)
+
+    conn.hset("rq:job:handmade", mapping={"origin": keys.CONTROL_QUEUE, "status": "failed", "description": "x-value"})
+    conn.zadd(f"rq:failed:{keys.CONTROL_QUEUE}", {"handmade": 9_999_999_999})
+    out = CliRunner().invoke(cli, ["job", "handmade"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    assert "in Redis: failed" in out.output and "job data missing (its Redis hash has no 'data' field)" in out.output
+    assert "fields in its hash: description, origin, status" in out.output and "x-value" not in out.output
+    data = json.loads(CliRunner().invoke(cli, ["job", "handmade", "--json"], catch_exceptions=False).output)
+    assert data["rq_status"] == "failed" and data["unreadable"].startswith("job data missing")

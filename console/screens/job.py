@@ -50,7 +50,15 @@ def render_detail(d: dict, tz: str | None = None) -> Text:
     t.append(f"\nin Redis: {d.get('rq_status') or d.get('rq_error') or '?'}")
     if d.get("func"):
         t.append(f" · {d['func']} on {d.get('origin')}")
+    elif d.get("unreadable") and d.get("origin"):
+        t.append(f" · on {visible(d['origin'])}")
     t.append("\n")
+    if d.get("unreadable"):  # (not RQ's error: that is the raw hash)
+        t.append(f"{d['unreadable']}: nothing to run or retry\n", style="red")
+        if not led and (d.get("meta") or {}).get("last_error"):
+            t.append("last error: ", style="bold")
+            t.append(f"{visible(d['meta']['last_error'])}\n", style="red")
+        t.append(f"fields in its hash: {visible(', '.join(d.get('fields') or []))}\n", style="dim")
     if d.get("traceback"):
         t.append("\nlast traceback\n", style="bold underline")
         t.append("\n".join(visible(line) for line in d["traceback"].rstrip().splitlines()) + "\n", style="dim")
@@ -121,6 +129,10 @@ class JobScreen(ConsoleScreen):
         if self.app.refuse_if_readonly("retry"):
             return
         status = (self.detail or {}).get("rq_status")
+        if (self.detail or {}).get("unreadable"):  # (payrun retry refuses it too)
+            self.app.notify(f"{self.job_id}: {self.detail['unreadable']}: nothing to retry",
+                            severity="warning", timeout=6)
+            return
         if self.detail is not None and status != "failed":
             self.app.notify(f"{self.job_id} is not failed ({status or 'not in Redis'}): nothing to retry",
                             severity="warning", timeout=6)

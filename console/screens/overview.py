@@ -68,8 +68,11 @@ class OverviewScreen(ConsoleScreen):
         yield LiveTable([("queue", "queue"), ("waiting", "waiting"), ("running", "running"), ("retry", "retry"),
                          ("later", "later"), ("failed", "failed"), ("oldest", "oldest"), ("rate", "done/min, 10 min")], id="queues")
         yield Static("", id="limits")
-        yield LiveTable([("proc", "worker process"), ("kind", "kind"), ("busy", "busy"), ("job", "longest job"),
-                         ("beat", "rq beat")], id="procs")
+        yield LiveTable([("proc", "worker process"), ("program", "program"), ("kind", "kind"), ("busy", "busy"),
+                         ("job", "longest job"), ("beat", "rq beat")], id="procs",
+                        # at 80 columns rq beat was cut to a digit ("1" for "12s"), and with a longer
+                        # host name the longest job's time too: `payrun ps` names the programs
+                        drop=("program", "beat"))
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -204,7 +207,7 @@ class OverviewScreen(ConsoleScreen):
                 job = "gone (its job handed back)" if any(w.job_returned for w in dead) else "gone"
             else:
                 job = "idle"
-            rows.append((key, (ws[0].where, kind, f"{len(busy)}/{len(ws)}", job,
+            rows.append((key, (f"{ws[0].host[:18]}:{ws[0].pid}", ws[0].program or "", kind, f"{len(busy)}/{len(ws)}", job,
                                duration(beat))))
         return rows
 

@@ -93,7 +93,7 @@ class WorkersScreen(ConsoleScreen):
         yield StatusBar(self.CRUMB)
         yield LiveTable([("name", "worker"), ("proc", "host:pid program"), ("queues", "queues"), ("state", "state"),
                          ("job", "job"), ("for", "for"), ("beat", "rq beat"), ("alive", "alive")], id="workers",
-                        drop=("queues", "proc", "beat"))  # (at 80 columns alive was cut off: the overview names programs)
+                        drop=("queues", "proc", "beat"))  # (at 80 columns alive was cut off: `payrun ps` names programs)
         yield Footer(compact=True)
 
     def on_mount(self) -> None:

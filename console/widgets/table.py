@@ -26,7 +26,8 @@ class LiveTable(DataTable):
 
     ``drop``: column keys to leave out, first to last, while the columns would not fit
     the table's width (at 80 columns the failed list's last error and the workers' alive
-    were cut off the right edge); a column comes back when the table is wide enough."""
+    were cut off the right edge); a column comes back when the table is wide enough. A
+    ``drop`` column empty in every row is left out at any width."""
 
     DEFAULT_CSS = """
     LiveTable { height: auto; max-height: 100%; }
@@ -60,11 +61,15 @@ class LiveTable(DataTable):
                 (row[i] for row in self._cells.values())]
             widths[key] = max(cells) + 2 * self.cell_padding
         room = self.size.width - RESERVED
-        shown = [k for k, _ in self._columns]
+        # a droppable column empty in every row says nothing (the program of workers not run by supervisord)
+        empty = {k for i, (k, _) in enumerate(self._columns) if k in self._drop and self._cells
+                 and all(str(row[i]) == "" for row in self._cells.values())}
+        shown = [k for k, _ in self._columns if k not in empty]
         for key in self._drop:
             if sum(widths[k] for k in shown) <= room:
                 break
-            shown.remove(key)
+            if key in shown:
+                shown.remove(key)
         if shown != self._shown:
             self._shown = shown
             self._rebuild()
