@@ -94,23 +94,34 @@ _email_enqueuers: dict[int, Any] = {}
 _email_enqueuers_lock = threading.Lock()
 
 
+def _per_connection(cache: dict[int, Any], lock: threading.Lock, conn, which, build):
+    """The object ``build()`` made for this Redis connection (and ``which`` options), made
+    once: each send lane and render worker has its own connection, so each builds its own
+    once, not again whenever the caller before it used another one. A cache keyed by
+    ``id(conn)`` checks the connection itself, as ids are reused after one is freed."""
+    with lock:
+        got = cache.get(id(conn))
+        if got is not None and got[0] is conn and got[1] == which:
+            return got[2]
+        if len(cache) > 256:  # connections come and go in tests and tools
+            cache.clear()
+        made = build()
+        cache[id(conn)] = (conn, which, made)
+        return made
+
+
 def _email_enqueuer(conn, cfg: config_mod.Config):
     """This connection's one-script enqueue of send jobs (payrun.bulk.OneEnqueuer) for
     ``cfg``'s send options, built once; None if this RQ's enqueue cannot be repeated."""
     from jobs.runtime import make_queue
     from payrun import bulk
 
-    which = (cfg.email.timeout_s, cfg.email.retry.attempts)
-    with _email_enqueuers_lock:
-        got = _email_enqueuers.get(id(conn))
-        if got is not None and got[0] is conn and got[1] == which:
-            return got[2]
-        if len(_email_enqueuers) > 256:  # connections come and go in tests and tools
-            _email_enqueuers.clear()
+    def build():
         tpl = bulk.template(make_queue(keys.EMAIL_QUEUE, conn), SEND_FUNC, **_email_job_options(cfg))
-        enq = bulk.OneEnqueuer(conn, tpl, keys.EVENTS_STREAM) if tpl is not None else None
-        _email_enqueuers[id(conn)] = (conn, which, enq)
-        return enq
+        return bulk.OneEnqueuer(conn, tpl, keys.EVENTS_STREAM) if tpl is not None else None
+
+    return _per_connection(_email_enqueuers, _email_enqueuers_lock, conn,
+                           (cfg.email.timeout_s, cfg.email.retry.attempts), build)
 
 
 SEND_FUNC = "jobs.tasks.send_slip"
@@ -219,18 +230,10 @@ _limiter_lock = threading.Lock()
 
 
 def limiter(conn):
-    """The global email limits seen through ``conn``: one Limiter per connection, so each
-    send lane (its own connection) builds its own once, not again whenever the lane
-    before it was another one."""
+    """The global email limits seen through ``conn``: one Limiter per connection."""
     from jobs.limits import email_limiter
 
-    with _limiter_lock:
-        lim = _limiters.get(id(conn))
-        if lim is None or lim.conn is not conn:
-            if len(_limiters) > 256:  # connections come and go in tests and tools
-                _limiters.clear()
-            lim = _limiters[id(conn)] = email_limiter(conn, settings())
-        return lim
+    return _per_connection(_limiters, _limiter_lock, conn, None, lambda: email_limiter(conn, settings()))
 
 
 def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str, started: float | None = None,

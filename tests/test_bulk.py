@@ -149,3 +149,27 @@ def test_enqueue_email_writes_what_rq_enqueue_call_writes_once(cfg, conn, monkey
     assert tasks.enqueue_email(conn, cfg, payload) is None
     assert _send_state(conn) == from_rq
     assert conn.llen("rq:queue:" + keys.EMAIL_QUEUE) == 1
+
+
+def test_per_connection_cache_builds_once_per_connection_and_options():
+    """The send lanes' caches (the send's enqueue script, the limits): one object per
+    connection and options, built again for a new connection that reuses a freed one's id."""
+    import threading
+
+    from jobs import tasks
+
+    cache: dict = {}
+    lock = threading.Lock()
+    built = []
+
+    def get(conn, which):
+        return tasks._per_connection(cache, lock, conn, which, lambda: built.append(conn) or object())
+
+    a, b = object(), object()
+    first = get(a, 1)
+    assert get(a, 1) is first and len(built) == 1
+    assert get(b, 1) is not first and len(built) == 2
+    assert get(a, 2) is not first and len(built) == 3  # new options: built again
+    c = object()
+    cache[id(c)] = (a, 2, first)  # a freed connection's id now used by c
+    assert get(c, 2) is not first and built[-1] is c
