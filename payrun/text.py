@@ -45,6 +45,18 @@ def text_problem(s: str) -> str | None:
     return None
 
 
+MESSAGE_MAX_CHARS = 5000
+"""The longest reminder text `payrun remind --message` takes: a reminder is a few lines."""
+
+
+def message_problem(s: str) -> str | None:
+    """Why a text an operator typed for employees' emails (a reminder's message) cannot be
+    sent as it is, or None: as a name, but line breaks and tabs are allowed."""
+    if len(s) > MESSAGE_MAX_CHARS:
+        return f"is {len(s):,} characters long; a reminder takes at most {MESSAGE_MAX_CHARS:,}"
+    return text_problem(s.replace("\r\n", "").replace("\n", "").replace("\t", ""))
+
+
 def _escape(m: re.Match[str]) -> str:
     code = ord(m.group())
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"

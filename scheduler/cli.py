@@ -330,6 +330,13 @@ def register(cli) -> None:
             raise InputError(f"--in {delay} is more than 31 days away: schedule reminders within a month")
         if message is not None and not message.strip():
             raise InputError("--message is empty: leave it out for the default text")
+        if message is not None:
+            from payrun.text import message_problem, visible
+
+            problem = message_problem(message)
+            if problem:  # every employee of the company would get it: refused, nothing scheduled
+                shown = visible(message[:60]) + ("…" if len(message) > 60 else "")
+                raise InputError(f"--message {problem}: {shown}; nothing was scheduled")
         out = remind(c.cfg, c.redis(), c.ledger(), c.payroll(), company_id, delta, message)
         import shlex
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from payrun import payroll
+from payrun import keys, payroll
 from payrun.cli import cli
 
 COMMANDS = ["seed", "import", "run", "status", "worker", "ledger", "provider", "redis", "demo", "up",
@@ -401,6 +401,22 @@ def test_a_company_or_reminder_that_cannot_be_is_bad_input(runner, cfg, conn):
     assert "31 days" in one_line_error(runner.invoke(cli, ["remind", "--company", "1", "--in", "400d"]))
     assert "--message is empty" in one_line_error(
         runner.invoke(cli, ["remind", "--company", "1", "--in", "1h", "--message", " "]))
+
+
+def test_a_reminder_text_that_could_mislead_employees_is_refused_with_nothing_scheduled(runner, cfg, conn):
+    """`payrun remind --message` goes to every employee of a company: a text with an escape
+    sequence or a bidi override (which reorders what the employee reads) is refused, as a
+    name in the payroll data is, with nothing scheduled; line breaks and Bengali's joiners stay."""
+    payroll.seed(payroll.PayrollDB(cfg.payroll_path), companies=1, employees=2, seed=1, month="2026-11")
+    for text, why in (("Pay\x1b[2Jday", "control character"), ("account \u202e1234", "right-to-left override"),
+                      ("x" * 5001, "at most 5,000")):
+        msg = one_line_error(runner.invoke(cli, ["remind", "--company", "1", "--in", "1h", "--message", text]))
+        assert why in msg and "nothing was scheduled" in msg and "\x1b" not in msg and "\u202e" not in msg
+    assert conn.zcard(keys.delayed(keys.EMAIL_QUEUE)) == 0 and not list(conn.scan_iter("rq:job:remind-*"))
+    out = runner.invoke(cli, ["remind", "--company", "1", "--in", "1h", "--json",
+                              "--message", "Line one\n\tর‍্যাব ক্‌ষ\r\nLine three"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["scheduled"] == 2
 
 
 def test_a_worker_option_that_does_not_apply_is_refused_not_ignored(runner):

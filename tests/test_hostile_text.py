@@ -146,3 +146,14 @@ def test_an_http_providers_error_reply_is_quoted_with_its_controls_escaped():
         server.server_close()
     assert "HTTP 422" in str(ei.value) and "\\x1b[2J" in str(ei.value)
     _no_raw_controls(str(ei.value))
+
+
+def test_a_reminder_message_may_break_lines_but_not_hide_or_reorder_text():
+    from payrun.text import message_problem
+
+    assert message_problem("Dear all,\n\tplease check your bank details.\r\nরহিম ক্‌ষ র‍্যা") is None
+    assert "control character" in message_problem("a\rb")  # a lone CR rewrites the line it is on
+    assert "control character" in message_problem("a\x1b[2Jb")
+    assert "U+202E" in message_problem("a\u202eb")
+    assert "at most 5,000" in message_problem("x" * 5001)
+    assert message_problem("x" * 5000) is None
