@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -23,6 +24,20 @@ def runner(cfg):
 def test_every_command_explains_itself(runner, command):
     result = runner.invoke(cli, [*command.split(), "--help"])
     assert result.exit_code == 0 and "Usage:" in result.output and len(result.output.splitlines()) > 3
+
+
+def read_csv(path) -> tuple[list[str], list[dict[str, str]]]:
+    """A CSV file's header and rows (the sample employees, to change and import again)."""
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def write_csv(path, header: list[str], rows) -> None:
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerows(rows)
 
 
 def one_line_error(result, code=2):
@@ -247,7 +262,6 @@ def test_reimporting_employees_after_a_run_names_whose_slips_changed(runner, cfg
     already run now reads differently (it said "12 of them already have a slip, made with
     the old data" for one changed salary, and named the first row as the example), and
     the ones that moved company."""
-    import csv
 
     runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
     runner.invoke(cli, ["import", "docs/sample-employees.csv"])
@@ -255,9 +269,7 @@ def test_reimporting_employees_after_a_run_names_whose_slips_changed(runner, cfg
     out = runner.invoke(cli, ["import", "docs/sample-employees.csv"])  # the same file again
     assert out.exit_code == 0 and "(0 new, 12 already there: 0 with changed details, 12 unchanged)" in out.output
     assert "note:" not in out.output, out.output
-    with open("docs/sample-employees.csv", encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        header, rows = list(reader.fieldnames or []), list(reader)
+    header, rows = read_csv("docs/sample-employees.csv")
     rows[4]["basic"] = "47000"  # a salary corrected: the slip changes, not the employee
     rows[6]["email"] = "new.address@example.org"  # an address fixed: both
     (tmp_path / "co.csv").write_text("id,name,address\n2,Padma Textiles Ltd.,\"Agrabad, Chattogram\"\n",
@@ -265,10 +277,7 @@ def test_reimporting_employees_after_a_run_names_whose_slips_changed(runner, cfg
     assert runner.invoke(cli, ["import", "--companies", str(tmp_path / "co.csv")]).exit_code == 0
     rows[8]["company_id"] = "2"  # HR corrects an employer
     fixed = tmp_path / "fixed.csv"
-    with open(fixed, "w", encoding="utf-8", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=header)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(fixed, header, rows)
     out = runner.invoke(cli, ["import", str(fixed)])
     assert out.exit_code == 0 and "(0 new, 12 already there: 2 with changed details, 10 unchanged)" in out.output
     e4, e6, e8 = rows[4]["employee_id"], rows[6]["employee_id"], rows[8]["employee_id"]
@@ -291,10 +300,7 @@ def test_reimporting_employees_after_a_run_names_whose_slips_changed(runner, cfg
         led.db.conn.execute("UPDATE jobs SET status = 'failed' WHERE id = ?", (f"render-2026-11-{e6}",))
     led.close()
     rows[6]["email"] = "newer.address@example.org"
-    with open(fixed, "w", encoding="utf-8", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=header)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(fixed, header, rows)
     out = runner.invoke(cli, ["import", str(fixed)])
     assert out.exit_code == 0 and "read differently" not in out.output, out.output
     assert (f"\n  failed: {e6}; `payrun retry render-2026-11-{e6}` sends it to the new address\n" in out.output
@@ -430,7 +436,6 @@ def test_import_says_what_it_did_not_read_and_which_detail_differs(runner, cfg, 
     companies file given without --companies listed every missing column; "details differ"
     did not say which; `run --company 99` sent HR to import salary lines for a company that
     does not exist."""
-    import csv
 
     runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
     wrong = runner.invoke(cli, ["import", "docs/sample-companies.csv"])
@@ -438,22 +443,14 @@ def test_import_says_what_it_did_not_read_and_which_detail_differs(runner, cfg, 
     other_way = runner.invoke(cli, ["import", "--companies", "docs/sample-employees.csv"])  # (no hint that way round)
     assert other_way.exit_code == 2
     assert "this looks like an employees file: `payrun import FILE` (without --companies)" in other_way.output
-    with open("docs/sample-employees.csv", encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        header, rows = list(reader.fieldnames or []), list(reader)
+    header, rows = read_csv("docs/sample-employees.csv")
     extra = tmp_path / "extra.csv"
-    with open(extra, "w", encoding="utf-8", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=header + ["active", "overtime"])
-        w.writeheader()
-        w.writerows([dict(r, active="0", overtime="500") for r in rows])
+    write_csv(extra, header + ["active", "overtime"], [dict(r, active="0", overtime="500") for r in rows])
     out = runner.invoke(cli, ["import", str(extra)])
     assert out.exit_code == 0 and "note: column(s) not imported (payrun does not know them): active, overtime" \
         in out.output, out.output
     twice = tmp_path / "twice.csv"
-    with open(twice, "w", encoding="utf-8", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=header)
-        w.writeheader()
-        w.writerows([rows[0], dict(rows[0], month="2026-12", designation="Chief", email="x@y.example")])
+    write_csv(twice, header, [rows[0], dict(rows[0], month="2026-12", designation="Chief", email="x@y.example")])
     out = runner.invoke(cli, ["import", str(twice)])
     assert out.exit_code == 2 and "details differ from line 2 (email, designation)" in out.output, out.output
     out = runner.invoke(cli, ["run", "--month", "2026-11", "--company", "99"])
@@ -647,7 +644,6 @@ def test_prune_force_keeps_a_month_whose_jobs_redis_still_holds(runner, cfg, con
 def test_an_address_changed_and_changed_back_is_not_called_the_old_address(runner, cfg, tmp_path):
     """A -> B -> A: the second import said "delivered to the old address ... `payrun
     resend` ... if it should" of a slip sent to the address now on file."""
-    import csv
 
     from payrun.cli import readdressed_notes
     from payrun.ledger import Ledger
@@ -655,9 +651,7 @@ def test_an_address_changed_and_changed_back_is_not_called_the_old_address(runne
     runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
     runner.invoke(cli, ["import", "docs/sample-employees.csv"])
     assert runner.invoke(cli, ["run", "--month", "2026-11"]).exit_code == 0
-    with open("docs/sample-employees.csv", encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        header, rows = list(reader.fieldnames or []), list(reader)
+    header, rows = read_csv("docs/sample-employees.csv")
     e6, e7, old = rows[6]["employee_id"], rows[7]["employee_id"], rows[6]["email"]
     led = Ledger(cfg.ledger_path)
     with led.db.conn:  # e6's slip was delivered (to A, the address its job has)
@@ -670,10 +664,7 @@ def test_an_address_changed_and_changed_back_is_not_called_the_old_address(runne
     def import_with(e6_email: str, e7_email: str):
         rows[6]["email"], rows[7]["email"] = e6_email, e7_email
         path = tmp_path / "emp.csv"
-        with open(path, "w", encoding="utf-8", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=header)
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(path, header, rows)
         out = runner.invoke(cli, ["import", str(path)])
         assert out.exit_code == 0, out.output
         return out.output
