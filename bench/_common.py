@@ -499,21 +499,8 @@ def parallel_render_times(procs: int, n: int, snapshots: list[dict] | None = Non
 
 
 def harfbuzz_subset_info() -> dict[str, Any]:
-    """Whether WeasyPrint subsets fonts with HarfBuzz: weasyprint/pdf/fonts.py Font.subset()
-    uses it when weasyprint.text.ffi.harfbuzz_subset (dlopen of libharfbuzz-subset.so.0,
-    allow_fail=True) loaded and harfbuzz.hb_version_atleast(4, 1, 0); else fontTools."""
-    from weasyprint.pdf import fonts as wp_fonts
-    from weasyprint.text import ffi as wp_ffi
+    """Whether WeasyPrint subsets fonts with HarfBuzz (jobs.slip.harfbuzz_subsetting, which
+    `payrun check` reports too)."""
+    from jobs.slip import harfbuzz_subsetting
 
-    loaded = wp_ffi.harfbuzz_subset is not None
-    recent = bool(wp_ffi.harfbuzz.hb_version_atleast(4, 1, 0))
-    path = None
-    try:
-        for line in Path("/proc/self/maps").read_text().splitlines():
-            if "libharfbuzz-subset" in line:
-                path = line.split()[-1]
-                break
-    except OSError:
-        pass
-    return {"harfbuzz_subset": bool(loaded and recent and wp_fonts.harfbuzz_subset is not None),
-            "libharfbuzz_subset_loaded": loaded, "harfbuzz_ge_4_1": recent, "library": path}
+    return harfbuzz_subsetting()

@@ -647,6 +647,49 @@ class SmtpTransport:
     def __repr__(self) -> str:
         return f"SmtpTransport({self._url!r})"
 
+    def probe(self) -> str:
+        """Connect, EHLO, STARTTLS and log in as a send would, then QUIT with no MAIL: what
+        `payrun check` says of the server ("connected, STARTTLS, login accepted"), or
+        ValueError saying what refused us. Nothing is sent."""
+        smtp: smtplib.SMTP | None = None
+        done = ["connected over TLS" if self.ssl else "connected"]
+        try:
+            if self.ssl:
+                smtp = smtplib.SMTP_SSL(timeout=self.timeout_s, context=self._ssl)
+            else:
+                smtp = smtplib.SMTP(timeout=self.timeout_s)
+            smtp.local_hostname = "localhost"  # (replaced below: no FQDN lookup before connecting)
+            smtp.connect(self.host, self.port)
+            smtp.local_hostname = address_literal(smtp.sock)
+            smtp.ehlo_or_helo_if_needed()
+            if self.starttls:
+                smtp.starttls(context=self._ssl)
+                smtp.ehlo()
+                done.append("STARTTLS")
+            if self.user:
+                smtp.login(self.user, self._password)
+                done.append("login accepted")
+            try:
+                smtp.quit()
+            except (OSError, smtplib.SMTPException):
+                pass
+            smtp = None
+            return ", ".join(done)
+        except smtplib.SMTPAuthenticationError as e:
+            raise ValueError(f"login refused ({e.smtp_code} {_short(e.smtp_error)}): check "
+                             f"{SMTP_PASSWORD_ENV} or the login in email.url") from None
+        except smtplib.SMTPResponseException as e:
+            raise ValueError(f"{' and '.join(done)}, then refused: {e.smtp_code} {_short(e.smtp_error)}") from None
+        except (OSError, smtplib.SMTPException) as e:
+            raise ValueError(f"{'cannot connect' if len(done) == 1 else ' and '.join(done) + ', then'} "
+                             f"({_oserr(e)})") from None
+        finally:
+            if smtp is not None:
+                try:
+                    smtp.close()
+                except OSError:
+                    pass
+
     def close(self) -> None:
         pass  # nothing kept between sends
 
@@ -863,6 +906,33 @@ class HttpTransport:
 
     def __repr__(self) -> str:
         return f"HttpTransport({self._url!r})"
+
+    def probe(self) -> str:
+        """POST an empty request, with our token and no Idempotency-Key, to the messages
+        endpoint: the provider checks the token first and refuses the request as malformed
+        (400), so nothing is sent. What `payrun check` says, or ValueError saying what refused us."""
+        conn = self._new_conn()
+        try:
+            try:
+                conn.request("POST", self.path, body=b"{}", headers=self._headers)
+                resp = conn.getresponse()
+                raw = resp.read(2000)
+            except (OSError, http.client.HTTPException) as e:
+                raise ValueError(f"cannot reach the provider ({_oserr(e)})") from None
+        finally:
+            self._drop(conn)
+        token = "Authorization" in self._headers
+        if resp.status in (401, 403):
+            raise ValueError(f"the provider refused our token ({resp.status}): check {EMAIL_TOKEN_ENV}")
+        if resp.status == 400:
+            return "reachable" + (", token accepted" if token else "")
+        if resp.status == 429:
+            return "reachable (it answered 429: over its rate limit just now)"
+        if resp.status >= 500:
+            raise ValueError(f"the provider is in trouble: {resp.status} {_short(raw)}")
+        if resp.status == 404:
+            raise ValueError(f"no messages endpoint at {self.path} (404): check the URL's path")
+        return f"reachable (it answered {resp.status} to a request with no message)"
 
     # -- connections
     def _new_conn(self) -> http.client.HTTPConnection:

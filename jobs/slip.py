@@ -596,6 +596,28 @@ def tune_gc() -> None:
     gc.set_threshold(*RENDER_GC_THRESHOLDS)
 
 
+def harfbuzz_subsetting() -> dict[str, Any]:
+    """Whether WeasyPrint subsets fonts with HarfBuzz: weasyprint/pdf/fonts.py Font.subset()
+    uses it when weasyprint.text.ffi.harfbuzz_subset (dlopen of libharfbuzz-subset.so.0,
+    allow_fail=True) loaded and harfbuzz.hb_version_atleast(4, 1, 0); else fontTools, several
+    times slower per slip (bench/render.py prints both). ``harfbuzz_subset`` is the answer."""
+    from weasyprint.pdf import fonts as wp_fonts
+    from weasyprint.text import ffi as wp_ffi
+
+    loaded = wp_ffi.harfbuzz_subset is not None
+    recent = bool(wp_ffi.harfbuzz.hb_version_atleast(4, 1, 0))
+    path = None
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            if "libharfbuzz-subset" in line:
+                path = line.split()[-1]
+                break
+    except OSError:
+        pass
+    return {"harfbuzz_subset": bool(loaded and recent and wp_fonts.harfbuzz_subset is not None),
+            "libharfbuzz_subset_loaded": loaded, "harfbuzz_ge_4_1": recent, "library": path}
+
+
 def warm_up() -> None:
     """Load template, fonts and WeasyPrint by rendering SAMPLE_SNAPSHOT (once per process),
     with and without a Bengali name: the slip's two shapes, so both cascades are kept

@@ -554,6 +554,68 @@ def _companies(ids: list[int]) -> str:
     return f"{'company' if len(ids) == 1 else 'companies'} {_ids(ids)}"
 
 
+@cli.command(name="check")
+@click.option("--month", default=None, metavar="YYYY-MM",
+              help="The pay month to check (default: the one the next pay-run tick pays).")
+@click.option("--no-email", "no_email", is_flag=True, help="Do not contact the email provider.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def check_cmd(c: Ctx, month: str | None, no_email: bool, as_json: bool) -> None:
+    """Is payrun ready for its next pay run? Run it the evening before the 1st.
+
+    \b
+    It checks, and says what to do about each problem:
+      redis      reachable, appendonly on, memory for the run's jobs
+      scheduler  a scheduler running for the next pay-run tick (two: one stands by)
+      payroll    salary lines for the month; active staff and companies without any
+      render     a sample slip renders here (and fast: HarfBuzz font subsetting)
+      intake     not drained; a live pdf-render, send-email and control worker
+      ledger     `payrun ledger` applying the workers' events
+      email      the provider reachable and our login or token accepted
+      slips      the slip store writable, with room for the month's slips
+      estimate   how long the run takes, and whether it ends before 09:00
+
+    Nothing is sent or enqueued: the provider gets an SMTP login then QUIT, or an HTTP
+    request with no message, which it refuses. Exit 0 when ready (warnings allowed), 1
+    when a check fails. On a worker host's data directory it checks what that host needs."""
+    from payrun import preflight
+    from payrun.runs import validate_month
+
+    if month is not None:
+        month = validate_month(month)
+    c.require_home()
+    role = c.cfg.home / "supervisor.role"
+    worker_host = role.exists() and role.read_text().strip() == "worker"
+    if worker_host and month is not None:
+        raise InputError("--month is for the control host: this data directory is a worker host's (no payroll "
+                         "data or ledger here)")
+    from payrun import redis_server
+
+    rep = preflight.check(c.cfg, month=month, worker_host=worker_host, email=not no_email,
+                          connect=lambda: redis_server.connect(c.cfg, socket_timeout=5, socket_connect_timeout=5))
+    if as_json:
+        click.echo(json.dumps(rep.to_dict()))
+    else:
+        head = f"the {rep.month} pay run" if rep.month else "this worker host"
+        if rep.tick and rep.tick_month == rep.month:
+            head += f", by the tick of {preflight.local_text(rep.tick, c.cfg.timezone)}"
+        elif rep.tick:
+            head += (f", run by hand (the next tick, {preflight.local_text(rep.tick, c.cfg.timezone)}, pays "
+                     f"{rep.tick_month})")
+        click.echo(f"payrun check: {head}")
+        marks = {preflight.OK: "ok  ", preflight.WARN: "WARN", preflight.FAIL: "FAIL"}
+        for f in rep.findings:
+            click.echo(f"  {marks[f.level]}  {f.area:<9}  {f.text}")
+        if rep.failures:
+            click.echo(f"NOT READY: {_n(rep.failures, 'check')} failed"
+                       + (f", {_n(rep.warnings, 'warning')}" if rep.warnings else ""))
+        else:
+            click.echo("ready" + (f", with {_n(rep.warnings, 'warning')}" if rep.warnings else ""))
+    if rep.failures:
+        sys.exit(1)
+
+
 @cli.command()
 @click.option("--month", default=None, metavar="YYYY-MM", help="The pay run to show (default: the latest run).")
 @click.option("--company", type=int, default=None, help="Only this company id.")

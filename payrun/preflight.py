@@ -1,0 +1,505 @@
+"""`payrun check`: is this payrun ready for its next pay run?
+
+The evening before the 1st, the on-call engineer wants one answer, not nine commands: will
+the 02:00 tick fire, will something take its jobs, will the provider take our mail, is
+there room for the slips, and will it all be done by 09:00? Each check gives a Finding
+(ok, warn or fail) with what to do; the command exits 1 when any check fails.
+
+Nothing here changes the system: no job is enqueued, no email is sent (the provider is
+asked something it refuses without sending: an SMTP login then QUIT, or an HTTP request
+with no message), the slip store gets a test file that is removed at once, and Redis is
+only read (the embedded Redis is not started for a look).
+
+The policy (what is enough, how long a run takes) is in the pure functions at the top,
+tested on their own; the checks that read the system are below them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+AREAS = ("redis", "scheduler", "payroll", "render", "intake", "workers", "ledger", "email", "slips", "estimate")
+
+SEED_SEND_S = 1.2
+"""How long a send takes when we cannot know (a real provider): the seed's 1.2 s."""
+POOL_EFFICIENCY = 0.85
+"""The render pool's slips/s against cores ÷ a lone warm render (bench/render.py: 0.80–0.86)."""
+START_S = 60.0
+"""A run's start before its first delivery: the fan-out, the first renders, the first send."""
+REDIS_BYTES_PER_SLIP = {True: 5.5 * 1024, False: 14 * 1024}
+"""What Redis holds per delivered slip for a day (README, Known limits): the embedded
+server's settings (True) and Redis's defaults (False)."""
+DISK_MARGIN = 1.5
+"""Room asked for beyond the month's slips (resends, a slip bigger than the sample)."""
+DEADLINE_MARGIN_S = 3600.0
+"""A run expected to end less than an hour before 09:00 is a warning: one outage eats that."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    area: str
+    level: str
+    text: str
+
+
+@dataclass
+class Report:
+    month: str | None = None
+    tick: str | None = None
+    """The next pay-run tick (ISO, the configured zone), if a scheduler entry runs one."""
+    tick_month: str | None = None
+    """The month that tick pays (another than ``month`` when --month named one)."""
+    findings: list[Finding] = field(default_factory=list)
+
+    def add(self, area: str, level: str, text: str) -> None:
+        self.findings.append(Finding(area, level, text))
+
+    @property
+    def failures(self) -> int:
+        return sum(f.level == FAIL for f in self.findings)
+
+    @property
+    def warnings(self) -> int:
+        return sum(f.level == WARN for f in self.findings)
+
+    def in_order(self) -> None:
+        """The findings by area, in AREAS order (each area's in the order found)."""
+        self.findings.sort(key=lambda f: AREAS.index(f.area) if f.area in AREAS else len(AREAS))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"month": self.month, "tick": self.tick, "tick_month": self.tick_month, "ready": not self.failures, "failures": self.failures,
+                "warnings": self.warnings, "checks": [asdict(f) for f in self.findings]}
+
+
+# ---- policy (pure) ------------------------------------------------------------------
+
+def send_rate(rate_per_s: float, cap: int, lanes: int, send_s: float) -> float:
+    """Sends per second the run can reach: the provider's limit, the global cap over a
+    send's time, and every send lane of every live sending process over a send's time."""
+    send_s = max(send_s, 0.001)
+    return max(0.0, min(rate_per_s, cap / send_s, lanes / send_s))
+
+
+def run_seconds(slips: int, sends_per_s: float, render_s: float, render_workers: int) -> float | None:
+    """How long a run of ``slips`` takes, start to last delivery: the slower of the sends and
+    the renders (they overlap), plus the start. None when nothing would send or render."""
+    if slips <= 0:
+        return 0.0
+    if sends_per_s <= 0 or render_workers <= 0 or render_s <= 0:
+        return None
+    renders_per_s = render_workers / render_s * POOL_EFFICIENCY
+    return START_S + max(slips / sends_per_s, slips / renders_per_s)
+
+
+def deadline_after(start: datetime, hour: int = 9, minute: int = 0) -> datetime:
+    """The first 09:00 (in ``start``'s zone) at or after ``start``: what a run begun then must meet."""
+    deadline = start.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    return deadline if deadline >= start else deadline + timedelta(days=1)
+
+
+def deadline_verdict(start: datetime, seconds: float | None) -> tuple[str, str]:
+    """Whether a run begun at ``start`` (local) and lasting ``seconds`` ends before 09:00."""
+    deadline = deadline_after(start)
+    if seconds is None:
+        return FAIL, f"cannot finish: nothing would render or send its slips (09:00 is at {deadline:%Y-%m-%d %H:%M})"
+    end = start + timedelta(seconds=seconds)
+    took = _duration(seconds)
+    left = (deadline - end).total_seconds()
+    if left < 0:
+        return FAIL, (f"about {took}: done by {end:%H:%M}, after {deadline:%H:%M}: start earlier, add render workers "
+                      "or raise the provider's limit")
+    if left < DEADLINE_MARGIN_S:
+        return WARN, (f"about {took}: done by {end:%H:%M}, less than an hour before {deadline:%H:%M} "
+                      "(one provider outage would eat that)")
+    return OK, f"about {took}: done by about {end:%H:%M}, {_duration(left)} before {deadline:%H:%M}"
+
+
+def disk_verdict(free_bytes: int, slips: int, slip_bytes: int) -> tuple[str, str]:
+    need = int(slips * slip_bytes * DISK_MARGIN)
+    text = f"{_size(free_bytes)} free, ~{_size(need)} needed for {slips:,} slips of ~{_size(slip_bytes)}"
+    if free_bytes < slips * slip_bytes:
+        return FAIL, text + ": the store would fill up mid-run (free space, or `payrun prune --slips`)"
+    if free_bytes < need:
+        return WARN, text + " (with little to spare)"
+    return OK, text
+
+
+def redis_memory_verdict(used: int, maxmemory: int, policy: str, slips: int, embedded: bool) -> tuple[str, str]:
+    """Redis keeps ~5.5 KiB per slip for a day (14 KiB with Redis's default settings): a
+    maxmemory below that refuses writes mid-run, and an evicting policy drops jobs."""
+    per = REDIS_BYTES_PER_SLIP[embedded]
+    need = used + int(slips * per)
+    text = f"{_size(used)} used" + (f", ~{_size(need)} at the end of a run of {slips:,} slips" if slips else "")
+    if policy and policy != "noeviction":
+        return FAIL, (text + f"; maxmemory-policy is {policy}: under memory pressure Redis deletes keys, jobs "
+                      "among them (set it to noeviction)")
+    if maxmemory and need > maxmemory:
+        return FAIL, text + f", above its maxmemory of {_size(maxmemory)}: it would refuse writes mid-run"
+    return OK, text + (f" (maxmemory {_size(maxmemory)})" if maxmemory else "")
+
+
+def worker_verdicts(render: int, send_processes: int, lanes: int, control: int, hosts: int) -> list[Finding]:
+    out = []
+    where = f" on {hosts} host{'s' if hosts != 1 else ''}" if hosts > 1 else ""
+    if render:
+        out.append(Finding("workers", OK, f"{render} pdf-render worker{'s' if render != 1 else ''}{where}"))
+    else:
+        out.append(Finding("workers", FAIL, "no pdf-render worker is running: no slip would be rendered "
+                                            "(`payrun up`, `payrun ps`)"))
+    if send_processes:
+        out.append(Finding("workers", OK, f"{send_processes} send-email process{'es' if send_processes != 1 else ''} "
+                                          f"with {lanes} lanes"))
+    else:
+        out.append(Finding("workers", FAIL, "no send-email worker is running: no slip would be emailed "
+                                            "(`payrun up`, `payrun ps`)"))
+    if control:
+        out.append(Finding("workers", OK, f"{control} control worker{'s' if control != 1 else ''} (cron ticks' jobs)"))
+    else:
+        out.append(Finding("workers", FAIL, "no control worker is running: a cron tick's pay run would wait, "
+                                            "not start (`payrun up` on the control host)"))
+    return out
+
+
+def scheduler_verdict(alive: int, due_since: str | None, tick: str | None, zone: str) -> Finding:
+    if due_since:
+        return Finding("scheduler", FAIL, f"a pay-run tick due since {_local(due_since, zone)} has not fired: is a "
+                                          "scheduler running? (`payrun schedule`)")
+    if not alive:
+        what = f"the tick of {_local(tick, zone)} will not fire" if tick else "no cron tick will fire"
+        return Finding("scheduler", FAIL, f"no scheduler is running: {what} (`payrun up` on the control host)")
+    nxt = f"next pay-run tick {_local(tick, zone)}" if tick else "no pay-run entry in scheduler.entries"
+    if alive == 1:
+        return Finding("scheduler", WARN, f"{nxt}; one scheduler running, not two: it fires alone if its host is "
+                                          "down at the tick (the other catches up within its window)")
+    return Finding("scheduler", OK, f"{nxt}; {alive} schedulers running (one fires, the other stands by)")
+
+
+def local_text(iso: str | None, zone: str) -> str:
+    """An ISO time as the check says it: "2026-12-01 02:00 Asia/Dhaka"."""
+    return _local(iso, zone)
+
+
+def _local(iso: str | None, zone: str) -> str:
+    if not iso:
+        return "?"
+    from zoneinfo import ZoneInfo
+
+    return f"{datetime.fromisoformat(iso).astimezone(ZoneInfo(zone)):%Y-%m-%d %H:%M} {zone}"
+
+
+def _duration(seconds: float) -> str:
+    m = int(math.ceil(seconds / 60))
+    return f"{m} min" if m < 120 else f"{m // 60} h {m % 60:02d} min"
+
+
+def _size(n: float) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+# ---- the checks that read the system -------------------------------------------------
+
+def check(cfg, *, month: str | None = None, worker_host: bool = False, email: bool = True,
+          now: datetime | None = None, connect: Callable[[], Any] | None = None) -> Report:
+    """Every check, in the order an operator reads them. ``worker_host``: this data
+    directory is a worker host's (no ledger, payroll data or scheduler here). ``connect``:
+    the Redis connection (default: the one the config names, not started if down)."""
+    from zoneinfo import ZoneInfo
+
+    now = now or datetime.now(timezone.utc)
+    zone = ZoneInfo(cfg.timezone)
+    rep = Report(month=month)
+    conn = _redis(cfg, rep, connect)
+
+    tick_local: datetime | None = None
+    due_since = None
+    if not worker_host:
+        tick_local, due_since = _next_tick(cfg, conn, rep, now, zone)
+    slips = _payroll(cfg, rep) if not worker_host and rep.month else 0
+
+    render_s, slip_bytes = _render(rep)
+    live = None
+    if conn is not None:
+        _redis_memory(cfg, conn, rep, slips)
+        _intake(conn, rep)
+        live = _workers(cfg, conn, rep)
+        if not worker_host:
+            _ledger(cfg, conn, rep)
+            from scheduler.cli import schedulers_alive
+
+            rep.findings.append(scheduler_verdict(len(schedulers_alive(conn)), due_since, rep.tick, cfg.timezone))
+    if email:
+        _email(cfg, rep)
+    _slips(cfg, rep, slips, slip_bytes)
+    if not worker_host and rep.month:
+        by_tick = tick_local is not None and rep.tick_month == rep.month
+        _estimate(cfg, conn, rep, slips, render_s, live, tick_local if by_tick else now.astimezone(zone), by_tick)
+    rep.in_order()
+    return rep
+
+
+def _redis(cfg, rep: Report, connect) -> Any:
+    from payrun import redis_server
+    from payrun.config import redact_url
+
+    where = "embedded (unix socket)" if cfg.embedded_redis else redact_url(redis_server.url(cfg))
+    try:
+        conn = connect() if connect else redis_server.connect(cfg, socket_timeout=5, socket_connect_timeout=5)
+        conn.ping()
+    except Exception as e:  # noqa: BLE001 - whatever stops us reaching it, said in one line
+        rep.add("redis", FAIL, f"{where}: unreachable ({type(e).__name__}): `payrun up`, then check again; the "
+                               "checks that read Redis (workers, scheduler, ledger, limits) were not made")
+        return None
+    try:
+        info = conn.info("persistence")
+    except Exception:  # noqa: BLE001 - a managed Redis may refuse INFO sections
+        info = {}
+    if info and not int(info.get("aof_enabled", 0)) and cfg.embedded_redis:
+        rep.add("redis", WARN, f"{where}: reachable, but appendonly is off: a Redis restart loses the queued jobs")
+    elif info and not int(info.get("aof_enabled", 0)):
+        rep.add("redis", WARN, f"{where}: reachable; appendonly is off: a restart of this Redis loses queued jobs "
+                               "unless its snapshots are recent (turn on appendonly)")
+    else:
+        rep.add("redis", OK, f"{where}: reachable" + (", appendonly on" if info else ""))
+    return conn
+
+
+def _redis_memory(cfg, conn, rep: Report, slips: int) -> None:
+    try:
+        mem = conn.info("memory")
+    except Exception:  # noqa: BLE001
+        return
+    level, text = redis_memory_verdict(int(mem.get("used_memory", 0)), int(mem.get("maxmemory", 0)),
+                                       str(mem.get("maxmemory_policy", "")), slips, cfg.embedded_redis)
+    rep.add("redis", level, text)
+
+
+def _next_tick(cfg, conn, rep: Report, now: datetime, zone) -> tuple[datetime | None, str | None]:
+    """The next pay-run tick (local), and a tick due and not fired; sets the report's month
+    to the one that tick pays when none was asked for."""
+    from scheduler import cron
+    from scheduler.cli import schedule_view
+
+    try:
+        entries = {e.name: e for e in cron.load_entries(cfg.scheduler.entries)}
+        rows = schedule_view(cfg, conn, now=now)
+    except Exception as e:  # noqa: BLE001 - a bad schedule is a finding, not a crash
+        rep.add("scheduler", FAIL, f"the schedule cannot be read: {e}")
+        return None, None
+    pay = [r for r in rows if r["job"] == "payroll"]
+    if not pay:
+        rep.add("scheduler", WARN, "no pay-run entry in scheduler.entries: a pay run starts only by hand "
+                                   "(`payrun run --month M`)")
+        return None, None
+    row = min(pay, key=lambda r: r["next_utc"])
+    nxt = datetime.fromisoformat(row["next_utc"]).astimezone(zone)
+    rep.tick = nxt.isoformat()
+    rep.tick_month = cron.pay_month(nxt, zone, entries[row["name"]].month)
+    if rep.month is None:
+        rep.month = rep.tick_month
+    return nxt, row.get("due_since")
+
+
+def _payroll(cfg, rep: Report) -> int:
+    """The month's slips: employees with salary lines; those active without one named."""
+    from payrun import payroll
+
+    if not cfg.payroll_path.exists():
+        rep.add("payroll", FAIL, f"no payroll database at {cfg.payroll_path}: `payrun import` the companies and "
+                                 "employees first")
+        return 0
+    with payroll.PayrollDB(cfg.payroll_path) as db:
+        names = {int(c["id"]): c["name"] for c in payroll.companies(db)}
+        companies = payroll.company_ids_for(db, rep.month)
+        slips = payroll.count_employees(db, rep.month)
+        missing = payroll.without_salary_line(db, rep.month, sorted(names))
+    if not slips:
+        rep.add("payroll", FAIL, f"no salary lines for {rep.month}: the tick would pay nothing (`payrun import "
+                                 f"FILE.csv` with the month's lines)")
+        return 0
+    rep.add("payroll", OK, f"{rep.month}: {slips:,} employees with salary lines in {len(companies)} "
+                           f"compan{'y' if len(companies) == 1 else 'ies'}")
+    absent = sorted(set(missing) - set(companies))  # a company with staff and not one line: its file not imported?
+    if absent:
+        shown = ", ".join(f"{cid} ({names.get(cid, '?')})" for cid in absent[:5]) + (
+            f" and {len(absent) - 5} more" if len(absent) > 5 else "")
+        rep.add("payroll", WARN, f"{len(absent)} compan{'y has' if len(absent) == 1 else 'ies have'} active employees "
+                                 f"and no salary line for {rep.month} at all, so no slips: {shown} (its file not "
+                                 "imported yet?)")
+    unpaid = sorted(e for cid, ids in missing.items() if cid in companies for e in ids)
+    if unpaid:
+        shown = ", ".join(unpaid[:5]) + (f" and {len(unpaid) - 5:,} more" if len(unpaid) > 5 else "")
+        rep.add("payroll", WARN, f"{len(unpaid):,} active employee{'s' if len(unpaid) != 1 else ''} of the "
+                                 f"companies paid {'have' if len(unpaid) != 1 else 'has'} no salary line for {rep.month}, "
+                                 f"so no slip: {shown} (`payrun import`, or `payrun employee left` for leavers)")
+    if cfg.ledger_path.exists():
+        from payrun.ledger import Ledger
+
+        led = Ledger(cfg.ledger_path)
+        try:
+            run = led.runs(rep.month)
+        finally:
+            led.close()
+        if run:
+            rep.add("payroll", WARN, f"{rep.month} was already run ({len(run)} compan"
+                                     f"{'y' if len(run) == 1 else 'ies'}): the tick will not run it again "
+                                     f"(`payrun status --month {rep.month}`)")
+    return slips
+
+
+def _render(rep: Report) -> tuple[float, int]:
+    """A sample slip rendered here, cold then warm: the warm time and its size."""
+    from jobs import slip
+
+    try:
+        t0 = time.perf_counter()
+        slip.warm_up()
+        cold = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pdf = slip.render_pdf(slip.SAMPLE_SNAPSHOT)
+        warm = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 - the renderer's own failure, said
+        rep.add("render", FAIL, f"the sample slip does not render here: {type(e).__name__}: {e}")
+        return 0.0, 0
+    hb = slip.harfbuzz_subsetting()["harfbuzz_subset"]
+    text = f"a sample slip renders in {warm * 1000:.0f} ms warm ({cold:.1f} s cold), {len(pdf) // 1024} KiB"
+    if hb:
+        rep.add("render", OK, text + "; fonts subset with HarfBuzz")
+    else:
+        rep.add("render", WARN, text + "; fonts subset with fontTools, several times slower than HarfBuzz "
+                                       "(install libharfbuzz-subset0: scripts/setup)")
+    return warm, len(pdf)
+
+
+def _intake(conn, rep: Report) -> None:
+    from rq.suspension import WORKERS_SUSPENDED
+
+    from payrun import keys
+
+    paused = sorted(m.decode() if isinstance(m, bytes) else m for m in conn.smembers(keys.PAUSED_QUEUES))
+    if conn.exists(WORKERS_SUSPENDED):
+        rep.add("intake", FAIL, "intake is drained everywhere: no worker would take the run's jobs (`payrun resume`)")
+    elif paused:
+        rep.add("intake", FAIL, f"intake is drained on {', '.join(paused)}: those jobs would wait (`payrun resume`)")
+    else:
+        rep.add("intake", OK, "open on every queue")
+
+
+def _workers(cfg, conn, rep: Report) -> dict[str, int]:
+    from console.data import read_workers
+    from payrun.status import programs_given_up
+
+    rows = [w for w in read_workers(conn, time.time()) if w.alive and not w.stopping]
+    render = sum(w.kind == "render" for w in rows)
+    email_rows = [w for w in rows if w.kind == "email"]
+    processes = len({(w.host, w.pid) for w in email_rows})
+    control = sum(w.kind == "control" for w in rows)
+    hosts = len({w.host for w in rows})
+    rep.findings.extend(worker_verdicts(render, processes, len(email_rows), control, hosts))
+    given_up = programs_given_up(cfg)
+    if given_up:
+        rep.add("workers", FAIL, f"supervisord gave up on {', '.join(given_up)} here (FATAL): see their logs in "
+                                 f"{cfg.log_dir}, then `payrun up`")
+    return {"render": render, "lanes": len(email_rows)}
+
+
+def _ledger(cfg, conn, rep: Report) -> None:
+    from payrun import keys
+    from payrun.ledger import LEDGER_STALE_S, backlog_age_s
+
+    owner = conn.get(keys.LEDGER_OWNER)
+    age = backlog_age_s(conn)
+    if age > LEDGER_STALE_S:
+        rep.add("ledger", FAIL, f"the ledger is {age:.0f} s behind the workers: is `payrun ledger` running "
+                                "(`payrun ps`)? Status and the console would lag the run")
+    elif owner is None:
+        rep.add("ledger", FAIL, "no `payrun ledger` is running: the run's progress would not reach the ledger, "
+                                "`payrun status` or the console (`payrun up`)")
+    else:
+        rep.add("ledger", OK, "`payrun ledger` is applying the workers' events")
+
+
+def _email(cfg, rep: Report) -> None:
+    from jobs import mail
+    from payrun.config import redact_url
+
+    url = cfg.email_url
+    shown = redact_url(url)
+    if not cfg.email.url:
+        rep.add("email", WARN, f"PAYRUN_EMAIL_URL is not set: slips go to the local provider simulator ({shown}), "
+                               "which delivers nothing to anyone (right for a rehearsal, not for payday)")
+    try:
+        transport = mail.transport_for(url, timeout_s=min(15.0, float(cfg.email.timeout_s)))
+        said = transport.probe()
+    except Exception as e:  # noqa: BLE001 - every way a provider can refuse, in one line
+        from payrun.text import visible
+
+        rep.add("email", FAIL, f"{shown}: {visible(str(e))[:300]}")
+        return
+    rep.add("email", OK, f"{shown}: {said} (nothing was sent)")
+
+
+def _slips(cfg, rep: Report, slips: int, slip_bytes: int) -> None:
+    store: Path = cfg.slips_dir
+    if not store.is_dir():
+        rep.add("slips", FAIL, f"no slip store at {store}: `payrun up` makes it (mount the shared store first on "
+                               "a multi-host setup)")
+        return
+    probe = store / f".payrun-check-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, b"\0" * 4096)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        rep.add("slips", FAIL, f"{store}: a slip cannot be written there ({e.strerror or e})")
+        return
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+    st = os.statvfs(store)
+    free = st.f_bavail * st.f_frsize
+    if slips and slip_bytes:
+        level, text = disk_verdict(free, slips, slip_bytes)
+        rep.add("slips", level, f"{store}: writable; {text}")
+    else:
+        rep.add("slips", OK, f"{store}: writable; {_size(free)} free")
+
+
+def _estimate(cfg, conn, rep: Report, slips: int, render_s: float, live: dict[str, int] | None,
+              start: datetime, by_tick: bool) -> None:
+    """How long the run takes, from the limits in force, the live workers and the warm render."""
+    if not slips:
+        return
+    cap, rate = cfg.limits.email_concurrency, cfg.limits.email_rate_per_s
+    if conn is not None:
+        try:
+            from jobs.limits import email_limiter
+
+            st = email_limiter(conn, cfg).settings()
+            cap, rate = st.cap, st.rate_per_s
+        except Exception:  # noqa: BLE001 - the config's values then
+            pass
+    send_s = cfg.provider.latency_s if not cfg.email.url else SEED_SEND_S
+    lanes = live["lanes"] if live else cfg.email.lanes
+    render_workers = live["render"] if live else cfg.render_workers
+    sends = send_rate(rate, cap, lanes, send_s)
+    seconds = run_seconds(slips, sends, render_s, render_workers)
+    level, text = deadline_verdict(start, seconds)
+    how = (f"{slips:,} slips at {sends:.1f} sends/s (limit {rate:g}/s, cap {cap}, ~{send_s:g} s a send) and "
+           f"{render_workers} render worker{'s' if render_workers != 1 else ''}")
+    when = f"from the tick at {start:%Y-%m-%d %H:%M}" if by_tick else f"if started now ({start:%H:%M})"
+    rep.add("estimate", level, f"{how}, {when}: {text}")

@@ -1,0 +1,211 @@
+"""`payrun check`: the evening-before readiness check. Its policy on its own (pure), then
+its checks against a real Redis, real worker, ledger and scheduler processes, the local
+HTTP provider and a real SMTP server (aiosmtpd). No check may send or enqueue anything."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+from aiosmtpd.smtp import AuthResult
+from click.testing import CliRunner
+
+from cluster import Cluster, scrub_env
+from jobs.mail import transport_for
+from payrun import keys, preflight
+from payrun.cli import cli
+from payrun.preflight import FAIL, OK, WARN
+from payrun.provider import Provider
+from test_mail import EphemeralController, Recorder
+
+DHAKA = ZoneInfo("Asia/Dhaka")
+
+
+# ---- policy (pure) ------------------------------------------------------------------
+
+def test_the_send_rate_is_the_tightest_of_limit_cap_and_lanes():
+    assert preflight.send_rate(40, 50, 50, 1.2) == 40  # the provider's limit
+    assert preflight.send_rate(40, 45, 50, 1.2) == pytest.approx(37.5)  # the seed's cap of 45
+    assert preflight.send_rate(40, 50, 12, 1.2) == pytest.approx(10)  # too few lanes
+    assert preflight.send_rate(40, 50, 0, 1.2) == 0  # nothing sends
+
+
+def test_a_run_takes_as_long_as_its_slower_half():
+    # 50,000 slips at 40/s: the provider's 1,250 s, not the renders' (2 workers at 40 ms)
+    assert preflight.run_seconds(50_000, 40, 0.040, 2) == pytest.approx(60 + 1250)
+    # one slow render worker: the renders set the pace (0.3 s / 0.85 per slip)
+    assert preflight.run_seconds(10_000, 40, 0.3, 1) == pytest.approx(60 + 10_000 * 0.3 / 0.85)
+    assert preflight.run_seconds(10, 0, 0.04, 2) is None
+    assert preflight.run_seconds(10, 40, 0.04, 0) is None
+    assert preflight.run_seconds(0, 0, 0, 0) == 0
+
+
+def test_the_deadline_is_the_first_0900_after_the_start():
+    tick = datetime(2026, 12, 1, 2, 0, tzinfo=DHAKA)
+    assert preflight.deadline_after(tick) == datetime(2026, 12, 1, 9, 0, tzinfo=DHAKA)
+    late = datetime(2026, 12, 1, 9, 30, tzinfo=DHAKA)  # a rerun after 09:00: tomorrow's
+    assert preflight.deadline_after(late) == datetime(2026, 12, 2, 9, 0, tzinfo=DHAKA)
+    level, text = preflight.deadline_verdict(tick, 1310)
+    assert level == OK and "about 22 min: done by about 02:21" in text and "6 h 39 min before 09:00" in text
+    level, text = preflight.deadline_verdict(tick, 6.5 * 3600)
+    assert level == WARN and "less than an hour before 09:00" in text
+    level, text = preflight.deadline_verdict(tick, 8 * 3600)
+    assert level == FAIL and "after 09:00" in text
+    assert preflight.deadline_verdict(tick, None)[0] == FAIL
+
+
+def test_disk_and_redis_memory_verdicts():
+    assert preflight.disk_verdict(10 << 30, 50_000, 18_000)[0] == OK
+    assert preflight.disk_verdict(1_000_000_000, 50_000, 18_000)[0] == WARN  # 0.9 GB needed, 1.35 asked
+    level, text = preflight.disk_verdict(500_000_000, 50_000, 18_000)
+    assert level == FAIL and "fill up mid-run" in text
+    assert preflight.redis_memory_verdict(2 << 20, 0, "noeviction", 50_000, True)[0] == OK
+    level, text = preflight.redis_memory_verdict(2 << 20, 100 << 20, "noeviction", 50_000, True)
+    assert level == FAIL and "above its maxmemory of 100.0 MiB" in text  # 50,000 × 5.5 KiB = 269 MiB
+    level, text = preflight.redis_memory_verdict(2 << 20, 0, "allkeys-lru", 10, False)
+    assert level == FAIL and "deletes keys, jobs among them" in text
+
+
+def test_worker_and_scheduler_verdicts_name_what_is_missing():
+    found = preflight.worker_verdicts(render=0, send_processes=1, lanes=50, control=0, hosts=1)
+    assert [f.level for f in found] == [FAIL, OK, FAIL]
+    assert "no pdf-render worker" in found[0].text and "no control worker" in found[2].text
+    tick = "2026-12-01T02:00:00+06:00"
+    assert preflight.scheduler_verdict(2, None, tick, "Asia/Dhaka").level == OK
+    one = preflight.scheduler_verdict(1, None, tick, "Asia/Dhaka")
+    assert one.level == WARN and "2026-12-01 02:00 Asia/Dhaka" in one.text
+    none = preflight.scheduler_verdict(0, None, tick, "Asia/Dhaka")
+    assert none.level == FAIL and "the tick of 2026-12-01 02:00 Asia/Dhaka will not fire" in none.text
+    assert "has not fired" in preflight.scheduler_verdict(2, tick, tick, "Asia/Dhaka").text
+
+
+# ---- the provider, asked without sending ----------------------------------------------
+
+def test_the_http_probe_checks_the_token_and_sends_nothing():
+    p = Provider(latency_s=0.01, rate_per_s=1000, token="right-token").start()
+    try:
+        assert transport_for(p.url, 5).__class__.__name__ == "HttpTransport"
+        with pytest.MonkeyPatch.context() as m:
+            m.setenv("PAYRUN_EMAIL_TOKEN", "right-token")
+            assert transport_for(p.url, 5).probe() == "reachable, token accepted"
+            m.setenv("PAYRUN_EMAIL_TOKEN", "wrong-token")
+            with pytest.raises(ValueError) as ei:
+                transport_for(p.url, 5).probe()
+            assert "refused our token (401): check PAYRUN_EMAIL_TOKEN" in str(ei.value)
+            assert "wrong-token" not in str(ei.value)
+            m.setenv("PAYRUN_EMAIL_TOKEN", "right-token")
+            p.outage(60, 503)
+            with pytest.raises(ValueError, match="in trouble: 503"):
+                transport_for(p.url, 5).probe()
+            with pytest.raises(ValueError, match="no messages endpoint at /v2/v1/messages"):
+                transport_for(p.url + "/v2", 5).probe()
+        assert p.stats()["delivered"] == 0
+    finally:
+        p.stop()
+    with pytest.raises(ValueError, match="cannot reach the provider"):
+        transport_for(p.url, 2).probe()  # stopped: nothing listens
+
+
+def test_the_smtp_probe_logs_in_and_quits_without_mail(monkeypatch):
+    handler = Recorder()
+
+    def authenticator(server, session, envelope, mechanism, auth_data):
+        return AuthResult(success=(auth_data.login, auth_data.password) == (b"payroll", b"s3cret"), handled=False)
+
+    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0, authenticator=authenticator,
+                              auth_require_tls=False)
+    ctl.start()
+    try:
+        assert transport_for(f"smtp://payroll:s3cret@127.0.0.1:{ctl.port}", 5).probe() == "connected, login accepted"
+        with pytest.raises(ValueError) as ei:
+            transport_for(f"smtp://payroll:wr0ng@127.0.0.1:{ctl.port}", 5).probe()
+        assert "login refused (535" in str(ei.value) and "wr0ng" not in str(ei.value)
+        assert handler.messages == []
+    finally:
+        ctl.stop()
+    with pytest.raises(ValueError, match="cannot connect"):
+        transport_for(f"smtp://127.0.0.1:{ctl.port}", 2).probe()
+
+
+# ---- the whole check ------------------------------------------------------------------
+
+def test_a_payrun_with_nothing_running_is_not_ready_and_says_what_to_do(world):
+    cfg, conn, db, ledger = world
+    conn.sadd(keys.PAUSED_QUEUES, keys.EMAIL_QUEUE)
+    out = CliRunner().invoke(cli, ["check", "--month", "2026-11", "--no-email"])
+    assert out.exit_code == 1, out.output
+    lines = out.output.splitlines()
+    assert lines[0].startswith("payrun check: the 2026-11 pay run, run by hand (the next tick, ")
+    assert "  ok    payroll    2026-11: 12 employees with salary lines in 2 companies" in lines
+    text = "\n".join(lines)
+    for want in ("FAIL  intake     intake is drained on send-email", "FAIL  workers    no pdf-render worker",
+                 "FAIL  ledger     no `payrun ledger` is running", "FAIL  scheduler  no scheduler is running",
+                 "FAIL  workers    no send-email worker"):
+        assert want in text, out.output
+    assert lines[-1].startswith("NOT READY: ")
+    data = json.loads(CliRunner().invoke(cli, ["check", "--month", "2026-11", "--no-email", "--json"]).output)
+    assert data["ready"] is False and data["month"] == "2026-11" and data["failures"] >= 5
+    assert {c["area"] for c in data["checks"]} >= {"redis", "scheduler", "payroll", "render", "workers", "ledger"}
+    # it looked, and wrote nothing: no job, no ledger row
+    assert not conn.keys("rq:job:*") and ledger.db.conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+
+
+def test_bad_input_to_check_is_refused_in_one_line(world):
+    out = CliRunner().invoke(cli, ["check", "--month", "2026-13"])
+    assert out.exit_code == 2 and out.output.startswith("payrun: ") and len(out.output.splitlines()) == 1
+
+
+def test_a_running_payrun_is_ready_and_a_wrong_token_is_caught(tmp_path, redis_url, conn):
+    provider = Provider(latency_s=0.05, rate_per_s=40, token="t0ken").start()
+    env = dict(scrub_env(), PAYRUN_REDIS_URL=redis_url, PAYRUN_EMAIL_URL=provider.url, PAYRUN_EMAIL_TOKEN="t0ken")
+    try:
+        with Cluster(tmp_path / "home", env) as cluster:
+            cluster.seed(30)
+            cluster.start(render=1, lanes=2, reaper=False)
+            cluster.spawn("control", "worker", "control")
+            cluster.spawn("scheduler-a", "scheduler")
+            cluster.spawn("scheduler-b", "scheduler")
+            cluster.wait_alive(conn, "render-0")
+            cluster.wait_alive(conn, "email-0")
+            with pytest.MonkeyPatch.context() as m:
+                for k, v in env.items():
+                    m.setenv(k, v)
+                from payrun import config as config_mod
+
+                cfg = config_mod.load(env=cluster.env)
+                evening = datetime(2026, 11, 30, 18, 0, tzinfo=timezone.utc)  # 00:00 in Dhaka, 2 h before the tick
+                deadline = time.monotonic() + 60
+                while True:  # until the control worker, the ledger and both schedulers are up
+                    rep = preflight.check(cfg, month="2026-11", now=evening)
+                    if not rep.failures or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.2)
+                assert not rep.failures, rep.to_dict()
+                texts = {f.area: f.text for f in rep.findings if f.level == OK}
+                assert "token accepted (nothing was sent)" in texts["email"]
+                assert "2 schedulers running" in texts["scheduler"]
+                assert "30 employees with salary lines" in texts["payroll"]
+                assert "writable" in texts["slips"]
+                assert "30 slips at " in texts["estimate"] and "from the tick at 2026-12-01 02:00" in texts["estimate"]
+                m.setenv("PAYRUN_EMAIL_TOKEN", "expired")
+                bad = preflight.check(cfg, month="2026-11", now=evening)
+                assert [f.text for f in bad.findings if f.level == FAIL] == [
+                    f"{provider.url}: the provider refused our token (401): check PAYRUN_EMAIL_TOKEN"]
+            assert provider.stats()["delivered"] == 0 and not conn.keys("rq:job:render-*")
+    finally:
+        provider.stop()
+
+
+def test_a_worker_host_checks_what_that_host_needs(cfg, conn):
+    (cfg.home / "supervisor.role").write_text("worker\n")
+    out = CliRunner().invoke(cli, ["check", "--no-email", "--json"])
+    data = json.loads(out.output)
+    assert out.exit_code == 1 and data["month"] is None  # (no worker runs here yet)
+    areas = {c["area"] for c in data["checks"]}
+    assert areas >= {"redis", "render", "intake", "workers", "slips"}
+    assert not areas & {"payroll", "scheduler", "ledger", "estimate"}  # the control host's
+    refused = CliRunner().invoke(cli, ["check", "--month", "2026-11"])
+    assert refused.exit_code == 2 and "--month is for the control host" in refused.output
