@@ -145,6 +145,19 @@ def redis_memory_verdict(used: int, maxmemory: int, policy: str, slips: int, emb
     return OK, text + (f" (maxmemory {_size(maxmemory)})" if maxmemory else "")
 
 
+CLOCK_SKEW_S = 2.0
+"""A host clock this far from Redis's is a warning: leases, liveness and the reaper compare
+times written by different hosts, and the schedulers fire by their own clocks."""
+
+
+def clock_verdict(skew_s: float) -> tuple[str, str] | None:
+    """This host's clock against the Redis server's (local minus Redis), or None when close."""
+    if abs(skew_s) < CLOCK_SKEW_S:
+        return None
+    return WARN, (f"this host's clock is {abs(skew_s):.1f} s {'ahead of' if skew_s > 0 else 'behind'} the Redis "
+                  "server's: leases, liveness and the schedulers compare times across hosts (sync the clocks: NTP)")
+
+
 def worker_verdicts(render: int, send_processes: int, lanes: int, control: int, hosts: int) -> list[Finding]:
     out = []
     where = f" on {hosts} host{'s' if hosts != 1 else ''}" if hosts > 1 else ""
@@ -270,6 +283,14 @@ def _redis(cfg, rep: Report, connect) -> Any:
                                "unless its snapshots are recent (turn on appendonly)")
     else:
         rep.add("redis", OK, f"{where}: reachable" + (", appendonly on" if info else ""))
+    try:
+        before = time.time()
+        sec, usec = conn.time()
+        skew = (before + time.time()) / 2 - (sec + usec / 1e6)
+    except Exception:  # noqa: BLE001 - a Redis that refuses TIME: nothing to compare
+        skew = 0.0
+    if said := clock_verdict(skew):
+        rep.add("redis", *said)
     return conn
 
 

@@ -69,6 +69,13 @@ def test_disk_and_redis_memory_verdicts():
     assert level == FAIL and "deletes keys, jobs among them" in text
 
 
+def test_a_clock_off_the_redis_servers_is_a_warning():
+    assert preflight.clock_verdict(0.4) is None and preflight.clock_verdict(-1.9) is None
+    level, text = preflight.clock_verdict(-7.25)
+    assert level == WARN and "7.2 s behind the Redis server's" in text
+    assert "ahead of" in preflight.clock_verdict(3)[1]
+
+
 def test_worker_and_scheduler_verdicts_name_what_is_missing():
     found = preflight.worker_verdicts(render=0, send_processes=1, lanes=50, control=0, hosts=1)
     assert [f.level for f in found] == [FAIL, OK, FAIL]
