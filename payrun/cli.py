@@ -331,6 +331,10 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
                 st = ledger.statuses([f(month, e) for e in moved_to for f in (keys.render_job_id, keys.email_job_id)])
                 conn = _maybe_redis(c)
                 sent = send_addresses(conn, month, moved_to) if conn is not None else {}
+                # Redis drops a finished job after a day: the ledger keeps the address its send had
+                sends = {keys.email_job_id(month, e): e for e in moved_to}
+                for job_id, to in ledger.recipients(sends).items():
+                    sent.setdefault(sends[job_id], to)
                 on_file = payroll.emails(db, moved_to)
                 same = {e for e, to in sent.items() if on_file.get(e) == to}
                 for line in readdressed_notes(month, {e: (st.get(keys.render_job_id(month, e)),

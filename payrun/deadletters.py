@@ -248,6 +248,14 @@ def _refresh_snapshot(job: PayrunJob, payroll_db) -> None:
         job.args = (new,)
 
 
+def _address_of(job: PayrunJob) -> str | None:
+    """The address a send job goes to (its payload's ``to``); None for any other job."""
+    if job.func_name != "jobs.tasks.send_slip" or not job.args or not isinstance(job.args[0], dict):
+        return None
+    to = job.args[0].get("to")
+    return to if isinstance(to, str) and to else None
+
+
 def _refresh_address(job: PayrunJob, payroll_db) -> None:
     """A send job carries the address of its snapshot; HR may have fixed it since."""
     if payroll_db is None or job.func_name != "jobs.tasks.send_slip" or not job.args:
@@ -460,7 +468,8 @@ def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None, rendered_again
         with conn.pipeline() as pipe:
             reg.remove(job, pipeline=pipe)
             make_queue(job.origin, conn)._enqueue_job(job, pipeline=pipe)
-            events.emit(pipe, job.id, "queued", reset=1)
+            # a send's address, read again above: the ledger keeps the one it now goes to
+            events.emit(pipe, job.id, "queued", reset=1, to=_address_of(job))
             pipe.execute()
         requeued.append(job_id)
         send_id = send_of_render(job)
