@@ -622,9 +622,10 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         # tries held back by the provider or handed back by a stopping worker spent no attempt
         held, returned = r.get("held", 0), r.get("returned", 0)
         spent = attempts_spent(r["attempts"], held, returned)
-        resent = "  [slip delivered by a resend]" if r.get("delivered_by_resend") else (
+        resent = "  [never ran: its data cannot be read; nothing to retry]" if r.get("never_ran") else (
+            "  [slip delivered by a resend]" if r.get("delivered_by_resend") else (
             "  [address changed since: retry sends it to the new one]" if r.get("address_changed") else
-            "  [permanent: fix the data, then retry]" if r.get("permanent") and r.get("employee") else "")
+            "  [permanent: fix the data, then retry]" if r.get("permanent") and r.get("employee") else ""))
         who = ""
         if r.get("employee"):  # HR asks "who did not get a slip?": the person, not only a job id
             who = f"  ({r['employee']}{' ' + names[r['employee']] if r['employee'] in names else ''}"
