@@ -116,6 +116,20 @@ SMTP_PASSWORD_ENV = "PAYRUN_SMTP_PASSWORD"
 EMAIL_TOKEN_ENV = "PAYRUN_EMAIL_TOKEN"
 
 
+PROVIDER_ID_MAX = 200
+"""The longest provider message id recorded (in Redis, a job's result, a host's note of an
+unrecorded send); a longer one is cut with "…"."""
+
+
+def provider_id(mid: str) -> str:
+    """A message id as the provider returned it, made safe to record: its control
+    characters (ESC, BEL, C1, the bidi controls ...) written as escapes, as a server's reply
+    quoted in an error is (:func:`_short`), and at most PROVIDER_ID_MAX characters. An ESC
+    sequence in an id reached Redis, the job's result and the host's notes as sent."""
+    mid = visible(mid)
+    return mid if len(mid) <= PROVIDER_ID_MAX else mid[: PROVIDER_ID_MAX - 1] + "…"
+
+
 class SentId(str):
     """A provider's message id; ``duplicate``: the provider already had this
     Idempotency-Key and did not deliver it again (an earlier attempt was accepted, but
@@ -1085,7 +1099,7 @@ class HttpTransport:
             mid = doc.get("id")
             if not isinstance(mid, str) or not mid:
                 raise OutcomeUnknown(f"{where}: HTTP {status} without a message id")
-            return SentId(mid, duplicate=doc.get("duplicate") is True)
+            return SentId(provider_id(mid), duplicate=doc.get("duplicate") is True)
         reason = _short(str(doc.get("error") or resp.reason or ""), 200)
         text = f"{where}: HTTP {status}" + (f" {reason}" if reason else "")
         if status == 429:

@@ -605,6 +605,10 @@ class EventsMixin:
 
     # horse / lane side: about to run
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        # data that is not JSON raises DeserializationError here, before an attempt is counted
+        # or a "running" event written: the job never runs (RQ would raise it a step later,
+        # for the process title, and `payrun failed` said attempts=1 of it, 0 of one with no data)
+        job.func_name
         job.meta["attempt"] = int(job.meta.get("attempt", 0)) + 1
         job.meta.pop("retry_after", None)
         super().prepare_job_execution(job, remove_from_intermediate_queue)  # PayrunJob writes meta + event

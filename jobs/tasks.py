@@ -139,8 +139,10 @@ def enqueue_email(conn, cfg: config_mod.Config, payload: dict[str, Any]) -> str 
     written first, atomically with the job (one script: payrun.bulk.OneEnqueuer)."""
     job_id = keys.email_job_id(payload["month"], payload["employee_id"])
     meta = {"kind": "email", "key": payload["key"], "retry": vars(cfg.email.retry)}
+    # ``to``: the ledger keeps the address the send is made with (the job's copy is gone from
+    # Redis a day after it finishes); events are not logged with it (jobs.events._log_event)
     fields = dict(kind="email", company=payload["company_id"], employee=payload["employee_id"],
-                  month=payload["month"], key=payload["key"], queue=keys.EMAIL_QUEUE)
+                  month=payload["month"], key=payload["key"], queue=keys.EMAIL_QUEUE, to=payload.get("to"))
     description = f"send slip {payload['key']}"
     enq = _email_enqueuer(conn, cfg)
     if enq is not None:

@@ -331,6 +331,10 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
                 st = ledger.statuses([f(month, e) for e in moved_to for f in (keys.render_job_id, keys.email_job_id)])
                 conn = _maybe_redis(c)
                 sent = send_addresses(conn, month, moved_to) if conn is not None else {}
+                # Redis drops a finished job after a day: the ledger keeps the address its send had
+                sends = {keys.email_job_id(month, e): e for e in moved_to}
+                for job_id, to in ledger.recipients(sends).items():
+                    sent.setdefault(sends[job_id], to)
                 on_file = payroll.emails(db, moved_to)
                 same = {e for e, to in sent.items() if on_file.get(e) == to}
                 for line in readdressed_notes(month, {e: (st.get(keys.render_job_id(month, e)),
@@ -680,9 +684,10 @@ def failed_cmd(c: Ctx, queue: str | None, error_text: str | None, company: int |
         # tries held back by the provider or handed back by a stopping worker spent no attempt
         held, returned = r.get("held", 0), r.get("returned", 0)
         spent = attempts_spent(r["attempts"], held, returned)
-        resent = "  [slip delivered by a resend]" if r.get("delivered_by_resend") else (
+        resent = "  [never ran: its data cannot be read; nothing to retry]" if r.get("never_ran") else (
+            "  [slip delivered by a resend]" if r.get("delivered_by_resend") else (
             "  [address changed since: retry sends it to the new one]" if r.get("address_changed") else
-            "  [permanent: fix the data, then retry]" if r.get("permanent") and r.get("employee") else "")
+            "  [permanent: fix the data, then retry]" if r.get("permanent") and r.get("employee") else ""))
         who = ""
         if r.get("employee"):  # HR asks "who did not get a slip?": the person, not only a job id
             who = f"  ({r['employee']}{' ' + names[r['employee']] if r['employee'] in names else ''}"

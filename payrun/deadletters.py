@@ -39,12 +39,16 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
                 continue
             if month and keys.month_of(job.id, job.meta.get("key")) != month:
                 continue
+            never = never_ran(job.meta, last_error)
             out.append({
                 "id": job.id, "queue": qname, "kind": job.meta.get("kind"), "key": job.meta.get("key"),
                 # tries; of them held (by the provider) and returned (by a stopping worker or
                 # the reaper) spent no attempt: events.attempts_spent
-                "attempts": job.meta.get("attempt", 0), "held": int(job.meta.get("held", 0)),
-                "returned": job.returned_tries, "error": last_error,
+                "attempts": 0 if never else job.meta.get("attempt", 0),
+                "held": 0 if never else int(job.meta.get("held", 0)),
+                "returned": 0 if never else job.returned_tries, "error": last_error,
+                # failed unread, as its data cannot be read: it never ran, and nothing can rerun it
+                "never_ran": never,
                 # the last try's error was permanent (EventsMixin._classify_exception): the data, not luck
                 "permanent": bool(job.meta.get("permanent")),
                 "ended_at": job.ended_at.isoformat() if job.ended_at else None,
@@ -55,7 +59,8 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
         resent = ledger.delivered_by_resend([slip_key(r["key"]) for r in out if r.get("key")])
         for r in out:
             r["company"], r["employee"] = whose.get(r["id"], (None, None))
-            r["returned"] = max(r["returned"], returned.get(r["id"], 0))
+            if not r["never_ran"]:
+                r["returned"] = max(r["returned"], returned.get(r["id"], 0))
             # HR sent the slip again (`payrun resend`) and that one was delivered: the job
             # still failed, but the employee has the slip (status counts it as sent)
             r["delivered_by_resend"] = bool(r.get("key")) and slip_key(r["key"]) in resent
@@ -65,6 +70,20 @@ def failed(conn, queue: str | None = None, error: str | None = None, limit: int 
     # list, has whole seconds), then by id: the console's order
     out.sort(key=lambda r: ((r["ended_at"] or "")[:19], r["id"]), reverse=True)
     return out[:limit] if limit else out
+
+
+UNREADABLE_ERROR = "job data unreadable: "
+"""How the error of a job a worker failed unread begins (jobs.runtime fail_unreadable, and a
+lane's DeserializationError through jobs.policy.classify)."""
+
+
+def never_ran(meta: dict, last_error: str) -> bool:
+    """Whether a failed job never ran: a worker failed it unread (its hash had no ``data``,
+    or data that is not JSON), or its hash has no data and no try of it is counted. Its
+    attempts are 0 whatever its meta says: a worker of the version before counted one for
+    data that is not JSON as it failed it (`payrun failed` said attempts=1 of that kind,
+    attempts=0 of the other, and neither ran)."""
+    return last_error.startswith(UNREADABLE_ERROR) or (last_error == DATA_MISSING and not meta.get("attempt"))
 
 
 DATA_MISSING = "job data missing (its Redis hash has no 'data' field): nothing to retry"
@@ -246,6 +265,14 @@ def _refresh_snapshot(job: PayrunJob, payroll_db) -> None:
         new["company"] = old["company"]
     if new != old:
         job.args = (new,)
+
+
+def _address_of(job: PayrunJob) -> str | None:
+    """The address a send job goes to (its payload's ``to``); None for any other job."""
+    if job.func_name != "jobs.tasks.send_slip" or not job.args or not isinstance(job.args[0], dict):
+        return None
+    to = job.args[0].get("to")
+    return to if isinstance(to, str) and to else None
 
 
 def _refresh_address(job: PayrunJob, payroll_db) -> None:
@@ -460,7 +487,8 @@ def retry(cfg: Config, conn, job_ids: list[str], payroll_db=None, rendered_again
         with conn.pipeline() as pipe:
             reg.remove(job, pipeline=pipe)
             make_queue(job.origin, conn)._enqueue_job(job, pipeline=pipe)
-            events.emit(pipe, job.id, "queued", reset=1)
+            # a send's address, read again above: the ledger keeps the one it now goes to
+            events.emit(pipe, job.id, "queued", reset=1, to=_address_of(job))
             pipe.execute()
         requeued.append(job_id)
         send_id = send_of_render(job)

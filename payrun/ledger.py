@@ -12,6 +12,10 @@ Tables
                 spent no attempt), error, delay
   payroll_runs  UNIQUE(company_id, month): the second guard (after the Redis lock) that
                 makes a pay run happen once
+  pruned_months the months `payrun prune` removed
+
+A send's row keeps the address it was made with (``recipient``, never logged); no row
+holds a salary figure.
 """
 
 from __future__ import annotations
@@ -94,7 +98,20 @@ MIGRATIONS = [
     """
     CREATE TABLE IF NOT EXISTS pruned_months (month TEXT PRIMARY KEY, pruned_at TEXT NOT NULL);
     """,
+    # 4: the address a send job was made with (or a retry gave it), from its "queued" event's
+    # ``to``: whether a send went to the address on file now, once Redis has dropped the
+    # finished job (a day): `payrun import` called an address changed A -> B -> A "the old
+    # address" then. NULL for sends made before (or by workers of an older version). Adding
+    # a column with no default rewrites no row: instant at millions of jobs.
+    """
+    ALTER TABLE jobs ADD COLUMN recipient TEXT;
+    """,
 ]
+
+PRIVATE_COLUMNS = ("recipient",)
+"""Columns of ``jobs`` kept out of :meth:`Ledger.job` and :meth:`Ledger.jobs` (`payrun job
+--json`, the console): the JSON those print keeps its shape, and an address is not shown
+where a job is (read it with :meth:`Ledger.recipients`)."""
 
 
 def utcnow() -> str:
@@ -200,7 +217,8 @@ class Ledger:
 
     def apply(self, events: list[dict[str, str]]) -> None:
         """Apply worker events in one transaction. Each event: job, status, ts, and
-        optionally kind, company, employee, month, key, queue, attempt, error, worker, delay."""
+        optionally kind, company, employee, month, key, queue, attempt, error, worker, delay, and
+        ``to`` (a send's address: when it is made, and when a retry reads it again)."""
         with self.db.conn:
             for ev in events:
                 self._apply_one(ev)
@@ -228,6 +246,9 @@ class Ledger:
         if ev.get("worker"):
             sets.append("worker = ?")
             args.append(ev["worker"])
+        if ev.get("to"):
+            sets.append("recipient = ?")
+            args.append(ev["to"])
         if status == "running":
             sets.append("started_at = COALESCE(started_at, ?)")
             args.append(ts)
@@ -257,7 +278,7 @@ class Ledger:
         rows = list(self.db.query("SELECT * FROM jobs WHERE id = ?", (job_id,)))
         if not rows:
             return None
-        row = dict(rows[0])
+        row = _public(rows[0])
         row["history"] = [
             dict(r) for r in self.db.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,))
         ]
@@ -313,7 +334,18 @@ class Ledger:
                 args.append(val)
         sql = "SELECT * FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
         sql += " ORDER BY updated_at DESC LIMIT ?"
-        return [dict(r) for r in self.db.query(sql, (*args, limit))]
+        return [_public(r) for r in self.db.query(sql, (*args, limit))]
+
+    def recipients(self, job_ids: Iterable[str]) -> dict[str, str]:
+        """send job id -> the address it was made with (or its last retry read), for the
+        ids whose address the ledger has (not sends made before migration 4)."""
+        out: dict[str, str] = {}
+        for chunk in iter_chunks(list(job_ids), 500):
+            marks = ",".join("?" * len(chunk))
+            for r in self.db.conn.execute(f"SELECT id, recipient FROM jobs WHERE id IN ({marks})"
+                                          " AND recipient IS NOT NULL", tuple(chunk)):
+                out[r[0]] = r[1]
+        return out
 
     # ---- the HR view ------------------------------------------------------------
 
@@ -458,6 +490,11 @@ class Ledger:
         """The month of the run started last (not the highest month: last month's run may
         follow this month's, or an old month be re-run for one company)."""
         return latest_month(self.runs())
+
+
+def _public(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A jobs row without PRIVATE_COLUMNS."""
+    return {k: v for k, v in dict(row).items() if k not in PRIVATE_COLUMNS}
 
 
 def latest_month(runs: Iterable[Mapping[str, Any]]) -> str | None:

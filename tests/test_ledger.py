@@ -221,3 +221,129 @@ def test_status_notes_a_failed_resend_the_slip_counts_leave_out(tmp_path):
     assert any(f"2 resends (`payrun resend`) of {MONTH} failed for good" in n
                and f"payrun failed --month {MONTH}" in n for n in r["notes"]), r["notes"]
     led.close()
+
+
+def _version_3(path, rows) -> None:
+    """A ledger as the version before the send's address was kept (schema 3)."""
+    old = sqlite3.connect(path)
+    old.execute("PRAGMA journal_mode = WAL")
+    for sql in MIGRATIONS[:3]:
+        old.executescript(sql)
+    old.execute("PRAGMA user_version = 3")
+    old.executemany("INSERT INTO jobs (id, kind, company_id, employee_id, month, key, status)"
+                    " VALUES (?,?,?,?,?,?,?)", rows)
+    old.commit()
+    old.close()
+
+
+def test_a_version_3_ledger_gains_the_sends_address_in_place_and_keeps_its_rows(tmp_path):
+    """Migration 4 adds jobs.recipient to an existing ledger (rows kept, address unknown for
+    sends made before); a send's "queued" event with ``to`` sets it, a retry's again; `payrun
+    job`'s row (and --json) keeps its shape: no address in it."""
+    from jobs.events import event
+
+    path = tmp_path / "ledger.db"
+    _version_3(path, _rows())
+    led = Ledger(path)
+    assert led.db.conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 4
+    assert led.db.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == len(_rows())
+    assert led.recipients([f"email-{MONTH}-emp-00000"]) == {}  # made before: not known
+    sends = [f"email-{MONTH}-emp-00004", f"email-{MONTH}-emp-00001"]
+    led.apply([event(sends[0], "queued", kind="email", company=1, employee="emp-00004", month=MONTH,
+                     key=f"slip:{MONTH}:emp-00004", queue="send-email", to="a@example.org"),
+               event(sends[0], "running", attempt=1), event(sends[0], "done", attempt=1),
+               event(sends[1], "queued", reset=1, to="fixed@example.org")])  # a retry to the fixed address
+    assert led.recipients([*sends, "nope"]) == {sends[0]: "a@example.org", sends[1]: "fixed@example.org"}
+    assert "recipient" not in led.job(sends[0]) and all("recipient" not in r for r in led.jobs(limit=20))
+    assert led.slip_counts(MONTH)[1]["done"] == 2  # emp 0 and now emp 4 (company 1 + i % 2)
+    led.close()
+    Ledger(path).close()  # opening it again migrates nothing
+
+
+def test_a_send_made_and_a_send_retried_tell_the_ledger_their_address(world, caplog):
+    """The address a send goes to reaches the ledger through its events (workers never
+    open it): when the send is made (jobs.tasks.enqueue_email), and when `payrun retry`
+    reads it again from the payroll data. Never in a log line."""
+    import logging
+
+    from rq.registry import FailedJobRegistry
+
+    from jobs import tasks
+    from jobs.runtime import make_queue
+    from payrun import deadletters, keys, payroll
+
+    cfg, conn, db, ledger = world
+    month = "2026-11"
+    emp = db.conn.execute("SELECT id, email FROM employees ORDER BY id LIMIT 1").fetchone()
+    snap = payroll.employee_snapshot(db, month, emp[0])
+    caplog.set_level(logging.DEBUG)
+    job_id = tasks.enqueue_email(conn, cfg, tasks.email_payload(snap, f"{month}/1/{emp[0]}.pdf"))
+    ledger_mod.ensure_group(conn)
+    ledger_mod.drain(conn, ledger)
+    assert ledger.recipients([job_id]) == {job_id: emp[1]}
+    # it fails for good; HR fixes the address; `payrun retry` sends it to the new one
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    job = q.fetch_job(job_id)
+    q.remove(job)
+    job.set_status("failed")
+    FailedJobRegistry(queue=q).add(job, ttl=600)
+    db.conn.execute("UPDATE employees SET email = 'fixed@example.org' WHERE id = ?", (emp[0],))
+    db.conn.commit()
+    assert deadletters.retry(cfg, conn, [job_id], db) == ([job_id], [])
+    ledger_mod.drain(conn, ledger)
+    assert ledger.recipients([job_id]) == {job_id: "fixed@example.org"}
+    logged = [f"{r.getMessage()} {r.__dict__}" for r in caplog.records]
+    assert any(f"job {job_id} queued" in line for line in logged), logged  # (its line is there ...)
+    assert not [line for line in logged if emp[1] in line or "fixed@example.org" in line]  # (... without the address)
+
+
+def test_an_address_changed_and_back_is_not_called_the_old_one_after_redis_dropped_the_send(cfg, conn, tmp_path):
+    """A -> B -> A once Redis had dropped the finished jobs (a day after): the import
+    compared the address on file with the one Redis held for the send, found none, and
+    said "delivered to the old address ... `payrun resend`" of a slip delivered to the
+    address on file. The ledger keeps the send's address."""
+    import csv
+
+    from click.testing import CliRunner
+
+    from jobs import tasks
+    from payrun import payroll
+    from payrun.cli import cli
+
+    runner = CliRunner()
+    runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
+    runner.invoke(cli, ["import", "docs/sample-employees.csv"])
+    assert runner.invoke(cli, ["run", "--month", MONTH]).exit_code == 0
+    with open("docs/sample-employees.csv", encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        header, rows = list(reader.fieldnames or []), list(reader)
+    e6, old = rows[6]["employee_id"], rows[6]["email"]
+    with payroll.PayrollDB(cfg.payroll_path) as db:  # its render made its send, to A
+        snap = payroll.employee_snapshot(db, MONTH, e6)
+    send = tasks.enqueue_email(conn, cfg, tasks.email_payload(snap, f"{MONTH}/1/{e6}.pdf"))
+    led = Ledger(cfg.ledger_path)
+    ledger_mod.ensure_group(conn)
+    ledger_mod.drain(conn, led)
+    with led.db.conn:  # delivered
+        led.db.conn.execute("UPDATE jobs SET status = 'done' WHERE employee_id = ?", (e6,))
+    led.close()
+    conn.flushdb()  # a day later: Redis has dropped the finished render and send
+
+    def import_with(email: str) -> str:
+        rows[6]["email"] = email
+        path = tmp_path / "emp.csv"
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=header)
+            w.writeheader()
+            w.writerows(rows)
+        out = runner.invoke(cli, ["import", str(path)])
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    out = import_with("b.address@example.org")  # A -> B: to the old address, rightly
+    assert f"delivered to the old address: {e6};" in out, out
+    out = import_with(old)  # back to A
+    assert f"delivered to the old address: {e6}" not in out and f"resend --employee {e6}" not in out, out
+    assert (f"note: 1 {MONTH} slip already made has the address on file now (it changed and changed back; "
+            f"delivered or on its way to it): nothing to do: {e6}") in out, out
+    assert send == f"email-{MONTH}-{e6}"

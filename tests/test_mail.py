@@ -1459,3 +1459,66 @@ def test_the_quit_after_a_delivery_ends_within_the_sends_deadline():
         assert len(handler.messages) == 2
     finally:
         ctl.stop()
+
+
+class _HostileIdProvider:
+    """A stub HTTP provider on 127.0.0.1 that accepts every message and answers with
+    ``mid`` as its message id (``duplicate`` as asked)."""
+
+    def __init__(self, mid: str, duplicate: bool = False):
+        import json
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        answer = json.dumps({"id": mid, "duplicate": duplicate}).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(202)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args):  # (quiet)
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("duplicate", [False, True])
+def test_a_providers_message_id_is_recorded_with_its_control_characters_escaped(conn, duplicate):
+    """The id an HTTP provider returns was recorded as sent (in the slip's idempotency
+    record, the job's result, a host's note of an unrecorded send): an ESC sequence in it
+    reached whoever read those back in a terminal. Escaped as a server's reply quoted in an
+    error is, and cut at PROVIDER_ID_MAX."""
+    from jobs import idempotency
+    from jobs.mail import PROVIDER_ID_MAX
+    from payrun import keys
+
+    hostile = "msg-1\x1b]0;owned\x07\x1b[2J\u202edi-\x9b\r\nX"
+    srv = _HostileIdProvider(hostile, duplicate)
+    try:
+        got = transport_for(srv.url, 5).send(make_msg())
+    finally:
+        srv.close()
+    assert got == "msg-1\\x1b]0;owned\\x07\\x1b[2J\\u202edi-\\x9b\\x0d\\x0aX", got
+    assert getattr(got, "duplicate", None) is duplicate  # (still the provider's answer)
+    key = "slip:2026-11:emp-00017"
+    assert idempotency.claim(conn, key, "email-2026-11-emp-00017:1", 60) == idempotency.OK
+    idempotency.mark_sent(conn, key, "email-2026-11-emp-00017:1", got)
+    stored = conn.hget(keys.idem_state(key), "message_id").decode()
+    assert stored == got and "\x1b" not in stored and "\u202e" not in stored
+    srv = _HostileIdProvider("x" * 5000)
+    try:
+        long_id = transport_for(srv.url, 5).send(make_msg())
+    finally:
+        srv.close()
+    assert len(long_id) == PROVIDER_ID_MAX and long_id.endswith("…")

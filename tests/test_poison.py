@@ -179,3 +179,59 @@ def test_payrun_job_says_a_failed_job_with_no_data_is_there_and_what_it_lacks(co
     assert "fields in its hash: description, origin, status" in out.output and "x-value" not in out.output
     data = json.loads(CliRunner().invoke(cli, ["job", "handmade", "--json"], catch_exceptions=False).output)
     assert data["rq_status"] == "failed" and data["unreadable"].startswith("job data missing")
+
+
+@pytest.mark.parametrize("bad", sorted(BAD))
+@pytest.mark.parametrize("queue", [keys.RENDER_QUEUE, keys.EMAIL_QUEUE])
+def test_an_unreadable_job_never_ran_and_every_listing_says_attempts_0(conn, cfg, monkeypatch, queue, bad):
+    """`payrun failed` said attempts=1 of a job whose data is not JSON and attempts=0 of one
+    with no data; neither ran (the worker counted the attempt, and told the ledger the job
+    was running, before RQ read the data). Both are 0 now, in `payrun failed` (marked "never
+    ran"), its --json and `payrun job` (the ledger: no try at all)."""
+    from jobs.limits import Limiter
+    from payrun import ledger as ledger_mod
+    from payrun.cli import cli
+
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    led = ledger_mod.Ledger(cfg.ledger_path)
+    ledger_mod.ensure_group(conn)
+    _poison(conn, queue, "poison-3", BAD[bad])
+    if queue == keys.EMAIL_QUEUE:
+        run_lanes(conn, [queue], lanes=1, burst=True, limiter=Limiter(conn, "email", 2, 40.0, lease_s=30))
+    else:
+        RenderWorker([make_queue(queue, conn)], connection=conn, name=f"{queue}.test.never-ran").work(
+            burst=True, logging_level="CRITICAL")
+    _assert_failed_unreadable(conn, queue, "poison-3")
+    assert not [f for _, f in conn.xrange(keys.EVENTS_STREAM) if f[b"status"] == b"running"]  # never began
+    ledger_mod.drain(conn, led)
+    row = led.job("poison-3")
+    assert row["attempts"] == 0 and row["history"] == [], row
+    led.close()
+    out = CliRunner().invoke(cli, ["failed"], catch_exceptions=False).output
+    line = next(ln for ln in out.splitlines() if ln.startswith("poison-3"))
+    assert " attempts=0 " in line and "[never ran: its data cannot be read; nothing to retry]" in line, out
+    rows = json.loads(CliRunner().invoke(cli, ["failed", "--json"], catch_exceptions=False).output)
+    assert [(r["attempts"], r["never_ran"]) for r in rows] == [(0, True)], rows
+    out = CliRunner().invoke(cli, ["job", "poison-3"], catch_exceptions=False).output
+    assert "attempts=0" in out.splitlines()[0] and "#1" not in out, out
+
+
+def test_an_unreadable_job_an_earlier_worker_counted_an_attempt_of_is_listed_as_never_ran(conn, cfg):
+    """A worker of the version before counted one attempt for data that is not JSON (its
+    meta says attempt 1): `payrun failed` lists it with attempts=0 too, as never ran; a
+    failed job that ran before it lost its data keeps its attempts."""
+    from payrun.cli import cli
+
+    meta = {"kind": "test", "attempt": 1, "error_attempt": 1, "held": 1,
+            "last_error": "job data unreadable: not JSON (JSONDecodeError: Expecting value: line 1 column 1 (char 0))"}
+    conn.hset("rq:job:old-poison", mapping={"origin": keys.RENDER_QUEUE, "status": "failed", "data": b"hello",
+                                            "meta": json.dumps(meta)})
+    conn.hset("rq:job:ran-then-lost", mapping={"origin": keys.RENDER_QUEUE, "status": "failed",
+                                               "meta": json.dumps({"kind": "test", "attempt": 3})})
+    conn.zadd(f"rq:failed:{keys.RENDER_QUEUE}", {"old-poison": 9_999_999_999, "ran-then-lost": 9_999_999_999})
+    rows = {r["id"]: r for r in json.loads(CliRunner().invoke(cli, ["failed", "--json"],
+                                                              catch_exceptions=False).output)}
+    assert (rows["old-poison"]["attempts"], rows["old-poison"]["held"], rows["old-poison"]["never_ran"]) == (0, 0, True)
+    assert (rows["ran-then-lost"]["attempts"], rows["ran-then-lost"]["never_ran"]) == (3, False)
+    out = CliRunner().invoke(cli, ["failed"], catch_exceptions=False).output
+    assert "old-poison" in out and " attempts=0 " in out and "never ran" in out, out
