@@ -780,6 +780,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             permanent = bool(job.meta.get("permanent"))
             result = job.latest_result()
             tb = result.exc_string if result is not None and result.exc_string else None
+            # RQ's fetch reads the data only when asked: data that is not JSON passes it
+            unreadable = deadletters.unreadable_job(conn, job_id)
         except Exception:
             try:  # a hash with no data, or data not JSON: there, but nothing RQ can read
                 unreadable = deadletters.unreadable_job(conn, job_id)

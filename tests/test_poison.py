@@ -164,21 +164,28 @@ def test_retry_refuses_a_job_failed_as_unreadable_instead_of_crashing(conn, cfg,
     assert conn.llen(f"rq:queue:{keys.RENDER_QUEUE}") == 0
 
 
-def test_payrun_job_says_a_failed_job_with_no_data_is_there_and_what_it_lacks(conn, cfg):
-    """`payrun job` answered "no job … in the ledger or in Redis" for it (RQ's fetch failed)."""
+@pytest.mark.parametrize("bad", ["no-data", "not-json"])
+def test_payrun_job_says_a_failed_job_with_no_data_is_there_and_what_it_lacks(conn, cfg, bad):
+    """`payrun job` answered "no job … in the ledger or in Redis" for one with no data (RQ's
+    fetch failed), and said nothing of data that is not JSON (RQ's fetch passed it)."""
     from payrun.cli import cli
     from payrun.ledger import Ledger
 
     Ledger(cfg.ledger_path).close()  # (a data directory: `payrun job` reads the ledger first)
 
-    conn.hset("rq:job:handmade", mapping={"origin": keys.CONTROL_QUEUE, "status": "failed", "description": "x-value"})
+    fields = {"origin": keys.CONTROL_QUEUE, "status": "failed", "description": "x-value"}
+    if BAD[bad] is not None:
+        fields["data"] = BAD[bad]
+    conn.hset("rq:job:handmade", mapping=fields)
     conn.zadd(f"rq:failed:{keys.CONTROL_QUEUE}", {"handmade": 9_999_999_999})
     out = CliRunner().invoke(cli, ["job", "handmade"], catch_exceptions=False)
     assert out.exit_code == 0, out.output
-    assert "in Redis: failed" in out.output and "job data missing (its Redis hash has no 'data' field)" in out.output
-    assert "fields in its hash: description, origin, status" in out.output and "x-value" not in out.output
+    said = {"no-data": "job data missing (its Redis hash has no 'data' field)",
+            "not-json": "job data unreadable (its 'data' field is not JSON)"}[bad]
+    assert "in Redis: failed" in out.output and f"{said}: nothing to run or retry" in out.output, out.output
+    assert f"fields in its hash: {', '.join(sorted(fields))}" in out.output and "x-value" not in out.output
     data = json.loads(CliRunner().invoke(cli, ["job", "handmade", "--json"], catch_exceptions=False).output)
-    assert data["rq_status"] == "failed" and data["unreadable"].startswith("job data missing")
+    assert data["rq_status"] == "failed" and data["unreadable"] == said
 
 
 @pytest.mark.parametrize("bad", sorted(BAD))
