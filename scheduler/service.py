@@ -273,7 +273,7 @@ class CronPass:
         if p.missed:
             actions.append(self._record_missed(e, p.missed, now, superseded=missed_superseded(e.job, p.fire)))
         if p.fire is not None:
-            outcome = self.fire(e, p.fire, coalesced=len(p.coalesced))
+            outcome = self.fire(e, p.fire, coalesced=len(p.coalesced), now=now)
             actions.append({"entry": e.name, "tick": cron.iso(p.fire), "outcome": outcome})
             if outcome in ("claimed-elsewhere", "lost", "error"):
                 # not known to be enqueued: keep the cursor before it, look again next pass
@@ -305,7 +305,8 @@ class CronPass:
             log.exception("enqueue under %s failed", marker)
             return "error"
 
-    def fire(self, e: cron.Entry, t: datetime, coalesced: int = 0) -> str:
+    def fire(self, e: cron.Entry, t: datetime, coalesced: int = 0, now: datetime | None = None) -> str:
+        """Enqueue tick ``t`` once; ``now``: the pass's clock (how late it is; default the clock)."""
         st = cron.stamp(t)
         scheduled_for = cron.iso(t)
         options: dict[str, Any] = {"coalesced": coalesced}
@@ -324,7 +325,7 @@ class CronPass:
 
         outcome = self._claim_and_enqueue(marker_key(e.name, st), enqueue)
         if outcome == "fired":
-            late = (clock() - t).total_seconds()
+            late = ((now or clock()) - t).total_seconds()  # (the pass's clock: it read the system's)
             (log.warning if coalesced or late > 120 else log.info)(
                 "cron %s: tick %s enqueued (%s)%s", e.name, self._both(t), ticks.tick_job_id(e.name, st),
                 f"; caught up {late / 60:.0f} min late, {coalesced} earlier tick(s) superseded" if late > 120 else "")

@@ -751,6 +751,30 @@ def test_a_scheduler_without_the_ledger_leaves_a_lost_cursor_to_the_control_host
     assert len(logged) == 3, logged  # once per entry, not every pass
 
 
+def test_how_late_a_tick_fired_is_read_from_the_pass_clock(cfg, conn, caplog):
+    """`fire()` said "caught up N min late" from the system clock, not the pass's: with a
+    test clock (or PAYRUN_CLOCK_FILE) an on-time tick read years late, a late one on time."""
+    import dataclasses
+    import logging
+
+    (cfg.home / "supervisor.role").write_text("all")
+    one = dataclasses.replace(cfg, scheduler=dataclasses.replace(cfg.scheduler, entries=[ENTRIES[0]]))
+    p = service.CronPass(conn, one, name="scheduler-a")
+    caplog.set_level(logging.INFO, logger="payrun.scheduler")
+    for tick, late_by, said in ((utc(2020, 11, 30, 20), timedelta(seconds=30), None),
+                                (utc(2040, 11, 30, 20), timedelta(hours=3), "caught up 180 min late")):
+        conn.flushdb()
+        caplog.clear()
+        p.run(tick - timedelta(hours=1))
+        assert [o["outcome"] for o in p.run(tick + late_by)] == ["fired"]
+        line = [r for r in caplog.records if "enqueued" in r.getMessage()]
+        assert len(line) == 1, [r.getMessage() for r in caplog.records]
+        if said is None:
+            assert line[0].levelno == logging.INFO and "caught up" not in line[0].getMessage(), line[0].getMessage()
+        else:
+            assert line[0].levelno == logging.WARNING and said in line[0].getMessage(), line[0].getMessage()
+
+
 def test_payrun_scheduler_back_after_redis_lost_everything_fires_the_pay_run_tick(world):
     """The same drill with real `payrun scheduler` processes: one ran at 01:00, Redis was
     flushed, the next one starts at 07:30 and fires the 02:00 tick."""
