@@ -69,7 +69,9 @@ ENTRIES_TTL_S = 86400
 one's copy goes by itself; only the copies of schedulers alive are read)."""
 STATE_KEY = "payrun:cron:state"
 MISSED_CAP = 50
-"""At most this many missed-tick rows per entry per pass (the newest); the rest are counted."""
+"""At most this many missed-tick rows per entry per pass (the newest); the rest are counted
+(the job's ``meta['unlisted']``, kept on the oldest row: `payrun schedule` counts them too,
+and said "MISSED 50" of the 503 the log named)."""
 
 _ADVANCE = """
 local cur = redis.call('GET', KEYS[1])
@@ -351,7 +353,8 @@ class CronPass:
             self.control.enqueue_call(
                 "scheduler.ticks.record_not_run", args=(e.name, e.job, [cron.iso(t) for t in shown], "missed", detail),
                 job_id=f"missed-{e.name}-{cron.stamp(newest)}", timeout=60, result_ttl=7 * 24 * 3600,
-                failure_ttl=30 * 24 * 3600, meta={"kind": "tick"}, description=f"record missed ticks of {e.name}",
+                failure_ttl=30 * 24 * 3600, meta={"kind": "tick", "unlisted": len(missed) - len(shown)},
+                description=f"record missed ticks of {e.name}",
                 pipeline=pipe,
             )
 

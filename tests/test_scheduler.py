@@ -775,6 +775,66 @@ def test_how_late_a_tick_fired_is_read_from_the_pass_clock(cfg, conn, caplog):
             assert line[0].levelno == logging.WARNING and said in line[0].getMessage(), line[0].getMessage()
 
 
+def test_schedule_counts_the_missed_ticks_the_scheduler_logged(world, caplog):
+    """Two days down: the scheduler logged "MISSED 503 tick(s)" of the reaper and wrote rows
+    for the newest 50; `payrun schedule` said "MISSED 50"."""
+    import logging
+
+    from scheduler.cli import schedule_view
+
+    w, conn = world, world["conn"]
+    env = write_config(w, [ENTRIES[2]])
+    p = service.CronPass(conn, w["cfg"], name="scheduler-a")
+    start = PAY_TICK - timedelta(hours=1)
+    p.register(start)
+    p.run(start)
+    caplog.set_level(logging.WARNING, logger="payrun.scheduler")
+    p.run(start + timedelta(days=2))
+    said = [r.getMessage() for r in caplog.records if "MISSED" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("cron reaper: MISSED 503 tick(s)"), said
+    assert "453 older tick(s) not listed" in said[0]
+    control_burst(env)
+    assert len([r for r in rows(w, "reaper") if r["status"] == "missed"]) == service.MISSED_CAP
+    view = schedule_view(w["cfg"], conn, now=start + timedelta(days=2))[0]
+    assert view["missed"] == 503, view
+    # a second recording of the same ticks (a retried job) counts them once
+    s = Store(w["cfg"].ledger_path)
+    try:
+        missed = sorted(r["scheduled_for"] for r in s.ticks("reaper") if r["status"] == "missed")
+        assert s.record_not_run("reaper", "reaper", missed, "missed", "again", unlisted=453) == 0
+        assert s.summary("reaper")["missed"] == 503
+    finally:
+        s.close()
+
+
+def test_a_ledger_from_before_the_unlisted_count_gets_its_column(tmp_path):
+    """cron_runs made by the version before (no ``unlisted``): CREATE TABLE IF NOT EXISTS
+    keeps it as it was; the column is added, and its old missed rows count as before."""
+    import sqlite3
+
+    path = tmp_path / "ledger.db"
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE cron_runs (entry TEXT NOT NULL, scheduled_for TEXT NOT NULL, job TEXT, owner TEXT,"
+                " status TEXT NOT NULL, jobs INTEGER NOT NULL DEFAULT 0, detail TEXT, duplicates_stopped INTEGER"
+                " NOT NULL DEFAULT 0, created_at TEXT, updated_at TEXT, PRIMARY KEY (entry, scheduled_for))")
+    old.execute("INSERT INTO cron_runs (entry, scheduled_for, job, status) VALUES ('reaper', '2026-11-30T20:00:00+00:00',"
+                " 'reaper', 'missed')")
+    old.commit()
+    old.close()
+    for _ in range(2):  # (a second open finds the column)
+        s = Store(path)
+        try:
+            assert s.summary("reaper")["missed"] == 1
+        finally:
+            s.close()
+    s = Store(path)
+    try:
+        s.record_not_run("reaper", "reaper", ["2026-11-30T21:00:00+00:00"], "missed", "d", unlisted=7)
+        assert s.summary("reaper")["missed"] == 9
+    finally:
+        s.close()
+
+
 def test_payrun_scheduler_back_after_redis_lost_everything_fires_the_pay_run_tick(world):
     """The same drill with real `payrun scheduler` processes: one ran at 01:00, Redis was
     flushed, the next one starts at 07:30 and fires the 02:00 tick."""
