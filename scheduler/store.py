@@ -169,6 +169,11 @@ class Store:
         newest = q("SELECT MAX(scheduled_for) FROM cron_runs WHERE entry = ?", (entry,)).fetchone()
         return (reg[0] if reg else None), (newest[0] if newest else None)
 
+    def ticks_recorded(self) -> bool:
+        """Whether any tick (of any entry, run or not) was ever recorded here: only the
+        control worker's ledger gets cron_runs rows (scheduler/cron.py ``ledger_unsure``)."""
+        return self.db.conn.execute("SELECT 1 FROM cron_runs LIMIT 1").fetchone() is not None
+
     def tick(self, entry: str, scheduled_for: str) -> dict[str, Any] | None:
         rows = list(self.db.query("SELECT * FROM cron_runs WHERE entry = ? AND scheduled_for = ?",
                                   (entry, scheduled_for)))

@@ -39,6 +39,7 @@ def world(cfg, conn, tmp_path, monkeypatch):
     payroll.seed(db, companies=2, employees=12, seed=3, month=MONTH)
     db.close()
     bank = Bank(cfg.payroll_path).start()
+    (cfg.home / "supervisor.role").write_text("all")  # the control host's data directory, as `payrun up` marks it
     clock_file = tmp_path / "clock"
     yield {"cfg": cfg, "conn": conn, "tmp": tmp_path, "bank": bank, "clock": clock_file, "mp": monkeypatch}
     bank.stop()
@@ -641,6 +642,7 @@ def test_ticks_missed_past_the_window_are_an_error_for_the_pay_run_and_nothing_t
 
     from jobs.runtime import PayrunJob
 
+    (cfg.home / "supervisor.role").write_text("all")  # the control host's directory (its ledger may judge)
     p = service.CronPass(conn, cfg, name="drill")
     p.run(PAY_TICK - timedelta(hours=1))  # the cursor: 01:00 on the 1st
     caplog.set_level(logging.WARNING, logger="payrun.scheduler")
@@ -749,6 +751,68 @@ def test_a_scheduler_without_the_ledger_leaves_a_lost_cursor_to_the_control_host
     assert not conn.exists(service.cursor_key("payroll")) and not cfg.ledger_path.exists()
     logged = [r.getMessage() for r in caplog.records if "no ledger on this host" in r.getMessage()]
     assert len(logged) == 3, logged  # once per entry, not every pass
+
+
+def test_a_scheduler_in_a_directory_of_its_own_never_judges_a_lost_cursor(world, caplog):
+    """A scheduler on another host (external Redis) in a data directory of its own rebuilt a
+    lost cursor from its own empty ledger when it looked first: from its start months ago
+    it recorded the pay run that ran as MISSED; started during the outage, it started the
+    cursor after the tick and payday was skipped without a word. It now leaves the cursor
+    to the control host's scheduler, whose ledger records the ticks."""
+    import dataclasses
+    import logging
+
+    from scheduler.cli import schedule_view
+
+    w, conn = world, world["conn"]
+    env = write_config(w, [ENTRIES[0]])
+    control = service.CronPass(conn, w["cfg"], name="scheduler-a")  # (its directory: supervisor.role = all)
+
+    def elsewhere(name: str) -> service.CronPass:
+        home = w["tmp"] / name
+        home.mkdir()
+        return service.CronPass(conn, dataclasses.replace(w["cfg"], home=home), name=name)
+
+    remote = elsewhere("remote")
+    control.register(PAY_TICK - timedelta(days=2))
+    remote.register(PAY_TICK - timedelta(days=90))  # (its own ledger, made in its own directory, long ago)
+    assert remote.memory.cfg.ledger_path.exists()
+    control.run(PAY_TICK - timedelta(hours=1))
+    assert [o["outcome"] for o in control.run(PAY_TICK + timedelta(seconds=30))] == ["fired"]
+    control_burst(env)  # November paid: the tick's row is in the control host's ledger
+    assert {r["scheduled_for"]: r["status"] for r in rows(w, "payroll")} == {cron.iso(PAY_TICK): "enqueued"}
+
+    # 1. Redis loses everything; at 09:00 (7 h after the tick) the remote scheduler looks first
+    conn.flushdb()
+    caplog.set_level(logging.WARNING, logger="payrun.scheduler")
+    caplog.clear()
+    morning = PAY_TICK + timedelta(hours=7)
+    assert remote.run(morning) == [] and remote.run(morning + timedelta(seconds=1)) == []
+    assert not conn.exists(service.cursor_key("payroll"))
+    said = [r for r in caplog.records if "no cursor in Redis" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.ERROR, [r.getMessage() for r in said]
+    assert "cannot tell which ticks ran" in said[0].getMessage() and "left to a scheduler on the control host" \
+        in said[0].getMessage()
+    assert control.run(morning) == []  # its ledger: November's tick ran; nothing due, nothing missed
+    assert remote.run(morning + timedelta(minutes=1)) == []
+    assert not any("MISSED" in r.getMessage() for r in caplog.records)
+    assert not job_ids(conn, "missed-") and not job_ids(conn, "tick-")
+
+    # 2. lost again before January's tick; a scheduler first started during the outage looks first
+    conn.flushdb()
+    caplog.clear()
+    jan = utc(2026, 12, 31, 20, 0)  # 1 January 02:00 Dhaka
+    late = elsewhere("late")
+    late.register(jan + timedelta(hours=1))
+    assert late.run(jan + timedelta(hours=1)) == [] and remote.run(jan + timedelta(hours=1)) == []
+    assert not conn.exists(service.cursor_key("payroll"))
+    assert len([r for r in caplog.records if "no cursor in Redis" in r.getMessage()]) == 2  # (once per loss each)
+    # `payrun schedule` on the control host says the tick is due; in the other directory it claims nothing
+    assert schedule_view(w["cfg"], conn, now=jan + timedelta(hours=1))[0]["due_since"] == jan.isoformat()
+    assert schedule_view(late.cfg, conn, now=jan + timedelta(hours=1))[0]["due_since"] is None
+    assert [o["outcome"] for o in control.run(jan + timedelta(hours=1))] == ["fired"]  # 1 h late: caught up
+    assert job_ids(conn, "tick-payroll-") == {ticks.tick_job_id("payroll", cron.stamp(jan))}
+    assert late.run(jan + timedelta(hours=1, seconds=1)) == []
 
 
 def test_how_late_a_tick_fired_is_read_from_the_pass_clock(cfg, conn, caplog):
