@@ -78,9 +78,12 @@ and said "MISSED 50" of the 503 the log named)."""
 
 _ADVANCE = """
 local cur = redis.call('GET', KEYS[1])
-if (not cur) or tonumber(cur) < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) return 1 end
+if cur and tonumber(cur) < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) return 1 end
 return 0
 """
+"""Move an entry's cursor forward, never back, and never make one: a cursor that Redis lost
+in the middle of a pass (after this pass read it) is rebuilt from the ledger by the next
+pass. Made here, at "now", it skipped a tick whose job the same loss took."""
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0

@@ -815,6 +815,29 @@ def test_a_scheduler_in_a_directory_of_its_own_never_judges_a_lost_cursor(world,
     assert late.run(jan + timedelta(hours=1, seconds=1)) == []
 
 
+def test_a_cursor_lost_in_the_middle_of_a_pass_is_rebuilt_not_made_at_now(world):
+    """Redis lost everything between a pass's enqueue of the tick and its move of the cursor:
+    the move made the cursor anew at "now", and the tick, whose job the loss took, never ran."""
+    w, conn = world, world["conn"]
+    write_config(w, [ENTRIES[0]])
+    p = service.CronPass(conn, w["cfg"], name="scheduler-a")
+    p.register(PAY_TICK - timedelta(days=3))
+    p.run(PAY_TICK - timedelta(hours=1))
+    fire = p.fire
+
+    def fire_then_lose_redis(*a, **kw):
+        outcome = fire(*a, **kw)
+        conn.flushdb()
+        return outcome
+
+    p.fire = fire_then_lose_redis
+    assert [o["outcome"] for o in p.run(PAY_TICK + timedelta(minutes=1))] == ["fired"]
+    assert not conn.exists(service.cursor_key("payroll")) and not job_ids(conn, "tick-")
+    del p.fire
+    assert [o["outcome"] for o in p.run(PAY_TICK + timedelta(minutes=2))] == ["fired"]
+    assert job_ids(conn, "tick-payroll-") == {ticks.tick_job_id("payroll", cron.stamp(PAY_TICK))}
+
+
 def test_how_late_a_tick_fired_is_read_from_the_pass_clock(cfg, conn, caplog):
     """`fire()` said "caught up N min late" from the system clock, not the pass's: with a
     test clock (or PAYRUN_CLOCK_FILE) an on-time tick read years late, a late one on time."""
