@@ -88,7 +88,10 @@ def schedule_view(cfg, conn=None, now=None) -> list[dict]:
 
                     handled = datetime.fromtimestamp(float(raw), timezone.utc)
                     row["handled_until"] = handled.isoformat(timespec="seconds")
-                elif store is not None:  # Redis lost the cursor: where the next pass resumes from
+                elif store is not None and cron.ledger_unsure(service.LedgerMemory(cfg).role(), cfg.embedded_redis,
+                                                               True, store.ticks_recorded()) is None:
+                    # Redis lost the cursor: where the next pass resumes from (a ledger that cannot
+                    # tell which ticks ran, not the control host's, says nothing)
                     reg, newest = store.recovery_facts(e.name)
                     if reg or newest:
                         handled = cron.recovered_cursor(now, reg and cron.from_iso(reg),

@@ -242,6 +242,31 @@ def recovered_cursor(now: datetime, registered_at: datetime | None, newest_row: 
     return now if start is None else min(start, now)
 
 
+def ledger_unsure(role: str | None, embedded_redis: bool, ledger_exists: bool, ticks_recorded: bool) -> str | None:
+    """Why a scheduler's own ledger cannot rebuild a lost cursor (None: it can).
+
+    Ticks are recorded (``cron_runs`` rows) only in the ledger of the control worker that
+    runs them, on the control host. A scheduler elsewhere (external Redis, started in a
+    directory of its own) has an empty ledger whose only fact is its own start: resuming
+    from it recorded a tick that ran as MISSED (started long ago), or skipped one due during
+    the outage without a word (started since), whenever it rebuilt the cursor first. So a
+    ledger judges only when it is sure to be the ticks' ledger:
+
+    - its data directory is the control host's: ``payrun up`` wrote ``all`` to its
+      supervisor.role (``role``; None when there is none), or its Redis is the embedded
+      one (a unix socket in this directory: the control worker is here too);
+    - or a tick was ever recorded in it (``ticks_recorded``).
+
+    Any other scheduler leaves a lost cursor to one that can tell: its ticks wait (`payrun
+    schedule` says DUE), and nothing is judged from what it cannot know."""
+    if ticks_recorded or role == "all" or (embedded_redis and role != "worker"):
+        return None
+    if not ledger_exists and role == "worker":
+        return "no ledger on this host (a worker host's data directory)"
+    return ("this host's ledger cannot tell which ticks ran: none was ever recorded in it, and its data directory "
+            "is not the control host's (`payrun up` there writes supervisor.role)")
+
+
 # ---- entries from the config ---------------------------------------------------------
 
 @dataclass(frozen=True)

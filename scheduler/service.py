@@ -18,8 +18,11 @@ Every tick still fires once:
   rebuilt from durable knowledge in the ledger's SQLite file, not from "now": the newest
   ``cron_runs`` row of the entry, or its registration time (``cron_entries``, written at
   a scheduler's start) when it has no row (scheduler/cron.py ``recovered_cursor``). A tick
-  due meanwhile is then caught up or recorded missed as below. A scheduler on a host
-  without the ledger (role worker) leaves a lost cursor to one on the control host.
+  due meanwhile is then caught up or recorded missed as below. Only a ledger sure to be
+  the one ticks are recorded in may judge (a tick was recorded in it, or its data
+  directory is a control host's: scheduler/cron.py ``ledger_unsure``); a scheduler
+  elsewhere leaves a lost cursor to one on the control host (its own empty ledger recorded
+  a tick that ran as MISSED, or skipped one due during the outage).
 - Catch-up: when no scheduler ran at a tick's time, the newest due tick within
   ``scheduler.catchup_window_s`` (6 h) fires once on return; older due ticks are recorded
   as missed (cron_runs rows via a control job, and an ERROR line here).
@@ -69,13 +72,18 @@ ENTRIES_TTL_S = 86400
 one's copy goes by itself; only the copies of schedulers alive are read)."""
 STATE_KEY = "payrun:cron:state"
 MISSED_CAP = 50
-"""At most this many missed-tick rows per entry per pass (the newest); the rest are counted."""
+"""At most this many missed-tick rows per entry per pass (the newest); the rest are counted
+(the job's ``meta['unlisted']``, kept on the oldest row: `payrun schedule` counts them too,
+and said "MISSED 50" of the 503 the log named)."""
 
 _ADVANCE = """
 local cur = redis.call('GET', KEYS[1])
-if (not cur) or tonumber(cur) < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) return 1 end
+if cur and tonumber(cur) < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) return 1 end
 return 0
 """
+"""Move an entry's cursor forward, never back, and never make one: a cursor that Redis lost
+in the middle of a pass (after this pass read it) is rebuilt from the ledger by the next
+pass. Made here, at "now", it skipped a tick whose job the same loss took."""
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -139,19 +147,26 @@ def clock() -> datetime:
 
 class LedgerMemory:
     """What outlives Redis: the ledger's SQLite file (scheduler/store.py) on the control
-    host. Opened per call (only at a scheduler's start and when a cursor is lost), so a
+    host. Opened per call (only at a scheduler's start and while a cursor is lost), so a
     scheduler holds no SQLite connection in its loop."""
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        self.unsure: str | None = None
+        """Why the last ``facts`` had no answer (cron.ledger_unsure)."""
+
+    def role(self) -> str | None:
+        """What `payrun up` wrote to this data directory's supervisor.role (None: never run here)."""
+        path = self.cfg.home / "supervisor.role"
+        try:
+            return path.read_text().strip() if path.exists() else None
+        except OSError:
+            return None
 
     def available(self) -> bool:
         """False on a worker host (``payrun up --role worker``) with no ledger: opening one
         there would make an empty ledger, and an empty ledger says "start from now"."""
-        if self.cfg.ledger_path.exists():
-            return True
-        role = self.cfg.home / "supervisor.role"
-        return not (role.exists() and role.read_text().strip() == "worker")
+        return self.cfg.ledger_path.exists() or self.role() != "worker"
 
     def register(self, entries: list[str], now: datetime) -> None:
         if not self.available():
@@ -165,13 +180,22 @@ class LedgerMemory:
             store.close()
 
     def facts(self, entry: str) -> tuple[datetime | None, datetime | None] | None:
-        """(registered_at, newest tick with a row) of an entry; None: no ledger on this host."""
-        if not self.available():
-            return None
+        """(registered_at, newest tick with a row) of an entry; None when this host's ledger
+        cannot tell which ticks ran (``self.unsure`` says why): no ledger here, or one that
+        is not sure to be the control host's (cron.ledger_unsure)."""
+        role, exists = self.role(), self.cfg.ledger_path.exists()
+        self.unsure = None
+        if not exists:  # (no file: no tick recorded; a file is made only where it could be the ledger)
+            self.unsure = cron.ledger_unsure(role, self.cfg.embedded_redis, False, False)
+            if self.unsure is not None:
+                return None
         from scheduler.store import Store
 
         store = Store(self.cfg.ledger_path)
         try:
+            self.unsure = cron.ledger_unsure(role, self.cfg.embedded_redis, True, store.ticks_recorded())
+            if self.unsure is not None:
+                return None
             reg, newest = store.recovery_facts(entry)
         finally:
             store.close()
@@ -231,10 +255,12 @@ class CronPass:
 
     def _cursor(self, e: cron.Entry, now: datetime) -> datetime | None:
         """The entry's shared cursor; when Redis has none, rebuilt from the ledger (None:
-        no ledger on this host, the entry is left to a scheduler that has it)."""
+        this host's ledger cannot tell, the entry is left to a scheduler whose ledger can)."""
         key = cursor_key(e.name)
         raw = self.conn.get(key)
-        if raw is None:
+        if raw is not None:
+            self._no_memory_logged.discard(e.name)  # (said again if Redis loses it again)
+        else:
             start = self._recover(e, now)
             if start is None:
                 return None
@@ -248,11 +274,12 @@ class CronPass:
         """Where a missing cursor starts again: never simply "now" (a pay-run tick due while
         Redis was away was skipped without a word), but from the ledger."""
         facts = self.memory.facts(e.name)
-        if facts is None:
+        if facts is None:  # judging from a ledger that is not the ticks' recorded a false MISSED, or skipped one
             if e.name not in self._no_memory_logged:
                 self._no_memory_logged.add(e.name)
-                log.error("cron %s: no cursor in Redis and no ledger on this host: left to a scheduler on the "
-                          "control host (is one running? `supervisorctl start scheduler-a scheduler-b` there)", e.name)
+                log.error("cron %s: no cursor in Redis, and %s: left to a scheduler on the control host, which "
+                          "catches due ticks up or records them missed (is one running? `supervisorctl start "
+                          "scheduler-a scheduler-b` there)", e.name, self.memory.unsure or "no ledger on this host")
             return None
         registered_at, newest = facts
         start = cron.recovered_cursor(now, registered_at, newest)
@@ -273,7 +300,7 @@ class CronPass:
         if p.missed:
             actions.append(self._record_missed(e, p.missed, now, superseded=missed_superseded(e.job, p.fire)))
         if p.fire is not None:
-            outcome = self.fire(e, p.fire, coalesced=len(p.coalesced))
+            outcome = self.fire(e, p.fire, coalesced=len(p.coalesced), now=now)
             actions.append({"entry": e.name, "tick": cron.iso(p.fire), "outcome": outcome})
             if outcome in ("claimed-elsewhere", "lost", "error"):
                 # not known to be enqueued: keep the cursor before it, look again next pass
@@ -305,7 +332,8 @@ class CronPass:
             log.exception("enqueue under %s failed", marker)
             return "error"
 
-    def fire(self, e: cron.Entry, t: datetime, coalesced: int = 0) -> str:
+    def fire(self, e: cron.Entry, t: datetime, coalesced: int = 0, now: datetime | None = None) -> str:
+        """Enqueue tick ``t`` once; ``now``: the pass's clock (how late it is; default the clock)."""
         st = cron.stamp(t)
         scheduled_for = cron.iso(t)
         options: dict[str, Any] = {"coalesced": coalesced}
@@ -324,7 +352,7 @@ class CronPass:
 
         outcome = self._claim_and_enqueue(marker_key(e.name, st), enqueue)
         if outcome == "fired":
-            late = (clock() - t).total_seconds()
+            late = ((now or clock()) - t).total_seconds()  # (the pass's clock: it read the system's)
             (log.warning if coalesced or late > 120 else log.info)(
                 "cron %s: tick %s enqueued (%s)%s", e.name, self._both(t), ticks.tick_job_id(e.name, st),
                 f"; caught up {late / 60:.0f} min late, {coalesced} earlier tick(s) superseded" if late > 120 else "")
@@ -350,7 +378,8 @@ class CronPass:
             self.control.enqueue_call(
                 "scheduler.ticks.record_not_run", args=(e.name, e.job, [cron.iso(t) for t in shown], "missed", detail),
                 job_id=f"missed-{e.name}-{cron.stamp(newest)}", timeout=60, result_ttl=7 * 24 * 3600,
-                failure_ttl=30 * 24 * 3600, meta={"kind": "tick"}, description=f"record missed ticks of {e.name}",
+                failure_ttl=30 * 24 * 3600, meta={"kind": "tick", "unlisted": len(missed) - len(shown)},
+                description=f"record missed ticks of {e.name}",
                 pipeline=pipe,
             )
 

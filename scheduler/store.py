@@ -6,6 +6,9 @@ cron_runs     UNIQUE(entry, scheduled_for): one row per tick. For entries other 
               payroll_runs(company_id, month) (payrun/runs.py) and this row records the
               tick's outcome. Ticks that did not run are rows too: status 'missed' (past
               the catch-up window) or 'coalesced' (superseded by a newer tick on catch-up).
+              A pass records at most 50 missed ticks as rows (the newest); the oldest of
+              them counts the pass's older ones in ``unlisted``, so the missed count that
+              `payrun schedule` shows is the one the scheduler logged.
 cron_entries  per entry: when a scheduler first loaded it (``registered_at``, UTC ISO). With
               the newest cron_runs row it is where an entry's cursor starts again when
               Redis lost it (scheduler/cron.py ``recovered_cursor``).
@@ -33,6 +36,7 @@ CREATE TABLE IF NOT EXISTS cron_runs (
     jobs INTEGER NOT NULL DEFAULT 0,
     detail TEXT,
     duplicates_stopped INTEGER NOT NULL DEFAULT 0,
+    unlisted INTEGER NOT NULL DEFAULT 0,  -- missed: older ticks of the same pass with no row of their own
     created_at TEXT,
     updated_at TEXT,
     PRIMARY KEY (entry, scheduled_for)
@@ -93,6 +97,21 @@ class Store:
         self.db = self.ledger.db
         with self.db.conn:
             self.db.conn.executescript(SCHEMA)
+        self._add_column("cron_runs", "unlisted", "INTEGER NOT NULL DEFAULT 0")
+
+    def _add_column(self, table: str, column: str, decl: str) -> None:
+        """A column added since the table was first made (CREATE TABLE IF NOT EXISTS keeps
+        an old table as it was); two processes adding it at once: the second finds it."""
+        import sqlite3
+
+        if any(r[1] == column for r in self.db.conn.execute(f"PRAGMA table_info({table})")):
+            return
+        try:
+            with self.db.conn:
+                self.db.conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        except sqlite3.OperationalError as e:
+            if "duplicate column" not in str(e):
+                raise
 
     def close(self) -> None:
         self.ledger.close()
@@ -121,13 +140,17 @@ class Store:
                 " AND scheduled_for = ?" + (" AND owner = ?" if owner else ""),
                 (status, jobs, detail, utcnow(), entry, scheduled_for, *((owner,) if owner else ())))
 
-    def record_not_run(self, entry: str, job: str, ticks: list[str], status: str, detail: str) -> int:
-        """Rows for ticks that did not run (missed / coalesced). Idempotent."""
+    def record_not_run(self, entry: str, job: str, ticks: list[str], status: str, detail: str,
+                       unlisted: int = 0) -> int:
+        """Rows for ticks that did not run (missed / coalesced), oldest first; ``unlisted``:
+        how many older ticks of the same pass have no row (counted on the oldest row, so a
+        second recording of the same ticks counts them once). Idempotent."""
         now = utcnow()
         with self.db.conn:
             cur = self.db.conn.executemany(
-                "INSERT OR IGNORE INTO cron_runs (entry, scheduled_for, job, status, detail, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)", [(entry, t, job, status, detail, now, now) for t in ticks])
+                "INSERT OR IGNORE INTO cron_runs (entry, scheduled_for, job, status, detail, unlisted, created_at,"
+                " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(entry, t, job, status, detail, unlisted if i == 0 else 0, now, now) for i, t in enumerate(ticks)])
         return cur.rowcount
 
     def register_entries(self, entries: list[str], now: str) -> int:
@@ -146,6 +169,11 @@ class Store:
         newest = q("SELECT MAX(scheduled_for) FROM cron_runs WHERE entry = ?", (entry,)).fetchone()
         return (reg[0] if reg else None), (newest[0] if newest else None)
 
+    def ticks_recorded(self) -> bool:
+        """Whether any tick (of any entry, run or not) was ever recorded here: only the
+        control worker's ledger gets cron_runs rows (scheduler/cron.py ``ledger_unsure``)."""
+        return self.db.conn.execute("SELECT 1 FROM cron_runs LIMIT 1").fetchone() is not None
+
     def tick(self, entry: str, scheduled_for: str) -> dict[str, Any] | None:
         rows = list(self.db.query("SELECT * FROM cron_runs WHERE entry = ? AND scheduled_for = ?",
                                   (entry, scheduled_for)))
@@ -163,8 +191,8 @@ class Store:
         last = q(f"SELECT scheduled_for, status, jobs, detail, duplicates_stopped FROM cron_runs"
                  f" WHERE entry = ? AND status IN ({marks}) ORDER BY scheduled_for DESC LIMIT 1",
                  (entry, *RAN)).fetchone()
-        missed = q("SELECT COUNT(*), MAX(scheduled_for) FROM cron_runs WHERE entry = ? AND status = 'missed'",
-                   (entry,)).fetchone()
+        missed = q("SELECT COUNT(*) + COALESCE(SUM(unlisted), 0), MAX(scheduled_for) FROM cron_runs"
+                   " WHERE entry = ? AND status = 'missed'", (entry,)).fetchone()
         missed_detail = q("SELECT detail FROM cron_runs WHERE entry = ? AND status = 'missed'"
                           " ORDER BY scheduled_for DESC LIMIT 1", (entry,)).fetchone()
         coalesced = q("SELECT COUNT(*) FROM cron_runs WHERE entry = ? AND status = 'coalesced'",

@@ -11,7 +11,7 @@ run_tick(entry, job, scheduled_for, options)
        lock expired or changed hands while this owner was paused, nothing is enqueued.
     The lock is released only by its owner (compare-and-delete).
 
-record_not_run(entry, job, ticks, status, detail)   rows for missed / coalesced ticks
+record_not_run(entry, job, ticks, status, detail)   rows for missed / coalesced ticks (meta: unlisted)
 reap()                                              the reaper tick's real job
 """
 
@@ -228,17 +228,22 @@ def _enqueue_if_owner(conn, lock: str, owner: str, ttl: int, datas: list) -> int
 
 
 def record_not_run(entry: str, job: str, ticks: list[str], status: str, detail: str) -> int:
-    """Rows for ticks that did not run: 'missed' (past the catch-up window) or 'coalesced'."""
+    """Rows for ticks that did not run: 'missed' (past the catch-up window) or 'coalesced'.
+    ``ticks`` is at most the pass's newest 50; the job's ``meta['unlisted']`` counts its
+    older ones (in meta, not an argument: a control worker of the version before takes
+    the job during a deploy and records the rows as before)."""
     from jobs.tasks import settings
     from scheduler.store import Store
 
+    current = get_current_job()
+    unlisted = int((current.meta or {}).get("unlisted") or 0) if current is not None else 0
     store = Store(settings().ledger_path)
     try:
-        n = store.record_not_run(entry, job, ticks, status, detail)
+        n = store.record_not_run(entry, job, ticks, status, detail, unlisted=unlisted)
     finally:
         store.close()
     if status == "missed":
-        log.error("cron %s: %d tick(s) missed: %s", entry, len(ticks), detail)
+        log.error("cron %s: %d tick(s) missed: %s", entry, len(ticks) + unlisted, detail)
     return n
 
 

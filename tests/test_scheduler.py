@@ -39,6 +39,7 @@ def world(cfg, conn, tmp_path, monkeypatch):
     payroll.seed(db, companies=2, employees=12, seed=3, month=MONTH)
     db.close()
     bank = Bank(cfg.payroll_path).start()
+    (cfg.home / "supervisor.role").write_text("all")  # the control host's data directory, as `payrun up` marks it
     clock_file = tmp_path / "clock"
     yield {"cfg": cfg, "conn": conn, "tmp": tmp_path, "bank": bank, "clock": clock_file, "mp": monkeypatch}
     bank.stop()
@@ -641,6 +642,7 @@ def test_ticks_missed_past_the_window_are_an_error_for_the_pay_run_and_nothing_t
 
     from jobs.runtime import PayrunJob
 
+    (cfg.home / "supervisor.role").write_text("all")  # the control host's directory (its ledger may judge)
     p = service.CronPass(conn, cfg, name="drill")
     p.run(PAY_TICK - timedelta(hours=1))  # the cursor: 01:00 on the 1st
     caplog.set_level(logging.WARNING, logger="payrun.scheduler")
@@ -749,6 +751,175 @@ def test_a_scheduler_without_the_ledger_leaves_a_lost_cursor_to_the_control_host
     assert not conn.exists(service.cursor_key("payroll")) and not cfg.ledger_path.exists()
     logged = [r.getMessage() for r in caplog.records if "no ledger on this host" in r.getMessage()]
     assert len(logged) == 3, logged  # once per entry, not every pass
+
+
+def test_a_scheduler_in_a_directory_of_its_own_never_judges_a_lost_cursor(world, caplog):
+    """A scheduler on another host (external Redis) in a data directory of its own rebuilt a
+    lost cursor from its own empty ledger when it looked first: from its start months ago
+    it recorded the pay run that ran as MISSED; started during the outage, it started the
+    cursor after the tick and payday was skipped without a word. It now leaves the cursor
+    to the control host's scheduler, whose ledger records the ticks."""
+    import dataclasses
+    import logging
+
+    from scheduler.cli import schedule_view
+
+    w, conn = world, world["conn"]
+    env = write_config(w, [ENTRIES[0]])
+    control = service.CronPass(conn, w["cfg"], name="scheduler-a")  # (its directory: supervisor.role = all)
+
+    def elsewhere(name: str) -> service.CronPass:
+        home = w["tmp"] / name
+        home.mkdir()
+        return service.CronPass(conn, dataclasses.replace(w["cfg"], home=home), name=name)
+
+    remote = elsewhere("remote")
+    control.register(PAY_TICK - timedelta(days=2))
+    remote.register(PAY_TICK - timedelta(days=90))  # (its own ledger, made in its own directory, long ago)
+    assert remote.memory.cfg.ledger_path.exists()
+    control.run(PAY_TICK - timedelta(hours=1))
+    assert [o["outcome"] for o in control.run(PAY_TICK + timedelta(seconds=30))] == ["fired"]
+    control_burst(env)  # November paid: the tick's row is in the control host's ledger
+    assert {r["scheduled_for"]: r["status"] for r in rows(w, "payroll")} == {cron.iso(PAY_TICK): "enqueued"}
+
+    # 1. Redis loses everything; at 09:00 (7 h after the tick) the remote scheduler looks first
+    conn.flushdb()
+    caplog.set_level(logging.WARNING, logger="payrun.scheduler")
+    caplog.clear()
+    morning = PAY_TICK + timedelta(hours=7)
+    assert remote.run(morning) == [] and remote.run(morning + timedelta(seconds=1)) == []
+    assert not conn.exists(service.cursor_key("payroll"))
+    said = [r for r in caplog.records if "no cursor in Redis" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.ERROR, [r.getMessage() for r in said]
+    assert "cannot tell which ticks ran" in said[0].getMessage() and "left to a scheduler on the control host" \
+        in said[0].getMessage()
+    assert control.run(morning) == []  # its ledger: November's tick ran; nothing due, nothing missed
+    assert remote.run(morning + timedelta(minutes=1)) == []
+    assert not any("MISSED" in r.getMessage() for r in caplog.records)
+    assert not job_ids(conn, "missed-") and not job_ids(conn, "tick-")
+
+    # 2. lost again before January's tick; a scheduler first started during the outage looks first
+    conn.flushdb()
+    caplog.clear()
+    jan = utc(2026, 12, 31, 20, 0)  # 1 January 02:00 Dhaka
+    late = elsewhere("late")
+    late.register(jan + timedelta(hours=1))
+    assert late.run(jan + timedelta(hours=1)) == [] and remote.run(jan + timedelta(hours=1)) == []
+    assert not conn.exists(service.cursor_key("payroll"))
+    assert len([r for r in caplog.records if "no cursor in Redis" in r.getMessage()]) == 2  # (once per loss each)
+    # `payrun schedule` on the control host says the tick is due; in the other directory it claims nothing
+    assert schedule_view(w["cfg"], conn, now=jan + timedelta(hours=1))[0]["due_since"] == jan.isoformat()
+    assert schedule_view(late.cfg, conn, now=jan + timedelta(hours=1))[0]["due_since"] is None
+    assert [o["outcome"] for o in control.run(jan + timedelta(hours=1))] == ["fired"]  # 1 h late: caught up
+    assert job_ids(conn, "tick-payroll-") == {ticks.tick_job_id("payroll", cron.stamp(jan))}
+    assert late.run(jan + timedelta(hours=1, seconds=1)) == []
+
+
+def test_a_cursor_lost_in_the_middle_of_a_pass_is_rebuilt_not_made_at_now(world):
+    """Redis lost everything between a pass's enqueue of the tick and its move of the cursor:
+    the move made the cursor anew at "now", and the tick, whose job the loss took, never ran."""
+    w, conn = world, world["conn"]
+    write_config(w, [ENTRIES[0]])
+    p = service.CronPass(conn, w["cfg"], name="scheduler-a")
+    p.register(PAY_TICK - timedelta(days=3))
+    p.run(PAY_TICK - timedelta(hours=1))
+    fire = p.fire
+
+    def fire_then_lose_redis(*a, **kw):
+        outcome = fire(*a, **kw)
+        conn.flushdb()
+        return outcome
+
+    p.fire = fire_then_lose_redis
+    assert [o["outcome"] for o in p.run(PAY_TICK + timedelta(minutes=1))] == ["fired"]
+    assert not conn.exists(service.cursor_key("payroll")) and not job_ids(conn, "tick-")
+    del p.fire
+    assert [o["outcome"] for o in p.run(PAY_TICK + timedelta(minutes=2))] == ["fired"]
+    assert job_ids(conn, "tick-payroll-") == {ticks.tick_job_id("payroll", cron.stamp(PAY_TICK))}
+
+
+def test_how_late_a_tick_fired_is_read_from_the_pass_clock(cfg, conn, caplog):
+    """`fire()` said "caught up N min late" from the system clock, not the pass's: with a
+    test clock (or PAYRUN_CLOCK_FILE) an on-time tick read years late, a late one on time."""
+    import dataclasses
+    import logging
+
+    (cfg.home / "supervisor.role").write_text("all")
+    one = dataclasses.replace(cfg, scheduler=dataclasses.replace(cfg.scheduler, entries=[ENTRIES[0]]))
+    p = service.CronPass(conn, one, name="scheduler-a")
+    caplog.set_level(logging.INFO, logger="payrun.scheduler")
+    for tick, late_by, said in ((utc(2020, 11, 30, 20), timedelta(seconds=30), None),
+                                (utc(2040, 11, 30, 20), timedelta(hours=3), "caught up 180 min late")):
+        conn.flushdb()
+        caplog.clear()
+        p.run(tick - timedelta(hours=1))
+        assert [o["outcome"] for o in p.run(tick + late_by)] == ["fired"]
+        line = [r for r in caplog.records if "enqueued" in r.getMessage()]
+        assert len(line) == 1, [r.getMessage() for r in caplog.records]
+        if said is None:
+            assert line[0].levelno == logging.INFO and "caught up" not in line[0].getMessage(), line[0].getMessage()
+        else:
+            assert line[0].levelno == logging.WARNING and said in line[0].getMessage(), line[0].getMessage()
+
+
+def test_schedule_counts_the_missed_ticks_the_scheduler_logged(world, caplog):
+    """Two days down: the scheduler logged "MISSED 503 tick(s)" of the reaper and wrote rows
+    for the newest 50; `payrun schedule` said "MISSED 50"."""
+    import logging
+
+    from scheduler.cli import schedule_view
+
+    w, conn = world, world["conn"]
+    env = write_config(w, [ENTRIES[2]])
+    p = service.CronPass(conn, w["cfg"], name="scheduler-a")
+    start = PAY_TICK - timedelta(hours=1)
+    p.register(start)
+    p.run(start)
+    caplog.set_level(logging.WARNING, logger="payrun.scheduler")
+    p.run(start + timedelta(days=2))
+    said = [r.getMessage() for r in caplog.records if "MISSED" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("cron reaper: MISSED 503 tick(s)"), said
+    assert "453 older tick(s) not listed" in said[0]
+    control_burst(env)
+    assert len([r for r in rows(w, "reaper") if r["status"] == "missed"]) == service.MISSED_CAP
+    view = schedule_view(w["cfg"], conn, now=start + timedelta(days=2))[0]
+    assert view["missed"] == 503, view
+    # a second recording of the same ticks (a retried job) counts them once
+    s = Store(w["cfg"].ledger_path)
+    try:
+        missed = sorted(r["scheduled_for"] for r in s.ticks("reaper") if r["status"] == "missed")
+        assert s.record_not_run("reaper", "reaper", missed, "missed", "again", unlisted=453) == 0
+        assert s.summary("reaper")["missed"] == 503
+    finally:
+        s.close()
+
+
+def test_a_ledger_from_before_the_unlisted_count_gets_its_column(tmp_path):
+    """cron_runs made by the version before (no ``unlisted``): CREATE TABLE IF NOT EXISTS
+    keeps it as it was; the column is added, and its old missed rows count as before."""
+    import sqlite3
+
+    path = tmp_path / "ledger.db"
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE cron_runs (entry TEXT NOT NULL, scheduled_for TEXT NOT NULL, job TEXT, owner TEXT,"
+                " status TEXT NOT NULL, jobs INTEGER NOT NULL DEFAULT 0, detail TEXT, duplicates_stopped INTEGER"
+                " NOT NULL DEFAULT 0, created_at TEXT, updated_at TEXT, PRIMARY KEY (entry, scheduled_for))")
+    old.execute("INSERT INTO cron_runs (entry, scheduled_for, job, status) VALUES ('reaper', '2026-11-30T20:00:00+00:00',"
+                " 'reaper', 'missed')")
+    old.commit()
+    old.close()
+    for _ in range(2):  # (a second open finds the column)
+        s = Store(path)
+        try:
+            assert s.summary("reaper")["missed"] == 1
+        finally:
+            s.close()
+    s = Store(path)
+    try:
+        s.record_not_run("reaper", "reaper", ["2026-11-30T21:00:00+00:00"], "missed", "d", unlisted=7)
+        assert s.summary("reaper")["missed"] == 9
+    finally:
+        s.close()
 
 
 def test_payrun_scheduler_back_after_redis_lost_everything_fires_the_pay_run_tick(world):

@@ -104,6 +104,24 @@ def test_a_lost_cursor_resumes_from_the_newest_row_or_the_registration_never_fro
     assert cron.recovered_cursor(now, now + timedelta(hours=1), None) == now  # never in the future
 
 
+def test_only_a_ledger_sure_to_be_the_control_hosts_rebuilds_a_lost_cursor():
+    """A scheduler in a directory of its own (external Redis) rebuilt a lost cursor from its
+    empty ledger: a tick that ran recorded MISSED, or one due during the outage skipped."""
+    sure = [
+        ("all", False, True, False),      # `payrun up` on the control host, before any tick
+        (None, True, True, False),        # the embedded Redis: a unix socket in this directory
+        (None, False, True, True),        # a tick was recorded in it: the control worker writes here
+        ("worker", False, True, True),
+    ]
+    for args in sure:
+        assert cron.ledger_unsure(*args) is None, args
+    foreign = cron.ledger_unsure(None, False, True, False)  # its own empty ledger, external Redis
+    assert foreign and "cannot tell which ticks ran" in foreign and "supervisor.role" in foreign
+    assert cron.ledger_unsure(None, False, False, False) == foreign
+    assert cron.ledger_unsure("worker", True, True, False) == foreign  # (a worker host's ledger, no tick in it)
+    assert "no ledger on this host" in cron.ledger_unsure("worker", False, False, False)
+
+
 def test_a_lost_cursor_catches_up_the_pay_run_within_the_window_and_records_it_missed_past_it():
     spec = cron.parse("0 2 1 * *")
     row = utc(2026, 10, 31, 20, 0)  # November's tick ran (its row); Redis lost the cursor since
