@@ -88,8 +88,9 @@ def schedule_view(cfg, conn=None, now=None) -> list[dict]:
 
                     handled = datetime.fromtimestamp(float(raw), timezone.utc)
                     row["handled_until"] = handled.isoformat(timespec="seconds")
-                elif store is not None and cron.ledger_unsure(service.LedgerMemory(cfg).role(), cfg.embedded_redis,
-                                                               True, store.ticks_recorded()) is None:
+                elif store is not None and cron.ledger_unsure(
+                        service.LedgerMemory(cfg).role(), cfg.embedded_redis, True, store.ticks_recorded(),
+                        service.LedgerMemory(cfg).ledger_here(conn)) is None:
                     # Redis lost the cursor: where the next pass resumes from (a ledger that cannot
                     # tell which ticks ran, not the control host's, says nothing)
                     reg, newest = store.recovery_facts(e.name)

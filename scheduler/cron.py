@@ -242,7 +242,8 @@ def recovered_cursor(now: datetime, registered_at: datetime | None, newest_row: 
     return now if start is None else min(start, now)
 
 
-def ledger_unsure(role: str | None, embedded_redis: bool, ledger_exists: bool, ticks_recorded: bool) -> str | None:
+def ledger_unsure(role: str | None, embedded_redis: bool, ledger_exists: bool, ticks_recorded: bool,
+                  ledger_here: bool = False) -> str | None:
     """Why a scheduler's own ledger cannot rebuild a lost cursor (None: it can).
 
     Ticks are recorded (``cron_runs`` rows) only in the ledger of the control worker that
@@ -255,16 +256,21 @@ def ledger_unsure(role: str | None, embedded_redis: bool, ledger_exists: bool, t
     - its data directory is the control host's: ``payrun up`` wrote ``all`` to its
       supervisor.role (``role``; None when there is none), or its Redis is the embedded
       one (a unix socket in this directory: the control worker is here too);
-    - or a tick was ever recorded in it (``ticks_recorded``).
+    - or a tick was ever recorded in it (``ticks_recorded``);
+    - or the `payrun ledger` that applies the workers' events runs on this host, on this
+      ledger file (``ledger_here``: its lease in Redis, keys.LEDGER_OWNER, renewed every few
+      seconds, so back soon after Redis lost everything): a control host started by hand,
+      with plain supervisord and an external Redis, has no supervisor.role and, before its
+      first tick, no row; without this its schedulers never made a cursor, so never fired.
 
     Any other scheduler leaves a lost cursor to one that can tell: its ticks wait (`payrun
     schedule` says DUE), and nothing is judged from what it cannot know."""
-    if ticks_recorded or role == "all" or (embedded_redis and role != "worker"):
+    if ticks_recorded or ledger_here or role == "all" or (embedded_redis and role != "worker"):
         return None
     if not ledger_exists and role == "worker":
         return "no ledger on this host (a worker host's data directory)"
-    return ("this host's ledger cannot tell which ticks ran: none was ever recorded in it, and its data directory "
-            "is not the control host's (`payrun up` there writes supervisor.role)")
+    return ("this host's ledger cannot tell which ticks ran: none was ever recorded in it, its data directory is "
+            "not the control host's (`payrun up` there writes supervisor.role), and no `payrun ledger` runs here on it")
 
 
 # ---- entries from the config ---------------------------------------------------------

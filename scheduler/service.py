@@ -179,11 +179,29 @@ class LedgerMemory:
         finally:
             store.close()
 
-    def facts(self, entry: str) -> tuple[datetime | None, datetime | None] | None:
+    def ledger_here(self, conn) -> bool:
+        """The `payrun ledger` applying the workers' events runs on this host, on this
+        ledger file (its lease, keys.LEDGER_OWNER: "host pid path")."""
+        import socket
+
+        from payrun.ledger import events_owner
+
+        if conn is None:
+            return False
+        try:
+            owner = events_owner(conn)
+        except Exception:  # noqa: BLE001 - Redis away: not sure
+            return False
+        host, _, rest = (owner or "").partition(" ")
+        return bool(owner) and host == socket.gethostname() and rest.partition(" ")[2] == str(self.cfg.ledger_path)
+
+    def facts(self, entry: str, conn=None) -> tuple[datetime | None, datetime | None] | None:
         """(registered_at, newest tick with a row) of an entry; None when this host's ledger
         cannot tell which ticks ran (``self.unsure`` says why): no ledger here, or one that
-        is not sure to be the control host's (cron.ledger_unsure)."""
+        is not sure to be the control host's (cron.ledger_unsure). ``conn``: the Redis whose
+        ledger lease says whether this host's ledger is the one applying events."""
         role, exists = self.role(), self.cfg.ledger_path.exists()
+        here = exists and self.ledger_here(conn)
         self.unsure = None
         if not exists:  # (no file: no tick recorded; a file is made only where it could be the ledger)
             self.unsure = cron.ledger_unsure(role, self.cfg.embedded_redis, False, False)
@@ -193,7 +211,7 @@ class LedgerMemory:
 
         store = Store(self.cfg.ledger_path)
         try:
-            self.unsure = cron.ledger_unsure(role, self.cfg.embedded_redis, True, store.ticks_recorded())
+            self.unsure = cron.ledger_unsure(role, self.cfg.embedded_redis, True, store.ticks_recorded(), here)
             if self.unsure is not None:
                 return None
             reg, newest = store.recovery_facts(entry)
@@ -273,7 +291,7 @@ class CronPass:
     def _recover(self, e: cron.Entry, now: datetime) -> datetime | None:
         """Where a missing cursor starts again: never simply "now" (a pay-run tick due while
         Redis was away was skipped without a word), but from the ledger."""
-        facts = self.memory.facts(e.name)
+        facts = self.memory.facts(e.name, self.conn)
         if facts is None:  # judging from a ledger that is not the ticks' recorded a false MISSED, or skipped one
             if e.name not in self._no_memory_logged:
                 self._no_memory_logged.add(e.name)

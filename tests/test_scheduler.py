@@ -815,6 +815,32 @@ def test_a_scheduler_in_a_directory_of_its_own_never_judges_a_lost_cursor(world,
     assert late.run(jan + timedelta(hours=1, seconds=1)) == []
 
 
+def test_a_control_host_started_by_hand_fires_once_its_ledger_writer_runs_here(world):
+    """A control host started with plain supervisord (`payrun supervisor-env`) on an external
+    Redis has no supervisor.role, and before its first tick no row: its schedulers never
+    made a cursor, so never fired. The `payrun ledger` holding the events' lease on this
+    host and ledger file is a sure sign this ledger is the ticks' one; a lease held on
+    another host, or for another ledger file, is not."""
+    import socket
+
+    from payrun import ledger as ledger_mod
+
+    w, conn = world, world["conn"]
+    write_config(w, [ENTRIES[0]])
+    (w["cfg"].home / "supervisor.role").unlink()
+    p = service.CronPass(conn, w["cfg"], name="scheduler-a")
+    p.register(PAY_TICK - timedelta(days=3))
+    before = PAY_TICK - timedelta(hours=1)
+    assert p.run(before) == [] and not conn.exists(service.cursor_key("payroll"))  # not sure: waits
+    for other in (f"elsewhere 4242 {w['cfg'].ledger_path}", f"{socket.gethostname()} 4242 /other/ledger.db"):
+        conn.set(keys.LEDGER_OWNER, other)
+        assert p.run(before) == [] and not conn.exists(service.cursor_key("payroll")), other
+    conn.set(keys.LEDGER_OWNER, ledger_mod.owner_id(w["cfg"].ledger_path))  # `payrun ledger` here
+    p.run(before)
+    assert conn.exists(service.cursor_key("payroll"))
+    assert [o["outcome"] for o in p.run(PAY_TICK + timedelta(seconds=30))] == ["fired"]
+
+
 def test_a_cursor_lost_in_the_middle_of_a_pass_is_rebuilt_not_made_at_now(world):
     """Redis lost everything between a pass's enqueue of the tick and its move of the cursor:
     the move made the cursor anew at "now", and the tick, whose job the loss took, never ran."""

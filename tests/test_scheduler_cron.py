@@ -112,6 +112,7 @@ def test_only_a_ledger_sure_to_be_the_control_hosts_rebuilds_a_lost_cursor():
         (None, True, True, False),        # the embedded Redis: a unix socket in this directory
         (None, False, True, True),        # a tick was recorded in it: the control worker writes here
         ("worker", False, True, True),
+        (None, False, True, False, True),  # `payrun ledger` runs here on this file: a control host by hand
     ]
     for args in sure:
         assert cron.ledger_unsure(*args) is None, args
