@@ -536,3 +536,100 @@ def test_the_eta_promises_no_time_while_the_provider_is_down():
     assert eta_text(last) == "no ETA: email provider down 20s (if back now: done in under a minute, on time for 09:00)"
     done = eta(total | {"queued": 0, "done": 50_000}, 0.0, now, "Asia/Dhaka", provider_down_s=146)
     assert eta_text(done) == "all delivered"
+
+
+# ---- Redis away: what the on-call reads in the logs -----------------------------------
+
+
+class FakeClock:
+    """A monotonic clock that moves only when the code under test pauses."""
+
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def pause(self, s: float) -> None:
+        self.t += s
+
+
+def away_then_back(redis_url):
+    """A client of the session Redis whose new connections go to a socket path that does
+    not exist (Redis away) until ``back()``."""
+    import redis as redis_mod
+
+    client = redis_mod.Redis.from_url(redis_url, socket_timeout=5)
+    kwargs = client.connection_pool.connection_kwargs
+    good = kwargs["path"]
+    kwargs["path"] = good + ".gone"
+
+    def back() -> None:
+        kwargs["path"] = good
+        client.connection_pool.reset()  # (its connections were made for the path that failed)
+
+    return client, back
+
+
+def test_the_ledger_says_redis_is_away_once_then_every_30_s_and_once_when_it_is_back(redis_url, conn, tmp_path,
+                                                                                     caplog):
+    """It logged "ledger: Redis unavailable (…); retrying in N s" at every try (every
+    10 s once its backoff grew) for as long as Redis was away."""
+    from payrun import ledger as ledger_mod
+
+    client, back = away_then_back(redis_url)
+    clock = FakeClock()
+    store = ledger_mod.Ledger(tmp_path / "ledger.db")
+    log = logging.getLogger("payrun.ledger")
+    came_back = []
+
+    def pause(s: float) -> None:
+        clock.pause(s)
+        if clock.t - 1000.0 >= 95 and not came_back:  # 95 s away, then Redis answers
+            came_back.append(clock.t)
+            back()
+
+    def stop() -> bool:
+        return any("answers again" in r.getMessage() for r in caplog.records) or clock.t > 2000
+
+    caplog.set_level(logging.INFO, logger="payrun.ledger")
+    try:
+        ledger_mod.serve(client, store, stop, log=log, clock=clock, pause=pause)
+    finally:
+        store.close()
+        client.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "payrun.ledger"]
+    away = [m for m in lines if "Redis unavailable" in m]
+    # tries at 0, 0.5, 1.5, 3.5, 7.5, 15.5, 25.5, 35.5 … 95.5 s: said at 0, 35.5, 65.5 s
+    assert len(away) == 3, lines
+    assert "still failing after" not in away[0] and "still failing after 36 s" in away[1], away
+    assert "looks failed" in away[2]
+    assert len(lines) == 4 and lines[-1].startswith("ledger: Redis answers again: back after 96 s (13 looks failed)"), lines
+
+
+def test_metrics_say_redis_is_away_at_the_first_failed_scrape_then_every_30_s_and_once_back(redis_url, conn, cfg,
+                                                                                              caplog):
+    """A scrape every 15 s (Prometheus's default) logged "metrics: Redis unavailable" each
+    time for as long as Redis was away."""
+    from payrun.metrics import StateCollector
+
+    client, back = away_then_back(redis_url)
+    clock = FakeClock()
+    collector = StateCollector(client, cfg, clock=clock)
+    caplog.set_level(logging.INFO, logger="payrun.metrics")
+
+    def scrape() -> float:
+        (up,) = [m for m in collector.collect() if m.name == "payrun_redis_up"]
+        clock.pause(15)
+        return up.samples[0].value
+
+    try:
+        assert [scrape() for _ in range(7)] == [0] * 7  # 0 … 90 s
+        back()
+        assert scrape() == 1 and scrape() == 1
+    finally:
+        client.close()
+    lines = [r.getMessage() for r in caplog.records if "Redis" in r.getMessage()]
+    assert len(lines) == 5, lines  # at 0, 30, 60, 90 s, and back
+    assert "still failing after 30 s: 3 looks failed, 2 since the last line" in lines[1]
+    assert lines[-1] == "metrics: Redis answers again: back after 105 s (7 looks failed)"
