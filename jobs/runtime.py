@@ -768,6 +768,30 @@ def reap_within(pid: int, timeout_s: float, clock=time.monotonic, pause=time.sle
     return False
 
 
+class _RqWorkerLog:
+    """RQ's logger as one worker uses it (RQ logs through ``worker.log``): everything goes
+    to RQ's logger, except the dequeue loop's "could not connect to Redis instance", handed
+    to ``on_no_redis(error, retry_s)`` instead. RQ's retry (its sleep and backoff) is left
+    as it is."""
+
+    RQ_NO_REDIS = "Worker %s: could not connect to Redis instance: %s retrying in %d seconds..."
+    """rq 2.12, Worker.dequeue_job_and_maintain_ttl (pinned)."""
+
+    def __init__(self, logger: logging.Logger, on_no_redis: Callable[[object, float], None]):
+        self._logger = logger
+        self._on_no_redis = on_no_redis
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+    def error(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        if msg == self.RQ_NO_REDIS and len(args) == 3:
+            self._on_no_redis(args[1], args[2])
+            return
+        kwargs.setdefault("stacklevel", 2)
+        self._logger.error(msg, *args, **kwargs)
+
+
 class RenderWorker(EventsMixin, Worker):
     """A forking worker, warmed: the parent imports WeasyPrint and renders the sample slip
     in both its shapes (with and without a Bengali name) before it takes work, so its work
@@ -786,6 +810,9 @@ class RenderWorker(EventsMixin, Worker):
         kwargs.setdefault("job_monitoring_interval", 1)
         super().__init__(*args, **kwargs)
         self._pubsub_outage = RepeatedFailure(OUTAGE_LOG_EVERY_S, new_after_s=PUBSUB_RETRY_S * 5)
+        self._dequeue_outage = RepeatedFailure(OUTAGE_LOG_EVERY_S)
+        self._clock = time.monotonic  # (of the outage lines: a test passes its own)
+        self.log = _RqWorkerLog(self.log, self._cannot_take_work)
         self._grace_deadline: float | None = None
         self._timed_out: set[str] = set()
         self._liveness: Liveness | None = None
@@ -1283,9 +1310,23 @@ return 1
         return min(super().dequeue_timeout, SCHEDULER_CHECK_S)
 
     def heartbeat(self, *args: Any, **kwargs: Any) -> None:
+        away = self._dequeue_outage.since is not None and not args and not kwargs
+        if away:  # RQ's dequeue found Redis away: this beat is written (not skipped), and says if it is back
+            self.last_heartbeat = None
         super().heartbeat(*args, **kwargs)
+        if away and (line := self._dequeue_outage.ok(self._clock())) is not None:
+            log.warning("Worker %s: takes work again: Redis %s", self.name, line)
         if not self.is_horse and self.scheduler is not None:
             self.ensure_scheduler()
+
+    def _cannot_take_work(self, error: object, retry_s: float) -> None:
+        """RQ's dequeue loop met Redis away (its ERROR "could not connect to Redis instance",
+        at every try: 1, 2, 4 … 60 s apart, for as long as Redis was away): said at once,
+        then every 30 s with how many tries failed, and "takes work again" once (heartbeat,
+        the first thing RQ's loop does at each try)."""
+        if (line := self._dequeue_outage.failed(self._clock(), error)) is not None:
+            log.warning("Worker %s: cannot take work: Redis unavailable: %s; RQ tries again in %d s "
+                        "(its wait doubles up to %d s)", self.name, line, retry_s, self.max_connection_wait_time)
 
     def maintain_heartbeats(self, job: Job) -> None:
         super().maintain_heartbeats(job)

@@ -554,21 +554,32 @@ class FakeClock:
         self.t += s
 
 
-def away_then_back(redis_url):
+class Switch:
     """A client of the session Redis whose new connections go to a socket path that does
-    not exist (Redis away) until ``back()``."""
-    import redis as redis_mod
+    not exist while Redis is ``away()``, and to Redis again once it is ``back()``."""
 
-    client = redis_mod.Redis.from_url(redis_url, socket_timeout=5)
-    kwargs = client.connection_pool.connection_kwargs
-    good = kwargs["path"]
-    kwargs["path"] = good + ".gone"
+    def __init__(self, redis_url):
+        import redis as redis_mod
 
-    def back() -> None:
-        kwargs["path"] = good
-        client.connection_pool.reset()  # (its connections were made for the path that failed)
+        self.client = redis_mod.Redis.from_url(redis_url, socket_timeout=5)
+        self._kwargs = self.client.connection_pool.connection_kwargs
+        self._good = self._kwargs["path"]
 
-    return client, back
+    def away(self) -> None:
+        self._set(self._good + ".gone")
+
+    def back(self) -> None:
+        self._set(self._good)
+
+    def _set(self, path: str) -> None:
+        self._kwargs["path"] = path
+        self.client.connection_pool.reset()  # (its connections were made for the other path)
+
+
+def away_then_back(redis_url):
+    switch = Switch(redis_url)
+    switch.away()
+    return switch.client, switch.back
 
 
 def test_the_ledger_says_redis_is_away_once_then_every_30_s_and_once_when_it_is_back(redis_url, conn, tmp_path,
@@ -633,3 +644,52 @@ def test_metrics_say_redis_is_away_at_the_first_failed_scrape_then_every_30_s_an
     assert len(lines) == 5, lines  # at 0, 30, 60, 90 s, and back
     assert "still failing after 30 s: 3 looks failed, 2 since the last line" in lines[1]
     assert lines[-1] == "metrics: Redis answers again: back after 105 s (7 looks failed)"
+
+
+def test_a_render_worker_waiting_for_work_says_redis_is_away_in_lines_of_its_own_not_rqs_errors(
+        redis_url, conn, cfg, caplog, monkeypatch):
+    """RQ's dequeue loop (a worker blocked waiting for a job when Redis goes) logged an
+    ERROR "could not connect to Redis instance: … retrying in N seconds..." at every try,
+    1, 2, 4 … 60 s apart, beside the worker's own lines. Its retry is left as it is."""
+    import types
+
+    import rq.worker.base as rq_worker_base
+    from rq import Worker
+    from rq.worker import WorkerStatus
+
+    from jobs.runtime import RenderWorker, make_queue, worker_name
+
+    switch = Switch(redis_url)
+    queue = make_queue("control", switch.client)
+    w = RenderWorker([queue], connection=switch.client, name=worker_name("control"))
+    w.register_birth()
+    w._state = WorkerStatus.IDLE  # (waiting for a job already: RQ's loop does not set it again)
+    clock = FakeClock()
+    w._clock = clock
+    slept = []
+
+    def sleep(s: float) -> None:  # RQ's wait between two tries
+        slept.append(s)
+        clock.pause(s)
+        if clock.t - 1000.0 >= 100:
+            switch.back()
+            job_id = "control-noop-1"
+            make_queue("control", conn).enqueue("jobs.testing.noop", job_id=job_id)
+
+    monkeypatch.setattr(rq_worker_base, "time", types.SimpleNamespace(**{**vars(time), "sleep": sleep}))
+    caplog.set_level(logging.INFO)
+    switch.away()
+    try:
+        job, _ = Worker.dequeue_job_and_maintain_ttl(w, 1)  # RQ's own loop
+    finally:
+        switch.client.close()
+    assert job.id == "control-noop-1"
+    assert slept == [1, 2, 4, 8, 16, 32, 60]  # RQ's backoff, as it was
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    lines = [r.getMessage() for r in caplog.records if r.name == "payrun.worker"]
+    # tries at 0, 1, 3, 7, 15, 31, 63 s failed, the one at 123 s took the job
+    assert len(lines) == 4, lines
+    assert "cannot take work: Redis unavailable: " in lines[0] and "RQ tries again in 1 s" in lines[0]
+    assert "(still failing after 31 s: 6 looks failed, 5 since the last line); RQ tries again in 32 s" in lines[1]
+    assert "still failing after 63 s" in lines[2]
+    assert lines[3].endswith("takes work again: Redis back after 123 s (7 looks failed)")
