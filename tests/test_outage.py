@@ -444,6 +444,13 @@ def test_a_job_failing_with_our_own_error_is_one_log_line_and_a_bug_keeps_its_tr
     assert quiet.filter(r) and r.levelname == "ERROR" and "\n" not in r.getMessage()
     r = rq_record(KeyError("a bug"))
     assert quiet.filter(r) and r.levelname == "ERROR" and "Traceback" in r.getMessage()
+    # Redis gone under the job (a render's finish enqueuing its send): an outage, not a bug
+    import redis as redis_mod
+
+    r = rq_record(redis_mod.ConnectionError("Error 2 connecting to /x/redis.sock. No such file or directory."))
+    assert quiet.filter(r) and r.levelname == "WARNING"
+    assert r.getMessage() == ("Worker email.vm.1.00: job email-2026-11-emp-1: Redis unavailable: "
+                              "ConnectionError: Error 2 connecting to /x/redis.sock. No such file or directory.")
 
 
 def test_the_runtime_gives_a_held_job_its_attempt_back_a_bounded_number_of_times():
@@ -693,3 +700,55 @@ def test_a_render_worker_waiting_for_work_says_redis_is_away_in_lines_of_its_own
     assert "(still failing after 31 s: 6 looks failed, 5 since the last line); RQ tries again in 32 s" in lines[1]
     assert "still failing after 63 s" in lines[2]
     assert lines[3].endswith("takes work again: Redis back after 123 s (7 looks failed)")
+
+
+def test_a_render_worker_that_loses_redis_mid_render_exits_in_one_line_and_its_restart_loses_nothing(tmp_path):
+    """Real processes (tests/cluster.py restarts one that exits, as supervisord does) and
+    payrun's embedded Redis, stopped while a render worker works through a queue, then
+    started again. The worker exits 1 (RQ's work loop ends on a Redis error; it used to
+    exit after three tracebacks: RQ's "found an unhandled exception", the handed-over
+    render's failure, and its record's removal failing on the way out); the process
+    started in its place waits for Redis; the render it held goes back to the queue by
+    the reaper; every slip renders once and its send is queued once."""
+    from cluster import Cluster, scrub_env
+
+    from payrun import redis_server
+
+    n = 40
+    env = scrub_env()
+    env.update(PAYRUN_REDIS_SUPERVISED="1", SUPERVISOR_ENABLED="1")
+    cluster = Cluster(tmp_path / "h", env, "[render]\ntimeout_s = 5\n[email]\ntimeout_s = 5\n[lease]\ngrace_s = 5\n"
+                      "visibility_s = 20\n")
+    try:
+        assert cluster.cfg.embedded_redis
+        conn = redis_server.ensure_running(cluster.cfg)
+        cluster.seed(n)
+        cluster.start(render=1, email=False)
+        first = cluster.wait_alive(conn, "render-0")
+        assert cluster.run(conn) == n
+        deadline = time.monotonic() + 60
+        while not (conn.zcard("rq:finished:pdf-render") >= 5 and conn.zcard("rq:wip:pdf-render") > 0):
+            assert time.monotonic() < deadline, cluster.log_tail("render-0")
+            time.sleep(0.01)
+        assert redis_server.stop(cluster.cfg)
+        exited = cluster.wait_exit("render-0", first, timeout_s=30)
+        time.sleep(2)  # the outage itself, with the worker started again meanwhile (not a wait for a condition)
+        conn = redis_server.ensure_running(cluster.cfg)
+        deadline = time.monotonic() + 120
+        while cluster.ledger.db.execute("SELECT COUNT(*) FROM jobs WHERE kind = 'render' AND status = 'done'"
+                                        ).fetchone()[0] < n:
+            assert time.monotonic() < deadline, cluster.log_tail("render-0") + cluster.log_tail("reaper")
+            time.sleep(0.2)
+        assert conn.llen(f"rq:queue:{keys.EMAIL_QUEUE}") == n  # each send queued once
+        assert len(set(conn.lrange(f"rq:queue:{keys.EMAIL_QUEUE}", 0, -1))) == n
+        assert conn.zcard("rq:failed:pdf-render") == 0
+        assert [e["pid"] for e in cluster.procs["render-0"].exits] == [first]  # the new one waited for Redis
+        log = cluster.log_tail("render-0", 10**7)
+        reaper_log = cluster.log_tail("reaper", 10**7)
+    finally:
+        cluster.shutdown()
+        redis_server.stop(cluster.cfg)
+    assert exited["code"] == 1, log
+    assert "Traceback" not in log and "found an unhandled exception" not in log, log
+    assert log.count("Redis went away") == 2 and log.count("exiting for a restart") == 1, log  # (and its scheduler)
+    assert "returned" in reaper_log, reaper_log  # the render it held
