@@ -314,9 +314,34 @@ class PayrunScheduler(RQScheduler):
         self._payrun_parent = os.getpid()
         return super().start()
 
+    RQ_RAISED = "Scheduler [PID %s] raised an exception.\n%s"
+    """rq 2.12, rq.scheduler.run (pinned)."""
+
     def work(self):
         die_with_parent(getattr(self, "_payrun_parent", os.getppid()))
-        return super().work()
+        try:
+            return super().work()
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            # RQ's run() logged it with its traceback, and multiprocessing printed that again:
+            # one line instead, and exit 1 (its worker starts another: ensure_scheduler)
+            self.log.warning("Scheduler [PID %s]: Redis went away (%s): it exits; its worker starts another "
+                             "once Redis answers", os.getpid(), events.one_line(str(e)))
+            self.log = _Without(self.log, self.RQ_RAISED)  # (RQ's line for the SystemExit below)
+            raise SystemExit(1) from None
+
+
+class _Without:
+    """A logger less one message (a format string, as the caller passes it)."""
+
+    def __init__(self, logger: logging.Logger, msg: str):
+        self._logger, self._msg = logger, msg
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+    def error(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        if msg != self._msg:
+            self._logger.error(msg, *args, **kwargs)
 
 
 def free_dead_scheduler_locks(conn, queue_names, hostname: str | None = None) -> list[str]:
@@ -362,9 +387,11 @@ class _QuietJobOK(logging.Filter):
     A job failing with one of payrun's own errors (jobs.errors: a 503, a 429, an outage, a
     bad address) is logged on one line, its error's class and message, without RQ's
     traceback (40 lines per failed send during a provider outage). Anything else, a bug,
-    keeps its traceback."""
+    keeps its traceback. So is a job that failed because Redis went away under it (an
+    outage, not a bug): one WARNING line."""
 
     RQ_FAILED = "Worker %s: job %s: exception raised while executing (%s)\n%s"
+    REDIS_AWAY = ("redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError")
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.msg if isinstance(record.msg, str) else ""
@@ -380,6 +407,12 @@ class _QuietJobOK(logging.Filter):
                 record.args = (args[0], args[1], last[len("jobs.errors."):])
                 if not last.startswith("jobs.errors.PermanentError"):
                     record.levelno, record.levelname = logging.WARNING, "WARNING"  # retried
+            elif last.startswith(self.REDIS_AWAY):
+                # Redis went away under the job (its record, the send it enqueues): no bug to
+                # trace; the job is retried, or returned by the reaper once Redis is back
+                record.msg = "Worker %s: job %s: Redis unavailable: %s"
+                record.args = (args[0], args[1], last[len("redis.exceptions."):])
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
             return True
         if msg == "Worker %s: %s: %s (%s)" and len(args) > 2 and "Job OK" in str(args[2]):
             return False
@@ -772,6 +805,38 @@ def reap_within(pid: int, timeout_s: float, clock=time.monotonic, pause=time.sle
     return False
 
 
+class _RqWorkerLog:
+    """RQ's logger as one worker uses it (RQ logs through ``worker.log``): everything goes
+    to RQ's logger, except two messages about Redis going away, handed to the worker:
+    the dequeue loop's "could not connect to Redis instance" (``on_no_redis(error,
+    retry_s)``; RQ's retry, its sleep and backoff, is left as it is), and the work loop's
+    "found an unhandled exception, quitting..." (with its traceback) or "Redis connection
+    timeout, quitting..." when a Redis error ended it (``on_quit(error)``)."""
+
+    RQ_NO_REDIS = "Worker %s: could not connect to Redis instance: %s retrying in %d seconds..."
+    RQ_QUITTING = ("Worker %s: found an unhandled exception, quitting...", "Worker %s: Redis connection timeout, quitting...")
+    """rq 2.12, Worker.dequeue_job_and_maintain_ttl and Worker.work (pinned)."""
+
+    def __init__(self, logger: logging.Logger, on_no_redis: Callable[[object, float], None],
+                 on_quit: Callable[[BaseException], None]):
+        self._logger = logger
+        self._on_no_redis = on_no_redis
+        self._on_quit = on_quit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+    def error(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        if msg == self.RQ_NO_REDIS and len(args) == 3:
+            self._on_no_redis(args[1], args[2])
+            return
+        if msg in self.RQ_QUITTING and isinstance(error := sys.exc_info()[1], (RedisConnectionError, RedisTimeoutError)):
+            self._on_quit(error)
+            return
+        kwargs.setdefault("stacklevel", 2)
+        self._logger.error(msg, *args, **kwargs)
+
+
 class RenderWorker(EventsMixin, Worker):
     """A forking worker, warmed: the parent imports WeasyPrint and renders the sample slip
     in both its shapes (with and without a Bengali name) before it takes work, so its work
@@ -790,6 +855,10 @@ class RenderWorker(EventsMixin, Worker):
         kwargs.setdefault("job_monitoring_interval", 1)
         super().__init__(*args, **kwargs)
         self._pubsub_outage = RepeatedFailure(OUTAGE_LOG_EVERY_S, new_after_s=PUBSUB_RETRY_S * 5)
+        self._dequeue_outage = RepeatedFailure(OUTAGE_LOG_EVERY_S)
+        self._clock = time.monotonic  # (of the outage lines: a test passes its own)
+        self.log = _RqWorkerLog(self.log, self._cannot_take_work, self._quit_for_redis)
+        self._redis_failed: BaseException | None = None
         self._grace_deadline: float | None = None
         self._timed_out: set[str] = set()
         self._liveness: Liveness | None = None
@@ -1087,7 +1156,14 @@ class RenderWorker(EventsMixin, Worker):
             self._stop_horse()
         if not self.is_horse:
             return_stranded(self.connection, [q.name for q in self.queues], self.name)
-        super().teardown()
+        try:
+            super().teardown()
+        except (RedisConnectionError, RedisTimeoutError) as e:  # RQ's register_death: Redis away
+            if self.is_horse:
+                raise
+            self._redis_failed = self._redis_failed or e
+            log.warning("Worker %s: could not record its exit, Redis is away: its record lapses by itself",
+                        self.name)
         if self._liveness is not None and not self.is_horse:
             self._liveness.stop()
 
@@ -1287,9 +1363,38 @@ return 1
         return min(super().dequeue_timeout, SCHEDULER_CHECK_S)
 
     def heartbeat(self, *args: Any, **kwargs: Any) -> None:
+        away = self._dequeue_outage.since is not None and not args and not kwargs
+        if away:  # RQ's dequeue found Redis away: this beat is written (not skipped), and says if it is back
+            self.last_heartbeat = None
         super().heartbeat(*args, **kwargs)
+        if away and (line := self._dequeue_outage.ok(self._clock())) is not None:
+            log.warning("Worker %s: takes work again: Redis %s", self.name, line)
         if not self.is_horse and self.scheduler is not None:
             self.ensure_scheduler()
+
+    def _cannot_take_work(self, error: object, retry_s: float) -> None:
+        """RQ's dequeue loop met Redis away (its ERROR "could not connect to Redis instance",
+        at every try: 1, 2, 4 … 60 s apart, for as long as Redis was away): said at once,
+        then every 30 s with how many tries failed, and "takes work again" once (heartbeat,
+        the first thing RQ's loop does at each try)."""
+        if (line := self._dequeue_outage.failed(self._clock(), error)) is not None:
+            log.warning("Worker %s: cannot take work: Redis unavailable: %s; RQ tries again in %d s "
+                        "(its wait doubles up to %d s)", self.name, line, retry_s, self.max_connection_wait_time)
+
+    def _quit_for_redis(self, error: BaseException) -> None:
+        """A Redis error ended RQ's work loop (Redis went away while this worker was busy, or
+        between two jobs outside RQ's dequeue wait): one line, not RQ's traceback, and
+        the process exits 1 (``work``) for its supervisor to start it again."""
+        self._redis_failed = error
+        log.error("Worker %s: Redis went away (%s): exiting for a restart (it waits for Redis as it starts); "
+                  "a job it held goes back to its queue by the reaper once Redis is back", self.name,
+                  events.one_line(str(error)))
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        worked = super().work(*args, **kwargs)
+        if self._redis_failed is not None:
+            raise SystemExit(1)  # (RQ's work returns: exit 0 would read as a stop asked for)
+        return worked
 
     def maintain_heartbeats(self, job: Job) -> None:
         super().maintain_heartbeats(job)

@@ -791,10 +791,15 @@ def let_go_of_events(conn, me: str) -> None:
 
 
 def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, observer=None,
-          me: str | None = None) -> None:
+          me: str | None = None, clock=time.monotonic, pause=time.sleep) -> None:
     """The `payrun ledger` loop: block up to 1 s for events, apply in batches, until stop().
-    Every RECONCILE_EVERY_S it also reconciles open rows against RQ (see ``reconcile``)."""
+    Every RECONCILE_EVERY_S it also reconciles open rows against RQ (see ``reconcile``).
+
+    Redis away is logged at once, then every 30 s with how many tries failed, and once
+    when Redis answers again (it logged "Redis unavailable" at every try, every 10 s)."""
     import redis
+
+    from jobs.runtime import OUTAGE_LOG_EVERY_S, RepeatedFailure
 
     wait = 0.5
     next_reconcile = time.monotonic() + RECONCILE_EVERY_S
@@ -803,12 +808,20 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
     from payrun import keys
 
     warned_at = float("-inf")
+    outage = RepeatedFailure(OUTAGE_LOG_EVERY_S)
+
+    def answered() -> None:
+        if (line := outage.ok(clock())) is not None and log:
+            log.warning("ledger: Redis answers again: %s", line)
+
     while not stop():
         other = None
         try:
             if me is not None and (other := own_events(conn, me)) is not None and _dead_here(other, me):
                 conn.delete(keys.LEDGER_OWNER)  # this host's ledger before a restart (killed): its lease is void
                 other = own_events(conn, me)
+            if me is not None:
+                answered()
             if me is not None and other is not None:
                 # another ledger applies them (a worker host started as a control host, or
                 # a second `payrun ledger`): reading the same group here would take a share
@@ -820,6 +833,7 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
                 time.sleep(1.0)
                 continue
             n = apply_pending(conn, ledger, consumer, block_ms=1000, observer=observer, replay=replay)
+            answered()
             replay = False
             if 0 < n < COALESCE_BELOW:
                 # a trickle (a pay run's ~100 events/s): let it gather for a moment, so one
@@ -837,9 +851,9 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
             wait = 0.5
         except (redis.ConnectionError, redis.TimeoutError) as e:
             replay = True
-            if log:
-                log.warning("ledger: Redis unavailable (%s); retrying in %.1f s", e, wait)
-            time.sleep(wait)
+            if (line := outage.failed(clock(), e)) is not None and log:
+                log.warning("ledger: Redis unavailable: %s; retrying in %.1f s", line, wait)
+            pause(wait)
             wait = min(wait * 2, 10.0)
         except sqlite3.OperationalError as e:
             if "locked" not in str(e):

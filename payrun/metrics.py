@@ -73,11 +73,21 @@ def _queue_of(job_id: str) -> str:
 
 
 class StateCollector:
-    """Gauges read at scrape time. ``ledger_path`` is opened read-only per scrape."""
+    """Gauges read at scrape time. ``ledger_path`` is opened read-only per scrape.
 
-    def __init__(self, conn, cfg):
+    Redis away is logged at the first scrape that fails, then at most every 30 s with how
+    many failed, and once when a scrape reads it again (it was a line per scrape)."""
+
+    def __init__(self, conn, cfg, clock=None):
+        import time
+
+        from jobs.runtime import OUTAGE_LOG_EVERY_S, RepeatedFailure
+
         self.conn = conn
         self.cfg = cfg
+        self._clock = clock or time.monotonic
+        self._outage = RepeatedFailure(OUTAGE_LOG_EVERY_S)
+        self._outage_lock = threading.Lock()  # (scrapes may run in threads of their own)
 
     def collect(self):
         depth = GaugeMetricFamily("payrun_queue_depth", "Jobs waiting in a queue.", labels=["queue"])
@@ -134,8 +144,15 @@ class StateCollector:
             yield GaugeMetricFamily("payrun_ledger_backlog", "Worker events not yet applied to the ledger.",
                                     value=backlog(self.conn))
             up = 1
+            with self._outage_lock:
+                line = self._outage.ok(self._clock())
+            if line is not None:
+                log.warning("metrics: Redis answers again: %s", line)
         except Exception as e:  # Redis down: say so instead of failing the scrape
-            log.warning("metrics: Redis unavailable: %s", e)
+            with self._outage_lock:
+                line = self._outage.failed(self._clock(), e)
+            if line is not None:
+                log.warning("metrics: Redis unavailable: %s", line)
             up = 0
         yield GaugeMetricFamily("payrun_redis_up", "1 if Redis answered this scrape.", value=up)
         yield from self._ledger()

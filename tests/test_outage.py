@@ -444,6 +444,13 @@ def test_a_job_failing_with_our_own_error_is_one_log_line_and_a_bug_keeps_its_tr
     assert quiet.filter(r) and r.levelname == "ERROR" and "\n" not in r.getMessage()
     r = rq_record(KeyError("a bug"))
     assert quiet.filter(r) and r.levelname == "ERROR" and "Traceback" in r.getMessage()
+    # Redis gone under the job (a render's finish enqueuing its send): an outage, not a bug
+    import redis as redis_mod
+
+    r = rq_record(redis_mod.ConnectionError("Error 2 connecting to /x/redis.sock. No such file or directory."))
+    assert quiet.filter(r) and r.levelname == "WARNING"
+    assert r.getMessage() == ("Worker email.vm.1.00: job email-2026-11-emp-1: Redis unavailable: "
+                              "ConnectionError: Error 2 connecting to /x/redis.sock. No such file or directory.")
 
 
 def test_the_runtime_gives_a_held_job_its_attempt_back_a_bounded_number_of_times():
@@ -536,3 +543,212 @@ def test_the_eta_promises_no_time_while_the_provider_is_down():
     assert eta_text(last) == "no ETA: email provider down 20s (if back now: done in under a minute, on time for 09:00)"
     done = eta(total | {"queued": 0, "done": 50_000}, 0.0, now, "Asia/Dhaka", provider_down_s=146)
     assert eta_text(done) == "all delivered"
+
+
+# ---- Redis away: what the on-call reads in the logs -----------------------------------
+
+
+class FakeClock:
+    """A monotonic clock that moves only when the code under test pauses."""
+
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def pause(self, s: float) -> None:
+        self.t += s
+
+
+class Switch:
+    """A client of the session Redis whose new connections go to a socket path that does
+    not exist while Redis is ``away()``, and to Redis again once it is ``back()``."""
+
+    def __init__(self, redis_url):
+        import redis as redis_mod
+
+        self.client = redis_mod.Redis.from_url(redis_url, socket_timeout=5)
+        self._kwargs = self.client.connection_pool.connection_kwargs
+        self._good = self._kwargs["path"]
+
+    def away(self) -> None:
+        self._set(self._good + ".gone")
+
+    def back(self) -> None:
+        self._set(self._good)
+
+    def _set(self, path: str) -> None:
+        self._kwargs["path"] = path
+        self.client.connection_pool.reset()  # (its connections were made for the other path)
+
+
+def away_then_back(redis_url):
+    switch = Switch(redis_url)
+    switch.away()
+    return switch.client, switch.back
+
+
+def test_the_ledger_says_redis_is_away_once_then_every_30_s_and_once_when_it_is_back(redis_url, conn, tmp_path,
+                                                                                     caplog):
+    """It logged "ledger: Redis unavailable (…); retrying in N s" at every try (every
+    10 s once its backoff grew) for as long as Redis was away."""
+    from payrun import ledger as ledger_mod
+
+    client, back = away_then_back(redis_url)
+    clock = FakeClock()
+    store = ledger_mod.Ledger(tmp_path / "ledger.db")
+    log = logging.getLogger("payrun.ledger")
+    came_back = []
+
+    def pause(s: float) -> None:
+        clock.pause(s)
+        if clock.t - 1000.0 >= 95 and not came_back:  # 95 s away, then Redis answers
+            came_back.append(clock.t)
+            back()
+
+    def stop() -> bool:
+        return any("answers again" in r.getMessage() for r in caplog.records) or clock.t > 2000
+
+    caplog.set_level(logging.INFO, logger="payrun.ledger")
+    try:
+        ledger_mod.serve(client, store, stop, log=log, clock=clock, pause=pause)
+    finally:
+        store.close()
+        client.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "payrun.ledger"]
+    away = [m for m in lines if "Redis unavailable" in m]
+    # tries at 0, 0.5, 1.5, 3.5, 7.5, 15.5, 25.5, 35.5 … 95.5 s: said at 0, 35.5, 65.5 s
+    assert len(away) == 3, lines
+    assert "still failing after" not in away[0] and "still failing after 36 s" in away[1], away
+    assert "looks failed" in away[2]
+    assert len(lines) == 4 and lines[-1].startswith("ledger: Redis answers again: back after 96 s (13 looks failed)"), lines
+
+
+def test_metrics_say_redis_is_away_at_the_first_failed_scrape_then_every_30_s_and_once_back(redis_url, conn, cfg,
+                                                                                              caplog):
+    """A scrape every 15 s (Prometheus's default) logged "metrics: Redis unavailable" each
+    time for as long as Redis was away."""
+    from payrun.metrics import StateCollector
+
+    client, back = away_then_back(redis_url)
+    clock = FakeClock()
+    collector = StateCollector(client, cfg, clock=clock)
+    caplog.set_level(logging.INFO, logger="payrun.metrics")
+
+    def scrape() -> float:
+        (up,) = [m for m in collector.collect() if m.name == "payrun_redis_up"]
+        clock.pause(15)
+        return up.samples[0].value
+
+    try:
+        assert [scrape() for _ in range(7)] == [0] * 7  # 0 … 90 s
+        back()
+        assert scrape() == 1 and scrape() == 1
+    finally:
+        client.close()
+    lines = [r.getMessage() for r in caplog.records if "Redis" in r.getMessage()]
+    assert len(lines) == 5, lines  # at 0, 30, 60, 90 s, and back
+    assert "still failing after 30 s: 3 looks failed, 2 since the last line" in lines[1]
+    assert lines[-1] == "metrics: Redis answers again: back after 105 s (7 looks failed)"
+
+
+def test_a_render_worker_waiting_for_work_says_redis_is_away_in_lines_of_its_own_not_rqs_errors(
+        redis_url, conn, cfg, caplog, monkeypatch):
+    """RQ's dequeue loop (a worker blocked waiting for a job when Redis goes) logged an
+    ERROR "could not connect to Redis instance: … retrying in N seconds..." at every try,
+    1, 2, 4 … 60 s apart, beside the worker's own lines. Its retry is left as it is."""
+    import types
+
+    import rq.worker.base as rq_worker_base
+    from rq import Worker
+    from rq.worker import WorkerStatus
+
+    from jobs.runtime import RenderWorker, make_queue, worker_name
+
+    switch = Switch(redis_url)
+    queue = make_queue("control", switch.client)
+    w = RenderWorker([queue], connection=switch.client, name=worker_name("control"))
+    w.register_birth()
+    w._state = WorkerStatus.IDLE  # (waiting for a job already: RQ's loop does not set it again)
+    clock = FakeClock()
+    w._clock = clock
+    slept = []
+
+    def sleep(s: float) -> None:  # RQ's wait between two tries
+        slept.append(s)
+        clock.pause(s)
+        if clock.t - 1000.0 >= 100:
+            switch.back()
+            job_id = "control-noop-1"
+            make_queue("control", conn).enqueue("jobs.testing.noop", job_id=job_id)
+
+    monkeypatch.setattr(rq_worker_base, "time", types.SimpleNamespace(**{**vars(time), "sleep": sleep}))
+    caplog.set_level(logging.INFO)
+    switch.away()
+    try:
+        job, _ = Worker.dequeue_job_and_maintain_ttl(w, 1)  # RQ's own loop
+    finally:
+        switch.client.close()
+    assert job.id == "control-noop-1"
+    assert slept == [1, 2, 4, 8, 16, 32, 60]  # RQ's backoff, as it was
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    lines = [r.getMessage() for r in caplog.records if r.name == "payrun.worker"]
+    # tries at 0, 1, 3, 7, 15, 31, 63 s failed, the one at 123 s took the job
+    assert len(lines) == 4, lines
+    assert "cannot take work: Redis unavailable: " in lines[0] and "RQ tries again in 1 s" in lines[0]
+    assert "(still failing after 31 s: 6 looks failed, 5 since the last line); RQ tries again in 32 s" in lines[1]
+    assert "still failing after 63 s" in lines[2]
+    assert lines[3].endswith("takes work again: Redis back after 123 s (7 looks failed)")
+
+
+def test_a_render_worker_that_loses_redis_mid_render_exits_in_one_line_and_its_restart_loses_nothing(tmp_path):
+    """Real processes (tests/cluster.py restarts one that exits, as supervisord does) and
+    payrun's embedded Redis, stopped while a render worker works through a queue, then
+    started again. The worker exits 1 (RQ's work loop ends on a Redis error; it used to
+    exit after three tracebacks: RQ's "found an unhandled exception", the handed-over
+    render's failure, and its record's removal failing on the way out); the process
+    started in its place waits for Redis; the render it held goes back to the queue by
+    the reaper; every slip renders once and its send is queued once."""
+    from cluster import Cluster, scrub_env
+
+    from payrun import redis_server
+
+    n = 40
+    env = scrub_env()
+    env.update(PAYRUN_REDIS_SUPERVISED="1", SUPERVISOR_ENABLED="1")
+    cluster = Cluster(tmp_path / "h", env, "[render]\ntimeout_s = 5\n[email]\ntimeout_s = 5\n[lease]\ngrace_s = 5\n"
+                      "visibility_s = 20\n")
+    try:
+        assert cluster.cfg.embedded_redis
+        conn = redis_server.ensure_running(cluster.cfg)
+        cluster.seed(n)
+        cluster.start(render=1, email=False)
+        first = cluster.wait_alive(conn, "render-0")
+        assert cluster.run(conn) == n
+        deadline = time.monotonic() + 60
+        while not (conn.zcard("rq:finished:pdf-render") >= 5 and conn.zcard("rq:wip:pdf-render") > 0):
+            assert time.monotonic() < deadline, cluster.log_tail("render-0")
+            time.sleep(0.01)
+        assert redis_server.stop(cluster.cfg)
+        exited = cluster.wait_exit("render-0", first, timeout_s=30)
+        time.sleep(2)  # the outage itself, with the worker started again meanwhile (not a wait for a condition)
+        conn = redis_server.ensure_running(cluster.cfg)
+        deadline = time.monotonic() + 120
+        while cluster.ledger.db.execute("SELECT COUNT(*) FROM jobs WHERE kind = 'render' AND status = 'done'"
+                                        ).fetchone()[0] < n:
+            assert time.monotonic() < deadline, cluster.log_tail("render-0") + cluster.log_tail("reaper")
+            time.sleep(0.2)
+        assert conn.llen(f"rq:queue:{keys.EMAIL_QUEUE}") == n  # each send queued once
+        assert len(set(conn.lrange(f"rq:queue:{keys.EMAIL_QUEUE}", 0, -1))) == n
+        assert conn.zcard("rq:failed:pdf-render") == 0
+        assert [e["pid"] for e in cluster.procs["render-0"].exits] == [first]  # the new one waited for Redis
+        log = cluster.log_tail("render-0", 10**7)
+        reaper_log = cluster.log_tail("reaper", 10**7)
+    finally:
+        cluster.shutdown()
+        redis_server.stop(cluster.cfg)
+    assert exited["code"] == 1, log
+    assert "Traceback" not in log and "found an unhandled exception" not in log, log
+    assert log.count("Redis went away") == 2 and log.count("exiting for a restart") == 1, log  # (and its scheduler)
+    assert "returned" in reaper_log, reaper_log  # the render it held
