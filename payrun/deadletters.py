@@ -4,6 +4,7 @@ running RQ's cleanup), and requeued by hand with a fresh attempt budget."""
 from __future__ import annotations
 
 import json
+import zlib
 from datetime import datetime
 from typing import Any
 
@@ -145,6 +146,10 @@ def unreadable_job(conn, job_id: str) -> dict[str, Any] | None:
     if data is None:
         why = UNREADABLE_MISSING
     else:
+        try:  # as RQ reads it (rq.job.Job.restore): zlib-compressed, or left as it was written
+            data = zlib.decompress(data)
+        except zlib.error:
+            pass
         try:
             json.loads(data)
             return None

@@ -242,3 +242,23 @@ def test_an_unreadable_job_an_earlier_worker_counted_an_attempt_of_is_listed_as_
     assert (rows["ran-then-lost"]["attempts"], rows["ran-then-lost"]["never_ran"]) == (3, False)
     out = CliRunner().invoke(cli, ["failed"], catch_exceptions=False).output
     assert "old-poison" in out and " attempts=0 " in out and "never ran" in out, out
+
+
+def test_a_job_rq_wrote_reads_as_readable_and_compressed_junk_does_not(conn, cfg):
+    """RQ writes a job's data zlib-compressed: read raw, every job looked "not JSON", and
+    `payrun job` called a healthy job unreadable."""
+    import zlib
+
+    from payrun import deadletters
+    from payrun.cli import cli
+    from payrun.ledger import Ledger
+
+    Ledger(cfg.ledger_path).close()
+    make_queue(keys.CONTROL_QUEUE, conn).enqueue("jobs.testing.noop", job_id="healthy-1")
+    assert zlib.decompress(conn.hget("rq:job:healthy-1", "data"))  # (compressed, as RQ writes it)
+    assert deadletters.unreadable_job(conn, "healthy-1") is None
+    out = CliRunner().invoke(cli, ["job", "healthy-1"], catch_exceptions=False).output
+    assert "unreadable" not in out and "in Redis: queued" in out, out
+    for junk in (zlib.compress(b"hello"), zlib.compress(BAD["pickle"])):
+        conn.hset("rq:job:junk-1", mapping={"origin": keys.CONTROL_QUEUE, "status": "failed", "data": junk})
+        assert deadletters.unreadable_job(conn, "junk-1")["unreadable"].startswith("job data unreadable")
