@@ -662,6 +662,100 @@ async def test_a_failed_job_with_no_data_shows_what_it_lacks_not_the_raw_hash(cf
     assert not (cfg.home / "audit.log").exists() or "poison-1" not in (cfg.home / "audit.log").read_text()
 
 
+def _no_data_and_not_json(conn) -> None:
+    """Two failed jobs payrun cannot read: a hash with no ``data`` field, and one whose data
+    is not JSON (as a worker fails them: tests/test_poison.py)."""
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    for job_id, q, extra in (("poison-nodata", keys.EMAIL_QUEUE, {}),
+                             ("poison-notjson", keys.RENDER_QUEUE, {"data": b"hello"})):
+        conn.hset(f"rq:job:{job_id}", mapping={"status": "failed", "origin": q, "created_at": now, "ended_at": now,
+                                               "meta": json.dumps({"kind": "test", "last_error": "job data "
+                                                                   "unreadable: x"}), **extra})
+        conn.zadd(f"rq:failed:{q}", {job_id: time.time() + 3600})
+
+
+@sync
+async def test_retry_of_a_failed_job_with_no_data_says_at_once_it_cannot_be_retried(failed_world):
+    """Console drill (session 40): `:retry poison-nodata` (a failed job whose hash has no
+    data) asked "Retry poison-nodata? y/n" and the y met `payrun retry`'s refusal. It is said
+    at once, with why, as an id that is no failed job is; among good ids only those are
+    offered."""
+    cfg, conn, ledger = failed_world
+    _no_data_and_not_json(conn)
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *"retry poison-nodata", "enter")
+        await notified(pilot, app, "poison-nodata cannot be retried: job data missing (its Redis hash has no "
+                                   "'data' field)", what="the refusal")
+        assert any("nothing to retry" in n.message for n in app._notifications)
+        assert type(app.screen).__name__ == "OverviewScreen"  # no confirmation offered
+        await pilot.press("colon", *"retry poison-notjson", "enter")
+        await notified(pilot, app, "poison-notjson cannot be retried: job data unreadable (its 'data' field is "
+                                   "not JSON)", what="the refusal")
+        assert type(app.screen).__name__ == "OverviewScreen"
+        await pilot.press("colon", *"retry poison-nodata e-refused-1 poison-notjson", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the confirmation")
+        assert app.screen.title_text == "Retry e-refused-1?" and app.screen.command == "payrun retry e-refused-1"
+        await pilot.press("n")
+    assert conn.zscore(f"rq:failed:{keys.EMAIL_QUEUE}", "poison-nodata") is not None
+    assert not (cfg.home / "audit.log").exists()  # nothing done
+
+
+@sync
+async def test_retry_by_id_of_a_send_refused_for_an_address_fixed_since_says_it_goes_to_the_new_one(payrun_world):
+    """Console drill (session 40): the failed list's r said a send refused for an address HR
+    has fixed since goes to the new one (`payrun failed`/`retry` say so too); `:retry ID` on
+    the same job said only "requeue with a fresh attempt budget"."""
+    cfg, conn, ledger, bad, *_ = payrun_world
+    job_id = keys.email_job_id(MONTH, bad)
+    with payroll.PayrollDB(cfg.payroll_path) as db:
+        db.conn.execute("UPDATE employees SET email = 'fixed@payroll.example' WHERE id = ?", (bad,))
+        db.conn.commit()
+    other = conn.zrange(f"rq:failed:{keys.EMAIL_QUEUE}", 0, -1)
+    assert [o.decode() for o in other] == [job_id]
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *f"retry {job_id}", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the confirmation")
+        body = app.screen.body
+        assert "the retry sends it to the new address (fixed@payroll.example)" in body, body
+        assert "nobody@nowhere.invalid" in body  # the refused one, whole
+        await pilot.press("y")
+        await notified(pilot, app, "requeued 1 job(s)", what="the retry")
+    job = PayrunJob.fetch(job_id, connection=conn)
+    assert job.args[0]["to"] == "fixed@payroll.example"
+
+
+@sync
+async def test_retry_of_several_ids_says_how_many_go_to_an_address_fixed_since(payrun_world, monkeypatch):
+    cfg, conn, ledger, bad, *_ = payrun_world
+    job_id = keys.email_job_id(MONTH, bad)
+    _no_data_and_not_json(conn)
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    make_queue(keys.RENDER_QUEUE, conn).enqueue_call("jobs.testing.nope", job_id="r-refused-1", timeout=5,
+                                                     meta={"kind": "test"})
+    run_lanes(conn, [keys.RENDER_QUEUE], lanes=1, burst=True)
+    assert conn.zscore(f"rq:failed:{keys.RENDER_QUEUE}", "r-refused-1") is not None
+    with payroll.PayrollDB(cfg.payroll_path) as db:
+        db.conn.execute("UPDATE employees SET email = 'fixed@payroll.example' WHERE id = ?", (bad,))
+        db.conn.commit()
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *f"retry {job_id} r-refused-1 poison-nodata", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmTyped", what="the confirmation")
+        assert app.screen.count == 2 and app.screen.sample == [job_id, "r-refused-1"]
+        assert ("1 of them had an address refused that the payroll data has changed since: it goes to the new one"
+                in app.screen.note), app.screen.note
+        assert any("poison-nodata cannot be retried" in n.message for n in app._notifications)
+        await pilot.press("escape")
+    assert conn.zscore(f"rq:failed:{keys.EMAIL_QUEUE}", job_id) is not None  # nothing retried
+
+
 # ---- read-only ------------------------------------------------------------------------
 
 @sync
@@ -1482,7 +1576,8 @@ async def test_a_refused_address_fixed_since_reads_fixed_and_a_slip_resent_since
         assert "fails again" not in text_of(app, "#failed-summary")
         await pilot.press("r")
         await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
-        assert "the retry sends it there" in app.screen.body and "fails again" not in app.screen.body
+        assert "the retry sends it to the new address (fixed@payroll.example)" in app.screen.body, app.screen.body
+        assert "fails again" not in app.screen.body
         await pilot.press("n")
     assert conn.llen(f"rq:queue:{keys.EMAIL_QUEUE}") == 0  # nothing retried
     # HR sent the slip again instead (`payrun resend`), and it was delivered: a retry of the
