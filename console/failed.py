@@ -354,6 +354,8 @@ def detail(conn, ledger, job_id: str) -> dict[str, Any]:
             unreadable = None
         if unreadable is not None:  # RQ's error would dump the raw hash: say what it lacks instead
             out.update(unreadable)
+        elif "Unexpected job format" in str(e):  # (its message is the whole raw hash, every value)
+            out["rq_error"] = f"{type(e).__name__}: Unexpected job format (its hash has no 'data' field)"
         else:
             out["rq_error"] = f"{type(e).__name__}: {e}"
     return out

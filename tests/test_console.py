@@ -656,6 +656,9 @@ async def test_a_failed_job_with_no_data_shows_what_it_lacks_not_the_raw_hash(cf
         assert "job data missing (its Redis hash has no 'data' field)" in shown
         assert "fields in its hash: created_at, description, ended_at, origin, status" in shown
         assert "Unexpected job format" not in shown and "secret-looking-value" not in shown
+        # what it lacks, that it never ran, that it cannot be retried: one clear line (session 40)
+        assert ("job data missing (its Redis hash has no 'data' field): it was never run, and it cannot be "
+                "retried (`payrun retry` refuses it: nothing to run)") in " ".join(shown.split()), shown
         await pilot.press("r")
         await notified(pilot, app, "nothing to retry")
         assert type(app.screen).__name__ == "JobScreen"  # no confirmation offered
@@ -754,6 +757,24 @@ async def test_retry_of_several_ids_says_how_many_go_to_an_address_fixed_since(p
         assert any("poison-nodata cannot be retried" in n.message for n in app._notifications)
         await pilot.press("escape")
     assert conn.zscore(f"rq:failed:{keys.EMAIL_QUEUE}", job_id) is not None  # nothing retried
+
+
+def test_a_job_detail_never_shows_rqs_raw_hash(cfg, conn, monkeypatch):
+    """RQ's "Unexpected job format: {…}" is the whole hash, every value: when the look at
+    what the job lacks cannot be made (Redis went away between the two reads), the detail
+    says the error without it."""
+    from console import failed
+
+    conn.hset("rq:job:poison-1", mapping={"status": "failed", "origin": keys.EMAIL_QUEUE,
+                                          "description": "secret-looking-value"})
+
+    def gone(*a, **k):
+        raise ConnectionError("Redis went away")
+
+    monkeypatch.setattr(failed, "_unreadable", gone)
+    d = failed.detail(conn, None, "poison-1")
+    assert d["rq_error"] == "NoSuchJobError: Unexpected job format (its hash has no 'data' field)"
+    assert "secret-looking-value" not in json.dumps(d)
 
 
 # ---- read-only ------------------------------------------------------------------------
