@@ -65,6 +65,14 @@ class ConsoleApp(App):
         """When a `:` last came in (its bar not yet on its way): the keys behind it belong
         to the command, and a read-only console must not refuse them on their way in."""
 
+    def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None,
+               markup: bool = False) -> None:
+        """Every notification as plain text (screens' ``self.notify`` pass markup=True):
+        they carry what was typed (a job id, a filter) and what Redis or a provider said,
+        and Textual dropped a message with ``[/]`` in it without a word (`:retry x[/]y`
+        answered nothing)."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+
     # ---- lifecycle ------------------------------------------------------------------
     def on_mount(self) -> None:
         from console.screens.overview import OverviewScreen

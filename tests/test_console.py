@@ -777,6 +777,49 @@ def test_a_job_detail_never_shows_rqs_raw_hash(cfg, conn, monkeypatch):
     assert "secret-looking-value" not in json.dumps(d)
 
 
+def screen_text(app) -> str:
+    """What the terminal shows (notifications and dialogs included), as plain text."""
+    import html
+    import re
+
+    svg = app.export_screenshot()
+    return html.unescape("".join(re.findall(r">([^<]*)</text>", svg))).replace("\xa0", " ")
+
+
+@sync
+async def test_brackets_in_a_typed_id_or_a_providers_error_are_shown_as_written(failed_world):
+    """Console drill (session 40): `:retry x[/]y` blanked the console (Textual read the
+    notification as markup: MarkupError), and a retry dialog whose body holds a provider's
+    error with ``[/]`` in it (or whose command holds a filter typed) did the same."""
+    cfg, conn, ledger = failed_world
+    meta = json.loads(conn.hget("rq:job:e-refused-2", "meta"))
+    conn.hset("rq:job:e-refused-2", "meta", json.dumps({**meta, "permanent": True,
+                                                        "last_error": "HTTP 422 address 'a[/]b@x' [b]refused"}))
+    ledger.db.conn.execute("UPDATE jobs SET last_error = ? WHERE id = 'e-refused-2'",
+                           ("HTTP 422 address 'a[/]b@x' [b]refused",))
+    ledger.db.conn.commit()
+    app = make_app(cfg, conn)
+    async with app.run_test(size=(120, 30), notifications=True) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *"retry x[/]y", "enter")
+        await notified(pilot, app, "not among failed jobs: x[/]y", what="the refusal")
+        await settle(pilot, lambda: "not among failed jobs: x[/]y" in screen_text(app), what="the refusal shown")
+        await pilot.press("colon", *"retry e-refused-2", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the confirmation")
+        assert "'a[/]b@x' [b]refused" in app.screen.body
+        await settle(pilot, lambda: "a[/]b@x" in screen_text(app) and "[b]refused" in screen_text(app),
+                     what="the error shown as written")
+        await pilot.press("n")
+        await pilot.press("f")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None)
+        await pilot.press("slash", *"[/]", "enter", "A")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmTyped", what="the bulk confirmation")
+        await settle(pilot, lambda: "payrun retry --all --error '[/]'" in screen_text(app), what="the command")
+        await pilot.press("escape")
+    assert app.return_code in (None, 0)
+    assert conn.zcard(f"rq:failed:{keys.EMAIL_QUEUE}") == 2  # nothing retried
+
+
 # ---- read-only ------------------------------------------------------------------------
 
 @sync
