@@ -324,8 +324,14 @@ class ConsoleApp(App):
                         "(f), / to filter, then A (it shows the count and asks for it)", severity="warning",
                         timeout=8)
             return
+        self.offer_retry(list(args))
+
+    def offer_retry(self, job_ids: list[str]) -> None:
+        """Look the ids up, then say at once those that cannot be retried and offer the
+        rest (`:retry ID…`, and the failed list's r: on a job with no data it offered y/n)."""
         if self.refuse_if_readonly("retry"):
             return
+        args = list(job_ids)
 
         def check() -> None:  # (off the keyboard's thread: Redis and payroll reads)
             try:

@@ -649,6 +649,9 @@ async def test_a_failed_job_with_no_data_shows_what_it_lacks_not_the_raw_hash(cf
         await pilot.press("f")
         await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 1)
         assert "job data missing" in app.screen.page.rows[0]["error"]
+        await pilot.press("r")  # (the list's r offered y/n on it: session 40)
+        await notified(pilot, app, "poison-1 cannot be retried: job data missing", what="the refusal")
+        assert type(app.screen).__name__ == "FailedScreen"  # no confirmation offered
         await pilot.press("enter")
         await settle(pilot, lambda: getattr(app.screen, "detail", None) is not None, what="job detail")
         shown = text_of(app, "#job")
