@@ -69,8 +69,8 @@ class ConsoleApp(App):
                markup: bool = False) -> None:
         """Every notification as plain text (screens' ``self.notify`` pass markup=True):
         they carry what was typed (a job id, a filter) and what Redis or a provider said,
-        and Textual dropped a message with ``[/]`` in it without a word (`:retry x[/]y`
-        answered nothing)."""
+        and a message with ``[/]`` in it raised MarkupError as it was laid out (`:retry
+        x[/]y` left a blank console)."""
         super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
 
     # ---- lifecycle ------------------------------------------------------------------
