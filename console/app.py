@@ -65,6 +65,14 @@ class ConsoleApp(App):
         """When a `:` last came in (its bar not yet on its way): the keys behind it belong
         to the command, and a read-only console must not refuse them on their way in."""
 
+    def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None,
+               markup: bool = False) -> None:
+        """Every notification as plain text (screens' ``self.notify`` pass markup=True):
+        they carry what was typed (a job id, a filter) and what Redis or a provider said,
+        and a message with ``[/]`` in it raised MarkupError as it was laid out (`:retry
+        x[/]y` left a blank console)."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+
     # ---- lifecycle ------------------------------------------------------------------
     def on_mount(self) -> None:
         from console.screens.overview import OverviewScreen
@@ -316,34 +324,72 @@ class ConsoleApp(App):
                         "(f), / to filter, then A (it shows the count and asks for it)", severity="warning",
                         timeout=8)
             return
+        self.offer_retry(list(args))
+
+    def offer_retry(self, job_ids: list[str]) -> None:
+        """Look the ids up, then say at once those that cannot be retried and offer the
+        rest (`:retry ID…`, and the failed list's r: on a job with no data it offered y/n)."""
         if self.refuse_if_readonly("retry"):
             return
+        args = list(job_ids)
 
-        def check() -> None:  # (off the keyboard's thread: a Redis read)
+        def check() -> None:  # (off the keyboard's thread: Redis and payroll reads)
             try:
-                missing = actions.not_failed(self.source.action_conn, list(args))
+                preview = self.source.retry_preview(list(args))
             except Exception:  # noqa: BLE001 - cannot tell now: the dialog, and the action says
-                missing = []
-            self.call_from_thread(self._offer_retry, list(args), missing)
+                preview = None
+            self.call_from_thread(self._offer_retry, list(args), preview)
 
         self.run_worker(check, thread=True, exit_on_error=False, group="actions", name="retry-check")
 
-    def _offer_retry(self, asked: list[str], missing: list[str]) -> None:
-        """`:retry ID…`'s confirmation, for the ids that are failed jobs; the others are
-        said at once (`:retry nosuch-job` was offered, and refused only after the y)."""
+    def _offer_retry(self, asked: list[str], preview: dict | None) -> None:
+        """`:retry ID…`'s confirmation, for the ids that can be retried; the others are
+        said at once: ids that are no failed job (`:retry nosuch-job` was offered, and
+        refused only after the y), and failed jobs whose data is missing or not JSON (they
+        were offered too: `payrun retry` refuses them, nothing to run). The dialog says what
+        the failed list's r says: a send refused for an address changed since goes to the
+        new one (`:retry` said only "requeue"), one failed on its data fails again."""
         from console.dialogs.confirm import ConfirmKey, ConfirmTyped
+        from console.failed import retry_one_body
 
-        args = [a for a in asked if a not in missing]
+        p = preview or {}
+        missing, unreadable = p.get("not_failed", []), p.get("unreadable", {})
+        args = [a for a in asked if a not in missing and a not in unreadable]
+        said = []
         if missing:
             names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            self.notify(f":retry: not among failed jobs: {names} (finished, retried already, or gone)"
-                        + ("" if args else "; nothing to retry"), severity="error" if not args else "warning",
-                        timeout=8)
+            said.append(f"not among failed jobs: {names} (finished, retried already, or gone)")
+        for job_id, why in list(unreadable.items())[:3]:
+            said.append(f"{job_id} cannot be retried: {why}: there is nothing to run (`payrun retry` refuses "
+                        "it too)")
+        if len(unreadable) > 3:
+            said.append(f"and {len(unreadable) - 3} more failed jobs whose data is missing or unreadable")
+        if said:
+            self.notify(":retry: " + "\n".join(said) + ("" if args else "; nothing to retry"),
+                        severity="error" if not args else "warning", timeout=10)
         if not args:
             return
         cmd = actions.retry_command(args)
-        dialog = (ConfirmKey(f"Retry {args[0]}?", "requeue with a fresh attempt budget", cmd) if len(args) == 1
-                  else ConfirmTyped("Retry these failed jobs?", len(args), args[:5], cmd))
+        fixed, on_data = set(p.get("address_changed", [])), set(p.get("permanent", []))
+        resent = set(p.get("delivered_by_resend", []))
+        if len(args) == 1:
+            a = args[0]
+            body = retry_one_body({"address_changed": a in fixed, "permanent": a in on_data,
+                                   "delivered_by_resend": a in resent, "error": p.get("errors", {}).get(a, ""),
+                                   "new_address": p.get("new_address", {}).get(a)})
+            dialog = ConfirmKey(f"Retry {a}?", body, cmd)
+        else:
+            notes = []
+            if n := len(on_data & set(args)):
+                notes.append(f"{n:,} of them failed on the employee's data (an address refused): they fail again "
+                             "unless fixed first (payrun import)")
+            if n := len(fixed & set(args)):
+                notes.append(f"{n:,} of them had an address refused that the payroll data has changed since: "
+                             f"{'it goes' if n == 1 else 'they go'} to the new one")
+            if n := len(resent & set(args)):
+                notes.append(f"{n:,} of them had their slip delivered by a `payrun resend` since: a retry emails "
+                             "it again")
+            dialog = ConfirmTyped("Retry these failed jobs?", len(args), args[:5], cmd, note="\n".join(notes))
         self.push_screen(dialog, lambda ok: ok and self.act("retry", actions.retry, list(args), cmd))
 
     def _queue_arg(self, args: list[str], command: str) -> tuple[bool, str | None]:

@@ -872,9 +872,12 @@ class Source:
             fixed = self._readdressed([r["id"] for r in page.rows if r.get("permanent")])
             ids = [r["id"] for r in page.rows]  # (`payrun failed` marks them: a retry emails the slip again)
             resent = set(ids) - set(failed._without_resent(led, ids))
+            new = self._new_addresses(sorted(fixed))
             for r in page.rows:
                 r["address_changed"] = r["id"] in fixed
                 r["delivered_by_resend"] = r["id"] in resent
+                if r["id"] in new:
+                    r["new_address"] = new[r["id"]]
             return page
 
     def _readdressed(self, ids: list[str]) -> set[str]:
@@ -891,6 +894,26 @@ class Source:
         except sqlite3.Error:
             return set()
 
+    def _new_addresses(self, ids: list[str]) -> dict[str, str]:
+        """Of failed sends ``ids`` (refused for an address changed since), job id -> the
+        address the payroll db has now for its employee (by the slip key in its meta):
+        what the retry dialog names as the one the retry goes to."""
+        from console import failed
+        from payrun import payroll
+
+        if not ids or self._payroll is None:
+            return {}
+        emp_of = {}
+        for job_id, meta in failed.metas(self.conn, ids):
+            parts = str(meta.get("key") or "").split(":")  # slip:<month>:<employee>[:resend-<n>]
+            if len(parts) >= 3 and parts[0] == "slip":
+                emp_of[job_id] = parts[2]
+        try:
+            now = payroll.emails(self._payroll, sorted(set(emp_of.values())))
+        except sqlite3.Error:
+            return {}
+        return {i: now[e] for i, e in emp_of.items() if now.get(e)}
+
     def failed_ids(self, flt: "FailedFilter") -> list[str]:
         with self._lock:
             from console import failed
@@ -905,6 +928,44 @@ class Source:
             fixed = self._readdressed(permanent)  # (a retry sends those to the new address)
             return [i for i in permanent if i not in fixed]
 
+    def retry_preview(self, job_ids: list[str]) -> dict[str, Any]:
+        """What `:retry ID…` says before it asks (reads only): ``not_failed``, the ids in no
+        failed registry; ``unreadable``, id -> why for failed jobs whose data is missing or
+        not JSON (`payrun retry` refuses them: nothing to run); of the others,
+        ``address_changed`` (a send refused for an address the payroll data has changed
+        since: the retry goes to the new one, as `payrun failed`/`retry` say),
+        ``permanent`` (failed on the employee's data: fails again unless fixed first),
+        ``delivered_by_resend``, ``errors`` (id -> its last error) and ``new_address``
+        (id -> the address an ``address_changed`` send goes to now)."""
+        from console import failed
+        from console.actions import not_failed
+        from jobs.runtime import PayrunJob
+        from payrun.deadletters import unreadable_job
+
+        with self._lock:
+            conn = self.conn
+            missing = not_failed(conn, list(job_ids))
+            unreadable: dict[str, str] = {}
+            for job_id in job_ids:
+                if job_id in missing:
+                    continue
+                try:  # as `payrun retry` reads it (RQ stores the data compressed: read by RQ first)
+                    PayrunJob.fetch(job_id, connection=conn).func_name
+                except Exception:  # noqa: BLE001 - no data, data not JSON (or gone meanwhile: the action says)
+                    if (u := unreadable_job(conn, job_id)) is not None:
+                        unreadable[job_id] = u["unreadable"]
+            rest = [i for i in job_ids if i not in missing and i not in unreadable]
+            metas = dict(failed.metas(conn, rest))
+            on_data = [i for i in rest if metas[i].get("permanent")]
+            fixed = self._readdressed(on_data)
+            resent = set(rest) - set(failed._without_resent(self.ledger(), rest))
+            return {"not_failed": missing, "unreadable": unreadable,
+                    "address_changed": [i for i in rest if i in fixed],
+                    "permanent": [i for i in on_data if i not in fixed],
+                    "delivered_by_resend": [i for i in rest if i in resent],
+                    "errors": {i: metas[i].get("last_error") or "" for i in rest},
+                    "new_address": self._new_addresses([i for i in rest if i in fixed])}
+
     def job_detail(self, job_id: str) -> dict[str, Any]:
         """One job, and for a failed one what its retry would do, as the failed list marks
         it (``permanent``, ``address_changed``, ``delivered_by_resend``): the detail's r
@@ -918,6 +979,8 @@ class Source:
                 permanent = bool((d.get("meta") or {}).get("permanent"))
                 d["address_changed"] = permanent and job_id in self._readdressed([job_id])
                 d["permanent"] = permanent and not d["address_changed"]
+                if d["address_changed"] and (new := self._new_addresses([job_id])):
+                    d["new_address"] = new[job_id]
                 d["delivered_by_resend"] = job_id not in failed._without_resent(led, [job_id])
             return d
 

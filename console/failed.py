@@ -262,9 +262,10 @@ def retry_one_body(row: dict[str, Any]) -> str:
     if row.get("delivered_by_resend"):
         return ("Its slip was delivered by a `payrun resend` since (payrun status counts it as sent): a retry "
                 "emails the employee the slip again. " + body)
-    if row.get("address_changed"):
+    if row.get("address_changed"):  # (as `payrun retry` says it: "it goes to the new one")
+        new = f" ({visible(row['new_address'])})" if row.get("new_address") else ""
         return (f"Its address was refused ({cut(short_error(row.get('error') or ''), 160)}) and the payroll "
-                "data has another one since: the retry sends it there. " + body)
+                f"data has changed it since: the retry sends it to the new address{new}. " + body)
     if row.get("permanent"):
         return (f"It failed on the employee's data ({cut(short_error(row.get('error') or ''), 160)}): a retry alone "
                 "fails again unless the employee was fixed first (payrun import). " + body)
@@ -353,6 +354,8 @@ def detail(conn, ledger, job_id: str) -> dict[str, Any]:
             unreadable = None
         if unreadable is not None:  # RQ's error would dump the raw hash: say what it lacks instead
             out.update(unreadable)
+        elif "Unexpected job format" in str(e):  # (its message is the whole raw hash, every value)
+            out["rq_error"] = f"{type(e).__name__}: Unexpected job format (its hash has no 'data' field)"
         else:
             out["rq_error"] = f"{type(e).__name__}: {e}"
     return out

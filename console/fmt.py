@@ -32,6 +32,15 @@ def clip(text: str, width: int) -> str:
     return cut.rstrip(" ,;:-") + "…"
 
 
+def stuck_text(reason: str, worker: str | None) -> str:
+    """Why a job is stuck as the running view's row says it, beside its worker's column:
+    without the worker's name, which is most of the reason ("worker email.app1.4200.07 is
+    gone (no liveness for 10 s)" left "worker email.app1.4200.07 is" at 80 columns)."""
+    if worker:
+        reason = reason.replace(f"worker {worker} is gone", "worker gone").replace(f"worker {worker} ", "worker ")
+    return reason
+
+
 def duration(s: float | None) -> str:
     """3s, 4m05s, 2h03m; '-' for unknown."""
     if s is None:

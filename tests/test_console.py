@@ -649,6 +649,9 @@ async def test_a_failed_job_with_no_data_shows_what_it_lacks_not_the_raw_hash(cf
         await pilot.press("f")
         await settle(pilot, lambda: getattr(app.screen, "page", None) is not None and app.screen.page.total == 1)
         assert "job data missing" in app.screen.page.rows[0]["error"]
+        await pilot.press("r")  # (the list's r offered y/n on it: session 40)
+        await notified(pilot, app, "poison-1 cannot be retried: job data missing", what="the refusal")
+        assert type(app.screen).__name__ == "FailedScreen"  # no confirmation offered
         await pilot.press("enter")
         await settle(pilot, lambda: getattr(app.screen, "detail", None) is not None, what="job detail")
         shown = text_of(app, "#job")
@@ -656,10 +659,168 @@ async def test_a_failed_job_with_no_data_shows_what_it_lacks_not_the_raw_hash(cf
         assert "job data missing (its Redis hash has no 'data' field)" in shown
         assert "fields in its hash: created_at, description, ended_at, origin, status" in shown
         assert "Unexpected job format" not in shown and "secret-looking-value" not in shown
+        # what it lacks, that it never ran, that it cannot be retried: one clear line (session 40)
+        assert ("job data missing (its Redis hash has no 'data' field): it was never run, and it cannot be "
+                "retried (`payrun retry` refuses it: nothing to run)") in " ".join(shown.split()), shown
         await pilot.press("r")
         await notified(pilot, app, "nothing to retry")
         assert type(app.screen).__name__ == "JobScreen"  # no confirmation offered
     assert not (cfg.home / "audit.log").exists() or "poison-1" not in (cfg.home / "audit.log").read_text()
+
+
+def _no_data_and_not_json(conn) -> None:
+    """Two failed jobs payrun cannot read: a hash with no ``data`` field, and one whose data
+    is not JSON (as a worker fails them: tests/test_poison.py)."""
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    for job_id, q, extra in (("poison-nodata", keys.EMAIL_QUEUE, {}),
+                             ("poison-notjson", keys.RENDER_QUEUE, {"data": b"hello"})):
+        conn.hset(f"rq:job:{job_id}", mapping={"status": "failed", "origin": q, "created_at": now, "ended_at": now,
+                                               "meta": json.dumps({"kind": "test", "last_error": "job data "
+                                                                   "unreadable: x"}), **extra})
+        conn.zadd(f"rq:failed:{q}", {job_id: time.time() + 3600})
+
+
+@sync
+async def test_retry_of_a_failed_job_with_no_data_says_at_once_it_cannot_be_retried(failed_world):
+    """Console drill (session 40): `:retry poison-nodata` (a failed job whose hash has no
+    data) asked "Retry poison-nodata? y/n" and the y met `payrun retry`'s refusal. It is said
+    at once, with why, as an id that is no failed job is; among good ids only those are
+    offered."""
+    cfg, conn, ledger = failed_world
+    _no_data_and_not_json(conn)
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *"retry poison-nodata", "enter")
+        await notified(pilot, app, "poison-nodata cannot be retried: job data missing (its Redis hash has no "
+                                   "'data' field)", what="the refusal")
+        assert any("nothing to retry" in n.message for n in app._notifications)
+        assert type(app.screen).__name__ == "OverviewScreen"  # no confirmation offered
+        await pilot.press("colon", *"retry poison-notjson", "enter")
+        await notified(pilot, app, "poison-notjson cannot be retried: job data unreadable (its 'data' field is "
+                                   "not JSON)", what="the refusal")
+        assert type(app.screen).__name__ == "OverviewScreen"
+        await pilot.press("colon", *"retry poison-nodata e-refused-1 poison-notjson", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the confirmation")
+        assert app.screen.title_text == "Retry e-refused-1?" and app.screen.command == "payrun retry e-refused-1"
+        await pilot.press("n")
+    assert conn.zscore(f"rq:failed:{keys.EMAIL_QUEUE}", "poison-nodata") is not None
+    assert not (cfg.home / "audit.log").exists()  # nothing done
+
+
+@sync
+async def test_retry_by_id_of_a_send_refused_for_an_address_fixed_since_says_it_goes_to_the_new_one(payrun_world):
+    """Console drill (session 40): the failed list's r said a send refused for an address HR
+    has fixed since goes to the new one (`payrun failed`/`retry` say so too); `:retry ID` on
+    the same job said only "requeue with a fresh attempt budget"."""
+    cfg, conn, ledger, bad, *_ = payrun_world
+    job_id = keys.email_job_id(MONTH, bad)
+    with payroll.PayrollDB(cfg.payroll_path) as db:
+        db.conn.execute("UPDATE employees SET email = 'fixed@payroll.example' WHERE id = ?", (bad,))
+        db.conn.commit()
+    other = conn.zrange(f"rq:failed:{keys.EMAIL_QUEUE}", 0, -1)
+    assert [o.decode() for o in other] == [job_id]
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *f"retry {job_id}", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the confirmation")
+        body = app.screen.body
+        assert "the retry sends it to the new address (fixed@payroll.example)" in body, body
+        assert "nobody@nowhere.invalid" in body  # the refused one, whole
+        await pilot.press("y")
+        await notified(pilot, app, "requeued 1 job(s)", what="the retry")
+    job = PayrunJob.fetch(job_id, connection=conn)
+    assert job.args[0]["to"] == "fixed@payroll.example"
+
+
+@sync
+async def test_retry_of_several_ids_says_how_many_go_to_an_address_fixed_since(payrun_world, monkeypatch):
+    cfg, conn, ledger, bad, *_ = payrun_world
+    job_id = keys.email_job_id(MONTH, bad)
+    _no_data_and_not_json(conn)
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    make_queue(keys.RENDER_QUEUE, conn).enqueue_call("jobs.testing.nope", job_id="r-refused-1", timeout=5,
+                                                     meta={"kind": "test"})
+    run_lanes(conn, [keys.RENDER_QUEUE], lanes=1, burst=True)
+    assert conn.zscore(f"rq:failed:{keys.RENDER_QUEUE}", "r-refused-1") is not None
+    with payroll.PayrollDB(cfg.payroll_path) as db:
+        db.conn.execute("UPDATE employees SET email = 'fixed@payroll.example' WHERE id = ?", (bad,))
+        db.conn.commit()
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *f"retry {job_id} r-refused-1 poison-nodata", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmTyped", what="the confirmation")
+        assert app.screen.count == 2 and app.screen.sample == [job_id, "r-refused-1"]
+        assert ("1 of them had an address refused that the payroll data has changed since: it goes to the new one"
+                in app.screen.note), app.screen.note
+        assert any("poison-nodata cannot be retried" in n.message for n in app._notifications)
+        await pilot.press("escape")
+    assert conn.zscore(f"rq:failed:{keys.EMAIL_QUEUE}", job_id) is not None  # nothing retried
+
+
+def test_a_job_detail_never_shows_rqs_raw_hash(cfg, conn, monkeypatch):
+    """RQ's "Unexpected job format: {…}" is the whole hash, every value: when the look at
+    what the job lacks cannot be made (Redis went away between the two reads), the detail
+    says the error without it."""
+    from console import failed
+
+    conn.hset("rq:job:poison-1", mapping={"status": "failed", "origin": keys.EMAIL_QUEUE,
+                                          "description": "secret-looking-value"})
+
+    def gone(*a, **k):
+        raise ConnectionError("Redis went away")
+
+    monkeypatch.setattr(failed, "_unreadable", gone)
+    d = failed.detail(conn, None, "poison-1")
+    assert d["rq_error"] == "NoSuchJobError: Unexpected job format (its hash has no 'data' field)"
+    assert "secret-looking-value" not in json.dumps(d)
+
+
+def screen_text(app) -> str:
+    """What the terminal shows (notifications and dialogs included), as plain text."""
+    import html
+    import re
+
+    svg = app.export_screenshot()
+    return html.unescape("".join(re.findall(r">([^<]*)</text>", svg))).replace("\xa0", " ")
+
+
+@sync
+async def test_brackets_in_a_typed_id_or_a_providers_error_are_shown_as_written(failed_world):
+    """Console drill (session 40): `:retry x[/]y` blanked the console (Textual read the
+    notification as markup: MarkupError), and a retry dialog whose body holds a provider's
+    error with ``[/]`` in it (or whose command holds a filter typed) did the same."""
+    cfg, conn, ledger = failed_world
+    meta = json.loads(conn.hget("rq:job:e-refused-2", "meta"))
+    conn.hset("rq:job:e-refused-2", "meta", json.dumps({**meta, "permanent": True,
+                                                        "last_error": "HTTP 422 address 'a[/]b@x' [b]refused"}))
+    ledger.db.conn.execute("UPDATE jobs SET last_error = ? WHERE id = 'e-refused-2'",
+                           ("HTTP 422 address 'a[/]b@x' [b]refused",))
+    ledger.db.conn.commit()
+    app = make_app(cfg, conn)
+    async with app.run_test(size=(120, 30), notifications=True) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None)
+        await pilot.press("colon", *"retry x[/]y", "enter")
+        await notified(pilot, app, "not among failed jobs: x[/]y", what="the refusal")
+        await settle(pilot, lambda: "not among failed jobs: x[/]y" in screen_text(app), what="the refusal shown")
+        await pilot.press("colon", *"retry e-refused-2", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the confirmation")
+        assert "'a[/]b@x' [b]refused" in app.screen.body
+        await settle(pilot, lambda: "a[/]b@x" in screen_text(app) and "[b]refused" in screen_text(app),
+                     what="the error shown as written")
+        await pilot.press("n")
+        await pilot.press("f")
+        await settle(pilot, lambda: getattr(app.screen, "page", None) is not None)
+        await pilot.press("slash", *"[/]", "enter", "A")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmTyped", what="the bulk confirmation")
+        await settle(pilot, lambda: "payrun retry --all --error '[/]'" in screen_text(app), what="the command")
+        await pilot.press("escape")
+    assert app.return_code in (None, 0)
+    assert conn.zcard(f"rq:failed:{keys.EMAIL_QUEUE}") == 2  # nothing retried
 
 
 # ---- read-only ------------------------------------------------------------------------
@@ -1482,7 +1643,8 @@ async def test_a_refused_address_fixed_since_reads_fixed_and_a_slip_resent_since
         assert "fails again" not in text_of(app, "#failed-summary")
         await pilot.press("r")
         await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
-        assert "the retry sends it there" in app.screen.body and "fails again" not in app.screen.body
+        assert "the retry sends it to the new address (fixed@payroll.example)" in app.screen.body, app.screen.body
+        assert "fails again" not in app.screen.body
         await pilot.press("n")
     assert conn.llen(f"rq:queue:{keys.EMAIL_QUEUE}") == 0  # nothing retried
     # HR sent the slip again instead (`payrun resend`), and it was delivered: a retry of the

@@ -196,3 +196,74 @@ async def test_the_overviews_worker_processes_leave_out_the_program_rather_than_
         await ready(pilot, lambda: right_edge(app.screen.query_one("#procs"), "program") > 0, "the program back")
         assert [c.key.value for c in app.screen.query_one("#procs").ordered_columns] == [
             "proc", "program", "kind", "busy", "job", "beat"]
+
+
+class Drained(FixedSource):
+    """Every queue drained (`payrun drain --queue Q` for each): each name carries "⏸"."""
+
+    def snapshot(self):
+        snap = super().snapshot()
+        for q in snap.queues:
+            q.paused = True
+        snap.paused_queues = sorted(q.name for q in snap.queues)
+        return snap
+
+
+@sync
+async def test_a_drained_queues_marker_adds_no_scrollbar_row_to_the_queues_table_at_80_columns():
+    """Console drill (session 40): at 80 columns "pdf-render ⏸" made the queues table one
+    column too wide, and a horizontal scrollbar took a row under it. The reminders column
+    (later) goes instead, and comes back in a wider terminal; undrained, it stays at 80
+    (a table whose three rows fit keeps no room for a vertical scrollbar it never shows)."""
+    app = ConsoleApp(Drained(), clock=lambda: NOW, poll=False, no_blink=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        table = app.screen.query_one("#queues")
+        await ready(pilot, lambda: table.row_count == 3, "the queues")
+        assert "⏸" in str(table.get_cell("pdf-render", "queue"))
+        assert not table.show_horizontal_scrollbar and table.virtual_size.width <= table.size.width
+        assert table.size.height == 4  # the header and three queues, no scrollbar row
+        assert right_edge(table, "later") == -1 and right_edge(table, "rate") > 0
+        await pilot.resize_terminal(120, 40)
+        await ready(pilot, lambda: right_edge(app.screen.query_one("#queues"), "later") > 0, "later back")
+    app = fixed_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        table = app.screen.query_one("#queues")
+        await ready(pilot, lambda: table.row_count == 3, "the queues")
+        assert right_edge(table, "later") > 0 and not table.show_horizontal_scrollbar
+
+
+@sync
+async def test_the_running_views_stuck_reason_is_cut_at_a_word_not_at_the_edge_at_80_columns():
+    """Console drill (session 40): "worker email.app1.4200.07 is" and the edge, behind a
+    horizontal scrollbar. The worker's column goes first (the reason no longer repeats its
+    name), then the reason is cut at a word; at 120 columns all of it and the worker."""
+    app = fixed_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        await pilot.press("r")
+        await ready(pilot, lambda: app.screen.CRUMB == "running" and app.screen.query_one("#running").row_count == 1)
+        table = app.screen.query_one("#running")
+        stuck = str(table.get_cell("email-2026-11-emp-00017", "stuck"))
+        assert stuck.startswith("worker gone") and stuck.endswith("…"), stuck
+        assert right_edge(table, "worker") == -1 and right_edge(table, "stuck") <= table.room()
+        assert not table.show_horizontal_scrollbar
+        await pilot.resize_terminal(120, 40)
+        await ready(pilot, lambda: right_edge(app.screen.query_one("#running"), "worker") > 0, "the worker back")
+        table = app.screen.query_one("#running")
+        assert str(table.get_cell("email-2026-11-emp-00017", "stuck")) == "worker gone (no liveness for 10 s)"
+        assert str(table.get_cell("email-2026-11-emp-00017", "worker")) == "email.app1.4200.07"
+        assert not table.show_horizontal_scrollbar
+
+
+def test_a_stuck_reason_leaves_out_the_name_its_worker_column_shows():
+    from console.fmt import stuck_text
+
+    w = "email.app1.4200.07"
+    assert stuck_text(f"worker {w} is gone (no liveness for 10 s)", w) == "worker gone (no liveness for 10 s)"
+    assert stuck_text(f"its lease expired: worker {w} stopped renewing it", w) == (
+        "its lease expired: worker stopped renewing it")
+    assert stuck_text("worker other.1 is gone (no liveness for 10 s)", w) == (
+        "worker other.1 is gone (no liveness for 10 s)")  # (not the row's worker: named)
+    assert stuck_text("running 12 min (over 10 min)", w) == "running 12 min (over 10 min)"

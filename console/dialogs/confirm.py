@@ -7,11 +7,17 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static
+
+
+def _same_as(command: str) -> Text:
+    """"same as: <command>", the command in bold and as written (it holds a filter typed)."""
+    return Text.assemble("same as: ", (command, "bold"))
 
 
 class ConfirmKey(ModalScreen[bool]):
@@ -26,9 +32,11 @@ class ConfirmKey(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="confirm"):
-            yield Static(self.title_text, classes="dialog-title")
-            yield Static(self.body, classes="dialog-body")
-            yield Static(f"same as: [b]{self.command}[/b]", classes="dialog-command", markup=True)
+            # as plain text: the body holds a provider's error, the title and the command a
+            # job id or a filter typed ("[/]" in one stopped the console with a MarkupError)
+            yield Static(self.title_text, classes="dialog-title", markup=False)
+            yield Static(self.body, classes="dialog-body", markup=False)
+            yield Static(_same_as(self.command), classes="dialog-command")
             yield Static("[b]y[/b] do it · [b]n[/b]/Esc cancel", classes="dialog-keys", markup=True)
 
     def on_key(self, event) -> None:
@@ -54,15 +62,15 @@ class ConfirmTyped(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="confirm bulk"):
-            yield Static(self.title_text, classes="dialog-title")
+            yield Static(self.title_text, classes="dialog-title", markup=False)
             what = self.what[:-1] if self.count == 1 and self.what.endswith("s") else self.what
             yield Static(f"{self.count:,} {what}", classes="dialog-count")
             if self.note:
                 yield Static(self.note, classes="dialog-note", markup=False)
             if self.sample:
                 more = f"\n  … and {self.count - len(self.sample):,} more" if self.count > len(self.sample) else ""
-                yield Static("  " + "\n  ".join(self.sample) + more, classes="dialog-sample")
-            yield Static(f"same as: [b]{self.command}[/b]", classes="dialog-command", markup=True)
+                yield Static("  " + "\n  ".join(self.sample) + more, classes="dialog-sample", markup=False)
+            yield Static(_same_as(self.command), classes="dialog-command")
             yield Static(f"Type [b]{self.expect}[/b] and Enter to confirm · Esc cancels", classes="dialog-keys",
                          markup=True)
             yield Input(placeholder=self.expect, id="typed")

@@ -10,7 +10,7 @@ from textual.widgets import Footer, Input, Static
 
 from console import actions
 from console.data import PAGE_SIZE
-from console.failed import FailedFilter, FailedPage, retry_one_body, short_error
+from console.failed import FailedFilter, FailedPage, short_error
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
@@ -210,15 +210,10 @@ class FailedScreen(ConsoleScreen):
             self._retry_one(key)
 
     def _retry_one(self, key: str) -> None:
-        from console.dialogs.confirm import ConfirmKey
-
-        if self.app.refuse_if_readonly("retry"):
-            return
-        cmd = f"payrun retry {key}"
-        row = next((r for r in (self.page.rows if self.page else []) if r["id"] == key), {})
-        body = retry_one_body(row)
-        self.app.push_screen(ConfirmKey(f"Retry {key}?", body, cmd),
-                             lambda ok: ok and self.app.act("retry", actions.retry, [key], cmd))
+        # as `:retry ID`: a job with no data (or data not JSON) is refused at once, with why
+        # (r offered y/n on a row reading "job data missing … nothing to retry"); the
+        # dialog says what retry_one_body says of it, read afresh off the keyboard's thread
+        self.app.offer_retry([key])
 
     def action_retry_selected(self) -> None:
         ids = sorted(self.selected)

@@ -29,6 +29,17 @@ def _hms(iso: str | None, tz: str | None, missing: str) -> str:
     return clock(ts, tz) if ts is not None and tz else iso[11:19]
 
 
+def unreadable_line(d: dict) -> str:
+    """What a job whose data is missing or not JSON is, in one line: what it lacks, that no
+    worker ran it (a worker fails it as it takes it; one tried before is not said never
+    run), and that it cannot be retried (`payrun retry` refuses it: nothing to run)."""
+    tried = (d.get("meta") or {}).get("attempt") or any(
+        h.get("started_at") for h in ((d.get("ledger") or {}).get("history") or [])
+        if "unreadable" not in (h.get("error") or ""))
+    ran = "no worker can run it as it is" if tried else "it was never run"
+    return f"{d['unreadable']}: {ran}, and it cannot be retried (`payrun retry` refuses it: nothing to run)"
+
+
 def render_detail(d: dict, tz: str | None = None) -> Text:
     t = Text()
     led = d.get("ledger")
@@ -54,7 +65,7 @@ def render_detail(d: dict, tz: str | None = None) -> Text:
         t.append(f" · on {visible(d['origin'])}")
     t.append("\n")
     if d.get("unreadable"):  # (not RQ's error: that is the raw hash)
-        t.append(f"{d['unreadable']}: nothing to run or retry\n", style="red")
+        t.append(f"{unreadable_line(d)}\n", style="red")
         if not led and (d.get("meta") or {}).get("last_error"):
             t.append("last error: ", style="bold")
             t.append(f"{visible(d['meta']['last_error'])}\n", style="red")

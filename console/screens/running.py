@@ -8,7 +8,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 
 from console.data import Snapshot
-from console.fmt import duration
+from console.fmt import duration, stuck_text
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
@@ -26,7 +26,11 @@ class RunningScreen(ConsoleScreen):
         yield StatusBar(self.CRUMB)
         yield Static("", id="summary")
         yield LiveTable([("job", "job"), ("queue", "queue"), ("elapsed", "elapsed/timeout"), ("lease", "lease"),
-                         ("stuck", "stuck"), ("worker", "worker")], id="running", drop=("queue",))
+                         ("stuck", "stuck"), ("worker", "worker")], id="running",
+                        # at 80 columns the stuck reason ran off the edge ("worker email.app1.4200.07
+                        # is"): the worker (s stops it, Enter's detail names it) goes, then the
+                        # reason is cut at a word
+                        drop=("queue", "worker"), clip=("stuck",))
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -44,7 +48,8 @@ class RunningScreen(ConsoleScreen):
                 el.stylize("bold yellow")
             rows.append((r.job_id, (r.job_id, r.queue, el, duration(r.lease_left_s) if r.lease_left_s > 0 else
                                     Text("lapsed", style="bold red"),
-                                    Text(r.stuck, style="bold red") if r.stuck else "", r.worker)))
+                                    Text(stuck_text(r.stuck, r.worker), style="bold red") if r.stuck else "",
+                                    r.worker)))
         with self.app.batch_update():
             self.query_one(LiveTable).sync(rows)
         if snap.redis_down:

@@ -8,8 +8,16 @@ from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
+from console.fmt import clip
+
 RESERVED = 3
-"""Columns of a table's width its cells never get: the focus bar (1) and a scrollbar (2)."""
+"""Columns of a table's width its cells never get when its rows overflow its height: the
+focus bar (1) and a vertical scrollbar (2). A table whose rows all fit keeps no room for a
+scrollbar it does not show (at 80 columns the queues table, three rows, had 2 columns less
+than it has, and a drained queue's "⏸" added a scrollbar row to it)."""
+FOCUS_BAR = 1
+MIN_CLIPPED = 8
+"""A ``clip`` column keeps at least this many characters."""
 
 
 def _plain(cell: Any) -> Any:
@@ -27,18 +35,27 @@ class LiveTable(DataTable):
     ``drop``: column keys to leave out, first to last, while the columns would not fit
     the table's width (at 80 columns the failed list's last error and the workers' alive
     were cut off the right edge); a column comes back when the table is wide enough. A
-    ``drop`` column empty in every row is left out at any width."""
+    ``drop`` column empty in every row is left out at any width.
+
+    ``clip``: column keys whose text, when the columns still do not fit once the ``drop``
+    ones are out, is cut at a word with "…" (console.fmt.clip) to the room the others
+    leave, instead of running off the right edge behind a scrollbar (the running view's
+    stuck reason); whole again when there is room."""
 
     DEFAULT_CSS = """
     LiveTable { height: auto; max-height: 100%; }
     """
 
-    def __init__(self, columns: list[tuple[str, str]], drop: tuple[str, ...] = (), **kw: Any):
+    def __init__(self, columns: list[tuple[str, str]], drop: tuple[str, ...] = (), clip: tuple[str, ...] = (),
+                 **kw: Any):
         kw.setdefault("cursor_type", "row")
         kw.setdefault("zebra_stripes", False)
         super().__init__(**kw)
         self._columns = columns
         self._drop = drop
+        self._clip = clip
+        self._clip_w: dict[str, int] = {}
+        """Characters each ``clip`` column is cut to now (none: whole)."""
         self._shown = [k for k, _ in columns]
         self._cells: dict[str, tuple] = {}
         """Every row's cells, one per column in ``columns`` (shown or not)."""
@@ -50,9 +67,17 @@ class LiveTable(DataTable):
     def on_resize(self) -> None:
         self._fit_columns()
 
+    def room(self) -> int:
+        """The cells' width: the table's, less the focus bar (there or not), less a
+        vertical scrollbar when the rows (and the header) are more than its height holds."""
+        rows = self.row_count + (1 if self.show_header else 0)
+        scrollbar = RESERVED - FOCUS_BAR if rows > self.size.height else 0
+        return self.outer_size.width - FOCUS_BAR - scrollbar
+
     def _fit_columns(self) -> None:
-        """Leave out the ``drop`` columns, in their order, that the width has no room for."""
-        if not self._drop or not self.size.width:
+        """Leave out the ``drop`` columns, in their order, that the width has no room for;
+        then cut the ``clip`` columns to the room left."""
+        if not (self._drop or self._clip) or not self.size.width:
             return
         widths = {}
         for i, (key, label) in enumerate(self._columns):
@@ -60,7 +85,7 @@ class LiveTable(DataTable):
                 (c.cell_len if isinstance(c, Text) else Text(str(c)).cell_len) for c in
                 (row[i] for row in self._cells.values())]
             widths[key] = max(cells) + 2 * self.cell_padding
-        room = self.size.width - RESERVED
+        room = self.room()
         # a droppable column empty in every row says nothing (the program of workers not run by supervisord)
         empty = {k for i, (k, _) in enumerate(self._columns) if k in self._drop and self._cells
                  and all(str(row[i]) == "" for row in self._cells.values())}
@@ -70,8 +95,17 @@ class LiveTable(DataTable):
                 break
             if key in shown:
                 shown.remove(key)
-        if shown != self._shown:
-            self._shown = shown
+        clip_w: dict[str, int] = {}
+        over = sum(widths[k] for k in shown) - room
+        for key in self._clip:
+            if over <= 0:
+                break
+            if key in shown:
+                whole = widths[key] - 2 * self.cell_padding
+                clip_w[key] = max(MIN_CLIPPED, whole - over)
+                over -= whole - clip_w[key]
+        if shown != self._shown or clip_w != self._clip_w:
+            self._shown, self._clip_w = shown, clip_w
             self._rebuild()
 
     def _rebuild(self) -> None:
@@ -86,10 +120,18 @@ class LiveTable(DataTable):
             self.move_cursor(row=self.get_row_index(keep), animate=False)
 
     def _visible(self, cells: tuple) -> tuple:
-        """The shown columns' cells, as plain text (:func:`_plain`)."""
-        if len(self._shown) == len(self._columns):
-            return tuple(map(_plain, cells))
-        return tuple(_plain(c) for (k, _), c in zip(self._columns, cells) if k in self._shown)
+        """The shown columns' cells, as plain text (:func:`_plain`), cut where ``clip`` says."""
+        return tuple(self._cell(k, c) for (k, _), c in zip(self._columns, cells) if k in self._shown)
+
+    def _cell(self, key: str, cell: Any) -> Any:
+        """One cell as shown in column ``key``: plain text, cut to ``_clip_w`` if it says so."""
+        width = self._clip_w.get(key)
+        if width is None:
+            return _plain(cell)
+        text = cell.plain if isinstance(cell, Text) else str(cell)
+        if len(text) <= width:
+            return _plain(cell)
+        return Text(clip(text, width), style=cell.style if isinstance(cell, Text) else "")
 
     @property
     def current_key(self) -> str | None:
@@ -111,7 +153,7 @@ class LiveTable(DataTable):
                 old = self._cells[key]
                 for i, (a, b) in enumerate(zip(old, cells)):
                     if (str(a) != str(b) or type(a) is not type(b)) and cols[i] in self._shown:
-                        self.update_cell(key, cols[i], _plain(b), update_width=True)
+                        self.update_cell(key, cols[i], self._cell(cols[i], b), update_width=True)
                 self._cells[key] = cells
             self._fit_columns()
             return
@@ -128,7 +170,7 @@ class LiveTable(DataTable):
                     if tuple(map(str, self._cells[key])) != tuple(map(str, cells)):
                         for i, (a, b) in enumerate(zip(self._cells[key], cells)):
                             if str(a) != str(b) and cols[i] in self._shown:
-                                self.update_cell(key, cols[i], _plain(b), update_width=True)
+                                self.update_cell(key, cols[i], self._cell(cols[i], b), update_width=True)
                 else:
                     self.add_row(*self._visible(cells), key=key)
                 self._cells[key] = cells
