@@ -243,13 +243,9 @@ def permanent_among(conn, ids: list[str]) -> list[str]:
 
 def metas(conn, ids: list[str]):
     """(job id, its meta) for each of ``ids``, read 1,000 to a round trip."""
-    for i in range(0, len(ids), 1000):
-        chunk = ids[i:i + 1000]
-        with conn.pipeline(transaction=False) as p:
-            for job_id in chunk:
-                p.hget(f"rq:job:{job_id}", "meta")
-            raws = p.execute()
-        yield from ((job_id, _meta(raw)) for job_id, raw in zip(chunk, raws))
+    from payrun.keys import job_field
+
+    yield from ((job_id, _meta(raw)) for job_id, raw in job_field(conn, ids, "meta"))
 
 
 def retry_one_body(row: dict[str, Any]) -> str:

@@ -146,3 +146,14 @@ def limit_outage(name: str) -> str:
 def limit_stats(name: str) -> str:
     """Counters: waits (acquires that had to wait), http_429, outage_pauses, outages."""
     return f"payrun:limit:{name}:stats"
+
+
+def job_field(conn, job_ids: list[str], field: str, chunk: int = 1000):
+    """(job id, the raw value of ``field`` in its RQ hash, None if absent) for each of
+    ``job_ids``, in order, ``chunk`` to a round trip: the console's and prune's bulk reads."""
+    for i in range(0, len(job_ids), chunk):
+        part = job_ids[i:i + chunk]
+        with conn.pipeline(transaction=False) as pipe:
+            for job_id in part:
+                pipe.hget(f"rq:job:{job_id}", field)
+            yield from zip(part, pipe.execute())

@@ -32,17 +32,13 @@ will put it back."""
 def live_in_redis(conn, ids_by_month: dict[str, list[str]]) -> dict[str, int]:
     """Of each month's unfinished ledger jobs, how many Redis still holds unfinished (the
     others Redis forgot: nothing will finish them, only --force prunes them)."""
+    from payrun.keys import job_field
+
     live: dict[str, int] = {}
     for month, ids in ids_by_month.items():
-        for i in range(0, len(ids), 1000):
-            chunk = ids[i:i + 1000]
-            with conn.pipeline(transaction=False) as pipe:
-                for job_id in chunk:
-                    pipe.hget(f"rq:job:{job_id}", "status")
-                got = pipe.execute()
-            n = sum(1 for st in got if st is not None and st.decode() in LIVE_STATUSES)
-            if n:
-                live[month] = live.get(month, 0) + n
+        n = sum(1 for _, st in job_field(conn, ids, "status") if st is not None and st.decode() in LIVE_STATUSES)
+        if n:
+            live[month] = n
     return live
 
 

@@ -173,3 +173,14 @@ def test_per_connection_cache_builds_once_per_connection_and_options():
     c = object()
     cache[id(c)] = (a, 2, first)  # a freed connection's id now used by c
     assert get(c, 2) is not first and built[-1] is c
+
+
+def test_job_field_reads_one_field_of_many_jobs_in_order_across_chunks(conn):
+    from payrun.keys import job_field
+
+    for i in range(5):
+        conn.hset(f"rq:job:j{i}", mapping={"status": f"s{i}"})
+    ids = ["j0", "nosuch", "j1", "j2", "j3", "j4"]
+    assert list(job_field(conn, ids, "status", chunk=2)) == [
+        ("j0", b"s0"), ("nosuch", None), ("j1", b"s1"), ("j2", b"s2"), ("j3", b"s3"), ("j4", b"s4")]
+    assert list(job_field(conn, [], "status")) == []
