@@ -47,7 +47,9 @@ class FailedScreen(ConsoleScreen):
                     id="filter")
         yield LiveTable([("sel", " "), ("job", "job"), ("queue", "queue"), ("co", "co"), ("att", "att"),
                          ("why", "why"), ("error", "last error")], id="failed",
-                        drop=("queue",))  # (at 80 columns: room for the error; a job id names its queue)
+                        # at 80 columns: room for the error (a job id names its queue), then the
+                        # error cut at a word (it ran off the edge behind a scrollbar; Enter shows it whole)
+                        drop=("queue",), clip=("error",))
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
