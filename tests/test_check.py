@@ -5,6 +5,9 @@ HTTP provider and a real SMTP server (aiosmtpd). No check may send or enqueue an
 from __future__ import annotations
 
 import json
+import socket
+import ssl
+import threading
 import time
 from datetime import datetime, timezone
 from zoneinfo import ZoneInfo
@@ -19,7 +22,7 @@ from payrun import keys, preflight
 from payrun.cli import cli
 from payrun.preflight import FAIL, OK, WARN
 from payrun.provider import Provider
-from test_mail import EphemeralController, Recorder
+from test_mail import EphemeralController, Recorder, tls_files  # noqa: F401 (a fixture)
 
 DHAKA = ZoneInfo("Asia/Dhaka")
 
@@ -135,6 +138,97 @@ def test_the_smtp_probe_logs_in_and_quits_without_mail(monkeypatch):
         ctl.stop()
     with pytest.raises(ValueError, match="cannot connect"):
         transport_for(f"smtp://127.0.0.1:{ctl.port}", 2).probe()
+
+
+@pytest.mark.parametrize("mode", ["starttls", "smtps"])
+def test_the_smtp_probe_speaks_tls_to_the_servers_name(tls_files, monkeypatch, mode):
+    """STARTTLS and smtps:// probed as a send connects: TLS checks the URL's host. The probe
+    made its connection with no host, so every TLS probe failed with "check_hostname
+    requires server_hostname" whatever the server."""
+    cert, key = tls_files
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    handler = Recorder()
+
+    def authenticator(server, session, envelope, mechanism, auth_data):
+        return AuthResult(success=(auth_data.login, auth_data.password) == (b"payroll", b"s3cret"), handled=False)
+
+    kw = ({"tls_context": ctx, "require_starttls": True} if mode == "starttls"
+          else {"ssl_context": ctx, "auth_require_tls": False})  # (aiosmtpd offers no AUTH on smtps otherwise)
+    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0, authenticator=authenticator, **kw)
+    ctl.start()
+    url = (f"smtp://payroll:s3cret@127.0.0.1:{ctl.port}?starttls=1" if mode == "starttls"
+           else f"smtps://payroll:s3cret@127.0.0.1:{ctl.port}")
+    try:
+        with pytest.raises(ValueError, match=r"certificate is not trusted \(self.signed certificate\): .*SSL_CERT_FILE"):
+            transport_for(url, 5).probe()
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trust the test certificate
+        said = transport_for(url, 5).probe()
+        assert said == ("connected, STARTTLS, login accepted" if mode == "starttls"
+                        else "connected over TLS, login accepted")
+        if mode == "starttls":  # the same server without STARTTLS: no login offered in clear text
+            with pytest.raises(ValueError, match=r"offers no login \(SMTP AUTH\).*\?starttls=1"):
+                transport_for(url.replace("?starttls=1", ""), 5).probe()
+        assert handler.messages == []
+    finally:
+        ctl.stop()
+
+
+class _Trickle:
+    """A server that takes connections and answers a byte at a time, each well within a
+    socket timeout: an SMTP greeting, or (HTTP) a status line once the request is in."""
+
+    def __init__(self, reply: bytes, after_request: bool, every_s: float = 0.2):
+        self.reply, self.after_request, self.every_s = reply, after_request, every_s
+        self.stop = threading.Event()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._trickle, args=(c,), daemon=True).start()
+
+    def _trickle(self, c):
+        with c:
+            try:
+                if self.after_request:
+                    c.recv(65536)
+                for b in self.reply:
+                    if self.stop.wait(self.every_s):  # (the server's pace, not a test's wait)
+                        return
+                    c.sendall(bytes([b]))
+            except OSError:
+                pass
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("kind", ["smtp", "http"])
+def test_a_probe_ends_within_its_timeout_however_slow_the_server(kind):
+    """A provider that takes the connection and answers a byte at a time never trips a
+    socket timeout: the probe held `payrun check` for 41 s with a 5 s timeout (HTTP) and
+    18 s (SMTP). Its whole exchange now ends by its timeout, as a send's does."""
+    if kind == "smtp":
+        server = _Trickle(b"220 " + b"x" * 200 + b"\r\n", after_request=False)
+    else:
+        server = _Trickle(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\n\r\n{}", after_request=True)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ValueError) as ei:
+            transport_for(f"{kind}://127.0.0.1:{server.port}", 1.0).probe()
+        took = time.monotonic() - t0
+    finally:
+        server.close()
+    assert took < 1.4, took
+    assert str(ei.value) == ("connected, then no answer to its greeting within 1 s" if kind == "smtp"
+                             else "the provider took the connection, then did not answer within 1 s")
 
 
 # ---- the whole check ------------------------------------------------------------------
