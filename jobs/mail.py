@@ -991,6 +991,8 @@ class HttpTransport:
             cutoff.close()
             self._drop(conn)
         token = "Authorization" in self._headers
+        if resp.status in (401, 403) and not token:
+            raise ValueError(f"the provider wants a token ({resp.status}) and {EMAIL_TOKEN_ENV} is not set")
         if resp.status in (401, 403):
             raise ValueError(f"the provider refused our token ({resp.status}): check {EMAIL_TOKEN_ENV}")
         if resp.status == 400:

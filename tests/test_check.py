@@ -68,8 +68,19 @@ def test_disk_and_redis_memory_verdicts():
     assert preflight.redis_memory_verdict(2 << 20, 0, "noeviction", 50_000, True)[0] == OK
     level, text = preflight.redis_memory_verdict(2 << 20, 100 << 20, "noeviction", 50_000, True)
     assert level == FAIL and "above its maxmemory of 100.0 MiB" in text  # 50,000 × 5.5 KiB = 269 MiB
-    level, text = preflight.redis_memory_verdict(2 << 20, 0, "allkeys-lru", 10, False)
+    level, text = preflight.redis_memory_verdict(2 << 20, 100 << 20, "allkeys-lru", 10, False)
     assert level == FAIL and "deletes keys, jobs among them" in text
+
+
+def test_a_redis_too_small_and_evicting_is_said_both_ways_with_what_to_raise():
+    """Both problems in one check (it said only the policy: set to noeviction, the next check
+    failed on the maxmemory); with no maxmemory nothing is evicted, so the policy warns."""
+    level, text = preflight.redis_memory_verdict(900 << 10, 3 << 20, "allkeys-lru", 300, False)
+    assert level == FAIL
+    assert "above its maxmemory of 3.0 MiB: it would refuse writes mid-run (raise maxmemory above ~5.0 MiB)" in text
+    assert "maxmemory-policy is allkeys-lru: under memory pressure Redis deletes keys" in text
+    level, text = preflight.redis_memory_verdict(900 << 10, 0, "allkeys-lru", 300, False)
+    assert level == WARN and "with no maxmemory: nothing is evicted now" in text and "noeviction" in text
 
 
 def test_a_clock_off_the_redis_servers_is_a_warning():
@@ -87,9 +98,30 @@ def test_worker_and_scheduler_verdicts_name_what_is_missing():
     assert preflight.scheduler_verdict(2, None, tick, "Asia/Dhaka").level == OK
     one = preflight.scheduler_verdict(1, None, tick, "Asia/Dhaka")
     assert one.level == WARN and "2026-12-01 02:00 Asia/Dhaka" in one.text
+    assert "none stands by to fire the tick if this one is down then" in one.text  # (it read "it fires alone")
     none = preflight.scheduler_verdict(0, None, tick, "Asia/Dhaka")
     assert none.level == FAIL and "the tick of 2026-12-01 02:00 Asia/Dhaka will not fire" in none.text
     assert "has not fired" in preflight.scheduler_verdict(2, tick, tick, "Asia/Dhaka").text
+
+
+def test_programs_stopped_by_hand_are_named_with_the_command_that_starts_them():
+    """`payrun up` leaves a program stopped by hand stopped: the check said only "`payrun
+    up`" for a ledger, a render worker and a scheduler stopped with supervisorctl, and that
+    started none of them. Given up on (FATAL) fails; "Not started" (not meant to run here) is
+    no finding."""
+    status = ("bank                             RUNNING   pid 23841, uptime 0:01:12\n"
+              "ledger                           STOPPED   Dec 06 02:24 AM\n"
+              "pdf-render:pdf-render-00         STOPPED   Dec 06 02:24 AM\n"
+              "provider                         STOPPED   Not started\n"
+              "reaper                           FATAL     Exited too quickly (process log may have details)\n"
+              "scheduler-b                      STOPPED   Dec 06 02:24 AM\n")
+    found = preflight.supervisor_verdicts(status, "/srv/payrun/var/log")
+    assert [(f.area, f.level) for f in found] == [("workers", FAIL), ("workers", WARN)]
+    assert "gave up on reaper here (FATAL): see their logs in /srv/payrun/var/log, then `payrun up`" in found[0].text
+    assert found[1].text == ("ledger, pdf-render:pdf-render-00, scheduler-b stopped by hand here, which `payrun up` "
+                             "leaves stopped: `eval \"$(payrun supervisor-env)\"` then `supervisorctl -c "
+                             "\"$PAYRUN_SUPERVISOR_CONF\" start ledger pdf-render:pdf-render-00 scheduler-b`")
+    assert preflight.supervisor_verdicts("provider   STOPPED   Not started\n", "log") == []
 
 
 # ---- the provider, asked without sending ----------------------------------------------
@@ -106,6 +138,9 @@ def test_the_http_probe_checks_the_token_and_sends_nothing():
                 transport_for(p.url, 5).probe()
             assert "refused our token (401): check PAYRUN_EMAIL_TOKEN" in str(ei.value)
             assert "wrong-token" not in str(ei.value)
+            m.delenv("PAYRUN_EMAIL_TOKEN")
+            with pytest.raises(ValueError, match="wants a token \\(401\\) and PAYRUN_EMAIL_TOKEN is not set"):
+                transport_for(p.url, 5).probe()
             m.setenv("PAYRUN_EMAIL_TOKEN", "right-token")
             p.outage(60, 503)
             with pytest.raises(ValueError, match="in trouble: 503"):
@@ -254,6 +289,22 @@ def test_a_payrun_with_nothing_running_is_not_ready_and_says_what_to_do(world):
     assert not conn.keys("rq:job:*") and ledger.db.conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
 
 
+def test_json_carries_what_the_text_shortens(world):
+    """The text names five employees "and N more"; --json lists every one (and the companies
+    with no line at all), and the estimate's figures."""
+    cfg, conn, db, ledger = world
+    ids = [r[0] for r in db.conn.execute("SELECT employee_id FROM salary_lines WHERE month = '2026-11' "
+                                         "ORDER BY employee_id LIMIT 7")]
+    db.conn.execute(f"DELETE FROM salary_lines WHERE employee_id IN ({','.join('?' * len(ids))})", ids)
+    db.conn.commit()
+    data = json.loads(CliRunner().invoke(cli, ["check", "--month", "2026-11", "--no-email", "--json"]).output)
+    unpaid = [c for c in data["checks"] if c["area"] == "payroll" and c["level"] == WARN]
+    assert len(unpaid) == 1 and "and 2 more" in unpaid[0]["text"] and unpaid[0]["detail"] == {"employees": ids}
+    assert all("detail" not in c for c in data["checks"] if c["area"] in ("redis", "intake"))
+    estimate = next(c for c in data["checks"] if c["area"] == "estimate")
+    assert estimate["detail"]["slips"] == 5 and estimate["detail"]["deadline"].endswith("T09:00:00+06:00")
+
+
 def test_bad_input_to_check_is_refused_in_one_line(world):
     out = CliRunner().invoke(cli, ["check", "--month", "2026-13"])
     assert out.exit_code == 2 and out.output.startswith("payrun: ") and len(out.output.splitlines()) == 1
@@ -308,5 +359,14 @@ def test_a_worker_host_checks_what_that_host_needs(cfg, conn):
     areas = {c["area"] for c in data["checks"]}
     assert areas >= {"redis", "render", "intake", "workers", "slips"}
     assert not areas & {"payroll", "scheduler", "ledger", "estimate"}  # the control host's
+    assert not any("control worker" in c["text"] for c in data["checks"])  # the control host's part
+    # another host's render worker, alive: not this host's, so this host still has none
+    name = "render.elsewhere.4242"
+    conn.sadd("rq:workers", f"rq:worker:{name}")
+    conn.hset(f"rq:worker:{name}", mapping={"hostname": "elsewhere", "pid": "4242", "queues": keys.RENDER_QUEUE,
+                                            "state": "idle"})
+    conn.set(keys.alive(name), 1, ex=60)
+    data = json.loads(CliRunner().invoke(cli, ["check", "--no-email", "--json"]).output)
+    assert any(c["level"] == FAIL and "no pdf-render worker" in c["text"] for c in data["checks"]), data
     refused = CliRunner().invoke(cli, ["check", "--month", "2026-11"])
     assert refused.exit_code == 2 and "--month is for the control host" in refused.output
