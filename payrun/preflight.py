@@ -235,6 +235,24 @@ def scheduler_verdict(alive: int, due_since: str | None, tick: str | None, zone:
     return Finding("scheduler", OK, f"{nxt}; {alive} schedulers running (one fires, the other stands by)")
 
 
+def wrapped(prefix: str, text: str, width: int | None) -> list[str]:
+    """A line of the check as a terminal of ``width`` columns shows it: ``prefix`` then
+    ``text``, wrapped with the text's column kept (the terminal wrapped a 200-character
+    finding to column 0, under the marks of the next ones), never inside a `command` (copied
+    from two lines, the first half would run alone) nor inside a word (a URL, a path).
+    ``width`` None: one line, as for a pipe or cron mail (one finding a line, for grep)."""
+    if width is None:
+        return [prefix + text]
+    import re
+    import textwrap
+
+    glue = "\0"  # (no check's text has a NUL: the import refuses control characters)
+    kept = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", glue), text)
+    lines = textwrap.wrap(kept, width=max(width - len(prefix), 30), break_long_words=False,
+                          break_on_hyphens=False) or [""]
+    return [(prefix if i == 0 else " " * len(prefix)) + line.replace(glue, " ") for i, line in enumerate(lines)]
+
+
 def local_text(iso: str | None, zone: str) -> str:
     """An ISO time as the check says it: "2026-12-01 02:00 Asia/Dhaka"."""
     return _local(iso, zone)
@@ -525,7 +543,8 @@ def _email(cfg, rep: Report) -> None:
     except Exception as e:  # noqa: BLE001 - every way a provider can refuse, in one line
         from payrun.text import visible
 
-        rep.add("email", FAIL, f"{shown}: {visible(str(e))[:300]}")
+        local = "" if cfg.email.url else " (the local provider simulator: `payrun up` starts it)"
+        rep.add("email", FAIL, f"{shown}: {visible(str(e))[:300]}{local}")
         return
     rep.add("email", OK, f"{shown}: {said} (nothing was sent)")
 
@@ -582,7 +601,8 @@ def _estimate(cfg, conn, rep: Report, slips: int, render_s: float, live: dict[st
     seconds = run_seconds(slips, sends, render_s, render_workers)
     level, text = deadline_verdict(start, seconds)
     how = (f"{slips:,} slips at {sends:.1f} sends/s (limit {rate:g}/s, cap {cap}, ~{send_s:g} s a send) and "
-           f"{render_workers} render worker{'s' if render_workers != 1 else ''}")
+           f"{render_workers} render worker{'s' if render_workers != 1 else ''}"
+           + ("" if live else " (the config's: the live workers and limits could not be read)"))
     when = f"from the tick at {start:%Y-%m-%d %H:%M}" if by_tick else f"if started now ({start:%H:%M})"
     rep.add("estimate", level, f"{how}, {when}: {text}", {
         "slips": slips, "sends_per_s": round(sends, 2), "render_workers": render_workers, "start": start.isoformat(timespec="seconds"),

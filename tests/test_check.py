@@ -124,6 +124,48 @@ def test_programs_stopped_by_hand_are_named_with_the_command_that_starts_them():
     assert preflight.supervisor_verdicts("provider   STOPPED   Not started\n", "log") == []
 
 
+def test_a_terminal_gets_each_finding_wrapped_under_its_text_and_commands_whole():
+    """At 80 columns the terminal wrapped a 200-character finding to column 0, under the
+    marks; a pipe still gets one line a finding (grep, cron mail)."""
+    prefix = "  WARN  workers    "
+    text = ("ledger, scheduler-b stopped by hand here, which `payrun up` leaves stopped: `eval \"$(payrun "
+            "supervisor-env)\"` then `supervisorctl -c \"$PAYRUN_SUPERVISOR_CONF\" start ledger scheduler-b`")
+    assert preflight.wrapped(prefix, text, None) == [prefix + text]
+    lines = preflight.wrapped(prefix, text, 79)
+    assert lines[0].startswith(prefix) and all(ln.startswith(" " * len(prefix)) for ln in lines[1:])
+    assert " ".join(ln.strip() for ln in lines) == (prefix + text).strip()  # nothing lost or added
+    for command in ("`payrun up`", "`eval \"$(payrun supervisor-env)\"`",
+                    "`supervisorctl -c \"$PAYRUN_SUPERVISOR_CONF\" start ledger scheduler-b`"):
+        assert any(command in ln for ln in lines), (command, lines)  # each on one line
+    short = [ln for ln in lines if "supervisorctl" not in ln]  # (a command longer than the room overflows)
+    assert all(len(ln) <= 79 for ln in short), lines
+
+
+def test_with_redis_down_the_estimate_and_the_local_provider_say_why(world, tmp_path):
+    """Redis down: the estimate is of the config's workers, and says so (it read as if 1
+    render worker were running); the local provider unreachable names `payrun up`."""
+    import dataclasses
+    import socket as socket_mod
+
+    import redis
+
+    cfg, conn, db, ledger = world
+    with socket_mod.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # (closed: nothing listens there)
+    cfg = dataclasses.replace(cfg, provider=dataclasses.replace(cfg.provider, port=port))
+
+    def down():
+        raise redis.ConnectionError("Error 111 connecting")
+
+    rep = preflight.check(cfg, month="2026-11", connect=down, now=datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc))
+    said = {f.area: f for f in rep.findings if f.level != WARN or f.area == "estimate"}
+    assert said["redis"].level == FAIL and "unreachable" in said["redis"].text
+    assert "the config's: the live workers and limits could not be read" in said["estimate"].text
+    assert said["email"].level == FAIL and said["email"].text.endswith(
+        "(the local provider simulator: `payrun up` starts it)")
+
+
 # ---- the provider, asked without sending ----------------------------------------------
 
 def test_the_http_probe_checks_the_token_and_sends_nothing():
