@@ -986,6 +986,9 @@ class HttpTransport:
                     raise ValueError(f"the provider's certificate is not trusted "
                                      f"({_short(e.verify_message or str(e))}): a private CA's certificate goes "
                                      f"in SSL_CERT_FILE") from None
+                if isinstance(e, ssl.SSLError) and connected:
+                    raise ValueError(f"the provider took the connection, then TLS failed "
+                                     f"({_short(e.reason or str(e))}): does it speak https:// on that port?") from None
                 raise ValueError(f"cannot reach the provider ({_oserr(e)})") from None
         finally:
             cutoff.close()

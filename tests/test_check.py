@@ -189,6 +189,9 @@ def test_the_http_probe_checks_the_token_and_sends_nothing():
                 transport_for(p.url, 5).probe()
             with pytest.raises(ValueError, match="no messages endpoint at /v2/v1/messages"):
                 transport_for(p.url + "/v2", 5).probe()
+            with pytest.raises(ValueError, match=r"took the connection, then TLS failed \(.+\): does it speak "
+                                                 r"https:// on that port\?"):
+                transport_for(p.url.replace("http://", "https://"), 5).probe()  # (it speaks http://)
         assert p.stats()["delivered"] == 0
     finally:
         p.stop()
