@@ -431,11 +431,23 @@ def _payroll(cfg, rep: Report) -> int:
             run = led.runs(rep.month)
         finally:
             led.close()
+        ran = {int(r["company_id"]) for r in run}
         if run:
-            rep.add("payroll", WARN, f"{rep.month} was already run ({len(run)} compan"
-                                     f"{'y' if len(run) == 1 else 'ies'}): the tick will not run it again "
-                                     f"(`payrun status --month {rep.month}`)")
+            # a run makes slips for the companies not run yet only: the estimate, the room
+            # and the memory are for those (they were for the whole month, run or not)
+            with payroll.PayrollDB(cfg.payroll_path) as db:
+                left = sum(payroll.count_employees(db, rep.month, cid) for cid in companies if cid not in ran)
+            rest = (f": running it again makes no slip (`payrun status --month {rep.month}`)" if not left else
+                    f": running it makes only the {left:,} slips of the {_n(len(set(companies) - ran), 'company')} "
+                    "not run yet")
+            rep.add("payroll", WARN, f"{rep.month} was already run for {_n(len(ran), 'company')}{rest}",
+                    {"companies_run": sorted(ran)})
+            return left
     return slips
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun if count == 1 else (noun[:-1] + 'ies' if noun.endswith('y') else noun + 's')}"
 
 
 def _render(rep: Report) -> tuple[float, int]:

@@ -350,6 +350,26 @@ def test_json_carries_what_the_text_shortens(world):
     assert estimate["detail"]["slips"] == 5 and estimate["detail"]["deadline"].endswith("T09:00:00+06:00")
 
 
+def test_a_month_already_run_is_estimated_for_the_companies_not_run_yet(world):
+    """The estimate was of the whole month after its run ("300 slips ... about 2 min") while
+    running it again makes none: it counts the slips a run would still make."""
+    from payrun import payroll
+
+    cfg, conn, db, ledger = world
+    ledger.claim_run(1, "2026-11", "test")
+    second = payroll.count_employees(db, "2026-11", 2)
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    rep = preflight.check(cfg, month="2026-11", email=False, now=now)
+    ran = next(f for f in rep.findings if f.area == "payroll" and f.level == WARN)
+    assert ran.text == (f"2026-11 was already run for 1 company: running it makes only the {second} slips of the "
+                        "1 company not run yet") and ran.detail == {"companies_run": [1]}
+    assert next(f for f in rep.findings if f.area == "estimate").detail["slips"] == second
+    ledger.claim_run(2, "2026-11", "test")
+    rep = preflight.check(cfg, month="2026-11", email=False, now=now)
+    assert "running it again makes no slip (`payrun status --month 2026-11`)" in " ".join(f.text for f in rep.findings)
+    assert not [f for f in rep.findings if f.area == "estimate"]
+
+
 def test_bad_input_to_check_is_refused_in_one_line(world):
     out = CliRunner().invoke(cli, ["check", "--month", "2026-13"])
     assert out.exit_code == 2 and out.output.startswith("payrun: ") and len(out.output.splitlines()) == 1
