@@ -329,8 +329,16 @@ def _redis(cfg, rep: Report, connect) -> Any:
         conn = connect() if connect else redis_server.connect(cfg, socket_timeout=5, socket_connect_timeout=5)
         conn.ping()
     except Exception as e:  # noqa: BLE001 - whatever stops us reaching it, said in one line
-        rep.add("redis", FAIL, f"{where}: unreachable ({type(e).__name__}): `payrun up`, then check again; the "
-                               "checks that read Redis (workers, scheduler, ledger, limits) were not made")
+        import redis
+
+        why = ("no answer within 5 s" if isinstance(e, (redis.TimeoutError, TimeoutError)) else
+               "its password was refused" if isinstance(e, redis.AuthenticationError)
+               else type(e).__name__)
+        # `payrun up` starts the embedded Redis only: it said so for an external one too
+        todo = ("`payrun up`, then check again" if cfg.embedded_redis else
+                "see to that Redis and to PAYRUN_REDIS_URL (its address, its password), then check again")
+        rep.add("redis", FAIL, f"{where}: unreachable ({why}): {todo}; the checks that read Redis (workers, "
+                               "intake, limits, and on the control host the scheduler and ledger) were not made")
         return None
     try:
         info = conn.info("persistence")

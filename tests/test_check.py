@@ -166,6 +166,23 @@ def test_with_redis_down_the_estimate_and_the_local_provider_say_why(world, tmp_
         "(the local provider simulator: `payrun up` starts it)")
 
 
+@pytest.mark.parametrize("error, why", [("timeout", "no answer within 5 s"), ("auth", "its password was refused")])
+def test_an_external_redis_unreachable_is_not_sent_to_payrun_up(cfg, error, why):
+    """`payrun up` starts the embedded Redis only: for an external one the check said
+    "`payrun up`" and "(TimeoutError)"."""
+    import redis
+
+    def down():
+        raise redis.TimeoutError("Timeout reading from socket") if error == "timeout" else \
+            redis.AuthenticationError("invalid username-password pair")
+
+    assert not cfg.embedded_redis
+    rep = preflight.check(cfg, worker_host=True, email=False, connect=down)
+    [found] = [f for f in rep.findings if f.area == "redis"]
+    assert found.level == FAIL and f"unreachable ({why}): see to that Redis and to PAYRUN_REDIS_URL" in found.text
+    assert "payrun up" not in found.text and "password=" not in found.text.split("***")[-1]
+
+
 # ---- the provider, asked without sending ----------------------------------------------
 
 def test_the_http_probe_checks_the_token_and_sends_nothing():
