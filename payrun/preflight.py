@@ -625,7 +625,8 @@ def _estimate(cfg, conn, rep: Report, slips: int, render_s: float, live: dict[st
            + ("" if live else " (the config's: the live workers and limits could not be read)"))
     when = f"from the tick at {start:%Y-%m-%d %H:%M}" if by_tick else f"if started now ({start:%H:%M})"
     rep.add("estimate", level, f"{how}, {when}: {text}", {
-        "slips": slips, "sends_per_s": round(sends, 2), "render_workers": render_workers, "start": start.isoformat(timespec="seconds"),
+        "slips": slips, "sends_per_s": round(sends, 2), "render_workers": render_workers,
+        "start": start.isoformat(timespec="seconds"),
         "seconds": None if seconds is None else round(seconds),
         "end": None if seconds is None else (start + timedelta(seconds=seconds)).isoformat(timespec="seconds"),
         "deadline": deadline_after(start).isoformat()})
