@@ -664,40 +664,77 @@ class SmtpTransport:
     def probe(self) -> str:
         """Connect, EHLO, STARTTLS and log in as a send would, then QUIT with no MAIL: what
         `payrun check` says of the server ("connected, STARTTLS, login accepted"), or
-        ValueError saying what refused us. Nothing is sent."""
+        ValueError saying what refused us. Nothing is sent. The whole probe ends within
+        ``timeout_s``, as a send does (``_Cutoff``): a server that takes the connection and
+        never answers, or trickles its replies, held the check for a timeout per reply."""
+        deadline = _Deadline(self.timeout_s)
+        cutoff = _Cutoff(max(0.0, self.timeout_s - CUTOFF_MARGIN_S))  # (it fires that margin late)
         smtp: smtplib.SMTP | None = None
-        done = ["connected over TLS" if self.ssl else "connected"]
+        done: list[str] = []
+        waiting = ["its TLS handshake and greeting" if self.ssl else "its greeting"]
+
+        def step(what: str, fn, *args, **kwargs):
+            waiting[0] = what
+            if smtp is not None and smtp.sock is not None:
+                smtp.sock.settimeout(deadline.left())
+            return fn(*args, **kwargs)
+
         try:
+            # the host given to the constructor is the name TLS checks (STARTTLS and smtps://)
             if self.ssl:
-                smtp = smtplib.SMTP_SSL(timeout=self.timeout_s, context=self._ssl)
+                smtp = _CutSMTPS(self.host, self.port, _EHLO_LATER, timeout=deadline.left(), context=self._ssl,
+                                 cutoff=cutoff)
             else:
-                smtp = smtplib.SMTP(timeout=self.timeout_s)
-            smtp.local_hostname = "localhost"  # (replaced below: no FQDN lookup before connecting)
-            smtp.connect(self.host, self.port)
+                smtp = _CutSMTP(self.host, self.port, _EHLO_LATER, timeout=deadline.left(), cutoff=cutoff)
+            if cutoff.fired:  # (a greeting cut short by the cutoff can still read as a 220)
+                raise socket.timeout("the probe's deadline passed")
+            done.append("connected over TLS" if self.ssl else "connected")
             smtp.local_hostname = address_literal(smtp.sock)
-            smtp.ehlo_or_helo_if_needed()
+            step("EHLO", smtp.ehlo_or_helo_if_needed)
             if self.starttls:
-                smtp.starttls(context=self._ssl)
-                smtp.ehlo()
+                step("STARTTLS", smtp.starttls, context=self._ssl)
+                step("EHLO after STARTTLS", smtp.ehlo)
                 done.append("STARTTLS")
             if self.user:
-                smtp.login(self.user, self._password)
+                step("the login", smtp.login, self.user, self._password)
                 done.append("login accepted")
             try:
-                smtp.quit()
+                step("QUIT", smtp.quit)
             except (OSError, smtplib.SMTPException):
                 pass
-            smtp = None
             return ", ".join(done)
         except smtplib.SMTPAuthenticationError as e:
             raise ValueError(f"login refused ({e.smtp_code} {_short(e.smtp_error)}): check "
                              f"{SMTP_PASSWORD_ENV} or the login in email.url") from None
         except smtplib.SMTPResponseException as e:
-            raise ValueError(f"{' and '.join(done)}, then refused: {e.smtp_code} {_short(e.smtp_error)}") from None
+            raise ValueError(f"{', '.join(done) or 'connected'}, then refused: {e.smtp_code} "
+                             f"{_short(e.smtp_error)}") from None
         except (OSError, smtplib.SMTPException) as e:
-            raise ValueError(f"{'cannot connect' if len(done) == 1 else ' and '.join(done) + ', then'} "
-                             f"({_oserr(e)})") from None
+            connected = cutoff._dup is not None  # (the TCP connection was made and adopted)
+            then = f"{', '.join(done) or 'connected'}, then"
+            if cutoff.fired or _is_timeout(e) or (isinstance(e, smtplib.SMTPServerDisconnected)
+                                                  and "timed out" in str(e)):
+                raise ValueError(f"{then} no answer to {waiting[0]} within {self.timeout_s:g} s" if connected
+                                 else f"cannot connect (no answer within {self.timeout_s:g} s)") from None
+            if isinstance(e, ssl.SSLCertVerificationError):
+                raise ValueError(f"the server's certificate is not trusted ({_short(e.verify_message or str(e))}): "
+                                 f"a private CA's certificate goes in SSL_CERT_FILE") from None
+            if isinstance(e, smtplib.SMTPNotSupportedError) and waiting[0] == "STARTTLS":
+                raise ValueError(f"{then} the server does not offer STARTTLS (smtps:// if it takes TLS from "
+                                 f"the start)") from None
+            if isinstance(e, smtplib.SMTPNotSupportedError) and waiting[0] == "the login":
+                raise ValueError(f"{then} the server offers no login (SMTP AUTH) on this connection"
+                                 + ("" if self.ssl or self.starttls else ": does it want STARTTLS first (?starttls=1)?")
+                                 ) from None
+            if isinstance(e, ssl.SSLError):
+                hint = ": is it a STARTTLS port (smtp://…?starttls=1)?" if self.ssl else ""
+                raise ValueError(f"{then} TLS failed ({_short(e.reason or str(e))}){hint}" if connected
+                                 else f"cannot connect (TLS: {_short(e.reason or str(e))})") from None
+            if isinstance(e, smtplib.SMTPServerDisconnected):
+                raise ValueError(f"{then} the server closed the connection") from None
+            raise ValueError(f"{then} {_oserr(e)}" if connected and done else f"cannot connect ({_oserr(e)})") from None
         finally:
+            cutoff.close()
             if smtp is not None:
                 try:
                     smtp.close()
@@ -924,18 +961,41 @@ class HttpTransport:
     def probe(self) -> str:
         """POST an empty request, with our token and no Idempotency-Key, to the messages
         endpoint: the provider checks the token first and refuses the request as malformed
-        (400), so nothing is sent. What `payrun check` says, or ValueError saying what refused us."""
+        (400), so nothing is sent. What `payrun check` says, or ValueError saying what refused
+        us. The whole probe ends within ``timeout_s`` (``_Cutoff``), as a send does."""
+        deadline = _Deadline(self.timeout_s)
+        cutoff = _Cutoff(max(0.0, self.timeout_s - CUTOFF_MARGIN_S))  # (it fires that margin late)
         conn = self._new_conn()
+        _cut_connections(conn, cutoff)
         try:
             try:
+                conn.timeout = deadline.left()
+                conn.connect()
+                conn.sock.settimeout(deadline.left())
                 conn.request("POST", self.path, body=b"{}", headers=self._headers)
+                conn.sock.settimeout(deadline.left())
                 resp = conn.getresponse()
                 raw = resp.read(2000)
             except (OSError, http.client.HTTPException) as e:
+                connected = cutoff._dup is not None  # (the TCP connection was made and adopted)
+                if cutoff.fired or _is_timeout(e):
+                    raise ValueError(f"the provider took the connection, then did not answer within "
+                                     f"{self.timeout_s:g} s" if connected else
+                                     f"cannot reach the provider (no answer within {self.timeout_s:g} s)") from None
+                if isinstance(e, ssl.SSLCertVerificationError):
+                    raise ValueError(f"the provider's certificate is not trusted "
+                                     f"({_short(e.verify_message or str(e))}): a private CA's certificate goes "
+                                     f"in SSL_CERT_FILE") from None
+                if isinstance(e, ssl.SSLError) and connected:
+                    raise ValueError(f"the provider took the connection, then TLS failed "
+                                     f"({_short(e.reason or str(e))}): does it speak https:// on that port?") from None
                 raise ValueError(f"cannot reach the provider ({_oserr(e)})") from None
         finally:
+            cutoff.close()
             self._drop(conn)
         token = "Authorization" in self._headers
+        if resp.status in (401, 403) and not token:
+            raise ValueError(f"the provider wants a token ({resp.status}) and {EMAIL_TOKEN_ENV} is not set")
         if resp.status in (401, 403):
             raise ValueError(f"the provider refused our token ({resp.status}): check {EMAIL_TOKEN_ENV}")
         if resp.status == 400:

@@ -583,6 +583,8 @@ def check_cmd(c: Ctx, month: str | None, no_email: bool, as_json: bool) -> None:
     Nothing is sent or enqueued: the provider gets an SMTP login then QUIT, or an HTTP
     request with no message, which it refuses. Exit 0 when ready (warnings allowed), 1
     when a check fails. On a worker host's data directory it checks what that host needs."""
+    import shutil
+
     from payrun import preflight
     from payrun.runs import validate_month
 
@@ -607,10 +609,14 @@ def check_cmd(c: Ctx, month: str | None, no_email: bool, as_json: bool) -> None:
         elif rep.tick:
             head += (f", run by hand (the next tick, {preflight.local_text(rep.tick, c.cfg.timezone)}, pays "
                      f"{rep.tick_month})")
-        click.echo(f"payrun check: {head}")
+        # a terminal: each finding wrapped under its own text; a pipe or cron mail: one line each
+        width = shutil.get_terminal_size().columns - 1 if sys.stdout.isatty() else None
+        for line in preflight.wrapped("payrun check: ", head, width):
+            click.echo(line)
         marks = {preflight.OK: "ok  ", preflight.WARN: "WARN", preflight.FAIL: "FAIL"}
         for f in rep.findings:
-            click.echo(f"  {marks[f.level]}  {f.area:<9}  {f.text}")
+            for line in preflight.wrapped(f"  {marks[f.level]}  {f.area:<9}  ", f.text, width):
+                click.echo(line)
         if rep.failures:
             click.echo(f"NOT READY: {_n(rep.failures, 'check')} failed"
                        + (f", {_n(rep.warnings, 'warning')}" if rep.warnings else ""))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -47,6 +47,14 @@ class Finding:
     area: str
     level: str
     text: str
+    detail: dict[str, Any] | None = None
+    """What the text shortens, whole, for --json (the employee ids of "emp-00001, … and 2,310 more")."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"area": self.area, "level": self.level, "text": self.text}
+        if self.detail is not None:
+            out["detail"] = self.detail
+        return out
 
 
 @dataclass
@@ -58,8 +66,8 @@ class Report:
     """The month that tick pays (another than ``month`` when --month named one)."""
     findings: list[Finding] = field(default_factory=list)
 
-    def add(self, area: str, level: str, text: str) -> None:
-        self.findings.append(Finding(area, level, text))
+    def add(self, area: str, level: str, text: str, detail: dict[str, Any] | None = None) -> None:
+        self.findings.append(Finding(area, level, text, detail))
 
     @property
     def failures(self) -> int:
@@ -75,7 +83,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {"month": self.month, "tick": self.tick, "tick_month": self.tick_month, "ready": not self.failures, "failures": self.failures,
-                "warnings": self.warnings, "checks": [asdict(f) for f in self.findings]}
+                "warnings": self.warnings, "checks": [f.to_dict() for f in self.findings]}
 
 
 # ---- policy (pure) ------------------------------------------------------------------
@@ -133,15 +141,26 @@ def disk_verdict(free_bytes: int, slips: int, slip_bytes: int) -> tuple[str, str
 
 def redis_memory_verdict(used: int, maxmemory: int, policy: str, slips: int, embedded: bool) -> tuple[str, str]:
     """Redis keeps ~5.5 KiB per slip for a day (14 KiB with Redis's default settings): a
-    maxmemory below that refuses writes mid-run, and an evicting policy drops jobs."""
+    maxmemory below that refuses writes mid-run, and an evicting policy drops jobs. Both
+    are said when both hold (it said only the policy: fixed, the next check found the
+    maxmemory). With no maxmemory Redis never evicts: an evicting policy is then a warning."""
     per = REDIS_BYTES_PER_SLIP[embedded]
     need = used + int(slips * per)
     text = f"{_size(used)} used" + (f", ~{_size(need)} at the end of a run of {slips:,} slips" if slips else "")
-    if policy and policy != "noeviction":
-        return FAIL, (text + f"; maxmemory-policy is {policy}: under memory pressure Redis deletes keys, jobs "
-                      "among them (set it to noeviction)")
+    evicting = bool(policy) and policy != "noeviction"
+    problems = []
     if maxmemory and need > maxmemory:
-        return FAIL, text + f", above its maxmemory of {_size(maxmemory)}: it would refuse writes mid-run"
+        problems.append(f"above its maxmemory of {_size(maxmemory)}: it would refuse writes mid-run (raise "
+                        f"maxmemory above ~{_size(need)})")
+    if evicting and maxmemory:
+        problems.append(f"maxmemory-policy is {policy}: under memory pressure Redis deletes keys, jobs among "
+                        "them (set it to noeviction)")
+    if problems:
+        return FAIL, text + "; " + "; ".join(problems)
+    if evicting:
+        return WARN, (text + f"; maxmemory-policy is {policy}, with no maxmemory: nothing is evicted now, but "
+                      "once a maxmemory is set Redis deletes keys under pressure, jobs among them (set it to "
+                      "noeviction)")
     return OK, text + (f" (maxmemory {_size(maxmemory)})" if maxmemory else "")
 
 
@@ -180,6 +199,28 @@ def worker_verdicts(render: int, send_processes: int, lanes: int, control: int, 
     return out
 
 
+def supervisor_verdicts(status: str, log_dir) -> list[Finding]:
+    """What this host's `supervisorctl status` says: programs supervisord gave up on
+    (FATAL) fail (`payrun up` starts them again); programs stopped by hand (STOPPED with a
+    date: "Not started" is one not meant to run here) are named with the command that
+    starts them, since `payrun up` leaves them stopped. The check said "`payrun up`" for a
+    ledger, workers or a scheduler stopped by hand, and `payrun up` started none of them."""
+    from payrun import supervise
+
+    out = []
+    given_up = supervise.gave_up(status, ("FATAL",))
+    if given_up:
+        out.append(Finding("workers", FAIL, f"supervisord gave up on {', '.join(given_up)} here (FATAL): see their "
+                                            f"logs in {log_dir}, then `payrun up`"))
+    by_hand = [ln.split()[0] for ln in status.splitlines()
+               if len(ln.split()) > 1 and ln.split()[1] == "STOPPED" and "Not started" not in ln]
+    if by_hand:
+        out.append(Finding("workers", WARN, f"{', '.join(by_hand)} stopped by hand here, which `payrun up` leaves "
+                                            "stopped: `eval \"$(payrun supervisor-env)\"` then `supervisorctl -c "
+                                            f"\"$PAYRUN_SUPERVISOR_CONF\" start {' '.join(by_hand)}`"))
+    return out
+
+
 def scheduler_verdict(alive: int, due_since: str | None, tick: str | None, zone: str) -> Finding:
     if due_since:
         return Finding("scheduler", FAIL, f"a pay-run tick due since {_local(due_since, zone)} has not fired: is a "
@@ -189,9 +230,27 @@ def scheduler_verdict(alive: int, due_since: str | None, tick: str | None, zone:
         return Finding("scheduler", FAIL, f"no scheduler is running: {what} (`payrun up` on the control host)")
     nxt = f"next pay-run tick {_local(tick, zone)}" if tick else "no pay-run entry in scheduler.entries"
     if alive == 1:
-        return Finding("scheduler", WARN, f"{nxt}; one scheduler running, not two: it fires alone if its host is "
-                                          "down at the tick (the other catches up within its window)")
+        return Finding("scheduler", WARN, f"{nxt}; one scheduler running, not two: none stands by to fire the "
+                                          "tick if this one is down then (start the other: `payrun ps`)")
     return Finding("scheduler", OK, f"{nxt}; {alive} schedulers running (one fires, the other stands by)")
+
+
+def wrapped(prefix: str, text: str, width: int | None) -> list[str]:
+    """A line of the check as a terminal of ``width`` columns shows it: ``prefix`` then
+    ``text``, wrapped with the text's column kept (the terminal wrapped a 200-character
+    finding to column 0, under the marks of the next ones), never inside a `command` (copied
+    from two lines, the first half would run alone) nor inside a word (a URL, a path).
+    ``width`` None: one line, as for a pipe or cron mail (one finding a line, for grep)."""
+    if width is None:
+        return [prefix + text]
+    import re
+    import textwrap
+
+    glue = "\0"  # (no check's text has a NUL: the import refuses control characters)
+    kept = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", glue), text)
+    lines = textwrap.wrap(kept, width=max(width - len(prefix), 30), break_long_words=False,
+                          break_on_hyphens=False) or [""]
+    return [(prefix if i == 0 else " " * len(prefix)) + line.replace(glue, " ") for i, line in enumerate(lines)]
 
 
 def local_text(iso: str | None, zone: str) -> str:
@@ -244,12 +303,13 @@ def check(cfg, *, month: str | None = None, worker_host: bool = False, email: bo
     if conn is not None:
         _redis_memory(cfg, conn, rep, slips)
         _intake(conn, rep)
-        live = _workers(cfg, conn, rep)
+        live = _workers(cfg, conn, rep, worker_host)
         if not worker_host:
             _ledger(cfg, conn, rep)
             from scheduler.cli import schedulers_alive
 
             rep.findings.append(scheduler_verdict(len(schedulers_alive(conn)), due_since, rep.tick, cfg.timezone))
+    _supervisor(cfg, rep)
     if email:
         _email(cfg, rep)
     _slips(cfg, rep, slips, slip_bytes)
@@ -269,8 +329,16 @@ def _redis(cfg, rep: Report, connect) -> Any:
         conn = connect() if connect else redis_server.connect(cfg, socket_timeout=5, socket_connect_timeout=5)
         conn.ping()
     except Exception as e:  # noqa: BLE001 - whatever stops us reaching it, said in one line
-        rep.add("redis", FAIL, f"{where}: unreachable ({type(e).__name__}): `payrun up`, then check again; the "
-                               "checks that read Redis (workers, scheduler, ledger, limits) were not made")
+        import redis
+
+        why = ("no answer within 5 s" if isinstance(e, (redis.TimeoutError, TimeoutError)) else
+               "its password was refused" if isinstance(e, redis.AuthenticationError)
+               else type(e).__name__)
+        # `payrun up` starts the embedded Redis only: it said so for an external one too
+        todo = ("`payrun up`, then check again" if cfg.embedded_redis else
+                "see to that Redis and to PAYRUN_REDIS_URL (its address, its password), then check again")
+        rep.add("redis", FAIL, f"{where}: unreachable ({why}): {todo}; the checks that read Redis (workers, "
+                               "intake, limits, and on the control host the scheduler and ledger) were not made")
         return None
     try:
         info = conn.info("persistence")
@@ -355,13 +423,14 @@ def _payroll(cfg, rep: Report) -> int:
             f" and {len(absent) - 5} more" if len(absent) > 5 else "")
         rep.add("payroll", WARN, f"{len(absent)} compan{'y has' if len(absent) == 1 else 'ies have'} active employees "
                                  f"and no salary line for {rep.month} at all, so no slips: {shown} (its file not "
-                                 "imported yet?)")
+                                 "imported yet?)", {"companies": absent})
     unpaid = sorted(e for cid, ids in missing.items() if cid in companies for e in ids)
     if unpaid:
         shown = ", ".join(unpaid[:5]) + (f" and {len(unpaid) - 5:,} more" if len(unpaid) > 5 else "")
         rep.add("payroll", WARN, f"{len(unpaid):,} active employee{'s' if len(unpaid) != 1 else ''} of the "
                                  f"companies paid {'have' if len(unpaid) != 1 else 'has'} no salary line for {rep.month}, "
-                                 f"so no slip: {shown} (`payrun import`, or `payrun employee left` for leavers)")
+                                 f"so no slip: {shown} (`payrun import`, or `payrun employee left` for leavers)",
+                {"employees": unpaid})
     if cfg.ledger_path.exists():
         from payrun.ledger import Ledger
 
@@ -370,11 +439,23 @@ def _payroll(cfg, rep: Report) -> int:
             run = led.runs(rep.month)
         finally:
             led.close()
+        ran = {int(r["company_id"]) for r in run}
         if run:
-            rep.add("payroll", WARN, f"{rep.month} was already run ({len(run)} compan"
-                                     f"{'y' if len(run) == 1 else 'ies'}): the tick will not run it again "
-                                     f"(`payrun status --month {rep.month}`)")
+            # a run makes slips for the companies not run yet only: the estimate, the room
+            # and the memory are for those (they were for the whole month, run or not)
+            with payroll.PayrollDB(cfg.payroll_path) as db:
+                left = sum(payroll.count_employees(db, rep.month, cid) for cid in companies if cid not in ran)
+            rest = (f": running it again makes no slip (`payrun status --month {rep.month}`)" if not left else
+                    f": running it makes only the {left:,} slips of the {_n(len(set(companies) - ran), 'company')} "
+                    "not run yet")
+            rep.add("payroll", WARN, f"{rep.month} was already run for {_n(len(ran), 'company')}{rest}",
+                    {"companies_run": sorted(ran)})
+            return left
     return slips
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun if count == 1 else (noun[:-1] + 'ies' if noun.endswith('y') else noun + 's')}"
 
 
 def _render(rep: Report) -> tuple[float, int]:
@@ -415,22 +496,40 @@ def _intake(conn, rep: Report) -> None:
         rep.add("intake", OK, "open on every queue")
 
 
-def _workers(cfg, conn, rep: Report) -> dict[str, int]:
+def _workers(cfg, conn, rep: Report, worker_host: bool = False) -> dict[str, int]:
+    """The live workers; on a worker host, this host's only, and no control worker (the
+    control host's part): other hosts' workers said a worker host whose own were all down
+    was ready, and the control host's missing control worker failed a worker host's check."""
+    import socket
+
     from console.data import read_workers
-    from payrun.status import programs_given_up
 
     rows = [w for w in read_workers(conn, time.time()) if w.alive and not w.stopping]
+    if worker_host:
+        rows = [w for w in rows if w.host == socket.gethostname()]
     render = sum(w.kind == "render" for w in rows)
     email_rows = [w for w in rows if w.kind == "email"]
     processes = len({(w.host, w.pid) for w in email_rows})
     control = sum(w.kind == "control" for w in rows)
     hosts = len({w.host for w in rows})
-    rep.findings.extend(worker_verdicts(render, processes, len(email_rows), control, hosts))
-    given_up = programs_given_up(cfg)
-    if given_up:
-        rep.add("workers", FAIL, f"supervisord gave up on {', '.join(given_up)} here (FATAL): see their logs in "
-                                 f"{cfg.log_dir}, then `payrun up`")
+    found = worker_verdicts(render, processes, len(email_rows), control, hosts)
+    if worker_host:
+        found = [f for f in found if "control worker" not in f.text]
+    rep.findings.extend(found)
     return {"render": render, "lanes": len(email_rows)}
+
+
+def _supervisor(cfg, rep: Report) -> None:
+    """This host's supervisord, if one runs here (either role): what it gave up on or was
+    stopped by hand. Asked whether Redis answers or not (a FATAL embedded Redis is why)."""
+    from payrun import supervise
+
+    if not (cfg.home / "supervisor.sock").exists():
+        return
+    status, code = supervise.ctl(cfg, "status", timeout_s=5)
+    if code == supervise.HUNG or supervise.absent(status):
+        return
+    rep.findings.extend(supervisor_verdicts(status, cfg.log_dir))
 
 
 def _ledger(cfg, conn, rep: Report) -> None:
@@ -464,7 +563,8 @@ def _email(cfg, rep: Report) -> None:
     except Exception as e:  # noqa: BLE001 - every way a provider can refuse, in one line
         from payrun.text import visible
 
-        rep.add("email", FAIL, f"{shown}: {visible(str(e))[:300]}")
+        local = "" if cfg.email.url else " (the local provider simulator: `payrun up` starts it)"
+        rep.add("email", FAIL, f"{shown}: {visible(str(e))[:300]}{local}")
         return
     rep.add("email", OK, f"{shown}: {said} (nothing was sent)")
 
@@ -521,6 +621,12 @@ def _estimate(cfg, conn, rep: Report, slips: int, render_s: float, live: dict[st
     seconds = run_seconds(slips, sends, render_s, render_workers)
     level, text = deadline_verdict(start, seconds)
     how = (f"{slips:,} slips at {sends:.1f} sends/s (limit {rate:g}/s, cap {cap}, ~{send_s:g} s a send) and "
-           f"{render_workers} render worker{'s' if render_workers != 1 else ''}")
+           f"{render_workers} render worker{'s' if render_workers != 1 else ''}"
+           + ("" if live else " (the config's: the live workers and limits could not be read)"))
     when = f"from the tick at {start:%Y-%m-%d %H:%M}" if by_tick else f"if started now ({start:%H:%M})"
-    rep.add("estimate", level, f"{how}, {when}: {text}")
+    rep.add("estimate", level, f"{how}, {when}: {text}", {
+        "slips": slips, "sends_per_s": round(sends, 2), "render_workers": render_workers,
+        "start": start.isoformat(timespec="seconds"),
+        "seconds": None if seconds is None else round(seconds),
+        "end": None if seconds is None else (start + timedelta(seconds=seconds)).isoformat(timespec="seconds"),
+        "deadline": deadline_after(start).isoformat()})

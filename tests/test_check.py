@@ -5,6 +5,9 @@ HTTP provider and a real SMTP server (aiosmtpd). No check may send or enqueue an
 from __future__ import annotations
 
 import json
+import socket
+import ssl
+import threading
 import time
 from datetime import datetime, timezone
 from zoneinfo import ZoneInfo
@@ -19,7 +22,7 @@ from payrun import keys, preflight
 from payrun.cli import cli
 from payrun.preflight import FAIL, OK, WARN
 from payrun.provider import Provider
-from test_mail import EphemeralController, Recorder
+from test_mail import EphemeralController, Recorder, tls_files  # noqa: F401 (a fixture)
 
 DHAKA = ZoneInfo("Asia/Dhaka")
 
@@ -65,8 +68,19 @@ def test_disk_and_redis_memory_verdicts():
     assert preflight.redis_memory_verdict(2 << 20, 0, "noeviction", 50_000, True)[0] == OK
     level, text = preflight.redis_memory_verdict(2 << 20, 100 << 20, "noeviction", 50_000, True)
     assert level == FAIL and "above its maxmemory of 100.0 MiB" in text  # 50,000 × 5.5 KiB = 269 MiB
-    level, text = preflight.redis_memory_verdict(2 << 20, 0, "allkeys-lru", 10, False)
+    level, text = preflight.redis_memory_verdict(2 << 20, 100 << 20, "allkeys-lru", 10, False)
     assert level == FAIL and "deletes keys, jobs among them" in text
+
+
+def test_a_redis_too_small_and_evicting_is_said_both_ways_with_what_to_raise():
+    """Both problems in one check (it said only the policy: set to noeviction, the next check
+    failed on the maxmemory); with no maxmemory nothing is evicted, so the policy warns."""
+    level, text = preflight.redis_memory_verdict(900 << 10, 3 << 20, "allkeys-lru", 300, False)
+    assert level == FAIL
+    assert "above its maxmemory of 3.0 MiB: it would refuse writes mid-run (raise maxmemory above ~5.0 MiB)" in text
+    assert "maxmemory-policy is allkeys-lru: under memory pressure Redis deletes keys" in text
+    level, text = preflight.redis_memory_verdict(900 << 10, 0, "allkeys-lru", 300, False)
+    assert level == WARN and "with no maxmemory: nothing is evicted now" in text and "noeviction" in text
 
 
 def test_a_clock_off_the_redis_servers_is_a_warning():
@@ -84,9 +98,89 @@ def test_worker_and_scheduler_verdicts_name_what_is_missing():
     assert preflight.scheduler_verdict(2, None, tick, "Asia/Dhaka").level == OK
     one = preflight.scheduler_verdict(1, None, tick, "Asia/Dhaka")
     assert one.level == WARN and "2026-12-01 02:00 Asia/Dhaka" in one.text
+    assert "none stands by to fire the tick if this one is down then" in one.text  # (it read "it fires alone")
     none = preflight.scheduler_verdict(0, None, tick, "Asia/Dhaka")
     assert none.level == FAIL and "the tick of 2026-12-01 02:00 Asia/Dhaka will not fire" in none.text
     assert "has not fired" in preflight.scheduler_verdict(2, tick, tick, "Asia/Dhaka").text
+
+
+def test_programs_stopped_by_hand_are_named_with_the_command_that_starts_them():
+    """`payrun up` leaves a program stopped by hand stopped: the check said only "`payrun
+    up`" for a ledger, a render worker and a scheduler stopped with supervisorctl, and that
+    started none of them. Given up on (FATAL) fails; "Not started" (not meant to run here) is
+    no finding."""
+    status = ("bank                             RUNNING   pid 23841, uptime 0:01:12\n"
+              "ledger                           STOPPED   Dec 06 02:24 AM\n"
+              "pdf-render:pdf-render-00         STOPPED   Dec 06 02:24 AM\n"
+              "provider                         STOPPED   Not started\n"
+              "reaper                           FATAL     Exited too quickly (process log may have details)\n"
+              "scheduler-b                      STOPPED   Dec 06 02:24 AM\n")
+    found = preflight.supervisor_verdicts(status, "/srv/payrun/var/log")
+    assert [(f.area, f.level) for f in found] == [("workers", FAIL), ("workers", WARN)]
+    assert "gave up on reaper here (FATAL): see their logs in /srv/payrun/var/log, then `payrun up`" in found[0].text
+    assert found[1].text == ("ledger, pdf-render:pdf-render-00, scheduler-b stopped by hand here, which `payrun up` "
+                             "leaves stopped: `eval \"$(payrun supervisor-env)\"` then `supervisorctl -c "
+                             "\"$PAYRUN_SUPERVISOR_CONF\" start ledger pdf-render:pdf-render-00 scheduler-b`")
+    assert preflight.supervisor_verdicts("provider   STOPPED   Not started\n", "log") == []
+
+
+def test_a_terminal_gets_each_finding_wrapped_under_its_text_and_commands_whole():
+    """At 80 columns the terminal wrapped a 200-character finding to column 0, under the
+    marks; a pipe still gets one line a finding (grep, cron mail)."""
+    prefix = "  WARN  workers    "
+    text = ("ledger, scheduler-b stopped by hand here, which `payrun up` leaves stopped: `eval \"$(payrun "
+            "supervisor-env)\"` then `supervisorctl -c \"$PAYRUN_SUPERVISOR_CONF\" start ledger scheduler-b`")
+    assert preflight.wrapped(prefix, text, None) == [prefix + text]
+    lines = preflight.wrapped(prefix, text, 79)
+    assert lines[0].startswith(prefix) and all(ln.startswith(" " * len(prefix)) for ln in lines[1:])
+    assert " ".join(ln.strip() for ln in lines) == (prefix + text).strip()  # nothing lost or added
+    for command in ("`payrun up`", "`eval \"$(payrun supervisor-env)\"`",
+                    "`supervisorctl -c \"$PAYRUN_SUPERVISOR_CONF\" start ledger scheduler-b`"):
+        assert any(command in ln for ln in lines), (command, lines)  # each on one line
+    short = [ln for ln in lines if "supervisorctl" not in ln]  # (a command longer than the room overflows)
+    assert all(len(ln) <= 79 for ln in short), lines
+
+
+def test_with_redis_down_the_estimate_and_the_local_provider_say_why(world, tmp_path):
+    """Redis down: the estimate is of the config's workers, and says so (it read as if 1
+    render worker were running); the local provider unreachable names `payrun up`."""
+    import dataclasses
+    import socket as socket_mod
+
+    import redis
+
+    cfg, conn, db, ledger = world
+    with socket_mod.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # (closed: nothing listens there)
+    cfg = dataclasses.replace(cfg, provider=dataclasses.replace(cfg.provider, port=port))
+
+    def down():
+        raise redis.ConnectionError("Error 111 connecting")
+
+    rep = preflight.check(cfg, month="2026-11", connect=down, now=datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc))
+    said = {f.area: f for f in rep.findings if f.level != WARN or f.area == "estimate"}
+    assert said["redis"].level == FAIL and "unreachable" in said["redis"].text
+    assert "the config's: the live workers and limits could not be read" in said["estimate"].text
+    assert said["email"].level == FAIL and said["email"].text.endswith(
+        "(the local provider simulator: `payrun up` starts it)")
+
+
+@pytest.mark.parametrize("error, why", [("timeout", "no answer within 5 s"), ("auth", "its password was refused")])
+def test_an_external_redis_unreachable_is_not_sent_to_payrun_up(cfg, error, why):
+    """`payrun up` starts the embedded Redis only: for an external one the check said
+    "`payrun up`" and "(TimeoutError)"."""
+    import redis
+
+    def down():
+        raise redis.TimeoutError("Timeout reading from socket") if error == "timeout" else \
+            redis.AuthenticationError("invalid username-password pair")
+
+    assert not cfg.embedded_redis
+    rep = preflight.check(cfg, worker_host=True, email=False, connect=down)
+    [found] = [f for f in rep.findings if f.area == "redis"]
+    assert found.level == FAIL and f"unreachable ({why}): see to that Redis and to PAYRUN_REDIS_URL" in found.text
+    assert "payrun up" not in found.text and "password=" not in found.text.split("***")[-1]
 
 
 # ---- the provider, asked without sending ----------------------------------------------
@@ -103,12 +197,18 @@ def test_the_http_probe_checks_the_token_and_sends_nothing():
                 transport_for(p.url, 5).probe()
             assert "refused our token (401): check PAYRUN_EMAIL_TOKEN" in str(ei.value)
             assert "wrong-token" not in str(ei.value)
+            m.delenv("PAYRUN_EMAIL_TOKEN")
+            with pytest.raises(ValueError, match="wants a token \\(401\\) and PAYRUN_EMAIL_TOKEN is not set"):
+                transport_for(p.url, 5).probe()
             m.setenv("PAYRUN_EMAIL_TOKEN", "right-token")
             p.outage(60, 503)
             with pytest.raises(ValueError, match="in trouble: 503"):
                 transport_for(p.url, 5).probe()
             with pytest.raises(ValueError, match="no messages endpoint at /v2/v1/messages"):
                 transport_for(p.url + "/v2", 5).probe()
+            with pytest.raises(ValueError, match=r"took the connection, then TLS failed \(.+\): does it speak "
+                                                 r"https:// on that port\?"):
+                transport_for(p.url.replace("http://", "https://"), 5).probe()  # (it speaks http://)
         assert p.stats()["delivered"] == 0
     finally:
         p.stop()
@@ -137,6 +237,97 @@ def test_the_smtp_probe_logs_in_and_quits_without_mail(monkeypatch):
         transport_for(f"smtp://127.0.0.1:{ctl.port}", 2).probe()
 
 
+@pytest.mark.parametrize("mode", ["starttls", "smtps"])
+def test_the_smtp_probe_speaks_tls_to_the_servers_name(tls_files, monkeypatch, mode):
+    """STARTTLS and smtps:// probed as a send connects: TLS checks the URL's host. The probe
+    made its connection with no host, so every TLS probe failed with "check_hostname
+    requires server_hostname" whatever the server."""
+    cert, key = tls_files
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    handler = Recorder()
+
+    def authenticator(server, session, envelope, mechanism, auth_data):
+        return AuthResult(success=(auth_data.login, auth_data.password) == (b"payroll", b"s3cret"), handled=False)
+
+    kw = ({"tls_context": ctx, "require_starttls": True} if mode == "starttls"
+          else {"ssl_context": ctx, "auth_require_tls": False})  # (aiosmtpd offers no AUTH on smtps otherwise)
+    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0, authenticator=authenticator, **kw)
+    ctl.start()
+    url = (f"smtp://payroll:s3cret@127.0.0.1:{ctl.port}?starttls=1" if mode == "starttls"
+           else f"smtps://payroll:s3cret@127.0.0.1:{ctl.port}")
+    try:
+        with pytest.raises(ValueError, match=r"certificate is not trusted \(self.signed certificate\): .*SSL_CERT_FILE"):
+            transport_for(url, 5).probe()
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trust the test certificate
+        said = transport_for(url, 5).probe()
+        assert said == ("connected, STARTTLS, login accepted" if mode == "starttls"
+                        else "connected over TLS, login accepted")
+        if mode == "starttls":  # the same server without STARTTLS: no login offered in clear text
+            with pytest.raises(ValueError, match=r"offers no login \(SMTP AUTH\).*\?starttls=1"):
+                transport_for(url.replace("?starttls=1", ""), 5).probe()
+        assert handler.messages == []
+    finally:
+        ctl.stop()
+
+
+class _Trickle:
+    """A server that takes connections and answers a byte at a time, each well within a
+    socket timeout: an SMTP greeting, or (HTTP) a status line once the request is in."""
+
+    def __init__(self, reply: bytes, after_request: bool, every_s: float = 0.2):
+        self.reply, self.after_request, self.every_s = reply, after_request, every_s
+        self.stop = threading.Event()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._trickle, args=(c,), daemon=True).start()
+
+    def _trickle(self, c):
+        with c:
+            try:
+                if self.after_request:
+                    c.recv(65536)
+                for b in self.reply:
+                    if self.stop.wait(self.every_s):  # (the server's pace, not a test's wait)
+                        return
+                    c.sendall(bytes([b]))
+            except OSError:
+                pass
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("kind", ["smtp", "http"])
+def test_a_probe_ends_within_its_timeout_however_slow_the_server(kind):
+    """A provider that takes the connection and answers a byte at a time never trips a
+    socket timeout: the probe held `payrun check` for 41 s with a 5 s timeout (HTTP) and
+    18 s (SMTP). Its whole exchange now ends by its timeout, as a send's does."""
+    if kind == "smtp":
+        server = _Trickle(b"220 " + b"x" * 200 + b"\r\n", after_request=False)
+    else:
+        server = _Trickle(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\n\r\n{}", after_request=True)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ValueError) as ei:
+            transport_for(f"{kind}://127.0.0.1:{server.port}", 1.0).probe()
+        took = time.monotonic() - t0
+    finally:
+        server.close()
+    assert took < 1.4, took
+    assert str(ei.value) == ("connected, then no answer to its greeting within 1 s" if kind == "smtp"
+                             else "the provider took the connection, then did not answer within 1 s")
+
+
 # ---- the whole check ------------------------------------------------------------------
 
 def test_a_payrun_with_nothing_running_is_not_ready_and_says_what_to_do(world):
@@ -158,6 +349,42 @@ def test_a_payrun_with_nothing_running_is_not_ready_and_says_what_to_do(world):
     assert {c["area"] for c in data["checks"]} >= {"redis", "scheduler", "payroll", "render", "workers", "ledger"}
     # it looked, and wrote nothing: no job, no ledger row
     assert not conn.keys("rq:job:*") and ledger.db.conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+
+
+def test_json_carries_what_the_text_shortens(world):
+    """The text names five employees "and N more"; --json lists every one (and the companies
+    with no line at all), and the estimate's figures."""
+    cfg, conn, db, ledger = world
+    ids = [r[0] for r in db.conn.execute("SELECT employee_id FROM salary_lines WHERE month = '2026-11' "
+                                         "ORDER BY employee_id LIMIT 7")]
+    db.conn.execute(f"DELETE FROM salary_lines WHERE employee_id IN ({','.join('?' * len(ids))})", ids)
+    db.conn.commit()
+    data = json.loads(CliRunner().invoke(cli, ["check", "--month", "2026-11", "--no-email", "--json"]).output)
+    unpaid = [c for c in data["checks"] if c["area"] == "payroll" and c["level"] == WARN]
+    assert len(unpaid) == 1 and "and 2 more" in unpaid[0]["text"] and unpaid[0]["detail"] == {"employees": ids}
+    assert all("detail" not in c for c in data["checks"] if c["area"] in ("redis", "intake"))
+    estimate = next(c for c in data["checks"] if c["area"] == "estimate")
+    assert estimate["detail"]["slips"] == 5 and estimate["detail"]["deadline"].endswith("T09:00:00+06:00")
+
+
+def test_a_month_already_run_is_estimated_for_the_companies_not_run_yet(world):
+    """The estimate was of the whole month after its run ("300 slips ... about 2 min") while
+    running it again makes none: it counts the slips a run would still make."""
+    from payrun import payroll
+
+    cfg, conn, db, ledger = world
+    ledger.claim_run(1, "2026-11", "test")
+    second = payroll.count_employees(db, "2026-11", 2)
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    rep = preflight.check(cfg, month="2026-11", email=False, now=now)
+    ran = next(f for f in rep.findings if f.area == "payroll" and f.level == WARN)
+    assert ran.text == (f"2026-11 was already run for 1 company: running it makes only the {second} slips of the "
+                        "1 company not run yet") and ran.detail == {"companies_run": [1]}
+    assert next(f for f in rep.findings if f.area == "estimate").detail["slips"] == second
+    ledger.claim_run(2, "2026-11", "test")
+    rep = preflight.check(cfg, month="2026-11", email=False, now=now)
+    assert "running it again makes no slip (`payrun status --month 2026-11`)" in " ".join(f.text for f in rep.findings)
+    assert not [f for f in rep.findings if f.area == "estimate"]
 
 
 def test_bad_input_to_check_is_refused_in_one_line(world):
@@ -214,5 +441,14 @@ def test_a_worker_host_checks_what_that_host_needs(cfg, conn):
     areas = {c["area"] for c in data["checks"]}
     assert areas >= {"redis", "render", "intake", "workers", "slips"}
     assert not areas & {"payroll", "scheduler", "ledger", "estimate"}  # the control host's
+    assert not any("control worker" in c["text"] for c in data["checks"])  # the control host's part
+    # another host's render worker, alive: not this host's, so this host still has none
+    name = "render.elsewhere.4242"
+    conn.sadd("rq:workers", f"rq:worker:{name}")
+    conn.hset(f"rq:worker:{name}", mapping={"hostname": "elsewhere", "pid": "4242", "queues": keys.RENDER_QUEUE,
+                                            "state": "idle"})
+    conn.set(keys.alive(name), 1, ex=60)
+    data = json.loads(CliRunner().invoke(cli, ["check", "--no-email", "--json"]).output)
+    assert any(c["level"] == FAIL and "no pdf-render worker" in c["text"] for c in data["checks"]), data
     refused = CliRunner().invoke(cli, ["check", "--month", "2026-11"])
     assert refused.exit_code == 2 and "--month is for the control host" in refused.output
