@@ -116,7 +116,7 @@ def deadline_verdict(start: datetime, seconds: float | None) -> tuple[str, str]:
     """Whether a run begun at ``start`` (local) and lasting ``seconds`` ends before 09:00."""
     deadline = deadline_after(start)
     if seconds is None:
-        return FAIL, f"cannot finish: nothing would render or send its slips (09:00 is at {deadline:%Y-%m-%d %H:%M})"
+        return FAIL, f"cannot finish: nothing would render or send its slips (deadline {deadline:%H:%M} on {deadline:%Y-%m-%d})"
     end = start + timedelta(seconds=seconds)
     took = _duration(seconds)
     left = (deadline - end).total_seconds()

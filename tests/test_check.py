@@ -57,7 +57,8 @@ def test_the_deadline_is_the_first_0900_after_the_start():
     assert level == WARN and "less than an hour before 09:00" in text
     level, text = preflight.deadline_verdict(tick, 8 * 3600)
     assert level == FAIL and "after 09:00" in text
-    assert preflight.deadline_verdict(tick, None)[0] == FAIL
+    assert preflight.deadline_verdict(tick, None) == (
+        FAIL, "cannot finish: nothing would render or send its slips (deadline 09:00 on 2026-12-01)")
 
 
 def test_disk_and_redis_memory_verdicts():
