@@ -262,3 +262,28 @@ def test_a_job_rq_wrote_reads_as_readable_and_compressed_junk_does_not(conn, cfg
     for junk in (zlib.compress(b"hello"), zlib.compress(BAD["pickle"])):
         conn.hset("rq:job:junk-1", mapping={"origin": keys.CONTROL_QUEUE, "status": "failed", "data": junk})
         assert deadletters.unreadable_job(conn, "junk-1")["unreadable"].startswith("job data unreadable")
+
+
+@pytest.mark.parametrize("bad", ["not-json", "pickle"])
+@pytest.mark.parametrize("queue", [keys.EMAIL_QUEUE, keys.RENDER_QUEUE])
+def test_an_unreadable_job_is_not_left_in_the_intermediate_list_by_a_worker_that_goes_on(
+        conn, cfg, monkeypatch, queue, bad):
+    """Failed before its start transaction (not to count an attempt), a job whose data is
+    not JSON stayed in its queue's intermediate list: "taken by a worker that stopped before
+    starting it" to the reaper and the console, until a reaper pass. A worker's exit hands
+    such ids back (return_stranded), which hid it in a burst run: here it hands back nothing."""
+    from jobs import reaper
+    from jobs.limits import Limiter
+
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    monkeypatch.setattr(reaper, "return_dequeued_now", lambda *a, **k: [])  # (a worker still running)
+    _poison(conn, queue, "poison-4", BAD[bad])
+    if queue == keys.EMAIL_QUEUE:
+        run_lanes(conn, [queue], lanes=1, burst=True, limiter=Limiter(conn, "email", 2, 40.0, lease_s=30))
+    else:
+        w = RenderWorker([make_queue(queue, conn)], connection=conn, name=f"{queue}.test.intermediate")
+        w.jobs_per_horse = 1  # a horse per job: the horse meets the data first
+        w.work(burst=True, logging_level="CRITICAL")
+    reaper.mark_dequeued(conn)
+    assert reaper.find_stranded(conn, settle_s=0) == []  # (what the console and `payrun status` read)
+    _assert_failed_unreadable(conn, queue, "poison-4")
