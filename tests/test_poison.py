@@ -259,7 +259,9 @@ def test_a_job_rq_wrote_reads_as_readable_and_compressed_junk_does_not(conn, cfg
     assert deadletters.unreadable_job(conn, "healthy-1") is None
     out = CliRunner().invoke(cli, ["job", "healthy-1"], catch_exceptions=False).output
     assert "unreadable" not in out and "in Redis: queued" in out, out
-    for junk in (zlib.compress(b"hello"), zlib.compress(BAD["pickle"])):
+    # JSON, but not RQ's [func, instance, args, kwargs]: RQ cannot read it either (`payrun
+    # job` called it readable, and the console offered a retry that `payrun retry` refuses)
+    for junk in (zlib.compress(b"hello"), zlib.compress(BAD["pickle"]), zlib.compress(b"{}"), b"[1, 2]", b"null"):
         conn.hset("rq:job:junk-1", mapping={"origin": keys.CONTROL_QUEUE, "status": "failed", "data": junk})
         assert deadletters.unreadable_job(conn, "junk-1")["unreadable"].startswith("job data unreadable")
 
