@@ -242,6 +242,15 @@ def test_an_unreadable_job_an_earlier_worker_counted_an_attempt_of_is_listed_as_
     assert (rows["ran-then-lost"]["attempts"], rows["ran-then-lost"]["never_ran"]) == (3, False)
     out = CliRunner().invoke(cli, ["failed"], catch_exceptions=False).output
     assert "old-poison" in out and " attempts=0 " in out and "never ran" in out, out
+    # the console's failed list says as much (it said attempts 1 of it)
+    from console.failed import FailedFilter, page
+
+    unheld = {k: v for k, v in meta.items() if k != "held"}
+    conn.hset("rq:job:old-poison-2", mapping={"origin": keys.RENDER_QUEUE, "status": "failed", "data": b"hello",
+                                              "meta": json.dumps(unheld)})
+    conn.zadd(f"rq:failed:{keys.RENDER_QUEUE}", {"old-poison-2": 9_999_999_999})
+    shown = {r["id"]: r["attempts"] for r in page(conn, None, FailedFilter()).rows}
+    assert shown == {"old-poison": 0, "old-poison-2": 0, "ran-then-lost": 3}, shown
 
 
 def test_a_job_rq_wrote_reads_as_readable_and_compressed_junk_does_not(conn, cfg):
