@@ -25,7 +25,7 @@ from typing import Any
 
 from jobs.events import NO_ATTEMPT_OUTCOMES, RETURNED_FIELD, attempts_spent
 from payrun import keys
-from payrun.deadletters import UNREADABLE_MISSING as DATA_MISSING, unreadable_job as _unreadable
+from payrun.deadletters import UNREADABLE_MISSING as DATA_MISSING, never_ran, unreadable_job as _unreadable
 from payrun.text import visible
 
 _FREE = ",".join(f"'{o}'" for o in NO_ATTEMPT_OUTCOMES)  # SQL list of the outcomes that spent no attempt
@@ -149,12 +149,14 @@ def _redis_rows(conn, ids: list[tuple[str, str]], ledger=None) -> list[dict[str,
     for (job_id, q), ((meta, ended, desc, returned), has_data) in zip(ids, res):
         m = _meta(meta)
         returned = max(int(_s(returned) or 0), in_ledger.get(job_id, 0))
+        # (a hash with no data and no error of a worker's: as `payrun failed` says)
+        error = m.get("last_error") or ("" if has_data else f"{DATA_MISSING}: nothing to retry")
         rows.append({"id": job_id, "queue": q, "company": None, "kind": m.get("kind"),
-                     # attempts spent: tries held back by the provider or handed back spent none
-                     "attempts": attempts_spent(int(m.get("attempt", 0) or 0), int(m.get("held", 0) or 0),
-                                                returned),
-                     # (a hash with no data and no error of a worker's: as `payrun failed` says)
-                     "error": m.get("last_error") or ("" if has_data else f"{DATA_MISSING}: nothing to retry"),
+                     # attempts spent: tries held back by the provider or handed back spent none;
+                     # none for a job failed unread (a worker of the version before counted one)
+                     "attempts": 0 if never_ran(m, error) else attempts_spent(
+                         int(m.get("attempt", 0) or 0), int(m.get("held", 0) or 0), returned),
+                     "error": error,
                      # the last try failed on the data (EventsMixin._classify_exception): a
                      # retry alone fails again, as `payrun failed` says
                      "permanent": bool(m.get("permanent")),

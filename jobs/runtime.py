@@ -641,7 +641,16 @@ class EventsMixin:
         # data that is not JSON raises DeserializationError here, before an attempt is counted
         # or a "running" event written: the job never runs (RQ would raise it a step later,
         # for the process title, and `payrun failed` said attempts=1 of it, 0 of one with no data)
-        job.func_name
+        try:
+            job.func_name
+        except DeserializationError:
+            if remove_from_intermediate_queue:
+                # RQ's start transaction (skipped now) takes the id out of the intermediate
+                # list; left there, the job read "taken from the queue by a worker that stopped
+                # before starting it" until a reaper pass (RQ's maintenance: failed it again)
+                self.connection.lrem(
+                    make_queue(job.origin, self.connection).intermediate_queue_key, 1, job.id)
+            raise
         job.meta["attempt"] = int(job.meta.get("attempt", 0)) + 1
         job.meta.pop("retry_after", None)
         super().prepare_job_execution(job, remove_from_intermediate_queue)  # PayrunJob writes meta + event

@@ -137,7 +137,7 @@ def unreadable_job(conn, job_id: str) -> dict[str, Any] | None:
     written by hand, or so by rq; data not JSON), what the console's job detail and
     `payrun job` show instead of RQ's error (which is the raw hash): its status and queue, its meta read as JSON only, why
     its data cannot be read and which fields the hash has (never their values). None if
-    the hash is gone or its data reads as JSON (another error)."""
+    the hash is gone or RQ reads its data (another error)."""
     raw = conn.hgetall(f"rq:job:{job_id}")
     if not raw:
         return None
@@ -150,10 +150,10 @@ def unreadable_job(conn, job_id: str) -> dict[str, Any] | None:
             data = zlib.decompress(data)
         except zlib.error:
             pass
-        try:
-            json.loads(data)
+        try:  # and as rq.job.Job._deserialize_data does: [func, instance, args, kwargs]
+            _func, _instance, _args, _kwargs = json.loads(data.decode("utf-8"))
             return None
-        except ValueError:  # (UnicodeDecodeError too)
+        except (ValueError, TypeError):  # (UnicodeDecodeError too; JSON of another shape: RQ cannot read it either)
             why = UNREADABLE_NOT_JSON
     meta = _json_meta(raw.get(b"meta"))
     return {"rq_status": _str(raw.get(b"status")) or None, "origin": _str(raw.get(b"origin")) or None,

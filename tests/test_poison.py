@@ -242,6 +242,15 @@ def test_an_unreadable_job_an_earlier_worker_counted_an_attempt_of_is_listed_as_
     assert (rows["ran-then-lost"]["attempts"], rows["ran-then-lost"]["never_ran"]) == (3, False)
     out = CliRunner().invoke(cli, ["failed"], catch_exceptions=False).output
     assert "old-poison" in out and " attempts=0 " in out and "never ran" in out, out
+    # the console's failed list says as much (it said attempts 1 of it)
+    from console.failed import FailedFilter, page
+
+    unheld = {k: v for k, v in meta.items() if k != "held"}
+    conn.hset("rq:job:old-poison-2", mapping={"origin": keys.RENDER_QUEUE, "status": "failed", "data": b"hello",
+                                              "meta": json.dumps(unheld)})
+    conn.zadd(f"rq:failed:{keys.RENDER_QUEUE}", {"old-poison-2": 9_999_999_999})
+    shown = {r["id"]: r["attempts"] for r in page(conn, None, FailedFilter()).rows}
+    assert shown == {"old-poison": 0, "old-poison-2": 0, "ran-then-lost": 3}, shown
 
 
 def test_a_job_rq_wrote_reads_as_readable_and_compressed_junk_does_not(conn, cfg):
@@ -259,6 +268,33 @@ def test_a_job_rq_wrote_reads_as_readable_and_compressed_junk_does_not(conn, cfg
     assert deadletters.unreadable_job(conn, "healthy-1") is None
     out = CliRunner().invoke(cli, ["job", "healthy-1"], catch_exceptions=False).output
     assert "unreadable" not in out and "in Redis: queued" in out, out
-    for junk in (zlib.compress(b"hello"), zlib.compress(BAD["pickle"])):
+    # JSON, but not RQ's [func, instance, args, kwargs]: RQ cannot read it either (`payrun
+    # job` called it readable, and the console offered a retry that `payrun retry` refuses)
+    for junk in (zlib.compress(b"hello"), zlib.compress(BAD["pickle"]), zlib.compress(b"{}"), b"[1, 2]", b"null"):
         conn.hset("rq:job:junk-1", mapping={"origin": keys.CONTROL_QUEUE, "status": "failed", "data": junk})
         assert deadletters.unreadable_job(conn, "junk-1")["unreadable"].startswith("job data unreadable")
+
+
+@pytest.mark.parametrize("bad", ["not-json", "pickle"])
+@pytest.mark.parametrize("queue", [keys.EMAIL_QUEUE, keys.RENDER_QUEUE])
+def test_an_unreadable_job_is_not_left_in_the_intermediate_list_by_a_worker_that_goes_on(
+        conn, cfg, monkeypatch, queue, bad):
+    """Failed before its start transaction (not to count an attempt), a job whose data is
+    not JSON stayed in its queue's intermediate list: "taken by a worker that stopped before
+    starting it" to the reaper and the console, until a reaper pass. A worker's exit hands
+    such ids back (return_stranded), which hid it in a burst run: here it hands back nothing."""
+    from jobs import reaper
+    from jobs.limits import Limiter
+
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    monkeypatch.setattr(reaper, "return_dequeued_now", lambda *a, **k: [])  # (a worker still running)
+    _poison(conn, queue, "poison-4", BAD[bad])
+    if queue == keys.EMAIL_QUEUE:
+        run_lanes(conn, [queue], lanes=1, burst=True, limiter=Limiter(conn, "email", 2, 40.0, lease_s=30))
+    else:
+        w = RenderWorker([make_queue(queue, conn)], connection=conn, name=f"{queue}.test.intermediate")
+        w.jobs_per_horse = 1  # a horse per job: the horse meets the data first
+        w.work(burst=True, logging_level="CRITICAL")
+    reaper.mark_dequeued(conn)
+    assert reaper.find_stranded(conn, settle_s=0) == []  # (what the console and `payrun status` read)
+    _assert_failed_unreadable(conn, queue, "poison-4")
