@@ -68,7 +68,7 @@ def resend_slip(snapshot: dict[str, Any]) -> dict[str, Any]:
         with conn.pipeline() as pipe:
             pipe.multi()
             emit(pipe, email_id, "queued", kind="email", company=payload["company_id"], employee=emp,
-                 month=month, key=payload["key"], queue=keys.EMAIL_QUEUE)
+                 month=month, key=payload["key"], queue=keys.EMAIL_QUEUE, to=payload.get("to"))  # (the ledger's recipient)
             queue.enqueue_call(
                 "jobs.tasks.send_slip", args=(payload,), job_id=email_id, timeout=cfg.email.timeout_s,
                 retry=tasks._retry(cfg.email.retry), description=f"resend slip {payload['key']}",

@@ -696,6 +696,11 @@ def test_a_failed_slip_that_a_resend_delivered_counts_as_sent(world, provider):
     work_everything(conn, ledger)
     ledger_mod.drain(conn, ledger)
     assert provider.delivery(f"slip:{MONTH}:emp-00005:resend-1")
+    from jobs.oneoff import resend_email_job_id
+
+    resend_send = resend_email_job_id(MONTH, "emp-00005", 1)  # the ledger keeps the address a resend went to
+    address = db.conn.execute("SELECT email FROM employees WHERE id = 'emp-00005'").fetchone()[0]
+    assert ledger.recipients([resend_send]) == {resend_send: address}
     counts = ledger.slip_counts(MONTH)[company]
     assert counts["failed"] == 0 and counts["done"] == counts["total"]
     listed = runner.invoke(cli, ["failed"]).output
