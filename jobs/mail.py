@@ -574,6 +574,11 @@ def connect_within(address: tuple[str, int], timeout, source_address=None, *, de
 _EHLO_LATER = "[set-after-connect]"  # (smtplib's SMTP looks the name up itself when given None)
 
 
+MECHANISM_NOT_TAKEN = frozenset({504, 534, 538})
+"""AUTH replies that refuse the mechanism, not the credentials (RFC 4954: 504 unrecognized
+mechanism, 534 mechanism too weak, 538 encryption required for it)."""
+
+
 class _CutSocket(smtplib.SMTP):
     """smtplib's SMTP whose TCP connection is adopted by ``self.cutoff`` as it is made, before
     the greeting is read (in the constructor) and before SMTP_SSL's handshake, and whose
@@ -587,6 +592,32 @@ class _CutSocket(smtplib.SMTP):
         sock = connect_within((host, port), timeout, self.source_address, deadline=self.cutoff.deadline)
         self.cutoff.adopt(sock)
         return sock
+
+    def login(self, user, password, *, initial_response_ok=True):
+        """smtplib's login, less its second guess: smtplib tries each mechanism the server
+        offers (CRAM-MD5, PLAIN, LOGIN) after a refusal, so one wrong password was two or
+        three failed logins per send (and per check), which mail servers count toward
+        locking the account. A mechanism the server does not take after all (504, 534, 538)
+        is still followed by the next; credentials refused (535 and any other) end it."""
+        self.ehlo_or_helo_if_needed()
+        if not self.has_extn("auth"):
+            raise smtplib.SMTPNotSupportedError("SMTP AUTH extension not supported by server.")
+        offered = self.esmtp_features["auth"].split()
+        mechanisms = [m for m in ("CRAM-MD5", "PLAIN", "LOGIN") if m in offered]
+        if not mechanisms:
+            raise smtplib.SMTPException("No suitable authentication method found.")
+        self.user, self.password = user, password
+        for i, mechanism in enumerate(mechanisms):
+            try:
+                code, resp = self.auth(mechanism, getattr(self, "auth_" + mechanism.lower().replace("-", "_")),
+                                       initial_response_ok=initial_response_ok)
+            except smtplib.SMTPAuthenticationError as e:
+                if e.smtp_code in MECHANISM_NOT_TAKEN and i + 1 < len(mechanisms):
+                    continue
+                raise
+            if code in (235, 503):  # authenticated (503: already)
+                return code, resp
+        raise smtplib.SMTPAuthenticationError(code, resp)
 
 
 class _CutSMTP(_CutSocket):

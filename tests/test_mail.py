@@ -279,6 +279,70 @@ def test_smtp_auth_password_from_env_never_in_errors(monkeypatch):
         ctl.stop()
 
 
+def test_a_wrong_smtp_password_is_one_failed_login_per_send_not_one_per_mechanism():
+    """smtplib tried PLAIN, then LOGIN, after a refused password: two failed logins per
+    send (and per `payrun check`), which mail servers count toward locking the account."""
+    handler = Recorder()
+    tries = []
+
+    def authenticator(server, session, envelope, mechanism, auth_data):
+        tries.append(mechanism)
+        return AuthResult(success=(auth_data.login, auth_data.password) == (b"payroll", b"s3cret-pw"),
+                          handled=False)
+
+    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0, authenticator=authenticator,
+                              auth_require_tls=False)
+    ctl.start()
+    try:
+        with pytest.raises(AccountRefused):
+            transport_for(f"smtp://payroll:wr0ng-pw@127.0.0.1:{ctl.port}", 5).send(make_msg())
+        assert len(tries) == 1, tries
+        with pytest.raises(ValueError, match="login refused"):
+            transport_for(f"smtp://payroll:wr0ng-pw@127.0.0.1:{ctl.port}", 5).probe()
+        assert len(tries) == 2, tries
+        transport_for(f"smtp://payroll:s3cret-pw@127.0.0.1:{ctl.port}", 5).send(make_msg())
+        assert len(handler.messages) == 1 and len(tries) == 3
+    finally:
+        ctl.stop()
+
+
+def test_a_mechanism_the_server_does_not_take_after_all_is_followed_by_the_next():
+    """A server that offers a mechanism and then refuses it (504/534/538) still gets the
+    next one; refused credentials (535) end the login."""
+    import smtplib
+
+    from jobs import mail
+
+    class Server(mail._CutSocket):
+        def __init__(self, replies):
+            self.replies, self.asked = dict(replies), []
+            self.esmtp_features = {"auth": "CRAM-MD5 PLAIN LOGIN"}
+
+        def ehlo_or_helo_if_needed(self):
+            pass
+
+        def has_extn(self, name):
+            return name == "auth"
+
+        def auth(self, mechanism, authobject, *, initial_response_ok=True):
+            self.asked.append(mechanism)
+            code = self.replies[mechanism]
+            if code not in (235, 503):
+                raise smtplib.SMTPAuthenticationError(code, b"no")
+            return code, b"ok"
+
+    s = Server({"CRAM-MD5": 504, "PLAIN": 534, "LOGIN": 235})
+    assert s.login("u", "p") == (235, b"ok") and s.asked == ["CRAM-MD5", "PLAIN", "LOGIN"]
+    s = Server({"CRAM-MD5": 535, "PLAIN": 235, "LOGIN": 235})
+    with pytest.raises(smtplib.SMTPAuthenticationError):
+        s.login("u", "p")
+    assert s.asked == ["CRAM-MD5"]
+    s = Server({"CRAM-MD5": 538, "PLAIN": 538, "LOGIN": 538})
+    with pytest.raises(smtplib.SMTPAuthenticationError) as ei:
+        s.login("u", "p")
+    assert ei.value.smtp_code == 538 and s.asked == ["CRAM-MD5", "PLAIN", "LOGIN"]
+
+
 # ------------------------------------------------------------------ HTTP provider API
 
 @pytest.fixture
