@@ -181,6 +181,7 @@ class Bench:
         self.redis_url = ""
         self.provider_url = ""
         self.provider_port = 0
+        self.provider_token = ""
         self.config_toml = config_toml
         self._closed = False
         atexit.register(self.close)
@@ -201,6 +202,7 @@ class Bench:
             e["PAYRUN_REDIS_URL"] = self.redis_url
         if self.provider_url:
             e["PAYRUN_EMAIL_URL"] = self.provider_url
+            e["PAYRUN_EMAIL_TOKEN"] = self.provider_token  # `payrun provider` wants its home's token
         if self.config_toml:
             conf = self.dir / "payrun.toml"
             conf.write_text(self.config_toml)
@@ -267,7 +269,11 @@ class Bench:
         return p
 
     def start_provider(self, latency_s: float = 1.2, rate_per_s: float = 40.0) -> str:
+        from payrun.provider import local_token
+
         self.provider_port = free_port()
+        # made here, read by the provider from the same PAYRUN_HOME (it requires it)
+        self.provider_token = local_token(self.config())
         self.spawn("provider", ["provider", "--port", str(self.provider_port), "--latency", str(latency_s),
                                 "--rate", str(rate_per_s)])
         self.provider_url = f"http://127.0.0.1:{self.provider_port}"
@@ -282,7 +288,9 @@ class Bench:
                 time.sleep(0.05)
 
     def provider_get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.provider_url + path, timeout=30) as r:
+        req = urllib.request.Request(self.provider_url + path,
+                                     headers={"Authorization": f"Bearer {self.provider_token}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
 
     def provider_stats(self) -> dict[str, Any]:

@@ -28,7 +28,9 @@ a slip carries every earning and the net pay (``payrun.config.email_url_problems
 
 Credentials: an SMTP password in the URL wins; otherwise ``PAYRUN_SMTP_PASSWORD`` is used
 when the URL names a user (user without password = take it from the environment). The
-provider API token comes from ``PAYRUN_EMAIL_TOKEN`` (sent as ``Authorization: Bearer``).
+provider API token comes from ``PAYRUN_EMAIL_TOKEN`` (sent as ``Authorization: Bearer``);
+with no email URL, the local provider's token of the data directory (``transport_for``'s
+``token``, from ``payrun.provider.email_token``).
 Neither is ever logged nor put in an exception message; ``repr(transport)`` shows the
 URL with the password replaced by ***.
 
@@ -190,14 +192,16 @@ def message_id_for(key: str) -> str:
     return f"<{hashlib.sha256(key.encode('utf-8')).hexdigest()[:32]}@payrun>"
 
 
-def transport_for(url: str, timeout_s: float) -> Transport:
-    """The transport for ``url`` (see the module docstring). ValueError on a bad URL."""
+def transport_for(url: str, timeout_s: float, token: str | None = None) -> Transport:
+    """The transport for ``url`` (see the module docstring). ValueError on a bad URL.
+    ``token``: the HTTP provider's bearer token (``payrun.provider.email_token``: the local
+    provider's own when no URL is configured); None = PAYRUN_EMAIL_TOKEN, if set."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme in ("smtp", "smtps"):
         return SmtpTransport(url, timeout_s)
     if scheme in ("http", "https"):
-        return HttpTransport(url, timeout_s)
+        return HttpTransport(url, timeout_s, token=token)
     raise ValueError(f"unsupported email URL scheme {scheme!r} in {_redact(url)!r} "
                      f"(use smtp://, smtps://, http:// or https://)")
 

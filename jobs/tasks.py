@@ -218,12 +218,14 @@ _transports: dict[tuple[str, float], Any] = {}
 
 def transport():
     from jobs import mail
+    from payrun.provider import email_token
 
     cfg = settings()
     k = (cfg.email_url, float(cfg.email.timeout_s))
     with _transport_lock:
         if k not in _transports:
-            _transports[k] = mail.transport_for(cfg.email_url, timeout_s=cfg.email.timeout_s)
+            # no email URL: the local provider of this data directory, which wants its token
+            _transports[k] = mail.transport_for(cfg.email_url, timeout_s=cfg.email.timeout_s, token=email_token(cfg))
         return _transports[k]
 
 

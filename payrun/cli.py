@@ -1315,9 +1315,9 @@ def ledger(c: Ctx) -> None:
         ledger_mod.let_go_of_events(conn, me)
 
 
-@cli.command()
-@click.option("--host", default=None, help="Listen address, this machine's loopback only: the simulator has no "
-              "login (default: provider.host, 127.0.0.1).")
+@cli.group(invoke_without_command=True)
+@click.option("--host", default=None, help="Listen address, this machine's loopback only (default: provider.host, "
+              "127.0.0.1).")
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port (default: provider.port, 8025).")
 @click.option("--latency", type=click.FloatRange(0, 60), default=None, help="Seconds per accepted send (1.2).")
 @click.option("--rate", type=click.FloatRange(0.1, 100_000), default=None, help="Accepted sends per second (40).")
@@ -1325,20 +1325,69 @@ def ledger(c: Ctx) -> None:
 @handle_errors
 def provider(c: Ctx, host: str | None, port: int | None, latency: float | None, rate: float | None) -> None:
     """Run the local email provider simulator (HTTP JSON API): latency, a rate limit
-    answered with 429 + Retry-After, injectable 503 outages, dedupe by Idempotency-Key."""
+    answered with 429 + Retry-After, injectable 503 outages, dedupe by Idempotency-Key.
+    Every request needs the data directory's token ($PAYRUN_HOME/redis/provider-token,
+    made on first use), which this host's senders show when PAYRUN_EMAIL_URL is unset.
+    `payrun provider outage 90` and `payrun provider stats` talk to the running one."""
     from payrun import provider as provider_mod
 
+    if click.get_current_context().invoked_subcommand is not None:
+        return
     p = c.cfg.provider
     if host is not None and (why := config_mod.provider_host_problem(host)):
         raise click.BadParameter(why, param_hint="--host")
     _setup_logging()
+    token = provider_mod.local_token(c.cfg)
     try:
         provider_mod.run(host or p.host, port if port is not None else p.port,
-                         latency if latency is not None else p.latency_s, rate if rate is not None else p.rate_per_s)
+                         latency if latency is not None else p.latency_s, rate if rate is not None else p.rate_per_s,
+                         token=token)
     except OSError as e:  # the port is taken, or the address is not this host's
         taken = " (another payrun's provider? give this one another port: provider.port in the config file)" \
             if e.errno == errno.EADDRINUSE else ""
         raise InputError(f"cannot listen on {host or p.host}:{port if port is not None else p.port}: {e}{taken}")
+
+
+def _provider_admin(c: Ctx, method: str, path: str, doc=None):
+    """A running local provider's answer (the group's --host/--port, else the config's)."""
+    from payrun import provider as provider_mod
+
+    if c.cfg.email.url:
+        raise InputError("PAYRUN_EMAIL_URL (email.url) is set: sends go to that provider, not the local simulator "
+                         "(`payrun up` does not run it)")
+    parent = click.get_current_context().parent
+    host, port = (parent.params.get("host"), parent.params.get("port")) if parent is not None else (None, None)
+    try:
+        return provider_mod.admin(c.cfg, method, path, doc, host=host, port=port)
+    except provider_mod.AdminError as e:
+        raise InputError(str(e)) from None
+
+
+@provider.command(name="outage")
+@click.argument("seconds", type=click.FloatRange(0, 86_400))
+@click.option("--status", type=click.IntRange(400, 599), default=503, show_default=True,
+              help="What every send is answered meanwhile.")
+@pass_ctx
+@handle_errors
+def provider_outage(c: Ctx, seconds: float, status: int) -> None:
+    """Rehearse a provider outage: the running local provider answers every send with
+    STATUS (503) for SECONDS; `payrun provider outage 0` ends one now."""
+    if seconds == 0:
+        _provider_admin(c, "DELETE", "/v1/admin/outage", {})
+        click.echo("provider outage ended")
+        return
+    out = _provider_admin(c, "POST", "/v1/admin/outage", {"seconds": seconds, "status": status})
+    click.echo(f"provider outage: every send is answered {out['status']} for {out['seconds']:g} s "
+               "(`payrun provider outage 0` ends it)")
+
+
+@provider.command(name="stats")
+@pass_ctx
+@handle_errors
+def provider_stats(c: Ctx) -> None:
+    """The running local provider's counters as JSON (GET /v1/stats): delivered, 429s,
+    duplicates refused, in flight; kept in memory, so they restart with it."""
+    click.echo(json.dumps(_provider_admin(c, "GET", "/v1/stats"), indent=2))
 
 
 @cli.command(name="redis")

@@ -615,13 +615,15 @@ def bank_url_problems(url: str) -> list[str]:
 
 
 def provider_host_problem(host: str) -> str | None:
-    """Why the local provider simulator may not listen on ``host`` (pure), or None. It has
-    no login: whoever reaches it reads every recipient and subject (/v1/messages), starts
-    outages and resets its dedupe (/v1/admin). So it listens on this machine's loopback only."""
+    """Why the local provider simulator may not listen on ``host`` (pure), or None. It speaks
+    plain HTTP: its token (the data directory's, which every sender shows) and every slip
+    would cross the network in clear text, and whoever took the token read every recipient
+    and subject (/v1/messages), started outages and reset its dedupe (/v1/admin). So it
+    listens on this machine's loopback only."""
     if host and is_loopback(host):
         return None
     return (f"must be this machine's loopback (127.0.0.1, ::1 or localhost; got {host!r}): the local "
-            "provider simulator has no login, and anyone who reaches it reads recipients and resets its dedupe")
+            "provider simulator speaks plain HTTP, so its token and every slip would cross the network in clear text")
 
 
 def is_loopback(host: str) -> bool:

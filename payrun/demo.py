@@ -74,12 +74,17 @@ def run_demo(base: Config, employees: int, companies: int, month: str, timeout_s
     if not cfg.embedded_redis:
         say("using the Redis at PAYRUN_REDIS_URL")
     provider = None
+    email_env: dict[str, str] = {}
     if not cfg.email.url:
-        from payrun.provider import Provider
+        from payrun.provider import Provider, local_token
 
+        # with a token, as `payrun provider`: any user of the machine could otherwise read
+        # each slip's recipient and subject from it; its senders get it in their environment
+        token = local_token(cfg)
         provider = Provider(host="127.0.0.1", port=0, latency_s=cfg.provider.latency_s,
-                            rate_per_s=cfg.provider.rate_per_s).start()
+                            rate_per_s=cfg.provider.rate_per_s, token=token).start()
         email_url = provider.url
+        email_env["PAYRUN_EMAIL_TOKEN"] = token
         say(f"local email provider at {email_url} (latency {cfg.provider.latency_s} s, limit {cfg.provider.rate_per_s:g}/s)")
     else:
         email_url = cfg.email.url
@@ -88,7 +93,7 @@ def run_demo(base: Config, employees: int, companies: int, month: str, timeout_s
     db = payroll.PayrollDB(cfg.payroll_path)
     payroll.seed(db, companies=companies, employees=employees, seed=7, month=month)
     env = dict(os.environ, PAYRUN_HOME=str(home), PAYRUN_REDIS_URL=redis_server.url(cfg),
-               PAYRUN_EMAIL_URL=email_url)
+               PAYRUN_EMAIL_URL=email_url, **email_env)
     procs: list[tuple[str, subprocess.Popen]] = []
     try:
         procs.append(("ledger", _spawn(["ledger"], env, home / "log" / "ledger.log")))

@@ -558,12 +558,19 @@ def _email(cfg, rep: Report) -> None:
         rep.add("email", WARN, f"PAYRUN_EMAIL_URL is not set: slips go to the local provider simulator ({shown}), "
                                "which delivers nothing to anyone (right for a rehearsal, not for payday)")
     try:
-        transport = mail.transport_for(url, timeout_s=min(15.0, float(cfg.email.timeout_s)))
+        from payrun.provider import email_token
+
+        transport = mail.transport_for(url, timeout_s=min(15.0, float(cfg.email.timeout_s)), token=email_token(cfg))
         said = transport.probe()
     except Exception as e:  # noqa: BLE001 - every way a provider can refuse, in one line
         from payrun.text import visible
 
-        local = "" if cfg.email.url else " (the local provider simulator: `payrun up` starts it)"
+        from payrun.provider import token_path
+
+        local = "" if cfg.email.url else (
+            f" (the local provider simulator: it reads its token, {token_path(cfg)}, as it starts: restart it, "
+            "`supervisorctl restart provider`)" if "token" in str(e) else
+            " (the local provider simulator: `payrun up` starts it)")
         rep.add("email", FAIL, f"{shown}: {visible(str(e))[:300]}{local}")
         return
     rep.add("email", OK, f"{shown}: {said} (nothing was sent)")

@@ -4,7 +4,9 @@ answer, at most ``rate_per_s`` (40) message requests are admitted per rolling se
 the rest get ``429 Retry-After: 1`` at once. Nothing is emailed; deliveries are recorded
 in memory (address, subject, attachment name/size/sha256 — never the bytes or the body).
 
-Endpoints (all JSON; with ``token=...`` every endpoint needs ``Authorization: Bearer``):
+Endpoints (all JSON; with ``token=...`` every endpoint needs ``Authorization: Bearer``;
+``payrun provider`` always has one, the data directory's ``provider-token``, see
+``local_token``; ``payrun provider outage`` / ``stats`` call the admin endpoints with it):
   POST   /v1/messages          send (Idempotency-Key header required)
            202 {"id", "duplicate": false}   accepted (after latency_s)
            200 {"id", "duplicate": true}    key already accepted (at once; counts duplicates_refused)
@@ -46,9 +48,11 @@ import base64
 import binascii
 import collections
 import hashlib
+import hmac
 import http.server
 import json
 import logging
+import os
 import re
 import signal
 import sys
@@ -56,6 +60,7 @@ import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
@@ -202,7 +207,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         token = self.server.provider.token
         if token is None:
             return True
-        return self.headers.get("Authorization", "") == f"Bearer {token}"
+        given = self.headers.get("Authorization", "").encode("utf-8", "replace")
+        return hmac.compare_digest(given, f"Bearer {token}".encode("utf-8"))  # (no timing to guess it by)
 
     def _route(self, method: str) -> None:
         path = urlsplit(self.path).path
@@ -391,8 +397,9 @@ class Provider:
         return self
 
     def serve_forever(self) -> None:
-        log.info("provider listening on %s (latency %.2f s, rate %g/s)",
-                 self.url, self.latency_s, self.rate_per_s)
+        log.info("provider listening on %s (latency %.2f s, rate %g/s; %s)",
+                 self.url, self.latency_s, self.rate_per_s,
+                 "bearer token required" if self.token else "no token")
         self._server.serve_forever(poll_interval=0.05)
 
     def stop(self) -> None:
@@ -478,9 +485,85 @@ class Provider:
             self.state.reset()
 
 
-def run(host: str, port: int, latency_s: float, rate_per_s: float) -> None:
+TOKEN_NAME = "provider-token"
+"""The local provider's bearer token: a file beside the embedded Redis's password
+(``$PAYRUN_HOME/redis/provider-token``, 0600, made once on first use, never printed)."""
+
+
+def token_path(cfg) -> Path:
+    return cfg.redis_dir / TOKEN_NAME
+
+
+def local_token(cfg) -> str:
+    """The data directory's token for its local provider (made on first use): what
+    ``payrun provider`` requires and its senders show. Without it any user of the machine
+    read every slip's recipient and subject (``GET /v1/messages/<key>``), reset the dedupe
+    or started an outage."""
+    from payrun import redis_server
+
+    return redis_server.local_secret(cfg, TOKEN_NAME)
+
+
+def email_token(cfg, environ: dict[str, str] | None = None) -> str | None:
+    """The token a sender shows the provider (pure but for the file): PAYRUN_EMAIL_TOKEN
+    when set; else, with no email URL (the local provider of this host's ``payrun up``),
+    the data directory's own; else none. A worker-only host always has an email URL (`up
+    --role worker` refuses one without), so it never makes or reads the local token."""
+    env = os.environ if environ is None else environ
+    if env.get("PAYRUN_EMAIL_TOKEN"):
+        return env["PAYRUN_EMAIL_TOKEN"]
+    if not cfg.email.url:
+        return local_token(cfg)
+    return None
+
+
+class AdminError(Exception):
+    """A running local provider could not be told (``admin``): the words say why."""
+
+
+def admin(cfg, method: str, path: str, doc: Any = None, *, host: str | None = None,
+          port: int | None = None, timeout_s: float = 10.0) -> Any:
+    """Call a running local provider's API with the data directory's token (`payrun provider
+    outage` / `stats`); its JSON answer, or AdminError. Never makes a token: one missing
+    means no provider of this data directory has run (the wrong PAYRUN_HOME)."""
+    import http.client
+
+    host = host or cfg.provider.host
+    port = port or cfg.provider.port
+    tf = token_path(cfg)
+    if not tf.exists():
+        raise AdminError(f"no provider token at {tf}: no `payrun provider` has run with this data directory "
+                         f"(set PAYRUN_HOME to the one `payrun up` runs in)")
+    token = local_token(cfg)  # (through local_secret: owner-only checked)
+    body = None if doc is None else json.dumps(doc).encode("utf-8")
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        conn.request(method, path, body=body, headers={"Authorization": f"Bearer {token}",
+                                                       "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+    except (OSError, http.client.HTTPException) as e:
+        raise AdminError(f"no local provider answers at {host}:{port} ({e.__class__.__name__}: "
+                         f"{getattr(e, 'strerror', None) or e}): is `payrun up` running (`payrun ps`)?") from None
+    finally:
+        conn.close()
+    if resp.status == 401:
+        raise AdminError(f"the provider at {host}:{port} refused {tf}: it was started with another token, or is "
+                         f"another data directory's (restart it: `supervisorctl restart provider` after "
+                         f"`eval \"$(payrun supervisor-env)\"`)")
+    try:
+        out = json.loads(raw) if raw else {}
+    except ValueError:
+        out = None
+    if resp.status >= 400 or out is None:
+        what = out.get("error") if isinstance(out, dict) else raw[:200].decode("utf-8", "replace")
+        raise AdminError(f"the provider at {host}:{port} answered {resp.status}: {what}")
+    return out
+
+
+def run(host: str, port: int, latency_s: float, rate_per_s: float, token: str | None = None) -> None:
     """Serve until SIGTERM/SIGINT (for ``payrun provider``); must run in the main thread."""
-    provider = Provider(host=host, port=port, latency_s=latency_s, rate_per_s=rate_per_s)
+    provider = Provider(host=host, port=port, latency_s=latency_s, rate_per_s=rate_per_s, token=token)
     stop = threading.Event()
 
     def on_signal(signum, frame):  # noqa: ARG001

@@ -63,9 +63,7 @@ def _secret(cfg: Config, name: str) -> str:
     pw_file = cfg.redis_dir / name
     if not pw_file.exists():
         private_dir(cfg.redis_dir)
-        fd = os.open(pw_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(24))
+        _create_secret(pw_file)
     st = pw_file.stat()
     if st.st_mode & 0o077:
         if st.st_uid != os.getuid():
@@ -74,6 +72,34 @@ def _secret(cfg: Config, name: str) -> str:
             raise ConfigError(f"{pw_file} can be read by others and is not ours to fix: chmod 600 it")
         os.chmod(pw_file, 0o600)  # a secret others could read: owner-only again
     return pw_file.read_text().strip()
+
+
+def _create_secret(path: Path) -> None:
+    """Make ``path`` hold a new random secret (0600), unless another process made it first:
+    it appears whole or not at all. Programs that start together (supervisord's provider
+    and its senders all read the provider's token) can each find it missing: made in place
+    with O_EXCL, the loser would fail with FileExistsError, or read the file before its
+    winner had written it (an empty token). So it is written beside, then linked into place."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(24))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process's secret is in place: it is the one
+        except OSError:  # a filesystem without hard links: the file made at once, as before
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                return
+            with os.fdopen(fd, "w") as f:
+                f.write(tmp.read_text())
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def local_secret(cfg: Config, name: str) -> str:

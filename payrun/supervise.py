@@ -162,6 +162,10 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all",
     if not absent(out) and code in (0, 3):
         return _start_failed_again(cfg, out, wait, timeout_s)
     note = take_over_redis(cfg) if role == "all" else ""
+    if role == "all" and not cfg.email.url:
+        from payrun.provider import local_token
+
+        local_token(cfg)  # the local provider's token, made before it and its senders start (not shown)
     (cfg.home / "supervisor.role").write_text(role)
     p = subprocess.run([_bin("supervisord"), "-c", str(conf)], env=env(cfg), capture_output=True, text=True)
     if p.returncode != 0:

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from payrun import keys, payroll
 from payrun.cli import cli
 
-COMMANDS = ["seed", "import", "run", "status", "check", "worker", "ledger", "provider", "redis", "demo", "up",
+COMMANDS = ["seed", "import", "run", "status", "check", "worker", "ledger", "provider", "provider outage", "provider stats", "redis", "demo", "up",
             "down", "ps", "failed", "retry", "job", "reap", "limits show", "limits set", "prune", "supervisor-env", "config show", "config redis-url", "config rq-env"]
 
 

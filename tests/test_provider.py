@@ -322,8 +322,13 @@ def test_the_provider_process_says_its_counters_when_it_stops(tmp_path):
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         def up():
+            token = tmp_path / "redis" / "provider-token"
+            if not token.exists():
+                return False
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/stats",
+                                         headers={"Authorization": f"Bearer {token.read_text().strip()}"})
             try:
-                return urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/stats", timeout=2).status == 200
+                return urllib.request.urlopen(req, timeout=2).status == 200
             except OSError:
                 return False
 
@@ -333,3 +338,127 @@ def test_the_provider_process_says_its_counters_when_it_stops(tmp_path):
         out = p.communicate(timeout=30)[0]
     assert p.returncode == 0, out
     assert "provider counters at stop: " in out and "delivered=0" in out and "duplicates_refused=0" in out
+
+
+# ---- `payrun provider`: the data directory's token ---------------------------------------
+
+def _status(port: int, method: str, path: str, token: str | None = None, doc=None) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        conn.request(method, path, body=None if doc is None else json.dumps(doc).encode(), headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+def test_payrun_provider_wants_its_token_and_this_hosts_senders_show_it(tmp_path, monkeypatch):
+    """It had no token: any user of the machine read a slip's recipient and subject from it
+    (GET /v1/messages/<key>), reset its dedupe or started an outage. `payrun provider`, as
+    supervisord starts it (no option), now requires the data directory's token, which a
+    sender with PAYRUN_EMAIL_URL unset shows; `payrun provider outage` and `stats` use it."""
+    from conftest import wait_for
+
+    from jobs import mail, tasks
+
+    home = tmp_path / "home"
+    home.mkdir()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    conf = tmp_path / "payrun.toml"
+    conf.write_text(f"[provider]\nport = {port}\nlatency_s = 0.0\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
+    env.update(PAYRUN_HOME=str(home), PAYRUN_CONFIG=str(conf))
+
+    def payrun(*args):
+        return subprocess.run([sys.executable, "-m", "payrun.cli", *args], env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    proc = subprocess.Popen([sys.executable, "-m", "payrun.cli", "provider"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = ""
+    try:
+        def listening():
+            try:
+                return _status(port, "GET", "/v1/stats")
+            except OSError:
+                assert proc.poll() is None, "the provider exited"
+                return None
+
+        # no token: every endpoint refuses, the admin ones and the reads of deliveries too
+        assert wait_for(listening, timeout_s=30, what="the provider to listen") == 401
+        for method, path, doc in (("GET", "/v1/messages/slip:2026-11:e1", None), ("POST", "/v1/admin/reset", {}),
+                                  ("POST", "/v1/admin/outage", {"seconds": 60}), ("DELETE", "/v1/admin/outage", {}),
+                                  ("POST", "/v1/admin/config", {"rate_per_s": 1}), ("POST", "/v1/messages", body())):
+            assert _status(port, method, path, doc=doc) == 401, path
+            assert _status(port, method, path, token="a-guess", doc=doc) == 401, path
+        token_file = home / "redis" / "provider-token"
+        assert oct(token_file.stat().st_mode & 0o777) == "0o600"
+        token = token_file.read_text().strip()
+        assert len(token) >= 24 and _status(port, "GET", "/v1/stats", token=token) == 200
+
+        # a sender of this host, PAYRUN_EMAIL_URL unset (a worker's transport): delivered
+        for k in ("PAYRUN_EMAIL_URL", "PAYRUN_EMAIL_TOKEN", "PAYRUN_REDIS_URL"):
+            monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv("PAYRUN_HOME", str(home))
+        monkeypatch.setenv("PAYRUN_CONFIG", str(conf))
+        tasks.settings.cache_clear()
+        tasks._transports.clear()
+        try:
+            t = tasks.transport()
+            assert f"127.0.0.1:{port}" in repr(t) and token not in repr(t)
+            sent = t.send(mail.Message(to_addr="tanvir.ahmed@meghna.example", to_name="Tanvir Ahmed",
+                                       subject="Salary slip", text_body="attached", attachment_name="slip.pdf",
+                                       attachment_bytes=PDF, idempotency_key="slip:2026-11:e1",
+                                       sender="Payroll <payroll@payrun.localhost>"))
+            assert sent.startswith("msg-") and not sent.duplicate
+            t.close()
+        finally:
+            tasks._transports.clear()
+            tasks.settings.cache_clear()
+
+        # the operator's outage rehearsal and counters, with no token to copy
+        said = payrun("provider", "outage", "90")
+        assert said.returncode == 0 and "answered 503 for 90 s" in said.stdout, said.stderr
+        stats = json.loads(payrun("provider", "stats").stdout)
+        assert stats["delivered"] == 1 and stats["unauthorized"] == 2 and 0 < stats["outage_s_left"] <= 90
+        assert payrun("provider", "outage", "0").returncode == 0
+        assert json.loads(payrun("provider", "stats").stdout)["outage_s_left"] == 0
+        shown = payrun("config", "show").stdout + payrun("config", "show", "--json").stdout
+        assert shown and token not in shown and token not in said.stdout + said.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, out
+    assert "bearer token required" in out and token not in out
+
+
+def test_the_outage_command_makes_no_token_where_no_provider_ran(tmp_path):
+    """Run from the wrong data directory it would make a new token and be refused (401):
+    it says which file is missing instead, and makes nothing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
+    env["PAYRUN_HOME"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "payrun.cli", "provider", "outage", "90"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and f"no provider token at {tmp_path / 'redis' / 'provider-token'}" in out.stderr
+    assert not (tmp_path / "redis").exists()
+
+
+def test_a_senders_token_the_environment_first_then_the_local_providers(tmp_path):
+    import dataclasses
+
+    from payrun import config as config_mod
+    from payrun.provider import email_token, local_token
+
+    cfg = config_mod.load(None, env={"PAYRUN_HOME": str(tmp_path)})
+    assert email_token(cfg, {"PAYRUN_EMAIL_TOKEN": "theirs"}) == "theirs"
+    assert not (tmp_path / "redis").exists()
+    mine = email_token(cfg, {})  # no email URL: the local provider's, made on first use
+    assert mine == local_token(cfg) == (tmp_path / "redis" / "provider-token").read_text().strip()
+    real = dataclasses.replace(cfg, email=dataclasses.replace(cfg.email, url="https://api.mail.example"))
+    assert email_token(real, {}) is None  # never shown to another provider
+

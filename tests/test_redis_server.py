@@ -343,3 +343,19 @@ def test_stopping_an_embedded_redis_that_cannot_save_says_so_and_leaves_it_up(tm
     finally:
         if redis_server._alive(pid):  # (a failed assertion above: no server left behind)
             os.kill(pid, 9)
+
+
+def test_a_secret_made_by_another_process_meanwhile_is_the_one(tmp_path, monkeypatch):
+    """supervisord starts the provider and its senders together: each can find the token
+    missing. The one that lost the race to create it would fail (FileExistsError) or read
+    it empty; it takes the other's."""
+    from pathlib import Path
+
+    from payrun import config as config_mod, redis_server
+
+    cfg = config_mod.load(None, env={"PAYRUN_HOME": str(tmp_path)})
+    theirs = redis_server.local_secret(cfg, "provider-token")
+    real_exists = Path.exists
+    monkeypatch.setattr(Path, "exists", lambda self: False if self.name == "provider-token" else real_exists(self))
+    assert redis_server.local_secret(cfg, "provider-token") == theirs
+    assert sorted(p.name for p in (tmp_path / "redis").iterdir()) == ["provider-token"]  # no leftovers

@@ -9,6 +9,9 @@ import re
 import socket
 import subprocess
 import sys
+import tomllib
+import urllib.error
+import urllib.request
 
 from pathlib import Path
 
@@ -84,6 +87,19 @@ def test_up_run_status_down(tmp_path, monkeypatch):
             return out.returncode == 0 and json.loads(out.stdout)["total"]["done"] == 10
 
         wait_for(all_sent, timeout_s=90, interval_s=0.5, what="10 slips delivered by supervised workers")
+        # through the local provider, which wants the data directory's token: its senders
+        # (PAYRUN_EMAIL_URL unset) showed it, anyone else is refused, and no log has it
+        stats = json.loads(payrun("provider", "stats", env=env).stdout)
+        assert stats["delivered"] == 10 and stats["unauthorized"] == 0, stats
+        port = int(tomllib.loads(Path(env["PAYRUN_CONFIG"]).read_text())["provider"]["port"])
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/stats", timeout=5)
+        assert refused.value.code == 401
+        token_file = home / "redis" / "provider-token"
+        token = token_file.read_text().strip()
+        assert oct(token_file.stat().st_mode & 0o777) == "0o600" and len(token) >= 24
+        logs = {p.name: p.read_text(errors="replace") for p in (home / "log").iterdir() if p.is_file()}
+        assert "provider.log" in logs and not [name for name, text in logs.items() if token in text]
         # each worker names its supervisord program, as `supervisorctl restart` takes it
         listed = json.loads(payrun("workers", "--json", env=env).stdout)
         programs = {(w["kind"], w["program"]) for w in listed if w["alive"] and w["kind"] != "control"}
@@ -214,6 +230,8 @@ def test_control_and_worker_only_host_stop_of_the_worker_host_loses_nothing(tmp_
         refused = payrun("up", "--role", "worker", env=worker_host)  # its senders would have no provider
         assert refused.returncode != 0 and "a worker-only host needs PAYRUN_EMAIL_URL" in refused.stderr
         worker_host["PAYRUN_EMAIL_URL"] = email_url
+        # (two hosts on one machine: the control host's local provider wants its token)
+        worker_host["PAYRUN_EMAIL_TOKEN"] = (tmp_path / "control" / "redis" / "provider-token").read_text().strip()
         up_w = payrun("up", "--role", "worker", env=worker_host)
         assert up_w.returncode == 0, up_w.stderr + up_w.stdout
         assert "pdf-render" in up_w.stdout and "ledger" not in up_w.stdout
@@ -610,9 +628,7 @@ def test_a_killed_supervisord_takes_its_programs_with_it_and_up_starts_clean(tmp
         wait_for(lambda: done() == n, timeout_s=240, interval_s=1, what="every slip after the restart")
         conn = redis_server.connect(cfg)
         assert conn.zcard("rq:failed:pdf-render") == 0 and conn.zcard("rq:failed:send-email") == 0
-        stats = json.loads(subprocess.run(
-            [sys.executable, "-c", "import json,sys,urllib.request;print(urllib.request.urlopen(sys.argv[1]).read().decode())",
-             f"http://127.0.0.1:{cfg.provider.port}/v1/stats"], capture_output=True, text=True).stdout)
+        stats = json.loads(payrun("provider", "stats", env=env).stdout)
         # the provider restarted too (its counts are since then): each slip not sent before
         # the kill was sent once after it, and none sent before was sent again
         assert stats["delivered"] == n - before and stats["duplicates_refused"] == 0, (before, stats)
