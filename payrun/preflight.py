@@ -64,6 +64,8 @@ class Report:
     """The next pay-run tick (ISO, the configured zone), if a scheduler entry runs one."""
     tick_month: str | None = None
     """The month that tick pays (another than ``month`` when --month named one)."""
+    role: str = "control"
+    """Which host's part was checked: "control" (everything) or "worker" (that host's part)."""
     findings: list[Finding] = field(default_factory=list)
 
     def add(self, area: str, level: str, text: str, detail: dict[str, Any] | None = None) -> None:
@@ -82,8 +84,9 @@ class Report:
         self.findings.sort(key=lambda f: AREAS.index(f.area) if f.area in AREAS else len(AREAS))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"month": self.month, "tick": self.tick, "tick_month": self.tick_month, "ready": not self.failures, "failures": self.failures,
-                "warnings": self.warnings, "checks": [f.to_dict() for f in self.findings]}
+        return {"role": self.role, "month": self.month, "tick": self.tick, "tick_month": self.tick_month,
+                "ready": not self.failures, "failures": self.failures, "warnings": self.warnings,
+                "checks": [f.to_dict() for f in self.findings]}
 
 
 # ---- policy (pure) ------------------------------------------------------------------
@@ -289,7 +292,7 @@ def check(cfg, *, month: str | None = None, worker_host: bool = False, email: bo
 
     now = now or datetime.now(timezone.utc)
     zone = ZoneInfo(cfg.timezone)
-    rep = Report(month=month)
+    rep = Report(month=month, role="worker" if worker_host else "control")
     conn = _redis(cfg, rep, connect)
 
     tick_local: datetime | None = None

@@ -438,7 +438,7 @@ def test_a_worker_host_checks_what_that_host_needs(cfg, conn):
     (cfg.home / "supervisor.role").write_text("worker\n")
     out = CliRunner().invoke(cli, ["check", "--no-email", "--json"])
     data = json.loads(out.output)
-    assert out.exit_code == 1 and data["month"] is None  # (no worker runs here yet)
+    assert out.exit_code == 1 and data["month"] is None and data["role"] == "worker"  # (no worker runs here yet)
     areas = {c["area"] for c in data["checks"]}
     assert areas >= {"redis", "render", "intake", "workers", "slips"}
     assert not areas & {"payroll", "scheduler", "ledger", "estimate"}  # the control host's
