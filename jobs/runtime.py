@@ -860,6 +860,12 @@ class RenderWorker(EventsMixin, Worker):
 
     jobs_per_horse: int = 1
 
+    max_connection_wait_time = 5.0
+    """RQ's dequeue loop, meeting Redis away, waits 1, 2, 4 … s between tries, up to this
+    (RQ's default: 60 s): a worker idle when Redis went took work again up to a minute after
+    Redis was back (a restart of Redis mid-run, a failover). One try every 5 s per worker is
+    nothing for Redis, and the line saying so is said every 30 s (RepeatedFailure)."""
+
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("job_monitoring_interval", 1)
         super().__init__(*args, **kwargs)

@@ -691,15 +691,18 @@ def test_a_render_worker_waiting_for_work_says_redis_is_away_in_lines_of_its_own
     finally:
         switch.client.close()
     assert job.id == "control-noop-1"
-    assert slept == [1, 2, 4, 8, 16, 32, 60]  # RQ's backoff, as it was
+    # RQ's backoff, capped at 5 s (RenderWorker.max_connection_wait_time; RQ's 60 s kept a
+    # worker idle for up to a minute after Redis was back)
+    assert slept == [1, 2, 4] + [5] * 19
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     lines = [r.getMessage() for r in caplog.records if r.name == "payrun.worker"]
-    # tries at 0, 1, 3, 7, 15, 31, 63 s failed, the one at 123 s took the job
-    assert len(lines) == 4, lines
-    assert "cannot take work: Redis unavailable: " in lines[0] and "RQ tries again in 1 s" in lines[0]
-    assert "(still failing after 31 s: 6 looks failed, 5 since the last line); RQ tries again in 32 s" in lines[1]
-    assert "still failing after 63 s" in lines[2]
-    assert lines[3].endswith("takes work again: Redis back after 123 s (7 looks failed)")
+    # tries at 0, 1, 3, 7, 12, 17 … 97 s failed, the one at 102 s took the job: 2 s after Redis was back
+    assert len(lines) == 5, lines
+    assert "cannot take work: Redis unavailable: " in lines[0] and "RQ tries again in 1 s (its wait doubles up " \
+        "to 5 s)" in lines[0]
+    assert "(still failing after 32 s: 9 looks failed, 8 since the last line); RQ tries again in 5 s" in lines[1]
+    assert "still failing after 62 s" in lines[2] and "still failing after 92 s" in lines[3]
+    assert lines[4].endswith("takes work again: Redis back after 102 s (22 looks failed)")
 
 
 def test_a_render_worker_that_loses_redis_mid_render_exits_in_one_line_and_its_restart_loses_nothing(tmp_path):
