@@ -756,6 +756,15 @@ def own_events(conn, me: str) -> str | None:
     return None if got == 1 else (got.decode() if isinstance(got, bytes) else str(got))
 
 
+def owned_here(owner: str | None, ledger_path) -> bool:
+    """Whether an events owner id ("host pid path", :func:`owner_id`) is a ledger on this
+    host, on ``ledger_path``."""
+    import socket
+
+    host, _, rest = (owner or "").partition(" ")
+    return bool(owner) and host == socket.gethostname() and rest.partition(" ")[2] == str(ledger_path)
+
+
 def events_owner(conn) -> str | None:
     """The ledger applying the events now ("host pid path"), if any."""
     from payrun import keys

@@ -226,12 +226,12 @@ def supervisor_verdicts(status: str, log_dir) -> list[Finding]:
 
 def scheduler_verdict(alive: int, due_since: str | None, tick: str | None, zone: str) -> Finding:
     if due_since:
-        return Finding("scheduler", FAIL, f"a pay-run tick due since {_local(due_since, zone)} has not fired: is a "
+        return Finding("scheduler", FAIL, f"a pay-run tick due since {local_text(due_since, zone)} has not fired: is a "
                                           "scheduler running? (`payrun schedule`)")
     if not alive:
-        what = f"the tick of {_local(tick, zone)} will not fire" if tick else "no cron tick will fire"
+        what = f"the tick of {local_text(tick, zone)} will not fire" if tick else "no cron tick will fire"
         return Finding("scheduler", FAIL, f"no scheduler is running: {what} (`payrun up` on the control host)")
-    nxt = f"next pay-run tick {_local(tick, zone)}" if tick else "no pay-run entry in scheduler.entries"
+    nxt = f"next pay-run tick {local_text(tick, zone)}" if tick else "no pay-run entry in scheduler.entries"
     if alive == 1:
         return Finding("scheduler", WARN, f"{nxt}; one scheduler running, not two: none stands by to fire the "
                                           "tick if this one is down then (start the other: `payrun ps`)")
@@ -258,10 +258,6 @@ def wrapped(prefix: str, text: str, width: int | None) -> list[str]:
 
 def local_text(iso: str | None, zone: str) -> str:
     """An ISO time as the check says it: "2026-12-01 02:00 Asia/Dhaka"."""
-    return _local(iso, zone)
-
-
-def _local(iso: str | None, zone: str) -> str:
     if not iso:
         return "?"
     from zoneinfo import ZoneInfo

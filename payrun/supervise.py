@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -440,8 +439,7 @@ def check_role(cfg: Config, role: str) -> None:
             owner = ledger_mod.events_owner(redis_server.connect(cfg, socket_timeout=5))
         except Exception:  # noqa: BLE001 - Redis not reachable now: the programs say so themselves
             owner = None
-        host, _, rest = (owner or "").partition(" ")
-        if owner and (host != socket.gethostname() or rest.partition(" ")[2] != str(cfg.ledger_path)):
+        if owner and not ledger_mod.owned_here(owner, cfg.ledger_path):
             raise SetupError(f"another ledger applies this Redis's events ({owner}): this is a worker host, "
                              "so start it with `payrun up --role worker` (a second ledger would take a share of "
                              "the events from the control host's)")

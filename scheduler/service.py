@@ -182,9 +182,7 @@ class LedgerMemory:
     def ledger_here(self, conn) -> bool:
         """The `payrun ledger` applying the workers' events runs on this host, on this
         ledger file (its lease, keys.LEDGER_OWNER: "host pid path")."""
-        import socket
-
-        from payrun.ledger import events_owner
+        from payrun.ledger import events_owner, owned_here
 
         if conn is None:
             return False
@@ -192,8 +190,7 @@ class LedgerMemory:
             owner = events_owner(conn)
         except Exception:  # noqa: BLE001 - Redis away: not sure
             return False
-        host, _, rest = (owner or "").partition(" ")
-        return bool(owner) and host == socket.gethostname() and rest.partition(" ")[2] == str(self.cfg.ledger_path)
+        return owned_here(owner, self.cfg.ledger_path)
 
     def facts(self, entry: str, conn=None) -> tuple[datetime | None, datetime | None] | None:
         """(registered_at, newest tick with a row) of an entry; None when this host's ledger
