@@ -425,6 +425,46 @@ def warm_render_times(n: int, snapshots: list[dict] | None = None) -> list[float
     return out
 
 
+def warm_render_times_per_cpu(n: int, snapshots: list[dict] | None = None) -> dict[int, list[float]]:
+    """Warm lone render times on each CPU this process may run on, pinned to it in turn
+    (``os.sched_setaffinity``): on this VM each vCPU's speed moves on its own (one rendered
+    at 40 ms while the other took 65–73 ms, within the same seconds, session 41), so a
+    lone render timed wherever the bench process happens to run says little of what the
+    pool's cores can do. ``n`` renders per CPU, in two blocks per CPU in A B B A order
+    (drift falls on both alike), each block after one untimed render (the first on a CPU
+    it just moved to meets cold caches). The affinity is given back at the end."""
+    from jobs import slip
+
+    slip.tune_gc()
+    slip.warm_up()
+    snaps = snapshots or [slip.SAMPLE_SNAPSHOT]
+    saved = os.sched_getaffinity(0)
+    cpus = sorted(saved)
+    out: dict[int, list[float]] = {c: [] for c in cpus}
+    half = max(1, n // 2)
+    k = 0
+    try:
+        for c in cpus + cpus[::-1]:
+            os.sched_setaffinity(0, {c})
+            slip.render_pdf(snaps[k % len(snaps)])
+            for _ in range(half):
+                k += 1
+                t = time.perf_counter()
+                slip.render_pdf(snaps[k % len(snaps)])
+                out[c].append(time.perf_counter() - t)
+    finally:
+        os.sched_setaffinity(0, saved)
+    return out
+
+
+def per_cpu_limit(*brackets: dict[int, list[float]]) -> float:
+    """Slips/s the CPUs can give rendering alone each: the sum over CPUs of 1 / its mean
+    lone render (over every bracket given). Equal CPUs: cores / the mean render, the CPU
+    limit as the issue defines it."""
+    cpus = set().union(*brackets)
+    return sum(1 / mean([t for b in brackets for t in b.get(c, [])]) for c in cpus)
+
+
 def _in_warm_forks(procs: int, work) -> tuple[list[bytes], int, float]:
     """Run ``work(p) -> bytes`` in ``procs`` processes forked at once from this process,
     warmed as a render worker is (tune_gc, warm_up, the heap frozen). Returns what each
