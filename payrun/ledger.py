@@ -108,10 +108,19 @@ MIGRATIONS = [
     """,
 ]
 
-PRIVATE_COLUMNS = ("recipient",)
-"""Columns of ``jobs`` kept out of :meth:`Ledger.job` and :meth:`Ledger.jobs` (`payrun job
---json`, the console): the JSON those print keeps its shape, and an address is not shown
-where a job is (read it with :meth:`Ledger.recipients`)."""
+JOB_COLUMNS = ("id", "kind", "company_id", "employee_id", "month", "key", "queue", "status", "attempts",
+               "last_error", "worker", "created_at", "updated_at", "started_at", "finished_at")
+"""The columns of ``jobs`` that :meth:`Ledger.job` and :meth:`Ledger.jobs` read (`payrun job
+--json`, the console), in the order the JSON shows them. Named, not ``SELECT *`` less a list
+of private ones: a column a later migration adds (a newer host's, during a rolling deploy)
+appears only once the code here names it. Not ``recipient`` (migration 4): an address is not
+shown where a job is (read it with :meth:`Ledger.recipients`)."""
+
+ATTEMPT_COLUMNS = ("job_id", "attempt", "worker", "started_at", "ended_at", "outcome", "error", "delay_s")
+"""The columns of ``attempts`` a job's ``history`` shows, as JOB_COLUMNS for ``jobs``."""
+
+_JOB_SELECT = "SELECT " + ", ".join(f'"{c}"' for c in JOB_COLUMNS) + " FROM jobs"
+_ATTEMPT_SELECT = "SELECT " + ", ".join(f'"{c}"' for c in ATTEMPT_COLUMNS) + " FROM attempts"
 
 
 def utcnow() -> str:
@@ -275,12 +284,12 @@ class Ledger:
                 )
 
     def job(self, job_id: str) -> dict[str, Any] | None:
-        rows = list(self.db.query("SELECT * FROM jobs WHERE id = ?", (job_id,)))
+        rows = list(self.db.query(_JOB_SELECT + " WHERE id = ?", (job_id,)))
         if not rows:
             return None
-        row = _public(rows[0])
+        row = dict(rows[0])
         row["history"] = [
-            dict(r) for r in self.db.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,))
+            dict(r) for r in self.db.query(_ATTEMPT_SELECT + " WHERE job_id = ? ORDER BY attempt", (job_id,))
         ]
         return row
 
@@ -332,9 +341,9 @@ class Ledger:
             if val:
                 where.append(f"{col} = ?")
                 args.append(val)
-        sql = "SELECT * FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
+        sql = _JOB_SELECT + (" WHERE " + " AND ".join(where) if where else "")
         sql += " ORDER BY updated_at DESC LIMIT ?"
-        return [_public(r) for r in self.db.query(sql, (*args, limit))]
+        return [dict(r) for r in self.db.query(sql, (*args, limit))]
 
     def recipients(self, job_ids: Iterable[str]) -> dict[str, str]:
         """send job id -> the address it was made with (or its last retry read), for the
@@ -490,11 +499,6 @@ class Ledger:
         """The month of the run started last (not the highest month: last month's run may
         follow this month's, or an old month be re-run for one company)."""
         return latest_month(self.runs())
-
-
-def _public(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A jobs row without PRIVATE_COLUMNS."""
-    return {k: v for k, v in dict(row).items() if k not in PRIVATE_COLUMNS}
 
 
 def latest_month(runs: Iterable[Mapping[str, Any]]) -> str | None:

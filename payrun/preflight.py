@@ -523,12 +523,8 @@ def _supervisor(cfg, rep: Report) -> None:
     stopped by hand. Asked whether Redis answers or not (a FATAL embedded Redis is why)."""
     from payrun import supervise
 
-    if not (cfg.home / "supervisor.sock").exists():
-        return
-    status, code = supervise.ctl(cfg, "status", timeout_s=5)
-    if code == supervise.HUNG or supervise.absent(status):
-        return
-    rep.findings.extend(supervisor_verdicts(status, cfg.log_dir))
+    if (status := supervise.status_here(cfg)) is not None:
+        rep.findings.extend(supervisor_verdicts(status, cfg.log_dir))
 
 
 def _ledger(cfg, conn, rep: Report) -> None:

@@ -247,19 +247,19 @@ GIVEN_UP_CACHE_S = 30.0
 def programs_given_up(cfg, clock=time.monotonic) -> list[str]:
     """The programs supervisord runs here and gave up on (FATAL), asked at most every 30 s
     (the console refreshes every 2 s; supervisorctl is a Python process of its own). []
-    without a supervisord here. The notes said only "no worker is running: is `payrun up`
-    running?" while supervisord ran with every worker FATAL (on-call drill)."""
-    from payrun import redis_server, supervise
+    without a supervisord here; a worker host's (`payrun up --role worker`) is asked too (it
+    was not: only one running the embedded Redis). The notes said only "no worker is
+    running: is `payrun up` running?" while supervisord ran with every worker FATAL
+    (on-call drill)."""
+    from payrun import supervise
 
     key = str(cfg.home)
     cached = _GIVEN_UP.get(key)
     if cached is not None and clock() - cached[0] < GIVEN_UP_CACHE_S:
         return cached[1]
     names: list[str] = []
-    if redis_server.supervisord_here(cfg):
-        out, code = supervise.ctl(cfg, "status", timeout_s=5)
-        if code != supervise.HUNG:
-            names = supervise.gave_up(out, ("FATAL",))
+    if (out := supervise.status_here(cfg)) is not None:
+        names = supervise.gave_up(out, ("FATAL",))
     _GIVEN_UP[key] = (clock(), names)
     return names
 

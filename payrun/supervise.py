@@ -83,6 +83,18 @@ def ctl(cfg: Config, *args: str, timeout_s: float | None = None) -> tuple[str, i
     return p.stdout + p.stderr, p.returncode
 
 
+def status_here(cfg: Config, timeout_s: float = 5) -> str | None:
+    """`supervisorctl status` of the payrun supervisord answering on this data directory's
+    socket, whichever role it runs (`payrun up`, or `payrun up --role worker`), or None
+    when none does: no socket, a socket left by a killed one, or no answer in
+    ``timeout_s``. (redis_server.supervisord_here answers for role all only: whether the
+    embedded Redis is this supervisord's.)"""
+    if not (cfg.home / "supervisor.sock").exists():
+        return None
+    out, code = ctl(cfg, "status", timeout_s=timeout_s)
+    return None if code == HUNG or absent(out) else out
+
+
 def ps_code(status: str) -> int:
     """`payrun ps`'s exit code for a `supervisorctl status` output: 0 when every program is
     RUNNING or was never meant to start here (``STOPPED   Not started``: autostart=false, as

@@ -347,3 +347,46 @@ def test_an_address_changed_and_back_is_not_called_the_old_one_after_redis_dropp
     assert (f"note: 1 {MONTH} slip already made has the address on file now (it changed and changed back; "
             f"delivered or on its way to it): nothing to do: {e6}") in out, out
     assert send == f"email-{MONTH}-{e6}"
+
+
+JOB_JSON_KEYS = ["id", "kind", "company_id", "employee_id", "month", "key", "queue", "status", "attempts",
+                 "last_error", "worker", "created_at", "updated_at", "started_at", "finished_at", "history"]
+ATTEMPT_JSON_KEYS = ["job_id", "attempt", "worker", "started_at", "ended_at", "outcome", "error", "delay_s"]
+
+
+def test_payrun_job_json_shows_the_columns_it_names_not_every_column_a_later_migration_adds(cfg, conn):
+    """`payrun job --json` read `SELECT *` and left out the private columns it knew of: a
+    column a later migration adds (a newer host's, mid rolling deploy) showed up in an older
+    process's output, a private one too until someone added it to the list. It reads the
+    columns it names: the JSON keeps its shape, and the send's address stays out of it."""
+    import json
+
+    from click.testing import CliRunner
+
+    from jobs.events import event
+    from payrun.cli import cli
+
+    send = f"email-{MONTH}-emp-00004"
+    led = Ledger(cfg.ledger_path)
+    led.apply([event(send, "queued", kind="email", company=1, employee="emp-00004", month=MONTH,
+                     key=f"slip:{MONTH}:emp-00004", queue="send-email", to="a@example.org"),
+               event(send, "running", attempt=1, worker="w1"), event(send, "done", attempt=1)])
+
+    def shown() -> dict:
+        out = CliRunner().invoke(cli, ["job", send, "--json"])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output)["ledger"]
+
+    before = shown()
+    assert list(before) == JOB_JSON_KEYS and list(before["history"][0]) == ATTEMPT_JSON_KEYS
+    assert "a@example.org" not in json.dumps(before)
+    # a later version's migration: new columns, one of them holding what must not be printed
+    led.db.conn.execute("ALTER TABLE jobs ADD COLUMN bank_account TEXT")
+    led.db.conn.execute("ALTER TABLE attempts ADD COLUMN smtp_transcript TEXT")
+    led.db.conn.execute("UPDATE jobs SET bank_account = 'ACCT-123456'")
+    led.db.conn.execute("UPDATE attempts SET smtp_transcript = 'RCPT TO:<a@example.org>'")
+    led.db.conn.commit()
+    after = shown()
+    assert after == before
+    assert "ACCT-123456" not in json.dumps(after) and list(led.jobs(limit=5)[0]) == JOB_JSON_KEYS[:-1]
+    led.close()

@@ -399,6 +399,47 @@ def test_up_starts_again_what_supervisord_gave_up_on_and_leaves_the_rest_running
         payrun("down", env=env)
 
 
+def test_a_worker_hosts_status_names_the_programs_its_supervisord_gave_up_on(tmp_path, conn, redis_url,
+                                                                              monkeypatch):
+    """The status note on programs supervisord gave up on (FATAL) asked only a supervisord
+    of role all (redis_server.supervisord_here: "it runs the embedded Redis"): on a worker
+    host (`payrun up --role worker`) it found none, and never named the host's render and
+    send workers that a bad config edit had left FATAL. `payrun check` asked a supervisord
+    of either role; status asks the same function now."""
+    from payrun import config, redis_server, status, supervise
+    from payrun.ledger import Ledger
+
+    home, conf = tmp_path / "worker", tmp_path / "worker.toml"
+    conf.write_text("")
+    for k, v in (("PAYRUN_HOME", str(home)), ("PAYRUN_CONFIG", str(conf)), ("PAYRUN_REDIS_URL", redis_url),
+                 ("PAYRUN_EMAIL_URL", "smtp://127.0.0.1:1025")):
+        monkeypatch.setenv(k, v)
+    cfg = config.load()
+    conf.write_text("[limits]\nemail_rate_per_s = 40.0.\n")  # a typo: every program fails its start
+    assert supervise.up(cfg, wait=False, role="worker") == "supervisord started"
+    try:
+        assert (home / "supervisor.role").read_text() == "worker"
+
+        def all_fatal():
+            lines = [ln for ln in supervise.ctl(cfg, "status")[0].splitlines() if ln.strip()]
+            return lines and all(" FATAL " in ln for ln in lines) and lines
+
+        wait_for(all_fatal, timeout_s=90, interval_s=0.5, what="supervisord to give up on every program")
+        assert not redis_server.supervisord_here(cfg)  # (its other meaning, kept: no embedded Redis of its own)
+        given_up = status.programs_given_up(cfg)
+        assert {"pdf-render:pdf-render-00", "send-email", "reaper"} <= set(given_up), given_up
+        conn.rpush("rq:queue:pdf-render", "render-2026-11-emp-00001")  # a job waits, and no worker takes it
+        led = Ledger(cfg.ledger_path)  # (a worker host that was a control host once has one)
+        notes = status.report(cfg, led, conn=conn)["notes"]
+        led.close()
+        assert any("no pdf-render worker is running" in n for n in notes), notes
+        note = next(n for n in notes if n.startswith("supervisord gave up on "))
+        assert "pdf-render:pdf-render-00" in note and "then `payrun up` starts them again" in note, note
+    finally:
+        conf.write_text("")
+        supervise.down(cfg)
+
+
 def test_up_says_which_program_did_not_stay_up_when_started_again(tmp_path, monkeypatch):
     """The other outcome of starting again what supervisord gave up on: the cause lasts (the
     disk still full), `up` fails naming the program and its log, and stops nothing."""
