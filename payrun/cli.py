@@ -95,8 +95,14 @@ class Ctx:
         role = self.cfg.home / "supervisor.role"
         if not self.cfg.ledger_path.exists() and role.exists() and role.read_text().strip() == "worker":
             # (it made an empty ledger here and answered "no pay run yet" mid-run)
+            from payrun import status
+
+            given_up = status.programs_given_up(self.cfg)
+            here = (f"; here, supervisord gave up on {', '.join(given_up[:6])}{' …' if len(given_up) > 6 else ''} "
+                    f"(FATAL: their logs in {self.cfg.log_dir}): fix the cause, then `payrun up` starts them again"
+                    if given_up else "; this host's own part: `payrun ps` (its programs), `payrun check`")
             raise SetupError(f"{self.cfg.home} is a worker host's (payrun up --role worker): the ledger, and with "
-                             "it the pay runs' status, is on the control host: run this command there")
+                             f"it the pay runs' status, is on the control host: run this command there{here}")
         return Ledger(self.cfg.ledger_path)
 
     HOME_MARKERS = ("payroll.db", "ledger.db", "supervisor.role")

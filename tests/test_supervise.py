@@ -435,6 +435,16 @@ def test_a_worker_hosts_status_names_the_programs_its_supervisord_gave_up_on(tmp
         assert any("no pdf-render worker is running" in n for n in notes), notes
         note = next(n for n in notes if n.startswith("supervisord gave up on "))
         assert "pdf-render:pdf-render-00" in note and "then `payrun up` starts them again" in note, note
+        # the usual worker host has no ledger: status refuses, and names them in its refusal
+        from click.testing import CliRunner
+
+        from payrun.cli import cli
+
+        cfg.ledger_path.unlink()
+        out = CliRunner().invoke(cli, ["status"])
+        assert out.exit_code != 0 and "on the control host" in out.output, out.output
+        assert "here, supervisord gave up on" in out.output and "pdf-render:pdf-render-00" in out.output, out.output
+        assert not cfg.ledger_path.exists()
     finally:
         conf.write_text("")
         supervise.down(cfg)
@@ -526,6 +536,7 @@ def test_a_ledger_command_on_a_worker_host_says_where_the_ledger_is(cfg):
     (cfg.home / "supervisor.role").write_text("worker")
     out = CliRunner().invoke(cli, ["status"])
     assert out.exit_code != 0 and "is a worker host's" in out.output and "on the control host" in out.output
+    assert "this host's own part: `payrun ps` (its programs), `payrun check`" in out.output, out.output
     assert not cfg.ledger_path.exists()
 
 
