@@ -75,9 +75,10 @@ def secret_signature(st: os.stat_result) -> tuple[int, int, int, int]:
 
 
 def read_secret(path: Path) -> tuple[str, tuple[int, int, int, int]]:
-    """A secret file's text and the ``secret_signature`` of exactly what was read (fstat
-    of the open file): made owner-only (0600) if others could read it and it is ours,
-    ConfigError if it is not ours to fix. OSError if it cannot be read."""
+    """A secret file's text and the ``secret_signature`` of the file it was read from
+    (fstat of the open file: a file renamed into place meanwhile is not mistaken for it):
+    made owner-only (0600) if others could read it and it is ours, ConfigError if it is
+    not ours to fix. OSError if it cannot be read."""
     fd = os.open(path, os.O_RDONLY)
     with os.fdopen(fd, "r") as f:
         st = os.fstat(fd)
