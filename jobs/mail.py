@@ -30,7 +30,8 @@ Credentials: an SMTP password in the URL wins; otherwise ``PAYRUN_SMTP_PASSWORD`
 when the URL names a user (user without password = take it from the environment). The
 provider API token comes from ``PAYRUN_EMAIL_TOKEN`` (sent as ``Authorization: Bearer``);
 with no email URL, the local provider's token of the data directory (``transport_for``'s
-``token``, from ``payrun.provider.email_token``).
+``token``, from ``payrun.provider.email_token``: a ``TokenSource``, its file read again
+when the provider refuses the token, so a replaced file needs no restart).
 Neither is ever logged nor put in an exception message; ``repr(transport)`` shows the
 URL with the password replaced by ***.
 
@@ -192,10 +193,21 @@ def message_id_for(key: str) -> str:
     return f"<{hashlib.sha256(key.encode('utf-8')).hexdigest()[:32]}@payrun>"
 
 
-def transport_for(url: str, timeout_s: float, token: str | None = None) -> Transport:
+class TokenSource(Protocol):
+    """A bearer token kept in a file (``payrun.provider.TokenFile``): named in the words of
+    a refusal, and read again after one (a replaced file)."""
+
+    path: object
+
+    def current(self) -> str: ...
+
+    def refresh(self) -> str: ...
+
+
+def transport_for(url: str, timeout_s: float, token: "str | TokenSource | None" = None) -> Transport:
     """The transport for ``url`` (see the module docstring). ValueError on a bad URL.
     ``token``: the HTTP provider's bearer token (``payrun.provider.email_token``: the local
-    provider's own when no URL is configured); None = PAYRUN_EMAIL_TOKEN, if set."""
+    provider's token file when no URL is configured); None = PAYRUN_EMAIL_TOKEN, if set."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme in ("smtp", "smtps"):
@@ -970,7 +982,11 @@ def _retry_after(value: str | None) -> float | None:
 
 
 class HttpTransport:
-    def __init__(self, url: str, timeout_s: float, *, token: str | None = None):
+    def __init__(self, url: str, timeout_s: float, *, token: "str | TokenSource | None" = None):
+        """``token``: a str (PAYRUN_EMAIL_TOKEN's), a ``TokenSource`` (the local provider's
+        file: read again when the provider refuses it, the send then tried once more with
+        the new token: no restart after the file is replaced, and nothing more per send
+        while it is accepted), or None (PAYRUN_EMAIL_TOKEN, if set)."""
         parts = urlsplit(url)
         self.https = parts.scheme.lower() == "https"
         if not parts.hostname:
@@ -981,6 +997,9 @@ class HttpTransport:
         self.timeout_s = float(timeout_s)
         if token is None:
             token = os.environ.get(EMAIL_TOKEN_ENV) or None
+        self._token_file: TokenSource | None = None if token is None or isinstance(token, str) else token
+        if self._token_file is not None:
+            token = self._token_file.current()
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -993,13 +1012,53 @@ class HttpTransport:
     def __repr__(self) -> str:
         return f"HttpTransport({self._url!r})"
 
+    def _token_replaced(self, shown: dict[str, str]) -> bool:
+        """After a refusal of the token in ``shown``: read the token file again (if ours is
+        one); True if it now holds another token than the refused one (then in
+        ``self._headers``: a new dict, so other threads' sends see one or the other)."""
+        if self._token_file is None:
+            return False
+        auth = f"Bearer {self._token_file.refresh()}"
+        if auth != self._headers.get("Authorization"):
+            self._headers = {**self._headers, "Authorization": auth}
+        return auth != shown.get("Authorization")
+
+    def _refused(self, status: int) -> str:
+        """Where to look when the provider refuses our token: the file it came from, or
+        PAYRUN_EMAIL_TOKEN (never the token itself)."""
+        if self._token_file is not None:
+            return (f"the provider refused our token ({status}), the local provider's token in "
+                    f"{self._token_file.path} ({EMAIL_TOKEN_ENV} is not set): `payrun provider` and its senders "
+                    f"must share one data directory, PAYRUN_HOME")
+        if "Authorization" not in self._headers:
+            return f"the provider wants a token ({status}) and {EMAIL_TOKEN_ENV} is not set"
+        return f"the provider refused our token ({status}): check {EMAIL_TOKEN_ENV}"
+
     def probe(self) -> str:
         """POST an empty request, with our token and no Idempotency-Key, to the messages
         endpoint: the provider checks the token first and refuses the request as malformed
         (400), so nothing is sent. What `payrun check` says, or ValueError saying what refused
         us. The whole probe ends within ``timeout_s`` (``_Cutoff``), as a send does."""
         deadline = _Deadline(self.timeout_s)
-        cutoff = _Cutoff(max(0.0, self.timeout_s - CUTOFF_MARGIN_S))  # (it fires that margin late)
+        shown = self._headers
+        resp, raw = self._probe_once(deadline)
+        if resp.status in (401, 403) and self._token_replaced(shown):
+            resp, raw = self._probe_once(deadline)  # the token file was replaced: its new token
+        if resp.status in (401, 403):
+            raise ValueError(self._refused(resp.status))
+        token = "Authorization" in self._headers
+        if resp.status == 400:
+            return "reachable" + (", token accepted" if token else "")
+        if resp.status == 429:
+            return "reachable (it answered 429: over its rate limit just now)"
+        if resp.status >= 500:
+            raise ValueError(f"the provider is in trouble: {resp.status} {_short(raw)}")
+        if resp.status == 404:
+            raise ValueError(f"no messages endpoint at {self.path} (404): check the URL's path")
+        return f"reachable (it answered {resp.status} to a request with no message)"
+
+    def _probe_once(self, deadline: "_Deadline") -> tuple[http.client.HTTPResponse, bytes]:
+        cutoff = _Cutoff(max(0.0, deadline.left() - CUTOFF_MARGIN_S))  # (it fires that margin late)
         conn = self._new_conn()
         _cut_connections(conn, cutoff)
         try:
@@ -1028,20 +1087,7 @@ class HttpTransport:
         finally:
             cutoff.close()
             self._drop(conn)
-        token = "Authorization" in self._headers
-        if resp.status in (401, 403) and not token:
-            raise ValueError(f"the provider wants a token ({resp.status}) and {EMAIL_TOKEN_ENV} is not set")
-        if resp.status in (401, 403):
-            raise ValueError(f"the provider refused our token ({resp.status}): check {EMAIL_TOKEN_ENV}")
-        if resp.status == 400:
-            return "reachable" + (", token accepted" if token else "")
-        if resp.status == 429:
-            return "reachable (it answered 429: over its rate limit just now)"
-        if resp.status >= 500:
-            raise ValueError(f"the provider is in trouble: {resp.status} {_short(raw)}")
-        if resp.status == 404:
-            raise ValueError(f"no messages endpoint at {self.path} (404): check the URL's path")
-        return f"reachable (it answered {resp.status} to a request with no message)"
+        return resp, raw
 
     # -- connections
     def _new_conn(self) -> http.client.HTTPConnection:
@@ -1116,11 +1162,21 @@ class HttpTransport:
         """``before_data`` is not called: ``before_write`` runs just before the request."""
         deadline = _Deadline(self.timeout_s, until)
         body = prepared if prepared is not None else self.body(msg)
-        headers = dict(self._headers)
+        shown = self._headers
+        headers = dict(shown)
         headers["Idempotency-Key"] = msg.idempotency_key
         where = f"provider {self.host}:{self.port}"
         cutoff = _Cutoff(deadline.end - time.monotonic())
         try:
+            try:
+                return self._send(body, headers, where, deadline, cutoff, before_write)
+            except AccountRefused:
+                if not self._token_replaced(shown):
+                    raise
+            # the token file was replaced (the provider follows it): once more with its new
+            # token, same Idempotency-Key (a refused request was not accepted)
+            headers = dict(self._headers)
+            headers["Idempotency-Key"] = msg.idempotency_key
             return self._send(body, headers, where, deadline, cutoff, before_write)
         finally:
             cutoff.close()
@@ -1203,8 +1259,12 @@ class HttpTransport:
         if status >= 500 or status == 408:
             raise TransientError(text, retry_after_s=_retry_after(resp.getheader("Retry-After")))
         if status in (401, 403):  # our token or account, not this slip: every send would fail
-            raise AccountRefused(f"the provider refused our credentials, check PAYRUN_EMAIL_TOKEN (the provider's "
-                                 f"token): {text}")  # (the hint first: status shows the start)
+            if self._token_file is not None:
+                raise AccountRefused(f"the provider refused our credentials, the local provider's token in "
+                                     f"{self._token_file.path} (`payrun provider` and its senders must share one "
+                                     f"data directory, PAYRUN_HOME): {text}")  # (the hint first: status shows the start)
+            raise AccountRefused(f"the provider refused our credentials, check {EMAIL_TOKEN_ENV} (the provider's "
+                                 f"token): {text}")
         if 400 <= status < 500:
             raise PermanentError(text)
         raise TransientError(f"{where}: unexpected HTTP {status}")

@@ -1333,7 +1333,8 @@ def provider(c: Ctx, host: str | None, port: int | None, latency: float | None, 
     """Run the local email provider simulator (HTTP JSON API): latency, a rate limit
     answered with 429 + Retry-After, injectable 503 outages, dedupe by Idempotency-Key.
     Every request needs the data directory's token ($PAYRUN_HOME/redis/provider-token,
-    made on first use), which this host's senders show when PAYRUN_EMAIL_URL is unset.
+    made on first use), which this host's senders show when PAYRUN_EMAIL_URL is unset;
+    a replaced file is followed within a second, no restart needed.
     `payrun provider outage 90` and `payrun provider stats` talk to the running one."""
     from payrun import provider as provider_mod
 
@@ -1343,7 +1344,7 @@ def provider(c: Ctx, host: str | None, port: int | None, latency: float | None, 
     if host is not None and (why := config_mod.provider_host_problem(host)):
         raise click.BadParameter(why, param_hint="--host")
     _setup_logging()
-    token = provider_mod.local_token(c.cfg)
+    token = provider_mod.local_token_file(c.cfg)  # (followed when the file is replaced)
     try:
         provider_mod.run(host or p.host, port if port is not None else p.port,
                          latency if latency is not None else p.latency_s, rate if rate is not None else p.rate_per_s,

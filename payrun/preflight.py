@@ -560,12 +560,10 @@ def _email(cfg, rep: Report) -> None:
     except Exception as e:  # noqa: BLE001 - every way a provider can refuse, in one line
         from payrun.text import visible
 
-        from payrun.provider import token_path
-
         local = "" if cfg.email.url else (
-            f" (the local provider simulator: it reads its token, {token_path(cfg)}, as it starts: restart it, "
-            "`supervisorctl restart provider`)" if "token" in str(e) else
-            " (the local provider simulator: `payrun up` starts it)")
+            " (the local provider simulator: the one listening there is another data directory's, or one "
+            "started before payrun followed a replaced token file: `supervisorctl restart provider`)"
+            if "token" in str(e) else " (the local provider simulator: `payrun up` starts it)")
         rep.add("email", FAIL, f"{shown}: {visible(str(e))[:300]}{local}")
         return
     rep.add("email", OK, f"{shown}: {said} (nothing was sent)")

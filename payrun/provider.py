@@ -204,11 +204,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return None
 
     def _authorized(self) -> bool:
-        token = self.server.provider.token
+        p = self.server.provider
+        token = p.token
         if token is None:
             return True
         given = self.headers.get("Authorization", "").encode("utf-8", "replace")
-        return hmac.compare_digest(given, f"Bearer {token}".encode("utf-8"))  # (no timing to guess it by)
+        if hmac.compare_digest(given, f"Bearer {token}".encode("utf-8")):  # (no timing to guess it by)
+            return True
+        # a sender that read a replaced token file before we looked at it: look now (a stat)
+        now = p.token_now()
+        return now != token and hmac.compare_digest(given, f"Bearer {now}".encode("utf-8"))
 
     def _route(self, method: str) -> None:
         path = urlsplit(self.path).path
@@ -375,18 +380,31 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class Provider:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, latency_s: float = 1.2,
                  rate_per_s: float = 40.0, clock: Callable[[], float] = time.monotonic,
-                 token: str | None = None):
+                 token: "str | TokenFile | None" = None):
+        """``token``: what every request must show (``Authorization: Bearer``); a
+        ``TokenFile`` (`payrun provider`'s) is followed when the file is replaced."""
         self.host = host
         self.latency_s = float(latency_s)
         self.rate_per_s = float(rate_per_s)
         if self.rate_per_s <= 0:
             raise ValueError(f"rate_per_s must be > 0 (got {rate_per_s})")
-        self.token = token
+        self._token = token
         self.state = _State(clock)
         self._server = _Server((host, port), _Handler, self)
         self.port: int = self._server.server_address[1]
         self.url = f"http://{host}:{self.port}"
         self._thread: threading.Thread | None = None
+
+    @property
+    def token(self) -> str | None:
+        """The token required now (a token file is looked at, one stat, at most once a second)."""
+        t = self._token
+        return t if t is None or isinstance(t, str) else t.current()
+
+    def token_now(self) -> str | None:
+        """The token required, the token file looked at now (after a refused request)."""
+        t = self._token
+        return t if t is None or isinstance(t, str) else t.refresh()
 
     # -- lifecycle
     def start(self) -> "Provider":
@@ -487,7 +505,79 @@ class Provider:
 
 TOKEN_NAME = "provider-token"
 """The local provider's bearer token: a file beside the embedded Redis's password
-(``$PAYRUN_HOME/redis/provider-token``, 0600, made once on first use, never printed)."""
+(``$PAYRUN_HOME/redis/provider-token``, 0600, made once on first use, never printed).
+Replaced (atomically: written beside, 0600, then renamed into place), `payrun provider`
+and this host's senders take the new one without a restart (``TokenFile``)."""
+
+TOKEN_CHECK_S = 1.0
+"""How often, at most, a running `payrun provider` looks (one stat) whether its token file
+was replaced; it also looks at once when a request shows another token."""
+
+
+class TokenFile:
+    """A token read from its file and re-read when the file was replaced or rewritten
+    (its inode, size or times changed: ``redis_server.secret_signature``), so a new token
+    needs no restart. ``current()`` looks at the file (one stat) at most every
+    ``check_every_s``; ``refresh()`` looks now (after a refusal). A file gone missing, empty,
+    or readable by others and not ours to fix keeps the token read last (logged, with the
+    path, never the token). The first read happens here and raises as ``local_token`` would."""
+
+    def __init__(self, path: Path, *, check_every_s: float = TOKEN_CHECK_S,
+                 clock: Callable[[], float] = time.monotonic):
+        from payrun import redis_server
+
+        self.path = Path(path)
+        self.check_every_s = float(check_every_s)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._token, self._sig = redis_server.read_secret(self.path)
+        if not self._token:
+            from payrun.errors import ConfigError
+
+            raise ConfigError(f"{self.path} is empty: remove it (a new token is made) or write one into it")
+        self._next = clock() + self.check_every_s
+        self._trouble: str | None = None
+
+    def __repr__(self) -> str:  # never the token
+        return f"TokenFile({str(self.path)!r})"
+
+    def current(self) -> str:
+        if self._clock() >= self._next:
+            with self._lock:
+                if self._clock() >= self._next:
+                    self._look()
+        return self._token
+
+    def refresh(self) -> str:
+        with self._lock:
+            self._look()
+        return self._token
+
+    def _look(self) -> None:
+        from payrun import redis_server
+        from payrun.errors import ConfigError
+
+        self._next = self._clock() + self.check_every_s
+        try:
+            if redis_server.secret_signature(os.stat(self.path)) == self._sig:
+                return
+            token, sig = redis_server.read_secret(self.path)
+        except (OSError, ConfigError) as e:
+            why = f"{e.strerror}" if isinstance(e, OSError) and e.strerror else str(e)
+            self._keep(f"cannot read {self.path} ({why})")
+            return
+        if not token:
+            self._keep(f"{self.path} is empty")  # (a writer mid-way: looked at again, as it changes)
+            return
+        changed = token != self._token
+        self._token, self._sig, self._trouble = token, sig, None
+        if changed:
+            log.info("the token in %s was replaced: using the new one", self.path)
+
+    def _keep(self, trouble: str) -> None:
+        if trouble != self._trouble:
+            log.warning("%s: keeping the token read before", trouble)
+            self._trouble = trouble
 
 
 def token_path(cfg) -> Path:
@@ -504,16 +594,25 @@ def local_token(cfg) -> str:
     return redis_server.local_secret(cfg, TOKEN_NAME)
 
 
-def email_token(cfg, environ: dict[str, str] | None = None) -> str | None:
+def local_token_file(cfg) -> TokenFile:
+    """The data directory's token (made on first use) as a ``TokenFile``: what `payrun
+    provider` requires and its senders show, followed when the file is replaced."""
+    local_token(cfg)  # (made if missing, owner-only checked)
+    return TokenFile(token_path(cfg))
+
+
+def email_token(cfg, environ: dict[str, str] | None = None) -> str | TokenFile | None:
     """The token a sender shows the provider (pure but for the file): PAYRUN_EMAIL_TOKEN
-    when set; else, with no email URL (the local provider of this host's ``payrun up``),
-    the data directory's own; else none. A worker-only host always has an email URL (`up
-    --role worker` refuses one without), so it never makes or reads the local token."""
+    when set (a str); else, with no email URL (the local provider of this host's ``payrun
+    up``), the data directory's own (a ``TokenFile``: its path is named when the provider
+    refuses it, and a replaced file is read again); else none. A worker-only host always
+    has an email URL (`up --role worker` refuses one without), so it never makes or reads
+    the local token."""
     env = os.environ if environ is None else environ
     if env.get("PAYRUN_EMAIL_TOKEN"):
         return env["PAYRUN_EMAIL_TOKEN"]
     if not cfg.email.url:
-        return local_token(cfg)
+        return local_token_file(cfg)
     return None
 
 
@@ -548,8 +647,9 @@ def admin(cfg, method: str, path: str, doc: Any = None, *, host: str | None = No
     finally:
         conn.close()
     if resp.status == 401:
-        raise AdminError(f"the provider at {host}:{port} refused {tf}: it was started with another token, or is "
-                         f"another data directory's (restart it: `supervisorctl restart provider` after "
+        raise AdminError(f"the provider at {host}:{port} refused {tf}: it is another data directory's (run this "
+                         f"with the PAYRUN_HOME `payrun up` runs in), or one too old to follow a replaced token "
+                         f"file (restart it: `supervisorctl restart provider` after "
                          f"`eval \"$(payrun supervisor-env)\"`)")
     try:
         out = json.loads(raw) if raw else {}
@@ -561,7 +661,7 @@ def admin(cfg, method: str, path: str, doc: Any = None, *, host: str | None = No
     return out
 
 
-def run(host: str, port: int, latency_s: float, rate_per_s: float, token: str | None = None) -> None:
+def run(host: str, port: int, latency_s: float, rate_per_s: float, token: "str | TokenFile | None" = None) -> None:
     """Serve until SIGTERM/SIGINT (for ``payrun provider``); must run in the main thread."""
     provider = Provider(host=host, port=port, latency_s=latency_s, rate_per_s=rate_per_s, token=token)
     stop = threading.Event()

@@ -64,14 +64,32 @@ def _secret(cfg: Config, name: str) -> str:
     if not pw_file.exists():
         private_dir(cfg.redis_dir)
         _create_secret(pw_file)
-    st = pw_file.stat()
-    if st.st_mode & 0o077:
-        if st.st_uid != os.getuid():
-            from payrun.errors import ConfigError
+    return read_secret(pw_file)[0]
 
-            raise ConfigError(f"{pw_file} can be read by others and is not ours to fix: chmod 600 it")
-        os.chmod(pw_file, 0o600)  # a secret others could read: owner-only again
-    return pw_file.read_text().strip()
+
+def secret_signature(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What changes when a secret's file is replaced (a new inode: ``_create_secret``'s
+    link, or a rename into place) or rewritten in place (size, mtime; ctime as well, for
+    an inode number reused within one mtime tick)."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def read_secret(path: Path) -> tuple[str, tuple[int, int, int, int]]:
+    """A secret file's text and the ``secret_signature`` of the file it was read from
+    (fstat of the open file: a file renamed into place meanwhile is not mistaken for it):
+    made owner-only (0600) if others could read it and it is ours, ConfigError if it is
+    not ours to fix. OSError if it cannot be read."""
+    fd = os.open(path, os.O_RDONLY)
+    with os.fdopen(fd, "r") as f:
+        st = os.fstat(fd)
+        if st.st_mode & 0o077:
+            if st.st_uid != os.getuid():
+                from payrun.errors import ConfigError
+
+                raise ConfigError(f"{path} can be read by others and is not ours to fix: chmod 600 it")
+            os.fchmod(fd, 0o600)  # a secret others could read: owner-only again
+            st = os.fstat(fd)
+        return f.read().strip(), secret_signature(st)
 
 
 def _create_secret(path: Path) -> None:

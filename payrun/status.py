@@ -220,9 +220,12 @@ def outage_text(out: dict[str, Any], tz: str) -> str:
     now = (f"every sender paused for {out['paused_for_s']:.0f} s more, then one send probes it"
            if out["state"] == "paused" else "one send at a time probes it")
     if out["last_error"].startswith("AccountRefused"):  # not down: it refuses us until someone fixes it
-        # the action first: the engineer at 02:00 reads the start of the line
-        return (f"the email provider refuses our credentials since {since}: fix the token or login "
-                f"(PAYRUN_EMAIL_TOKEN; SMTP: PAYRUN_SMTP_PASSWORD), and the sends held back go out (each spends "
+        # the action first: the engineer at 02:00 reads the start of the line; the token
+        # where it came from (jobs.mail names the local provider's file when it was that)
+        fix = ("the local provider's token file (`payrun provider` and its senders must share one PAYRUN_HOME)"
+               if "the local provider's token in " in out["last_error"] else
+               "the token or login (PAYRUN_EMAIL_TOKEN; SMTP: PAYRUN_SMTP_PASSWORD)")
+        return (f"the email provider refuses our credentials since {since}: fix {fix}, and the sends held back go out (each spends "
                 f"no attempt for its first {OUTAGE_HOLDS_PER_JOB} holds); {now}; {out['failed_in_a_row']:,} sends "
                 f"in a row refused, last: {cut(visible(out['last_error']), 160)}")
     return (f"the email provider is down since {since} ({out['failed_in_a_row']:,} sends in a row failed, last: "

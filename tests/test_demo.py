@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -82,3 +83,72 @@ def test_a_demo_that_gives_up_counts_what_the_provider_delivered(tmp_path):
     assert total and delivered, out[-3000:]
     sent = int(total.group(1).replace(",", ""))
     assert 0 < sent < 1500 and sent == int(delivered.group(1).replace(",", "")), out[-3000:]
+
+
+def test_the_demos_provider_refuses_anyone_without_its_token(tmp_path):
+    """The demo's provider holds a run's recipients and subjects, and takes an outage or a
+    reset of its dedupe: asked while the demo runs, without its token or with a wrong
+    one, every endpoint answers 401, and nothing asked that way was accepted or done (the
+    run delivers each slip once, its counts untouched)."""
+    import http.client
+    import json
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PAYRUN_REDIS_URL", "PAYRUN_EMAIL_URL", "PAYRUN_CONFIG", "PAYRUN_EMAIL_TOKEN")}
+    env["PAYRUN_HOME"] = str(tmp_path / "home")
+    proc = subprocess.Popen([sys.executable, "-m", "payrun.cli", "demo", "--employees", "12", "--companies", "2",
+                             "--timeout", "240"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: list[str] = []
+    try:
+        for line in proc.stderr:  # (ends if the demo exits: then the assertion below says so)
+            seen.append(line)
+            if m := re.match(r"local email provider at http://127\.0\.0\.1:(\d+) ", line):
+                port = int(m.group(1))
+                break
+        else:
+            raise AssertionError("the demo named no local provider:\n" + "".join(seen))
+
+        def ask(method, path, doc=None, token=None, key=None):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                headers = {"Content-Type": "application/json"}
+                if token is not None:
+                    headers["Authorization"] = f"Bearer {token}"
+                if key is not None:
+                    headers["Idempotency-Key"] = key
+                conn.request(method, path, body=None if doc is None else json.dumps(doc).encode(), headers=headers)
+                resp = conn.getresponse()
+                raw = resp.read()
+                return resp.status, resp.getheader("WWW-Authenticate"), raw
+            finally:
+                conn.close()
+
+        slip = {"to": "intruder@meghna.example", "to_name": "X", "from": "x@payrun.localhost", "subject": "x",
+                "text": "x", "attachments": []}
+        asks = [("POST", "/v1/messages", slip, "slip:2026-11:intruder"), ("GET", "/v1/messages/slip:2026-11:e1", None, None),
+                ("GET", "/v1/stats", None, None), ("POST", "/v1/admin/reset", {}, None),
+                ("POST", "/v1/admin/outage", {"seconds": 600}, None), ("POST", "/v1/admin/config", {"rate_per_s": 0.5}, None)]
+        for method, path, doc, key in asks:
+            for token in (None, "a-guess", ""):
+                status, challenge, raw = ask(method, path, doc, token, key)
+                assert (status, challenge) == (401, "Bearer"), (method, path, token, status)
+                assert b"intruder" not in raw and b"meghna" not in raw
+        # with the demo's own token (the data directory's file; the test is its owner):
+        # nothing of the above was taken
+        token = (tmp_path / "home" / "demo" / "redis" / "provider-token").read_text().strip()
+        assert ask("GET", "/v1/messages/slip:2026-11:intruder", token=token)[0] == 404
+        stats = json.loads(ask("GET", "/v1/stats", token=token)[2])
+        assert stats["unauthorized"] == 3 and stats["outage_s_left"] == 0 and stats["rate_per_s"] > 0.5, stats
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:  # (an assertion failed) SIGINT: the demo stops its workers and Redis
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, ("".join(seen) + err)[-3000:]
+    m = re.search(r"provider: (\d+) delivered, (\d+) duplicates refused, (\d+) throttled \(429\), (\d+) rejected", out)
+    assert m and tuple(map(int, m.groups())) == (12, 0, 0, 0), out[-3000:]
+    assert token not in out + err + "".join(seen)

@@ -353,6 +353,45 @@ def test_a_provider_refusing_our_credentials_is_an_outage_not_a_run_of_permanent
     assert read_outage(conn) is None
 
 
+def test_the_refusal_note_names_the_local_providers_token_file_when_that_was_refused():
+    """The note said "fix the token or login (PAYRUN_EMAIL_TOKEN; ...)" when that variable
+    was not set and the refused token was the local provider's file: it names the file's
+    rule then (the path is in the last error, which jobs.mail words so)."""
+    from jobs import events, mail
+    from jobs.errors import AccountRefused
+    from payrun.provider import Provider
+    from payrun.status import outage_text
+
+    class OtherHomesFile:  # (a TokenSource: the token file of another data directory)
+        path = "/srv/payrun/redis/provider-token"
+
+        def current(self):
+            return "not-the-providers"
+
+        refresh = current
+
+    provider = Provider(latency_s=0, rate_per_s=100, token="the-providers").start()
+    try:
+        with pytest.raises(AccountRefused) as ei:
+            mail.transport_for(provider.url, 5, token=OtherHomesFile()).send(
+                mail.Message(to_addr="a@meghna.example", to_name="A", subject="s", text_body="t",
+                             attachment_name="s.pdf", attachment_bytes=b"%PDF", idempotency_key="slip:2026-11:a",
+                             sender="p@payrun.localhost"))
+    finally:
+        provider.stop()
+    out = {"outage_since": 1_796_000_000.0, "since": 1_796_000_000.0, "state": "probing", "paused_for_s": 0,
+           "failed_in_a_row": 12,  # (the last error as jobs.tasks records it)
+           "last_error": f"{type(ei.value).__name__}: {events.one_line(ei.value, 200)}"}
+    note = outage_text(out, "Asia/Dhaka")
+    assert note.startswith("the email provider refuses our credentials since "), note
+    assert ("fix the local provider's token file (`payrun provider` and its senders must share one PAYRUN_HOME), "
+            in note) and "PAYRUN_EMAIL_TOKEN" not in note, note
+    assert "/srv/payrun/redis/provider-token" in note
+    out["last_error"] = ("AccountRefused: the provider refused our credentials, check PAYRUN_EMAIL_TOKEN (the "
+                         "provider's token): provider api.mail.example:443: HTTP 401 bad token")
+    assert "fix the token or login (PAYRUN_EMAIL_TOKEN; SMTP: PAYRUN_SMTP_PASSWORD)" in outage_text(out, "Asia/Dhaka")
+
+
 # ---- what the on-call engineer sees ------------------------------------------------------
 
 

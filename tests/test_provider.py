@@ -457,8 +457,284 @@ def test_a_senders_token_the_environment_first_then_the_local_providers(tmp_path
     cfg = config_mod.load(None, env={"PAYRUN_HOME": str(tmp_path)})
     assert email_token(cfg, {"PAYRUN_EMAIL_TOKEN": "theirs"}) == "theirs"
     assert not (tmp_path / "redis").exists()
-    mine = email_token(cfg, {})  # no email URL: the local provider's, made on first use
-    assert mine == local_token(cfg) == (tmp_path / "redis" / "provider-token").read_text().strip()
+    mine = email_token(cfg, {})  # no email URL: the local provider's file, made on first use
+    assert mine.path == tmp_path / "redis" / "provider-token"
+    assert mine.current() == local_token(cfg) == (tmp_path / "redis" / "provider-token").read_text().strip()
+    assert mine.current() not in repr(mine)
     real = dataclasses.replace(cfg, email=dataclasses.replace(cfg.email, url="https://api.mail.example"))
     assert email_token(real, {}) is None  # never shown to another provider
 
+
+
+# ---- the token file replaced: followed by `payrun provider` and its senders ------------
+
+def _replace_token(path, token: str) -> None:
+    """Replace a token file as payrun's rule for secrets wants it (``_create_secret``): the
+    new one written beside, 0600, then moved into place in one step."""
+    tmp = path.with_name(f".{path.name}.test")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    os.replace(tmp, path)
+
+
+def _slip(key: str):
+    from jobs import mail
+
+    return mail.Message(to_addr="tanvir.ahmed@meghna.example", to_name="Tanvir Ahmed", subject="Salary slip",
+                        text_body="attached", attachment_name="slip.pdf", attachment_bytes=PDF,
+                        idempotency_key=key, sender="Payroll <payroll@payrun.localhost>")
+
+
+class _PayrunProvider:
+    """`payrun provider` as supervisord starts it (no option), in its own process, for the
+    data directory ``home``; senders of this host in this process (``sender``)."""
+
+    def __init__(self, tmp_path, monkeypatch):
+        from conftest import wait_for
+
+        self.home = tmp_path / "home"
+        self.home.mkdir()
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        self.conf = tmp_path / "payrun.toml"
+        self.conf.write_text(f"[provider]\nport = {self.port}\nlatency_s = 0.0\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PAYRUN_")}
+        env.update(PAYRUN_HOME=str(self.home), PAYRUN_CONFIG=str(self.conf))
+        self.monkeypatch = monkeypatch
+        self.proc = subprocess.Popen([sys.executable, "-m", "payrun.cli", "provider"], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.out = ""
+
+        def listening():
+            try:
+                return _status(self.port, "GET", "/v1/stats")
+            except OSError:
+                assert self.proc.poll() is None, "the provider exited"
+                return None
+
+        try:
+            assert wait_for(listening, timeout_s=30, what="the provider to listen") == 401
+        except BaseException:
+            self.stop()
+            raise
+        self.token_file = self.home / "redis" / "provider-token"
+
+    def sender(self, home=None, **env):
+        """A send-email worker's transport (``tasks.transport``), PAYRUN_EMAIL_URL unset."""
+        from jobs import tasks
+
+        for k in ("PAYRUN_EMAIL_URL", "PAYRUN_EMAIL_TOKEN", "PAYRUN_REDIS_URL"):
+            self.monkeypatch.delenv(k, raising=False)
+        self.monkeypatch.setenv("PAYRUN_HOME", str(home or self.home))
+        self.monkeypatch.setenv("PAYRUN_CONFIG", str(self.conf))
+        for k, v in env.items():
+            self.monkeypatch.setenv(k, v)
+        tasks.settings.cache_clear()
+        tasks._transports.clear()
+        try:
+            return tasks.transport()
+        finally:
+            tasks._transports.clear()
+            tasks.settings.cache_clear()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        self.out = self.proc.communicate(timeout=30)[0]
+
+
+def test_a_refused_senders_words_name_where_its_token_came_from(tmp_path, monkeypatch):
+    """It said "check PAYRUN_EMAIL_TOKEN" when that was not set and the token came from the
+    data directory's file: now the file and the rule (one PAYRUN_HOME for `payrun provider`
+    and its senders), or the variable when that was the source; never the token."""
+    from jobs.errors import AccountRefused
+
+    prov = _PayrunProvider(tmp_path, monkeypatch)
+    try:
+        # a sender run with another data directory: its own file's token, refused
+        other = tmp_path / "other-home"
+        t = prov.sender(home=other)
+        mine = (other / "redis" / "provider-token").read_text().strip()
+        with pytest.raises(AccountRefused) as ei:
+            t.send(_slip("slip:2026-11:e1"))
+        said = str(ei.value)
+        assert said.startswith(f"the provider refused our credentials, the local provider's token in "
+                               f"{other / 'redis' / 'provider-token'} (`payrun provider` and its senders must share "
+                               f"one data directory, PAYRUN_HOME): provider 127.0.0.1:{prov.port}: HTTP 401"), said
+        assert "PAYRUN_EMAIL_TOKEN" not in said and mine not in said
+        with pytest.raises(ValueError) as ei:
+            t.probe()  # `payrun check`: the same source named
+        assert str(ei.value) == (f"the provider refused our token (401), the local provider's token in "
+                                 f"{other / 'redis' / 'provider-token'} (PAYRUN_EMAIL_TOKEN is not set): "
+                                 f"`payrun provider` and its senders must share one data directory, PAYRUN_HOME")
+        t.close()
+
+        # PAYRUN_EMAIL_TOKEN set (and wrong): the variable, not the file
+        t = prov.sender(PAYRUN_EMAIL_TOKEN="a-stale-token")
+        with pytest.raises(AccountRefused) as ei:
+            t.send(_slip("slip:2026-11:e1"))
+        said = str(ei.value)
+        assert said.startswith("the provider refused our credentials, check PAYRUN_EMAIL_TOKEN (the provider's "
+                               f"token): provider 127.0.0.1:{prov.port}: HTTP 401"), said
+        assert "provider-token" not in said and "a-stale-token" not in said
+        t.close()
+        token = prov.token_file.read_text().strip()
+        stats = json.loads(_body(prov.port, "/v1/stats", token))
+        assert stats["delivered"] == 0 and stats["unauthorized"] == 3  # (two sends and the probe)
+    finally:
+        prov.stop()
+    assert prov.proc.returncode == 0, prov.out
+
+
+def _body(port: int, path: str, token: str) -> bytes:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+        resp = conn.getresponse()
+        raw = resp.read()
+        assert resp.status == 200, (path, resp.status)
+        return raw
+    finally:
+        conn.close()
+
+
+def test_a_replaced_token_file_is_followed_by_the_provider_and_its_senders(tmp_path, monkeypatch):
+    """Both read the file once, as they started: a new token (the old one leaked, say)
+    meant restarting the provider and every sender, or each send was refused. Now the
+    provider looks at the file (one stat) at most once a second and its senders read it
+    again when refused: the next send after the change goes through, neither restarted,
+    and the old token is refused."""
+    from conftest import wait_for
+
+    prov = _PayrunProvider(tmp_path, monkeypatch)
+    try:
+        t = prov.sender()
+        old = prov.token_file.read_text().strip()
+        first = t.send(_slip("slip:2026-11:e1"))
+        assert first.startswith("msg-")
+
+        new = "replaced-" + os.urandom(18).hex()
+        _replace_token(prov.token_file, new)
+        assert oct(prov.token_file.stat().st_mode & 0o777) == "0o600"
+
+        def follows():  # the old token refused, the new one taken: without a restart
+            return (_status(prov.port, "GET", "/v1/stats", token=old) == 401
+                    and _status(prov.port, "GET", "/v1/stats", token=new) == 200)
+
+        wait_for(follows, timeout_s=10, what="the provider to take the replaced token file")
+        before = json.loads(_body(prov.port, "/v1/stats", new))["unauthorized"]
+        # the sender still holds the old token: refused once, reads the file, sends again
+        second = t.send(_slip("slip:2026-11:e2"))
+        assert second.startswith("msg-") and not second.duplicate
+        third = t.send(_slip("slip:2026-11:e3"))  # and goes on with the new one
+        assert third.startswith("msg-")
+        stats = json.loads(_body(prov.port, "/v1/stats", new))
+        assert stats["delivered"] == 3 and stats["duplicates_refused"] == 0
+        assert stats["unauthorized"] == before + 1, stats  # that one refusal, no more
+        assert prov.proc.poll() is None
+        t.close()
+    finally:
+        prov.stop()
+    assert prov.proc.returncode == 0, prov.out
+    assert old not in prov.out and new not in prov.out
+    assert f"the token in {prov.token_file} was replaced: using the new one" in prov.out
+
+
+def test_a_token_file_is_looked_at_once_a_second_or_when_asked(tmp_path, caplog):
+    """``TokenFile``: no look at the file (no stat) before its second is up; a replaced
+    file read then, or at once by ``refresh``; a file gone, empty or readable by others
+    keeps the token read last (fixed to 0600 when ours), and the words never show it."""
+    import logging
+
+    from payrun.provider import TokenFile
+
+    clock = FakeClock()
+    path = tmp_path / "provider-token"
+    _replace_token(path, "first-token")
+    tf = TokenFile(path, clock=clock)
+    assert tf.current() == "first-token"
+    _replace_token(path, "second-token")
+    assert tf.current() == "first-token"  # not looked at yet
+    clock.advance(1.0)
+    assert tf.current() == "second-token"
+    _replace_token(path, "third-token")
+    assert tf.refresh() == "third-token"  # looked at now (after a refusal)
+
+    with caplog.at_level(logging.WARNING, logger="payrun.provider"):
+        path.unlink()
+        assert tf.refresh() == "third-token"  # gone: the last one kept
+        path.write_text("")
+        os.chmod(path, 0o600)
+        assert tf.refresh() == "third-token"  # empty (a writer mid-way): kept
+        path.write_text("fourth-token\n")
+        os.chmod(path, 0o644)
+        assert tf.refresh() == "fourth-token" and path.stat().st_mode & 0o777 == 0o600
+    said = caplog.text
+    assert f"cannot read {path}" in said and f"{path} is empty" in said
+    assert "token" in said and not any(t in said for t in ("first-token", "third-token", "fourth-token"))
+    assert "fourth-token" not in repr(tf)
+
+
+def test_the_provider_takes_a_replaced_token_at_once_and_drops_the_old_within_a_second(tmp_path):
+    """A sender that read the new file before the provider looked is not refused (the
+    provider looks at once when shown another token); the old token works until the
+    provider's next look, at most a second later, then never again."""
+    from payrun.provider import TokenFile
+
+    clock = FakeClock()
+    path = tmp_path / "provider-token"
+    _replace_token(path, "old-token")
+    p = Provider(latency_s=0, rate_per_s=100, token=TokenFile(path, clock=clock)).start()
+    try:
+        assert Client(p, "old-token").stats()["unauthorized"] == 0
+        _replace_token(path, "new-token")
+        assert Client(p, "new-token").call("GET", "/v1/stats")[0] == 200  # at once
+        assert Client(p, "a-guess").call("GET", "/v1/stats")[0] == 401
+        clock.advance(1.0)
+        assert Client(p, "old-token").call("GET", "/v1/stats")[0] == 401
+        assert Client(p, "new-token").call("GET", "/v1/stats")[0] == 200
+    finally:
+        p.stop()
+
+
+def test_a_sender_with_a_token_file_does_not_look_at_it_while_its_token_is_taken():
+    """The send path is benchmarked: an accepted token costs no look at the file, not
+    even a stat; only a refusal reads it again (and a token it did not change is refused
+    once, with the file named)."""
+    from jobs import mail
+    from jobs.errors import AccountRefused
+
+    class Counted:
+        path = "/data/redis/provider-token"
+
+        def __init__(self, token):
+            self.token, self.looks = token, 0
+
+        def current(self):
+            self.looks += 1
+            return self.token
+
+        def refresh(self):
+            self.looks += 1
+            return self.token
+
+    p = Provider(latency_s=0, rate_per_s=1000, token="right").start()
+    try:
+        src = Counted("right")
+        t = mail.transport_for(p.url, 5, token=src)
+        assert src.looks == 1  # the first read
+        for i in range(20):
+            assert t.send(_slip(f"slip:2026-11:e{i}")).startswith("msg-")
+        assert src.looks == 1
+        wrong = Counted("wrong")
+        t2 = mail.transport_for(p.url, 5, token=wrong)
+        with pytest.raises(AccountRefused, match="the local provider's token in /data/redis/provider-token"):
+            t2.send(_slip("slip:2026-11:x"))
+        assert wrong.looks == 2 and p.stats()["unauthorized"] == 1  # read again; not sent again
+        t.close()
+        t2.close()
+    finally:
+        p.stop()
