@@ -212,8 +212,13 @@ def page(conn, ledger, flt: FailedFilter, offset: int = 0, limit: int = 50) -> F
                 p.hget(f"rq:job:{r['id']}", "meta")
             res = p.execute()
         for i, r in enumerate(rows):
+            m = _meta(res[2 * i + 1])
             r["in_redis"] = res[2 * i] is not None
-            r["permanent"] = bool(_meta(res[2 * i + 1]).get("permanent"))
+            r["permanent"] = bool(m.get("permanent"))
+            # failed unread: it never ran, 0 attempts, as `payrun failed` and the unfiltered list
+            # say (a worker of the version before told the ledger it ran once: attempts 1)
+            if never_ran(m, r["error"]):
+                r["attempts"] = 0
         return FailedPage(rows, total, offset, flt, "ledger", time.perf_counter() - t0)
     if flt.uses_ledger:  # no ledger file: scan Redis (correct, slower)
         ids = matching_ids(conn, None, flt)

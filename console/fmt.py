@@ -6,6 +6,8 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from rich.cells import cell_len
+
 from payrun.status import hr_line
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -21,12 +23,28 @@ def spark(values: list[int]) -> str:
     return "".join(BARS[min(len(BARS) - 1, round(v / top * (len(BARS) - 1)))] for v in values)
 
 
-def clip(text: str, width: int) -> str:
-    """``text`` in ``width`` characters: whole, or cut at a word with "…" ("Mahananda Tea
-    Estates Li" at 80 columns read as a name of its own)."""
-    if len(text) <= width:
+def cells_head(text: str, width: int) -> str:
+    """The longest start of ``text`` that takes at most ``width`` terminal columns, each
+    character with the combining marks after it (display width, not ``len``: a Bengali
+    name's vowel signs and virama take no column of their own, a CJK character two)."""
+    if cell_len(text) <= width:
         return text
-    cut = text[: max(0, width - 1)]
+    used = 0
+    for i, ch in enumerate(text):
+        used += cell_len(ch)
+        if used > width:
+            return text[:i]
+    return text
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` in ``width`` terminal columns: whole, or cut at a word with "…" ("Mahananda
+    Tea Estates Li" at 80 columns read as a name of its own). Columns, not characters:
+    cut by ``len`` a Bengali name (marks with no column) left its column short and
+    "…" too early, a CJK one (two columns a character) ran past it."""
+    if cell_len(text) <= width:
+        return text
+    cut = cells_head(text, max(0, width - 1))
     if " " in cut.strip() and text[len(cut)] != " ":
         cut = cut[: cut.rstrip().rindex(" ")]
     return cut.rstrip(" ,;:-") + "…"

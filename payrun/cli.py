@@ -819,9 +819,17 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
     if row:
         # attempts= counts the attempts spent, as in `payrun failed`; tries that spent none beside
         spent, held, returned = tries_counts(row)
+        # failed unread (its data missing or not JSON): it never ran, attempts=0 as `payrun failed`
+        # says; a worker of the version before told the ledger of a try (attempts=1, a #1 line)
+        never = row["status"] == "failed" and deadletters.never_ran({}, row.get("last_error") or "")
+        if never:
+            spent, held, returned = 0, 0, 0
         click.echo(f"{row['id']}  {row['kind']}  {row['status']}  attempts={spent}{_free_tries(held, returned)}  "
                    f"key={row['key']}")
-        if any(h.get("outcome") in NO_ATTEMPT_OUTCOMES for h in row["history"]):
+        if never and row["history"]:
+            click.echo("never ran: its data cannot be read (a worker of an earlier version counted the try "
+                       "below before reading it)")
+        elif any(h.get("outcome") in NO_ATTEMPT_OUTCOMES for h in row["history"]):
             click.echo(tries_text(row))
         if row.get("last_error"):
             earlier = " (of an earlier attempt)" if row["status"] == "done" else ""

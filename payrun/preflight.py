@@ -16,6 +16,7 @@ tested on their own; the checks that read the system are below them.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import time
@@ -140,6 +141,43 @@ def disk_verdict(free_bytes: int, slips: int, slip_bytes: int) -> tuple[str, str
     if free_bytes < need:
         return WARN, text + " (with little to spare)"
     return OK, text
+
+
+def store_write_text(store: Path, err: OSError, user: str) -> str:
+    """Why the slip store's test file could not be made, and what to do, by its errno (its
+    strerror alone said "No such file or directory" of a store that is there, on /proc)."""
+    code = err.errno
+    if code == errno.EROFS:
+        todo = "its file system is mounted read-only: mount it read-write (every slip is written there)"
+    elif code in (errno.EACCES, errno.EPERM):
+        todo = (f"this account ({user}) may not write there: the store must belong to the account payrun runs "
+                f"as (chown -R {user} {store})")
+    elif code in (errno.ENOSPC, errno.EDQUOT):
+        todo = "no room for a 4 KiB file: free space (`payrun prune --slips`) or raise the quota"
+    elif code in (errno.ENOENT, errno.ENOTDIR):
+        todo = ("no file can be made in it (a virtual file system such as /proc or /sys, or it went away): set "
+                "PAYRUN_SLIPS_DIR to a directory on a disk")
+    else:
+        todo = "set PAYRUN_SLIPS_DIR to a directory this account can write to"
+    return f"{store}: a slip cannot be written there ({err.strerror or err}): {todo}"
+
+
+def store_missing_text(store: Path) -> str:
+    """What to do about a slip store that is not a directory: `payrun up` makes a missing
+    one, but not under a file (PAYRUN_SLIPS_DIR=/srv/slips.tar/slips) nor over one."""
+    if store.is_symlink() and not store.exists():
+        return (f"the slip store {store} is a symlink to {os.readlink(store)}, which is not there: mount the "
+                "shared store, or point the symlink at it")
+    if store.exists():
+        return f"the slip store {store} is a file, not a directory: set PAYRUN_SLIPS_DIR to a directory (or move the file)"
+    for parent in store.parents:
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                return (f"no slip store at {store}, and none can be made there: {parent} is a file, not a directory; "
+                        "set PAYRUN_SLIPS_DIR to a directory (or move the file)")
+            break
+    return (f"no slip store at {store}: `payrun up` makes it (mount the shared store first on "
+            "a multi-host setup)")
 
 
 def redis_memory_verdict(used: int, maxmemory: int, policy: str, slips: int, embedded: bool) -> tuple[str, str]:
@@ -572,8 +610,7 @@ def _email(cfg, rep: Report) -> None:
 def _slips(cfg, rep: Report, slips: int, slip_bytes: int) -> None:
     store: Path = cfg.slips_dir
     if not store.is_dir():
-        rep.add("slips", FAIL, f"no slip store at {store}: `payrun up` makes it (mount the shared store first on "
-                               "a multi-host setup)")
+        rep.add("slips", FAIL, store_missing_text(store))
         return
     probe = store / f".payrun-check-{os.getpid()}"
     try:
@@ -584,7 +621,7 @@ def _slips(cfg, rep: Report, slips: int, slip_bytes: int) -> None:
         finally:
             os.close(fd)
     except OSError as e:
-        rep.add("slips", FAIL, f"{store}: a slip cannot be written there ({e.strerror or e})")
+        rep.add("slips", FAIL, store_write_text(store, e, _account()))
         return
     finally:
         try:
@@ -598,6 +635,16 @@ def _slips(cfg, rep: Report, slips: int, slip_bytes: int) -> None:
         rep.add("slips", level, f"{store}: writable; {text}")
     else:
         rep.add("slips", OK, f"{store}: writable; {_size(free)} free")
+
+
+def _account() -> str:
+    """The account this process runs as (its uid's name, not $USER: sudo keeps that)."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.geteuid())
 
 
 def _estimate(cfg, conn, rep: Report, slips: int, render_s: float, live: dict[str, int] | None,

@@ -5,11 +5,13 @@ HTTP provider and a real SMTP server (aiosmtpd). No check may send or enqueue an
 from __future__ import annotations
 
 import json
+import os
 import socket
 import ssl
 import threading
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -453,3 +455,70 @@ def test_a_worker_host_checks_what_that_host_needs(cfg, conn):
     assert any(c["level"] == FAIL and "no pdf-render worker" in c["text"] for c in data["checks"]), data
     refused = CliRunner().invoke(cli, ["check", "--month", "2026-11"])
     assert refused.exit_code == 2 and "--month is for the control host" in refused.output
+
+
+# ---- a slip store this host cannot write to (as root: chmod stops no one) --------------
+
+def test_what_to_do_about_a_slip_store_that_cannot_be_written_is_said_by_its_errno(tmp_path):
+    import errno
+
+    store = tmp_path / "slips"
+    said = {code: preflight.store_write_text(store, OSError(code, os.strerror(code)), "payrun")
+            for code in (errno.EROFS, errno.EACCES, errno.ENOSPC, errno.ENOENT, errno.EIO)}
+    assert said[errno.EROFS] == (f"{store}: a slip cannot be written there (Read-only file system): its file system "
+                                 "is mounted read-only: mount it read-write (every slip is written there)")
+    assert f"(chown -R payrun {store})" in said[errno.EACCES]
+    assert "`payrun prune --slips`" in said[errno.ENOSPC]
+    assert "(No such file or directory): no file can be made in it (a virtual file system" in said[errno.ENOENT]
+    assert said[errno.EIO].endswith("set PAYRUN_SLIPS_DIR to a directory this account can write to")
+    # not a directory: `payrun up` makes a missing one, but none under a file
+    assert "`payrun up` makes it" in preflight.store_missing_text(store)
+    (tmp_path / "afile").write_text("x")
+    assert preflight.store_missing_text(tmp_path / "afile") == (
+        f"the slip store {tmp_path / 'afile'} is a file, not a directory: set PAYRUN_SLIPS_DIR to a directory "
+        "(or move the file)")
+    assert preflight.store_missing_text(tmp_path / "afile" / "a" / "slips") == (
+        f"no slip store at {tmp_path / 'afile' / 'a' / 'slips'}, and none can be made there: {tmp_path / 'afile'} is a "
+        "file, not a directory; set PAYRUN_SLIPS_DIR to a directory (or move the file)")
+    (tmp_path / "gone").symlink_to(tmp_path / "unmounted")
+    assert "is a symlink to" in preflight.store_missing_text(tmp_path / "gone")
+
+
+def _slips_check(cfg, monkeypatch, store) -> tuple[int, dict, str]:
+    """`payrun check` of a worker host (its part has the slip store, and needs no payroll data)."""
+    (cfg.home / "supervisor.role").write_text("worker\n")
+    monkeypatch.setenv("PAYRUN_SLIPS_DIR", str(store))
+    out = CliRunner().invoke(cli, ["check", "--no-email", "--json"], catch_exceptions=False)
+    finding = next(c for c in json.loads(out.output)["checks"] if c["area"] == "slips")
+    return out.exit_code, finding, CliRunner().invoke(cli, ["check", "--no-email"]).output
+
+
+def test_payrun_check_fails_a_slip_store_under_a_file_and_makes_nothing(cfg, monkeypatch):
+    """PAYRUN_SLIPS_DIR under a regular file (ENOTDIR, which root meets too): it said
+    "`payrun up` makes it", which cannot."""
+    blocker = cfg.home / "slips.tar"
+    blocker.write_bytes(b"not a directory")
+    store = blocker / "slips"
+    code, finding, text = _slips_check(cfg, monkeypatch, store)
+    assert code == 1 and finding["level"] == FAIL, finding
+    assert finding["text"] == (f"no slip store at {store}, and none can be made there: {blocker} is a file, not a "
+                               "directory; set PAYRUN_SLIPS_DIR to a directory (or move the file)")
+    assert "FAIL  slips" in text and "`payrun up` makes it" not in text, text
+    assert blocker.read_bytes() == b"not a directory" and not (cfg.home / "slips").exists()
+
+
+def test_payrun_check_fails_a_slip_store_no_file_can_be_made_in_and_makes_nothing(cfg, monkeypatch):
+    """A directory root cannot write to either: /proc (its error, "No such file or
+    directory", was all the check said of a store that is there)."""
+    store = Path("/proc")
+    if not store.is_dir():
+        pytest.skip("no /proc here")
+    before = set(os.listdir(store))
+    code, finding, text = _slips_check(cfg, monkeypatch, store)
+    if finding["level"] == OK:
+        pytest.skip("this system lets a file be made in /proc")
+    assert code == 1 and finding["level"] == FAIL, finding
+    assert finding["text"].startswith("/proc: a slip cannot be written there (")
+    assert finding["text"].endswith("set PAYRUN_SLIPS_DIR to a directory on a disk"), finding
+    assert "FAIL  slips" in text, text
+    assert not [n for n in set(os.listdir(store)) - before if n.startswith(".payrun-check")]

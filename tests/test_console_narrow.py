@@ -267,3 +267,110 @@ def test_a_stuck_reason_leaves_out_the_name_its_worker_column_shows():
     assert stuck_text("worker other.1 is gone (no liveness for 10 s)", w) == (
         "worker other.1 is gone (no liveness for 10 s)")  # (not the row's worker: named)
     assert stuck_text("running 12 min (over 10 min)", w) == "running 12 min (over 10 min)"
+
+
+BENGALI = "রহিম উদ্দিন"  # 11 code points (a vowel sign twice, a virama): 8 columns
+CJK = "山田太郎"  # 4 characters: 8 columns
+
+
+def test_clip_cuts_by_terminal_columns_not_characters():
+    """Employee and company names can be Bengali (marks that take no column of their own)
+    or CJK (two columns a character): cut by len, a Bengali name that fits was cut early
+    and a CJK one ran past its column."""
+    from rich.cells import cell_len
+
+    from console.fmt import cells_head, clip
+
+    assert clip(BENGALI, 8) == BENGALI  # 11 characters, 8 columns: it fits
+    assert clip(BENGALI, 7) == "রহিম…"  # cut at a word
+    assert clip("রহিম উদ্দিন চৌধুরী লিমিটেড", 12) == "রহিম উদ্দিন…"
+    assert clip(CJK, 8) == CJK
+    assert clip(CJK, 6) == "山田…" and clip(CJK, 7) == "山田太…"  # (a wide character is not split)
+    assert clip("山田太郎 株式会社 東京支店", 24) == "山田太郎 株式会社…"
+    assert clip("Mahananda Tea Estates Limited", 24) == "Mahananda Tea Estates…"
+    for text in (BENGALI, CJK, "রহিম উদ্দিন চৌধুরী লিমিটেড", "山田太郎 株式会社 東京支店", "Padma Packaging Ltd"):
+        for width in range(2, 30):
+            out = clip(text, width)
+            assert cell_len(out) <= width, (text, width, out)
+            assert out == text or out.endswith("…"), (text, width, out)
+    # a vowel sign or virama stays with its letter; a cut never starts the next cell with one
+    assert cells_head("উদ্দিন", 2) == "উদ্" and cells_head("রহিম", 2) == "রহি"
+    assert cells_head(CJK, 3) == "山" and cells_head("abc", 2) == "ab"
+
+
+def test_the_status_line_and_a_retry_errors_head_are_fitted_by_columns():
+    from rich.cells import cell_len
+
+    from console.data import error_head
+
+    s = "last refresh 12s ago: Redis unreachable at /home/山田太郎/payrun/redis.sock"
+    for width in range(2, 70):
+        assert cell_len(fit(s, width)) <= width, (width, fit(s, width))
+    head = error_head("provider 127.0.0.1:8025: HTTP 550 宛先の受信箱が存在しません（山田太郎 様の受信箱は満杯です） 再送不可: later")
+    assert cell_len(head) <= 48 and head.startswith("HTTP 550 宛先"), head
+    assert error_head("provider 127.0.0.1:8025: HTTP 550 রহিম উদ্দিন চৌধুরী লিমিটেড mailbox full: x") == (
+        "HTTP 550 রহিম উদ্দিন চৌধুরী লিমিটেড mailbox full")  # 52 characters, 44 columns: whole
+
+
+class WideNames(FixedSource):
+    """A CJK company name and a Bengali one."""
+
+    def snapshot(self):
+        snap = super().snapshot()
+        snap.status["companies"][0]["name"] = "山田太郎株式会社東京支店第二製造部門"
+        snap.status["companies"][1]["name"] = "রহিম উদ্দিন চৌধুরী টেক্সটাইল লিমিটেড"
+        return snap
+
+
+@sync
+async def test_a_cjk_or_bengali_company_name_is_cut_to_its_columns_at_80():
+    """The overview cut company names to 24 characters: a CJK one took 47 columns and the
+    companies table ran off the edge; a Bengali one was cut short of its room."""
+    from rich.cells import cell_len
+
+    app = ConsoleApp(WideNames(), clock=lambda: NOW, poll=False, no_blink=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        table = app.screen.query_one("#companies")
+        await ready(pilot, lambda: table.row_count == 3, "the companies")
+        assert str(table.get_cell("1", "company")) == "山田太郎株式会社東京支…"  # 23 columns of 24
+        # 36 characters, 24 columns: whole (cut by len it read "রহিম উদ্দিন চৌধুরী…")
+        assert str(table.get_cell("2", "company")) == "রহিম উদ্দিন চৌধুরী টেক্সটাইল লিমিটেড"
+        assert cell_len(str(table.get_cell("1", "company"))) <= 24
+        assert not table.show_horizontal_scrollbar and table.virtual_size.width <= table.size.width
+
+
+class NamesInErrors(FixedSource):
+    """Failed jobs whose last errors hold a Bengali section label and a CJK name."""
+
+    def failed_page(self, flt, offset=0, limit=50):
+        page = super().failed_page(flt, offset, limit)
+        errs = ["salary slip for employee E00017, month 2026-11: earnings 'মূল বেতন ও বাড়ি ভাড়া ভাতা' (amount) "
+                "is negative; fix it in the payroll data",
+                # (no space to cut at: cut by characters, 2 columns each, it ran past the edge)
+                "provider 127.0.0.1:8025: 山田太郎様の受信箱は満杯です。後でもう一度お試しください（容量超過）"]
+        for i, r in enumerate(page.rows):
+            r["error"] = errs[i % 2]
+        return page
+
+
+@sync
+async def test_the_failed_lists_error_with_bengali_or_cjk_text_is_cut_to_its_columns_at_80():
+    """The last error was cut to as many characters as its column has cells: a CJK error
+    ran past the edge (a horizontal scrollbar under the list)."""
+    from rich.cells import cell_len
+
+    app = ConsoleApp(NamesInErrors(), clock=lambda: NOW, poll=False, no_blink=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        await pilot.press("f")
+        await ready(pilot, lambda: app.screen.CRUMB == "failed" and app.screen.page is not None
+                    and app.screen.query_one("#failed").row_count == 12)
+        table = app.screen.query_one("#failed")
+        await ready(pilot, lambda: table._clip_w.get("error"), "the error column cut")
+        width = table._clip_w["error"]
+        for key in table.keys():
+            cell = str(table.get_cell(key, "error"))
+            assert cell.endswith("…") and cell_len(cell) <= width, (cell, width)
+        assert right_edge(table, "error") <= table.room()
+        assert not table.show_horizontal_scrollbar and table.virtual_size.width <= table.size.width

@@ -298,3 +298,56 @@ def test_an_unreadable_job_is_not_left_in_the_intermediate_list_by_a_worker_that
     reaper.mark_dequeued(conn)
     assert reaper.find_stranded(conn, settle_s=0) == []  # (what the console and `payrun status` read)
     _assert_failed_unreadable(conn, queue, "poison-4")
+
+
+def test_the_consoles_ledger_filtered_failed_list_says_0_attempts_of_an_earlier_workers_poison_job(conn, cfg):
+    """A worker of the version before counted an attempt of a job whose data is not JSON
+    and told the ledger it was running (attempt 1), then failed it unread: the console's
+    failed list filtered by text, company or month (the ledger answers) and `payrun job`
+    said attempts 1, where `payrun failed` and the unfiltered list say 0, never ran. A job
+    that ran and failed keeps its attempts."""
+    from console.failed import FailedFilter, page
+    from jobs import events
+    from payrun import ledger as ledger_mod
+
+    led = ledger_mod.Ledger(cfg.ledger_path)
+    ledger_mod.ensure_group(conn)
+    error = "job data unreadable: not JSON (JSONDecodeError: Expecting value: line 1 column 1 (char 0))"
+    # as that worker wrote it: its "running" event, then fail_unreadable's "failed" (kind and queue: a row)
+    events.emit(conn, "old-poison", "running", attempt=1, worker="pdf-render.app1.4101")
+    events.emit(conn, "old-poison", "failed", attempt=1, error=error, kind="unreadable", queue=keys.RENDER_QUEUE)
+    conn.hset("rq:job:old-poison", mapping={"origin": keys.RENDER_QUEUE, "status": "failed", "data": b"hello",
+                                            "meta": json.dumps({"kind": "test", "attempt": 1, "error_attempt": 1,
+                                                                "last_error": error, "permanent": False})})
+    conn.zadd(f"rq:failed:{keys.RENDER_QUEUE}", {"old-poison": 9_999_999_999})
+    # a job that ran twice and failed on unreadable data of another kind keeps its 2
+    for attempt in (1, 2):
+        events.emit(conn, "ran-twice", "running", attempt=attempt, worker="pdf-render.app1.4101",
+                    kind="render", queue=keys.RENDER_QUEUE)
+    ran_error = "TemplateError: data unreadable in 'designation'"
+    events.emit(conn, "ran-twice", "failed", attempt=2, error=ran_error)
+    conn.hset("rq:job:ran-twice", mapping={"origin": keys.RENDER_QUEUE, "status": "failed", "data": b"[]",
+                                           "meta": json.dumps({"kind": "render", "attempt": 2, "last_error": ran_error})})
+    conn.zadd(f"rq:failed:{keys.RENDER_QUEUE}", {"ran-twice": 9_999_999_999})
+    ledger_mod.drain(conn, led)
+    assert led.job("old-poison")["attempts"] == 1  # (what the ledger holds of it)
+    try:
+        filtered = page(conn, led, FailedFilter.parse("unreadable"))
+        assert filtered.source == "ledger"
+        assert {r["id"]: r["attempts"] for r in filtered.rows} == {"old-poison": 0, "ran-twice": 2}, filtered.rows
+        unfiltered = page(conn, led, FailedFilter())
+        assert {r["id"]: r["attempts"] for r in unfiltered.rows} == {"old-poison": 0, "ran-twice": 2}
+        # its hash gone from Redis (failure TTL): the ledger's error alone says it never ran
+        conn.delete("rq:job:old-poison")
+        conn.zrem(f"rq:failed:{keys.RENDER_QUEUE}", "old-poison")
+        row = next(r for r in page(conn, led, FailedFilter.parse("unreadable")).rows if r["id"] == "old-poison")
+        assert (row["attempts"], row["in_redis"]) == (0, False)
+    finally:
+        led.close()
+    # `payrun job` likewise (it said attempts=1 of it, from the ledger)
+    from payrun.cli import cli
+
+    out = CliRunner().invoke(cli, ["job", "old-poison"], catch_exceptions=False).output
+    assert " attempts=0 " in out.splitlines()[0] and out.splitlines()[1].startswith("never ran: "), out
+    out = CliRunner().invoke(cli, ["job", "ran-twice"], catch_exceptions=False).output
+    assert " attempts=2 " in out.splitlines()[0] and "never ran" not in out, out

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import Static
 
-from console.fmt import clock, duration
+from console.fmt import cells_head, clock, duration
 
 
 class StatusBar(Static):
@@ -53,10 +54,10 @@ class StatusBar(Static):
 
 
 def fit(text: str, width: int) -> str:
-    """``text`` in ``width`` cells: whole if it fits, else without its parenthesised
-    details ("Redis unreachable (ConnectionError: …)" → "Redis unreachable"), then without
+    """``text`` in ``width`` terminal columns (not ``len``: a CJK character takes two):
+    whole if it fits, else without its parenthesised details ("Redis unreachable (ConnectionError: …)" → "Redis unreachable"), then without
     "last refresh", else cut at a word with "…"."""
-    if len(text) <= width:
+    if cell_len(text) <= width:
         return text
     out, depth = [], 0
     for ch in text:
@@ -67,15 +68,15 @@ def fit(text: str, width: int) -> str:
         if ch == ")" and depth:
             depth -= 1
     short = " ".join("".join(out).split()).replace(" ;", ";").replace(" :", ":")
-    if len(short) <= width:
+    if cell_len(short) <= width:
         return short
     short = short.removeprefix("last refresh ")  # "12s ago: Redis unreachable"
-    if len(short) <= width:
+    if cell_len(short) <= width:
         return short
     if width <= 1:
         return ""
-    cut = short[: width - 1]
-    if " " in cut and short[width - 1] != " ":
+    cut = cells_head(short, width - 1)
+    if " " in cut and short[len(cut)] != " ":
         cut = cut[: cut.rindex(" ")]
     return cut.rstrip(" :;,") + "…"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
@@ -17,7 +18,7 @@ scrollbar it does not show (at 80 columns the queues table, three rows, had 2 co
 than it has, and a drained queue's "⏸" added a scrollbar row to it)."""
 FOCUS_BAR = 1
 MIN_CLIPPED = 8
-"""A ``clip`` column keeps at least this many characters."""
+"""A ``clip`` column keeps at least this many columns (terminal cells)."""
 
 
 def _plain(cell: Any) -> Any:
@@ -55,7 +56,7 @@ class LiveTable(DataTable):
         self._drop = drop
         self._clip = clip
         self._clip_w: dict[str, int] = {}
-        """Characters each ``clip`` column is cut to now (none: whole)."""
+        """Terminal columns each ``clip`` column is cut to now (none: whole)."""
         self._shown = [k for k, _ in columns]
         self._cells: dict[str, tuple] = {}
         """Every row's cells, one per column in ``columns`` (shown or not)."""
@@ -129,7 +130,7 @@ class LiveTable(DataTable):
         if width is None:
             return _plain(cell)
         text = cell.plain if isinstance(cell, Text) else str(cell)
-        if len(text) <= width:
+        if cell_len(text) <= width:  # (columns, not len: a Bengali or CJK name)
             return _plain(cell)
         return Text(clip(text, width), style=cell.style if isinstance(cell, Text) else "")
 
