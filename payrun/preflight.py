@@ -165,19 +165,10 @@ def store_write_text(store: Path, err: OSError, user: str) -> str:
 def store_missing_text(store: Path) -> str:
     """What to do about a slip store that is not a directory: `payrun up` makes a missing
     one, but not under a file (PAYRUN_SLIPS_DIR=/srv/slips.tar/slips) nor over one."""
-    if store.is_symlink() and not store.exists():
-        return (f"the slip store {store} is a symlink to {os.readlink(store)}, which is not there: mount the "
-                "shared store, or point the symlink at it")
-    if store.exists():
-        return f"the slip store {store} is a file, not a directory: set PAYRUN_SLIPS_DIR to a directory (or move the file)"
-    for parent in store.parents:
-        if parent.exists() or parent.is_symlink():
-            if not parent.is_dir():
-                return (f"no slip store at {store}, and none can be made there: {parent} is a file, not a directory; "
-                        "set PAYRUN_SLIPS_DIR to a directory (or move the file)")
-            break
-    return (f"no slip store at {store}: `payrun up` makes it (mount the shared store first on "
-            "a multi-host setup)")
+    from payrun import slipstore
+
+    return slipstore.not_a_directory(store) or (
+        f"no slip store at {store}: `payrun up` makes it (mount the shared store first on a multi-host setup)")
 
 
 def redis_memory_verdict(used: int, maxmemory: int, policy: str, slips: int, embedded: bool) -> tuple[str, str]:

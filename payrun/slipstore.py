@@ -87,6 +87,26 @@ def _not_alone(entry, why: str, is_slip: bool = False) -> str:
             f"in it; make it this account's alone (chown, chmod {'600' if is_slip else 'go-w'})")
 
 
+def not_a_directory(store: Path) -> str | None:
+    """Why no slip store can be at ``store`` (a symlink to nothing, a file, or a path under
+    a file: PAYRUN_SLIPS_DIR=/srv/slips.tar/slips), with what to do; None when it is a
+    directory or can be made (`payrun up` makes a missing one)."""
+    store = Path(store)
+    if store.is_symlink() and not store.exists():
+        return (f"the slip store {store} is a symlink to {os.readlink(store)}, which is not there: mount the "
+                "shared store, or point the symlink at it")
+    if store.exists():
+        return None if store.is_dir() else (
+            f"the slip store {store} is a file, not a directory: set PAYRUN_SLIPS_DIR to a directory (or move the file)")
+    for parent in store.parents:
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                return (f"no slip store at {store}, and none can be made there: {parent} is a file, not a "
+                        "directory; set PAYRUN_SLIPS_DIR to a directory (or move the file)")
+            break
+    return None
+
+
 def store_problem(root: Path) -> str | None:
     """Why the slip store at ``root`` would make every render and send fail (its root, or a
     month or company folder in it, not this account's alone: ``unsafe``), or None; for
@@ -95,6 +115,8 @@ def store_problem(root: Path) -> str | None:
     from jobs.policy import store_entry_problem
 
     root = Path(root)
+    if why := not_a_directory(root):
+        return why
     if not root.exists():
         return None
     if why := unsafe(root, root / "-"):

@@ -494,6 +494,26 @@ def test_up_refuses_a_slip_store_another_account_could_change(cfg, conn):
         supervise.check_role(cfg, "all")
 
 
+def test_up_refuses_a_slip_store_that_cannot_be_a_directory(cfg, tmp_path):
+    """`payrun up` with PAYRUN_SLIPS_DIR under a file (or a file itself, or a symlink to an
+    unmounted store) started everything, and every render failed on it; it says so first,
+    in the words `payrun check` uses, and makes nothing."""
+    import dataclasses
+
+    from payrun import supervise
+
+    tarball = tmp_path / "slips.tar"
+    tarball.write_bytes(b"not a folder")
+    for store, said in ((tarball / "slips", f"{tarball} is a file, not a directory"),
+                        (tarball, "is a file, not a directory: set PAYRUN_SLIPS_DIR"),
+                        (tmp_path / "mnt-link", "which is not there: mount the shared store")):
+        if store.name == "mnt-link":
+            store.symlink_to(tmp_path / "unmounted" / "slips")
+        with pytest.raises(SetupError, match=said):
+            supervise.check_role(dataclasses.replace(cfg, slips=str(store)), "all")
+    assert tarball.read_bytes() == b"not a folder" and not (tmp_path / "unmounted").exists()
+
+
 def test_a_worker_host_is_not_started_as_a_control_host(cfg, conn, monkeypatch):
     """Multi-host drill: `payrun up` (role all) on a worker host started a second ledger
     that took a share of the events. It is refused while another host's ledger applies
