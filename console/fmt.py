@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -33,8 +34,16 @@ def cells_head(text: str, width: int) -> str:
     for i, ch in enumerate(text):
         used += cell_len(ch)
         if used > width:
-            return text[:i]
+            return _whole_conjuncts(text[:i])
     return text
+
+
+def _whole_conjuncts(head: str) -> str:
+    """``head`` less a conjunct cut in two: a letter whose virama (hasanta, ্) joins it to
+    the next one, cut off, prints as a half letter ("উদ্" of "উদ্দিন"); a ZWJ/ZWNJ there too."""
+    while head and (unicodedata.combining(head[-1]) == 9 or head[-1] in "\u200c\u200d"):
+        head = head[:-1] if head[-1] in "\u200c\u200d" else head[:-2]
+    return head
 
 
 def clip(text: str, width: int) -> str:

@@ -293,8 +293,11 @@ def test_clip_cuts_by_terminal_columns_not_characters():
             out = clip(text, width)
             assert cell_len(out) <= width, (text, width, out)
             assert out == text or out.endswith("…"), (text, width, out)
-    # a vowel sign or virama stays with its letter; a cut never starts the next cell with one
-    assert cells_head("উদ্দিন", 2) == "উদ্" and cells_head("রহিম", 2) == "রহি"
+    # a vowel sign stays with its letter; a cut never starts the next cell with one, nor ends
+    # in half of a conjunct (a letter and its virama, joined to the next letter)
+    assert cells_head("উদ্দিন", 2) == "উ" and cells_head("রহিম", 2) == "রহি"
+    assert cells_head("লক্ষ্মী", 2) == "ল" and cells_head("লক্ষ্মী", 3) == "ল"  # (ক্ষ্ম: three letters, one glyph)
+    assert cells_head("উদ্দিন", 3) == "উদ্দি"
     assert cells_head(CJK, 3) == "山" and cells_head("abc", 2) == "ab"
 
 
