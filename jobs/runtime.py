@@ -262,28 +262,6 @@ class PayrunQueue(Queue):
         super().__init__(*args, **kwargs)
 
 
-class PayrunRqWorker(Worker):
-    """RQ's plain Worker with JSON, PayrunJob and PayrunQueue, whatever `rq worker` passes
-    (its ``--serializer`` default is pickle: the worker's scheduler, ``--with-scheduler``,
-    fetched due jobs with RQ's own Job class and unpickled their meta).
-    ``RQ_WORKER_CLASS=jobs.runtime.PayrunRqWorker`` (`payrun config rq-env`) makes rq's
-    commands use it; payrun's own workers are `payrun worker QUEUE`."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        # Worker(queues, name, default_result_ttl, connection, exception_handlers,
-        # maintenance_interval, default_worker_ttl, worker_ttl, job_class, queue_class,
-        # log_job_description, job_monitoring_interval, disable_default_exception_handler,
-        # prepare_for_work, serializer, ...) in rq 2.12 (pinned)
-        args = _json_only(args, kwargs, 14)
-        for position, name, cls in ((8, "job_class", PayrunJob), (9, "queue_class", PayrunQueue)):
-            if len(args) > position:
-                if args[position] is None:
-                    args = args[:position] + (cls,) + args[position + 1:]
-            elif kwargs.get(name) is None:
-                kwargs[name] = cls
-        super().__init__(*args, **kwargs)
-
-
 def _all_empty(queues) -> bool:
     """Every queue empty (a burst run's end); a Redis away counts as not empty (the lanes
     waiting to record a made send must not die with the error)."""
@@ -892,6 +870,44 @@ class _OneOutageStory:
             return message
 
         self.pubsub.get_message = get_message_told  # (RQ's thread looks it up at each read)
+
+
+class PayrunRqWorker(_OneOutageStory, Worker):
+    """RQ's plain Worker with JSON, PayrunJob and PayrunQueue, whatever `rq worker` passes
+    (its ``--serializer`` default is pickle: the worker's scheduler, ``--with-scheduler``,
+    fetched due jobs with RQ's own Job class and unpickled their meta).
+    ``RQ_WORKER_CLASS=jobs.runtime.PayrunRqWorker`` (`payrun config rq-env`) makes rq's
+    commands use it; payrun's own workers are `payrun worker QUEUE`.
+
+    Redis away is told as a render worker tells it (_OneOutageStory): RQ logged an ERROR
+    at every try of its dequeue loop and every 2 s from its command channel's thread, and
+    a traceback when a Redis error ended its work loop. Otherwise RQ's Worker as it is."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        # Worker(queues, name, default_result_ttl, connection, exception_handlers,
+        # maintenance_interval, default_worker_ttl, worker_ttl, job_class, queue_class,
+        # log_job_description, job_monitoring_interval, disable_default_exception_handler,
+        # prepare_for_work, serializer, ...) in rq 2.12 (pinned)
+        args = _json_only(args, kwargs, 14)
+        for position, name, cls in ((8, "job_class", PayrunJob), (9, "queue_class", PayrunQueue)):
+            if len(args) > position:
+                if args[position] is None:
+                    args = args[:position] + (cls,) + args[position + 1:]
+            elif kwargs.get(name) is None:
+                kwargs[name] = cls
+        super().__init__(*args, **kwargs)
+        self._tell_outages_as_one(self.log)  # (RQ's logger: the one `rq worker` shows)
+
+    def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:
+        super().heartbeat(timeout, pipeline)
+        if pipeline is None:  # (written: Redis answered)
+            self._outage.ok("dequeue")
+
+    def _quit_for_redis(self, error: BaseException) -> None:
+        """A Redis error ended RQ's work loop: one line instead of RQ's "found an unhandled
+        exception, quitting..." and its traceback. What follows is RQ's (its teardown)."""
+        self._outage.log.error("Worker %s: Redis went away (%s): its work loop ends", self.name,
+                               events.one_line(str(error)))
 
 
 class RenderWorker(EventsMixin, _OneOutageStory, Worker):

@@ -943,3 +943,38 @@ def test_an_idle_render_or_control_worker_tells_a_redis_outage_in_one_story(own_
     records, tries, name = _idle_through_an_outage(own_redis, monkeypatch, caplog, RenderWorker, liveness=True)
     assert set(tries) == {"dequeue", "command channel", "liveness"}
     _one_story(records, name, tries)
+
+
+def test_a_plain_rq_worker_under_rq_env_tells_a_redis_outage_in_one_story(own_redis, monkeypatch, caplog):
+    """`rq worker` with `payrun config rq-env` (PayrunRqWorker) logged RQ's ERROR "could
+    not connect to Redis instance: … retrying in N seconds..." at every try of its dequeue
+    loop and every 2 s from its command channel's thread, for as long as Redis was away."""
+    from jobs.runtime import PayrunRqWorker
+
+    records, tries, name = _idle_through_an_outage(own_redis, monkeypatch, caplog, PayrunRqWorker, liveness=False)
+    assert set(tries) == {"dequeue", "command channel"}
+    _one_story(records, name, tries)
+    assert {r.name for r in records if r.levelno >= logging.WARNING} == {"rq.worker"}  # (what `rq worker` shows)
+
+
+def test_a_plain_rq_worker_whose_work_loop_a_redis_error_ended_says_so_in_one_line(conn, caplog):
+    """RQ's "found an unhandled exception, quitting..." and its traceback; anything else
+    RQ says as an ERROR stays as it is."""
+    import redis
+
+    from jobs.runtime import PayrunRqWorker, make_queue
+
+    w = PayrunRqWorker([make_queue("control", conn)], connection=conn)
+    caplog.set_level(logging.INFO)
+    try:
+        raise redis.exceptions.ConnectionError("Error 111 connecting to 10.0.0.5:6379. Connection refused.")
+    except redis.exceptions.ConnectionError:
+        w.log.error("Worker %s: found an unhandled exception, quitting...", w.name, exc_info=True)  # (RQ's words)
+    try:
+        raise ValueError("a bug")
+    except ValueError:
+        w.log.error("Worker %s: found an unhandled exception, quitting...", w.name, exc_info=True)
+    quit_, bug = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert quit_.getMessage() == (f"Worker {w.name}: Redis went away (Error 111 connecting to 10.0.0.5:6379. "
+                                  "Connection refused.): its work loop ends") and not quit_.exc_info
+    assert bug.getMessage().endswith("found an unhandled exception, quitting...") and bug.exc_info
