@@ -849,9 +849,9 @@ class _OneOutageStory:
 
     def _pubsub_exception_handler(self, exc, pubsub, pubsub_thread) -> None:
         """RQ's handler for its command channel's thread (`payrun stop-worker`, RQ's
-        shutdown and stop-job commands), less loud: with Redis away it logged an ERROR every 2 s in every
-        worker (an ops drill: 10 lines per worker for 20 s of Redis stopped). It still
-        tries every 2 s; what is said is the worker's one story."""
+        shutdown and stop-job commands), less loud: with Redis away it logged an ERROR
+        every 2 s in every worker (an ops drill: 10 lines per worker for 20 s of Redis
+        stopped). It still tries every 2 s; what is said is the worker's one story."""
         if not isinstance(exc, RedisConnectionError):
             return super()._pubsub_exception_handler(exc, pubsub, pubsub_thread)
         self._outage.failed("command channel", exc)
