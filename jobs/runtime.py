@@ -262,28 +262,6 @@ class PayrunQueue(Queue):
         super().__init__(*args, **kwargs)
 
 
-class PayrunRqWorker(Worker):
-    """RQ's plain Worker with JSON, PayrunJob and PayrunQueue, whatever `rq worker` passes
-    (its ``--serializer`` default is pickle: the worker's scheduler, ``--with-scheduler``,
-    fetched due jobs with RQ's own Job class and unpickled their meta).
-    ``RQ_WORKER_CLASS=jobs.runtime.PayrunRqWorker`` (`payrun config rq-env`) makes rq's
-    commands use it; payrun's own workers are `payrun worker QUEUE`."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        # Worker(queues, name, default_result_ttl, connection, exception_handlers,
-        # maintenance_interval, default_worker_ttl, worker_ttl, job_class, queue_class,
-        # log_job_description, job_monitoring_interval, disable_default_exception_handler,
-        # prepare_for_work, serializer, ...) in rq 2.12 (pinned)
-        args = _json_only(args, kwargs, 14)
-        for position, name, cls in ((8, "job_class", PayrunJob), (9, "queue_class", PayrunQueue)):
-            if len(args) > position:
-                if args[position] is None:
-                    args = args[:position] + (cls,) + args[position + 1:]
-            elif kwargs.get(name) is None:
-                kwargs[name] = cls
-        super().__init__(*args, **kwargs)
-
-
 def _all_empty(queues) -> bool:
     """Every queue empty (a burst run's end); a Redis away counts as not empty (the lanes
     waiting to record a made send must not die with the error)."""
@@ -846,7 +824,93 @@ class _RqWorkerLog:
         self._logger.error(msg, *args, **kwargs)
 
 
-class RenderWorker(EventsMixin, Worker):
+class _OneOutageStory:
+    """For RQ's forking Worker: its parts that meet Redis away tell one story of it
+    (RedisOutageLog, ``self._outage``): its dequeue loop (RQ's ERROR "could not connect to
+    Redis instance" at each try, handed over by _RqWorkerLog; back: ``heartbeat``), its
+    command channel's thread (RQ's same ERROR every 2 s; back: its next read, the
+    resubscription's reply), and a render or control worker's liveness thread. Each keeps
+    trying on its own schedule. An idle worker logged the outage three times over."""
+
+    def _tell_outages_as_one(self, logger: logging.Logger = log) -> None:
+        """Call at the end of ``__init__`` (RQ's ``self.log`` and ``self.name`` are set)."""
+        kwargs = self.connection.connection_pool.connection_kwargs
+        # (a test sets its clock)
+        self._outage = RedisOutageLog(f"Worker {self.name}", redis_address(kwargs), logger=logger)
+        self._outage_story = self._outage.story  # (read by each heartbeat: one lookup, as before)
+        self.log = _RqWorkerLog(self.log, self._cannot_take_work, self._quit_for_redis)
+
+    def _cannot_take_work(self, error: object, retry_s: float) -> None:
+        """RQ's dequeue loop met Redis away (its ERROR "could not connect to Redis instance",
+        at every try: 1, 2, 4 … s apart, for as long as Redis was away): a failed try of the
+        worker's story; its success is the next heartbeat (the first thing RQ's loop does
+        at each try)."""
+        self._outage.failed("dequeue", error)
+
+    def _pubsub_exception_handler(self, exc, pubsub, pubsub_thread) -> None:
+        """RQ's handler for its command channel's thread (`payrun stop-worker`, RQ's
+        shutdown and stop-job commands), less loud: with Redis away it logged an ERROR
+        every 2 s in every worker (an ops drill: 10 lines per worker for 20 s of Redis
+        stopped). It still tries every 2 s; what is said is the worker's one story."""
+        if not isinstance(exc, RedisConnectionError):
+            return super()._pubsub_exception_handler(exc, pubsub, pubsub_thread)
+        self._outage.failed("command channel", exc)
+        time.sleep(PUBSUB_RETRY_S)
+
+    def subscribe(self) -> None:
+        """RQ's, and each read of the command channel that did not fail counts as its part
+        being back (after an outage, the first read reconnects and resubscribes: it returns
+        at once; otherwise one read a minute, RQ's)."""
+        super().subscribe()
+        get_message = self.pubsub.get_message
+
+        def get_message_told(*args: Any, **kwargs: Any):
+            message = get_message(*args, **kwargs)
+            self._outage.ok("command channel")
+            return message
+
+        self.pubsub.get_message = get_message_told  # (RQ's thread looks it up at each read)
+
+
+class PayrunRqWorker(_OneOutageStory, Worker):
+    """RQ's plain Worker with JSON, PayrunJob and PayrunQueue, whatever `rq worker` passes
+    (its ``--serializer`` default is pickle: the worker's scheduler, ``--with-scheduler``,
+    fetched due jobs with RQ's own Job class and unpickled their meta).
+    ``RQ_WORKER_CLASS=jobs.runtime.PayrunRqWorker`` (`payrun config rq-env`) makes rq's
+    commands use it; payrun's own workers are `payrun worker QUEUE`.
+
+    Redis away is told as a render worker tells it (_OneOutageStory): RQ logged an ERROR
+    at every try of its dequeue loop and every 2 s from its command channel's thread, and
+    a traceback when a Redis error ended its work loop. Otherwise RQ's Worker as it is."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        # Worker(queues, name, default_result_ttl, connection, exception_handlers,
+        # maintenance_interval, default_worker_ttl, worker_ttl, job_class, queue_class,
+        # log_job_description, job_monitoring_interval, disable_default_exception_handler,
+        # prepare_for_work, serializer, ...) in rq 2.12 (pinned)
+        args = _json_only(args, kwargs, 14)
+        for position, name, cls in ((8, "job_class", PayrunJob), (9, "queue_class", PayrunQueue)):
+            if len(args) > position:
+                if args[position] is None:
+                    args = args[:position] + (cls,) + args[position + 1:]
+            elif kwargs.get(name) is None:
+                kwargs[name] = cls
+        super().__init__(*args, **kwargs)
+        self._tell_outages_as_one(self.log)  # (RQ's logger: the one `rq worker` shows)
+
+    def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:
+        super().heartbeat(timeout, pipeline)
+        if pipeline is None:  # (written: Redis answered)
+            self._outage.ok("dequeue")
+
+    def _quit_for_redis(self, error: BaseException) -> None:
+        """A Redis error ended RQ's work loop: one line instead of RQ's "found an unhandled
+        exception, quitting..." and its traceback. What follows is RQ's (its teardown)."""
+        self._outage.log.error("Worker %s: Redis went away (%s): its work loop ends", self.name,
+                               events.one_line(str(error)))
+
+
+class RenderWorker(EventsMixin, _OneOutageStory, Worker):
     """A forking worker, warmed: the parent imports WeasyPrint and renders the sample slip
     in both its shapes (with and without a Bengali name) before it takes work, so its work
     horse starts warm, with both cascades kept (jobs.cascade). The parent checks deadlines every
@@ -864,15 +928,12 @@ class RenderWorker(EventsMixin, Worker):
     """RQ's dequeue loop, meeting Redis away, waits 1, 2, 4 … s between tries, up to this
     (RQ's default: 60 s): a worker idle when Redis went took work again up to a minute after
     Redis was back (a restart of Redis mid-run, a failover). One try every 5 s per worker is
-    nothing for Redis, and the line saying so is said every 30 s (RepeatedFailure)."""
+    nothing for Redis, and the line saying so is said every 30 s (RedisOutageLog)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("job_monitoring_interval", 1)
         super().__init__(*args, **kwargs)
-        self._pubsub_outage = RepeatedFailure(OUTAGE_LOG_EVERY_S, new_after_s=PUBSUB_RETRY_S * 5)
-        self._dequeue_outage = RepeatedFailure(OUTAGE_LOG_EVERY_S)
-        self._clock = time.monotonic  # (of the outage lines: a test passes its own)
-        self.log = _RqWorkerLog(self.log, self._cannot_take_work, self._quit_for_redis)
+        self._tell_outages_as_one()
         self._redis_failed: BaseException | None = None
         self._grace_deadline: float | None = None
         self._timed_out: set[str] = set()
@@ -1149,7 +1210,7 @@ class RenderWorker(EventsMixin, Worker):
         gc.collect()
         gc.freeze()
         log.info("Worker %s: WeasyPrint warmed in %.2f s", self.name, time.monotonic() - started)
-        self._liveness = Liveness(self.connection, [self.name]).start()
+        self._liveness = Liveness(self.connection, [self.name], outage=self._outage).start()
         register_queues(self.connection, self.queues)
         try:  # the first render worker names the slip store (`payrun up --role worker` checks it)
             from jobs import tasks
@@ -1307,18 +1368,6 @@ return {0}
         self._stop_requested = True
         super()._shutdown()
 
-    def _pubsub_exception_handler(self, exc, pubsub, pubsub_thread) -> None:
-        """RQ's handler for its command channel's thread (`payrun stop-worker`), less loud:
-        with Redis away it logged an ERROR every 2 s in every render and control worker (an
-        ops drill: 10 lines per worker for 20 s of Redis stopped). The first at once, then
-        every 30 s; the worker's `liveness:` line says when Redis is back."""
-        if not isinstance(exc, RedisConnectionError):
-            return super()._pubsub_exception_handler(exc, pubsub, pubsub_thread)
-        if (line := self._pubsub_outage.failed(time.monotonic(), exc)) is not None:
-            log.warning("Worker %s: its command channel cannot reach Redis: %s; trying again every %g s",
-                        self.name, line, PUBSUB_RETRY_S)
-        time.sleep(PUBSUB_RETRY_S)
-
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
         """A job waiting in the queue is taken at once (``_take_at_once``); otherwise RQ's
         dequeue, over the queues not drained (`payrun drain --queue Q`). A drain that comes
@@ -1378,23 +1427,15 @@ return 1
         return min(super().dequeue_timeout, SCHEDULER_CHECK_S)
 
     def heartbeat(self, *args: Any, **kwargs: Any) -> None:
-        away = self._dequeue_outage.since is not None and not args and not kwargs
+        story = self._outage_story
+        away = story.since is not None and not args and not kwargs and story.failing("dequeue")
         if away:  # RQ's dequeue found Redis away: this beat is written (not skipped), and says if it is back
             self.last_heartbeat = None
         super().heartbeat(*args, **kwargs)
-        if away and (line := self._dequeue_outage.ok(self._clock())) is not None:
-            log.warning("Worker %s: takes work again: Redis %s", self.name, line)
+        if away:
+            self._outage.ok("dequeue")
         if not self.is_horse and self.scheduler is not None:
             self.ensure_scheduler()
-
-    def _cannot_take_work(self, error: object, retry_s: float) -> None:
-        """RQ's dequeue loop met Redis away (its ERROR "could not connect to Redis instance",
-        at every try: 1, 2, 4 … 60 s apart, for as long as Redis was away): said at once,
-        then every 30 s with how many tries failed, and "takes work again" once (heartbeat,
-        the first thing RQ's loop does at each try)."""
-        if (line := self._dequeue_outage.failed(self._clock(), error)) is not None:
-            log.warning("Worker %s: cannot take work: Redis unavailable: %s; RQ tries again in %d s "
-                        "(its wait doubles up to %d s)", self.name, line, retry_s, self.max_connection_wait_time)
 
     def _quit_for_redis(self, error: BaseException) -> None:
         """A Redis error ended RQ's work loop (Redis went away while this worker was busy, or
@@ -1517,7 +1558,7 @@ class Liveness:
     """Keeps payrun:alive:<name> for each name, TTL ALIVE_TTL_S, from a thread with its own
     Redis client (a forked horse never shares a connection pool with it)."""
 
-    def __init__(self, conn, names: list[str]):
+    def __init__(self, conn, names: list[str], outage: "RedisOutageLog | None" = None):
         pool = conn.connection_pool
         self.conn = conn.__class__(connection_pool=pool.__class__(
             connection_class=pool.connection_class, **pool.connection_kwargs))
@@ -1525,6 +1566,9 @@ class Liveness:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
         self.outage = RepeatedFailure(OUTAGE_LOG_EVERY_S)
+        self.shared = outage
+        """The worker's story of Redis away (a render or control worker): a beat that cannot
+        reach Redis is a failed try of it, not a `liveness:` line of its own."""
 
     def beat(self) -> None:
         with self.conn.pipeline(transaction=False) as pipe:
@@ -1537,9 +1581,13 @@ class Liveness:
             try:
                 self.beat()
             except Exception as e:  # Redis down: the key lapses, the reaper may act; keep trying
-                if (line := self.outage.failed(time.monotonic(), e)) is not None:
+                if self.shared is not None and isinstance(e, (RedisConnectionError, RedisTimeoutError, OSError)):
+                    self.shared.failed("liveness", e)
+                elif (line := self.outage.failed(time.monotonic(), e)) is not None:
                     log.warning("liveness: %s", line)  # (it said so every 2 s while Redis was away)
             else:
+                if self.shared is not None:
+                    self.shared.ok("liveness")
                 if (line := self.outage.ok(time.monotonic())) is not None:
                     log.warning("liveness: beating again: %s", line)
             self._stop.wait(ALIVE_EVERY_S)
@@ -1696,23 +1744,16 @@ class RepeatedFailure:
     looks failed since, and one line when a look succeeds again. Pure: the caller passes
     the clock and logs what it returns."""
 
-    def __init__(self, every_s: float = 30.0, new_after_s: float | None = None):
+    def __init__(self, every_s: float = 30.0):
         self.every_s = every_s
-        self.new_after_s = new_after_s
-        """For a caller that never sees a success (RQ's pubsub thread): a failure this long
-        after the one before starts a new outage, said at once (None: only ``ok`` ends one)."""
         self.since: float | None = None
         """When the failures began (None: not failing)."""
         self._said_at = 0.0
-        self._last = 0.0
         self._unsaid = 0
         self.count = 0
         """Failures since they began."""
 
     def failed(self, now: float, error: object) -> str | None:
-        if self.since is not None and self.new_after_s is not None and now - self._last > self.new_after_s:
-            self.since, self.count = None, 0
-        self._last = now
         self.count += 1
         if self.since is None:
             self.since = self._said_at = now
@@ -1738,6 +1779,105 @@ OUTAGE_LOG_EVERY_S = 30.0
 
 PUBSUB_RETRY_S = 2.0
 """How often RQ's command channel thread tries Redis again (RQ's own 2 s)."""
+
+OUTAGE_QUIET_S = 6.0
+"""One process's parts meeting one outage (``PartsFailure``): Redis counts as back once a
+part succeeds and no other part has failed for this long. Longer than any part's wait
+between two tries while it fails (liveness and the command channel 2 s, a render or
+control worker's dequeue up to 5 s), so a part that keeps failing while another succeeds
+(Redis refusing new connections at maxclients: the command channel reconnects, the
+others keep theirs) keeps the outage open instead of a "back" and a new outage every 2 s."""
+
+
+class PartsFailure(RepeatedFailure):
+    """RepeatedFailure told by several parts of one process, each trying Redis on its own
+    schedule (a render worker: its liveness thread, its command channel's thread, its
+    dequeue loop), as one story: the first failure of any part is said at once, then one
+    line every ``every_s`` with how many tries of all parts failed, and one line when Redis
+    is back: a part succeeded and no other part has failed for ``quiet_s`` (the "back after
+    N s" counts to the first success since the last failure). A part that stopped trying
+    (a dequeue loop now busy with a job) holds nothing open past ``quiet_s``. Pure: the
+    caller passes the clock, logs what it returns, and holds a lock (threads)."""
+
+    def __init__(self, every_s: float = 30.0, quiet_s: float = OUTAGE_QUIET_S):
+        super().__init__(every_s)
+        self.quiet_s = quiet_s
+        self._failed_at: dict[str, float] = {}
+        """The last failure of each part, this outage (a part that succeeded since: none)."""
+        self._ok_at: float | None = None
+        """The first success since the last failure."""
+
+    def failed(self, now: float, error: object, part: str = "") -> str | None:  # type: ignore[override]
+        self._failed_at[part] = now
+        self._ok_at = None
+        return super().failed(now, error)
+
+    def failing(self, part: str) -> bool:
+        """``part`` failed in this outage and has not succeeded since."""
+        return part in self._failed_at
+
+    def ok(self, now: float, part: str = "") -> str | None:  # type: ignore[override]
+        if self.since is None:
+            return None
+        self._failed_at.pop(part, None)
+        if self._ok_at is None:
+            self._ok_at = now
+        if any(now - at < self.quiet_s for at in self._failed_at.values()):
+            return None
+        ok_at = self._ok_at
+        self._failed_at.clear()
+        self._ok_at = None
+        return super().ok(ok_at)
+
+
+def redis_address(connection_kwargs: dict) -> str:
+    """Where a client's Redis is, for a log line: its socket path or host:port (never a
+    credential: those are other fields)."""
+    if path := connection_kwargs.get("path"):
+        return str(path)
+    return f"{connection_kwargs.get('host', 'localhost')}:{connection_kwargs.get('port', 6379)}"
+
+
+class RedisOutageLog:
+    """One worker process's lines about Redis away, whichever of its parts (threads) meets
+    it: ``failed(part, error)`` at each failed try, ``ok(part)`` at each success while an
+    outage is open (``away``). Lines (WARNING; logger payrun.worker unless told):
+    "<who>: Redis unreachable at <address>: <error>; will retry, nothing lost" at once,
+    the same with "(still failing after N s: M looks failed, …)" every 30 s, and
+    "<who>: Redis answers again at <address>: back after N s (M looks failed)" once. Each
+    part keeps trying on its own schedule; this only decides what is said (PartsFailure)."""
+
+    def __init__(self, who: str, address: str, clock: Callable[[], float] = time.monotonic,
+                 every_s: float = OUTAGE_LOG_EVERY_S, quiet_s: float = OUTAGE_QUIET_S, logger: logging.Logger = log):
+        self.who, self.address, self.clock, self.log = who, address, clock, logger
+        self.story = PartsFailure(every_s, quiet_s)
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self.tries: dict[str, int] = {}
+        """Failed tries per part, since the process started (for tests and a debugger)."""
+
+    @property
+    def away(self) -> bool:
+        return self.story.since is not None
+
+    def _locked(self) -> threading.Lock:
+        if self._pid != os.getpid():  # a forked work horse: the thread that held the lock is not here
+            self._lock, self._pid = threading.Lock(), os.getpid()
+        return self._lock
+
+    def failed(self, part: str, error: object) -> None:
+        with self._locked():  # (the line is logged under it too: "back" never before "unreachable")
+            self.tries[part] = self.tries.get(part, 0) + 1
+            if (line := self.story.failed(self.clock(), error, part)) is not None:
+                self.log.warning("%s: Redis unreachable at %s: %s; will retry, nothing lost", self.who, self.address,
+                                 line)
+
+    def ok(self, part: str) -> None:
+        if self.story.since is None:
+            return
+        with self._locked():
+            if (line := self.story.ok(self.clock(), part)) is not None:
+                self.log.warning("%s: Redis answers again at %s: %s", self.who, self.address, line)
 
 
 class Intake:

@@ -711,7 +711,7 @@ def test_a_render_worker_waiting_for_work_says_redis_is_away_in_lines_of_its_own
     w.register_birth()
     w._state = WorkerStatus.IDLE  # (waiting for a job already: RQ's loop does not set it again)
     clock = FakeClock()
-    w._clock = clock
+    w._outage.clock = clock
     slept = []
 
     def sleep(s: float) -> None:  # RQ's wait between two tries
@@ -737,11 +737,13 @@ def test_a_render_worker_waiting_for_work_says_redis_is_away_in_lines_of_its_own
     lines = [r.getMessage() for r in caplog.records if r.name == "payrun.worker"]
     # tries at 0, 1, 3, 7, 12, 17 … 97 s failed, the one at 102 s took the job: 2 s after Redis was back
     assert len(lines) == 5, lines
-    assert "cannot take work: Redis unavailable: " in lines[0] and "RQ tries again in 1 s (its wait doubles up " \
-        "to 5 s)" in lines[0]
-    assert "(still failing after 32 s: 9 looks failed, 8 since the last line); RQ tries again in 5 s" in lines[1]
+    at = switch._good
+    assert lines[0].startswith(f"Worker {w.name}: Redis unreachable at {at}: ") and \
+        lines[0].endswith("; will retry, nothing lost") and "still failing" not in lines[0]
+    assert lines[1].endswith("(still failing after 32 s: 9 looks failed, 8 since the last line); will retry, "
+                             "nothing lost")
     assert "still failing after 62 s" in lines[2] and "still failing after 92 s" in lines[3]
-    assert lines[4].endswith("takes work again: Redis back after 102 s (22 looks failed)")
+    assert lines[4] == f"Worker {w.name}: Redis answers again at {at}: back after 102 s (22 looks failed)"
 
 
 def test_a_render_worker_that_loses_redis_mid_render_exits_in_one_line_and_its_restart_loses_nothing(tmp_path):
@@ -794,3 +796,224 @@ def test_a_render_worker_that_loses_redis_mid_render_exits_in_one_line_and_its_r
     assert "Traceback" not in log and "found an unhandled exception" not in log, log
     assert log.count("Redis went away") == 2 and log.count("exiting for a restart") == 1, log  # (and its scheduler)
     assert "returned" in reaper_log, reaper_log  # the render it held
+
+
+# ---- Redis away: one story per worker, whichever of its parts meets it ------------------
+
+
+def test_a_process_s_parts_meeting_one_outage_tell_one_story():
+    """A render worker's liveness thread, its command channel's thread and its dequeue
+    loop each logged Redis away in lines of their own (three at once, three every 30 s,
+    two "back"). One story: the first failure of any part at once, then every 30 s with
+    the tries of all parts, and back once."""
+    from jobs.runtime import PartsFailure
+
+    s = PartsFailure(every_s=30, quiet_s=6)
+    assert s.ok(100.0, "liveness") is None  # nothing failed: nothing to say
+    assert s.failed(100.0, "refused", "dequeue") == "refused"
+    said = [s.failed(100.0 + t, "refused", part) for t in range(1, 30)
+            for part in ("liveness", "command channel", "dequeue")]
+    assert said == [None] * 87  # every part keeps trying; nothing more is said for 30 s
+    line = s.failed(130.0, "refused", "liveness")
+    assert line == "refused (still failing after 30 s: 89 looks failed, 88 since the last line)"
+    # Redis back at 130.5: each part learns it on its own schedule
+    assert s.ok(131.0, "liveness") is None  # the command channel failed 2 s ago: not yet
+    assert s.ok(132.0, "dequeue") is None
+    assert s.ok(132.5, "command channel") == "back after 31 s (89 looks failed)"  # (counted to the first success)
+    assert s.ok(133.0, "liveness") is None and s.since is None
+    assert s.failed(200.0, "again", "command channel") == "again"  # a new outage is said at once
+
+
+def test_a_part_that_keeps_failing_keeps_the_outage_open_while_another_succeeds():
+    """Redis refusing new connections (maxclients): the command channel, which reconnects,
+    fails every 2 s while the liveness thread's connection still works. Not a "back" and
+    a new outage every 2 s: one outage, said every 30 s, over once every part succeeds or
+    the one failing has been quiet for ``quiet_s`` (a part that stopped trying)."""
+    from jobs.runtime import PartsFailure
+
+    s = PartsFailure(every_s=30, quiet_s=6)
+    said = []
+    for t in range(0, 62, 2):
+        said.append(s.failed(float(t), "max number of clients reached", "command channel"))
+        said.append(s.ok(t + 1.0, "liveness"))
+    assert [x for x in said if x is not None] == [
+        "max number of clients reached",
+        "max number of clients reached (still failing after 30 s: 16 looks failed, 15 since the last line)",
+        "max number of clients reached (still failing after 60 s: 31 looks failed, 15 since the last line)"]
+    assert s.ok(65.0, "liveness") is None  # the last failure 5 s ago
+    assert s.ok(66.0, "liveness") == "back after 61 s (31 looks failed)"
+    # a part's own earlier failure never holds back its own success
+    assert s.failed(100.0, "refused", "dequeue") == "refused"
+    assert s.ok(100.5, "dequeue") == "back after 0 s (1 look failed)"
+
+
+def test_where_redis_is_said_without_its_password():
+    from jobs.runtime import redis_address
+
+    sock = "/srv/payrun/redis/redis.sock"
+    assert redis_address({"path": sock, "password": "s3cret"}) == sock
+    assert redis_address({"host": "10.0.0.5", "port": 6380, "username": "payrun", "password": "s3cret"}) \
+        == "10.0.0.5:6380"
+
+
+def test_parts_on_many_threads_failing_at_once_say_it_once(caplog):
+    """The liveness and command channel threads meet the outage at the same moment as the
+    dequeue loop: one line, and "back" once, however the threads interleave."""
+    from jobs.runtime import RedisOutageLog
+
+    clock = FakeClock()
+    outage = RedisOutageLog("Worker w", "/r.sock", clock=clock)
+    caplog.set_level(logging.INFO, logger="payrun.worker")
+    go = threading.Barrier(8)
+
+    def part(name: str) -> None:
+        go.wait()
+        for _ in range(500):
+            outage.failed(name, "refused")
+
+    threads = [threading.Thread(target=part, args=(f"part-{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert outage.story.count == 4000 and sum(outage.tries.values()) == 4000
+
+    def back(name: str) -> None:
+        go.wait()
+        for _ in range(100):
+            outage.ok(name)
+
+    threads = [threading.Thread(target=back, args=(f"part-{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    lines = [r.getMessage() for r in caplog.records if r.name == "payrun.worker"]
+    assert lines == ["Worker w: Redis unreachable at /r.sock: refused; will retry, nothing lost",
+                     "Worker w: Redis answers again at /r.sock: back after 0 s (4000 looks failed)"], lines
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """payrun's embedded Redis for this test alone: stopped and started again by it."""
+    from payrun import redis_server
+
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
+    conn = redis_server.ensure_running(cfg)
+    yield cfg, conn
+    redis_server.stop(cfg)
+
+
+def _idle_through_an_outage(own_redis, monkeypatch, caplog, worker_class, liveness: bool) -> tuple[list, dict, str]:
+    """A worker waiting for work on "control" (RQ's own dequeue loop, on a thread), its
+    command channel subscribed and (``liveness``) its liveness thread beating, while the
+    embedded Redis is stopped, then started again. Each part tries on its own schedule
+    (shortened: 0.2 s); the story's clock is a FakeClock moved 31 s once every part has
+    failed twice. Returns the log records of the outage, the failed tries per part, and
+    the worker's name."""
+    import types
+
+    import rq.worker.base as rq_worker_base
+    from rq import Worker
+    from rq.worker import WorkerStatus
+
+    from jobs import runtime
+    from jobs.runtime import Liveness, make_queue, worker_name
+    from payrun import redis_server
+
+    from conftest import wait_for
+
+    cfg, conn = own_redis
+    monkeypatch.setattr(runtime, "ALIVE_EVERY_S", 0.2)
+    monkeypatch.setattr(runtime, "PUBSUB_RETRY_S", 0.2)
+    monkeypatch.setattr(rq_worker_base, "time", types.SimpleNamespace(
+        **{**vars(time), "sleep": lambda s: time.sleep(min(s, 0.2))}))  # RQ's wait between two tries
+    w = worker_class([make_queue("control", conn)], connection=conn, name=worker_name("control"))
+    clock = FakeClock()
+    w._outage.clock = clock
+    w.register_birth()
+    w._state = WorkerStatus.IDLE
+    live = Liveness(conn, [w.name], outage=w._outage).start() if liveness else None
+    w.subscribe()
+    taken = []
+    loop = threading.Thread(target=lambda: taken.append(Worker.dequeue_job_and_maintain_ttl(w, 1)), daemon=True)
+    parts = ("dequeue", "command channel") + (("liveness",) if liveness else ())
+    caplog.set_level(logging.INFO)
+    try:
+        loop.start()
+        assert redis_server.stop(cfg)
+        wait_for(lambda: all(w._outage.tries.get(p, 0) >= 2 for p in parts), timeout_s=30, what="each part failing")
+        clock.pause(31)
+        before = dict(w._outage.tries)
+        wait_for(lambda: all(w._outage.tries[p] > before[p] for p in parts), timeout_s=30,
+                 what="each part failing again, 31 s on")
+        conn = redis_server.ensure_running(cfg)
+        make_queue("control", conn).enqueue("jobs.testing.noop", job_id="control-noop-1")
+        wait_for(lambda: taken, timeout_s=30, what="the idle worker taking the job once Redis is back")
+        wait_for(lambda: not w._outage.away, timeout_s=30, what="every part back")
+    finally:
+        if live is not None:
+            live.stop()
+        w.unsubscribe()
+    assert taken[0][0].id == "control-noop-1"
+    return [r for r in caplog.records if r.name.startswith(("payrun", "rq"))], dict(w._outage.tries), w.name
+
+
+def _one_story(records, name: str, tries: dict) -> None:
+    said = [(r.levelname, r.getMessage()) for r in records if r.levelno >= logging.WARNING]
+    assert len(said) == 3, said
+    assert all(level == "WARNING" for level, _ in said), said  # (RQ said each try as an ERROR)
+    (_, first), (_, again), (_, back) = said
+    assert first.startswith(f"Worker {name}: Redis unreachable at ") and first.endswith("; will retry, nothing lost")
+    assert "still failing" not in first
+    assert "(still failing after 31 s: " in again and again.endswith("; will retry, nothing lost")
+    assert f"Worker {name}: Redis answers again at " in back and ": back after 31 s (" in back
+    assert f"({sum(tries.values())} looks failed)" in back  # every part's tries, in one count
+
+
+def test_an_idle_render_or_control_worker_tells_a_redis_outage_in_one_story(own_redis, monkeypatch, caplog):
+    """Its liveness thread (`liveness: …` every 30 s, `beating again`), its command channel's
+    thread (`its command channel cannot reach Redis`) and its dequeue loop (`cannot take
+    work`, `takes work again`) each told the outage: 3 lines at once, 3 every 30 s, 2
+    back. One line when Redis goes, one every 30 s, one when it is back; each part still
+    tries on its own schedule (all three failed, and again)."""
+    from jobs.runtime import RenderWorker
+
+    records, tries, name = _idle_through_an_outage(own_redis, monkeypatch, caplog, RenderWorker, liveness=True)
+    assert set(tries) == {"dequeue", "command channel", "liveness"}
+    _one_story(records, name, tries)
+
+
+def test_a_plain_rq_worker_under_rq_env_tells_a_redis_outage_in_one_story(own_redis, monkeypatch, caplog):
+    """`rq worker` with `payrun config rq-env` (PayrunRqWorker) logged RQ's ERROR "could
+    not connect to Redis instance: … retrying in N seconds..." at every try of its dequeue
+    loop and every 2 s from its command channel's thread, for as long as Redis was away."""
+    from jobs.runtime import PayrunRqWorker
+
+    records, tries, name = _idle_through_an_outage(own_redis, monkeypatch, caplog, PayrunRqWorker, liveness=False)
+    assert set(tries) == {"dequeue", "command channel"}
+    _one_story(records, name, tries)
+    assert {r.name for r in records if r.levelno >= logging.WARNING} == {"rq.worker"}  # (what `rq worker` shows)
+
+
+def test_a_plain_rq_worker_whose_work_loop_a_redis_error_ended_says_so_in_one_line(conn, caplog):
+    """RQ's "found an unhandled exception, quitting..." and its traceback; anything else
+    RQ says as an ERROR stays as it is."""
+    import redis
+
+    from jobs.runtime import PayrunRqWorker, make_queue
+
+    w = PayrunRqWorker([make_queue("control", conn)], connection=conn)
+    caplog.set_level(logging.INFO)
+    try:
+        raise redis.exceptions.ConnectionError("Error 111 connecting to 10.0.0.5:6379. Connection refused.")
+    except redis.exceptions.ConnectionError:
+        w.log.error("Worker %s: found an unhandled exception, quitting...", w.name, exc_info=True)  # (RQ's words)
+    try:
+        raise ValueError("a bug")
+    except ValueError:
+        w.log.error("Worker %s: found an unhandled exception, quitting...", w.name, exc_info=True)
+    quit_, bug = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert quit_.getMessage() == (f"Worker {w.name}: Redis went away (Error 111 connecting to 10.0.0.5:6379. "
+                                  "Connection refused.): its work loop ends") and not quit_.exc_info
+    assert bug.getMessage().endswith("found an unhandled exception, quitting...") and bug.exc_info
