@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from rich.cells import cell_len
+from rich.cells import cell_len, split_graphemes
 
 from payrun.status import hr_line
 
@@ -26,14 +26,16 @@ def spark(values: list[int]) -> str:
 def cells_head(text: str, width: int) -> str:
     """The longest start of ``text`` that takes at most ``width`` terminal columns, each
     character with the combining marks after it (display width, not ``len``: a Bengali
-    name's vowel signs and virama take no column of their own, a CJK character two)."""
+    name's vowel signs and virama take no column of their own, a CJK character two).
+    Measured by grapheme, as ``cell_len`` and Textual measure: "❤️" (U+FE0F after a
+    one-column heart) takes two, a ZWJ emoji sequence is one; never cut inside one."""
     if cell_len(text) <= width:
         return text
     used = 0
-    for i, ch in enumerate(text):
-        used += cell_len(ch)
+    for start, _end, cells in split_graphemes(text)[0]:
+        used += cells
         if used > width:
-            return text[:i]
+            return text[:start]
     return text
 
 
