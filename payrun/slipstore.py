@@ -100,6 +100,10 @@ def not_a_directory(store: Path) -> str | None:
             f"the slip store {store} is a file, not a directory: set PAYRUN_SLIPS_DIR to a directory (or move the file)")
     for parent in store.parents:
         if parent.exists() or parent.is_symlink():
+            if parent.is_symlink() and not parent.exists():  # (not "a file": moving it loses the link)
+                return (f"no slip store at {store}, and none can be made there: {parent} is a symlink to "
+                        f"{os.readlink(parent)}, which is not there: mount the shared store, or point the "
+                        "symlink at it")
             if not parent.is_dir():
                 return (f"no slip store at {store}, and none can be made there: {parent} is a file, not a "
                         "directory; set PAYRUN_SLIPS_DIR to a directory (or move the file)")

@@ -484,6 +484,25 @@ def test_what_to_do_about_a_slip_store_that_cannot_be_written_is_said_by_its_err
     assert "is a symlink to" in preflight.store_missing_text(tmp_path / "gone")
 
 
+def test_a_slip_store_under_a_symlink_to_an_unmounted_store_is_named_a_symlink_not_a_file(tmp_path):
+    """PAYRUN_SLIPS_DIR=/srv/slips/site-a with /srv/slips a symlink to a share not
+    mounted: it said "/srv/slips is a file, not a directory ... (or move the file)", and
+    moving it loses the link to the share. A valid store (a symlink to a mounted one, a
+    store not made yet under a directory or under such a symlink) is not refused."""
+    from payrun import slipstore
+
+    (tmp_path / "mnt" / "share").mkdir(parents=True)
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "srv" / "slips").symlink_to(tmp_path / "mnt" / "gone")
+    said = slipstore.not_a_directory(tmp_path / "srv" / "slips" / "site-a" / "2026")
+    assert said == (f"no slip store at {tmp_path / 'srv' / 'slips' / 'site-a' / '2026'}, and none can be made there: "
+                    f"{tmp_path / 'srv' / 'slips'} is a symlink to {tmp_path / 'mnt' / 'gone'}, which is not there: "
+                    "mount the shared store, or point the symlink at it"), said
+    (tmp_path / "srv" / "mounted").symlink_to(tmp_path / "mnt" / "share")
+    for fine in ("mounted", "mounted/site-a", "mounted/site-a/2026", "new/site-a"):
+        assert slipstore.not_a_directory(tmp_path / "srv" / fine) is None, fine
+
+
 def _slips_check(cfg, monkeypatch, store) -> tuple[int, dict, str]:
     """`payrun check` of a worker host (its part has the slip store, and needs no payroll data)."""
     (cfg.home / "supervisor.role").write_text("worker\n")
