@@ -503,6 +503,34 @@ def test_a_slip_store_under_a_symlink_to_an_unmounted_store_is_named_a_symlink_n
         assert slipstore.not_a_directory(tmp_path / "srv" / fine) is None, fine
 
 
+def test_a_slip_store_that_cannot_be_made_under_its_directory_is_not_called_one_up_makes(cfg, monkeypatch):
+    """A missing store under a directory this account cannot write (read-only, another
+    account's; here immutable, which root meets too): `payrun check` said "`payrun up`
+    makes it", and `up` started every program, each render failing to make it."""
+    import dataclasses
+    import subprocess
+
+    from payrun import supervise
+    from payrun.errors import SetupError
+
+    parent = cfg.home / "locked"
+    parent.mkdir()
+    if subprocess.run(["chattr", "+i", str(parent)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not allowed here")
+    try:
+        store = parent / "slips"
+        code, finding, text = _slips_check(cfg, monkeypatch, store)
+        assert code == 1 and finding["level"] == FAIL, finding
+        assert finding["text"].startswith(f"no slip store at {store}, and this account cannot make it: {parent} "
+                                          "cannot be written"), finding
+        assert "`payrun up` makes it" not in text, text
+        with pytest.raises(SetupError, match="this account cannot make it"):
+            supervise.check_role(dataclasses.replace(cfg, slips=str(store / "deeper")), "all")
+    finally:
+        subprocess.run(["chattr", "-i", str(parent)], check=True)
+    supervise.check_role(dataclasses.replace(cfg, slips=str(parent / "slips")), "all")  # writable again: fine
+
+
 def _slips_check(cfg, monkeypatch, store) -> tuple[int, dict, str]:
     """`payrun check` of a worker host (its part has the slip store, and needs no payroll data)."""
     (cfg.home / "supervisor.role").write_text("worker\n")
