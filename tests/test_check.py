@@ -569,3 +569,38 @@ def test_payrun_check_fails_a_slip_store_no_file_can_be_made_in_and_makes_nothin
     assert finding["text"].endswith("set PAYRUN_SLIPS_DIR to a directory on a disk"), finding
     assert "FAIL  slips" in text, text
     assert not [n for n in set(os.listdir(store)) - before if n.startswith(".payrun-check")]
+
+
+def test_a_local_provider_token_file_that_cannot_be_read_is_not_called_a_provider_to_restart(tmp_path):
+    """A provider-token file that is not a token (a second line) made `payrun check` add
+    "the one listening there is another data directory's ...: `supervisorctl restart
+    provider`" (its path has "token" in it): no restart helps; the file's own words say
+    what to do. A refused token keeps that advice."""
+    from payrun import config as config_mod
+    from payrun.provider import TOKEN_NAME
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    (tmp_path / "payrun.toml").write_text(f"[provider]\nport = {port}\n")
+    cfg = config_mod.load(tmp_path / "payrun.toml", env={"PAYRUN_HOME": str(tmp_path / "home")})
+    token = cfg.redis_dir / TOKEN_NAME
+    cfg.redis_dir.mkdir(parents=True)
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, b"SECRETX\nthe new token")
+    os.close(fd)
+    rep = preflight.Report()
+    preflight._email(cfg, rep)
+    said = next(f.text for f in rep.findings if f.level == FAIL)
+    assert f"{token} is not one line of printable ASCII" in said, said
+    assert "restart" not in said and "`payrun up` starts it" not in said and "SECRETX" not in said, said
+    token.write_text("the-token")
+    p = Provider(port=port, latency_s=0, token="another-token").start()
+    try:
+        rep = preflight.Report()
+        preflight._email(cfg, rep)
+        said = next(f.text for f in rep.findings if f.level == FAIL)
+        assert "refused our token (401)" in said and "`supervisorctl restart provider`" in said, said
+    finally:
+        p.stop()
