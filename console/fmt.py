@@ -6,9 +6,15 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from rich.cells import cell_len, split_graphemes
+from rich.cells import cell_len
 
 from payrun.status import hr_line
+
+try:
+    from rich.cells import split_graphemes
+except ImportError:  # rich before 15 (textual allows 14.2) measures a character at a time: so do we
+    def split_graphemes(text: str) -> tuple[list[tuple[int, int, int]], int]:
+        return [(i, i + 1, cell_len(ch)) for i, ch in enumerate(text)], cell_len(text)
 
 BARS = "▁▂▃▄▅▆▇█"
 
