@@ -11,6 +11,12 @@ from rich.cells import cell_len
 
 from payrun.status import hr_line
 
+try:
+    from rich.cells import split_graphemes
+except ImportError:  # rich before 15 (textual allows 14.2) measures a character at a time: so do we
+    def split_graphemes(text: str) -> tuple[list[tuple[int, int, int]], int]:
+        return [(i, i + 1, cell_len(ch)) for i, ch in enumerate(text)], cell_len(text)
+
 BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -27,14 +33,16 @@ def spark(values: list[int]) -> str:
 def cells_head(text: str, width: int) -> str:
     """The longest start of ``text`` that takes at most ``width`` terminal columns, each
     character with the combining marks after it (display width, not ``len``: a Bengali
-    name's vowel signs and virama take no column of their own, a CJK character two)."""
+    name's vowel signs and virama take no column of their own, a CJK character two).
+    Measured by grapheme, as ``cell_len`` and Textual measure: "❤️" (U+FE0F after a
+    one-column heart) takes two, a ZWJ emoji sequence is one; never cut inside one."""
     if cell_len(text) <= width:
         return text
     used = 0
-    for i, ch in enumerate(text):
-        used += cell_len(ch)
+    for start, _end, cells in split_graphemes(text)[0]:
+        used += cells
         if used > width:
-            return _whole_conjuncts(text[:i])
+            return _whole_conjuncts(text[:start])
     return text
 
 

@@ -589,10 +589,13 @@ def _email(cfg, rep: Report) -> None:
     except Exception as e:  # noqa: BLE001 - every way a provider can refuse, in one line
         from payrun.text import visible
 
-        local = "" if cfg.email.url else (
+        from payrun.errors import ConfigError
+
+        # (not for the token file itself, its path has "token" in it: its own words say what to do)
+        local = "" if cfg.email.url or isinstance(e, ConfigError) else (
             " (the local provider simulator: the one listening there is another data directory's, or one "
             "started before payrun followed a replaced token file: `supervisorctl restart provider`)"
-            if "token" in str(e) else " (the local provider simulator: `payrun up` starts it)")
+            if "refused our token" in str(e) else " (the local provider simulator: `payrun up` starts it)")
         rep.add("email", FAIL, f"{shown}: {visible(str(e))[:300]}{local}")
         return
     rep.add("email", OK, f"{shown}: {said} (nothing was sent)")

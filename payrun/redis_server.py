@@ -78,7 +78,8 @@ def read_secret(path: Path) -> tuple[str, tuple[int, int, int, int]]:
     """A secret file's text and the ``secret_signature`` of the file it was read from
     (fstat of the open file: a file renamed into place meanwhile is not mistaken for it):
     made owner-only (0600) if others could read it and it is ours, ConfigError if it is
-    not ours to fix. OSError if it cannot be read."""
+    not ours to fix or is not one line of printable ASCII (never quoting it). OSError if it
+    cannot be read."""
     fd = os.open(path, os.O_RDONLY)
     with os.fdopen(fd, "r") as f:
         st = os.fstat(fd)
@@ -89,7 +90,18 @@ def read_secret(path: Path) -> tuple[str, tuple[int, int, int, int]]:
                 raise ConfigError(f"{path} can be read by others and is not ours to fix: chmod 600 it")
             os.fchmod(fd, 0o600)  # a secret others could read: owner-only again
             st = os.fstat(fd)
-        return f.read().strip(), secret_signature(st)
+        try:
+            text = f.read().strip()
+        except UnicodeDecodeError:
+            text = "\x00"  # (not text: refused below, as a control character is)
+    if not (text.isascii() and text.isprintable()):
+        # (a second line, a control or non-ASCII character: no header or AUTH can carry it,
+        # and http.client's refusal quotes the whole header, the secret in a job's error)
+        from payrun.errors import ConfigError
+
+        raise ConfigError(f"{path} is not one line of printable ASCII (a line break, a control or a non-ASCII "
+                          "character): write the secret alone on one line")
+    return text, secret_signature(st)
 
 
 def _create_secret(path: Path) -> None:

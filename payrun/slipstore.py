@@ -89,8 +89,9 @@ def _not_alone(entry, why: str, is_slip: bool = False) -> str:
 
 def not_a_directory(store: Path) -> str | None:
     """Why no slip store can be at ``store`` (a symlink to nothing, a file, or a path under
-    a file: PAYRUN_SLIPS_DIR=/srv/slips.tar/slips), with what to do; None when it is a
-    directory or can be made (`payrun up` makes a missing one)."""
+    a file: PAYRUN_SLIPS_DIR=/srv/slips.tar/slips; or missing under a directory this account
+    cannot write), with what to do; None when it is a directory or can be made (`payrun up`
+    makes a missing one)."""
     store = Path(store)
     if store.is_symlink() and not store.exists():
         return (f"the slip store {store} is a symlink to {os.readlink(store)}, which is not there: mount the "
@@ -100,9 +101,18 @@ def not_a_directory(store: Path) -> str | None:
             f"the slip store {store} is a file, not a directory: set PAYRUN_SLIPS_DIR to a directory (or move the file)")
     for parent in store.parents:
         if parent.exists() or parent.is_symlink():
+            if parent.is_symlink() and not parent.exists():  # (not "a file": moving it loses the link)
+                return (f"no slip store at {store}, and none can be made there: {parent} is a symlink to "
+                        f"{os.readlink(parent)}, which is not there: mount the shared store, or point the "
+                        "symlink at it")
             if not parent.is_dir():
                 return (f"no slip store at {store}, and none can be made there: {parent} is a file, not a "
                         "directory; set PAYRUN_SLIPS_DIR to a directory (or move the file)")
+            if not os.access(parent, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+                # (the render workers make it, as this account: each would fail on it)
+                return (f"no slip store at {store}, and this account cannot make it: {parent} cannot be written "
+                        "(read-only, or another account's): make the store there and give it to the account payrun "
+                        "runs as, or set PAYRUN_SLIPS_DIR to a directory this account can write to")
             break
     return None
 

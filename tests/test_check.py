@@ -484,6 +484,53 @@ def test_what_to_do_about_a_slip_store_that_cannot_be_written_is_said_by_its_err
     assert "is a symlink to" in preflight.store_missing_text(tmp_path / "gone")
 
 
+def test_a_slip_store_under_a_symlink_to_an_unmounted_store_is_named_a_symlink_not_a_file(tmp_path):
+    """PAYRUN_SLIPS_DIR=/srv/slips/site-a with /srv/slips a symlink to a share not
+    mounted: it said "/srv/slips is a file, not a directory ... (or move the file)", and
+    moving it loses the link to the share. A valid store (a symlink to a mounted one, a
+    store not made yet under a directory or under such a symlink) is not refused."""
+    from payrun import slipstore
+
+    (tmp_path / "mnt" / "share").mkdir(parents=True)
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "srv" / "slips").symlink_to(tmp_path / "mnt" / "gone")
+    said = slipstore.not_a_directory(tmp_path / "srv" / "slips" / "site-a" / "2026")
+    assert said == (f"no slip store at {tmp_path / 'srv' / 'slips' / 'site-a' / '2026'}, and none can be made there: "
+                    f"{tmp_path / 'srv' / 'slips'} is a symlink to {tmp_path / 'mnt' / 'gone'}, which is not there: "
+                    "mount the shared store, or point the symlink at it"), said
+    (tmp_path / "srv" / "mounted").symlink_to(tmp_path / "mnt" / "share")
+    for fine in ("mounted", "mounted/site-a", "mounted/site-a/2026", "new/site-a"):
+        assert slipstore.not_a_directory(tmp_path / "srv" / fine) is None, fine
+
+
+def test_a_slip_store_that_cannot_be_made_under_its_directory_is_not_called_one_up_makes(cfg, monkeypatch):
+    """A missing store under a directory this account cannot write (read-only, another
+    account's; here immutable, which root meets too): `payrun check` said "`payrun up`
+    makes it", and `up` started every program, each render failing to make it."""
+    import dataclasses
+    import subprocess
+
+    from payrun import supervise
+    from payrun.errors import SetupError
+
+    parent = cfg.home / "locked"
+    parent.mkdir()
+    if subprocess.run(["chattr", "+i", str(parent)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not allowed here")
+    try:
+        store = parent / "slips"
+        code, finding, text = _slips_check(cfg, monkeypatch, store)
+        assert code == 1 and finding["level"] == FAIL, finding
+        assert finding["text"].startswith(f"no slip store at {store}, and this account cannot make it: {parent} "
+                                          "cannot be written"), finding
+        assert "`payrun up` makes it" not in text, text
+        with pytest.raises(SetupError, match="this account cannot make it"):
+            supervise.check_role(dataclasses.replace(cfg, slips=str(store / "deeper")), "all")
+    finally:
+        subprocess.run(["chattr", "-i", str(parent)], check=True)
+    supervise.check_role(dataclasses.replace(cfg, slips=str(parent / "slips")), "all")  # writable again: fine
+
+
 def _slips_check(cfg, monkeypatch, store) -> tuple[int, dict, str]:
     """`payrun check` of a worker host (its part has the slip store, and needs no payroll data)."""
     (cfg.home / "supervisor.role").write_text("worker\n")
@@ -522,3 +569,38 @@ def test_payrun_check_fails_a_slip_store_no_file_can_be_made_in_and_makes_nothin
     assert finding["text"].endswith("set PAYRUN_SLIPS_DIR to a directory on a disk"), finding
     assert "FAIL  slips" in text, text
     assert not [n for n in set(os.listdir(store)) - before if n.startswith(".payrun-check")]
+
+
+def test_a_local_provider_token_file_that_cannot_be_read_is_not_called_a_provider_to_restart(tmp_path):
+    """A provider-token file that is not a token (a second line) made `payrun check` add
+    "the one listening there is another data directory's ...: `supervisorctl restart
+    provider`" (its path has "token" in it): no restart helps; the file's own words say
+    what to do. A refused token keeps that advice."""
+    from payrun import config as config_mod
+    from payrun.provider import TOKEN_NAME
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    (tmp_path / "payrun.toml").write_text(f"[provider]\nport = {port}\n")
+    cfg = config_mod.load(tmp_path / "payrun.toml", env={"PAYRUN_HOME": str(tmp_path / "home")})
+    token = cfg.redis_dir / TOKEN_NAME
+    cfg.redis_dir.mkdir(parents=True)
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, b"SECRETX\nthe new token")
+    os.close(fd)
+    rep = preflight.Report()
+    preflight._email(cfg, rep)
+    said = next(f.text for f in rep.findings if f.level == FAIL)
+    assert f"{token} is not one line of printable ASCII" in said, said
+    assert "restart" not in said and "`payrun up` starts it" not in said and "SECRETX" not in said, said
+    token.write_text("the-token")
+    p = Provider(port=port, latency_s=0, token="another-token").start()
+    try:
+        rep = preflight.Report()
+        preflight._email(cfg, rep)
+        said = next(f.text for f in rep.findings if f.level == FAIL)
+        assert "refused our token (401)" in said and "`supervisorctl restart provider`" in said, said
+    finally:
+        p.stop()

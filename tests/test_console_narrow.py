@@ -301,6 +301,28 @@ def test_clip_cuts_by_terminal_columns_not_characters():
     assert cells_head(CJK, 3) == "山" and cells_head("abc", 2) == "ab"
 
 
+def test_cells_head_measures_as_rich_does_an_emoji_with_its_variation_selector_or_joiner():
+    """rich (and so Textual) measures by grapheme: "❤" is one column but "❤️" (with
+    U+FE0F) two, a ZWJ family one emoji of two. Counted a character at a time, a name of
+    hearts cut to 5 columns came out 9 wide, and a cut could fall inside one emoji."""
+    from rich.cells import cell_len
+
+    from console.fmt import cells_head, clip
+    from console.widgets.status import fit
+
+    hearts = "\u2764\ufe0f" * 5  # 10 columns
+    family = "\U0001F468\u200d\U0001F469\u200d\U0001F467"  # 2 columns
+    for text in (hearts, "Love \u2764\ufe0f\u2764\ufe0f Ltd", family * 4, "a" + family + "b" + family):
+        for width in range(1, 12):
+            for f in (cells_head, clip, fit):
+                out = f(text, width)
+                assert cell_len(out) <= width, (f.__name__, text, width, out)
+            head = cells_head(text, width)
+            assert text[len(head):len(head) + 1] not in ("\ufe0f", "\u200d"), (text, width, head)
+    assert cells_head(hearts, 5) == "\u2764\ufe0f" * 2
+    assert cells_head(family * 2, 3) == family  # a whole emoji, not its first person
+
+
 def test_the_status_line_and_a_retry_errors_head_are_fitted_by_columns():
     from rich.cells import cell_len
 

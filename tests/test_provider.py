@@ -738,3 +738,44 @@ def test_a_sender_with_a_token_file_does_not_look_at_it_while_its_token_is_taken
         t2.close()
     finally:
         p.stop()
+
+
+def test_a_token_file_with_a_line_break_is_not_taken_and_the_token_never_reaches_an_error(tmp_path, caplog):
+    """A replaced token file written by hand with a second line (or another control or a
+    non-ASCII character) was taken: every send then failed with http.client's "Invalid
+    header value b'Bearer <the token>...'", the token in the job's error, the ledger,
+    `payrun failed` and `payrun check`'s output. It is not a token: the last one is kept
+    (the file named, never its text), and a first read refuses it the same way."""
+    import logging
+
+    from payrun.errors import ConfigError
+    from payrun.provider import TokenFile
+
+    path = tmp_path / "provider-token"
+    _replace_token(path, "good-token")
+    p = Provider(latency_s=0, rate_per_s=1000, token="good-token").start()
+    try:
+        tf = TokenFile(path)
+        from jobs import mail
+
+        t = mail.transport_for(p.url, 5, token=tf)
+        with caplog.at_level(logging.WARNING, logger="payrun.provider"):
+            for bad in ("SECRETabc\nsecond line", "SECRET\rabc", "SECRET\x1b[2Jabc", "SECRET\u09aeabc"):
+                _replace_token(path, bad)
+                assert tf.refresh() == "good-token", repr(bad)
+                assert t.send(_slip(f"slip:2026-11:{len(bad)}-{ord(bad[6])}")).startswith("msg-")
+                with pytest.raises(ConfigError) as ei:
+                    TokenFile(path)
+                assert str(path) in str(ei.value) and "SECRET" not in str(ei.value)
+            path.with_name("raw").write_bytes(b"SECRET\xffabc")  # not even UTF-8
+            os.chmod(path.with_name("raw"), 0o600)
+            os.replace(path.with_name("raw"), path)
+            assert tf.refresh() == "good-token"
+            with pytest.raises(ConfigError, match="not one line of printable ASCII"):
+                TokenFile(path)
+        assert str(path) in caplog.text and "SECRET" not in caplog.text
+        _replace_token(path, "next-token with a space")  # odd but a valid header value: taken
+        assert tf.refresh() == "next-token with a space"
+        t.close()
+    finally:
+        p.stop()
