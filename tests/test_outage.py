@@ -941,6 +941,8 @@ def _idle_through_an_outage(own_redis, monkeypatch, caplog, worker_class, livene
     caplog.set_level(logging.INFO)
     try:
         loop.start()
+        # (RQ writes the idle state before its loop's try: Redis stopped just then ends the thread)
+        wait_for(lambda: any(c.get("cmd") == "blmove" for c in conn.client_list()), what="the loop waiting for work")
         assert redis_server.stop(cfg)
         wait_for(lambda: all(w._outage.tries.get(p, 0) >= 2 for p in parts), timeout_s=30, what="each part failing")
         clock.pause(31)
