@@ -1000,6 +1000,10 @@ class HttpTransport:
         self._token_file: TokenSource | None = None if token is None or isinstance(token, str) else token
         if self._token_file is not None:
             token = self._token_file.current()
+        if token and not (token.isascii() and token.isprintable()):
+            # (http.client's refusal quotes the whole header, the token, in the send's error)
+            raise ValueError(f"the provider's token ({EMAIL_TOKEN_ENV} or the token file) is not one line of "
+                             f"printable ASCII: set the token alone")
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"

@@ -412,8 +412,20 @@ def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = Non
                           f"resolves against the current directory, {Path.cwd()}): set PAYRUN_HOME, or run "
                           f"payrun from its own directory")
     _check_home_is_a_directory(cfg.home)
+    problems = problems + [f"{name} is not one line of printable ASCII (a line break, a control or a non-ASCII "
+                           f"character): set the token alone" for name in ("PAYRUN_EMAIL_TOKEN", "PAYRUN_BANK_TOKEN")
+                           if not header_safe(env.get(name) or "")]
+    if not header_safe(cfg.scheduler.bank_token) and header_safe(env.get("PAYRUN_BANK_TOKEN") or ""):
+        problems.append("scheduler.bank_token is not one line of printable ASCII: set the token alone")
     validate(cfg, email_token=bool(env.get("PAYRUN_EMAIL_TOKEN")), known=problems)
     return cfg
+
+
+def header_safe(secret: str) -> bool:
+    """Whether a token can go in an HTTP header as it is: one line of printable ASCII.
+    http.client refuses any other, quoting the whole header (the token) in its error, which
+    a failed send keeps as its error: in the ledger, `payrun failed` and the logs."""
+    return secret.isascii() and secret.isprintable()
 
 
 def _check_home_is_a_directory(home: Path) -> None:

@@ -357,3 +357,21 @@ def test_no_repr_of_the_configuration_shows_a_credential(tmp_path):
         for secret in ("REDISPW", "ROPW", "SMTPPW", "BANKPW", "BANKTOKEN"):
             assert secret not in text, (secret, text[:300])
     assert "redis.example" in repr(cfg) and "bob:***@mail.example" in repr(cfg)  # the rest still reads
+
+
+def test_a_token_no_http_header_can_carry_is_refused_without_quoting_it(tmp_path):
+    """A PAYRUN_EMAIL_TOKEN (or bank token) with a line break in it (pasted with a second
+    line) made every send fail with http.client's "Invalid header value b'Bearer <token>…'":
+    the token in each job's error, the ledger, `payrun failed`. Refused at start instead,
+    naming the variable, never the value."""
+    for name, value in (("PAYRUN_EMAIL_TOKEN", "tok-secret-1\nsecond-line"), ("PAYRUN_BANK_TOKEN", "tok-secret-2\x1b"),
+                        ("PAYRUN_EMAIL_TOKEN", "tok-secret-3ä")):
+        with pytest.raises(ConfigError) as e:
+            config.load(env={"PAYRUN_HOME": str(tmp_path), name: value})
+        assert f"{name} is not one line of printable ASCII" in str(e.value) and "tok-secret" not in str(e.value)
+    (tmp_path / "c.toml").write_text('[scheduler]\nbank_token = "tok-secret-4\\u0007"\n')
+    (tmp_path / "c.toml").chmod(0o600)
+    with pytest.raises(ConfigError) as e:
+        config.load(env={"PAYRUN_HOME": str(tmp_path), "PAYRUN_CONFIG": str(tmp_path / "c.toml")})
+    assert "scheduler.bank_token is not one line" in str(e.value) and "tok-secret" not in str(e.value)
+    assert config.load(env={"PAYRUN_HOME": str(tmp_path), "PAYRUN_EMAIL_TOKEN": "tok-fine_1.2-3"})

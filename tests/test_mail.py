@@ -449,6 +449,10 @@ def test_http_token_from_env(monkeypatch):
         t = transport_for(p.url, 5)
         assert "tok-abc123" not in repr(t)
         assert t.send(make_msg())
+        monkeypatch.setenv("PAYRUN_EMAIL_TOKEN", "tok-abc123\nline-two")  # (http.client's error would quote it)
+        with pytest.raises(ValueError) as ei:
+            transport_for(p.url, 5)
+        assert "not one line of printable ASCII" in str(ei.value) and "tok-abc" not in str(ei.value)
     finally:
         p.stop()
 
