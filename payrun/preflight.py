@@ -602,8 +602,10 @@ def _email(cfg, rep: Report) -> None:
 
 
 def _slips(cfg, rep: Report, slips: int, slip_bytes: int) -> None:
+    from payrun import slipstore
+
     store: Path = cfg.slips_dir
-    if not store.is_dir():
+    if slipstore.not_a_directory(store) or not store.is_dir():  # (the first: is_dir raises on a store out of reach)
         rep.add("slips", FAIL, store_missing_text(store))
         return
     probe = store / f".payrun-check-{os.getpid()}"

@@ -93,6 +93,14 @@ def not_a_directory(store: Path) -> str | None:
     cannot write), with what to do; None when it is a directory or can be made (`payrun up`
     makes a missing one)."""
     store = Path(store)
+    try:
+        return _not_a_directory(store)
+    except PermissionError as e:  # (a folder on its way this account cannot enter: exists() raises)
+        return (f"the slip store {store} cannot be reached by this account ({e.strerror}: {e.filename}): give the "
+                "account payrun runs as access to it, or set PAYRUN_SLIPS_DIR to a directory it can reach")
+
+
+def _not_a_directory(store: Path) -> str | None:
     if store.is_symlink() and not store.exists():
         return (f"the slip store {store} is a symlink to {os.readlink(store)}, which is not there: mount the "
                 "shared store, or point the symlink at it")

@@ -604,3 +604,42 @@ def test_a_local_provider_token_file_that_cannot_be_read_is_not_called_a_provide
         assert "refused our token (401)" in said and "`supervisorctl restart provider`" in said, said
     finally:
         p.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another account")
+def test_a_slip_store_this_account_cannot_reach_is_said_not_a_traceback(tmp_path):
+    """Not as root: a store below a folder this account cannot enter made `payrun check` and
+    `payrun up` end in a PermissionError traceback (Path.exists raises EACCES). Run as the
+    `nobody` account in a forked child (the modules are loaded already), on a store below a
+    root-only folder."""
+    import json as _json
+
+    from payrun import preflight, slipstore
+
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o700)
+    tmp_path.chmod(0o755)  # (nobody may enter tmp_path, not locked)
+    store = locked / "slips"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            out = {"up": slipstore.store_problem(store), "check": preflight.store_missing_text(store)}
+            os.write(w, _json.dumps(out).encode())
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - tell the parent
+            os.write(w, _json.dumps({"error": repr(e)}).encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = _json.loads(f.read() or b"{}")
+    os.waitpid(pid, 0)
+    assert "error" not in said, said
+    for text in (said["up"], said["check"]):
+        assert text.startswith(f"the slip store {store} cannot be reached by this account (Permission denied"), text
