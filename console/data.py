@@ -339,15 +339,13 @@ RETRY_SAMPLE = 100
 def error_head(text: str) -> str:
     """What a failure was, short and shared by its kind: "HTTP 503 provider outage" of
     "provider 127.0.0.1:8025: HTTP 503 provider outage: try later"."""
-    from rich.cells import cell_len
-
     from console.failed import short_error
-    from console.fmt import cells_head
+    from console.fmt import cells_head, columns
 
     head = short_error(text).split(": ")[0].strip()
     # (cut at 48 columns, not mid-clause: "provider down (11 sends in a row failed),  ×1";
     # columns, not len: CJK text takes two a character, a Bengali vowel sign none)
-    if cell_len(head) > 48:
+    if columns(head) > 48:
         head = cells_head(head, 48).rstrip(" ,;")
     return head
 

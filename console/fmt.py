@@ -30,17 +30,28 @@ def spark(values: list[int]) -> str:
     return "".join(BARS[min(len(BARS) - 1, round(v / top * (len(BARS) - 1)))] for v in values)
 
 
+def columns(text: str) -> int:
+    """The columns ``text`` takes in a terminal: rich's measure (Textual's), plus one for each
+    spacing vowel sign (Unicode Mc: া ি ো in Bengali) that rich counts as none and
+    terminals (glibc's wcwidth, tmux) draw one column wide. Cut by rich's measure alone, a
+    Bengali company row ran 11 columns past its cell in tmux at 80 columns."""
+    n = cell_len(text)
+    if not text.isascii():
+        n += sum(1 for ch in text if unicodedata.category(ch) == "Mc" and not cell_len(ch))
+    return n
+
+
 def cells_head(text: str, width: int) -> str:
-    """The longest start of ``text`` that takes at most ``width`` terminal columns, each
-    character with the combining marks after it (display width, not ``len``: a Bengali
-    name's vowel signs and virama take no column of their own, a CJK character two).
-    Measured by grapheme, as ``cell_len`` and Textual measure: "❤️" (U+FE0F after a
-    one-column heart) takes two, a ZWJ emoji sequence is one; never cut inside one."""
-    if cell_len(text) <= width:
+    """The longest start of ``text`` that takes at most ``width`` terminal columns
+    (``columns``), each character with the combining marks after it (display width, not
+    ``len``: a Bengali name's virama takes no column, a CJK character two). Measured by
+    grapheme, as ``cell_len`` and Textual measure: "❤️" (U+FE0F after a one-column heart)
+    takes two, a ZWJ emoji sequence is one; never cut inside one."""
+    if columns(text) <= width:
         return text
     used = 0
-    for start, _end, cells in split_graphemes(text)[0]:
-        used += cells
+    for start, end, cells in split_graphemes(text)[0]:
+        used += cells + (columns(text[start:end]) - cell_len(text[start:end]))
         if used > width:
             return _whole_conjuncts(text[:start])
     return text
@@ -59,11 +70,11 @@ def clip(text: str, width: int) -> str:
     Tea Estates Li" at 80 columns read as a name of its own). Columns, not characters:
     cut by ``len`` a Bengali name (marks with no column) left its column short and
     "…" too early, a CJK one (two columns a character) ran past it."""
-    if cell_len(text) <= width:
+    if columns(text) <= width:
         return text
     cut = cells_head(text, max(0, width - 1))
-    if " " in cut.strip() and text[len(cut)] != " ":
-        cut = cut[: cut.rstrip().rindex(" ")]
+    if " " in cut.strip() and text[len(cut)] != " " and not cut.endswith(" "):  # (a cut after a space: a whole word)
+        cut = cut[: cut.rindex(" ")]
     return cut.rstrip(" ,;:-") + "…"
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import Static
 
-from console.fmt import cells_head, clock, duration
+from console.fmt import cells_head, clock, columns, duration
 
 
 class StatusBar(Static):
@@ -57,7 +56,7 @@ def fit(text: str, width: int) -> str:
     """``text`` in ``width`` terminal columns (not ``len``: a CJK character takes two):
     whole if it fits, else without its parenthesised details ("Redis unreachable (ConnectionError: …)" → "Redis unreachable"), then without
     "last refresh", else cut at a word with "…"."""
-    if cell_len(text) <= width:
+    if columns(text) <= width:
         return text
     out, depth = [], 0
     for ch in text:
@@ -68,10 +67,10 @@ def fit(text: str, width: int) -> str:
         if ch == ")" and depth:
             depth -= 1
     short = " ".join("".join(out).split()).replace(" ;", ";").replace(" :", ":")
-    if cell_len(short) <= width:
+    if columns(short) <= width:
         return short
     short = short.removeprefix("last refresh ")  # "12s ago: Redis unreachable"
-    if cell_len(short) <= width:
+    if columns(short) <= width:
         return short
     if width <= 1:
         return ""

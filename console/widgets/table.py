@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.cells import cell_len
 from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
-from console.fmt import clip
+from console.fmt import clip, columns
 
 RESERVED = 3
 """Columns of a table's width its cells never get when its rows overflow its height: the
@@ -82,8 +81,8 @@ class LiveTable(DataTable):
             return
         widths = {}
         for i, (key, label) in enumerate(self._columns):
-            cells = [Text.from_markup(label).cell_len] + [
-                (c.cell_len if isinstance(c, Text) else Text(str(c)).cell_len) for c in
+            cells = [columns(Text.from_markup(label).plain)] + [  # (terminal columns: a Bengali name's more)
+                columns(c.plain if isinstance(c, Text) else str(c)) for c in
                 (row[i] for row in self._cells.values())]
             widths[key] = max(cells) + 2 * self.cell_padding
         room = self.room()
@@ -130,7 +129,7 @@ class LiveTable(DataTable):
         if width is None:
             return _plain(cell)
         text = cell.plain if isinstance(cell, Text) else str(cell)
-        if cell_len(text) <= width:  # (columns, not len: a Bengali or CJK name)
+        if columns(text) <= width:  # (terminal columns, not len: a Bengali or CJK name)
             return _plain(cell)
         return Text(clip(text, width), style=cell.style if isinstance(cell, Text) else "")
 
