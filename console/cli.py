@@ -182,8 +182,9 @@ def register(cli) -> None:
             procs = len({w.process for w in gone})
             click.echo(f"{len(gone)} worker(s) GONE{f' in {procs} processes' if procs > 1 else ''}: no liveness "
                        "for over 10 s (killed, hung, or restarted: a process that exits leaves its workers' "
-                       "records). The reaper hands their jobs back; RQ forgets them within 8 min (`rq info` lists "
-                       "them until then).")
+                       "records). The reaper hands their jobs back, and its next pass on their host clears the "
+                       "records of a process that exited; a hung one, or one on a host with no reaper, RQ forgets "
+                       "within 8 min (`rq info` lists them until then).")
 
     @cli.command()
     @click.option("--json", "as_json", is_flag=True)

@@ -52,6 +52,7 @@ from jobs.policy import (GATE_FIT, GATE_MARGIN_DECAY_MS_PER_S, GATE_MARGIN_MAX_M
                          late_for_gate)
 from jobs.policy import outage_pause_s as outage_pause_s_for
 from payrun import keys
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 RATE_HEADROOM = 0.975
 """Sends are scheduled at 97.5% of the configured rate (or slower, see paced_rate); the
@@ -291,6 +292,24 @@ def _outage_pauses_ms(first_s: float, max_s: float) -> tuple[int, ...]:
     return tuple(pauses)
 
 
+def _once_more_on_drop(script):
+    """``script`` tried once more, on a new connection, when its connection was dropped.
+    A send lane holds one connection (jobs.runtime.lane_connection); after a Redis restart
+    its first command finds it closed. At a low rate most lanes sleep until their reserved
+    start, so that command is the send gate's: in an on-call drill (`limits set --rate 6`,
+    `supervisorctl restart redis`) 39 sends spent an attempt on the broken pipe, one at
+    each reserved start, long after Redis was back. Only scripts with the same outcome
+    when run twice by one caller are wrapped (a slot for the same holder, a reserved
+    start: a schedule one start later at worst, the gate with the same member), as in
+    jobs.idempotency._run. Redis really away: the second try raises."""
+    def call(keys=(), args=()):
+        try:
+            return script(keys=keys, args=args)
+        except RedisConnectionError:
+            return script(keys=keys, args=args)  # (redis-py reconnects: still down, it raises again)
+    return call
+
+
 class Limiter:
     """The limits of one resource. Thread-safe: lanes of one process share it."""
 
@@ -312,11 +331,11 @@ class Limiter:
         self.k_gate = keys.limit_gate(name)
         self.k_outage = keys.limit_outage(name)
         self._margin_args = [GATE_MARGIN_MIN_MS, GATE_MARGIN_MAX_MS, GATE_MARGIN_DECAY_MS_PER_S / 1000.0]
-        self._acquire = conn.register_script(_ACQUIRE_SLOT)
-        self._acquire_take = conn.register_script(_ACQUIRE_SLOT_AND_TAKE)
-        self._reserve = conn.register_script(_RESERVE)
+        self._acquire = _once_more_on_drop(conn.register_script(_ACQUIRE_SLOT))
+        self._acquire_take = conn.register_script(_ACQUIRE_SLOT_AND_TAKE)  # (dequeues: not twice)
+        self._reserve = _once_more_on_drop(conn.register_script(_RESERVE))
         self._pause = conn.register_script(_PAUSE)
-        self._gate = conn.register_script(_GATE)
+        self._gate = _once_more_on_drop(conn.register_script(_GATE))
         self._failed = conn.register_script(_PROVIDER_FAILED)
         self._ok = conn.register_script(_PROVIDER_OK)
         self._lock = threading.Lock()

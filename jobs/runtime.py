@@ -369,7 +369,8 @@ class _QuietJobOK(logging.Filter):
     outage, not a bug): one WARNING line."""
 
     RQ_FAILED = "Worker %s: job %s: exception raised while executing (%s)\n%s"
-    REDIS_AWAY = ("redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError")
+    REDIS_AWAY = ("redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError",
+                  "redis.exceptions.BusyLoadingError")  # (a restarted Redis loading its data)
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.msg if isinstance(record.msg, str) else ""

@@ -691,6 +691,32 @@ def stage_slip(path: Path, pdf: bytes, durable: bool = False, store: Path | None
     return tmp
 
 
+def remove_dead_stages(path: Path) -> list[Path]:
+    """Remove the files stage_slip left beside `path` for a process that is gone: a render
+    worker killed (`kill -9`) between its horse's stage and its own commit left
+    `.<slip>.<pid>.<hex>.tmp`, a copy of the slip, for good (on-call drill, session 41).
+    A stage of a live process (another render of this slip under way) stays; so does one
+    of a pid reused since. Scans the slip's folder: call it for a slip's later tries only.
+    Returns what it removed."""
+    from payrun.procs import pid_alive
+
+    path = Path(path)
+    prefix = f".{path.name}."
+    removed = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except FileNotFoundError:
+        return []
+    for e in entries:
+        if not (e.name.startswith(prefix) and e.name.endswith(".tmp")):
+            continue
+        pid = e.name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            _unlink_quietly(Path(e.path))
+            removed.append(Path(e.path))
+    return removed
+
+
 def commit_slip(tmp: Path, path: Path, synced: bool = False) -> None:
     """The second half of write_slip: the staged file's data made durable (unless
     ``synced``: stage_slip did), then renamed over `path`, then the rename made durable

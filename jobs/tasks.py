@@ -187,6 +187,8 @@ def render_slip(snapshot: dict[str, Any]) -> dict[str, Any]:
     job = get_current_job()
     rel = slip_relpath(snapshot["month"], snapshot["company"]["id"], snapshot["employee"]["id"])
     pdf = slip.render_pdf(snapshot)  # raises PermanentError on bad data
+    if job is not None and int(job.meta.get("attempt") or 1) > 1:  # an earlier try may have died mid-write
+        slip.remove_dead_stages(cfg.slips_dir / rel)
     if job is not None and _hand_finish_over:
         tmp = slip.stage_slip(cfg.slips_dir / rel, pdf, store=cfg.slips_dir)
         return {"slip": rel, "bytes": len(pdf), FINISH_KEY: {"staged": str(tmp), "email": email_payload(snapshot, rel)}}

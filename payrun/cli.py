@@ -1166,6 +1166,17 @@ def reap(c: Ctx, loop: bool, every_s: int | None, as_json: bool) -> None:
             (log.warning if loop else click.echo)(
                 f"freed {len(freed)} email slot(s) held by senders with no liveness: {', '.join(lanes[:5])}"
                 + (f" … ({len(lanes)} in all)" if len(lanes) > 5 else ""))
+        if not away:
+            # a worker killed with -9 is restarted by supervisord before its liveness lapses,
+            # so the new worker's start kept its record: it read GONE for up to 8 minutes
+            # (RQ's key expiry) beside its successor (drill, session 41). Once the liveness
+            # has lapsed, the next pass on its host registers its death.
+            from jobs.runtime import forget_dead_here
+
+            try:
+                forget_dead_here(conn)
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ResponseError) as e:
+                log.warning("reaper: could not clear exited workers' records (%s)", e)
         if as_json and not loop:
             click.echo(json.dumps([vars(s) for s in returned]))
         for s in returned:

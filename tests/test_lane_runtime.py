@@ -630,3 +630,35 @@ def test_a_worker_starting_clears_the_records_of_this_hosts_exited_workers(conn,
     assert not set(stale) & listed and other in listed, listed
     assert conn.smembers("rq:workers:send-email") == {f"rq:worker:{other}".encode()}
     assert all(conn.hget(f"rq:worker:{n}", "death") and 0 < conn.ttl(f"rq:worker:{n}") <= 60 for n in stale)
+
+
+def test_the_reaper_clears_the_record_of_a_worker_killed_before_its_successor_started(conn, cfg):
+    """On-call drill (session 41): `kill -9` of a pdf-render worker and of the send-email
+    process; supervisord started each again within a second or two, while the killed
+    one's liveness key still lived, so the new worker's start kept its records, and
+    `payrun workers` and the console listed them GONE beside their successors (RQ forgets
+    them after 8 minutes). A reaper pass on their host, once the liveness has lapsed,
+    registers their death; one whose liveness is still beaten, or of another host, stays."""
+    import socket
+    import subprocess
+
+    from click.testing import CliRunner
+    from rq import Worker
+
+    from payrun.cli import cli
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    pid = int(gone.stdout)
+    host = socket.gethostname()
+    killed, beating, other = f"render.{host}.{pid}", f"email.{host}.{pid}.00", f"render.elsewhere.{pid}"
+    for name, h, q in [(killed, host, "pdf-render"), (beating, host, "send-email"), (other, "elsewhere", "pdf-render")]:
+        conn.hset(f"rq:worker:{name}", mapping={"hostname": h, "pid": pid, "queues": q, "state": "busy"})
+        conn.sadd("rq:workers", f"rq:worker:{name}")
+        conn.sadd(f"rq:workers:{q}", f"rq:worker:{name}")
+    conn.set(keys.alive(beating), 1, ex=10)
+    out = CliRunner().invoke(cli, ["reap"])
+    assert out.exit_code == 0, out.output
+    listed = {w.name for w in Worker.all(connection=conn)}
+    assert killed not in listed and {beating, other} <= listed, listed
+    assert conn.smembers("rq:workers:pdf-render") == {f"rq:worker:{other}".encode()}

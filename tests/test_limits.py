@@ -643,3 +643,35 @@ def test_slots_held_by_senders_waiting_for_the_rate_are_told_apart(conn):
     sec, usec = conn.time()
     conn.set(keys.limit_tat("email"), str(sec * 1000 + usec / 1000 + 2000))
     assert lim.waiting_for_rate(50) in (23, 24)  # 2 s ahead at 12/s (less the ms since)
+
+
+def test_a_lanes_connection_dropped_while_it_waited_for_its_start_costs_the_send_no_attempt(conn):
+    """On-call drill (session 41): at a low rate (`limits set --rate 6`) 45 lanes sleep
+    until their reserved start; a `supervisorctl restart redis` closed each lane's one
+    connection under it, and every one of them woke to a broken pipe at the send gate:
+    39 sends spent an attempt, one every 170 ms, long after Redis was back. The limiter's
+    scripts that may run twice with the same outcome (a slot for the same holder, a
+    reserved start, the gate with the same member) are tried once more on a new
+    connection, as the idempotency scripts are. Redis really away: the error goes up."""
+    import redis
+
+    from jobs.runtime import lane_connection
+
+    lane = lane_connection(conn)
+    lim = limiter(lane, cap=3, rate=1000.0)
+    assert lim.try_slot("lane-1")[0] and lim.token()  # the lane holds its connection
+
+    def restart():  # the server closes the lane's connection, as a restart does
+        conn.client_kill_filter(_id=lane.client_id())
+
+    restart()
+    assert lim.try_slot("lane-1")[0]
+    restart()
+    assert lim.token()
+    restart()
+    assert lim.gate()
+    assert lim.in_use() == 1  # the slot taken once, for its one holder
+
+    away = Limiter(redis.Redis(unix_socket_path="/nonexistent/payrun-drill.sock"), "email", 3, 1000.0, 30.0)
+    with pytest.raises(redis.ConnectionError):  # Redis really away: the error reaches the job
+        away.token()

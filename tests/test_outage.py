@@ -490,6 +490,11 @@ def test_a_job_failing_with_our_own_error_is_one_log_line_and_a_bug_keeps_its_tr
     assert quiet.filter(r) and r.levelname == "WARNING"
     assert r.getMessage() == ("Worker email.vm.1.00: job email-2026-11-emp-1: Redis unavailable: "
                               "ConnectionError: Error 2 connecting to /x/redis.sock. No such file or directory.")
+    # a restarted Redis still loading its data (drill, session 41: it was a 40-line traceback)
+    r = rq_record(redis_mod.BusyLoadingError("Redis is loading the dataset in memory"))
+    assert quiet.filter(r) and r.levelname == "WARNING"
+    assert r.getMessage() == ("Worker email.vm.1.00: job email-2026-11-emp-1: Redis unavailable: "
+                              "BusyLoadingError: Redis is loading the dataset in memory")
 
 
 def test_the_runtime_gives_a_held_job_its_attempt_back_a_bounded_number_of_times():

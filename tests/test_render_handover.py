@@ -5,6 +5,7 @@ outcome must be the fork-per-job worker's, record for record. Real Redis, real r
 
 from __future__ import annotations
 
+import os
 import stat
 
 import pytest
@@ -179,3 +180,31 @@ def test_a_second_sigterm_hands_back_a_render_waiting_to_be_finished(world):
     back = PayrunJob.fetch(job.id, connection=conn)
     assert back.get_status() == JobStatus.QUEUED and int(conn.hget(back.key, events.RETURNED_FIELD)) == 1
     assert not conn.exists(f"rq:job:{keys.email_job_id(MONTH, snapshot['employee']['id'])}")  # no send yet
+
+
+def test_a_render_tried_again_removes_the_slip_staged_by_a_try_whose_process_was_killed(world):
+    """On-call drill (session 41): `kill -9` of a pdf-render worker between its horse's
+    stage of a slip and the worker's commit left `.emp-00338.pdf.<pid>.<hex>.tmp` (a copy
+    of the slip) beside the slip its next try made, for good. A render that is not its
+    slip's first try removes the stages of that slip whose process is gone; a stage of a
+    live process (another render of it under way) stays."""
+    import subprocess
+    import sys
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH, company_id=1)
+    job_id = _render_ids(conn)[0]
+    job = PayrunJob.fetch(job_id, connection=conn)
+    path = cfg.slips_dir / tasks.slip_relpath(MONTH, 1, job_id.split(f"render-{MONTH}-", 1)[1])
+    job.meta["attempt"] = 1  # its first try was returned by the reaper
+    job.save_meta()
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stale, live = path.parent / f".{path.name}.{dead}.e40389ab.tmp", path.parent / f".{path.name}.{os.getpid()}.0a1b2c3d.tmp"
+    stale.write_bytes(b"%PDF- a slip staged by a killed try")
+    live.write_bytes(b"%PDF- a slip being staged now")
+    _warm_worker(conn, jobs_per_horse=100).work(burst=True, logging_level="WARNING")
+    assert make_queue(keys.RENDER_QUEUE, conn).failed_job_registry.count == 0
+    assert path.exists() and not stale.exists() and live.exists()
+    assert not list(cfg.slips_dir.rglob(f".*.{dead}.*.tmp"))
