@@ -540,7 +540,10 @@ def _note_without_salary_line(db, ledger, month: str, company_ids: list[int]) ->
     staff, and nothing said so)."""
     from payrun import payroll
 
-    unpaid = payroll.without_salary_line(db, month, company_ids, ledger.employees_with_jobs(month))
+    with_jobs = ledger.employees_with_jobs(month)
+    unpaid = payroll.without_salary_line(db, month, company_ids, with_jobs)
+    if left := payroll.left_text(payroll.left_with_salary_line(db, month, company_ids, with_jobs), month):
+        click.echo(f"note: {left}", err=True)
     if ids := [e for cid in sorted(unpaid) for e in unpaid[cid]]:
         shown = " ".join(ids[:10]) + (f" … ({len(ids) - 10:,} more: `payrun status --json`)" if len(ids) > 10 else "")
         click.echo(f"note: {len(ids):,} active employee{'' if len(ids) == 1 else 's'} of {_companies(sorted(unpaid))} "

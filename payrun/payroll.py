@@ -1101,6 +1101,42 @@ def without_salary_line(db: "PayrollDB | sqlite_utils.Database", month: str,
     return out
 
 
+def left_with_salary_line(db: "PayrollDB | sqlite_utils.Database", month: str,
+                          company_ids: list[int], with_slip: set[str] = frozenset()) -> dict[int, list[str]]:
+    """Per company of ``company_ids`` (the company of the salary line), the employees marked
+    left (`payrun employee left`) who have a salary line for ``month`` and no slip job of it
+    (``with_slip``), ids ascending: a pay run leaves them out, whatever month it pays. The
+    mark has no date, so a month run late (a missed October run after an October leaver was
+    marked) made them no slip, and nothing said so (an HR walkthrough, session 41)."""
+    _check_month(month)
+    if not company_ids:
+        return {}
+    marks = ",".join("?" * len(company_ids))
+    out: dict[int, list[str]] = {}
+    for cid, emp in _sdb(db).conn.execute(
+            f"SELECT {LINE_COMPANY} AS cid, e.id FROM salary_lines s JOIN employees e ON e.id = s.employee_id "
+            f"WHERE s.month = ? AND e.active = 0 AND {LINE_COMPANY} IN ({marks}) ORDER BY cid, e.id",
+            [month, *company_ids]):
+        if emp not in with_slip:
+            out.setdefault(cid, []).append(emp)
+    return out
+
+
+def left_text(left: dict[int, list[str]], month: str) -> str | None:
+    """The note for ``left_with_salary_line``'s answer (None when there are none): who, and
+    how to make their slip if they were paid that month."""
+    ids = [e for cid in sorted(left) for e in left[cid]]
+    if not ids:
+        return None
+    n = len(ids)
+    shown = " ".join(ids[:10]) + (f" … ({n - 10:,} more)" if n > 10 else "")
+    one = n == 1
+    return (f"{n:,} employee{'' if one else 's'} marked as left (`payrun employee left`) "
+            f"{'has' if one else 'have'} a salary line for {month} and no slip of it: {shown}. "
+            f"Paid that month: `payrun employee back ID…`, `payrun run --month {month} --resume`, "
+            f"then `payrun employee left ID…` again")
+
+
 def emails(db: "PayrollDB | sqlite_utils.Database", employee_ids: list[str]) -> dict[str, str]:
     """employee id -> email address now, of those of ``employee_ids`` that exist."""
     out: dict[str, str] = {}

@@ -68,6 +68,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     missing: dict[int, int] = {}
     not_run: dict[int, int] = {}
     unpaid: dict[int, list[str]] = {}  # active employees of the run's companies with no salary line
+    left: dict[int, list[str]] = {}  # employees marked left with a salary line and no slip
     if month and cfg.payroll_path.exists():
         from payrun import payroll
         from payrun.runs import missing_slips, not_run as runs_not_run
@@ -76,6 +77,9 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
             not_run = runs_not_run(ledger, db, month, company)
             missing = missing_slips(ledger, db, month)
             unpaid = payroll.without_salary_line(db, month, [c for c in sorted(counts)
+                                                             if company is None or c == company],
+                                                 ledger.employees_with_jobs(month))
+            left = payroll.left_with_salary_line(db, month, [c for c in sorted(counts)
                                                              if company is None or c == company],
                                                  ledger.employees_with_jobs(month))
         if company is not None:
@@ -136,6 +140,10 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                      f"{'has' if n == 1 else 'have'} no salary line for {month}, so no slip was made: {shown}. "
                      f"Paid this month: import the salary line, then `payrun run --month {month} --resume`; "
                      f"gone: `payrun employee left ID…`")
+    if left:  # (an HR walkthrough: a missed October run after an October leaver was marked left)
+        from payrun.payroll import left_text
+
+        notes.append(left_text(left, month))
     if not_run:
         n = sum(not_run.values())
         ids = sorted(not_run)

@@ -506,6 +506,31 @@ def test_an_employee_who_left_is_left_out_of_runs_and_reminders(runner, cfg, con
     assert [e["what"] for e in read_audit(cfg)][-3:] == ["employee", "remind", "employee"]
 
 
+def test_a_leaver_left_out_of_a_month_they_have_a_salary_line_for_is_named(runner, cfg, conn):
+    """HR walkthrough (session 41): October's run was missed; an employee who left after
+    October was marked left; the late October run made them no slip, and neither `run` nor
+    `status` said so ("296 sent, 0 failed" for October). Both name them now, with the way
+    to make theirs; one whose slip exists is not named."""
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.seed(db, companies=1, employees=3, seed=1, month="2026-10")
+    gone, paid = sorted(payroll.employee_ids(db, "2026-10"))[:2]
+    assert runner.invoke(cli, ["employee", "left", gone]).exit_code == 0
+    out = runner.invoke(cli, ["run", "--month", "2026-10"])
+    assert out.exit_code == 0 and "created 2 render jobs" in out.output, out.output
+    note = (f"1 employee marked as left (`payrun employee left`) has a salary line for 2026-10 and no slip "
+            f"of it: {gone}. Paid that month: `payrun employee back ID…`, `payrun run --month 2026-10 --resume`")
+    assert note in out.output, out.output
+    st = runner.invoke(cli, ["status", "--month", "2026-10", "--json"])
+    assert any(note in n for n in json.loads(st.output)["notes"]), st.output
+    # the way it names works, and then nothing is named
+    assert runner.invoke(cli, ["employee", "back", gone]).exit_code == 0
+    out = runner.invoke(cli, ["run", "--month", "2026-10", "--resume"])
+    assert "created 1 render job" in out.output and "marked as left" not in out.output, out.output
+    assert runner.invoke(cli, ["employee", "left", gone, paid]).exit_code == 0
+    st = runner.invoke(cli, ["status", "--month", "2026-10"])
+    assert st.exit_code == 0 and "marked as left" not in st.output, st.output
+
+
 def test_the_brakes_work_with_a_config_file_broken_mid_run(runner, cfg, conn, tmp_path, monkeypatch):
     """On-call drill: a typo saved in the config file blocked `payrun drain`, `down` and
     `ps` as well. The brakes now go on with the built-in defaults and the data directory
