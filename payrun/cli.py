@@ -347,6 +347,13 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
                                                           st.get(keys.email_job_id(month, e))) for e in moved_to},
                                               same):
                     click.echo(line)
+    if ledger is not None and r.new_address:  # an address is not a month's: failed sends of other months
+        for month in sorted(set(ledger.months()) - set(r.months)):
+            st = ledger.statuses([f(month, e) for e in r.new_address for f in (keys.render_job_id, keys.email_job_id)])
+            if line := other_month_failed_note(month, {e: (st.get(keys.render_job_id(month, e)),
+                                                           st.get(keys.email_job_id(month, e)))
+                                                       for e in r.new_address}):
+                click.echo(line)
     if ledger is not None:  # salary lines for a month already run: `run` alone would skip them
         from payrun.runs import behind_for
 
@@ -439,6 +446,26 @@ def readdressed_notes(month: str, states: dict[str, tuple[str | None, str | None
                      f"with): {_named(by['on its way'])}; a send of it that fails goes to the new address with "
                      "`payrun retry`")
     return lines
+
+
+def other_month_failed_note(month: str, states: dict[str, tuple[str | None, str | None]]) -> str | None:
+    """`payrun import`'s note on a month already run that the file has no salary line of,
+    for employees whose email address the file changed: employee -> (render status, send
+    status). Their slips of that month that failed are named with the retry that sends
+    them to the new address (an HR walkthrough: a bad address failed October's and
+    November's sends; the import of November's corrected row named November's only, and
+    October's stayed failed). Delivered or on-the-way slips of such a month are not named:
+    they are another month's business. None when none failed."""
+    failed = sorted(e for e, (render, send) in states.items() if readdressed_state(render, send) == "failed")
+    if not failed:
+        return None
+    ids = [keys.email_job_id(month, e) if states[e][1] == "failed" else keys.render_job_id(month, e)
+           for e in failed]
+    rest = f" (the other {len(ids) - _NAMED}: ids from `payrun failed --month {month}`)" if len(ids) > _NAMED else ""
+    n = len(failed)
+    return (f"note: {n} {month} slip{'' if n == 1 else 's'} of {'an employee' if n == 1 else 'employees'} with a new "
+            f"email address failed (a month not in this file): {_named(failed)}; `payrun retry "
+            f"{' '.join(ids[:_NAMED])}` sends {'it' if n == 1 else 'them'} to the new address{rest}")
 
 
 # ---- the pay run -----------------------------------------------------------------

@@ -514,6 +514,9 @@ class ImportResult:
     readdressed: dict[str, list[str]] = field(default_factory=dict)
     """Employees import: month -> employees whose slip for that month reads the same but
     goes to another email address now (the slip does not print it)."""
+    new_address: list[str] = field(default_factory=list)
+    """Employees import: of ``existing_employees``, those whose email address the file
+    changed (every month's slip goes there from now on, months not in the file too)."""
 
 
 _MONTH_RE = re.compile(r"[0-9]{4}-[0-9]{2}")
@@ -834,6 +837,7 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
     changed = sorted(e["id"] for e in employees if e["id"] in before and before[e["id"]] != e)
     moved = sorted((e["id"], before[e["id"]]["company_id"], e["company_id"]) for e in employees
                    if e["id"] in before and before[e["id"]]["company_id"] != e["company_id"])
+    new_address = sorted(e["id"] for e in employees if e["id"] in before and before[e["id"]]["email"] != e["email"])
     changed_slips: dict[str, list[str]] = {}
     readdressed: dict[str, list[str]] = {}
     for (emp, month), row in sorted(slips_before.items()):
@@ -848,6 +852,7 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
                         employees=len(employees), salary_lines=len(lines), existing_employees=sorted(before),
                         months=sorted({ln["month"] for ln in lines}), employee_ids=sorted(ids),
                         changed_employees=changed, moved=moved, changed_slips=changed_slips, readdressed=readdressed,
+                        new_address=new_address,
                         ignored_columns=ignored)
 
 

@@ -708,6 +708,46 @@ def test_an_address_changed_and_changed_back_is_not_called_the_old_address(runne
     assert readdressed_notes("2026-11", {"e1": ("done", None)}, same={"e1"})[1:] == []
 
 
+def test_a_new_address_names_the_failed_sends_of_months_not_in_the_file(runner, cfg, tmp_path):
+    """HR walkthrough (session 41): a bad address failed both October's and November's
+    sends; HR imported November's corrected row, as they would, and the import named only
+    November's failed send (`payrun retry email-2026-11-…`): October's stayed failed, though
+    an address is the employee's, not a month's. It names the other months' failed slips
+    now, with the retry; a delivered slip of such a month is not named."""
+    from payrun.cli import other_month_failed_note
+    from payrun.ledger import Ledger
+
+    runner.invoke(cli, ["import", "--companies", "docs/sample-companies.csv"])
+    header, rows = read_csv("docs/sample-employees.csv")
+    october = [dict(r, month="2026-10") for r in rows]
+    path = tmp_path / "both.csv"
+    write_csv(path, header, october + rows)
+    assert runner.invoke(cli, ["import", str(path)]).exit_code == 0
+    for m in ("2026-10", "2026-11"):
+        assert runner.invoke(cli, ["run", "--month", m]).exit_code == 0
+    e6, e7 = rows[6]["employee_id"], rows[7]["employee_id"]
+    led = Ledger(cfg.ledger_path)
+    with led.db.conn:  # both sends of e6 failed on its address; e7's October one was delivered
+        led.db.conn.executemany("INSERT INTO jobs (id, kind, employee_id, month, status) VALUES (?, 'email', ?, ?, ?)",
+                                [(f"email-{m}-{e6}", e6, m, "failed") for m in ("2026-10", "2026-11")]
+                                + [(f"email-2026-10-{e7}", e7, "2026-10", "done")])
+    led.close()
+    rows[6]["email"], rows[7]["email"] = "fixed6@example.org", "fixed7@example.org"
+    fixed = tmp_path / "fixed.csv"
+    write_csv(fixed, header, rows)  # November's rows only
+    out = runner.invoke(cli, ["import", str(fixed)])
+    assert out.exit_code == 0, out.output
+    assert f"`payrun retry email-2026-11-{e6}` sends it to the new address" in out.output, out.output
+    assert (f"note: 1 2026-10 slip of an employee with a new email address failed (a month not in this file): "
+            f"{e6}; `payrun retry email-2026-10-{e6}` sends it to the new address") in out.output, out.output
+    assert f"2026-10-{e7}" not in out.output, out.output
+    # the policy alone
+    assert other_month_failed_note("2026-10", {"e1": ("done", "done"), "e2": ("queued", None)}) is None
+    many = other_month_failed_note("2026-10", {f"e{i:02d}": ("done", "failed") for i in range(11)} | {"r": ("failed", None)})
+    assert many.startswith("note: 12 2026-10 slips of employees with a new email address failed")
+    assert "e09 and 2 more" in many and "email-2026-10-e09`" in many and "(the other 2: ids from" in many
+
+
 def test_a_missed_pay_run_tick_is_named_by_status_until_the_month_is_run_by_hand(runner, cfg):
     """The scheduler was down over the 1st's tick and back past the catch-up window:
     `payrun status` showed the month before, complete, with no word of the month not run,
