@@ -148,6 +148,11 @@ def test_a_refused_address_fails_at_once_with_a_reason(world, provider):
     assert provider.stats()["delivered"] == 11
     report = status.report(cfg, ledger, MONTH)
     assert report["total"]["failed"] == 1 and report["total"]["done"] == 11
+    # HR walkthrough: "11 sent, 1 failed" said nothing of who, or where to look
+    assert (f"1 slip of {MONTH} failed for good and was not delivered: `payrun failed --month {MONTH}` names "
+            "each employee and why") in " ".join(report["notes"]), report["notes"]
+    by_company = status.report(cfg, ledger, MONTH, company=1)["notes"]
+    assert any(f"`payrun failed --month {MONTH} --company 1` names" in n for n in by_company), by_company
 
 
 def test_a_sent_key_is_never_sent_again(world, provider):
