@@ -313,8 +313,11 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
     if known:
         there += (f": {len(r.changed_employees)} with changed details, {known - len(r.changed_employees)} "
                   "unchanged")
+    lines = ""  # (an HR walkthrough: a corrected salary line read "1 unchanged", of the employee's details)
+    if known and r.salary_lines != r.new_lines:
+        lines = f" ({r.new_lines} new, {r.changed_lines} with other figures, {r.salary_lines - r.new_lines - r.changed_lines} the same)"
     click.echo(f"imported {r.employees} employee{'' if r.employees == 1 else 's'} ({r.employees - known} new, "
-               f"{there}) and {r.salary_lines} salary line{'' if r.salary_lines == 1 else 's'} from {csv_file}")
+               f"{there}) and {r.salary_lines} salary line{'' if r.salary_lines == 1 else 's'}{lines} from {csv_file}")
     if r.ignored_columns:  # HR thinks an `active` or `overtime` column did something
         click.echo(f"note: column(s) not imported (payrun does not know them): {', '.join(r.ignored_columns)}")
     for emp, was, now in r.moved[:_NAMED]:

@@ -483,6 +483,11 @@ class ImportResult:
     """Distinct employees inserted or updated."""
     salary_lines: int = 0
     """Salary lines inserted or updated."""
+    changed_lines: int = 0
+    """Employees import: of ``salary_lines``, those that replaced a line of the same
+    employee and month with other figures or company (the rest are new or the same)."""
+    new_lines: int = 0
+    """Employees import: of ``salary_lines``, those of an employee and month with no line before."""
     updated: list[int] = field(default_factory=list)
     """Companies import: ids that existed with another name or address (now replaced)."""
     unchanged: int = 0
@@ -831,6 +836,7 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
                                chunk):
                 before[r[0]] = dict(zip(cols, r))
         slips_before = _slip_rows(d, lines)
+        lines_before = _line_rows(d, lines)
         d["employees"].upsert_all(employees, pk="id", batch_size=500)
         d["salary_lines"].upsert_all(lines, pk=("employee_id", "month"), batch_size=500)
         slips_after = _slip_rows(d, [ln for ln in lines if (ln["employee_id"], ln["month"]) in slips_before])
@@ -853,7 +859,27 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
                         months=sorted({ln["month"] for ln in lines}), employee_ids=sorted(ids),
                         changed_employees=changed, moved=moved, changed_slips=changed_slips, readdressed=readdressed,
                         new_address=new_address,
+                        new_lines=sum((ln["employee_id"], ln["month"]) not in lines_before for ln in lines),
+                        changed_lines=sum(lines_before.get((ln["employee_id"], ln["month"]), ln) != ln for ln in lines),
                         ignored_columns=ignored)
+
+
+def _line_rows(d: "sqlite_utils.Database", lines: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The salary lines in the database now of each (employee, month) of ``lines``, with
+    the same keys as ``lines``' own (to compare), for those that have one."""
+    cols = list(lines[0]) if lines else []
+    by_month: dict[str, list[str]] = {}
+    for ln in lines:
+        by_month.setdefault(ln["month"], []).append(ln["employee_id"])
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for month, emps in by_month.items():
+        for i in range(0, len(emps), 500):
+            chunk = emps[i:i + 500]
+            for r in d.conn.execute(f"SELECT {', '.join(cols)} FROM salary_lines WHERE month = ? AND employee_id IN "
+                                    f"({','.join('?' * len(chunk))})", [month, *chunk]):
+                row = dict(zip(cols, r))
+                out[(row["employee_id"], row["month"])] = row
+    return out
 
 
 def _slip_rows(d: "sqlite_utils.Database", lines: list[dict[str, Any]]) -> dict[tuple[str, str], tuple]:

@@ -268,6 +268,7 @@ def test_reimporting_employees_after_a_run_names_whose_slips_changed(runner, cfg
     assert runner.invoke(cli, ["run", "--month", "2026-11"]).exit_code == 0
     out = runner.invoke(cli, ["import", "docs/sample-employees.csv"])  # the same file again
     assert out.exit_code == 0 and "(0 new, 12 already there: 0 with changed details, 12 unchanged)" in out.output
+    assert "12 salary lines (0 new, 0 with other figures, 12 the same)" in out.output, out.output
     assert "note:" not in out.output, out.output
     header, rows = read_csv("docs/sample-employees.csv")
     rows[4]["basic"] = "47000"  # a salary corrected: the slip changes, not the employee
@@ -280,6 +281,8 @@ def test_reimporting_employees_after_a_run_names_whose_slips_changed(runner, cfg
     write_csv(fixed, header, rows)
     out = runner.invoke(cli, ["import", str(fixed)])
     assert out.exit_code == 0 and "(0 new, 12 already there: 2 with changed details, 10 unchanged)" in out.output
+    # (HR walkthrough, session 41: a corrected salary read "... 1 unchanged" and nothing on the line)
+    assert "12 salary lines (0 new, 2 with other figures, 10 the same)" in out.output, out.output
     e4, e6, e8 = rows[4]["employee_id"], rows[6]["employee_id"], rows[8]["employee_id"]
     assert f"note: {e8} moved from company 1 to company 2 (for the months in this file;" in out.output
     assert (f"note: 2 2026-11 slips already made read differently now (made with the old data): {e4}, {e8}. "
