@@ -48,8 +48,9 @@ def check_run_month(months: list[str], month: str, missed: dict[str, str] | None
     if month not in months:
         if missed and month in missed:
             raise InputError(f"no pay run for {month}: " + missed_run_text(month, missed[month], tz).split(": ", 1)[1])
-        raise InputError(f"no pay run for {month}" + (f" (runs: {', '.join(months[-12:])})" if months
-                                                       else f": `payrun run --month {month}` starts it"))
+        # (an HR walkthrough: a month missed read "no pay run for 2026-10 (runs: 2026-11)", no way on)
+        raise InputError(f"no pay run for {month}" + (f" (runs: {', '.join(months[-12:])})" if months else "")
+                         + f": `payrun run --month {month}` starts it")
 
 
 def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int | None = None,

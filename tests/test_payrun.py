@@ -432,7 +432,8 @@ def test_status_defaults_to_the_run_started_last_and_refuses_a_month_or_company_
     assert json.loads(runner.invoke(cli, ["status", "--json"]).output)["month"] == "2026-10"
     assert json.loads(runner.invoke(cli, ["status", "--json", "--month", MONTH]).output)["total"]["queued"] == 12
     for args, said in ((["--month", "2026-13"], "must look like 2026-11"),
-                       (["--month", "2025-01"], "no pay run for 2025-01 (runs: 2026-10, 2026-11)"),
+                       (["--month", "2025-01"], "no pay run for 2025-01 (runs: 2026-10, 2026-11): `payrun run --month "
+                                             "2025-01` starts it"),
                        (["--month", MONTH, "--company", "999"], "no company 999 in the payroll database")):
         out = runner.invoke(cli, ["status", *args])
         assert out.exit_code == 2 and said in out.output, (args, out.output)
