@@ -280,9 +280,16 @@ def _address_of(job: PayrunJob) -> str | None:
     return to if isinstance(to, str) and to else None
 
 
+ADDRESSED_FUNCS = ("jobs.tasks.send_slip", "jobs.oneoff.send_reminder")
+"""Jobs that carry the address they email (payload ``to``, ``to_name``, ``employee_id``)."""
+
+
 def _refresh_address(job: PayrunJob, payroll_db) -> None:
-    """A send job carries the address of its snapshot; HR may have fixed it since."""
-    if payroll_db is None or job.func_name != "jobs.tasks.send_slip" or not job.args:
+    """A send job (a slip's or a reminder's) carries the address it was made with; HR may
+    have fixed it since. (An HR walkthrough: `retry --all` said a failed reminder "goes to
+    the new one" and sent it to the refused address again: only slips read it again.)"""
+    if payroll_db is None or job.func_name not in ADDRESSED_FUNCS or not job.args \
+            or not isinstance(job.args[0], dict):
         return
     payload = dict(job.args[0])
     row = payroll_db.conn.execute(

@@ -726,6 +726,38 @@ def test_a_failed_slip_that_a_resend_delivered_counts_as_sent(world, provider):
     assert matching_ids(conn, ledger, FailedFilter()) == []
 
 
+def test_a_reminder_refused_for_its_address_is_retried_to_the_fixed_one(world, provider):
+    """HR walkthrough (session 41): a reminder failed on a refused address; HR imported the
+    fix and `payrun retry --all` said "it goes to the new one", but the reminder went to the
+    refused address again (only a slip's send read the address again)."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+    from tests.conftest import enqueue_due
+
+    cfg, conn, db, ledger = world
+    set_email(db, "emp-00002", "nobody@nowhere.invalid")
+    runner = CliRunner()
+    out = runner.invoke(cli, ["remind", "--company", "1", "--in", "now", "--json"])
+    assert out.exit_code == 0, out.output
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    due = {j: 0 for j in q.scheduled_job_registry.get_job_ids()}
+    assert due
+    conn.zrem(q.scheduled_job_registry.key, *due)
+    enqueue_due(conn, q, due)
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=4, burst=True)
+    ledger_mod.drain(conn, ledger)
+    failed = json.loads(runner.invoke(cli, ["failed", "--json"]).output)
+    assert [r["id"] for r in failed] == [f"remind-{json.loads(out.output)['batch']}-emp-00002"], failed
+    set_email(db, "emp-00002", "fixed@payroll.example")
+    out = runner.invoke(cli, ["retry", "--all"])
+    assert out.exit_code == 0 and "it goes to the new one" in out.output, out.output
+    run_lanes(conn, [keys.EMAIL_QUEUE], lanes=4, burst=True)
+    ledger_mod.drain(conn, ledger)
+    assert json.loads(runner.invoke(cli, ["failed", "--json"]).output) == []
+    assert provider.stats()["rejected"] == 1
+
+
 def test_reminders_are_audited(world):
     from click.testing import CliRunner
 
