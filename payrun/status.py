@@ -340,8 +340,15 @@ def hr_line(c: dict[str, int]) -> str:
 
 
 def _fit(text: str, width: int) -> str:
-    """``text`` in ``width`` characters, a cut one ending in "…" (it was cut mid-word, bare)."""
-    return text if len(text) <= width else text[:width - 1] + "…"
+    """``text`` in exactly ``width`` terminal columns, padded, a cut one ending in "…" (it was
+    cut mid-word, bare). Counted as a terminal draws it (console.fmt.columns), not in
+    characters: a Bengali company's row (its virama takes no column) ended two columns
+    short of the others, its figures out of line with the header (an HR walkthrough)."""
+    from console.fmt import cells_head, columns
+
+    if columns(text) > width:
+        text = cells_head(text, width - 1) + "…"
+    return text + " " * max(0, width - columns(text))
 
 
 def format_report(r: dict[str, Any]) -> str:
@@ -360,7 +367,7 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(head + (f" {'no slip':>8}" if no_slip else ""))
     for c in r["companies"]:
         lines.append(
-            f"{c['id']:>4}  {_fit(c['name'], 30):<30} {c['done']:>7,} {c['queued']:>7,} {c['running']:>7,} "
+            f"{c['id']:>4}  {_fit(c['name'], 30)} {c['done']:>7,} {c['queued']:>7,} {c['running']:>7,} "
             f"{c['retrying']:>8,} {c['failed']:>7,} {c['stuck']:>6,}"
             + (f" {c.get('no_slip', 0):>8,}" if no_slip else "")
         )

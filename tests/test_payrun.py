@@ -1160,3 +1160,20 @@ def test_status_names_an_active_employee_with_no_salary_line_for_the_month(world
     hr = json.loads(runner.invoke(cli, ["status", "--json"]).stdout)
     assert hr["total"]["no_salary_line"] == 0 and hr["no_salary_line"] == []
     assert not any("no salary line" in n for n in hr["notes"])
+
+
+def test_status_rows_of_a_bengali_company_line_up_in_a_terminal():
+    """HR walkthrough (session 41): `payrun status` padded company names by characters; a
+    Bengali name's virama takes no column, so its row's figures stood two columns left of
+    the header's in a terminal. Rows are padded (and cut) by the columns a terminal draws."""
+    from console.fmt import columns
+    from payrun import status as status_mod
+
+    row = {"queued": 0, "running": 0, "retrying": 0, "failed": 0, "stuck": 0, "done": 149}
+    names = ["Sundarban Steel Mills Ltd.", "পদ্মা টেক্সটাইল লিমিটেড",
+             "মেঘনা ইস্পাত ও প্রকৌশল লিমিটেড, চট্টগ্রাম শাখা"]  # the last one is cut
+    report = {"month": MONTH, "months": [MONTH], "total": dict(row, done=447, total=447),
+              "companies": [dict(row, id=i, name=n) for i, n in enumerate(names, 1)], "notes": []}
+    lines = status_mod.format_report(report).splitlines()[1:5]
+    assert len({columns(line) for line in lines}) == 1, [(columns(x), x) for x in lines]
+    assert lines[3].split("…")[0].strip().startswith("3  মেঘনা") and "…" in lines[3]
