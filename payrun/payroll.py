@@ -1049,6 +1049,12 @@ def employee_snapshot(db: "PayrollDB | sqlite_utils.Database", month: str,
     raise InputError(f"no employee {employee_id!r} in the payroll database")
 
 
+def is_active(db: "PayrollDB | sqlite_utils.Database", employee_id: str) -> bool | None:
+    """Whether ``employee_id`` works here (not marked `payrun employee left`); None if unknown."""
+    row = _sdb(db).conn.execute("SELECT active FROM employees WHERE id = ?", (employee_id,)).fetchone()
+    return None if row is None else bool(row[0])
+
+
 def set_active(db: "PayrollDB | sqlite_utils.Database", employee_ids: list[str], active: bool) -> list[str]:
     """Mark employees as working here (1) or gone (0): a pay run, its "no slip yet" count
     and `payrun remind` leave out those gone; a resend (HR's explicit request) still

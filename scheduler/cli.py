@@ -408,6 +408,13 @@ def resend_refusal(ledger, db, employee_id: str, month: str) -> dict:
         from payrun.errors import InputError
 
         company = snap["company"]["id"]
+        if payroll.is_active(db, employee_id) is False and any(r["company_id"] == company for r in ledger.runs(month)):
+            # (an HR walkthrough: it said "added after the run ... --resume makes the slip" of a
+            # leaver the late run left out, and `--resume` leaves them out again)
+            raise InputError(f"{employee_id} has no {month} slip to send again: they are marked as left "
+                             f"(`payrun employee left`), and company {company}'s {month} run left them out; "
+                             f"paid that month: `payrun employee back {employee_id}`, `payrun run --month {month} "
+                             f"--company {company} --resume`, then `payrun employee left {employee_id}` again")
         if any(r["company_id"] == company for r in ledger.runs(month)):
             raise InputError(f"{employee_id} has no {month} slip to send again: company {company}'s {month} run "
                              f"was made before this employee was added; `payrun run --month {month} "

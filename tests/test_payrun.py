@@ -592,6 +592,30 @@ def test_a_resend_of_a_month_never_run_is_refused(world):
     assert make_queue(keys.RENDER_QUEUE, conn).count == 0 and ledger.jobs() == []
 
 
+def test_a_resend_of_a_leaver_the_run_left_out_says_why_and_how(world):
+    """HR walkthrough (session 41): a late run left out an employee marked left; their
+    resend said the run "was made before this employee was added" and that `run --resume`
+    makes the slip, which leaves them out again. It says they are marked left now, and the
+    steps that make their slip."""
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    runner = CliRunner()
+    assert runner.invoke(cli, ["employee", "left", "emp-00005"]).exit_code == 0
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    company = payroll.employee_snapshot(db, MONTH, "emp-00005")["company"]["id"]
+    out = runner.invoke(cli, ["resend", "--employee", "emp-00005", "--month", MONTH])
+    assert out.exit_code == 2, out.output
+    assert (f"emp-00005 has no {MONTH} slip to send again: they are marked as left (`payrun employee left`), and "
+            f"company {company}'s {MONTH} run left them out; paid that month: `payrun employee back emp-00005`, "
+            f"`payrun run --month {MONTH} --company {company} --resume`, then `payrun employee left emp-00005` "
+            "again") in out.output, out.output
+    assert "added" not in out.output
+    assert payroll.is_active(db, "emp-00005") is False and payroll.is_active(db, "emp-99999") is None
+
+
 def test_status_warns_of_a_ledger_backlog_only_when_it_is_old(world):
     from payrun import status as status_mod
 
