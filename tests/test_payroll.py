@@ -254,7 +254,7 @@ def test_snapshot_filters_and_queries(seeded: P.PayrollDB) -> None:
 def test_import_sample_csv_on_seeded_db(seeded: P.PayrollDB) -> None:
     db = seeded
     res = P.import_csv(db, SAMPLE_CSV)
-    assert res == P.ImportResult(companies=1, employees=12, salary_lines=12, months=[MONTH],
+    assert res == P.ImportResult(companies=1, employees=12, salary_lines=12, new_lines=12, months=[MONTH],
                                  employee_ids=[f"emp-{90000 + i}" for i in range(1, 13)])
     assert counts(db) == (12, 312, 312)
     s = P.employee_snapshot(db, MONTH, "emp-90001")
