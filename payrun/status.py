@@ -344,7 +344,7 @@ def _fit(text: str, width: int) -> str:
     cut mid-word, bare). Counted as a terminal draws it (console.fmt.columns), not in
     characters: a Bengali company's row (its virama takes no column) ended two columns
     short of the others, its figures out of line with the header (an HR walkthrough)."""
-    from console.fmt import cells_head, columns
+    from payrun.columns import cells_head, columns
 
     if columns(text) > width:
         text = cells_head(text, width - 1) + "…"

@@ -1190,7 +1190,7 @@ def test_status_rows_of_a_bengali_company_line_up_in_a_terminal():
     """HR walkthrough (session 41): `payrun status` padded company names by characters; a
     Bengali name's virama takes no column, so its row's figures stood two columns left of
     the header's in a terminal. Rows are padded (and cut) by the columns a terminal draws."""
-    from console.fmt import columns
+    from payrun.columns import columns
     from payrun import status as status_mod
 
     row = {"queued": 0, "running": 0, "retrying": 0, "failed": 0, "stuck": 0, "done": 149}

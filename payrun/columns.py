@@ -1,0 +1,51 @@
+"""Terminal columns: how wide text is drawn, and its longest start that fits, for the
+console and the CLI's tables (payrun status). Uses rich (Textual's measure), which Textual
+brings on every host; the standard library has no display width.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from rich.cells import cell_len
+
+try:
+    from rich.cells import split_graphemes
+except ImportError:  # rich before 15 (textual allows 14.2) measures a character at a time: so do we
+    def split_graphemes(text: str) -> tuple[list[tuple[int, int, int]], int]:
+        return [(i, i + 1, cell_len(ch)) for i, ch in enumerate(text)], cell_len(text)
+
+
+def columns(text: str) -> int:
+    """The columns ``text`` takes in a terminal: rich's measure (Textual's), plus one for each
+    spacing vowel sign (Unicode Mc: া ি ো in Bengali) that rich counts as none and
+    terminals (glibc's wcwidth, tmux) draw one column wide. Cut by rich's measure alone, a
+    Bengali company row ran 11 columns past its cell in tmux at 80 columns."""
+    n = cell_len(text)
+    if not text.isascii():
+        n += sum(1 for ch in text if unicodedata.category(ch) == "Mc" and not cell_len(ch))
+    return n
+
+
+def cells_head(text: str, width: int) -> str:
+    """The longest start of ``text`` that takes at most ``width`` terminal columns
+    (``columns``), each character with the combining marks after it (display width, not
+    ``len``: a Bengali name's virama takes no column, a CJK character two). Measured by
+    grapheme, as ``cell_len`` and Textual measure: "❤️" (U+FE0F after a one-column heart)
+    takes two, a ZWJ emoji sequence is one; never cut inside one."""
+    if columns(text) <= width:
+        return text
+    used = 0
+    for start, end, cells in split_graphemes(text)[0]:
+        used += cells + (columns(text[start:end]) - cell_len(text[start:end]))
+        if used > width:
+            return _whole_conjuncts(text[:start])
+    return text
+
+
+def _whole_conjuncts(head: str) -> str:
+    """``head`` less a conjunct cut in two: a letter whose virama (hasanta, ্) joins it to
+    the next one, cut off, prints as a half letter ("উদ্" of "উদ্দিন"); a ZWJ/ZWNJ there too."""
+    while head and (unicodedata.combining(head[-1]) == 9 or head[-1] in "\u200c\u200d"):
+        head = head[:-1] if head[-1] in "\u200c\u200d" else head[:-2]
+    return head
