@@ -1146,3 +1146,48 @@ def test_a_worker_whose_scheduler_was_killed_warns_once_and_starts_another(conn,
     said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "payrun.worker"]
     assert said == [("WARNING", f"Worker sched-kill: RQ scheduler (pid {first.pid}) is gone (exit code -9); "
                                 "starting another")], said
+
+
+def test_a_render_workers_scheduler_that_exits_as_redis_goes_is_restarted_within_the_workers_story(
+        own_redis, monkeypatch, caplog):
+    """An idle render worker's RQ scheduler exits when Redis goes; its worker said
+    `RQ scheduler (pid) is gone; starting another` (WARNING) and `cannot start the RQ
+    scheduler yet` (WARNING) at every check (5 s) while Redis stayed away: a second
+    incident beside the worker's own story. Now one INFO line, the failed starts are
+    tries of the story, and the scheduler is started again once Redis answers."""
+    from jobs import runtime
+    from jobs.runtime import RenderWorker, make_queue, worker_name
+    from payrun import redis_server
+
+    from conftest import wait_for
+
+    cfg, conn = own_redis
+    monkeypatch.setattr(runtime, "SCHEDULER_CHECK_S", 0.0)
+    w = RenderWorker([make_queue("control", conn)], connection=conn, name=worker_name("control"))
+    w._outage.clock = clock = FakeClock()
+    w._start_scheduler(burst=False)
+    first = w.scheduler._process
+    caplog.set_level(logging.INFO)
+    try:
+        wait_for(first.is_alive, what="its RQ scheduler running")
+        assert redis_server.stop(cfg)
+        wait_for(lambda: not first.is_alive(), timeout_s=30, what="its RQ scheduler exiting, Redis away")
+        for _ in range(3):  # checks while Redis stays away
+            w.ensure_scheduler()
+        assert w._outage.tries == {"scheduler": 3} and w._outage.away
+        clock.pause(31)
+        w.ensure_scheduler()
+        conn = redis_server.ensure_running(cfg)
+        wait_for(lambda: w.ensure_scheduler() or w.scheduler._process is not first, timeout_s=30,
+                 what="another RQ scheduler started")
+        wait_for(w.scheduler._process.is_alive, what="it running")
+    finally:
+        w.stop_scheduler()
+    assert first.exitcode == runtime.PayrunScheduler.REDIS_GONE_EXIT
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "payrun.worker"]
+    assert [m for level, m in said if level == "INFO"] == [
+        f"Worker {w.name}: RQ scheduler (pid {first.pid}) exited, Redis away; starting another once Redis answers"]
+    warned = [m for level, m in said if level != "INFO"]
+    assert len(warned) == 3, warned  # the worker's story: at once, 31 s on, back
+    assert "Redis unreachable" in warned[0] and "still failing after 31 s" in warned[1]
+    assert warned[2].startswith(f"Worker {w.name}: Redis answers again at ") and f"({sum(w._outage.tries.values())} looks failed)" in warned[2]
