@@ -301,11 +301,17 @@ class PayrunScheduler(RQScheduler):
             return super().work()
         except (RedisConnectionError, RedisTimeoutError) as e:
             # RQ's run() logged it with its traceback, and multiprocessing printed that again:
-            # one line instead, and exit 1 (its worker starts another: ensure_scheduler)
-            self.log.warning("Scheduler [PID %s]: Redis went away (%s): it exits; its worker starts another "
-                             "once Redis answers", os.getpid(), events.one_line(str(e)))
+            # one line instead, and exit REDIS_GONE_EXIT (its worker starts another:
+            # ensure_scheduler). INFO: the outage is its worker's to tell (RedisOutageLog);
+            # a WARNING here read as a second incident.
+            self.log.info("Scheduler [PID %s]: Redis went away (%s): it exits; its worker starts another "
+                          "once Redis answers", os.getpid(), events.one_line(str(e)))
             self.log = _Without(self.log, self.RQ_RAISED)  # (RQ's line for the SystemExit below)
-            raise SystemExit(1) from None
+            raise SystemExit(self.REDIS_GONE_EXIT) from None
+
+    REDIS_GONE_EXIT = 75
+    """Its exit code when Redis went away (EX_TEMPFAIL): its worker tells its restart as
+    part of the outage, not as a scheduler that died (ensure_scheduler)."""
 
 
 class _Without:
@@ -401,6 +407,18 @@ class _QuietJobOK(logging.Filter):
 logging.getLogger("rq.worker").addFilter(_QuietJobOK())
 
 
+def say_scheduler_gone(worker: str, pid: int | None, exitcode: int | None) -> None:
+    """The line for a worker's RQ scheduler found dead (ensure_scheduler): one that exited
+    because Redis went away (PayrunScheduler.REDIS_GONE_EXIT) is part of the outage its
+    worker tells (RedisOutageLog), so INFO; any other death (killed, a bug) is a WARNING."""
+    if exitcode == PayrunScheduler.REDIS_GONE_EXIT:
+        log.info("Worker %s: RQ scheduler (pid %s) exited, Redis away; starting another once Redis answers",
+                 worker, pid)
+    else:
+        log.warning("Worker %s: RQ scheduler (pid %s) is gone (exit code %s); starting another", worker, pid,
+                    exitcode)
+
+
 class EventsMixin:
     """Failure classification and ledger events, shared by every payrun worker class."""
 
@@ -410,6 +428,10 @@ class EventsMixin:
 
     grace_s: float = 30.0
     """Set from lease.grace_s by whoever starts the worker."""
+
+    _outage: "RedisOutageLog | None" = None
+    """The process's story of Redis away (a render or control worker's own; a send-email
+    process's, shared by its lanes: run_lanes)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("serializer", JSONSerializer)
@@ -445,11 +467,19 @@ class EventsMixin:
             return
         try:
             if current is not None and process is not None:
-                log.warning("Worker %s: RQ scheduler (pid %s) is gone; starting another", self.name, process.pid)
+                if getattr(self, "_scheduler_gone_said", None) != process.pid:  # (once, not at every check)
+                    self._scheduler_gone_said = process.pid
+                    say_scheduler_gone(self.name, process.pid, process.exitcode)
                 current.release_locks()  # only locks still holding its own name
             self._start_scheduler(burst=False)
         except Exception as e:  # Redis still down: try again at the next check
-            log.warning("Worker %s: cannot start the RQ scheduler yet: %s", self.name, e)
+            if self._outage is not None and isinstance(e, REDIS_AWAY):
+                self._outage.failed("scheduler", e)  # (a try of the process's story, not a line every 5 s)
+            else:
+                log.warning("Worker %s: cannot start the RQ scheduler yet: %s", self.name, e)
+        else:
+            if self._outage is not None:
+                self._outage.ok("scheduler")
 
     def stop_scheduler(self) -> None:
         """RQ's, with a bound: SIGTERM, then SIGKILL after SCHEDULER_STOP_S. RQ joins the
@@ -1568,7 +1598,8 @@ class Liveness:
         self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
         self.outage = RepeatedFailure(OUTAGE_LOG_EVERY_S)
         self.shared = outage
-        """The worker's story of Redis away (a render or control worker): a beat that cannot
+        """The process's story of Redis away (a render or control worker, a send-email
+        process: run_lanes): a beat that cannot
         reach Redis is a failed try of it, not a `liveness:` line of its own."""
 
     def beat(self) -> None:
@@ -1582,7 +1613,7 @@ class Liveness:
             try:
                 self.beat()
             except Exception as e:  # Redis down: the key lapses, the reaper may act; keep trying
-                if self.shared is not None and isinstance(e, (RedisConnectionError, RedisTimeoutError, OSError)):
+                if self.shared is not None and isinstance(e, REDIS_AWAY):
                     self.shared.failed("liveness", e)
                 elif (line := self.outage.failed(time.monotonic(), e)) is not None:
                     log.warning("liveness: %s", line)  # (it said so every 2 s while Redis was away)
@@ -1831,6 +1862,10 @@ class PartsFailure(RepeatedFailure):
         return super().ok(ok_at)
 
 
+REDIS_AWAY = (RedisConnectionError, RedisTimeoutError, OSError)
+"""What a part meeting Redis away raises (told by the process's RedisOutageLog)."""
+
+
 def redis_address(connection_kwargs: dict) -> str:
     """Where a client's Redis is, for a log line: its socket path or host:port (never a
     credential: those are other fields)."""
@@ -1892,7 +1927,7 @@ class Intake:
     sending process's CPU in a pay run whose renders keep the email queue short."""
 
     def __init__(self, conn, queues: list[Queue], stop: threading.Event, poll_s: float = IDLE_POLL_S,
-                 on_stop_request: Callable[[], None] | None = None):
+                 on_stop_request: Callable[[], None] | None = None, outage: "RedisOutageLog | None" = None):
         self.conn, self.queues, self.stop, self.poll_s = conn, queues, stop, poll_s
         self.on_stop_request = on_stop_request
         """Called (from the watcher thread) once `payrun stop-worker` asked this process to stop."""
@@ -1905,6 +1940,9 @@ class Intake:
         self.waiting = 0
         """Jobs waiting in the open queues at the last poll."""
         self.outage = RepeatedFailure(OUTAGE_LOG_EVERY_S)
+        self.shared = outage
+        """The process's story of Redis away (run_lanes): a poll that cannot reach Redis is a
+        failed try of it, not a `cannot look for work` line of its own."""
 
     def start(self) -> "Intake":
         self.poll()
@@ -1977,10 +2015,14 @@ class Intake:
             try:
                 self.poll()
             except Exception as e:  # Redis blip: lanes keep waiting; look again in a second
-                if (line := self.outage.failed(time.monotonic(), e)) is not None:
+                if self.shared is not None and isinstance(e, REDIS_AWAY):
+                    self.shared.failed("intake", e)
+                elif (line := self.outage.failed(time.monotonic(), e)) is not None:
                     log.warning("send-email %d: cannot look for work: %s", os.getpid(), line)
                 self.stop.wait(1)
                 continue
+            if self.shared is not None:
+                self.shared.ok("intake")  # (one attribute read while Redis is up)
             if (line := self.outage.ok(time.monotonic())) is not None:
                 log.warning("send-email %d: can look for work again: %s", os.getpid(), line)
             self.stop.wait(self.poll_s)
@@ -2009,6 +2051,7 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
     done = 0
     try_now = True  # at start, and after a job while work is waiting: try the queues first
     held = None  # the finished job's slot, given back in the same round trip as the next try
+    met_outage = False  # this lane's last try failed on Redis away (lane._outage)
     try:
         while not stop.is_set():
             open_ = intake.open_queues()
@@ -2016,17 +2059,16 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
                 if held is not None:
                     _give_back(limiter, held)
                     held = None
-                lane.idle()
                 # Throttled (LANE_HEARTBEAT_EVERY_S). A lane woken often but seldom the one to
                 # get the job never reached the idle timeout's heartbeat below: its worker key
                 # lapsed ~90 s after its last job (a job start sets job timeout + 60 s), and the
                 # next hset left a record with no host, pid or queues (`rq info`: "None None").
-                lane.heartbeat()
+                met_outage = _beat_idle(lane, met_outage, lane.idle, lane.heartbeat)
                 open_ = intake.wait(IDLE_HEARTBEAT_S)
                 if open_ is None:
                     break
                 if not open_:
-                    lane.heartbeat()
+                    met_outage = _beat_idle(lane, met_outage, lane.heartbeat)
                     continue
             try_now = False
             slot = None
@@ -2066,9 +2108,12 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
                         serializer=lane.serializer,
                     )
             except Exception as e:  # Redis blip: back off, keep the lane alive
-                log.warning("Lane %s: %s; retrying in 1 s", lane.name, e)
+                met_outage = _lane_tried(lane, e)
                 result = None
                 stop.wait(1)
+            else:
+                if met_outage:  # (a local: nothing more per send while Redis is up)
+                    met_outage = _beat_idle(lane, met_outage)  # (no writes: says its part is back)
             try:
                 if result is not None:
                     job, queue = result
@@ -2096,6 +2141,33 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
         except Exception:  # Redis down: the worker key expires by itself
             pass
     return done
+
+
+def _lane_tried(lane: LaneWorker, error: Exception) -> bool:
+    """A lane's Redis command failed outside a job: Redis away is a failed try of its
+    process's story (``lane._outage``, run_lanes: one story, not a line per lane per
+    try); anything else, or a lane outside run_lanes, is its own line. Returns True."""
+    if lane._outage is not None and isinstance(error, REDIS_AWAY):
+        lane._outage.failed("lanes", error)
+    else:
+        log.warning("Lane %s: %s; retrying in 1 s", lane.name, error)
+    return True
+
+
+def _beat_idle(lane: LaneWorker, met_outage: bool, *writes: Callable[[], None]) -> bool:
+    """An idle lane's writes (its idle state, its throttled heartbeat). Redis away ended
+    the lane's thread with a traceback (every idle lane, once an outage outlasted the
+    heartbeat's 10 s; the process then exited with no lane left): now a failed try of the
+    process's story, and the lane goes on waiting for work. Returns whether the lane's
+    last try met Redis away (``met_outage``, kept or cleared: its part is back)."""
+    try:
+        for write in writes:
+            write()
+    except REDIS_AWAY as e:
+        return _lane_tried(lane, e)
+    if met_outage and lane._outage is not None:
+        lane._outage.ok("lanes")
+    return False
 
 
 def lane_connection(conn):
@@ -2141,9 +2213,15 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
     workers[0].scheduler_connection = conn
     for w in workers:
         w.grace_s = grace_s
-    liveness = Liveness(conn, [w.name for w in workers]).start()
+    # one story of Redis away for the whole process: its liveness thread, its intake, its
+    # lanes and its RQ scheduler's restart each told it in lines of their own
+    outage = RedisOutageLog(f"send-email {os.getpid()}", redis_address(conn.connection_pool.connection_kwargs))
+    for w in workers:
+        w._outage = outage
+    liveness = Liveness(conn, [w.name for w in workers], outage=outage).start()
     register_queues(conn, queues)
-    intake = Intake(conn, queues, stop, on_stop_request=lambda: begin_stop("payrun stop-worker")).start()
+    intake = Intake(conn, queues, stop, on_stop_request=lambda: begin_stop("payrun stop-worker"),
+                    outage=outage).start()
     # retries sit in RQ's scheduled registry: lane 0 also runs RQ's scheduler for our queues
     workers[0]._start_scheduler(burst=False)
     counts: list[int] = [0] * lanes

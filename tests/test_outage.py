@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import smtplib
 import socket
 import threading
@@ -1024,3 +1025,169 @@ def test_a_plain_rq_worker_whose_work_loop_a_redis_error_ended_says_so_in_one_li
     assert quit_.getMessage() == (f"Worker {w.name}: Redis went away (Error 111 connecting to 10.0.0.5:6379. "
                                   "Connection refused.): its work loop ends") and not quit_.exc_info
     assert bug.getMessage().endswith("found an unhandled exception, quitting...") and bug.exc_info
+
+
+def test_an_idle_send_email_process_tells_a_redis_outage_in_one_story(own_redis, monkeypatch, caplog):
+    """A send-email process (run_lanes, 2 lanes, waiting for work) told the outage twice
+    over: its liveness thread (`liveness: …`, `beating again`) and its intake (`cannot look
+    for work`, `can look for work again`), and its RQ scheduler's restart added a WARNING
+    (`RQ scheduler (pid) is gone; starting another`, then `cannot start the RQ scheduler
+    yet` every check while Redis stayed away), and each idle lane's heartbeat ended its
+    thread with a traceback (the process then exited, no lane left). One story now, as a
+    render worker's: one WARNING when Redis goes, one every 30 s (the fake clock moved),
+    one when it is back; each part still tries on its own schedule, and the lanes live."""
+    from jobs import runtime
+    from payrun import keys, redis_server
+
+    from conftest import wait_for
+
+    cfg, conn = own_redis
+    clock = FakeClock()
+    stories: list = []
+
+    class Told(runtime.RedisOutageLog):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.clock = clock
+            stories.append(self)
+
+    lanes: list = []
+
+    class Lane(runtime.LaneWorker):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            lanes.append(self)
+
+    monkeypatch.setattr(runtime, "RedisOutageLog", Told)
+    monkeypatch.setattr(runtime, "LaneWorker", Lane)
+    monkeypatch.setattr(runtime, "ALIVE_EVERY_S", 0.2)
+    monkeypatch.setattr(runtime, "SCHEDULER_CHECK_S", 0.2)
+    # idle lanes write their heartbeat (every 10 s) and wait for work (30 s at a time): their
+    # write in an outage ended each lane's thread with a traceback, then the process
+    monkeypatch.setattr(runtime, "IDLE_HEARTBEAT_S", 0.3)
+    monkeypatch.setattr(runtime.LaneWorker, "heartbeat_every_s", 0.1)
+    caplog.set_level(logging.INFO)
+    ran: list = []
+    process = threading.Thread(target=lambda: ran.append(runtime.run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2)),
+                               daemon=True)
+    process.start()
+    try:
+        wait_for(lambda: len(lanes) == 2 and lanes[0].scheduler is not None, what="the process starting")
+        (story,) = stories
+        scheduler = lanes[0].scheduler._process
+        wait_for(scheduler.is_alive, what="its RQ scheduler running")
+        parts = ("intake", "liveness", "lanes")
+        assert redis_server.stop(cfg)
+        wait_for(lambda: all(story.tries.get(p, 0) >= 2 for p in parts), timeout_s=30, what="each part failing")
+        wait_for(lambda: not scheduler.is_alive(), timeout_s=30, what="its RQ scheduler exiting, Redis away")
+        clock.pause(31)
+        before = dict(story.tries)
+        wait_for(lambda: all(story.tries[p] > before[p] for p in parts), timeout_s=30,
+                 what="each part failing again, 31 s on")
+        assert sorted(t.name for t in threading.enumerate() if t.name.startswith("lane-")) == ["lane-0", "lane-1"]
+        conn = redis_server.ensure_running(cfg)
+        wait_for(lambda: not story.away, timeout_s=30, what="every part back")
+        wait_for(lambda: lanes[0].scheduler._process is not scheduler and lanes[0].scheduler._process.is_alive(),
+                 timeout_s=30, what="another RQ scheduler started")
+    finally:
+        conn.set(keys.stop_process(socket.gethostname(), os.getpid()), "test")
+        process.join(30)
+    assert not process.is_alive() and ran == [0]
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 3, said
+    assert all(level == "WARNING" for level, _ in said), said
+    (_, first), (_, again), (_, back) = said
+    who = f"send-email {os.getpid()}"
+    assert first.startswith(f"{who}: Redis unreachable at ") and first.endswith("; will retry, nothing lost")
+    assert "(still failing after 31 s: " in again
+    assert back.startswith(f"{who}: Redis answers again at ") and ": back after 31 s (" in back
+    assert f"({sum(story.tries.values())} looks failed)" in back
+    assert set(story.tries) == {"intake", "liveness", "lanes", "scheduler"}, story.tries  # each tried, and again
+    restarted = [r.getMessage() for r in caplog.records if "RQ scheduler (pid" in r.getMessage()]
+    assert restarted == [f"Worker {lanes[0].name}: RQ scheduler (pid {scheduler.pid}) exited, Redis away; starting "
+                         "another once Redis answers"], restarted  # (INFO, once: not at every 0.2 s check)
+
+
+def test_a_scheduler_that_exited_for_redis_is_told_as_the_outage_and_one_that_died_otherwise_warns(caplog):
+    from jobs.runtime import PayrunScheduler, say_scheduler_gone
+
+    caplog.set_level(logging.INFO, logger="payrun.worker")
+    say_scheduler_gone("w", 41, PayrunScheduler.REDIS_GONE_EXIT)
+    say_scheduler_gone("w", 42, -9)
+    say_scheduler_gone("w", 43, 1)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "Worker w: RQ scheduler (pid 41) exited, Redis away; starting another once Redis answers"),
+        ("WARNING", "Worker w: RQ scheduler (pid 42) is gone (exit code -9); starting another"),
+        ("WARNING", "Worker w: RQ scheduler (pid 43) is gone (exit code 1); starting another")]
+
+
+def test_a_worker_whose_scheduler_was_killed_warns_once_and_starts_another(conn, caplog):
+    """Redis up, the scheduler killed (not Redis): still a WARNING, said once."""
+    import signal
+
+    from jobs.runtime import LaneWorker, lane_connection, make_queue
+    from payrun import keys
+
+    from conftest import wait_for
+
+    worker = LaneWorker([make_queue(keys.EMAIL_QUEUE, conn)], connection=lane_connection(conn), name="sched-kill")
+    worker.scheduler_connection = conn
+    worker._start_scheduler(burst=False)
+    first = worker.scheduler._process
+    caplog.set_level(logging.INFO, logger="payrun.worker")
+    try:
+        os.kill(first.pid, signal.SIGKILL)
+        first.join(10)
+        worker.ensure_scheduler()
+        assert worker.scheduler._process is not first
+        wait_for(worker.scheduler._process.is_alive, what="another scheduler")
+    finally:
+        worker.stop_scheduler()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "payrun.worker"]
+    assert said == [("WARNING", f"Worker sched-kill: RQ scheduler (pid {first.pid}) is gone (exit code -9); "
+                                "starting another")], said
+
+
+def test_a_render_workers_scheduler_that_exits_as_redis_goes_is_restarted_within_the_workers_story(
+        own_redis, monkeypatch, caplog):
+    """An idle render worker's RQ scheduler exits when Redis goes; its worker said
+    `RQ scheduler (pid) is gone; starting another` (WARNING) and `cannot start the RQ
+    scheduler yet` (WARNING) at every check (5 s) while Redis stayed away: a second
+    incident beside the worker's own story. Now one INFO line, the failed starts are
+    tries of the story, and the scheduler is started again once Redis answers."""
+    from jobs import runtime
+    from jobs.runtime import RenderWorker, make_queue, worker_name
+    from payrun import redis_server
+
+    from conftest import wait_for
+
+    cfg, conn = own_redis
+    monkeypatch.setattr(runtime, "SCHEDULER_CHECK_S", 0.0)
+    w = RenderWorker([make_queue("control", conn)], connection=conn, name=worker_name("control"))
+    w._outage.clock = clock = FakeClock()
+    w._start_scheduler(burst=False)
+    first = w.scheduler._process
+    caplog.set_level(logging.INFO)
+    try:
+        wait_for(first.is_alive, what="its RQ scheduler running")
+        assert redis_server.stop(cfg)
+        wait_for(lambda: not first.is_alive(), timeout_s=30, what="its RQ scheduler exiting, Redis away")
+        for _ in range(3):  # checks while Redis stays away
+            w.ensure_scheduler()
+        assert w._outage.tries == {"scheduler": 3} and w._outage.away
+        clock.pause(31)
+        w.ensure_scheduler()
+        conn = redis_server.ensure_running(cfg)
+        wait_for(lambda: w.ensure_scheduler() or w.scheduler._process is not first, timeout_s=30,
+                 what="another RQ scheduler started")
+        wait_for(w.scheduler._process.is_alive, what="it running")
+    finally:
+        w.stop_scheduler()
+    assert first.exitcode == runtime.PayrunScheduler.REDIS_GONE_EXIT
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "payrun.worker"]
+    assert [m for level, m in said if level == "INFO"] == [
+        f"Worker {w.name}: RQ scheduler (pid {first.pid}) exited, Redis away; starting another once Redis answers"]
+    warned = [m for level, m in said if level != "INFO"]
+    assert len(warned) == 3, warned  # the worker's story: at once, 31 s on, back
+    assert "Redis unreachable" in warned[0] and "still failing after 31 s" in warned[1]
+    assert warned[2].startswith(f"Worker {w.name}: Redis answers again at ") and f"({sum(w._outage.tries.values())} looks failed)" in warned[2]
