@@ -1587,10 +1587,11 @@ def _run_left(c: Ctx) -> tuple[str, int] | None:
 
 
 @cli.command(name="supervisor-env")
-@click.option("--role", type=click.Choice(["all", "worker"]), default="all", show_default=True)
+@click.option("--role", type=click.Choice(["all", "worker"]), default=None,
+              help="default: the role the data directory was last started in (`payrun up --role`), else all")
 @pass_ctx
 @handle_errors
-def supervisor_env(c: Ctx, role: str) -> None:
+def supervisor_env(c: Ctx, role: str | None) -> None:
     """Print the environment supervisor.conf expects, for plain supervisord/supervisorctl:
     eval "$(payrun supervisor-env)" && supervisord -c "$PAYRUN_SUPERVISOR_CONF" (the file's
     whole path, also exported, so that supervisorctl works from any directory)."""
@@ -1598,6 +1599,11 @@ def supervisor_env(c: Ctx, role: str) -> None:
 
     from payrun import supervise
 
+    # the data directory's role: on a worker host the deploy steps' plain `supervisor-env`
+    # took it for a control host, refused ("another ledger applies this Redis's events ...
+    # start it with `payrun up --role worker`", which it was) and printed nothing, and the
+    # `eval "$(...)" &&` went on to a supervisorctl with no file (multi-host drill, s41)
+    role = role or supervise._role(c.cfg)
     supervise.check_role(c.cfg, role)
     e = supervise.env(c.cfg)
     for k in supervise.ENV_KEYS:

@@ -78,3 +78,22 @@ def test_a_look_on_a_worker_host_points_at_the_control_host(gone):
     result = CliRunner().invoke(cli, ["workers"])
     assert result.exit_code == 1 and "is the control host up" in result.output, result.output
     assert "is `payrun up` running?" not in result.output and "password=pw" not in result.output
+
+
+def test_supervisor_env_on_a_worker_host_is_the_worker_hosts(cfg, conn, tmp_path, monkeypatch):
+    """The deploy steps run plain `payrun supervisor-env` on every host: on a worker host
+    (started with `payrun up --role worker`, its control host's ledger applying the events)
+    it took the host for a control host and refused, telling to start it with `--role
+    worker`, which it had been (multi-host drill, s41). It takes the data directory's role."""
+    from payrun import keys, supervise
+    from payrun.cli import cli
+
+    monkeypatch.setenv("PAYRUN_EMAIL_URL", "http://127.0.0.1:9")
+    conn.set(keys.LEDGER_OWNER, f"control-host 4242 {tmp_path / 'control' / 'ledger.db'}")
+    (cfg.home / "supervisor.role").write_text("worker")  # (what `payrun up --role worker` leaves)
+    result = CliRunner().invoke(cli, ["supervisor-env"])
+    assert result.exit_code == 0, result.output
+    assert f"export PAYRUN_SUPERVISOR_CONF={supervise.CONFS['worker']}" in result.output
+    # asked for a control host's environment there, it still refuses, as before
+    control = CliRunner().invoke(cli, ["supervisor-env", "--role", "all"])
+    assert control.exit_code != 0 and "another ledger applies this Redis's events" in control.output
