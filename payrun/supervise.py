@@ -166,6 +166,8 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all",
     if not conf.exists():
         raise SetupError(f"{conf} is missing")
     check_role(cfg, role)
+    if role == "worker" and (why := credentials_refused(cfg)):
+        raise SetupError(why)
     out, code = ctl(cfg, "status", timeout_s=STATUS_TIMEOUT_S)
     if code == HUNG:
         raise SetupError(f"a supervisord holds {cfg.home / 'supervisor.sock'} but does not answer ({out}): "
@@ -410,6 +412,37 @@ def _log_tail(cfg: Config, program: str, lines: int = 5) -> str:
         return ""
     tail = path.read_text(errors="replace").splitlines()[-lines:]
     return f"{path.name} ends:\n" + "".join(f"  {ln}\n" for ln in tail)
+
+
+PROBE_TIMEOUT_S = 5.0
+"""How long `payrun up --role worker` waits for the provider's answer to its credentials."""
+
+
+def credentials_refused(cfg: Config) -> str | None:
+    """Why a worker host's senders would be refused by the email provider whatever they
+    send (it refuses this host's token or login: `payrun check`'s probe, nothing sent), or
+    None: accepted, or no verdict (the provider away or slow: its sends wait that out).
+    A multi-host drill (s41) started a worker host without PAYRUN_EMAIL_TOKEN, as the
+    README's steps then read: 202 sends answered 401, each spending an attempt of its slip
+    (19 slips spent 3 of their 6), and no outage pause, since the control host's sends
+    went through between them."""
+    from jobs import mail
+    from payrun.config import redact_url
+    from payrun.provider import email_token
+
+    try:
+        transport = mail.transport_for(cfg.email_url, timeout_s=min(PROBE_TIMEOUT_S, float(cfg.email.timeout_s)),
+                                       token=email_token(cfg))
+        transport.probe()
+    except mail.CredentialsRefused as e:
+        from payrun.text import visible
+
+        return (f"the email provider at {redact_url(cfg.email_url)} refuses this host's credentials: "
+                f"{visible(str(e))[:300]}; each of this host's sends would be refused and spend an attempt of "
+                f"its slip (`payrun check` here says the same)")
+    except Exception:  # noqa: BLE001 - away, slow, a bad URL: not this refusal (`payrun check` says what)
+        return None
+    return None
 
 
 def check_role(cfg: Config, role: str) -> None:
