@@ -1532,17 +1532,18 @@ def _say_drained(c: Ctx) -> None:
 def down(c: Ctx, force: bool) -> None:
     """Stop every program gracefully (workers finish their jobs), then supervisord.
 
-    On a control host, refused while workers of another host hold jobs (it would stop
-    Redis and the provider beneath their sends): stop those first, or --force."""
+    On a control host, refused while workers of another host hold jobs and it runs what
+    they send through (the embedded Redis, the local provider): stop those first, or --force."""
     from payrun import supervise
 
     # from the wrong directory it said "supervisord is not running", exit 0, and left a
     # ./var behind: an on-call engineer in the wrong shell was told payrun was stopped
     c.require_home()
-    if not force and supervise._role(c.cfg) == "all" and (busy := _busy_elsewhere(c)):
+    if (not force and supervise._role(c.cfg) == "all" and (under := supervise.beneath(c.cfg))
+            and (busy := _busy_elsewhere(c))):
         from payrun.errors import SetupError
 
-        raise SetupError(supervise.busy_elsewhere_line(busy))
+        raise SetupError(supervise.busy_elsewhere_line(busy, under))
     left = _run_left(c)  # (while Redis still answers)
     click.echo(supervise.down(c.cfg, say=lambda m: click.echo(m, err=True)))
     if left:

@@ -366,13 +366,23 @@ def busy_elsewhere(workers, own_pids: set[int], hostname: str) -> list:
     return [w for w in workers if w.alive and w.job_id and (w.host != hostname or w.pid not in own_pids)]
 
 
-def busy_elsewhere_line(busy) -> str:
-    """What `payrun down` says of them."""
+def beneath(cfg: Config) -> list[str]:
+    """What a control host's `payrun down` stops that other hosts' sends go through: its
+    embedded Redis, its local provider (pure). An external Redis and a real provider go on
+    without it: then nothing is cut beneath another host's send. A multi-host drill (s41,
+    external Redis, the local provider) was told "Stopping this host stops Redis" of a
+    Redis it does not run."""
+    return (["Redis"] if cfg.embedded_redis else []) + ([] if cfg.email.url else ["the local provider"])
+
+
+def busy_elsewhere_line(busy, stopped: list[str] | None = None) -> str:
+    """What `payrun down` says of them; ``stopped``: :func:`beneath`."""
     named = ", ".join(f"{w.name} ({w.where}, {w.job_id})" for w in busy[:6])
     more = f" and {len(busy) - 6} more" if len(busy) > 6 else ""
+    stops = " and ".join(stopped or ["Redis", "the local provider"])
     return (f"{len(busy)} worker{'' if len(busy) == 1 else 's'} not run by this host's supervisord "
-            f"{'holds a job' if len(busy) == 1 else 'hold jobs'} now: {named}{more}. Stopping this host stops Redis "
-            "and the provider beneath their sends in flight (each is then retried, and over SMTP delivered "
+            f"{'holds a job' if len(busy) == 1 else 'hold jobs'} now: {named}{more}. Stopping this host stops {stops} "
+            "beneath their sends in flight (each is then retried, and over SMTP delivered "
             "twice). Stop them first (`payrun down` on their host), or `payrun drain` and wait until `payrun "
             "running` is empty; `payrun down --force` stops this host anyway")
 
