@@ -117,6 +117,25 @@ def ledger_behind_text(backlog: int, age_s: float) -> str:
             "is `payrun ledger` running? (`payrun ps`)")
 
 
+def no_run_text(home, ledger_path) -> str:
+    """The overview's line when the ledger has no pay run: on a worker host's data
+    directory (`payrun up --role worker`, no ledger here) the ledger is the control host's,
+    as `payrun status` there says; elsewhere, how to start one. A multi-host drill (s41) saw
+    a worker host's console say "no pay run in the ledger yet: `payrun run` starts one" in
+    the middle of the control host's run."""
+    from pathlib import Path
+
+    role = Path(home) / "supervisor.role"
+    try:
+        worker = not Path(ledger_path).exists() and role.read_text().strip() == "worker"
+    except OSError:
+        worker = False
+    if worker:
+        return ("this is a worker host (payrun up --role worker): the ledger, and with it the pay runs' "
+                "progress, is on the control host: its `payrun console` or `payrun status`")
+    return "no pay run in the ledger yet: `payrun run --month YYYY-MM` starts one"
+
+
 def answer(counts: dict[str, int], eta: dict[str, Any] | None = None) -> str:
     """The HR line: "49,992 sent, 8 in progress (1 stuck), 0 failed — ETA 02:31 — on time for 09:00"."""
     line = hr_line(counts)

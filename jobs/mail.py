@@ -133,6 +133,11 @@ def provider_id(mid: str) -> str:
     return mid if len(mid) <= PROVIDER_ID_MAX else mid[: PROVIDER_ID_MAX - 1] + "…"
 
 
+class CredentialsRefused(ValueError):
+    """A probe's refusal of our credentials (HTTP 401/403, SMTP login refused): every send
+    of this host would be refused too (``AccountRefused``), whoever the recipient."""
+
+
 class SentId(str):
     """A provider's message id; ``duplicate``: the provider already had this
     Idempotency-Key and did not deliver it again (an earlier attempt was accepted, but
@@ -751,7 +756,7 @@ class SmtpTransport:
                 pass
             return ", ".join(done)
         except smtplib.SMTPAuthenticationError as e:
-            raise ValueError(f"login refused ({e.smtp_code} {_short(e.smtp_error)}): check "
+            raise CredentialsRefused(f"login refused ({e.smtp_code} {_short(e.smtp_error)}): check "
                              f"{SMTP_PASSWORD_ENV} or the login in email.url") from None
         except smtplib.SMTPResponseException as e:
             raise ValueError(f"{', '.join(done) or 'connected'}, then refused: {e.smtp_code} "
@@ -1049,7 +1054,7 @@ class HttpTransport:
         if resp.status in (401, 403) and self._token_replaced(shown):
             resp, raw = self._probe_once(deadline)  # the token file was replaced: its new token
         if resp.status in (401, 403):
-            raise ValueError(self._refused(resp.status))
+            raise CredentialsRefused(self._refused(resp.status))
         token = "Authorization" in self._headers
         if resp.status == 400:
             return "reachable" + (", token accepted" if token else "")

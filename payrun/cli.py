@@ -1532,17 +1532,18 @@ def _say_drained(c: Ctx) -> None:
 def down(c: Ctx, force: bool) -> None:
     """Stop every program gracefully (workers finish their jobs), then supervisord.
 
-    On a control host, refused while workers of another host hold jobs (it would stop
-    Redis and the provider beneath their sends): stop those first, or --force."""
+    On a control host, refused while workers of another host hold jobs and it runs what
+    they send through (the embedded Redis, the local provider): stop those first, or --force."""
     from payrun import supervise
 
     # from the wrong directory it said "supervisord is not running", exit 0, and left a
     # ./var behind: an on-call engineer in the wrong shell was told payrun was stopped
     c.require_home()
-    if not force and supervise._role(c.cfg) == "all" and (busy := _busy_elsewhere(c)):
+    if (not force and supervise._role(c.cfg) == "all" and (under := supervise.beneath(c.cfg))
+            and (busy := _busy_elsewhere(c))):
         from payrun.errors import SetupError
 
-        raise SetupError(supervise.busy_elsewhere_line(busy))
+        raise SetupError(supervise.busy_elsewhere_line(busy, under))
     left = _run_left(c)  # (while Redis still answers)
     click.echo(supervise.down(c.cfg, say=lambda m: click.echo(m, err=True)))
     if left:
@@ -1587,10 +1588,11 @@ def _run_left(c: Ctx) -> tuple[str, int] | None:
 
 
 @cli.command(name="supervisor-env")
-@click.option("--role", type=click.Choice(["all", "worker"]), default="all", show_default=True)
+@click.option("--role", type=click.Choice(["all", "worker"]), default=None,
+              help="default: the role the data directory was last started in (`payrun up --role`), else all")
 @pass_ctx
 @handle_errors
-def supervisor_env(c: Ctx, role: str) -> None:
+def supervisor_env(c: Ctx, role: str | None) -> None:
     """Print the environment supervisor.conf expects, for plain supervisord/supervisorctl:
     eval "$(payrun supervisor-env)" && supervisord -c "$PAYRUN_SUPERVISOR_CONF" (the file's
     whole path, also exported, so that supervisorctl works from any directory)."""
@@ -1598,6 +1600,11 @@ def supervisor_env(c: Ctx, role: str) -> None:
 
     from payrun import supervise
 
+    # the data directory's role: on a worker host the deploy steps' plain `supervisor-env`
+    # took it for a control host, refused ("another ledger applies this Redis's events ...
+    # start it with `payrun up --role worker`", which it was) and printed nothing, and the
+    # `eval "$(...)" &&` went on to a supervisorctl with no file (multi-host drill, s41)
+    role = role or supervise._role(c.cfg)
     supervise.check_role(c.cfg, role)
     e = supervise.env(c.cfg)
     for k in supervise.ENV_KEYS:

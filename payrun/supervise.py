@@ -166,6 +166,8 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all",
     if not conf.exists():
         raise SetupError(f"{conf} is missing")
     check_role(cfg, role)
+    if role == "worker" and (why := credentials_refused(cfg)):
+        raise SetupError(why)
     out, code = ctl(cfg, "status", timeout_s=STATUS_TIMEOUT_S)
     if code == HUNG:
         raise SetupError(f"a supervisord holds {cfg.home / 'supervisor.sock'} but does not answer ({out}): "
@@ -364,13 +366,23 @@ def busy_elsewhere(workers, own_pids: set[int], hostname: str) -> list:
     return [w for w in workers if w.alive and w.job_id and (w.host != hostname or w.pid not in own_pids)]
 
 
-def busy_elsewhere_line(busy) -> str:
-    """What `payrun down` says of them."""
+def beneath(cfg: Config) -> list[str]:
+    """What a control host's `payrun down` stops that other hosts' sends go through: its
+    embedded Redis, its local provider (pure). An external Redis and a real provider go on
+    without it: then nothing is cut beneath another host's send. A multi-host drill (s41,
+    external Redis, the local provider) was told "Stopping this host stops Redis" of a
+    Redis it does not run."""
+    return (["Redis"] if cfg.embedded_redis else []) + ([] if cfg.email.url else ["the local provider"])
+
+
+def busy_elsewhere_line(busy, stopped: list[str] | None = None) -> str:
+    """What `payrun down` says of them; ``stopped``: :func:`beneath`."""
     named = ", ".join(f"{w.name} ({w.where}, {w.job_id})" for w in busy[:6])
     more = f" and {len(busy) - 6} more" if len(busy) > 6 else ""
+    stops = " and ".join(stopped or ["Redis", "the local provider"])
     return (f"{len(busy)} worker{'' if len(busy) == 1 else 's'} not run by this host's supervisord "
-            f"{'holds a job' if len(busy) == 1 else 'hold jobs'} now: {named}{more}. Stopping this host stops Redis "
-            "and the provider beneath their sends in flight (each is then retried, and over SMTP delivered "
+            f"{'holds a job' if len(busy) == 1 else 'hold jobs'} now: {named}{more}. Stopping this host stops {stops} "
+            "beneath their sends in flight (each is then retried, and over SMTP delivered "
             "twice). Stop them first (`payrun down` on their host), or `payrun drain` and wait until `payrun "
             "running` is empty; `payrun down --force` stops this host anyway")
 
@@ -410,6 +422,37 @@ def _log_tail(cfg: Config, program: str, lines: int = 5) -> str:
         return ""
     tail = path.read_text(errors="replace").splitlines()[-lines:]
     return f"{path.name} ends:\n" + "".join(f"  {ln}\n" for ln in tail)
+
+
+PROBE_TIMEOUT_S = 5.0
+"""How long `payrun up --role worker` waits for the provider's answer to its credentials."""
+
+
+def credentials_refused(cfg: Config) -> str | None:
+    """Why a worker host's senders would be refused by the email provider whatever they
+    send (it refuses this host's token or login: `payrun check`'s probe, nothing sent), or
+    None: accepted, or no verdict (the provider away or slow: its sends wait that out).
+    A multi-host drill (s41) started a worker host without PAYRUN_EMAIL_TOKEN, as the
+    README's steps then read: 202 sends answered 401, each spending an attempt of its slip
+    (19 slips spent 3 of their 6), and no outage pause, since the control host's sends
+    went through between them."""
+    from jobs import mail
+    from payrun.config import redact_url
+    from payrun.provider import email_token
+
+    try:
+        transport = mail.transport_for(cfg.email_url, timeout_s=min(PROBE_TIMEOUT_S, float(cfg.email.timeout_s)),
+                                       token=email_token(cfg))
+        transport.probe()
+    except mail.CredentialsRefused as e:
+        from payrun.text import visible
+
+        return (f"the email provider at {redact_url(cfg.email_url)} refuses this host's credentials: "
+                f"{visible(str(e))[:300]}; each of this host's sends would be refused and spend an attempt of "
+                f"its slip (`payrun check` here says the same)")
+    except Exception:  # noqa: BLE001 - away, slow, a bad URL: not this refusal (`payrun check` says what)
+        return None
+    return None
 
 
 def check_role(cfg: Config, role: str) -> None:

@@ -1698,3 +1698,18 @@ async def test_a_company_name_with_brackets_prints_as_written_not_as_markup(payr
         assert shown == name[:len(shown)] and len(shown) >= 24
         assert not any(getattr(s.style, "meta", None) or "link" in str(s.style) for s in getattr(cell, "spans", []))
     assert app.return_code in (None, 0)
+
+
+@sync
+async def test_a_worker_hosts_console_says_the_run_is_the_control_hosts(cfg, conn):
+    """Multi-host drill (s41): mid-run, a worker host's console (no ledger on that host)
+    read "no pay run in the ledger yet: `payrun run --month YYYY-MM` starts one", where
+    `payrun status` there says the ledger is on the control host."""
+    (cfg.home / "supervisor.role").write_text("worker")  # (what `payrun up --role worker` leaves)
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None, what="first refresh")
+        await settle(pilot, lambda: "worker host" in text_of(app, "#answer"), what="the worker host's line")
+        said = text_of(app, "#answer")
+        assert "the ledger" in said and "is on the control host" in said and "starts one" not in said
+    assert not cfg.ledger_path.exists()  # (the console made no ledger here)

@@ -922,6 +922,43 @@ def test_down_on_a_control_host_waits_for_another_hosts_workers_holding_jobs(cfg
     assert CliRunner().invoke(cli, ["down"]).exit_code == 0 and downs == [1, 1, 1]
 
 
+def test_down_on_a_control_host_names_what_it_stops_beneath_another_hosts_sends(cfg, conn, monkeypatch):
+    """Multi-host drill (s41): a control host on an external Redis, with the local provider,
+    refused `payrun down` saying "Stopping this host stops Redis and the provider", of a
+    Redis it does not run. It names what it stops; with a real provider too it stops
+    nothing their sends go through, and stops without --force."""
+    import time as time_mod
+
+    from click.testing import CliRunner
+
+    from jobs.runtime import make_queue
+    from payrun import config as config_mod
+    from payrun import keys, supervise
+    from payrun.cli import cli
+
+    (cfg.home / "payroll.db").touch()
+    downs = []
+    monkeypatch.setattr(supervise, "down", lambda cfg_, say=None: downs.append(1) or "stopped")
+    name = "email.worker-host.4242.07"
+    job = make_queue(keys.EMAIL_QUEUE, conn).enqueue_call("jobs.tasks.noop", job_id="email-2026-11-emp-00042")
+    conn.sadd("rq:workers", f"rq:worker:{name}")
+    conn.hset(f"rq:worker:{name}", mapping={"hostname": "worker-host", "pid": 4242, "queues": keys.EMAIL_QUEUE,
+                                            "state": "busy", "current_job": job.id, "program": "send-email"})
+    conn.hset(job.key, mapping={"status": "started", "worker_name": name,
+                                "started_at": time_mod.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time_mod.gmtime())})
+    conn.set(keys.alive(name), 4242, ex=60)
+
+    out = CliRunner().invoke(cli, ["down"])  # the external Redis of `cfg`, the local provider
+    assert out.exit_code != 0 and not downs, out.output
+    assert "Stopping this host stops the local provider beneath their sends" in out.output, out.output
+    assert "stops Redis" not in out.output
+    assert supervise.beneath(cfg) == ["the local provider"]
+    assert supervise.beneath(config_mod.load(env={"PAYRUN_HOME": str(cfg.home)})) == ["Redis", "the local provider"]
+    monkeypatch.setenv("PAYRUN_EMAIL_URL", "smtp://127.0.0.1:1025")  # a real provider: nothing beneath them
+    assert supervise.beneath(config_mod.load()) == []
+    assert CliRunner().invoke(cli, ["down"]).exit_code == 0 and downs == [1]
+
+
 def test_busy_elsewhere_is_alive_with_a_job_and_not_ours():
     from types import SimpleNamespace as W
 

@@ -78,3 +78,88 @@ def test_a_look_on_a_worker_host_points_at_the_control_host(gone):
     result = CliRunner().invoke(cli, ["workers"])
     assert result.exit_code == 1 and "is the control host up" in result.output, result.output
     assert "is `payrun up` running?" not in result.output and "password=pw" not in result.output
+
+
+def test_supervisor_env_on_a_worker_host_is_the_worker_hosts(cfg, conn, tmp_path, monkeypatch):
+    """The deploy steps run plain `payrun supervisor-env` on every host: on a worker host
+    (started with `payrun up --role worker`, its control host's ledger applying the events)
+    it took the host for a control host and refused, telling to start it with `--role
+    worker`, which it had been (multi-host drill, s41). It takes the data directory's role."""
+    from payrun import keys, supervise
+    from payrun.cli import cli
+
+    monkeypatch.setenv("PAYRUN_EMAIL_URL", "http://127.0.0.1:9")
+    conn.set(keys.LEDGER_OWNER, f"control-host 4242 {tmp_path / 'control' / 'ledger.db'}")
+    (cfg.home / "supervisor.role").write_text("worker")  # (what `payrun up --role worker` leaves)
+    result = CliRunner().invoke(cli, ["supervisor-env"])
+    assert result.exit_code == 0, result.output
+    assert f"export PAYRUN_SUPERVISOR_CONF={supervise.CONFS['worker']}" in result.output
+    # asked for a control host's environment there, it still refuses, as before
+    control = CliRunner().invoke(cli, ["supervisor-env", "--role", "all"])
+    assert control.exit_code != 0 and "another ledger applies this Redis's events" in control.output
+
+
+class _NotStarted(Exception):
+    """Raised where `up` would start supervisord."""
+
+
+@pytest.fixture
+def provider_401():
+    """An HTTP provider that refuses every request's token (401), as the control host's
+    provider refused a worker host started without PAYRUN_EMAIL_TOKEN."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(self.path)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b'{"error": "missing or wrong bearer token"}'
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_up_as_a_worker_host_refuses_when_the_provider_refuses_its_credentials(cfg, conn, provider_401,
+                                                                                monkeypatch):
+    """A worker host started without the provider's token (the README's several-hosts steps
+    did not name it) started anyway: its senders' 202 sends were answered 401, each
+    spending an attempt of its slip, with no outage pause (the control host's sends went
+    through between them). `payrun up --role worker` asks the provider first, as `payrun
+    check` does (nothing sent), and refuses before anything starts."""
+    from payrun import supervise
+    from payrun.errors import SetupError
+
+    url, seen = provider_401
+    monkeypatch.setenv("PAYRUN_EMAIL_URL", url)
+    monkeypatch.delenv("PAYRUN_EMAIL_TOKEN", raising=False)
+
+    def not_started(name):
+        raise _NotStarted(name)
+
+    monkeypatch.setattr(supervise, "_bin", not_started)
+    worker = config_mod.load()
+    with pytest.raises(SetupError) as refused:
+        supervise.up(worker, role="worker", wait=False)
+    said = str(refused.value)
+    assert seen and "refuses this host's credentials" in said and "PAYRUN_EMAIL_TOKEN is not set" in said
+    assert not (worker.home / "supervisor.role").exists()  # nothing started, no role taken
+
+    # a provider that does not answer is not this refusal: up goes on (its senders wait it out)
+    monkeypatch.setenv("PAYRUN_EMAIL_URL", "http://127.0.0.1:9")
+    with pytest.raises(_NotStarted):
+        supervise.up(config_mod.load(), role="worker", wait=False)

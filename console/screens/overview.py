@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 
 from console.data import Snapshot
-from console.fmt import answer, clip, duration, ledger_behind_text, spark
+from console.fmt import answer, clip, duration, ledger_behind_text, no_run_text, spark
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
@@ -96,7 +96,8 @@ class OverviewScreen(ConsoleScreen):
             for line in no_slip_lines(st):
                 t.append("\n" + line, style="bold yellow")
         else:
-            t = Text("no pay run in the ledger yet: `payrun run --month YYYY-MM` starts one")
+            cfg = self.app.source.cfg
+            t = Text(no_run_text(cfg.home, cfg.ledger_path))
         if behind := ledger_behind_text(snap.ledger_backlog, snap.ledger_backlog_age_s):  # (a run it has not seen yet)
             t.append("\n" + behind, style="bold yellow")
         ans.update(t)
