@@ -1009,3 +1009,33 @@ def test_a_scheduler_says_redis_is_away_once_then_every_30_s_and_back_once(cfg, 
     assert 2 <= len(failed) <= 5, failed  # at once, then every 30 s of the ~120 s
     assert "still failing" in failed[1]
     assert len(back) == 1 and "back after" in back[0], back
+
+
+def test_schedule_says_what_holds_a_due_tick_while_schedulers_are_alive(cfg, conn):
+    """Drill (session 41): scheduler-b was kill -9'd holding rq-scheduler's pass lock at the
+    pay-run tick; for the lock's 11 s `payrun schedule` read "DUE …: no scheduler has run
+    since" beside "schedulers alive: 2". It names the lock and the claim instead."""
+    from scheduler.cli import due_text, schedule_view
+
+    entries = [{"name": "payroll", "cron": "0 2 1 * *", "job": "payroll"}]
+    cfg.scheduler.entries = entries
+    conn.set(service.cursor_key("payroll"), repr((PAY_TICK - timedelta(minutes=1)).timestamp()))
+    conn.hset("rq:scheduler_instance:scheduler-a.vm", "birth", "1")
+    conn.set("rq:scheduler_lock", "scheduler-b.vm", ex=11)
+    conn.set(service.marker_key("payroll", cron.stamp(PAY_TICK)), "claimed:scheduler-b.vm:0a1b2c3d", ex=30)
+    row = schedule_view(cfg, conn, now=PAY_TICK + timedelta(seconds=5))[0]
+    assert row["due_since"] == PAY_TICK.isoformat()
+    waiting = row["due_waiting"]
+    assert waiting["pass_lock"] == "scheduler-b.vm" and 0 < waiting["pass_lock_ttl_s"] <= 11, waiting
+    assert waiting["claimed_by"] == "scheduler-b.vm" and 0 < waiting["claim_ttl_s"] <= 30, waiting
+    line = due_text("2026-12-01 02:00 Asia/Dhaka", "20:00", "6 h", ["scheduler-a.vm"], waiting)
+    assert "no scheduler has run since" not in line, line
+    assert "1 scheduler(s) alive" in line and "claimed by scheduler-b.vm" in line, line
+    assert "rq:scheduler_lock) is held by scheduler-b.vm" in line, line
+    # none alive: as before, start one within the window
+    line = due_text("2026-12-01 02:00 Asia/Dhaka", "20:00", "6 h", [], None)
+    assert "no scheduler has run since; one that starts within the catch-up window (6 h)" in line
+    # fired since: nothing waits
+    conn.set(service.cursor_key("payroll"), repr((PAY_TICK + timedelta(seconds=1)).timestamp()))
+    row = schedule_view(cfg, conn, now=PAY_TICK + timedelta(seconds=5))[0]
+    assert row["due_since"] is None and row["due_waiting"] is None
