@@ -1039,3 +1039,25 @@ def test_schedule_says_what_holds_a_due_tick_while_schedulers_are_alive(cfg, con
     conn.set(service.cursor_key("payroll"), repr((PAY_TICK + timedelta(seconds=1)).timestamp()))
     row = schedule_view(cfg, conn, now=PAY_TICK + timedelta(seconds=5))[0]
     assert row["due_since"] is None and row["due_waiting"] is None
+
+
+def test_a_fresh_install_does_not_warn_of_a_lost_cursor(world, caplog):
+    """Drill (session 41): the very first `payrun up` logged, from one scheduler per entry,
+    WARNING "no cursor in Redis (lost, flushed or a new Redis): resuming from …" — nothing
+    was lost. The first start says so at INFO; a cursor lost later still warns."""
+    import logging
+
+    w, conn = world, world["conn"]
+    write_config(w, [ENTRIES[0]])
+    start = PAY_TICK - timedelta(days=3) + timedelta(microseconds=700_000)
+    a = service.CronPass(conn, w["cfg"], name="scheduler-a")
+    a.register(start)
+    caplog.set_level(logging.INFO, logger="payrun.scheduler")
+    assert a.run(start + timedelta(seconds=1)) == []
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert not [m for lvl, m in said if lvl >= logging.WARNING], said
+    assert any("first start of this entry" in m for _, m in said), said
+    caplog.clear()
+    conn.delete(service.cursor_key("payroll"))  # lost later: still a WARNING
+    a.run(start + timedelta(hours=1))
+    assert any(r.levelno == logging.WARNING and "no cursor in Redis" in r.getMessage() for r in caplog.records)
