@@ -107,6 +107,18 @@ def test_worker_and_scheduler_verdicts_name_what_is_missing():
     assert "has not fired" in preflight.scheduler_verdict(2, tick, tick, "Asia/Dhaka").text
 
 
+def test_check_fails_a_pay_run_tick_the_running_schedulers_did_not_load():
+    """Drill (session 41): the pay run's cron edited in the file, schedulers not restarted:
+    `payrun schedule` named the difference, and `payrun check` said "ok  next pay-run tick
+    <the file's time>; 2 schedulers running" of a tick that would not fire then."""
+    tick = "2026-12-01T02:00:00+06:00"
+    f = preflight.scheduler_verdict(2, None, tick, "Asia/Dhaka", ["payroll: running with cron '0 3 1 * *'"])
+    assert f.level == FAIL, f
+    assert "2026-12-01 02:00 Asia/Dhaka" in f.text and "payroll: running with cron '0 3 1 * *'" in f.text
+    assert "will not fire it then" in f.text and "restart scheduler-a scheduler-b" in f.text
+    assert preflight.scheduler_verdict(2, None, tick, "Asia/Dhaka", []).level == OK
+
+
 def test_programs_stopped_by_hand_are_named_with_the_command_that_starts_them():
     """`payrun up` leaves a program stopped by hand stopped: the check said only "`payrun
     up`" for a ledger, a render worker and a scheduler stopped with supervisorctl, and that
