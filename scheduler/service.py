@@ -393,7 +393,7 @@ class CronPass:
         newest = missed[-1]
         shown = missed[-MISSED_CAP:]
         detail = (f"no scheduler was running at the tick's time and none came back within the "
-                  f"{self.window_s / 3600:g} h catch-up window (back at {now.astimezone(self.zone):%Y-%m-%d %H:%M %Z})")
+                  f"{window_text(self.window_s)} catch-up window (back at {now.astimezone(self.zone):%Y-%m-%d %H:%M %Z})")
         if len(missed) > len(shown):
             detail += f"; {len(missed) - len(shown)} older tick(s) not listed"
         if superseded:

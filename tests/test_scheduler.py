@@ -1061,3 +1061,18 @@ def test_a_fresh_install_does_not_warn_of_a_lost_cursor(world, caplog):
     conn.delete(service.cursor_key("payroll"))  # lost later: still a WARNING
     a.run(start + timedelta(hours=1))
     assert any(r.levelno == logging.WARNING and "no cursor in Redis" in r.getMessage() for r in caplog.records)
+
+
+def test_a_missed_tick_names_a_short_catch_up_window_as_people_write_it(world, caplog):
+    """Drill (session 41, catchup_window_s = 60): the MISSED line and row read "within the
+    0.0166667 h catch-up window"; `payrun schedule`'s DUE line already said "60 s"."""
+    w, conn = world, world["conn"]
+    write_config(w, [ENTRIES[2]], catchup_window_s=60)
+    a = service.CronPass(conn, w["cfg"], name="scheduler-a")
+    tick = utc(2026, 12, 6, 6, 10)
+    a.register(tick - timedelta(minutes=3))
+    a.run(tick - timedelta(minutes=3))
+    out = a.run(tick + timedelta(seconds=170))
+    assert [o.get("outcome") for o in out] == ["fired"] and out[0]["missed"] == [cron.iso(tick)], out
+    job = PayrunJob.fetch(f"missed-reaper-{cron.stamp(tick)}", connection=conn)
+    assert "within the 60 s catch-up window" in job.args[4], job.args[4]
