@@ -80,8 +80,10 @@ def schedule_view(cfg, conn=None, now=None) -> list[dict]:
                                               "status = 'missed'", (e.name,)).fetchall()
                 row["missed_months_not_run"] = sorted(missed_not_run(named, set(store.ledger.months())))
             row["due_since"] = row["due_waiting"] = None
-            if conn is not None:
-                raw = conn.get(service.cursor_key(e.name))
+            # (Redis unreachable, as after `payrun down`: the ledger alone says which tick is due;
+            # it read "next <tomorrow>, never run" of today's pay-run tick, due and not fired)
+            if conn is not None or store is not None:
+                raw = conn.get(service.cursor_key(e.name)) if conn is not None else None
                 handled = None
                 if raw is not None:
                     from datetime import datetime
@@ -103,7 +105,7 @@ def schedule_view(cfg, conn=None, now=None) -> list[dict]:
                     due = cron.next_after(e.spec, zone, handled)
                     if due <= now:
                         row["due_since"] = due.isoformat()
-                        row["due_waiting"] = due_waiting(conn, e.name, due)
+                        row["due_waiting"] = due_waiting(conn, e.name, due) if conn is not None else None
             rows.append(row)
     finally:
         if store is not None:
@@ -139,6 +141,9 @@ def due_text(due_local: str, due_utc_hm: str, window: str, alive: list[str] | No
     run since" of a tick a killed scheduler held back for 11 s (its pass lock) or 30 s (its
     claim): the on-call read two live schedulers as none."""
     head = f"DUE since {due_local} ({due_utc_hm} UTC), not fired yet: "
+    if alive is None:
+        return (head + "Redis is unreachable and the ledger has no row of it; schedulers back within the "
+                f"catch-up window ({window}) fire it (`payrun up`), later it is recorded as missed")
     if not alive:
         return (head + "no scheduler has run since; one that starts within the catch-up window "
                 f"({window}) fires it, later it is recorded as missed")

@@ -1076,3 +1076,21 @@ def test_a_missed_tick_names_a_short_catch_up_window_as_people_write_it(world, c
     assert [o.get("outcome") for o in out] == ["fired"] and out[0]["missed"] == [cron.iso(tick)], out
     job = PayrunJob.fetch(f"missed-reaper-{cron.stamp(tick)}", connection=conn)
     assert "within the 60 s catch-up window" in job.args[4], job.args[4]
+
+
+def test_schedule_with_redis_down_says_a_tick_is_due_from_the_ledger(world):
+    """Drill (session 41): everything down over the pay-run tick (`payrun down`); at the tick
+    plus 16 s `payrun schedule` read "next <tomorrow>, never run" and "schedulers: Redis not
+    reachable", as if today's tick were done. The ledger says it has no row: DUE."""
+    from scheduler.cli import due_text, schedule_view
+
+    w, conn = world, world["conn"]
+    write_config(w, [ENTRIES[0]])
+    a = service.CronPass(conn, w["cfg"], name="scheduler-a")
+    a.register(PAY_TICK - timedelta(days=3))
+    a.run(PAY_TICK - timedelta(days=3))
+    row = schedule_view(w["cfg"], None, now=PAY_TICK + timedelta(seconds=16))[0]  # Redis unreachable
+    assert row["due_since"] == PAY_TICK.isoformat() and row["due_waiting"] is None, row
+    line = due_text("2026-12-01 02:00 Asia/Dhaka", "20:00", "6 h", None, None)
+    assert "Redis is unreachable and the ledger has no row of it" in line and "`payrun up`" in line, line
+    assert schedule_view(w["cfg"], None, now=PAY_TICK - timedelta(seconds=1))[0]["due_since"] is None
