@@ -333,6 +333,8 @@ def check(cfg, *, month: str | None = None, worker_host: bool = False, email: bo
     due_since = None
     if not worker_host:
         tick_local, due_since = _next_tick(cfg, conn, rep, now, zone)
+    if not worker_host:
+        _missed_months(cfg, rep)
     slips = _payroll(cfg, rep) if not worker_host and rep.month else 0
 
     render_s, slip_bytes = _render(rep)
@@ -438,6 +440,25 @@ def _next_tick(cfg, conn, rep: Report, now: datetime, zone) -> tuple[datetime | 
     if rep.month is None:
         rep.month = rep.tick_month
     return nxt, row.get("due_since")
+
+
+def _missed_months(cfg, rep: Report) -> None:
+    """Pay months whose cron tick was missed (past the catch-up window) and not run since:
+    `payrun status` and `payrun schedule` named them, and check said "ready" beside, of the
+    next month's tick alone (drill, session 41)."""
+    if not cfg.ledger_path.exists():
+        return
+    from payrun.ledger import Ledger
+    from payrun.status import missed_run_text
+    from scheduler.store import missed_pay_months
+
+    led = Ledger(cfg.ledger_path)
+    try:
+        missed = missed_pay_months(led.db.conn, set(led.months()))
+    finally:
+        led.close()
+    for month, tick in sorted(missed.items()):
+        rep.add("scheduler", WARN, missed_run_text(month, tick, cfg.timezone), {"month": month, "tick": tick})
 
 
 def _payroll(cfg, rep: Report) -> int:

@@ -655,3 +655,24 @@ def test_a_slip_store_this_account_cannot_reach_is_said_not_a_traceback(tmp_path
     assert "error" not in said, said
     for text in (said["up"], said["check"]):
         assert text.startswith(f"the slip store {store} cannot be reached by this account (Permission denied"), text
+
+
+def test_a_pay_month_whose_tick_was_missed_and_not_run_is_named_with_its_run(world):
+    """Drill (session 41): everything down over the pay-run tick past the catch-up window;
+    `payrun status` named the month to run by hand, `payrun check` said "ready" of the
+    next tick alone. It warns with the same `payrun run --month M`, until the month runs."""
+    from scheduler.store import Store
+
+    cfg, conn, db, ledger = world
+    store = Store(cfg.ledger_path)
+    store.record_not_run("payroll", "payroll", ["2026-10-31T20:00:00+00:00"], "missed",
+                         "no scheduler was running at the tick's time; run it by hand: payrun run --month 2026-10")
+    store.close()
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    rep = preflight.check(cfg, month="2026-11", email=False, now=now)
+    missed = [f for f in rep.findings if f.area == "scheduler" and "was missed" in f.text]
+    assert len(missed) == 1 and missed[0].level == WARN, rep.findings
+    assert "the 2026-10 pay run has not run" in missed[0].text and "`payrun run --month 2026-10`" in missed[0].text
+    ledger.claim_run(1, "2026-10", "test")  # run by hand since: nothing to say
+    rep = preflight.check(cfg, month="2026-11", email=False, now=now)
+    assert not [f for f in rep.findings if "was missed" in f.text]
