@@ -253,7 +253,11 @@ def supervisor_verdicts(status: str, log_dir) -> list[Finding]:
     return out
 
 
-def scheduler_verdict(alive: int, due_since: str | None, tick: str | None, zone: str) -> Finding:
+def scheduler_verdict(alive: int, due_since: str | None, tick: str | None, zone: str,
+                      differs: list[str] | None = None) -> Finding:
+    """``differs``: the pay-run entries the running schedulers loaded otherwise than this
+    file says (scheduler.cli.running_entries_differ): the file is read at their start, and
+    check said "ok next pay-run tick <the file's time>" of a tick they would not fire then."""
     if due_since:
         return Finding("scheduler", FAIL, f"a pay-run tick due since {local_text(due_since, zone)} has not fired: is a "
                                           "scheduler running? (`payrun schedule`)")
@@ -261,6 +265,11 @@ def scheduler_verdict(alive: int, due_since: str | None, tick: str | None, zone:
         what = f"the tick of {local_text(tick, zone)} will not fire" if tick else "no cron tick will fire"
         return Finding("scheduler", FAIL, f"no scheduler is running: {what} (`payrun up` on the control host)")
     nxt = f"next pay-run tick {local_text(tick, zone)}" if tick else "no pay-run entry in scheduler.entries"
+    if differs:
+        return Finding("scheduler", FAIL, f"{nxt} by this file, but the schedulers running loaded another schedule "
+                                          f"at their start ({'; '.join(differs)}): they will not fire it then. "
+                                          "Restart them to use this file's: `eval \"$(payrun supervisor-env)\"` then "
+                                          "`supervisorctl -c \"$PAYRUN_SUPERVISOR_CONF\" restart scheduler-a scheduler-b`")
     if alive == 1:
         return Finding("scheduler", WARN, f"{nxt}; one scheduler running, not two: none stands by to fire the "
                                           "tick if this one is down then (start the other: `payrun ps`)")
@@ -324,6 +333,8 @@ def check(cfg, *, month: str | None = None, worker_host: bool = False, email: bo
     due_since = None
     if not worker_host:
         tick_local, due_since = _next_tick(cfg, conn, rep, now, zone)
+    if not worker_host:
+        _missed_months(cfg, rep)
     slips = _payroll(cfg, rep) if not worker_host and rep.month else 0
 
     render_s, slip_bytes = _render(rep)
@@ -334,9 +345,14 @@ def check(cfg, *, month: str | None = None, worker_host: bool = False, email: bo
         live = _workers(cfg, conn, rep, worker_host)
         if not worker_host:
             _ledger(cfg, conn, rep)
-            from scheduler.cli import schedulers_alive
+            from scheduler import cron
+            from scheduler.cli import running_entries_differ, schedulers_alive
 
-            rep.findings.append(scheduler_verdict(len(schedulers_alive(conn)), due_since, rep.tick, cfg.timezone))
+            alive = schedulers_alive(conn)
+            pay = {e.name for e in cron.load_entries(cfg.scheduler.entries) if e.job == "payroll"}
+            differs = [line for line in running_entries_differ(cfg, conn, alive)
+                       if line.split(": ")[0] in pay or (": " in line and line.split(": ")[1] in pay)]
+            rep.findings.append(scheduler_verdict(len(alive), due_since, rep.tick, cfg.timezone, differs))
     _supervisor(cfg, rep)
     if email:
         _email(cfg, rep)
@@ -424,6 +440,25 @@ def _next_tick(cfg, conn, rep: Report, now: datetime, zone) -> tuple[datetime | 
     if rep.month is None:
         rep.month = rep.tick_month
     return nxt, row.get("due_since")
+
+
+def _missed_months(cfg, rep: Report) -> None:
+    """Pay months whose cron tick was missed (past the catch-up window) and not run since:
+    `payrun status` and `payrun schedule` named them, and check said "ready" beside, of the
+    next month's tick alone (drill, session 41)."""
+    if not cfg.ledger_path.exists():
+        return
+    from payrun.ledger import Ledger
+    from payrun.status import missed_run_text
+    from scheduler.store import missed_pay_months
+
+    led = Ledger(cfg.ledger_path)
+    try:
+        missed = missed_pay_months(led.db.conn, set(led.months()))
+    finally:
+        led.close()
+    for month, tick in sorted(missed.items()):
+        rep.add("scheduler", WARN, missed_run_text(month, tick, cfg.timezone), {"month": month, "tick": tick})
 
 
 def _payroll(cfg, rep: Report) -> int:

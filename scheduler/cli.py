@@ -79,9 +79,11 @@ def schedule_view(cfg, conn=None, now=None) -> list[dict]:
                 named = store.db.conn.execute("SELECT scheduled_for, detail FROM cron_runs WHERE entry = ? AND "
                                               "status = 'missed'", (e.name,)).fetchall()
                 row["missed_months_not_run"] = sorted(missed_not_run(named, set(store.ledger.months())))
-            row["due_since"] = None
-            if conn is not None:
-                raw = conn.get(service.cursor_key(e.name))
+            row["due_since"] = row["due_waiting"] = None
+            # (Redis unreachable, as after `payrun down`: the ledger alone says which tick is due;
+            # it read "next <tomorrow>, never run" of today's pay-run tick, due and not fired)
+            if conn is not None or store is not None:
+                raw = conn.get(service.cursor_key(e.name)) if conn is not None else None
                 handled = None
                 if raw is not None:
                     from datetime import datetime
@@ -103,11 +105,58 @@ def schedule_view(cfg, conn=None, now=None) -> list[dict]:
                     due = cron.next_after(e.spec, zone, handled)
                     if due <= now:
                         row["due_since"] = due.isoformat()
+                        row["due_waiting"] = due_waiting(conn, e.name, due) if conn is not None else None
             rows.append(row)
     finally:
         if store is not None:
             store.close()
     return rows
+
+
+def due_waiting(conn, entry: str, due) -> dict:
+    """What holds back a due tick while schedulers run: rq-scheduler's pass lock (its owner
+    and seconds left; a scheduler killed mid-pass keeps it until it lapses, 11 s) and the
+    tick's claim (the scheduler that claimed it, seconds left; a claimer killed before it
+    enqueued is taken over when it lapses, 30 s)."""
+    from rq_scheduler import Scheduler
+
+    from scheduler import cron, service
+
+    out: dict = {"pass_lock": None, "pass_lock_ttl_s": None, "claimed_by": None, "claim_ttl_s": None}
+    owner = conn.get(Scheduler.scheduler_lock_key)
+    if owner is not None:
+        out["pass_lock"] = owner.decode(errors="replace")
+        out["pass_lock_ttl_s"] = max(conn.ttl(Scheduler.scheduler_lock_key), 0)
+    marker = service.marker_key(entry, cron.stamp(due))
+    held = conn.get(marker)
+    if held is not None and held.startswith(b"claimed:"):
+        out["claimed_by"] = held.decode(errors="replace")[len("claimed:"):].rsplit(":", 1)[0]
+        out["claim_ttl_s"] = max(conn.ttl(marker), 0)
+    return out
+
+
+def due_text(due_local: str, due_utc_hm: str, window: str, alive: list[str] | None,
+             waiting: dict | None) -> str:
+    """`payrun schedule`'s DUE line (pure). With schedulers alive it said "no scheduler has
+    run since" of a tick a killed scheduler held back for 11 s (its pass lock) or 30 s (its
+    claim): the on-call read two live schedulers as none."""
+    head = f"DUE since {due_local} ({due_utc_hm} UTC), not fired yet: "
+    if alive is None:
+        return (head + "Redis is unreachable and the ledger has no row of it; schedulers back within the "
+                f"catch-up window ({window}) fire it (`payrun up`), later it is recorded as missed")
+    if not alive:
+        return (head + "no scheduler has run since; one that starts within the catch-up window "
+                f"({window}) fires it, later it is recorded as missed")
+    waiting = waiting or {}
+    why = []
+    if waiting.get("claimed_by"):
+        why.append(f"claimed by {waiting['claimed_by']}, which has not enqueued it: if it died, another "
+                   f"scheduler takes it over when the claim lapses (in {waiting.get('claim_ttl_s')} s)")
+    if waiting.get("pass_lock"):
+        why.append(f"the pass lock (rq:scheduler_lock) is held by {waiting['pass_lock']} for "
+                   f"{waiting.get('pass_lock_ttl_s')} s more (a scheduler killed mid-pass keeps it until it lapses)")
+    return (head + f"{len(alive)} scheduler(s) alive fire it at a coming pass"
+            + ("; " + "; ".join(why) if why else "") + ". If it stays DUE, read their logs")
 
 
 def missed_detail_text(detail: str, not_run: list[str] | None) -> str:
@@ -229,9 +278,9 @@ def register(cli) -> None:
                 from scheduler.service import window_text
 
                 due = r["due_since"]
-                click.echo(f"{'':<12} DUE since {_local(due, r['zone'])} {r['zone']} ({due[11:16]} UTC), not fired yet: "
-                           f"no scheduler has run since; one that starts within the catch-up window "
-                           f"({window_text(float(c.cfg.scheduler.catchup_window_s))}) fires it, later it is recorded as missed")
+                click.echo(f"{'':<12} " + due_text(f"{_local(due, r['zone'])} {r['zone']}", due[11:16],
+                                                   window_text(float(c.cfg.scheduler.catchup_window_s)),
+                                                   alive, r.get("due_waiting")))
             if r["missed"]:
                 click.echo(f"{'':<12} MISSED {r['missed']} tick(s), newest {_local(r['last_missed'], r['zone'])} "
                            f"{r['zone']} ({r['last_missed'][11:16]} UTC {r['last_missed'][:10]})"

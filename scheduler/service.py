@@ -233,9 +233,15 @@ class CronPass:
         self.window_s = float(cfg.scheduler.catchup_window_s)
         self.marker_ttl_s = int(max(self.window_s, 3600) + 86400)
         self.control = make_queue(keys.CONTROL_QUEUE, conn)
+        self._started: datetime | None = None
+        """When this scheduler registered its entries (``register``)."""
+        self._seen_cursor: set[str] = set()
+        """Entries whose cursor this scheduler has read: a cursor missing after that was lost."""
 
     def register(self, now: datetime) -> None:
         """Write the entries (and their next times) to Redis for `payrun schedule`."""
+        if self._started is None:
+            self._started = now
         records = {e.name: json.dumps(entry_record(e, self.cfg.timezone)) for e in self.entries}
         with self.conn.pipeline() as pipe:
             for key in (ENTRIES_KEY, entries_key(self.name)):
@@ -275,6 +281,7 @@ class CronPass:
         raw = self.conn.get(key)
         if raw is not None:
             self._no_memory_logged.discard(e.name)  # (said again if Redis loses it again)
+            self._seen_cursor.add(e.name)
         else:
             start = self._recover(e, now)
             if start is None:
@@ -283,6 +290,7 @@ class CronPass:
             raw = self.conn.get(key)
             if raw is None:
                 return None
+            self._seen_cursor.add(e.name)
         return datetime.fromtimestamp(float(raw), UTC)
 
     def _recover(self, e: cron.Entry, now: datetime) -> datetime | None:
@@ -298,7 +306,12 @@ class CronPass:
             return None
         registered_at, newest = facts
         start = cron.recovered_cursor(now, registered_at, newest)
-        if start < now:
+        if (newest is None and registered_at is not None and self._started is not None
+                and e.name not in self._seen_cursor and registered_at >= self._started.replace(microsecond=0)):
+            # the entry's very first start (registered by this start, no row): nothing was
+            # lost — a fresh install logged "no cursor in Redis (lost, flushed or a new Redis)"
+            log.info("cron %s: first start of this entry: ticks from %s on (no backfill)", e.name, self._both(start))
+        elif start < now:
             source = "its newest tick row" if newest is not None else "its registration"
             log.warning("cron %s: no cursor in Redis (lost, flushed or a new Redis): resuming from %s (%s in "
                         "the ledger); ticks due since fire within the catch-up window or are recorded missed",
@@ -380,7 +393,7 @@ class CronPass:
         newest = missed[-1]
         shown = missed[-MISSED_CAP:]
         detail = (f"no scheduler was running at the tick's time and none came back within the "
-                  f"{self.window_s / 3600:g} h catch-up window (back at {now.astimezone(self.zone):%Y-%m-%d %H:%M %Z})")
+                  f"{window_text(self.window_s)} catch-up window (back at {now.astimezone(self.zone):%Y-%m-%d %H:%M %Z})")
         if len(missed) > len(shown):
             detail += f"; {len(missed) - len(shown)} older tick(s) not listed"
         if superseded:

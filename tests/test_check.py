@@ -107,6 +107,18 @@ def test_worker_and_scheduler_verdicts_name_what_is_missing():
     assert "has not fired" in preflight.scheduler_verdict(2, tick, tick, "Asia/Dhaka").text
 
 
+def test_check_fails_a_pay_run_tick_the_running_schedulers_did_not_load():
+    """Drill (session 41): the pay run's cron edited in the file, schedulers not restarted:
+    `payrun schedule` named the difference, and `payrun check` said "ok  next pay-run tick
+    <the file's time>; 2 schedulers running" of a tick that would not fire then."""
+    tick = "2026-12-01T02:00:00+06:00"
+    f = preflight.scheduler_verdict(2, None, tick, "Asia/Dhaka", ["payroll: running with cron '0 3 1 * *'"])
+    assert f.level == FAIL, f
+    assert "2026-12-01 02:00 Asia/Dhaka" in f.text and "payroll: running with cron '0 3 1 * *'" in f.text
+    assert "will not fire it then" in f.text and "restart scheduler-a scheduler-b" in f.text
+    assert preflight.scheduler_verdict(2, None, tick, "Asia/Dhaka", []).level == OK
+
+
 def test_programs_stopped_by_hand_are_named_with_the_command_that_starts_them():
     """`payrun up` leaves a program stopped by hand stopped: the check said only "`payrun
     up`" for a ledger, a render worker and a scheduler stopped with supervisorctl, and that
@@ -643,3 +655,24 @@ def test_a_slip_store_this_account_cannot_reach_is_said_not_a_traceback(tmp_path
     assert "error" not in said, said
     for text in (said["up"], said["check"]):
         assert text.startswith(f"the slip store {store} cannot be reached by this account (Permission denied"), text
+
+
+def test_a_pay_month_whose_tick_was_missed_and_not_run_is_named_with_its_run(world):
+    """Drill (session 41): everything down over the pay-run tick past the catch-up window;
+    `payrun status` named the month to run by hand, `payrun check` said "ready" of the
+    next tick alone. It warns with the same `payrun run --month M`, until the month runs."""
+    from scheduler.store import Store
+
+    cfg, conn, db, ledger = world
+    store = Store(cfg.ledger_path)
+    store.record_not_run("payroll", "payroll", ["2026-10-31T20:00:00+00:00"], "missed",
+                         "no scheduler was running at the tick's time; run it by hand: payrun run --month 2026-10")
+    store.close()
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    rep = preflight.check(cfg, month="2026-11", email=False, now=now)
+    missed = [f for f in rep.findings if f.area == "scheduler" and "was missed" in f.text]
+    assert len(missed) == 1 and missed[0].level == WARN, rep.findings
+    assert "the 2026-10 pay run has not run" in missed[0].text and "`payrun run --month 2026-10`" in missed[0].text
+    ledger.claim_run(1, "2026-10", "test")  # run by hand since: nothing to say
+    rep = preflight.check(cfg, month="2026-11", email=False, now=now)
+    assert not [f for f in rep.findings if "was missed" in f.text]

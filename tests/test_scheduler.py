@@ -1009,3 +1009,88 @@ def test_a_scheduler_says_redis_is_away_once_then_every_30_s_and_back_once(cfg, 
     assert 2 <= len(failed) <= 5, failed  # at once, then every 30 s of the ~120 s
     assert "still failing" in failed[1]
     assert len(back) == 1 and "back after" in back[0], back
+
+
+def test_schedule_says_what_holds_a_due_tick_while_schedulers_are_alive(cfg, conn):
+    """Drill (session 41): scheduler-b was kill -9'd holding rq-scheduler's pass lock at the
+    pay-run tick; for the lock's 11 s `payrun schedule` read "DUE …: no scheduler has run
+    since" beside "schedulers alive: 2". It names the lock and the claim instead."""
+    from scheduler.cli import due_text, schedule_view
+
+    entries = [{"name": "payroll", "cron": "0 2 1 * *", "job": "payroll"}]
+    cfg.scheduler.entries = entries
+    conn.set(service.cursor_key("payroll"), repr((PAY_TICK - timedelta(minutes=1)).timestamp()))
+    conn.hset("rq:scheduler_instance:scheduler-a.vm", "birth", "1")
+    conn.set("rq:scheduler_lock", "scheduler-b.vm", ex=11)
+    conn.set(service.marker_key("payroll", cron.stamp(PAY_TICK)), "claimed:scheduler-b.vm:0a1b2c3d", ex=30)
+    row = schedule_view(cfg, conn, now=PAY_TICK + timedelta(seconds=5))[0]
+    assert row["due_since"] == PAY_TICK.isoformat()
+    waiting = row["due_waiting"]
+    assert waiting["pass_lock"] == "scheduler-b.vm" and 0 < waiting["pass_lock_ttl_s"] <= 11, waiting
+    assert waiting["claimed_by"] == "scheduler-b.vm" and 0 < waiting["claim_ttl_s"] <= 30, waiting
+    line = due_text("2026-12-01 02:00 Asia/Dhaka", "20:00", "6 h", ["scheduler-a.vm"], waiting)
+    assert "no scheduler has run since" not in line, line
+    assert "1 scheduler(s) alive" in line and "claimed by scheduler-b.vm" in line, line
+    assert "rq:scheduler_lock) is held by scheduler-b.vm" in line, line
+    # none alive: as before, start one within the window
+    line = due_text("2026-12-01 02:00 Asia/Dhaka", "20:00", "6 h", [], None)
+    assert "no scheduler has run since; one that starts within the catch-up window (6 h)" in line
+    # fired since: nothing waits
+    conn.set(service.cursor_key("payroll"), repr((PAY_TICK + timedelta(seconds=1)).timestamp()))
+    row = schedule_view(cfg, conn, now=PAY_TICK + timedelta(seconds=5))[0]
+    assert row["due_since"] is None and row["due_waiting"] is None
+
+
+def test_a_fresh_install_does_not_warn_of_a_lost_cursor(world, caplog):
+    """Drill (session 41): the very first `payrun up` logged, from one scheduler per entry,
+    WARNING "no cursor in Redis (lost, flushed or a new Redis): resuming from …" — nothing
+    was lost. The first start says so at INFO; a cursor lost later still warns."""
+    import logging
+
+    w, conn = world, world["conn"]
+    write_config(w, [ENTRIES[0]])
+    start = PAY_TICK - timedelta(days=3) + timedelta(microseconds=700_000)
+    a = service.CronPass(conn, w["cfg"], name="scheduler-a")
+    a.register(start)
+    caplog.set_level(logging.INFO, logger="payrun.scheduler")
+    assert a.run(start + timedelta(seconds=1)) == []
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert not [m for lvl, m in said if lvl >= logging.WARNING], said
+    assert any("first start of this entry" in m for _, m in said), said
+    caplog.clear()
+    conn.delete(service.cursor_key("payroll"))  # lost later: still a WARNING
+    a.run(start + timedelta(hours=1))
+    assert any(r.levelno == logging.WARNING and "no cursor in Redis" in r.getMessage() for r in caplog.records)
+
+
+def test_a_missed_tick_names_a_short_catch_up_window_as_people_write_it(world, caplog):
+    """Drill (session 41, catchup_window_s = 60): the MISSED line and row read "within the
+    0.0166667 h catch-up window"; `payrun schedule`'s DUE line already said "60 s"."""
+    w, conn = world, world["conn"]
+    write_config(w, [ENTRIES[2]], catchup_window_s=60)
+    a = service.CronPass(conn, w["cfg"], name="scheduler-a")
+    tick = utc(2026, 12, 6, 6, 10)
+    a.register(tick - timedelta(minutes=3))
+    a.run(tick - timedelta(minutes=3))
+    out = a.run(tick + timedelta(seconds=170))
+    assert [o.get("outcome") for o in out] == ["fired"] and out[0]["missed"] == [cron.iso(tick)], out
+    job = PayrunJob.fetch(f"missed-reaper-{cron.stamp(tick)}", connection=conn)
+    assert "within the 60 s catch-up window" in job.args[4], job.args[4]
+
+
+def test_schedule_with_redis_down_says_a_tick_is_due_from_the_ledger(world):
+    """Drill (session 41): everything down over the pay-run tick (`payrun down`); at the tick
+    plus 16 s `payrun schedule` read "next <tomorrow>, never run" and "schedulers: Redis not
+    reachable", as if today's tick were done. The ledger says it has no row: DUE."""
+    from scheduler.cli import due_text, schedule_view
+
+    w, conn = world, world["conn"]
+    write_config(w, [ENTRIES[0]])
+    a = service.CronPass(conn, w["cfg"], name="scheduler-a")
+    a.register(PAY_TICK - timedelta(days=3))
+    a.run(PAY_TICK - timedelta(days=3))
+    row = schedule_view(w["cfg"], None, now=PAY_TICK + timedelta(seconds=16))[0]  # Redis unreachable
+    assert row["due_since"] == PAY_TICK.isoformat() and row["due_waiting"] is None, row
+    line = due_text("2026-12-01 02:00 Asia/Dhaka", "20:00", "6 h", None, None)
+    assert "Redis is unreachable and the ledger has no row of it" in line and "`payrun up`" in line, line
+    assert schedule_view(w["cfg"], None, now=PAY_TICK - timedelta(seconds=1))[0]["due_since"] is None
