@@ -1036,12 +1036,16 @@ def test_an_idle_send_email_process_tells_a_redis_outage_in_one_story(own_redis,
     thread with a traceback (the process then exited, no lane left). One story now, as a
     render worker's: one WARNING when Redis goes, one every 30 s (the fake clock moved),
     one when it is back; each part still tries on its own schedule, and the lanes live."""
-    from jobs import runtime
+    from jobs import runtime, tasks
     from payrun import keys, redis_server
 
     from conftest import wait_for
 
     cfg, conn = own_redis
+    # (this process's own data directory: one another test's send noted in ./var, recorded
+    # here, was a fourth WARNING)
+    monkeypatch.setenv("PAYRUN_HOME", str(cfg.home))
+    tasks.settings.cache_clear()
     clock = FakeClock()
     stories: list = []
 
@@ -1092,8 +1096,10 @@ def test_an_idle_send_email_process_tells_a_redis_outage_in_one_story(own_redis,
     finally:
         conn.set(keys.stop_process(socket.gethostname(), os.getpid()), "test")
         process.join(30)
+        tasks.settings.cache_clear()
     assert not process.is_alive() and ran == [0]
     said = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    said = [s for s in said if "did not stop within" not in s[1]]  # (its stop, on a loaded host: not the outage)
     assert len(said) == 3, said
     assert all(level == "WARNING" for level, _ in said), said
     (_, first), (_, again), (_, back) = said
@@ -1143,7 +1149,8 @@ def test_a_worker_whose_scheduler_was_killed_warns_once_and_starts_another(conn,
         wait_for(worker.scheduler._process.is_alive, what="another scheduler")
     finally:
         worker.stop_scheduler()
-    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "payrun.worker"]
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "payrun.worker"
+            and "did not stop within" not in r.getMessage()]  # (the test's stop of it, on a loaded host)
     assert said == [("WARNING", f"Worker sched-kill: RQ scheduler (pid {first.pid}) is gone (exit code -9); "
                                 "starting another")], said
 
@@ -1184,7 +1191,8 @@ def test_a_render_workers_scheduler_that_exits_as_redis_goes_is_restarted_within
     finally:
         w.stop_scheduler()
     assert first.exitcode == runtime.PayrunScheduler.REDIS_GONE_EXIT
-    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "payrun.worker"]
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "payrun.worker"
+            and "did not stop within" not in r.getMessage()]  # (the test's stop of it, on a loaded host)
     assert [m for level, m in said if level == "INFO"] == [
         f"Worker {w.name}: RQ scheduler (pid {first.pid}) exited, Redis away; starting another once Redis answers"]
     warned = [m for level, m in said if level != "INFO"]
