@@ -1127,12 +1127,17 @@ def without_salary_line(db: "PayrollDB | sqlite_utils.Database", month: str,
     if not company_ids:
         return {}
     marks = ",".join("?" * len(company_ids))
+    return _by_company(_sdb(db).conn.execute(
+        f"SELECT e.company_id, e.id FROM employees e WHERE e.active = 1 AND e.company_id IN ({marks}) "
+        "AND NOT EXISTS (SELECT 1 FROM salary_lines s WHERE s.employee_id = e.id AND s.month = ?) "
+        "AND COALESCE((SELECT MIN(s.month) FROM salary_lines s WHERE s.employee_id = e.id), '') < ? "
+        "ORDER BY e.company_id, e.id", [*company_ids, month, month]), with_slip)
+
+
+def _by_company(rows, with_slip: set[str]) -> dict[int, list[str]]:
+    """(company id, employee id) rows as {company: [employee, …]}, less ``with_slip``."""
     out: dict[int, list[str]] = {}
-    for cid, emp in _sdb(db).conn.execute(
-            f"SELECT e.company_id, e.id FROM employees e WHERE e.active = 1 AND e.company_id IN ({marks}) "
-            "AND NOT EXISTS (SELECT 1 FROM salary_lines s WHERE s.employee_id = e.id AND s.month = ?) "
-            "AND COALESCE((SELECT MIN(s.month) FROM salary_lines s WHERE s.employee_id = e.id), '') < ? "
-            "ORDER BY e.company_id, e.id", [*company_ids, month, month]):
+    for cid, emp in rows:
         if emp not in with_slip:
             out.setdefault(cid, []).append(emp)
     return out
@@ -1149,14 +1154,10 @@ def left_with_salary_line(db: "PayrollDB | sqlite_utils.Database", month: str,
     if not company_ids:
         return {}
     marks = ",".join("?" * len(company_ids))
-    out: dict[int, list[str]] = {}
-    for cid, emp in _sdb(db).conn.execute(
-            f"SELECT {LINE_COMPANY} AS cid, e.id FROM salary_lines s JOIN employees e ON e.id = s.employee_id "
-            f"WHERE s.month = ? AND e.active = 0 AND {LINE_COMPANY} IN ({marks}) ORDER BY cid, e.id",
-            [month, *company_ids]):
-        if emp not in with_slip:
-            out.setdefault(cid, []).append(emp)
-    return out
+    return _by_company(_sdb(db).conn.execute(
+        f"SELECT {LINE_COMPANY} AS cid, e.id FROM salary_lines s JOIN employees e ON e.id = s.employee_id "
+        f"WHERE s.month = ? AND e.active = 0 AND {LINE_COMPANY} IN ({marks}) ORDER BY cid, e.id",
+        [month, *company_ids]), with_slip)
 
 
 def left_text(left: dict[int, list[str]], month: str) -> str | None:

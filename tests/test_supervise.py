@@ -882,32 +882,40 @@ def test_up_names_programs_stopped_by_hand_and_starts_nothing(tmp_path, monkeypa
     assert 'start scheduler-a scheduler-b' in note
 
 
+def _another_hosts_sender_holding_a_job(cfg, conn, monkeypatch, alive_s: int) -> tuple[list, str]:
+    """A send-email worker of another host ("worker-host", pid 4242), alive for ``alive_s``,
+    in the middle of a send; supervise.down recorded, not run. Returns (downs, its name)."""
+    import time as time_mod
+
+    from jobs.runtime import make_queue
+    from payrun import keys, supervise
+
+    (cfg.home / "payroll.db").touch()
+    downs: list = []
+    monkeypatch.setattr(supervise, "down", lambda cfg_, say=None: downs.append(1) or "stopped")
+    name = "email.worker-host.4242.07"
+    job = make_queue(keys.EMAIL_QUEUE, conn).enqueue_call("jobs.tasks.noop", job_id="email-2026-11-emp-00042")
+    conn.sadd("rq:workers", f"rq:worker:{name}")
+    conn.hset(f"rq:worker:{name}", mapping={"hostname": "worker-host", "pid": 4242, "queues": keys.EMAIL_QUEUE,
+                                            "state": "busy", "current_job": job.id, "program": "send-email"})
+    conn.hset(job.key, mapping={"status": "started", "worker_name": name,
+                                "started_at": time_mod.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time_mod.gmtime())})
+    conn.set(keys.alive(name), 4242, ex=alive_s)
+    return downs, name
+
+
 def test_down_on_a_control_host_waits_for_another_hosts_workers_holding_jobs(cfg, conn, monkeypatch):
     """Ops drill: `payrun down` on the control host while a worker host was sending stopped
     Redis and the local provider beneath 9 sends in flight; each was retried, and the
     restarted provider (its dedupe memory gone) delivered them twice: 1,609 deliveries for
     1,600 slips. Over SMTP that is every provider. It is refused while a worker it does not
     run holds a job, and says what to do; --force stops anyway."""
-    import time as time_mod
-
     from click.testing import CliRunner
 
-    from jobs.runtime import make_queue
-    from payrun import keys, supervise
+    from payrun import keys
     from payrun.cli import cli
 
-    (cfg.home / "payroll.db").touch()
-    downs = []
-    monkeypatch.setattr(supervise, "down", lambda cfg_, say=None: downs.append(1) or "stopped")
-    name = "email.worker-host.4242.07"
-    job = make_queue(keys.EMAIL_QUEUE, conn).enqueue_call("jobs.tasks.noop", job_id="email-2026-11-emp-00042")
-    conn.sadd("rq:workers", f"rq:worker:{name}")
-    conn.hset(f"rq:worker:{name}", mapping={"hostname": "worker-host", "pid": 4242, "queues": keys.EMAIL_QUEUE,
-                                            "state": "busy", "current_job": job.id,
-                                            "program": "send-email"})
-    conn.hset(job.key, mapping={"status": "started", "worker_name": name,
-                                "started_at": time_mod.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time_mod.gmtime())})
-    conn.set(keys.alive(name), 4242, ex=10)
+    downs, name = _another_hosts_sender_holding_a_job(cfg, conn, monkeypatch, alive_s=10)
 
     out = CliRunner().invoke(cli, ["down"])
     assert out.exit_code != 0 and not downs, out.output
@@ -927,26 +935,13 @@ def test_down_on_a_control_host_names_what_it_stops_beneath_another_hosts_sends(
     refused `payrun down` saying "Stopping this host stops Redis and the provider", of a
     Redis it does not run. It names what it stops; with a real provider too it stops
     nothing their sends go through, and stops without --force."""
-    import time as time_mod
-
     from click.testing import CliRunner
 
-    from jobs.runtime import make_queue
     from payrun import config as config_mod
-    from payrun import keys, supervise
+    from payrun import supervise
     from payrun.cli import cli
 
-    (cfg.home / "payroll.db").touch()
-    downs = []
-    monkeypatch.setattr(supervise, "down", lambda cfg_, say=None: downs.append(1) or "stopped")
-    name = "email.worker-host.4242.07"
-    job = make_queue(keys.EMAIL_QUEUE, conn).enqueue_call("jobs.tasks.noop", job_id="email-2026-11-emp-00042")
-    conn.sadd("rq:workers", f"rq:worker:{name}")
-    conn.hset(f"rq:worker:{name}", mapping={"hostname": "worker-host", "pid": 4242, "queues": keys.EMAIL_QUEUE,
-                                            "state": "busy", "current_job": job.id, "program": "send-email"})
-    conn.hset(job.key, mapping={"status": "started", "worker_name": name,
-                                "started_at": time_mod.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time_mod.gmtime())})
-    conn.set(keys.alive(name), 4242, ex=60)
+    downs, _ = _another_hosts_sender_holding_a_job(cfg, conn, monkeypatch, alive_s=60)
 
     out = CliRunner().invoke(cli, ["down"])  # the external Redis of `cfg`, the local provider
     assert out.exit_code != 0 and not downs, out.output
