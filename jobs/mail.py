@@ -111,7 +111,7 @@ from rq.timeouts import BaseTimeoutException
 from jobs.errors import (AccountRefused, OutcomeUnknown, PermanentError, RateWait, RecipientDeferred,
                          TransientError, Throttled)
 from jobs.policy import rcpt_refusal_is_ours
-from payrun.text import visible
+from payrun.text import header_safe, visible
 
 log = logging.getLogger(__name__)
 
@@ -1005,7 +1005,7 @@ class HttpTransport:
         self._token_file: TokenSource | None = None if token is None or isinstance(token, str) else token
         if self._token_file is not None:
             token = self._token_file.current()
-        if token and not (token.isascii() and token.isprintable()):
+        if token and not header_safe(token):
             # (http.client's refusal quotes the whole header, the token, in the send's error)
             raise ValueError(f"the provider's token ({EMAIL_TOKEN_ENV} or the token file) is not one line of "
                              f"printable ASCII: set the token alone")

@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from payrun.errors import ConfigError
+from payrun.text import header_safe
 
 
 def _redacted_repr(self) -> str:
@@ -420,12 +421,6 @@ def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = Non
     validate(cfg, email_token=bool(env.get("PAYRUN_EMAIL_TOKEN")), known=problems)
     return cfg
 
-
-def header_safe(secret: str) -> bool:
-    """Whether a token can go in an HTTP header as it is: one line of printable ASCII.
-    http.client refuses any other, quoting the whole header (the token) in its error, which
-    a failed send keeps as its error: in the ledger, `payrun failed` and the logs."""
-    return secret.isascii() and secret.isprintable()
 
 
 def _check_home_is_a_directory(home: Path) -> None:

@@ -31,6 +31,7 @@ from redis.credentials import UsernamePasswordCredentialProvider
 
 from payrun.config import Config
 from payrun.errors import RedisUnavailable, SetupError
+from payrun.text import header_safe
 
 SOCKET_NAME = "redis.sock"
 STILL_RUNNING_WAIT_S = 15.0
@@ -94,7 +95,7 @@ def read_secret(path: Path) -> tuple[str, tuple[int, int, int, int]]:
             text = f.read().strip()
         except UnicodeDecodeError:
             text = "\x00"  # (not text: refused below, as a control character is)
-    if not (text.isascii() and text.isprintable()):
+    if not header_safe(text):
         # (a second line, a control or non-ASCII character: no header or AUTH can carry it,
         # and http.client's refusal quotes the whole header, the secret in a job's error)
         from payrun.errors import ConfigError

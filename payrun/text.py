@@ -68,3 +68,11 @@ def visible(text: str) -> str:
     outside (a provider's error reply) shown to an operator cannot move the cursor, clear
     the screen, retitle the terminal or reorder what it prints."""
     return _UNSAFE_RE.sub(_escape, text) if _UNSAFE_RE.search(text) else text
+
+
+def header_safe(secret: str) -> bool:
+    """Whether a token or password can go in an HTTP header (or an AUTH line) as it is: one
+    line of printable ASCII. http.client refuses any other, quoting the whole header (the
+    token) in its error, which a failed send keeps as its error: in the ledger, `payrun
+    failed` and the logs."""
+    return secret.isascii() and secret.isprintable()
