@@ -39,6 +39,17 @@ def _local(iso: str, zone: str) -> str:
     return at.astimezone(ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M")
 
 
+def zone_and_utc(local: str, zone: str, utc_iso: str, utc_date: bool = True) -> str:
+    """A time as `payrun schedule` prints it (pure): ``local`` ("YYYY-MM-DD HH:MM[:SS]", in
+    ``zone``) followed by its UTC time in brackets, and UTC's date with ``utc_date``. When the
+    two read the same (zone UTC) the brackets are left out: "02:00 UTC (02:00 UTC ...)" said
+    the same time twice."""
+    utc = utc_iso.replace("T", " ")[:len(local)]
+    if utc == local:
+        return f"{local} {zone}"
+    return f"{local} {zone} ({utc[11:]} UTC" + (f" {utc[:10]})" if utc_date else ")")
+
+
 def _maybe_redis(cfg):
     from payrun import redis_server
 
@@ -135,12 +146,11 @@ def due_waiting(conn, entry: str, due) -> dict:
     return out
 
 
-def due_text(due_local: str, due_utc_hm: str, window: str, alive: list[str] | None,
-             waiting: dict | None) -> str:
+def due_text(due_when: str, window: str, alive: list[str] | None, waiting: dict | None) -> str:
     """`payrun schedule`'s DUE line (pure). With schedulers alive it said "no scheduler has
     run since" of a tick a killed scheduler held back for 11 s (its pass lock) or 30 s (its
     claim): the on-call read two live schedulers as none."""
-    head = f"DUE since {due_local} ({due_utc_hm} UTC), not fired yet: "
+    head = f"DUE since {due_when}, not fired yet: "
     if alive is None:
         return (head + "Redis is unreachable and the ledger has no row of it; schedulers back within the "
                 f"catch-up window ({window}) fire it (`payrun up`), later it is recorded as missed")
@@ -265,9 +275,9 @@ def register(cli) -> None:
             return
         for r in rows:
             nl, nu = r["next_local"], r["next_utc"]
-            click.echo(f"{r['name']:<12} {r['cron']:<14} {r['job']:<11} next {nl[:16].replace('T', ' ')} "
-                       f"{r['zone']} ({nu[11:16]} UTC {nu[:10]})")
-            last = (f"last {_local(r['last_run'], r['zone'])} {r['zone']} ({r['last_run'][11:16]} UTC): "
+            click.echo(f"{r['name']:<12} {r['cron']:<14} {r['job']:<11} next "
+                       + zone_and_utc(nl[:16].replace('T', ' '), r['zone'], nu))
+            last = (f"last {zone_and_utc(_local(r['last_run'], r['zone']), r['zone'], r['last_run'], False)}: "
                     f"{r['outcome']}, {r['jobs']} job(s)" if r["last_run"] else "never run")
             if r["detail"]:
                 last += f" — {r['detail']}"
@@ -278,12 +288,12 @@ def register(cli) -> None:
                 from scheduler.service import window_text
 
                 due = r["due_since"]
-                click.echo(f"{'':<12} " + due_text(f"{_local(due, r['zone'])} {r['zone']}", due[11:16],
+                click.echo(f"{'':<12} " + due_text(zone_and_utc(_local(due, r['zone']), r['zone'], due, False),
                                                    window_text(float(c.cfg.scheduler.catchup_window_s)),
                                                    alive, r.get("due_waiting")))
             if r["missed"]:
-                click.echo(f"{'':<12} MISSED {r['missed']} tick(s), newest {_local(r['last_missed'], r['zone'])} "
-                           f"{r['zone']} ({r['last_missed'][11:16]} UTC {r['last_missed'][:10]})"
+                click.echo(f"{'':<12} MISSED {r['missed']} tick(s), newest "
+                           + zone_and_utc(_local(r['last_missed'], r['zone']), r['zone'], r['last_missed'])
                            + (f" — {missed_detail_text(r['missed_detail'], r.get('missed_months_not_run'))}"
                               if r.get("missed_detail") else ""))
         if differ:
@@ -405,7 +415,9 @@ def register(cli) -> None:
             due = datetime.fromisoformat(out["due_at"])
             local = due.astimezone(ZoneInfo(c.cfg.timezone))
             click.echo(f"{out['scheduled']} reminder(s) for company {company_id} scheduled for "
-                       f"{local:%Y-%m-%d %H:%M:%S} {c.cfg.timezone} ({due:%H:%M:%S} UTC; batch {out['batch']}); "
+                       + zone_and_utc(f"{local:%Y-%m-%d %H:%M:%S}", c.cfg.timezone,
+                                      due.astimezone(ZoneInfo("UTC")).isoformat(), False)
+                       + f" (batch {out['batch']}); "
                        "`payrun queues` counts them as later until then")
 
     @cli.command(name="bank")

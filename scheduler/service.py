@@ -99,6 +99,14 @@ def missed_superseded(job: str, fire: datetime | None) -> bool:
     return fire is not None and job != "payroll"
 
 
+def missed_is_error(job: str) -> bool:
+    """Whether a missed tick is an ERROR (pure): only a pay run's, whose month someone must
+    run by hand. A recurring check's (bank-status, reaper) missed tick is a WARNING whether or
+    not a tick fired in the same pass: its next tick does the same work. (A scheduler down
+    a few minutes logged ERROR "MISSED" for a reaper tick and woke the on-call for nothing.)"""
+    return job == "payroll"
+
+
 def entry_record(e: cron.Entry, zone: str) -> dict[str, str]:
     """What a running scheduler says it loaded for one entry (ENTRIES_KEY): what `payrun
     schedule` compares with the config file."""
@@ -398,6 +406,8 @@ class CronPass:
             detail += f"; {len(missed) - len(shown)} older tick(s) not listed"
         if superseded:
             detail += "; the tick fired on return does their work: nothing to do"
+        elif not missed_is_error(e.job):
+            detail += "; the next tick does their work: nothing to do"
         if e.job == "payroll":
             months = sorted({cron.pay_month(t, self.zone, e.month) for t in missed})
             detail += "; run it by hand: " + ", ".join(f"payrun run --month {m}" for m in months)
@@ -413,7 +423,7 @@ class CronPass:
 
         outcome = self._claim_and_enqueue(marker_key(e.name, "missed-" + cron.stamp(newest)), enqueue)
         if outcome == "fired":
-            (log.warning if superseded else log.error)(
+            (log.error if missed_is_error(e.job) else log.warning)(
                 "cron %s: MISSED %d tick(s), newest %s: %s", e.name, len(missed), self._both(newest), detail)
         return {"entry": e.name, "missed": [cron.iso(t) for t in missed], "outcome": outcome}
 

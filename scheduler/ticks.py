@@ -243,7 +243,10 @@ def record_not_run(entry: str, job: str, ticks: list[str], status: str, detail: 
     finally:
         store.close()
     if status == "missed":
-        log.error("cron %s: %d tick(s) missed: %s", entry, len(ticks) + unlisted, detail)
+        from scheduler.service import missed_is_error
+
+        (log.error if missed_is_error(job) else log.warning)(
+            "cron %s: %d tick(s) missed: %s", entry, len(ticks) + unlisted, detail)
     return n
 
 

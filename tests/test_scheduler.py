@@ -380,7 +380,7 @@ def test_a_delayed_reminder_is_not_runnable_before_its_time_and_runs_soon_after(
             assert set(m.decode() for m in conn.zrange(keys.REMINDERS_SENT, 0, -1)) == set(res["jobs"])
             text = subprocess.run([sys.executable, "-m", "payrun.cli", "remind", "--company", "1", "--in", "2h"],
                                   env=env, capture_output=True, text=True, timeout=60, check=True).stdout
-            assert "Asia/Dhaka (" in text and " UTC; batch " in text, text  # the operator's clock first
+            assert "Asia/Dhaka (" in text and " UTC) (batch " in text, text  # the operator's clock first
         finally:
             stop(sender)
     finally:
@@ -1028,12 +1028,12 @@ def test_schedule_says_what_holds_a_due_tick_while_schedulers_are_alive(cfg, con
     waiting = row["due_waiting"]
     assert waiting["pass_lock"] == "scheduler-b.vm" and 0 < waiting["pass_lock_ttl_s"] <= 11, waiting
     assert waiting["claimed_by"] == "scheduler-b.vm" and 0 < waiting["claim_ttl_s"] <= 30, waiting
-    line = due_text("2026-12-01 02:00 Asia/Dhaka", "20:00", "6 h", ["scheduler-a.vm"], waiting)
+    line = due_text("2026-12-01 02:00 Asia/Dhaka (20:00 UTC)", "6 h", ["scheduler-a.vm"], waiting)
     assert "no scheduler has run since" not in line, line
     assert "1 scheduler(s) alive" in line and "claimed by scheduler-b.vm" in line, line
     assert "rq:scheduler_lock) is held by scheduler-b.vm" in line, line
     # none alive: as before, start one within the window
-    line = due_text("2026-12-01 02:00 Asia/Dhaka", "20:00", "6 h", [], None)
+    line = due_text("2026-12-01 02:00 Asia/Dhaka (20:00 UTC)", "6 h", [], None)
     assert "no scheduler has run since; one that starts within the catch-up window (6 h)" in line
     # fired since: nothing waits
     conn.set(service.cursor_key("payroll"), repr((PAY_TICK + timedelta(seconds=1)).timestamp()))
@@ -1078,6 +1078,33 @@ def test_a_missed_tick_names_a_short_catch_up_window_as_people_write_it(world, c
     assert "within the 60 s catch-up window" in job.args[4], job.args[4]
 
 
+def test_a_missed_recurring_tick_is_a_warning_even_with_no_tick_fired_in_its_pass(world, caplog, monkeypatch):
+    """Drill (session 41): a reaper tick missed while no tick fired in the same pass (the
+    scheduler back 170 s late, the next reaper tick 5 min away) was an ERROR "MISSED" in the
+    scheduler's log and again in the control worker's, though the next tick does its work."""
+    import logging
+
+    w, conn = world, world["conn"]
+    write_config(w, [ENTRIES[2]], catchup_window_s=60)
+    a = service.CronPass(conn, w["cfg"], name="scheduler-a")
+    tick = utc(2026, 12, 6, 6, 10)
+    a.register(tick - timedelta(minutes=3))
+    a.run(tick - timedelta(minutes=3))
+    caplog.set_level(logging.WARNING)
+    a.run(tick + timedelta(seconds=170))
+    lines = [r for r in caplog.records if "MISSED" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.WARNING], [(r.levelname, r.getMessage()) for r in lines]
+    job = PayrunJob.fetch(f"missed-reaper-{cron.stamp(tick)}", connection=conn)
+    assert job.args[4].endswith("; the next tick does their work: nothing to do"), job.args[4]
+    caplog.clear()
+    monkeypatch.setenv("PAYRUN_HOME", str(w["cfg"].home))
+    ticks.record_not_run(*job.args)  # what the control worker runs
+    rows = [r for r in caplog.records if "missed" in r.getMessage()]
+    assert [r.levelno for r in rows] == [logging.WARNING], [(r.levelname, r.getMessage()) for r in rows]
+    assert service.missed_is_error("payroll") and not service.missed_is_error("reaper")
+    assert not service.missed_is_error("bank-status")
+
+
 def test_schedule_with_redis_down_says_a_tick_is_due_from_the_ledger(world):
     """Drill (session 41): everything down over the pay-run tick (`payrun down`); at the tick
     plus 16 s `payrun schedule` read "next <tomorrow>, never run" and "schedulers: Redis not
@@ -1091,6 +1118,21 @@ def test_schedule_with_redis_down_says_a_tick_is_due_from_the_ledger(world):
     a.run(PAY_TICK - timedelta(days=3))
     row = schedule_view(w["cfg"], None, now=PAY_TICK + timedelta(seconds=16))[0]  # Redis unreachable
     assert row["due_since"] == PAY_TICK.isoformat() and row["due_waiting"] is None, row
-    line = due_text("2026-12-01 02:00 Asia/Dhaka", "20:00", "6 h", None, None)
+    line = due_text("2026-12-01 02:00 Asia/Dhaka (20:00 UTC)", "6 h", None, None)
     assert "Redis is unreachable and the ledger has no row of it" in line and "`payrun up`" in line, line
     assert schedule_view(w["cfg"], None, now=PAY_TICK - timedelta(seconds=1))[0]["due_since"] is None
+
+
+def test_schedule_prints_a_time_in_utc_once():
+    """With zone UTC, `payrun schedule` printed "02:00 UTC (02:00 UTC 2026-12-01)"."""
+    from scheduler.cli import zone_and_utc
+
+    assert zone_and_utc("2026-12-01 08:00", "Asia/Dhaka", "2026-12-01T02:00:00+00:00") == \
+        "2026-12-01 08:00 Asia/Dhaka (02:00 UTC 2026-12-01)"
+    assert zone_and_utc("2026-12-01 02:00", "Asia/Dhaka", "2026-11-30T20:00:00+00:00", False) == \
+        "2026-12-01 02:00 Asia/Dhaka (20:00 UTC)"
+    assert zone_and_utc("2026-12-01 02:00", "UTC", "2026-12-01T02:00:00+00:00") == "2026-12-01 02:00 UTC"
+    assert zone_and_utc("2026-12-01 02:00:30", "UTC", "2026-12-01 02:00:30+00:00", False) == \
+        "2026-12-01 02:00:30 UTC"
+    assert zone_and_utc("2026-12-01 02:00:30", "Asia/Dhaka", "2026-11-30 20:00:30+00:00", False) == \
+        "2026-12-01 02:00:30 Asia/Dhaka (20:00:30 UTC)"
