@@ -84,6 +84,11 @@ def schedule_view(cfg, conn=None, now=None) -> list[dict]:
             }
             if store is not None:
                 row.update(store.summary(e.name))
+            if conn is not None and e.job != "payroll" and row["outcome"] == "enqueued" and row["jobs"]:
+                try:
+                    row["work"] = tick_work(conn, e.name, row["last_run"])
+                except Exception:  # (the rest of the view stands without it)
+                    row["work"] = None
             if store is not None and row["missed"] and e.job == "payroll":
                 from scheduler.store import missed_not_run
 
@@ -144,6 +149,57 @@ def due_waiting(conn, entry: str, due) -> dict:
         out["claimed_by"] = held.decode(errors="replace")[len("claimed:"):].rsplit(":", 1)[0]
         out["claim_ttl_s"] = max(conn.ttl(marker), 0)
     return out
+
+
+def tick_work(conn, entry: str, scheduled_for: str) -> dict:
+    """What became of the jobs a recurring tick enqueued (its cron_runs row says "enqueued"
+    the moment they are queued, and kept saying so when every bank check had failed): how
+    many failed for good (in the control queue's failed registry), are still to run (queued,
+    running, or waiting for a retry), and the first failure's error. Job ids of a tick's work
+    end in ``-<entry>-<stamp>`` or carry it before a suffix (``bank-<entry>-<stamp>-<month>-c<id>``)."""
+    from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
+
+    from jobs.runtime import PayrunJob, make_queue
+    from payrun import keys
+    from scheduler import cron
+
+    mark = f"-{entry}-{cron.stamp(cron.from_iso(scheduled_for))}"
+
+    def ours(job_id) -> bool:
+        job_id = job_id.decode() if isinstance(job_id, bytes) else job_id
+        return job_id.endswith(mark) or (mark + "-") in job_id
+
+    q = make_queue(keys.CONTROL_QUEUE, conn)
+    failed_reg = FailedJobRegistry(queue=q, job_class=PayrunJob, serializer=q.serializer)
+    failed = [i for i in failed_reg.get_job_ids(cleanup=False) if ours(i)]
+    pending = [i for i in q.get_job_ids() if ours(i)]
+    for reg in (StartedJobRegistry, ScheduledJobRegistry):
+        pending += [i for i in reg(queue=q, job_class=PayrunJob, serializer=q.serializer).get_job_ids(cleanup=False)
+                    if ours(i)]
+    error = None
+    for job_id in failed[:1]:
+        try:
+            job = PayrunJob.fetch(job_id, connection=conn, serializer=q.serializer)
+            error = (job.meta or {}).get("last_error") or None
+        except Exception:  # (gone meanwhile: the count stands)
+            pass
+    return {"failed": len(failed), "pending": len(pending), "error": error}
+
+
+def tick_work_text(jobs: int, work: dict | None) -> str:
+    """The part of `payrun schedule`'s "last" line that says how a recurring tick's work went
+    (pure): nothing when all of it ran, else how many of the tick's jobs failed, with the
+    first error and where to look, and how many are still to run."""
+    if not work or not jobs:
+        return ""
+    parts = []
+    if work.get("failed"):
+        err = work.get("error")
+        parts.append(f"{work['failed']} of {jobs} failed" + (f" ({err})" if err else "")
+                     + ": `payrun failed --queue control`")
+    if work.get("pending"):
+        parts.append(f"{work['pending']} still to run")
+    return "; ".join(parts)
 
 
 def due_text(due_when: str, window: str, alive: list[str] | None, waiting: dict | None) -> str:
@@ -281,6 +337,9 @@ def register(cli) -> None:
                     f"{r['outcome']}, {r['jobs']} job(s)" if r["last_run"] else "never run")
             if r["detail"]:
                 last += f" — {r['detail']}"
+            work = tick_work_text(r["jobs"], r.get("work"))
+            if work:
+                last += f"; {work}"
             if r["duplicates_stopped"]:
                 last += f"; {r['duplicates_stopped']} duplicate run(s) stopped"
             click.echo(f"{'':<12} {last}")

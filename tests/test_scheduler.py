@@ -1136,3 +1136,39 @@ def test_schedule_prints_a_time_in_utc_once():
         "2026-12-01 02:00:30 UTC"
     assert zone_and_utc("2026-12-01 02:00:30", "Asia/Dhaka", "2026-11-30 20:00:30+00:00", False) == \
         "2026-12-01 02:00:30 Asia/Dhaka (20:00:30 UTC)"
+
+
+def test_schedule_says_when_a_bank_status_ticks_checks_failed(world):
+    """Drill (session 41): with the bank down, every check of a bank-status tick failed for
+    good and `payrun schedule` still read "enqueued, 2 job(s)", as if the credits were known."""
+    from rq.registry import FailedJobRegistry
+
+    from scheduler.cli import schedule_view, tick_work_text
+
+    w, conn = world, world["conn"]
+    write_config(w, [ENTRIES[1]])
+    tick = utc(2026, 12, 6, 6, 15)
+    at = cron.iso(tick)
+    store = Store(w["cfg"].ledger_path)
+    try:
+        assert store.claim_tick("bank-status", at, "bank-status", "owner-1")
+        store.finish_tick("bank-status", at, "enqueued", 2, "2026-11: 2 companies to check", owner="owner-1")
+    finally:
+        store.close()
+    q = make_queue(keys.CONTROL_QUEUE, conn)
+    st = cron.stamp(tick)
+    dead = q.enqueue_call("scheduler.bank.check_company", args=("2026-11", 1, at), job_id=f"bank-bank-status-{st}-2026-11-c1",
+                          meta={"last_error": "TransientError: the bank did not answer (connection refused)"})
+    q.remove(dead)
+    FailedJobRegistry(queue=q, job_class=PayrunJob, serializer=q.serializer).add(dead, ttl=3600)
+    q.enqueue_call("scheduler.bank.check_company", args=("2026-11", 2, at), job_id=f"bank-bank-status-{st}-2026-11-c2")
+    q.enqueue_call("scheduler.bank.check_company", args=("2026-11", 3, at),  # another tick's: not counted
+                   job_id=f"bank-bank-status-{cron.stamp(tick - timedelta(minutes=15))}-2026-11-c3")
+    row = schedule_view(w["cfg"], conn, now=tick + timedelta(minutes=5))[0]
+    assert row["outcome"] == "enqueued" and row["work"] == {
+        "failed": 1, "pending": 1, "error": "TransientError: the bank did not answer (connection refused)"}, row
+    text = tick_work_text(row["jobs"], row["work"])
+    assert text == ("1 of 2 failed (TransientError: the bank did not answer (connection refused)): "
+                    "`payrun failed --queue control`; 1 still to run"), text
+    assert tick_work_text(2, {"failed": 0, "pending": 0, "error": None}) == ""
+    assert tick_work_text(0, None) == ""
