@@ -141,7 +141,8 @@ def due_waiting(conn, entry: str, due) -> dict:
     out: dict = {"pass_lock": None, "pass_lock_ttl_s": None, "claimed_by": None, "claim_ttl_s": None}
     owner = conn.get(Scheduler.scheduler_lock_key)
     if owner is not None:
-        out["pass_lock"] = owner.decode(errors="replace")
+        name, host, pid = service.pass_lock_holder(owner.decode(errors="replace"))
+        out["pass_lock"] = name + (f" (pid {pid} on {host})" if pid is not None else "")
         out["pass_lock_ttl_s"] = max(conn.ttl(Scheduler.scheduler_lock_key), 0)
     marker = service.marker_key(entry, cron.stamp(due))
     held = conn.get(marker)
@@ -220,7 +221,7 @@ def due_text(due_when: str, window: str, alive: list[str] | None, waiting: dict 
                    f"scheduler takes it over when the claim lapses (in {waiting.get('claim_ttl_s')} s)")
     if waiting.get("pass_lock"):
         why.append(f"the pass lock (rq:scheduler_lock) is held by {waiting['pass_lock']} for "
-                   f"{waiting.get('pass_lock_ttl_s')} s more (a scheduler killed mid-pass keeps it until it lapses)")
+                   f"{waiting.get('pass_lock_ttl_s')} s more (a scheduler killed mid-pass keeps it until it lapses, or until that scheduler restarts on its host)")
     return (head + f"{len(alive)} scheduler(s) alive fire it at a coming pass"
             + ("; " + "; ".join(why) if why else "") + ". If it stays DUE, read their logs")
 

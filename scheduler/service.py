@@ -88,6 +88,37 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+_TAKE_OVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3]) end
+return 0
+"""
+
+
+def pass_lock_value(name: str, host: str, pid: int) -> str:
+    """What a scheduler writes into rq-scheduler's pass lock: its name, host and pid, so its
+    own restart can tell the lock of a dead earlier self (``own_dead_pass_lock``)."""
+    return f"{name}|{host}|{pid}"
+
+
+def pass_lock_holder(value: str) -> tuple[str, str | None, int | None]:
+    """(name, host, pid) of a pass lock's value; a bare name (a scheduler of the version
+    before) has no host or pid."""
+    parts = value.split("|")
+    if len(parts) == 3 and parts[2].isdigit():
+        return parts[0], parts[1], int(parts[2])
+    return value, None, None
+
+
+def own_dead_pass_lock(value: str, name: str, host: str, pid: int, alive) -> int | None:
+    """The pid of an earlier process of this very scheduler (same name, same host, another
+    pid that ``alive`` says is gone) holding the pass lock, else None (pure but for
+    ``alive``). supervisord restarts a scheduler killed mid-pass under the same name within
+    a second; it waited out the lock its dead self held, up to 11 s, and every tick with it."""
+    held_name, held_host, held_pid = pass_lock_holder(value)
+    if held_name != name or held_host != host or held_pid is None or held_pid == pid:
+        return None
+    return None if alive(held_pid) else held_pid
+
 
 
 def missed_superseded(job: str, fire: datetime | None) -> bool:
@@ -478,13 +509,25 @@ class PayrunScheduler(Scheduler):
         self.cron.keep_registered(clock())
 
     def acquire_lock(self) -> bool:
-        self._lock_acquired = bool(self.connection.set(self.scheduler_lock_key, self.name, nx=True,
-                                                       ex=int(self._interval) + 10))
+        from payrun.procs import pid_alive
+
+        mine = pass_lock_value(self.name, socket.gethostname(), os.getpid())
+        ttl = int(self._interval) + 10
+        self._lock_acquired = bool(self.connection.set(self.scheduler_lock_key, mine, nx=True, ex=ttl))
+        if not self._lock_acquired:
+            held = self.connection.get(self.scheduler_lock_key)
+            held = held.decode(errors="replace") if held is not None else None
+            dead = held and own_dead_pass_lock(held, self.name, socket.gethostname(), os.getpid(), pid_alive)
+            if dead and self.connection.eval(_TAKE_OVER, 1, self.scheduler_lock_key, held, mine, ttl):
+                log.info("scheduler %s: took over the pass lock its earlier process (pid %d, gone) held",
+                         self.name, dead)
+                self._lock_acquired = True
         return self._lock_acquired
 
     def remove_lock(self) -> None:
         if self._lock_acquired:
-            self.connection.eval(_RELEASE, 1, self.scheduler_lock_key, self.name)
+            self.connection.eval(_RELEASE, 1, self.scheduler_lock_key,
+                                 pass_lock_value(self.name, socket.gethostname(), os.getpid()))
             self._lock_acquired = False
 
     def get_jobs_to_queue(self, with_times: bool = False):

@@ -1172,3 +1172,35 @@ def test_schedule_says_when_a_bank_status_ticks_checks_failed(world):
                     "`payrun failed --queue control`; 1 still to run"), text
     assert tick_work_text(2, {"failed": 0, "pending": 0, "error": None}) == ""
     assert tick_work_text(0, None) == ""
+
+
+def test_a_scheduler_restarted_after_a_kill_mid_pass_takes_over_its_own_dead_pass_lock(cfg, conn):
+    """Drill (session 41): scheduler-a killed (-9) inside its pass; supervisord restarted it
+    within a second, and it waited out the pass lock its dead self held (11 s), holding
+    every tick back. Its restart now takes that lock over; another scheduler's, or a live
+    process's, it leaves alone."""
+    import socket
+
+    from scheduler.service import PayrunScheduler, own_dead_pass_lock, pass_lock_holder, pass_lock_value
+
+    host = socket.gethostname()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    s = PayrunScheduler(cfg, conn, name="scheduler-a")
+    conn.set("rq:scheduler_lock", pass_lock_value("scheduler-a", host, gone.pid), ex=11)
+    assert s.acquire_lock()
+    assert pass_lock_holder(conn.get("rq:scheduler_lock").decode()) == ("scheduler-a", host, os.getpid())
+    s.remove_lock()
+    assert conn.get("rq:scheduler_lock") is None
+    # another scheduler's lock, a live earlier self (pid 1 stands in), another host's, a bare name: kept
+    for held in (pass_lock_value("scheduler-b", host, gone.pid), pass_lock_value("scheduler-a", host, 1),
+                 pass_lock_value("scheduler-a", "other-host", gone.pid), "scheduler-a"):
+        conn.set("rq:scheduler_lock", held, ex=11)
+        assert not s.acquire_lock(), held
+        assert conn.get("rq:scheduler_lock").decode() == held
+    # the rule alone
+    dead = lambda pid: False  # noqa: E731
+    assert own_dead_pass_lock("scheduler-a|h|10", "scheduler-a", "h", 11, dead) == 10
+    assert own_dead_pass_lock("scheduler-a|h|11", "scheduler-a", "h", 11, dead) is None  # (its own)
+    assert own_dead_pass_lock("scheduler-a|h|10", "scheduler-a", "h", 11, lambda pid: True) is None
+    assert pass_lock_holder("scheduler-b.vm") == ("scheduler-b.vm", None, None)
