@@ -123,6 +123,9 @@ def register(cli) -> None:
 
             check_run_month(src.months(), month)
             src.month = month
+        from payrun.columns import teach_rich_spacing_marks
+
+        teach_rich_spacing_marks()  # (Bengali names: pad cells by the columns a terminal draws)
         ConsoleApp(src, readonly=readonly, interval_s=interval_s).run()
 
     @cli.command()

@@ -49,3 +49,72 @@ def _whole_conjuncts(head: str) -> str:
     while head and (unicodedata.combining(head[-1]) == 9 or head[-1] in "\u200c\u200d"):
         head = head[:-1] if head[-1] in "\u200c\u200d" else head[:-2]
     return head
+
+
+def with_spacing_marks(widths) -> list[tuple[int, int, int]]:
+    """rich's cell table (sorted ``(start, end, width)`` ranges) with every spacing vowel
+    sign (Unicode Mc) it gives no column given one, as ``columns`` counts them (pure)."""
+    marks = [cp for start, end, width in widths if width == 0 for cp in range(start, end + 1)
+             if unicodedata.category(chr(cp)) == "Mc"]
+    if not marks:
+        return list(widths)
+    marks_set = set(marks)
+    out: list[tuple[int, int, int]] = []
+    for start, end, width in widths:
+        if width != 0 or not any(start <= cp <= end for cp in marks):
+            out.append((start, end, width))
+            continue
+        run_start = start
+        for cp in range(start, end + 1):
+            if cp in marks_set:
+                if run_start < cp:
+                    out.append((run_start, cp - 1, 0))
+                out.append((cp, cp, 1))
+                run_start = cp + 1
+        if run_start <= end:
+            out.append((run_start, end, 0))
+    return out
+
+
+def teach_rich_spacing_marks() -> bool:
+    """Make rich (so Textual) measure a spacing vowel sign as one column, as terminals draw
+    it and ``columns`` counts it: Textual padded a cell by rich's count, so a console row
+    holding a Bengali name ran a column past its cell per vowel sign, pushing the columns
+    after it out of line. For the console's process only (``console.cli``); True if it
+    changed rich now, False if it was done before. ``forget_rich_spacing_marks`` undoes it."""
+    import functools
+
+    import rich.cells as rc
+
+    if not hasattr(rc, "load_cell_table"):  # (rich before 15: its table is another shape; left as it is)
+        return False
+    if getattr(rc.load_cell_table, "payrun_original", None) is not None:
+        return False
+    original = rc.load_cell_table
+
+    @functools.cache
+    def load(unicode_version: str = "auto"):
+        table = original(unicode_version)
+        return table._replace(widths=with_spacing_marks(table.widths))
+
+    load.payrun_original = original
+    rc.load_cell_table = load
+    _clear_rich_caches(rc)
+    return True
+
+
+def forget_rich_spacing_marks() -> None:
+    """Undo ``teach_rich_spacing_marks`` (tests)."""
+    import rich.cells as rc
+
+    original = getattr(rc.load_cell_table, "payrun_original", None)
+    if original is not None:
+        rc.load_cell_table = original
+        _clear_rich_caches(rc)
+
+
+def _clear_rich_caches(rc) -> None:
+    for name in ("get_character_cell_size", "cached_cell_len"):
+        fn = getattr(rc, name, None)
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()

@@ -404,3 +404,58 @@ async def test_the_failed_lists_error_with_bengali_or_cjk_text_is_cut_to_its_col
             assert cell.endswith("…") and cell_len(cell) <= width, (cell, width)
         assert right_edge(table, "error") <= table.room()
         assert not table.show_horizontal_scrollbar and table.virtual_size.width <= table.size.width
+
+
+class ShortBengaliName(FixedSource):
+    """A Bengali company name that fits its cell uncut."""
+
+    def snapshot(self):
+        snap = super().snapshot()
+        snap.status["companies"][1]["name"] = BENGALI
+        return snap
+
+
+@sync
+async def test_a_row_holding_a_bengali_name_takes_its_tables_width_in_a_terminal():
+    """Textual pads a cell by rich's measure, which gave a spacing vowel sign (ি) no column:
+    a row holding an uncut Bengali name ran a column past its table per vowel sign in tmux,
+    and every column after the name moved right. The console's process teaches rich the
+    terminal's measure (``payrun console`` does it before the app starts)."""
+    from rich.cells import cell_len
+
+    from console.fmt import columns
+    from payrun.columns import forget_rich_spacing_marks, teach_rich_spacing_marks
+
+    async def row_columns() -> tuple[int, int]:
+        app = ConsoleApp(ShortBengaliName(), clock=lambda: NOW, poll=False, no_blink=True)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot, lambda: app.snapshot is not None)
+            table = app.screen.query_one("#companies")
+            await ready(pilot, lambda: table.row_count == 3, "the companies")
+            await pilot.pause()
+            lines = [table.render_line(y).text for y in range(table.size.height)]
+            row = [line for line in lines if BENGALI in line]
+            assert len(row) == 1, lines
+            return columns(row[0]), table.size.width
+
+    drawn, width = await row_columns()
+    assert drawn == width + 2, (drawn, width)  # rich's measure: two columns too many in a terminal
+    assert teach_rich_spacing_marks()
+    try:
+        assert cell_len(BENGALI) == columns(BENGALI) == 10
+        drawn, width = await row_columns()
+        assert drawn == width, (drawn, width)
+        assert not teach_rich_spacing_marks()  # (once)
+    finally:
+        forget_rich_spacing_marks()
+    assert cell_len(BENGALI) == 8
+
+
+def test_the_spacing_marks_table_gives_only_spacing_vowel_signs_a_column():
+    from payrun.columns import with_spacing_marks
+
+    # U+0981 candrabindu (Mn) 0; U+09BE-U+09C0 aa, i, ii (Mc) 1; U+09C1-U+09C4 u, uu... (Mn) 0
+    table = [(0x0300, 0x036F, 0), (0x0981, 0x0981, 0), (0x09BC, 0x09C4, 0), (0x1100, 0x115F, 2)]
+    assert with_spacing_marks(table) == [(0x0300, 0x036F, 0), (0x0981, 0x0981, 0), (0x09BC, 0x09BD, 0),
+                                         (0x09BE, 0x09BE, 1), (0x09BF, 0x09BF, 1), (0x09C0, 0x09C0, 1),
+                                         (0x09C1, 0x09C4, 0), (0x1100, 0x115F, 2)]
