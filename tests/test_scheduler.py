@@ -1063,25 +1063,13 @@ def test_a_fresh_install_does_not_warn_of_a_lost_cursor(world, caplog):
     assert any(r.levelno == logging.WARNING and "no cursor in Redis" in r.getMessage() for r in caplog.records)
 
 
-def test_a_missed_tick_names_a_short_catch_up_window_as_people_write_it(world, caplog):
-    """Drill (session 41, catchup_window_s = 60): the MISSED line and row read "within the
-    0.0166667 h catch-up window"; `payrun schedule`'s DUE line already said "60 s"."""
-    w, conn = world, world["conn"]
-    write_config(w, [ENTRIES[2]], catchup_window_s=60)
-    a = service.CronPass(conn, w["cfg"], name="scheduler-a")
-    tick = utc(2026, 12, 6, 6, 10)
-    a.register(tick - timedelta(minutes=3))
-    a.run(tick - timedelta(minutes=3))
-    out = a.run(tick + timedelta(seconds=170))
-    assert [o.get("outcome") for o in out] == ["fired"] and out[0]["missed"] == [cron.iso(tick)], out
-    job = PayrunJob.fetch(f"missed-reaper-{cron.stamp(tick)}", connection=conn)
-    assert "within the 60 s catch-up window" in job.args[4], job.args[4]
-
-
-def test_a_missed_recurring_tick_is_a_warning_even_with_no_tick_fired_in_its_pass(world, caplog, monkeypatch):
-    """Drill (session 41): a reaper tick missed while no tick fired in the same pass (the
-    scheduler back 170 s late, the next reaper tick 5 min away) was an ERROR "MISSED" in the
-    scheduler's log and again in the control worker's, though the next tick does its work."""
+def test_a_missed_recurring_tick_names_a_short_window_and_is_a_warning_with_no_tick_fired_in_its_pass(
+        world, caplog, monkeypatch):
+    """Drill (session 41, catchup_window_s = 60, the scheduler back 170 s late, the next
+    reaper tick 5 min away, so no tick fired in that pass): the MISSED line and row read
+    "within the 0.0166667 h catch-up window" (`payrun schedule`'s DUE line already said
+    "60 s"); and the missed reaper tick was an ERROR "MISSED" in the scheduler's log and
+    again in the control worker's, though the next tick does its work."""
     import logging
 
     w, conn = world, world["conn"]
@@ -1091,10 +1079,12 @@ def test_a_missed_recurring_tick_is_a_warning_even_with_no_tick_fired_in_its_pas
     a.register(tick - timedelta(minutes=3))
     a.run(tick - timedelta(minutes=3))
     caplog.set_level(logging.WARNING)
-    a.run(tick + timedelta(seconds=170))
+    out = a.run(tick + timedelta(seconds=170))
+    assert [o.get("outcome") for o in out] == ["fired"] and out[0]["missed"] == [cron.iso(tick)], out
+    job = PayrunJob.fetch(f"missed-reaper-{cron.stamp(tick)}", connection=conn)
+    assert "within the 60 s catch-up window" in job.args[4], job.args[4]
     lines = [r for r in caplog.records if "MISSED" in r.getMessage()]
     assert [r.levelno for r in lines] == [logging.WARNING], [(r.levelname, r.getMessage()) for r in lines]
-    job = PayrunJob.fetch(f"missed-reaper-{cron.stamp(tick)}", connection=conn)
     assert job.args[4].endswith("; the next tick does their work: nothing to do"), job.args[4]
     caplog.clear()
     monkeypatch.setenv("PAYRUN_HOME", str(w["cfg"].home))
