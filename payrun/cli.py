@@ -812,16 +812,21 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
     from jobs.runtime import PayrunJob
     from jobs.events import NO_ATTEMPT_OUTCOMES
     from payrun.ledger import tries_counts, tries_text
+    from payrun.recipient import recipient_text
     from payrun import deadletters
 
     row = c.ledger().job(job_id)
     conn = _maybe_redis(c)
-    tb = rq_status = unreadable = None
+    tb = rq_status = unreadable = job_data = None
     permanent = False
     if conn is not None:
         try:
             job = PayrunJob.fetch(job_id, connection=conn)
             rq_status = job.get_status()
+            try:  # the name and address its email goes to (payrun.recipient reads those alone)
+                job_data = job.args[0] if job.args else None
+            except Exception:  # noqa: BLE001 - data not readable: said below
+                job_data = None
             permanent = bool(job.meta.get("permanent"))
             result = job.latest_result()
             tb = result.exc_string if result is not None and result.exc_string else None
@@ -843,7 +848,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
         else:
             hint = f"ids look like {like[0] if like else 'email-2026-11-emp-00017'}: render-… or email-<month>-<employee>"
         raise PayrunError(f"no job {job_id!r} in the ledger or in Redis ({hint})")
-    data = {"ledger": row, "rq_status": rq_status, "traceback": tb}
+    to, send_id = _job_recipient(c, job_id, row, job_data)
+    data = {"ledger": row, "rq_status": rq_status, "traceback": tb, "recipient": to}
     if unreadable is not None:
         data["unreadable"] = unreadable["unreadable"]
     if as_json:
@@ -859,6 +865,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             spent, held, returned = 0, 0, 0
         click.echo(f"{row['id']}  {row['kind']}  {row['status']}  attempts={spent}{_free_tries(held, returned)}  "
                    f"key={row['key']}")
+        if to is not None:
+            click.echo(visible(recipient_text(to, send_id)))
         if never and row["history"]:
             click.echo("never ran: its data cannot be read (a worker of an earlier version counted the try "
                        "below before reading it)")
@@ -873,6 +881,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             click.echo(f"  #{h['attempt']} {local_time(h.get('started_at'), c.cfg.timezone)} -> {ended} "
                        f"{h.get('outcome')}{delay}  {visible(h.get('error') or '')}".rstrip())
     if rq_status:
+        if not row and to is not None:
+            click.echo(visible(recipient_text(to, send_id)))
         click.echo(f"in Redis: {getattr(rq_status, 'value', rq_status)}")
         if unreadable is not None:
             click.echo(f"{unreadable['unreadable']}: nothing to run or retry")
@@ -883,6 +893,41 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             click.echo(PERMANENT_HINT)
     if tb:
         click.echo("last traceback:\n" + "\n".join(visible(line) for line in tb.rstrip().splitlines()))
+
+
+def _job_recipient(c: Ctx, job_id: str, row: dict | None, job_data) -> tuple[dict | None, str | None]:
+    """Whom a job's email is for (`payrun job`): its recipient (payrun.recipient) and, for a
+    render, its send's job id (None for a send, whose own address it is)."""
+    from payrun.recipient import from_job_data, recipient
+
+    kind = (row or {}).get("kind")
+    if row is None and not isinstance(job_data, dict):
+        return None, None
+    employee = (row or {}).get("employee_id")
+    if employee is None and isinstance(job_data, dict):
+        emp = job_data.get("employee")
+        employee = job_data.get("employee_id") or (emp.get("id") if isinstance(emp, dict) else None)
+    if employee is None and from_job_data(job_data) == (None, None):
+        return None, None
+    ledger = c.ledger()
+    send_id = sent_with = None
+    if kind in ("render", "resend") and row.get("key"):
+        if (send := ledger.send_of(row["key"])) is not None:
+            send_id, sent_with = send
+    elif row is not None:
+        sent_with = ledger.recipients([job_id]).get(job_id)
+    on_file = None
+    if employee and c.cfg.payroll_path.exists():
+        on_file = c.payroll().conn.execute("SELECT name_en, email FROM employees WHERE id = ?",
+                                           (employee,)).fetchone()
+    to = recipient(employee, sent_with, job_data, tuple(on_file) if on_file else None)
+    if to is not None and kind in ("render", "resend") and send_id is None:  # (its send is not made yet)
+        from jobs.oneoff import resend_email_job_id, resend_number
+        from payrun import keys
+
+        send_id = (resend_email_job_id(row["month"], employee, resend_number(row["key"])) if kind == "resend"
+                   else keys.email_job_id(row["month"], employee))
+    return to, send_id
 
 
 @cli.group(name="employee")

@@ -113,8 +113,9 @@ JOB_COLUMNS = ("id", "kind", "company_id", "employee_id", "month", "key", "queue
 """The columns of ``jobs`` that :meth:`Ledger.job` and :meth:`Ledger.jobs` read (`payrun job
 --json`, the console), in the order the JSON shows them. Named, not ``SELECT *`` less a list
 of private ones: a column a later migration adds (a newer host's, during a rolling deploy)
-appears only once the code here names it. Not ``recipient`` (migration 4): an address is not
-shown where a job is (read it with :meth:`Ledger.recipients`)."""
+appears only once the code here names it. Not ``recipient`` (migration 4): `payrun job` shows
+the address beside the row, with the name, as ``recipient`` (payrun.recipient), and the
+console's lists have no use for it (read it with :meth:`Ledger.recipients`)."""
 
 ATTEMPT_COLUMNS = ("job_id", "attempt", "worker", "started_at", "ended_at", "outcome", "error", "delay_s")
 """The columns of ``attempts`` a job's ``history`` shows, as JOB_COLUMNS for ``jobs``."""
@@ -355,6 +356,13 @@ class Ledger:
                                           " AND recipient IS NOT NULL", tuple(chunk)):
                 out[r[0]] = r[1]
         return out
+
+    def send_of(self, key: str) -> tuple[str, str | None] | None:
+        """The send job of a slip ``key`` (a render's, or a resend's): (its id, the address it
+        was made with, None when not recorded); None when no send of it is in the ledger yet."""
+        row = self.db.conn.execute("SELECT id, recipient FROM jobs WHERE key = ? AND kind = 'email'"
+                                   " ORDER BY rowid DESC LIMIT 1", (key,)).fetchone()
+        return (row[0], row[1]) if row else None
 
     # ---- the HR view ------------------------------------------------------------
 

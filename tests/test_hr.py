@@ -1,0 +1,84 @@
+"""HR's questions after a pay run (session 42's HR walkthrough: "did everyone get their
+slip?"): whom a job's email went to, reminders to those whose slip failed, a corrected
+slip that says it replaces the one sent, and the date an employee left."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from payrun import keys, payroll, runs
+from payrun.cli import cli
+from payrun.recipient import from_job_data, recipient, recipient_text
+from tests.test_payrun import MONTH, provider, set_email, work_everything  # noqa: F401 - a fixture
+
+# ---- whom a job's email is for ---------------------------------------------------------
+
+
+def test_a_renders_snapshot_gives_its_name_and_address_and_nothing_else():
+    snap = {"employee": {"id": "emp-1", "name_en": "Ana", "email": "ana@x.example", "bank_account": "•••• 4821"},
+            "earnings": {"basic": 4_500_000}, "month": MONTH}
+    assert from_job_data(snap) == ("Ana", "ana@x.example")
+    assert from_job_data({"to": "b@x.example", "to_name": "Bo", "slip": "a.pdf"}) == ("Bo", "b@x.example")
+    assert from_job_data(["not", "a", "payload"]) == (None, None) and from_job_data({"month": MONTH}) == (None, None)
+    shown = recipient("emp-1", None, snap, None)
+    assert shown == {"employee_id": "emp-1", "name": "Ana", "email": "ana@x.example", "source": "job"}
+
+
+def test_the_address_a_send_was_made_with_wins_over_the_jobs_and_the_one_on_file():
+    payload = {"to": "old@x.example", "to_name": "Bo"}
+    assert recipient("e", "retried@x.example", payload, ("Bo Now", "now@x.example"))["email"] == "retried@x.example"
+    assert recipient("e", None, payload, ("Bo Now", "now@x.example"))["source"] == "job"
+    on_file = recipient("e", None, None, ("Bo Now", "now@x.example"))
+    assert on_file == {"employee_id": "e", "name": "Bo Now", "email": "now@x.example", "source": "on_file_now"}
+    assert recipient(None, None, {"month": MONTH}, None) is None
+    assert recipient_text(on_file) == ("to: Bo Now <now@x.example> (e; the address on file now; the one this job "
+                                       "was made with is no longer known)")
+
+
+def _job(*args) -> tuple[str, dict]:
+    text = CliRunner().invoke(cli, ["job", *args])
+    assert text.exit_code == 0, text.output
+    out = CliRunner().invoke(cli, ["job", *args, "--json"])
+    assert out.exit_code == 0, out.output
+    return text.output, json.loads(out.output)
+
+
+def test_payrun_job_names_whom_the_slip_was_for_and_the_address_it_went_to(world, provider):
+    """HR walkthrough: `payrun job email-…` showed states and tries, not to whom: "which
+    address did it go to?" had no answer. It names the employee and the address the send
+    was made with, after HR changed the one on file, and once Redis dropped the job; a render
+    names its send's. No salary figure is shown."""
+    cfg, conn, db, ledger = world
+    emp = "emp-00003"
+    name, sent_to = db.conn.execute("SELECT name_en, email FROM employees WHERE id = ?", (emp,)).fetchone()
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    send, render = keys.email_job_id(MONTH, emp), f"render-{MONTH}-{emp}"
+    set_email(db, emp, "new.address@x.example")  # HR changed it since: the slip went to the old one
+
+    text, data = _job(send)
+    assert f"to: {name} <{sent_to}> ({emp}; the address this send was made with)" in text, text
+    assert data["recipient"] == {"employee_id": emp, "name": name, "email": sent_to, "source": "sent_with"}
+    assert "recipient" not in data["ledger"]  # the ledger row's named columns keep their shape
+    text, data = _job(render)
+    assert f"for: {name} <{sent_to}> ({emp}; the address its send {send} was made with)" in text, text
+    assert data["recipient"]["email"] == sent_to
+    snap = payroll.employee_snapshot(db, MONTH, emp)
+    figures = [str(v) for v in (*snap["earnings"].values(), *snap["deductions"].values()) if v > 99_999]
+    assert figures
+    for shown in (text, json.dumps(data)):
+        assert not any(f in shown for f in figures), figures
+
+    conn.flushdb()  # a day later: Redis has dropped the finished jobs; the ledger keeps the address
+    text, data = _job(send)
+    assert f"to: {name} <{sent_to}> ({emp}; the address this send was made with)" in text, text
+    # a send made before the ledger kept addresses (migration 4): only the one on file now is known
+    ledger.db.conn.execute("UPDATE jobs SET recipient = NULL WHERE id = ?", (send,))
+    ledger.db.conn.commit()
+    text, data = _job(send)
+    assert (f"to: {name} <new.address@x.example> ({emp}; the address on file now; the one this job was made "
+            "with is no longer known)") in text, text
+    assert data["recipient"]["source"] == "on_file_now"
