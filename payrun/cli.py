@@ -807,8 +807,9 @@ def _maybe_ledger(c: Ctx):
 @pass_ctx
 @handle_errors
 def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
-    """One job: its ledger row, every attempt (time, outcome, error, delay chosen) and the
-    last traceback RQ kept."""
+    """One job: its ledger row, whom its email is for (name and the address it was sent
+    to; --json: recipient), every attempt (time, outcome, error, delay chosen) and the last
+    traceback RQ kept."""
     from jobs.runtime import PayrunJob
     from jobs.events import NO_ATTEMPT_OUTCOMES
     from payrun.ledger import tries_counts, tries_text
