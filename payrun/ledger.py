@@ -415,6 +415,19 @@ class Ledger:
             counts["total"] += row["n"]
         return out
 
+    def failed_slips(self, month: str, company_id: int) -> dict[str, str | None]:
+        """The employees of ``company_id`` whose ``month`` slip failed for good, as `payrun
+        status` counts it (its render or send failed, and no resend delivered it since):
+        employee id -> the address its send was made with (None: no send, or not recorded).
+        The company is the slip's (its salary line's that month). `payrun remind --failed-slip`."""
+        resent = self.RESENT_SQL.format(month="AND rr.month = :month")
+        sql = self.SLIP_STATUS_SQL.format(filters="AND r.month = :month AND r.company_id = :company", resent=resent)
+        sql = sql.replace("SELECT r.company_id AS company_id,",
+                          "SELECT r.company_id AS company_id, r.employee_id AS employee_id, e.recipient AS recipient,", 1)
+        return {r["employee_id"]: r["recipient"] for r in self.db.query(
+            f"SELECT employee_id, recipient FROM ({sql}) WHERE status = 'failed' ORDER BY employee_id",
+            {"month": month, "company": company_id})}
+
     def failed_resends(self, month: str, company_id: int | None = None) -> int:
         """Resends (`payrun resend`) of ``month`` whose render or send failed for good and
         that no later try delivered. The HR counts leave them out (a slip counts once, by

@@ -82,3 +82,51 @@ def test_payrun_job_names_whom_the_slip_was_for_and_the_address_it_went_to(world
     assert (f"to: {name} <new.address@x.example> ({emp}; the address on file now; the one this job was made "
             "with is no longer known)") in text, text
     assert data["recipient"]["source"] == "on_file_now"
+
+
+# ---- reminders to those whose slip failed ----------------------------------------------
+
+
+def test_remind_failed_slip_emails_only_those_whose_slip_failed(world, provider):
+    """HR walkthrough: `payrun remind` emailed every active employee of a company; HR
+    could not reach only the few whose slip did not arrive. `--failed-slip M` picks the
+    company's employees whose slip of M failed for good; it says when a reminder goes to
+    the very address the slip failed at, and refuses when nobody's slip failed."""
+    from jobs.runtime import PayrunJob
+
+    cfg, conn, db, ledger = world
+    bad = "emp-00001"
+    company = payroll.employee_snapshot(db, MONTH, bad)["company"]["id"]
+    other = 2 if company == 1 else 1
+    set_email(db, bad, "nobody@nowhere.invalid")
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    assert ledger.failed_slips(MONTH, company) == {bad: "nobody@nowhere.invalid"}
+    runner = CliRunner()
+
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "2h", "--failed-slip", MONTH, "--json"])
+    assert out.exit_code == 0, out.output
+    done = json.loads(out.output)
+    assert done["scheduled"] == 1 and done["jobs"] == [f"remind-{done['batch']}-{bad}"]
+    assert done["failed_slip"] == MONTH and done["same_address"] == 1
+    payload = PayrunJob.fetch(done["jobs"][0], connection=conn).args[0]
+    assert payload["to"] == "nobody@nowhere.invalid" and "could not email you your salary slip for November 2026" \
+        in payload["text"], payload
+
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "90m", "--failed-slip", MONTH])
+    assert (f"note: 1 of them goes to the address its {MONTH} slip's send failed at (not changed since): if it "
+            "was refused, so will the reminder be") in out.output, out.output
+
+    set_email(db, bad, "fixed@x.example")  # HR fixed it: the next reminder goes to the new address, no note
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "3h", "--failed-slip", MONTH])
+    assert out.exit_code == 0, out.output
+    assert f"1 reminder(s) for company {company} (employees whose {MONTH} slip failed) scheduled" in out.output
+    assert "note:" not in out.output
+
+    out = runner.invoke(cli, ["remind", "--company", str(other), "--in", "2h", "--failed-slip", MONTH])
+    assert out.exit_code == 2, out.output
+    assert f"no employee of company {other} has a {MONTH} slip that failed for good" in out.output
+    assert len(ledger.jobs(kind="reminder")) == 3  # the refused one wrote nothing
+    assert "--failed-slip YYYY-MM" in runner.invoke(cli, ["remind", "--help"]).output
+    bad_month = runner.invoke(cli, ["remind", "--company", str(company), "--in", "2h", "--failed-slip", "11-2026"])
+    assert bad_month.exit_code == 2 and "payrun:" in bad_month.output, bad_month.output
