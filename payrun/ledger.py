@@ -415,6 +415,15 @@ class Ledger:
             counts["total"] += row["n"]
         return out
 
+    def delivered_at(self, slip_key: str) -> str | None:
+        """When the latest delivered email of a slip (slip:<month>:<employee>: the run's send,
+        or a resend's, key <slip key>:resend-<n>) finished (UTC ISO); None if none was."""
+        prefix = slip_key + ":resend-"  # (a range, not LIKE: read from the key index)
+        row = self.db.conn.execute(
+            "SELECT MAX(finished_at) FROM jobs WHERE kind = 'email' AND status = 'done'"
+            " AND (key = ? OR (key >= ? AND key < ?))", (slip_key, prefix, prefix + "\uffff")).fetchone()
+        return row[0] if row else None
+
     def failed_slips(self, month: str, company_id: int) -> dict[str, str | None]:
         """The employees of ``company_id`` whose ``month`` slip failed for good, as `payrun
         status` counts it (its render or send failed, and no resend delivered it since):

@@ -11,7 +11,8 @@ Tables (amounts are INTEGER poisha, 1/100 taka, never floats)::
     employees    (id TEXT PK 'emp-00017', company_id FK, name_en, name_bn, email,
                   department, designation, bank_account, active INTEGER DEFAULT 1)
     salary_lines (employee_id FK, month 'YYYY-MM', basic, house_rent, medical, conveyance,
-                  bonus, tax, provident_fund, loan, PK(employee_id, month))
+                  bonus, tax, provident_fund, loan, PK(employee_id, month), company_id,
+                  corrected_at: UTC ISO time an import last changed its figures, else NULL)
 
 Public API::
 
@@ -125,6 +126,10 @@ class PayrollDB:
                 d["salary_lines"].add_column("company_id", int)
                 d.execute("UPDATE salary_lines SET company_id = (SELECT company_id FROM employees "
                           "WHERE employees.id = salary_lines.employee_id) WHERE company_id IS NULL")
+            if "corrected_at" not in d["salary_lines"].columns_dict:
+                # when an import last changed a line's figures: a resend after it is a
+                # corrected slip (jobs.policy.reissue_marks). NULL for lines before it.
+                d["salary_lines"].add_column("corrected_at", str)
             # a company's name and address as its month was run: a slip of that month
             # (a resend, a retry, a newcomer's top-up) prints them, not a later rename
             d["company_months"].create(
@@ -839,6 +844,15 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
         lines_before = _line_rows(d, lines)
         d["employees"].upsert_all(employees, pk="id", batch_size=500)
         d["salary_lines"].upsert_all(lines, pk=("employee_id", "month"), batch_size=500)
+        refigured = [(ln["employee_id"], ln["month"]) for ln in lines
+                     if (was := lines_before.get((ln["employee_id"], ln["month"]))) is not None
+                     and any(was[f] != ln[f] for f in AMOUNT_FIELDS)]
+        if refigured:
+            from datetime import datetime, timezone
+
+            now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+            d.conn.executemany("UPDATE salary_lines SET corrected_at = ? WHERE employee_id = ? AND month = ?",
+                               [(now, emp, month) for emp, month in refigured])
         slips_after = _slip_rows(d, [ln for ln in lines if (ln["employee_id"], ln["month"]) in slips_before])
     changed = sorted(e["id"] for e in employees if e["id"] in before and before[e["id"]] != e)
     moved = sorted((e["id"], before[e["id"]]["company_id"], e["company_id"]) for e in employees
@@ -1047,6 +1061,13 @@ def employee_snapshot(db: "PayrollDB | sqlite_utils.Database", month: str,
     if d.conn.execute("SELECT 1 FROM employees WHERE id = ?", [employee_id]).fetchone():
         raise InputError(f"employee {employee_id} has no salary line for {month}")
     raise InputError(f"no employee {employee_id!r} in the payroll database")
+
+
+def corrected_at(db: "PayrollDB | sqlite_utils.Database", month: str, employee_id: str) -> str | None:
+    """When an import last changed the figures of this salary line (UTC ISO), else None."""
+    row = _sdb(db).conn.execute("SELECT corrected_at FROM salary_lines WHERE employee_id = ? AND month = ?",
+                                (employee_id, month)).fetchone()
+    return row[0] if row else None
 
 
 def is_active(db: "PayrollDB | sqlite_utils.Database", employee_id: str) -> bool | None:

@@ -326,6 +326,9 @@ def register(cli) -> None:
         else:
             click.echo(f"queued resend {out['key']} for {out['email']} (job {out['job']}; its send: "
                        f"{out['send_job']})")
+            if out["replaces"]:  # what the employee will read on it
+                click.echo(f"{'a corrected slip (its figures changed since)' if out['corrected'] else 'the slip'}: "
+                           f"it says it replaces the one sent on {out['replaces']}")
             from payrun.status import intake_notes
 
             for note in intake_notes(c.redis()):  # HR promised it: say if nothing will take it (a drain too,
@@ -509,7 +512,15 @@ def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
     from datetime import datetime
     from zoneinfo import ZoneInfo
 
-    snap["reissued"] = datetime.now(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")  # the slip and email say so
+    from jobs.policy import reissue_marks
+    from payrun import payroll
+
+    zone = ZoneInfo(cfg.timezone)
+    # the slip and email say it replaces the one delivered on <date>, corrected if an import
+    # changed its figures since (HR walkthrough: a corrected slip read as the wrong one did)
+    snap.update(reissue_marks(datetime.now(zone).strftime("%Y-%m-%d"), ledger.delivered_at(keys.idem_key(month, employee_id)),
+                              payroll.corrected_at(db, month, employee_id),
+                              lambda iso: datetime.fromisoformat(iso).astimezone(zone).strftime("%Y-%m-%d")))
     ledger.create_jobs([{"id": job_id, "kind": "resend", "company_id": snap["company"]["id"],
                          "employee_id": employee_id, "month": month, "key": key, "queue": keys.RENDER_QUEUE}])
     retry = cfg.render.retry
@@ -520,7 +531,8 @@ def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
                        result_ttl=24 * 3600, failure_ttl=30 * 24 * 3600, description=f"resend slip {key}",
                        meta={"kind": "resend", "key": key, "company": snap["company"]["id"], "retry": vars(retry)})
     return {"job": job_id, "key": key, "n": n, "email": snap["employee"]["email"], "month": month,
-            "employee": employee_id, "send_job": oneoff.resend_email_job_id(month, employee_id, n)}
+            "employee": employee_id, "send_job": oneoff.resend_email_job_id(month, employee_id, n),
+            "replaces": snap.get("replaces"), "corrected": bool(snap.get("corrected"))}
 
 
 BATCH_RE = re.compile(r"c[0-9]+-[0-9]{8}T[0-9]{6}Z")

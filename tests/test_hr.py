@@ -130,3 +130,101 @@ def test_remind_failed_slip_emails_only_those_whose_slip_failed(world, provider)
     assert "--failed-slip YYYY-MM" in runner.invoke(cli, ["remind", "--help"]).output
     bad_month = runner.invoke(cli, ["remind", "--company", str(company), "--in", "2h", "--failed-slip", "11-2026"])
     assert bad_month.exit_code == 2 and "payrun:" in bad_month.output, bad_month.output
+
+
+# ---- a corrected slip says it replaces the one sent ------------------------------------
+
+
+def test_reissue_marks_name_the_slip_replaced_and_call_it_corrected_only_after_a_change_since():
+    from jobs.policy import reissue_marks
+
+    day = lambda iso: iso[:10]  # noqa: E731 - the zone's date, as the caller gives it
+    assert reissue_marks("2026-12-04", None, "2026-12-02T10:00:00+00:00", day) == {"reissued": "2026-12-04"}
+    assert reissue_marks("2026-12-04", "2026-12-01T03:00:00.000+00:00", None, day) == \
+        {"reissued": "2026-12-04", "replaces": "2026-12-01"}
+    assert reissue_marks("2026-12-04", "2026-12-01T03:00:00.000+00:00", "2026-12-02T10:00:00.000+00:00", day) == \
+        {"reissued": "2026-12-04", "replaces": "2026-12-01", "corrected": True}
+    # figures changed before the slip was delivered: it had them already
+    assert "corrected" not in reissue_marks("2026-12-04", "2026-12-01T03:00:00+00:00", "2026-11-30T10:00:00+00:00", day)
+
+
+def test_a_corrected_slip_says_so_and_does_not_say_credited():
+    from jobs import slip
+
+    base = slip.SAMPLE_SNAPSHOT
+    html = slip.render_html({**base, "reissued": "2026-12-04", "replaces": "2026-12-01", "corrected": True})
+    assert "Corrected slip — replaces the one sent on 2026-12-01" in html and "Corrected payslip" in html
+    assert "Credited to bank account" not in html and "Corrected net pay, for bank account" in html
+    html = slip.render_html({**base, "reissued": "2026-12-04", "replaces": "2026-12-01"})
+    assert "Re-issued on 2026-12-04: this slip replaces the one sent on 2026-12-01." in html
+    assert "Credited to bank account" in html and "Corrected" not in html
+    # only dates are printed; "corrected" needs the slip it replaces, and a resend
+    for odd in ({"reissued": "2026-12-04", "replaces": "<b>x</b>", "corrected": True},
+                {"replaces": "2026-12-01", "corrected": True}, {"reissued": "2026-12-04", "corrected": "yes"}):
+        html = slip.render_html({**base, **odd})
+        assert "Corrected" not in html and "<b>x" not in html and "Credited to bank account" in html, odd
+
+
+def _correct_basic(db, tmp_path, emp: str, month: str) -> str:
+    """An HR import that changes one figure of ``emp``'s ``month`` line (the rest as is)."""
+    import csv
+
+    cols = payroll.CSV_COLUMNS
+    row = db.conn.execute(
+        "SELECT s.company_id, e.id, e.name_en, e.name_bn, e.email, e.department, e.designation, e.bank_account, "
+        "s.month, s.basic, s.house_rent, s.medical, s.conveyance, s.bonus, s.tax, s.provident_fund, s.loan "
+        "FROM salary_lines s JOIN employees e ON e.id = s.employee_id WHERE s.employee_id = ? AND s.month = ?",
+        (emp, month)).fetchone()
+    line = dict(zip(cols, row))
+    for f in payroll.AMOUNT_FIELDS:
+        line[f] = f"{line[f] / 100:.2f}"
+    line["basic"] = f"{float(line['basic']) + 1000:.2f}"
+    path = tmp_path / "fix.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerow(line)
+    return str(path)
+
+
+def test_a_resend_after_a_salary_correction_is_a_corrected_slip_naming_the_one_it_replaces(world, provider, tmp_path):
+    """HR walkthrough: a resend after a salary correction read "Credited …" with the new net
+    pay, like the slip sent before: the employee could not tell which one holds. Corrected
+    since its delivery, it says "Corrected slip — replaces the one sent on <date>" (its
+    email "Corrected:"); a resend with the same figures names the slip it replaces too."""
+    import pypdf
+
+    cfg, conn, db, ledger = world
+    emp, other = "emp-00003", "emp-00004"
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    sent_on = ledger.delivered_at(keys.idem_key(MONTH, emp))
+    assert sent_on
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    day = datetime.fromisoformat(sent_on).astimezone(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")
+    runner = CliRunner()
+    assert runner.invoke(cli, ["import", _correct_basic(db, tmp_path, emp, MONTH)]).exit_code == 0
+    out = runner.invoke(cli, ["resend", "--employee", emp, "--month", MONTH])
+    assert out.exit_code == 0, out.output
+    assert f"a corrected slip (its figures changed since): it says it replaces the one sent on {day}" in out.output
+    out = runner.invoke(cli, ["resend", "--employee", other, "--month", MONTH, "--json"])
+    assert json.loads(out.output)["replaces"] == day and json.loads(out.output)["corrected"] is False
+    work_everything(conn, ledger)
+
+    company = payroll.employee_snapshot(db, MONTH, emp)["company"]["id"]
+
+    def text(who: str) -> str:
+        path = cfg.slips_dir / MONTH / str(company if who == emp else
+                                           payroll.employee_snapshot(db, MONTH, who)["company"]["id"]) \
+            / f"{who}.resend-1.pdf"
+        return " ".join(" ".join(p.extract_text() for p in pypdf.PdfReader(str(path)).pages).split())
+
+    fixed = text(emp)
+    assert f"Corrected slip — replaces the one sent on {day}" in fixed and "Credited to" not in fixed, fixed
+    sent = provider.delivery(f"{keys.idem_key(MONTH, emp)}:resend-1")
+    assert sent["subject"].startswith("Corrected: Your salary slip for November 2026"), sent
+    same = text(other)
+    assert f"this slip replaces the one sent on {day}" in same and "Corrected" not in same, same
+    assert provider.delivery(f"{keys.idem_key(MONTH, other)}:resend-1")["subject"].startswith("Re-issued: ")
