@@ -1174,7 +1174,8 @@ def test_status_names_an_active_employee_with_no_salary_line_for_the_month(world
     db.conn.execute("INSERT INTO employees (id, company_id, name_en, name_bn, email, department, designation, "
                     "bank_account) SELECT 'emp-99999', company_id, name_en, name_bn, 'new.hire@example.com', "
                     "department, designation, bank_account FROM employees WHERE id = ?", (other,))
-    db.conn.execute("INSERT INTO salary_lines SELECT 'emp-99999', '2031-01', basic, house_rent, medical, conveyance, "
+    db.conn.execute("INSERT INTO salary_lines (employee_id, month, basic, house_rent, medical, conveyance, bonus, tax, "
+                    "provident_fund, loan, company_id) SELECT 'emp-99999', '2031-01', basic, house_rent, medical, conveyance, "
                     "bonus, tax, provident_fund, loan, company_id FROM salary_lines WHERE employee_id = ? AND month = ?",
                     (sorted(payroll.employee_ids(db, MONTH))[-1], MONTH))
     db.conn.commit()
