@@ -572,7 +572,8 @@ def _note_without_salary_line(db, ledger, month: str, company_ids: list[int]) ->
 
     with_jobs = ledger.employees_with_jobs(month)
     unpaid = payroll.without_salary_line(db, month, company_ids, with_jobs)
-    if left := payroll.left_text(payroll.left_with_salary_line(db, month, company_ids, with_jobs), month):
+    gone = payroll.left_with_salary_line(db, month, company_ids, with_jobs)
+    if left := payroll.left_text(gone, month, payroll.left_on(db, [e for ids in gone.values() for e in ids])):
         click.echo(f"note: {left}", err=True)
     if ids := [e for cid in sorted(unpaid) for e in unpaid[cid]]:
         shown = " ".join(ids[:10]) + (f" … ({len(ids) - 10:,} more: `payrun status --json`)" if len(ids) > 10 else "")
@@ -938,13 +939,25 @@ def employee_group() -> None:
 
 @employee_group.command(name="left")
 @click.argument("employee_ids", nargs=-1, required=True)
+@click.option("--on", "left_date", default=None, metavar="YYYY-MM-DD",
+              help="The day they left (default: today, in the payroll's zone); not later than today. "
+                   "Given for employees already marked left, it corrects their date.")
 @pass_ctx
 @handle_errors
-def employee_left(c: Ctx, employee_ids: tuple[str, ...]) -> None:
+def employee_left(c: Ctx, employee_ids: tuple[str, ...], left_date: str | None) -> None:
     """EMPLOYEE_IDS left the company: later pay runs, their "no slip yet" count and `payrun
-    remind` leave them out (mark them after their last month's run). Slips already made
+    remind` leave them out (mark them after their last month's run). The date is recorded
+    and shown where leavers are named (`run`, `status`, `resend`). Slips already made
     stay; `payrun resend` still works for them. Written to the audit log."""
-    _set_active(c, list(employee_ids), False)
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    from payrun.runs import leaving_date_problem
+
+    today = datetime.now(ZoneInfo(c.cfg.timezone)).strftime("%Y-%m-%d")
+    if left_date is not None and (why := leaving_date_problem(left_date, today)):
+        raise InputError(f"--on {visible(left_date)}: {why}")
+    _set_active(c, list(employee_ids), False, left_date or today, redate=left_date is not None)
 
 
 @employee_group.command(name="back")
@@ -956,21 +969,41 @@ def employee_back(c: Ctx, employee_ids: tuple[str, ...]) -> None:
     _set_active(c, list(employee_ids), True)
 
 
-def _set_active(c: Ctx, ids: list[str], active: bool) -> None:
+def _set_active(c: Ctx, ids: list[str], active: bool, left_date: str | None = None, redate: bool = False) -> None:
+    """``left_date``: the day those marked left left; ``redate``: HR gave it (--on), so those
+    already marked left get it too (a date corrected), else theirs is kept."""
     from payrun import audit as actions, payroll
 
     if not c.cfg.payroll_path.exists():
         raise InputError(f"no payroll database at {c.cfg.payroll_path}: import employees first")
-    changed = payroll.set_active(c.payroll(), ids, active)
+    db = c.payroll()
+    before = payroll.left_on(db, ids) if not active else {}
+    changed = payroll.set_active(db, ids, active)
+    if not active:  # the date: of those marked now, and with --on of those already marked too
+        dated = ids if redate else changed
+        payroll.set_active(db, dated, False, left_date)
+    redated = [i for i in ids if i in before and before[i] != left_date] if redate and not active else []
     word = "back" if active else "left"
+    on = f" on {left_date}" if not active else ""
     actions.audit(c.cfg, actions.Outcome("employee", f"payrun employee {word} {' '.join(ids[:10])}"
-                                         + (" …" if len(ids) > 10 else ""), len(changed),
-                                         message=f"{len(changed)} marked {'active' if active else 'as left'}"),
+                                         + (" …" if len(ids) > 10 else "") + (f" --on {left_date}" if redate else ""),
+                                         len(changed),
+                                         message=f"{len(changed)} marked {'active' if active else 'as left' + on}"
+                                                 + (f"; {len(redated)} leaving date(s) set to {left_date}"
+                                                    if redated else "")),
                   via="cli")
     same = len(ids) - len(changed)
+    already = ""
+    if same:
+        already = f"; {same} already so"
+        if not active and not redate:
+            kept = sorted({payroll.left_label(before.get(i)) for i in ids if i in before})
+            already += f" ({', '.join(kept[:3])}: `--on DATE` corrects it)" if kept else ""
+        elif redated:
+            already += f" ({len(redated)} now dated {left_date})"
     click.echo(f"{len(changed)} employee{'' if len(changed) == 1 else 's'} marked "
-               f"{'as working here again' if active else 'as left: later pay runs and reminders leave them out'}"
-               + (f"; {same} already so" if same else ""))
+               f"{'as working here again' if active else f'as left{on}: later pay runs and reminders leave them out'}"
+               + already)
 
 
 @cli.group(name="limits")

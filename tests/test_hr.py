@@ -228,3 +228,65 @@ def test_a_resend_after_a_salary_correction_is_a_corrected_slip_naming_the_one_i
     same = text(other)
     assert f"this slip replaces the one sent on {day}" in same and "Corrected" not in same, same
     assert provider.delivery(f"{keys.idem_key(MONTH, other)}:resend-1")["subject"].startswith("Re-issued: ")
+
+
+# ---- the day an employee left ----------------------------------------------------------
+
+
+def test_a_leaving_date_is_a_real_day_not_after_today():
+    from payrun.runs import leaving_date_problem
+
+    assert leaving_date_problem("2026-11-20", "2026-12-06") is None
+    assert leaving_date_problem("2026-12-06", "2026-12-06") is None
+    assert "YYYY-MM-DD" in leaving_date_problem("20/11/2026", "2026-12-06")
+    assert "no such day" in leaving_date_problem("2026-02-30", "2026-12-06")
+    assert "after today (2026-12-06)" in leaving_date_problem("2026-12-07", "2026-12-06")
+
+
+def test_the_day_an_employee_left_is_recorded_and_shown_where_leavers_are_named(world):
+    """HR walkthrough: `payrun employee left` kept no date, and `run`, `status` and `resend`
+    named a leaver with none: HR could not tell whether they left before or after the month
+    being run. `--on` records it (default today); the three name it; `back` clears it; a
+    payroll database from before gets the column, its marks shown as not dated."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    cfg, conn, db, ledger = world
+    runner = CliRunner()
+    gone, late, old = "emp-00005", "emp-00006", "emp-00007"
+    today = datetime.now(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")
+    out = runner.invoke(cli, ["employee", "left", gone, "--on", "2026-11-20"])
+    assert out.exit_code == 0 and "1 employee marked as left on 2026-11-20" in out.output, out.output
+    assert runner.invoke(cli, ["employee", "left", late]).exit_code == 0
+    assert payroll.left_on(db, [gone, late, "emp-00001"]) == {gone: "2026-11-20", late: today}
+    again = runner.invoke(cli, ["employee", "left", gone])
+    assert "1 already so (left 2026-11-20: `--on DATE` corrects it)" in again.output, again.output
+    assert payroll.left_on(db, [gone]) == {gone: "2026-11-20"}
+    for bad, why in (("2026-11-31", "no such day"), ("2999-01-01", "is after today")):
+        out = runner.invoke(cli, ["employee", "left", old, "--on", bad])
+        assert out.exit_code == 2 and why in out.output, out.output
+    assert payroll.is_active(db, old) is True  # refused: nothing marked
+
+    out = runner.invoke(cli, ["run", "--month", MONTH])
+    assert out.exit_code == 0, out.output
+    assert f"{gone} (left 2026-11-20) {late} (left {today})" in out.output, out.output
+    st = runner.invoke(cli, ["status", "--month", MONTH, "--json"])
+    assert any(f"{gone} (left 2026-11-20)" in n for n in json.loads(st.output)["notes"]), st.output
+    out = runner.invoke(cli, ["resend", "--employee", gone, "--month", MONTH])
+    assert out.exit_code == 2 and "(`payrun employee left`; left 2026-11-20)" in out.output, out.output
+
+    # a corrected date; back clears it
+    out = runner.invoke(cli, ["employee", "left", gone, "--on", "2026-11-25"])
+    assert "1 already so (1 now dated 2026-11-25)" in out.output, out.output
+    assert runner.invoke(cli, ["employee", "back", late]).exit_code == 0
+    assert payroll.left_on(db, [gone, late]) == {gone: "2026-11-25"}
+
+    # a payroll database made before leaving dates: the column is added, old marks undated
+    db.conn.execute("ALTER TABLE employees DROP COLUMN left_on")
+    db.conn.execute("UPDATE employees SET active = 0 WHERE id = ?", (old,))  # (marked then; November has its slip)
+    db.conn.commit()
+    again = payroll.PayrollDB(cfg.payroll_path)
+    assert payroll.left_on(again, [gone, old]) == {gone: None, old: None}
+    st = runner.invoke(cli, ["status", "--month", MONTH])
+    assert f"{gone} (left, date not recorded)" in st.output, st.output
+    again.close()

@@ -608,7 +608,12 @@ def test_a_resend_of_a_leaver_the_run_left_out_says_why_and_how(world):
     company = payroll.employee_snapshot(db, MONTH, "emp-00005")["company"]["id"]
     out = runner.invoke(cli, ["resend", "--employee", "emp-00005", "--month", MONTH])
     assert out.exit_code == 2, out.output
-    assert (f"emp-00005 has no {MONTH} slip to send again: they are marked as left (`payrun employee left`), and "
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    today = datetime.now(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")  # (the day it was marked: session 42)
+    assert (f"emp-00005 has no {MONTH} slip to send again: they are marked as left (`payrun employee left`; "
+            f"left {today}), and "
             f"company {company}'s {MONTH} run left them out; paid that month: `payrun employee back emp-00005`, "
             f"`payrun run --month {MONTH} --company {company} --resume`, then `payrun employee left emp-00005` "
             "again") in out.output, out.output
