@@ -210,17 +210,18 @@ class Ledger:
     # ---- jobs -----------------------------------------------------------------
 
     def create_jobs(self, rows: Iterable[dict[str, Any]]) -> int:
-        """Insert new job rows in one transaction (fan-out); existing ids are left alone."""
+        """Insert new job rows in one transaction (fan-out); existing ids are left alone.
+        ``recipient``: a send's address, where it is known when the row is made (a reminder)."""
         now = utcnow()
         data = [
             (r["id"], r["kind"], r.get("company_id"), r.get("employee_id"), r.get("month"), r.get("key"),
-             r.get("queue"), r.get("status", "queued"), now, now)
+             r.get("queue"), r.get("status", "queued"), now, now, r.get("recipient"))
             for r in rows
         ]
         with self.db.conn:
             self.db.conn.executemany(
                 "INSERT OR IGNORE INTO jobs (id, kind, company_id, employee_id, month, key, queue, status,"
-                " created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                " created_at, updated_at, recipient) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 data,
             )
         return len(data)

@@ -672,7 +672,7 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, n
         payload = {"key": key, "to": email, "to_name": emp_name, "employee_id": emp_id, "company_name": name,
                    "subject": subject, "text": f"Dear {emp_name},\n\n{text}\n", "due_at": due.isoformat()}
         rows.append({"id": job_id, "kind": "reminder", "company_id": company_id, "employee_id": emp_id,
-                     "key": key, "queue": keys.EMAIL_QUEUE})
+                     "key": key, "queue": keys.EMAIL_QUEUE, "recipient": email})  # (`payrun job` names it)
         ids.append((job_id, payload, key))
     ledger.create_jobs(rows)
     with conn.pipeline(transaction=False) as p:  # counted as "later", not as retrying (payrun queues)

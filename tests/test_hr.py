@@ -117,6 +117,11 @@ def test_remind_failed_slip_emails_only_those_whose_slip_failed(world, provider)
     assert (f"note: 1 of them goes to the address its {MONTH} slip's send failed at (not changed since): if it "
             "was refused, so will the reminder be") in out.output, out.output
 
+    name = db.conn.execute("SELECT name_en FROM employees WHERE id = ?", (bad,)).fetchone()[0]
+    conn.delete(PayrunJob.key_for(done["jobs"][0]))  # gone from Redis: the ledger still names its address
+    text, _ = _job(done["jobs"][0])
+    assert f"to: {name} <nobody@nowhere.invalid> ({bad}; the address this send was made with)" in text, text
+
     set_email(db, bad, "fixed@x.example")  # HR fixed it: the next reminder goes to the new address, no note
     out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "3h", "--failed-slip", MONTH])
     assert out.exit_code == 0, out.output
