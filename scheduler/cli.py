@@ -315,7 +315,8 @@ def register(cli) -> None:
     def resend_cmd(c, employee_id: str, month: str, as_json: bool) -> None:
         """Send an employee's slip again (HR's button): re-rendered from the current
         payroll data and sent with a new key slip:<month>:<employee>:resend-<n>, even
-        though the original was sent."""
+        though the original was sent. The slip and email say it replaces the one sent on
+        <date>; when an import changed its figures since, it is a "Corrected slip"."""
         resend_refusal(c.ledger(), c.payroll(), employee_id, month)  # before c.redis(): a refused resend
         # started the embedded Redis in the background and left it running
         out = resend(c.cfg, c.redis(), c.ledger(), c.payroll(), employee_id, month)
