@@ -355,8 +355,9 @@ def register(cli) -> None:
     def remind_cmd(c, company_id: int | None, delay: str | None, message: str | None, failed_slip: str | None,
                    cancel_batch: str | None, as_json: bool) -> None:
         """Email every active employee of a company a reminder, no earlier than --in from
-        now (--failed-slip M: only those whose slip for M failed). The jobs wait in RQ's scheduled registry (not in a sleeping worker); the
-        send-email worker's scheduler moves them to the queue when due.
+        now (--failed-slip M: only those whose slip for M failed). The jobs wait in RQ's
+        scheduled registry (not in a sleeping worker); the send-email worker's scheduler
+        moves them to the queue when due.
 
         `payrun remind --cancel BATCH` takes a batch back: every reminder of it due more
         than a few seconds from now is removed (job and ledger row); those already due
@@ -623,7 +624,7 @@ def failed_slip_text(company_name: str, month: str) -> str:
 
     return (f"This is a message from {company_name} payroll: we could not email you your salary slip for "
             f"{month_label(month)}. Please contact the HR department to check the email address we have "
-            "for you; we will send the slip again.")
+            "for you, so that we can send it again.")
 
 
 def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, now=None,
