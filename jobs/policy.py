@@ -569,3 +569,31 @@ def store_entry_problem(st_mode: int, st_uid: int, uid: int, slip: bool = False)
         what = (f"can be {'read or written' if slip else 'written'} by other accounts "
                 f"(mode {stat.S_IMODE(st_mode):o})")
     return what
+
+
+REISSUE_FIELDS = ("reissued", "replaces", "corrected")
+"""What a `payrun resend` adds to a slip's snapshot, and its send's payload, for the slip and
+the email to say it replaces an earlier one (reissue_marks); a retry keeps them."""
+
+
+def reissue_marks(today: str, delivered_at_utc: str | None, corrected_at_utc: str | None,
+                  local_date) -> dict[str, object]:
+    """A resend's marks: ``reissued`` (``today``, YYYY-MM-DD in the payroll's zone); when an
+    earlier slip of that month was delivered (``delivered_at_utc``, the ledger's ISO time of
+    the latest delivered send of it, a resend included), ``replaces``: its date,
+    ``local_date(iso)``; and ``corrected`` when the salary line's figures changed after that
+    delivery (``corrected_at_utc``, set by `payrun import`): the employee got other figures
+    before. An employee who never got the slip is told of no slip it replaces."""
+    marks: dict[str, object] = {"reissued": today}
+    if delivered_at_utc:
+        marks["replaces"] = local_date(delivered_at_utc)
+        if corrected_at_utc and _utc_instant(corrected_at_utc) > _utc_instant(delivered_at_utc):
+            marks["corrected"] = True
+    return marks
+
+
+def _utc_instant(iso: str):
+    from datetime import datetime, timezone
+
+    at = datetime.fromisoformat(iso)
+    return at if at.tzinfo else at.replace(tzinfo=timezone.utc)

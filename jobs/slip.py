@@ -451,11 +451,22 @@ def _reissued(snapshot: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) and _DATE_RE.fullmatch(value) else None
 
 
+def _reissue(snapshot: Mapping[str, Any]) -> tuple[str | None, str | None, bool]:
+    """(reissued, replaces, corrected) as the slip prints them (jobs.policy.reissue_marks):
+    a date where a date belongs, else nothing; ``corrected`` only with both dates (it names
+    the slip it replaces)."""
+    reissued = _reissued(snapshot)
+    value = snapshot.get("replaces") if reissued else None
+    replaces = value if isinstance(value, str) and _DATE_RE.fullmatch(value) else None
+    return reissued, replaces, bool(replaces and snapshot.get("corrected") is True)
+
+
 def render_html(snapshot: Mapping[str, Any]) -> str:
     """The slip as a complete HTML document (CSS inlined; fonts relative to jobs/assets/)."""
     t = totals(snapshot)
     earnings = [(label, snapshot["earnings"][k]) for k, label in EARNINGS]
     deductions = [(label, snapshot["deductions"][k]) for k, label in DEDUCTIONS]
+    reissued, replaces, corrected = _reissue(snapshot)
     rows = max(len(earnings), len(deductions))
     earnings += [None] * (rows - len(earnings))
     deductions += [None] * (rows - len(deductions))
@@ -470,7 +481,9 @@ def render_html(snapshot: Mapping[str, Any]) -> str:
             totals=t,
             net_words=amount_in_words(t["net"]),
             key=snapshot["key"],
-            reissued=_reissued(snapshot),
+            reissued=reissued,
+            replaces=replaces,
+            corrected=corrected,
         )
     except jinja2.TemplateError as exc:
         # Message only: Jinja's messages name the template variable, not its value.

@@ -20,7 +20,7 @@ from rq import Retry, get_current_job
 from jobs import events, idempotency, unrecorded
 from jobs.errors import (ClaimLost, PermanentError, ProviderDown, RateWait, RenderPending, SlipMissing, StoreUnsafe,
                          Throttled)
-from jobs.policy import (RECORD_MARGIN_S, counts_as_provider_failure, job_end, pauses_every_sender,
+from jobs.policy import (REISSUE_FIELDS, RECORD_MARGIN_S, counts_as_provider_failure, job_end, pauses_every_sender,
                          record_retry_wait_s, redis_refuses_writes, send_claim_ttl_s, send_may_start, send_timeout_s,
                          send_window, slip_path_problem)
 from payrun import config as config_mod
@@ -86,7 +86,7 @@ def email_payload(snapshot: dict[str, Any], rel: str) -> dict[str, Any]:
         "to": emp["email"],
         "to_name": emp["name_en"],
         "slip": rel,
-        **({"reissued": snapshot["reissued"]} if snapshot.get("reissued") else {}),
+        **{k: snapshot[k] for k in REISSUE_FIELDS if snapshot.get(k)},  # (the email says it replaces one)
     }
 
 
@@ -671,19 +671,20 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
     job.meta.pop(RENDER_WAITS, None)
     month = payload["month"]
     again = payload.get("reissued")  # HR's resend: say it replaces the slip sent before
+    corrected = bool(again and payload.get("corrected"))
     msg = mail.Message(
         to_addr=payload["to"],
         to_name=payload["to_name"],
-        subject=(f"Re-issued: " if again else "") + f"Your salary slip for {month_label(month)} — "
-                f"{payload['company_name']}",
+        subject=("Corrected: " if corrected else "Re-issued: " if again else "") + f"Your salary slip for "
+                f"{month_label(month)} — {payload['company_name']}",
         text_body=(
-            f"Dear {payload['to_name']},\n\nPlease find attached your salary slip for "
-            f"{month_label(month)}."
-            + (f" It was re-issued on {again} and replaces any slip for {month_label(month)} you "
-               "received before." if again else "")
+            f"Dear {payload['to_name']},\n\nPlease find attached your "
+            + ("corrected " if corrected else "") + f"salary slip for {month_label(month)}."
+            + (" " + reissue_sentence(month_label(month), again, payload.get("replaces"), corrected) if again else "")
             + f"\n\n{payload['company_name']} payroll\n"
         ),
-        attachment_name=f"salary-slip-{month}-{payload['employee_id']}" + ("-reissued" if again else "") + ".pdf",
+        attachment_name=f"salary-slip-{month}-{payload['employee_id']}"
+                        + ("-corrected" if corrected else "-reissued" if again else "") + ".pdf",
         attachment_bytes=pdf,
         idempotency_key=key,
         sender=cfg.email.sender,
@@ -695,6 +696,16 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
 def noop(*args: Any, **kwargs: Any) -> None:
     """A job that does nothing (benchmarks of the runtime's own overhead)."""
     return None
+
+
+def reissue_sentence(month: str, reissued: str, replaces: str | None, corrected: bool) -> str:
+    """What a resend's email says of the slip it replaces (``month`` as the slip prints it)."""
+    if corrected and replaces:
+        return (f"It was corrected on {reissued} and replaces the slip for {month} sent to you on {replaces}: "
+                "its figures are the corrected ones.")
+    if replaces:
+        return f"It was re-issued on {reissued} and replaces the slip for {month} sent to you on {replaces}."
+    return f"It was re-issued on {reissued} and replaces any slip for {month} you received before."
 
 
 def month_label(month: str) -> str:

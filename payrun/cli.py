@@ -572,7 +572,8 @@ def _note_without_salary_line(db, ledger, month: str, company_ids: list[int]) ->
 
     with_jobs = ledger.employees_with_jobs(month)
     unpaid = payroll.without_salary_line(db, month, company_ids, with_jobs)
-    if left := payroll.left_text(payroll.left_with_salary_line(db, month, company_ids, with_jobs), month):
+    gone = payroll.left_with_salary_line(db, month, company_ids, with_jobs)
+    if left := payroll.left_text(gone, month, payroll.left_on(db, [e for ids in gone.values() for e in ids])):
         click.echo(f"note: {left}", err=True)
     if ids := [e for cid in sorted(unpaid) for e in unpaid[cid]]:
         shown = " ".join(ids[:10]) + (f" … ({len(ids) - 10:,} more: `payrun status --json`)" if len(ids) > 10 else "")
@@ -807,21 +808,27 @@ def _maybe_ledger(c: Ctx):
 @pass_ctx
 @handle_errors
 def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
-    """One job: its ledger row, every attempt (time, outcome, error, delay chosen) and the
-    last traceback RQ kept."""
+    """One job: its ledger row, whom its email is for (name and the address it was sent
+    to; --json: recipient), every attempt (time, outcome, error, delay chosen) and the last
+    traceback RQ kept."""
     from jobs.runtime import PayrunJob
     from jobs.events import NO_ATTEMPT_OUTCOMES
     from payrun.ledger import tries_counts, tries_text
+    from payrun.recipient import recipient_text
     from payrun import deadletters
 
     row = c.ledger().job(job_id)
     conn = _maybe_redis(c)
-    tb = rq_status = unreadable = None
+    tb = rq_status = unreadable = job_data = None
     permanent = False
     if conn is not None:
         try:
             job = PayrunJob.fetch(job_id, connection=conn)
             rq_status = job.get_status()
+            try:  # the name and address its email goes to (payrun.recipient reads those alone)
+                job_data = job.args[0] if job.args else None
+            except Exception:  # noqa: BLE001 - data not readable: said below
+                job_data = None
             permanent = bool(job.meta.get("permanent"))
             result = job.latest_result()
             tb = result.exc_string if result is not None and result.exc_string else None
@@ -843,7 +850,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
         else:
             hint = f"ids look like {like[0] if like else 'email-2026-11-emp-00017'}: render-… or email-<month>-<employee>"
         raise PayrunError(f"no job {job_id!r} in the ledger or in Redis ({hint})")
-    data = {"ledger": row, "rq_status": rq_status, "traceback": tb}
+    to, send_id = _job_recipient(c, job_id, row, job_data)
+    data = {"ledger": row, "rq_status": rq_status, "traceback": tb, "recipient": to}
     if unreadable is not None:
         data["unreadable"] = unreadable["unreadable"]
     if as_json:
@@ -859,6 +867,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             spent, held, returned = 0, 0, 0
         click.echo(f"{row['id']}  {row['kind']}  {row['status']}  attempts={spent}{_free_tries(held, returned)}  "
                    f"key={row['key']}")
+        if to is not None:
+            click.echo(visible(recipient_text(to, send_id)))
         if never and row["history"]:
             click.echo("never ran: its data cannot be read (a worker of an earlier version counted the try "
                        "below before reading it)")
@@ -873,6 +883,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             click.echo(f"  #{h['attempt']} {local_time(h.get('started_at'), c.cfg.timezone)} -> {ended} "
                        f"{h.get('outcome')}{delay}  {visible(h.get('error') or '')}".rstrip())
     if rq_status:
+        if not row and to is not None:
+            click.echo(visible(recipient_text(to, send_id)))
         click.echo(f"in Redis: {getattr(rq_status, 'value', rq_status)}")
         if unreadable is not None:
             click.echo(f"{unreadable['unreadable']}: nothing to run or retry")
@@ -885,6 +897,41 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
         click.echo("last traceback:\n" + "\n".join(visible(line) for line in tb.rstrip().splitlines()))
 
 
+def _job_recipient(c: Ctx, job_id: str, row: dict | None, job_data) -> tuple[dict | None, str | None]:
+    """Whom a job's email is for (`payrun job`): its recipient (payrun.recipient) and, for a
+    render, its send's job id (None for a send, whose own address it is)."""
+    from payrun.recipient import from_job_data, recipient
+
+    kind = (row or {}).get("kind")
+    if row is None and not isinstance(job_data, dict):
+        return None, None
+    employee = (row or {}).get("employee_id")
+    if employee is None and isinstance(job_data, dict):
+        emp = job_data.get("employee")
+        employee = job_data.get("employee_id") or (emp.get("id") if isinstance(emp, dict) else None)
+    if employee is None and from_job_data(job_data) == (None, None):
+        return None, None
+    ledger = c.ledger()
+    send_id = sent_with = None
+    if kind in ("render", "resend") and row.get("key"):
+        if (send := ledger.send_of(row["key"])) is not None:
+            send_id, sent_with = send
+    elif row is not None:
+        sent_with = ledger.recipients([job_id]).get(job_id)
+    on_file = None
+    if employee and c.cfg.payroll_path.exists():
+        on_file = c.payroll().conn.execute("SELECT name_en, email FROM employees WHERE id = ?",
+                                           (employee,)).fetchone()
+    to = recipient(employee, sent_with, job_data, tuple(on_file) if on_file else None)
+    if to is not None and kind in ("render", "resend") and send_id is None:  # (its send is not made yet)
+        from jobs.oneoff import resend_email_job_id, resend_number
+        from payrun import keys
+
+        send_id = (resend_email_job_id(row["month"], employee, resend_number(row["key"])) if kind == "resend"
+                   else keys.email_job_id(row["month"], employee))
+    return to, send_id
+
+
 @cli.group(name="employee")
 def employee_group() -> None:
     """Mark employees who left (and back): pay runs and reminders leave them out."""
@@ -892,13 +939,25 @@ def employee_group() -> None:
 
 @employee_group.command(name="left")
 @click.argument("employee_ids", nargs=-1, required=True)
+@click.option("--on", "left_date", default=None, metavar="YYYY-MM-DD",
+              help="The day they left (default: today, in the payroll's zone); not later than today. "
+                   "Given for employees already marked left, it corrects their date.")
 @pass_ctx
 @handle_errors
-def employee_left(c: Ctx, employee_ids: tuple[str, ...]) -> None:
+def employee_left(c: Ctx, employee_ids: tuple[str, ...], left_date: str | None) -> None:
     """EMPLOYEE_IDS left the company: later pay runs, their "no slip yet" count and `payrun
-    remind` leave them out (mark them after their last month's run). Slips already made
+    remind` leave them out (mark them after their last month's run). The date is recorded
+    and shown where leavers are named (`run`, `status`, `resend`). Slips already made
     stay; `payrun resend` still works for them. Written to the audit log."""
-    _set_active(c, list(employee_ids), False)
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    from payrun.runs import leaving_date_problem
+
+    today = datetime.now(ZoneInfo(c.cfg.timezone)).strftime("%Y-%m-%d")
+    if left_date is not None and (why := leaving_date_problem(left_date, today)):
+        raise InputError(f"--on {visible(left_date)}: {why}")
+    _set_active(c, list(employee_ids), False, left_date or today, redate=left_date is not None)
 
 
 @employee_group.command(name="back")
@@ -910,21 +969,41 @@ def employee_back(c: Ctx, employee_ids: tuple[str, ...]) -> None:
     _set_active(c, list(employee_ids), True)
 
 
-def _set_active(c: Ctx, ids: list[str], active: bool) -> None:
+def _set_active(c: Ctx, ids: list[str], active: bool, left_date: str | None = None, redate: bool = False) -> None:
+    """``left_date``: the day those marked left left; ``redate``: HR gave it (--on), so those
+    already marked left get it too (a date corrected), else theirs is kept."""
     from payrun import audit as actions, payroll
 
     if not c.cfg.payroll_path.exists():
         raise InputError(f"no payroll database at {c.cfg.payroll_path}: import employees first")
-    changed = payroll.set_active(c.payroll(), ids, active)
+    db = c.payroll()
+    before = payroll.left_on(db, ids) if not active else {}
+    changed = payroll.set_active(db, ids, active)
+    if not active:  # the date: of those marked now, and with --on of those already marked too
+        dated = ids if redate else changed
+        payroll.set_active(db, dated, False, left_date)
+    redated = [i for i in ids if i in before and before[i] != left_date] if redate and not active else []
     word = "back" if active else "left"
+    on = f" on {left_date}" if not active else ""
     actions.audit(c.cfg, actions.Outcome("employee", f"payrun employee {word} {' '.join(ids[:10])}"
-                                         + (" …" if len(ids) > 10 else ""), len(changed),
-                                         message=f"{len(changed)} marked {'active' if active else 'as left'}"),
+                                         + (" …" if len(ids) > 10 else "") + (f" --on {left_date}" if redate else ""),
+                                         len(changed),
+                                         message=f"{len(changed)} marked {'active' if active else 'as left' + on}"
+                                                 + (f"; {len(redated)} leaving date(s) set to {left_date}"
+                                                    if redated else "")),
                   via="cli")
     same = len(ids) - len(changed)
+    already = ""
+    if same:
+        already = f"; {same} already so"
+        if not active and not redate:
+            kept = sorted({payroll.left_label(before.get(i)) for i in ids if i in before})
+            already += f" ({', '.join(kept[:3])}: `--on DATE` corrects it)" if kept else ""
+        elif redated:
+            already += f" ({len(redated)} now dated {left_date})"
     click.echo(f"{len(changed)} employee{'' if len(changed) == 1 else 's'} marked "
-               f"{'as working here again' if active else 'as left: later pay runs and reminders leave them out'}"
-               + (f"; {same} already so" if same else ""))
+               f"{'as working here again' if active else f'as left{on}: later pay runs and reminders leave them out'}"
+               + already)
 
 
 @cli.group(name="limits")

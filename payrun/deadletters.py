@@ -13,6 +13,7 @@ from rq.exceptions import DeserializationError, NoSuchJobError
 from rq.registry import FailedJobRegistry
 
 from jobs import events
+from jobs.policy import REISSUE_FIELDS
 from jobs.runtime import PayrunJob, make_queue
 from payrun import keys
 from payrun.config import Config
@@ -264,8 +265,9 @@ def _refresh_snapshot(job: PayrunJob, payroll_db) -> None:
     except (InputError, KeyError, TypeError):
         return
     new["key"] = old.get("key", new.get("key"))
-    if old.get("reissued"):  # a resend stays marked re-issued (its date: when HR asked)
-        new["reissued"] = old["reissued"]
+    for k in REISSUE_FIELDS:  # a resend stays marked re-issued (its date: when HR asked), and corrected
+        if old.get(k):
+            new[k] = old[k]
     if isinstance(old.get("company"), dict) and new.get("company", {}).get("id") != old["company"].get("id"):
         new["company"] = old["company"]
     if new != old:
@@ -396,8 +398,7 @@ def render_again(cfg: Config, conn, send: PayrunJob, payroll_db=None, ledger=Non
                                  f"{payload['month']} salary line is now under company {snap['company']['id']}, not "
                                  f"{payload['company_id']}: `payrun resend` makes a new slip")
             snap["key"] = payload["key"]
-            if payload.get("reissued"):
-                snap["reissued"] = payload["reissued"]
+            snap.update({k: payload[k] for k in REISSUE_FIELDS if payload.get(k)})
             policy = cfg.render.retry
             # its tries go on from the ledger's last (a new job would start at 1 again and
             # write over the first render's history there)

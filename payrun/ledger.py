@@ -113,8 +113,9 @@ JOB_COLUMNS = ("id", "kind", "company_id", "employee_id", "month", "key", "queue
 """The columns of ``jobs`` that :meth:`Ledger.job` and :meth:`Ledger.jobs` read (`payrun job
 --json`, the console), in the order the JSON shows them. Named, not ``SELECT *`` less a list
 of private ones: a column a later migration adds (a newer host's, during a rolling deploy)
-appears only once the code here names it. Not ``recipient`` (migration 4): an address is not
-shown where a job is (read it with :meth:`Ledger.recipients`)."""
+appears only once the code here names it. Not ``recipient`` (migration 4): `payrun job` shows
+the address beside the row, with the name, as ``recipient`` (payrun.recipient), and the
+console's lists have no use for it (read it with :meth:`Ledger.recipients`)."""
 
 ATTEMPT_COLUMNS = ("job_id", "attempt", "worker", "started_at", "ended_at", "outcome", "error", "delay_s")
 """The columns of ``attempts`` a job's ``history`` shows, as JOB_COLUMNS for ``jobs``."""
@@ -209,17 +210,18 @@ class Ledger:
     # ---- jobs -----------------------------------------------------------------
 
     def create_jobs(self, rows: Iterable[dict[str, Any]]) -> int:
-        """Insert new job rows in one transaction (fan-out); existing ids are left alone."""
+        """Insert new job rows in one transaction (fan-out); existing ids are left alone.
+        ``recipient``: a send's address, where it is known when the row is made (a reminder)."""
         now = utcnow()
         data = [
             (r["id"], r["kind"], r.get("company_id"), r.get("employee_id"), r.get("month"), r.get("key"),
-             r.get("queue"), r.get("status", "queued"), now, now)
+             r.get("queue"), r.get("status", "queued"), now, now, r.get("recipient"))
             for r in rows
         ]
         with self.db.conn:
             self.db.conn.executemany(
                 "INSERT OR IGNORE INTO jobs (id, kind, company_id, employee_id, month, key, queue, status,"
-                " created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                " created_at, updated_at, recipient) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 data,
             )
         return len(data)
@@ -356,6 +358,13 @@ class Ledger:
                 out[r[0]] = r[1]
         return out
 
+    def send_of(self, key: str) -> tuple[str, str | None] | None:
+        """The send job of a slip ``key`` (a render's, or a resend's): (its id, the address it
+        was made with, None when not recorded); None when no send of it is in the ledger yet."""
+        row = self.db.conn.execute("SELECT id, recipient FROM jobs WHERE key = ? AND kind = 'email'"
+                                   " ORDER BY rowid DESC LIMIT 1", (key,)).fetchone()
+        return (row[0], row[1]) if row else None
+
     # ---- the HR view ------------------------------------------------------------
 
     SLIP_STATUS_SQL = """
@@ -406,6 +415,28 @@ class Ledger:
             counts[row["status"]] = counts.get(row["status"], 0) + row["n"]
             counts["total"] += row["n"]
         return out
+
+    def delivered_at(self, slip_key: str) -> str | None:
+        """When the latest delivered email of a slip (slip:<month>:<employee>: the run's send,
+        or a resend's, key <slip key>:resend-<n>) finished (UTC ISO); None if none was."""
+        prefix = slip_key + ":resend-"  # (a range, not LIKE: read from the key index)
+        row = self.db.conn.execute(
+            "SELECT MAX(finished_at) FROM jobs WHERE kind = 'email' AND status = 'done'"
+            " AND (key = ? OR (key >= ? AND key < ?))", (slip_key, prefix, prefix + "\uffff")).fetchone()
+        return row[0] if row else None
+
+    def failed_slips(self, month: str, company_id: int) -> dict[str, str | None]:
+        """The employees of ``company_id`` whose ``month`` slip failed for good, as `payrun
+        status` counts it (its render or send failed, and no resend delivered it since):
+        employee id -> the address its send was made with (None: no send, or not recorded).
+        The company is the slip's (its salary line's that month). `payrun remind --failed-slip`."""
+        resent = self.RESENT_SQL.format(month="AND rr.month = :month")
+        sql = self.SLIP_STATUS_SQL.format(filters="AND r.month = :month AND r.company_id = :company", resent=resent)
+        sql = sql.replace("SELECT r.company_id AS company_id,",
+                          "SELECT r.company_id AS company_id, r.employee_id AS employee_id, e.recipient AS recipient,", 1)
+        return {r["employee_id"]: r["recipient"] for r in self.db.query(
+            f"SELECT employee_id, recipient FROM ({sql}) WHERE status = 'failed' ORDER BY employee_id",
+            {"month": month, "company": company_id})}
 
     def failed_resends(self, month: str, company_id: int | None = None) -> int:
         """Resends (`payrun resend`) of ``month`` whose render or send failed for good and

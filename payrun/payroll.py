@@ -9,9 +9,11 @@ Tables (amounts are INTEGER poisha, 1/100 taka, never floats)::
 
     companies    (id INTEGER PK, name, address)
     employees    (id TEXT PK 'emp-00017', company_id FK, name_en, name_bn, email,
-                  department, designation, bank_account, active INTEGER DEFAULT 1)
+                  department, designation, bank_account, active INTEGER DEFAULT 1,
+                  left_on: the leaving date 'YYYY-MM-DD' `payrun employee left` recorded, else NULL)
     salary_lines (employee_id FK, month 'YYYY-MM', basic, house_rent, medical, conveyance,
-                  bonus, tax, provident_fund, loan, PK(employee_id, month))
+                  bonus, tax, provident_fund, loan, PK(employee_id, month), company_id,
+                  corrected_at: UTC ISO time an import last changed its figures, else NULL)
 
 Public API::
 
@@ -125,6 +127,14 @@ class PayrollDB:
                 d["salary_lines"].add_column("company_id", int)
                 d.execute("UPDATE salary_lines SET company_id = (SELECT company_id FROM employees "
                           "WHERE employees.id = salary_lines.employee_id) WHERE company_id IS NULL")
+            if "left_on" not in d["employees"].columns_dict:
+                # the day a leaver left (`payrun employee left --on`); NULL for those marked
+                # before it, and for everyone still here. No default: no row is rewritten.
+                d["employees"].add_column("left_on", str)
+            if "corrected_at" not in d["salary_lines"].columns_dict:
+                # when an import last changed a line's figures: a resend after it is a
+                # corrected slip (jobs.policy.reissue_marks). NULL for lines before it.
+                d["salary_lines"].add_column("corrected_at", str)
             # a company's name and address as its month was run: a slip of that month
             # (a resend, a retry, a newcomer's top-up) prints them, not a later rename
             d["company_months"].create(
@@ -839,6 +849,15 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
         lines_before = _line_rows(d, lines)
         d["employees"].upsert_all(employees, pk="id", batch_size=500)
         d["salary_lines"].upsert_all(lines, pk=("employee_id", "month"), batch_size=500)
+        refigured = [(ln["employee_id"], ln["month"]) for ln in lines
+                     if (was := lines_before.get((ln["employee_id"], ln["month"]))) is not None
+                     and any(was[f] != ln[f] for f in AMOUNT_FIELDS)]
+        if refigured:
+            from datetime import datetime, timezone
+
+            now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+            d.conn.executemany("UPDATE salary_lines SET corrected_at = ? WHERE employee_id = ? AND month = ?",
+                               [(now, emp, month) for emp, month in refigured])
         slips_after = _slip_rows(d, [ln for ln in lines if (ln["employee_id"], ln["month"]) in slips_before])
     changed = sorted(e["id"] for e in employees if e["id"] in before and before[e["id"]] != e)
     moved = sorted((e["id"], before[e["id"]]["company_id"], e["company_id"]) for e in employees
@@ -1049,17 +1068,44 @@ def employee_snapshot(db: "PayrollDB | sqlite_utils.Database", month: str,
     raise InputError(f"no employee {employee_id!r} in the payroll database")
 
 
+def corrected_at(db: "PayrollDB | sqlite_utils.Database", month: str, employee_id: str) -> str | None:
+    """When an import last changed the figures of this salary line (UTC ISO), else None."""
+    row = _sdb(db).conn.execute("SELECT corrected_at FROM salary_lines WHERE employee_id = ? AND month = ?",
+                                (employee_id, month)).fetchone()
+    return row[0] if row else None
+
+
 def is_active(db: "PayrollDB | sqlite_utils.Database", employee_id: str) -> bool | None:
     """Whether ``employee_id`` works here (not marked `payrun employee left`); None if unknown."""
     row = _sdb(db).conn.execute("SELECT active FROM employees WHERE id = ?", (employee_id,)).fetchone()
     return None if row is None else bool(row[0])
 
 
-def set_active(db: "PayrollDB | sqlite_utils.Database", employee_ids: list[str], active: bool) -> list[str]:
+def left_on(db: "PayrollDB | sqlite_utils.Database", employee_ids: list[str]) -> dict[str, str | None]:
+    """employee id -> the leaving date recorded (None: marked before dates were kept), of
+    those of ``employee_ids`` marked left."""
+    out: dict[str, str | None] = {}
+    for i in range(0, len(employee_ids), 500):
+        part = employee_ids[i:i + 500]
+        out.update(_sdb(db).conn.execute(
+            f"SELECT id, left_on FROM employees WHERE active = 0 AND id IN ({','.join('?' * len(part))})",
+            part).fetchall())
+    return out
+
+
+def left_label(date: str | None) -> str:
+    """How a leaver is named beside their id: ``left 2026-10-20``, or without a date."""
+    return f"left {date}" if date else "left, date not recorded"
+
+
+def set_active(db: "PayrollDB | sqlite_utils.Database", employee_ids: list[str], active: bool,
+               left_date: str | None = None) -> list[str]:
     """Mark employees as working here (1) or gone (0): a pay run, its "no slip yet" count
     and `payrun remind` leave out those gone; a resend (HR's explicit request) still
-    works. All ids must exist (InputError naming the unknown, nothing changed). Returns
-    the ids whose flag changed."""
+    works. ``left_date`` (YYYY-MM-DD): the day they left, recorded with the mark (and set
+    on those already marked left, a date corrected); marking one back clears it. All ids
+    must exist (InputError naming the unknown, nothing changed). Returns the ids whose
+    flag changed."""
     d = _sdb(db)
     ids = list(dict.fromkeys(employee_ids))
     known = {r[0]: r[1] for r in d.conn.execute(
@@ -1071,6 +1117,10 @@ def set_active(db: "PayrollDB | sqlite_utils.Database", employee_ids: list[str],
     changed = [i for i in ids if bool(known[i]) != active]
     with d.atomic():
         d.conn.executemany("UPDATE employees SET active = ? WHERE id = ?", [(int(active), i) for i in changed])
+        if active:
+            d.conn.executemany("UPDATE employees SET left_on = NULL WHERE id = ?", [(i,) for i in changed])
+        elif left_date is not None:
+            d.conn.executemany("UPDATE employees SET left_on = ? WHERE id = ?", [(left_date, i) for i in ids])
     return changed
 
 
@@ -1160,14 +1210,16 @@ def left_with_salary_line(db: "PayrollDB | sqlite_utils.Database", month: str,
         [month, *company_ids]), with_slip)
 
 
-def left_text(left: dict[int, list[str]], month: str) -> str | None:
-    """The note for ``left_with_salary_line``'s answer (None when there are none): who, and
-    how to make their slip if they were paid that month."""
+def left_text(left: dict[int, list[str]], month: str, dates: dict[str, str | None] | None = None) -> str | None:
+    """The note for ``left_with_salary_line``'s answer (None when there are none): who, with
+    the day each left (``dates``, from ``left_on``), and how to make their slip if they were
+    paid that month."""
     ids = [e for cid in sorted(left) for e in left[cid]]
     if not ids:
         return None
     n = len(ids)
-    shown = " ".join(ids[:10]) + (f" … ({n - 10:,} more)" if n > 10 else "")
+    named = [f"{e} ({left_label(dates.get(e))})" if dates is not None else e for e in ids[:10]]
+    shown = " ".join(named) + (f" … ({n - 10:,} more)" if n > 10 else "")
     one = n == 1
     return (f"{n:,} employee{'' if one else 's'} marked as left (`payrun employee left`) "
             f"{'has' if one else 'have'} a salary line for {month} and no slip of it: {shown}. "

@@ -70,6 +70,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     not_run: dict[int, int] = {}
     unpaid: dict[int, list[str]] = {}  # active employees of the run's companies with no salary line
     left: dict[int, list[str]] = {}  # employees marked left with a salary line and no slip
+    left_dates: dict[str, str | None] = {}  # the day each of them left (as the note names them)
     if month and cfg.payroll_path.exists():
         from payrun import payroll
         from payrun.runs import missing_slips, not_run as runs_not_run
@@ -83,6 +84,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
             left = payroll.left_with_salary_line(db, month, [c for c in sorted(counts)
                                                              if company is None or c == company],
                                                  ledger.employees_with_jobs(month))
+            left_dates = payroll.left_on(db, [e for ids in left.values() for e in ids])
         if company is not None:
             missing = {c: n for c, n in missing.items() if c == company}
     if month and company is not None and company not in counts and company not in not_run:
@@ -144,7 +146,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     if left:  # (an HR walkthrough: a missed October run after an October leaver was marked left)
         from payrun.payroll import left_text
 
-        notes.append(left_text(left, month))
+        notes.append(left_text(left, month, left_dates))
     if not_run:
         n = sum(not_run.values())
         ids = sorted(not_run)

@@ -385,7 +385,8 @@ def register(cli) -> None:
     def resend_cmd(c, employee_id: str, month: str, as_json: bool) -> None:
         """Send an employee's slip again (HR's button): re-rendered from the current
         payroll data and sent with a new key slip:<month>:<employee>:resend-<n>, even
-        though the original was sent."""
+        though the original was sent. The slip and email say it replaces the one sent on
+        <date>; when an import changed its figures since, it is a "Corrected slip"."""
         resend_refusal(c.ledger(), c.payroll(), employee_id, month)  # before c.redis(): a refused resend
         # started the embedded Redis in the background and left it running
         out = resend(c.cfg, c.redis(), c.ledger(), c.payroll(), employee_id, month)
@@ -396,6 +397,9 @@ def register(cli) -> None:
         else:
             click.echo(f"queued resend {out['key']} for {out['email']} (job {out['job']}; its send: "
                        f"{out['send_job']})")
+            if out["replaces"]:  # what the employee will read on it
+                click.echo(f"{'a corrected slip (its figures changed since)' if out['corrected'] else 'the slip'}: "
+                           f"it says it replaces the one sent on {out['replaces']}")
             from payrun.status import intake_notes
 
             for note in intake_notes(c.redis()):  # HR promised it: say if nothing will take it (a drain too,
@@ -405,25 +409,32 @@ def register(cli) -> None:
     @cli.command(name="remind")
     @click.option("--company", "company_id", type=int, default=None, help="Company id.")
     @click.option("--in", "delay", default=None, help="Delay: now, 30m, 2h, 1h30m, 45s, 2d (at most 31 days).")
-    @click.option("--message", default=None, help="The reminder text (default: a bank-details reminder).")
+    @click.option("--message", default=None, help="The reminder text (default: a bank-details reminder; with "
+                  "--failed-slip, that the slip could not be emailed).")
+    @click.option("--failed-slip", "failed_slip", default=None, metavar="YYYY-MM",
+                  help="Only the company's employees whose slip for YYYY-MM failed for good and was not "
+                       "delivered since (the `failed` of `payrun status --month YYYY-MM`), chosen now, when "
+                       "scheduled: a slip retried before the reminder is due still gets it. Slips still on "
+                       "their way are not chosen.")
     @click.option("--cancel", "cancel_batch", default=None, metavar="BATCH",
                   help="Cancel a scheduled batch instead (the batch `payrun remind` printed, like "
                        "c3-20261202T180000Z): its reminders not yet due are never sent.")
     @click.option("--json", "as_json", is_flag=True)
     @pass_ctx
     @handle_errors
-    def remind_cmd(c, company_id: int | None, delay: str | None, message: str | None,
+    def remind_cmd(c, company_id: int | None, delay: str | None, message: str | None, failed_slip: str | None,
                    cancel_batch: str | None, as_json: bool) -> None:
         """Email every active employee of a company a reminder, no earlier than --in from
-        now. The jobs wait in RQ's scheduled registry (not in a sleeping worker); the
-        send-email worker's scheduler moves them to the queue when due.
+        now (--failed-slip M: only those whose slip for M failed). The jobs wait in RQ's
+        scheduled registry (not in a sleeping worker); the send-email worker's scheduler
+        moves them to the queue when due.
 
         `payrun remind --cancel BATCH` takes a batch back: every reminder of it due more
         than a few seconds from now is removed (job and ledger row); those already due
         are sent as planned, and the command says how many."""
         if cancel_batch is not None:
-            if company_id is not None or delay is not None or message is not None:
-                raise InputError("--cancel takes no --company, --in or --message")
+            if company_id is not None or delay is not None or message is not None or failed_slip is not None:
+                raise InputError("--cancel takes no --company, --in, --message or --failed-slip")
             out = cancel_reminders(c.cfg, c.redis(), c.ledger(), cancel_batch)
             _audit(c.cfg, "remind-cancel", f"payrun remind --cancel {cancel_batch}", out["cancelled"],
                    f"cancelled {out['cancelled']} reminder(s) of batch {cancel_batch}"
@@ -460,10 +471,17 @@ def register(cli) -> None:
             if problem:  # every employee of the company would get it: refused, nothing scheduled
                 shown = visible(message[:60]) + ("…" if len(message) > 60 else "")
                 raise InputError(f"--message {problem}: {shown}; nothing was scheduled")
-        out = remind(c.cfg, c.redis(), c.ledger(), c.payroll(), company_id, delta, message)
+        if failed_slip is not None:
+            from payrun.runs import validate_month
+
+            validate_month(failed_slip)
+            # before c.redis(): a refused one would have started the embedded Redis for nothing
+            failed_reminder_targets(c.ledger(), c.payroll(), company_id, failed_slip)
+        out = remind(c.cfg, c.redis(), c.ledger(), c.payroll(), company_id, delta, message, failed_slip=failed_slip)
         import shlex
 
         _audit(c.cfg, "remind", f"payrun remind --company {company_id} --in {shlex.quote(delay)}"
+               + (f" --failed-slip {failed_slip}" if failed_slip is not None else "")
                + (f" --message {shlex.quote(message)}" if message is not None else ""), out["scheduled"],
                f"scheduled {out['scheduled']} reminder(s) for {out['due_at']} (batch {out['batch']})")
         if as_json:
@@ -474,11 +492,14 @@ def register(cli) -> None:
 
             due = datetime.fromisoformat(out["due_at"])
             local = due.astimezone(ZoneInfo(c.cfg.timezone))
-            click.echo(f"{out['scheduled']} reminder(s) for company {company_id} scheduled for "
+            whose = f" (employees whose {failed_slip} slip failed)" if failed_slip else ""
+            click.echo(f"{out['scheduled']} reminder(s) for company {company_id}{whose} scheduled for "
                        + zone_and_utc(f"{local:%Y-%m-%d %H:%M:%S}", c.cfg.timezone,
                                       due.astimezone(ZoneInfo("UTC")).isoformat(), False)
                        + f" (batch {out['batch']}); "
                        "`payrun queues` counts them as later until then")
+            if same := out.get("same_address"):
+                click.echo(f"note: {same_address_text(same, failed_slip)}")
 
     @cli.command(name="bank")
     @click.option("--host", default=None, help="Listen address (default: from scheduler.bank_url).")
@@ -532,8 +553,9 @@ def resend_refusal(ledger, db, employee_id: str, month: str) -> dict:
         if payroll.is_active(db, employee_id) is False and any(r["company_id"] == company for r in ledger.runs(month)):
             # (an HR walkthrough: it said "added after the run ... --resume makes the slip" of a
             # leaver the late run left out, and `--resume` leaves them out again)
+            gone = payroll.left_label(payroll.left_on(db, [employee_id]).get(employee_id))
             raise InputError(f"{employee_id} has no {month} slip to send again: they are marked as left "
-                             f"(`payrun employee left`), and company {company}'s {month} run left them out; "
+                             f"(`payrun employee left`; {gone}), and company {company}'s {month} run left them out; "
                              f"paid that month: `payrun employee back {employee_id}`, `payrun run --month {month} "
                              f"--company {company} --resume`, then `payrun employee left {employee_id}` again")
         if any(r["company_id"] == company for r in ledger.runs(month)):
@@ -565,7 +587,15 @@ def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
     from datetime import datetime
     from zoneinfo import ZoneInfo
 
-    snap["reissued"] = datetime.now(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")  # the slip and email say so
+    from jobs.policy import reissue_marks
+    from payrun import payroll
+
+    zone = ZoneInfo(cfg.timezone)
+    # the slip and email say it replaces the one delivered on <date>, corrected if an import
+    # changed its figures since (HR walkthrough: a corrected slip read as the wrong one did)
+    snap.update(reissue_marks(datetime.now(zone).strftime("%Y-%m-%d"), ledger.delivered_at(keys.idem_key(month, employee_id)),
+                              payroll.corrected_at(db, month, employee_id),
+                              lambda iso: datetime.fromisoformat(iso).astimezone(zone).strftime("%Y-%m-%d")))
     ledger.create_jobs([{"id": job_id, "kind": "resend", "company_id": snap["company"]["id"],
                          "employee_id": employee_id, "month": month, "key": key, "queue": keys.RENDER_QUEUE}])
     retry = cfg.render.retry
@@ -576,7 +606,8 @@ def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
                        result_ttl=24 * 3600, failure_ttl=30 * 24 * 3600, description=f"resend slip {key}",
                        meta={"kind": "resend", "key": key, "company": snap["company"]["id"], "retry": vars(retry)})
     return {"job": job_id, "key": key, "n": n, "email": snap["employee"]["email"], "month": month,
-            "employee": employee_id, "send_job": oneoff.resend_email_job_id(month, employee_id, n)}
+            "employee": employee_id, "send_job": oneoff.resend_email_job_id(month, employee_id, n),
+            "replaces": snap.get("replaces"), "corrected": bool(snap.get("corrected"))}
 
 
 BATCH_RE = re.compile(r"c[0-9]+-[0-9]{8}T[0-9]{6}Z")
@@ -634,11 +665,47 @@ def cancel_reminders(cfg, conn, ledger, batch: str, now: float | None = None) ->
     return {"batch": batch, "cancelled": len(cancelled), "already_due": due, "jobs": cancelled}
 
 
-def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, now=None) -> dict:
+def failed_reminder_targets(ledger, db, company_id: int, month: str) -> dict[str, str | None]:
+    """`payrun remind --failed-slip`: the company's employees whose ``month`` slip failed for
+    good (Ledger.failed_slips), less those marked left; employee id -> the address their
+    slip's send was made with. InputError when there are none (nothing to schedule)."""
+    failed = ledger.failed_slips(month, company_id)
+    active = {r[0] for r in db.conn.execute(
+        f"SELECT id FROM employees WHERE active = 1 AND id IN ({','.join('?' * len(failed))})",
+        list(failed))} if failed else set()
+    chosen = {e: to for e, to in failed.items() if e in active}
+    if not chosen:
+        left = f" ({len(failed)} failed, of employees marked left)" if failed else ""
+        raise InputError(f"no employee of company {company_id} has a {month} slip that failed for good{left}: "
+                         f"nothing scheduled (`payrun status --month {month} --company {company_id}`)")
+    return chosen
+
+
+def same_address_text(n: int, month: str) -> str:
+    """The note of `remind --failed-slip` for reminders going to the address their slip's
+    send failed at (the payroll data has no other one since)."""
+    one = n == 1
+    return (f"{n} of them {'goes' if one else 'go'} to the address {'its' if one else 'their'} {month} slip's send "
+            f"failed at (not changed since): if it was refused, so will the reminder be; fix the address "
+            f"(`payrun import`), then `payrun retry` sends the slip itself (`payrun failed --month {month}`)")
+
+
+def failed_slip_text(company_name: str, month: str) -> str:
+    """The default text of `remind --failed-slip`."""
+    from jobs.tasks import month_label
+
+    return (f"This is a message from {company_name} payroll: we could not email you your salary slip for "
+            f"{month_label(month)}. Please contact the HR department to check the email address we have "
+            "for you, so that we can send it again.")
+
+
+def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, now=None,
+           failed_slip: str | None = None) -> dict:
     """Schedule one reminder email per active employee of ``company_id``, due ``delta``
-    from ``now`` (a UTC datetime; default the current time). The batch is named by the
-    company and the due second; a second batch for the same company and second is refused
-    (nothing written): its jobs would have replaced the first one's, silently."""
+    from ``now`` (a UTC datetime; default the current time); with ``failed_slip`` (a month),
+    only those whose slip of it failed for good (failed_reminder_targets). The batch is named
+    by the company and the due second; a second batch for the same company and second is
+    refused (nothing written): its jobs would have replaced the first one's, silently."""
     from datetime import datetime, timezone
 
     from rq import Retry
@@ -654,6 +721,12 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, n
     if not employees:
         raise InputError(f"company {company_id} has no active employees")
     name = company[0]
+    sent_with: dict[str, str | None] = {}
+    if failed_slip is not None:  # (the slip's company: an employee moved since is chosen by it)
+        sent_with = failed_reminder_targets(ledger, db, company_id, failed_slip)
+        employees = db.conn.execute(
+            f"SELECT id, name_en, email FROM employees WHERE id IN ({','.join('?' * len(sent_with))}) ORDER BY id",
+            list(sent_with)).fetchall()
     due = (now or datetime.now(timezone.utc)) + delta
     batch = f"c{company_id}-{due.strftime('%Y%m%dT%H%M%SZ')}"
     if ledger.reminder_ids(batch):
@@ -661,7 +734,8 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, n
                          f"second; run again a second later for another one, or `payrun remind --cancel {batch}` "
                          "first to replace it")
     subject = f"Reminder from {name} payroll"
-    text = message or (f"This is a reminder from {name} payroll: please check that your bank account details "
+    text = message or (failed_slip_text(name, failed_slip) if failed_slip else
+                       f"This is a reminder from {name} payroll: please check that your bank account details "
                        f"are up to date before payday.")
     queue = make_queue(keys.EMAIL_QUEUE, conn)
     retry = cfg.email.retry
@@ -672,7 +746,7 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, n
         payload = {"key": key, "to": email, "to_name": emp_name, "employee_id": emp_id, "company_name": name,
                    "subject": subject, "text": f"Dear {emp_name},\n\n{text}\n", "due_at": due.isoformat()}
         rows.append({"id": job_id, "kind": "reminder", "company_id": company_id, "employee_id": emp_id,
-                     "key": key, "queue": keys.EMAIL_QUEUE})
+                     "key": key, "queue": keys.EMAIL_QUEUE, "recipient": email})  # (`payrun job` names it)
         ids.append((job_id, payload, key))
     ledger.create_jobs(rows)
     with conn.pipeline(transaction=False) as p:  # counted as "later", not as retrying (payrun queues)
@@ -684,5 +758,9 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, n
                          retry=Retry(max=retry.attempts - 1) if retry.attempts > 1 else None,
                          result_ttl=24 * 3600, failure_ttl=30 * 24 * 3600, description=f"reminder {key}",
                          meta={"kind": "email", "key": key, "retry": vars(retry)})
-    return {"company": company_id, "scheduled": len(ids), "due_at": due.isoformat(timespec="seconds"),
-            "batch": batch, "jobs": [i[0] for i in ids]}
+    out = {"company": company_id, "scheduled": len(ids), "due_at": due.isoformat(timespec="seconds"),
+           "batch": batch, "jobs": [i[0] for i in ids]}
+    if failed_slip is not None:
+        out["failed_slip"] = failed_slip
+        out["same_address"] = sum(1 for emp_id, _, email in employees if sent_with.get(emp_id) == email)
+    return out

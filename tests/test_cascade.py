@@ -206,3 +206,14 @@ def test_a_forked_child_renders_from_the_parents_kept_cascade(tmp_path, fresh_ca
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert out.read_bytes() == want
+
+
+def test_re_issued_and_corrected_slips_from_a_kept_cascade_are_the_ordinary_render(fresh_cache):
+    """A resend's line (jobs.policy.reissue_marks) makes a third shape; a corrected slip
+    shares it with a re-issued one, its heading and credit line other text."""
+    marks = [{"reissued": "2026-12-04"}, {"reissued": "2026-12-04", "replaces": "2026-12-01"},
+             {"reissued": "2026-12-04", "replaces": "2026-12-01", "corrected": True}]
+    snaps = [{**SLIPS[i % 2], **m} for i, m in enumerate(marks * 2)]
+    for snap in snaps:
+        assert slip.render_pdf(snap) == _ordinary(snap)
+    assert fresh_cache.hits >= 4

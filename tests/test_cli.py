@@ -520,8 +520,13 @@ def test_a_leaver_left_out_of_a_month_they_have_a_salary_line_for_is_named(runne
     assert runner.invoke(cli, ["employee", "left", gone]).exit_code == 0
     out = runner.invoke(cli, ["run", "--month", "2026-10"])
     assert out.exit_code == 0 and "created 2 render jobs" in out.output, out.output
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    today = datetime.now(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")  # (the day it was marked: session 42)
     note = (f"1 employee marked as left (`payrun employee left`) has a salary line for 2026-10 and no slip "
-            f"of it: {gone}. Paid that month: `payrun employee back ID…`, `payrun run --month 2026-10 --resume`")
+            f"of it: {gone} (left {today}). Paid that month: `payrun employee back ID…`, "
+            "`payrun run --month 2026-10 --resume`")
     assert note in out.output, out.output
     st = runner.invoke(cli, ["status", "--month", "2026-10", "--json"])
     assert any(note in n for n in json.loads(st.output)["notes"]), st.output

@@ -608,7 +608,12 @@ def test_a_resend_of_a_leaver_the_run_left_out_says_why_and_how(world):
     company = payroll.employee_snapshot(db, MONTH, "emp-00005")["company"]["id"]
     out = runner.invoke(cli, ["resend", "--employee", "emp-00005", "--month", MONTH])
     assert out.exit_code == 2, out.output
-    assert (f"emp-00005 has no {MONTH} slip to send again: they are marked as left (`payrun employee left`), and "
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    today = datetime.now(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")  # (the day it was marked: session 42)
+    assert (f"emp-00005 has no {MONTH} slip to send again: they are marked as left (`payrun employee left`; "
+            f"left {today}), and "
             f"company {company}'s {MONTH} run left them out; paid that month: `payrun employee back emp-00005`, "
             f"`payrun run --month {MONTH} --company {company} --resume`, then `payrun employee left emp-00005` "
             "again") in out.output, out.output
@@ -1174,7 +1179,8 @@ def test_status_names_an_active_employee_with_no_salary_line_for_the_month(world
     db.conn.execute("INSERT INTO employees (id, company_id, name_en, name_bn, email, department, designation, "
                     "bank_account) SELECT 'emp-99999', company_id, name_en, name_bn, 'new.hire@example.com', "
                     "department, designation, bank_account FROM employees WHERE id = ?", (other,))
-    db.conn.execute("INSERT INTO salary_lines SELECT 'emp-99999', '2031-01', basic, house_rent, medical, conveyance, "
+    db.conn.execute("INSERT INTO salary_lines (employee_id, month, basic, house_rent, medical, conveyance, bonus, tax, "
+                    "provident_fund, loan, company_id) SELECT 'emp-99999', '2031-01', basic, house_rent, medical, conveyance, "
                     "bonus, tax, provident_fund, loan, company_id FROM salary_lines WHERE employee_id = ? AND month = ?",
                     (sorted(payroll.employee_ids(db, MONTH))[-1], MONTH))
     db.conn.commit()

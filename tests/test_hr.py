@@ -1,0 +1,297 @@
+"""HR's questions after a pay run (session 42's HR walkthrough: "did everyone get their
+slip?"): whom a job's email went to, reminders to those whose slip failed, a corrected
+slip that says it replaces the one sent, and the date an employee left."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from payrun import keys, payroll, runs
+from payrun.cli import cli
+from payrun.recipient import from_job_data, recipient, recipient_text
+from tests.test_payrun import MONTH, provider, set_email, work_everything  # noqa: F401 - a fixture
+
+# ---- whom a job's email is for ---------------------------------------------------------
+
+
+def test_a_renders_snapshot_gives_its_name_and_address_and_nothing_else():
+    snap = {"employee": {"id": "emp-1", "name_en": "Ana", "email": "ana@x.example", "bank_account": "•••• 4821"},
+            "earnings": {"basic": 4_500_000}, "month": MONTH}
+    assert from_job_data(snap) == ("Ana", "ana@x.example")
+    assert from_job_data({"to": "b@x.example", "to_name": "Bo", "slip": "a.pdf"}) == ("Bo", "b@x.example")
+    assert from_job_data(["not", "a", "payload"]) == (None, None) and from_job_data({"month": MONTH}) == (None, None)
+    shown = recipient("emp-1", None, snap, None)
+    assert shown == {"employee_id": "emp-1", "name": "Ana", "email": "ana@x.example", "source": "job"}
+
+
+def test_the_address_a_send_was_made_with_wins_over_the_jobs_and_the_one_on_file():
+    payload = {"to": "old@x.example", "to_name": "Bo"}
+    assert recipient("e", "retried@x.example", payload, ("Bo Now", "now@x.example"))["email"] == "retried@x.example"
+    assert recipient("e", None, payload, ("Bo Now", "now@x.example"))["source"] == "job"
+    on_file = recipient("e", None, None, ("Bo Now", "now@x.example"))
+    assert on_file == {"employee_id": "e", "name": "Bo Now", "email": "now@x.example", "source": "on_file_now"}
+    assert recipient(None, None, {"month": MONTH}, None) is None
+    assert recipient_text(on_file) == ("to: Bo Now <now@x.example> (e; the address on file now; the one this job "
+                                       "was made with is no longer known)")
+
+
+def _job(*args) -> tuple[str, dict]:
+    text = CliRunner().invoke(cli, ["job", *args])
+    assert text.exit_code == 0, text.output
+    out = CliRunner().invoke(cli, ["job", *args, "--json"])
+    assert out.exit_code == 0, out.output
+    return text.output, json.loads(out.output)
+
+
+def test_payrun_job_names_whom_the_slip_was_for_and_the_address_it_went_to(world, provider):
+    """HR walkthrough: `payrun job email-…` showed states and tries, not to whom: "which
+    address did it go to?" had no answer. It names the employee and the address the send
+    was made with, after HR changed the one on file, and once Redis dropped the job; a render
+    names its send's. No salary figure is shown."""
+    cfg, conn, db, ledger = world
+    emp = "emp-00003"
+    name, sent_to = db.conn.execute("SELECT name_en, email FROM employees WHERE id = ?", (emp,)).fetchone()
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    send, render = keys.email_job_id(MONTH, emp), f"render-{MONTH}-{emp}"
+    set_email(db, emp, "new.address@x.example")  # HR changed it since: the slip went to the old one
+
+    text, data = _job(send)
+    assert f"to: {name} <{sent_to}> ({emp}; the address this send was made with)" in text, text
+    assert data["recipient"] == {"employee_id": emp, "name": name, "email": sent_to, "source": "sent_with"}
+    assert "recipient" not in data["ledger"]  # the ledger row's named columns keep their shape
+    text, data = _job(render)
+    assert f"for: {name} <{sent_to}> ({emp}; the address its send {send} was made with)" in text, text
+    assert data["recipient"]["email"] == sent_to
+    snap = payroll.employee_snapshot(db, MONTH, emp)
+    figures = [str(v) for v in (*snap["earnings"].values(), *snap["deductions"].values()) if v > 99_999]
+    assert figures
+    for shown in (text, json.dumps(data)):
+        assert not any(f in shown for f in figures), figures
+
+    conn.flushdb()  # a day later: Redis has dropped the finished jobs; the ledger keeps the address
+    text, data = _job(send)
+    assert f"to: {name} <{sent_to}> ({emp}; the address this send was made with)" in text, text
+    # a send made before the ledger kept addresses (migration 4): only the one on file now is known
+    ledger.db.conn.execute("UPDATE jobs SET recipient = NULL WHERE id = ?", (send,))
+    ledger.db.conn.commit()
+    text, data = _job(send)
+    assert (f"to: {name} <new.address@x.example> ({emp}; the address on file now; the one this job was made "
+            "with is no longer known)") in text, text
+    assert data["recipient"]["source"] == "on_file_now"
+
+
+# ---- reminders to those whose slip failed ----------------------------------------------
+
+
+def test_remind_failed_slip_emails_only_those_whose_slip_failed(world, provider):
+    """HR walkthrough: `payrun remind` emailed every active employee of a company; HR
+    could not reach only the few whose slip did not arrive. `--failed-slip M` picks the
+    company's employees whose slip of M failed for good; it says when a reminder goes to
+    the very address the slip failed at, and refuses when nobody's slip failed."""
+    from jobs.runtime import PayrunJob
+
+    cfg, conn, db, ledger = world
+    bad = "emp-00001"
+    company = payroll.employee_snapshot(db, MONTH, bad)["company"]["id"]
+    other = 2 if company == 1 else 1
+    set_email(db, bad, "nobody@nowhere.invalid")
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    assert ledger.failed_slips(MONTH, company) == {bad: "nobody@nowhere.invalid"}
+    runner = CliRunner()
+
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "2h", "--failed-slip", MONTH, "--json"])
+    assert out.exit_code == 0, out.output
+    done = json.loads(out.output)
+    assert done["scheduled"] == 1 and done["jobs"] == [f"remind-{done['batch']}-{bad}"]
+    assert done["failed_slip"] == MONTH and done["same_address"] == 1
+    payload = PayrunJob.fetch(done["jobs"][0], connection=conn).args[0]
+    assert payload["to"] == "nobody@nowhere.invalid" and "could not email you your salary slip for November 2026" \
+        in payload["text"], payload
+
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "90m", "--failed-slip", MONTH])
+    assert (f"note: 1 of them goes to the address its {MONTH} slip's send failed at (not changed since): if it "
+            "was refused, so will the reminder be") in out.output, out.output
+
+    name = db.conn.execute("SELECT name_en FROM employees WHERE id = ?", (bad,)).fetchone()[0]
+    conn.delete(PayrunJob.key_for(done["jobs"][0]))  # gone from Redis: the ledger still names its address
+    text, _ = _job(done["jobs"][0])
+    assert f"to: {name} <nobody@nowhere.invalid> ({bad}; the address this send was made with)" in text, text
+
+    set_email(db, bad, "fixed@x.example")  # HR fixed it: the next reminder goes to the new address, no note
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "3h", "--failed-slip", MONTH])
+    assert out.exit_code == 0, out.output
+    assert f"1 reminder(s) for company {company} (employees whose {MONTH} slip failed) scheduled" in out.output
+    assert "note:" not in out.output
+
+    out = runner.invoke(cli, ["remind", "--company", str(other), "--in", "2h", "--failed-slip", MONTH])
+    assert out.exit_code == 2, out.output
+    assert f"no employee of company {other} has a {MONTH} slip that failed for good" in out.output
+    assert len(ledger.jobs(kind="reminder")) == 3  # the refused one wrote nothing
+    assert "--failed-slip YYYY-MM" in runner.invoke(cli, ["remind", "--help"]).output
+    bad_month = runner.invoke(cli, ["remind", "--company", str(company), "--in", "2h", "--failed-slip", "11-2026"])
+    assert bad_month.exit_code == 2 and "payrun:" in bad_month.output, bad_month.output
+
+
+# ---- a corrected slip says it replaces the one sent ------------------------------------
+
+
+def test_reissue_marks_name_the_slip_replaced_and_call_it_corrected_only_after_a_change_since():
+    from jobs.policy import reissue_marks
+
+    day = lambda iso: iso[:10]  # noqa: E731 - the zone's date, as the caller gives it
+    assert reissue_marks("2026-12-04", None, "2026-12-02T10:00:00+00:00", day) == {"reissued": "2026-12-04"}
+    assert reissue_marks("2026-12-04", "2026-12-01T03:00:00.000+00:00", None, day) == \
+        {"reissued": "2026-12-04", "replaces": "2026-12-01"}
+    assert reissue_marks("2026-12-04", "2026-12-01T03:00:00.000+00:00", "2026-12-02T10:00:00.000+00:00", day) == \
+        {"reissued": "2026-12-04", "replaces": "2026-12-01", "corrected": True}
+    # figures changed before the slip was delivered: it had them already
+    assert "corrected" not in reissue_marks("2026-12-04", "2026-12-01T03:00:00+00:00", "2026-11-30T10:00:00+00:00", day)
+
+
+def test_a_corrected_slip_says_so_and_does_not_say_credited():
+    from jobs import slip
+
+    base = slip.SAMPLE_SNAPSHOT
+    html = slip.render_html({**base, "reissued": "2026-12-04", "replaces": "2026-12-01", "corrected": True})
+    assert "Corrected slip — replaces the one sent on 2026-12-01" in html and "Corrected payslip" in html
+    assert "Credited to bank account" not in html and "Corrected net pay, for bank account" in html
+    html = slip.render_html({**base, "reissued": "2026-12-04", "replaces": "2026-12-01"})
+    assert "Re-issued on 2026-12-04: this slip replaces the one sent on 2026-12-01." in html
+    assert "Credited to bank account" in html and "Corrected" not in html
+    # only dates are printed; "corrected" needs the slip it replaces, and a resend
+    for odd in ({"reissued": "2026-12-04", "replaces": "<b>x</b>", "corrected": True},
+                {"replaces": "2026-12-01", "corrected": True}, {"reissued": "2026-12-04", "corrected": "yes"}):
+        html = slip.render_html({**base, **odd})
+        assert "Corrected" not in html and "<b>x" not in html and "Credited to bank account" in html, odd
+
+
+def _correct_basic(db, tmp_path, emp: str, month: str) -> str:
+    """An HR import that changes one figure of ``emp``'s ``month`` line (the rest as is)."""
+    import csv
+
+    cols = payroll.CSV_COLUMNS
+    row = db.conn.execute(
+        "SELECT s.company_id, e.id, e.name_en, e.name_bn, e.email, e.department, e.designation, e.bank_account, "
+        "s.month, s.basic, s.house_rent, s.medical, s.conveyance, s.bonus, s.tax, s.provident_fund, s.loan "
+        "FROM salary_lines s JOIN employees e ON e.id = s.employee_id WHERE s.employee_id = ? AND s.month = ?",
+        (emp, month)).fetchone()
+    line = dict(zip(cols, row))
+    for f in payroll.AMOUNT_FIELDS:
+        line[f] = f"{line[f] / 100:.2f}"
+    line["basic"] = f"{float(line['basic']) + 1000:.2f}"
+    path = tmp_path / "fix.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerow(line)
+    return str(path)
+
+
+def test_a_resend_after_a_salary_correction_is_a_corrected_slip_naming_the_one_it_replaces(world, provider, tmp_path):
+    """HR walkthrough: a resend after a salary correction read "Credited …" with the new net
+    pay, like the slip sent before: the employee could not tell which one holds. Corrected
+    since its delivery, it says "Corrected slip — replaces the one sent on <date>" (its
+    email "Corrected:"); a resend with the same figures names the slip it replaces too."""
+    import pypdf
+
+    cfg, conn, db, ledger = world
+    emp, other = "emp-00003", "emp-00004"
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    sent_on = ledger.delivered_at(keys.idem_key(MONTH, emp))
+    assert sent_on
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    day = datetime.fromisoformat(sent_on).astimezone(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")
+    runner = CliRunner()
+    assert runner.invoke(cli, ["import", _correct_basic(db, tmp_path, emp, MONTH)]).exit_code == 0
+    out = runner.invoke(cli, ["resend", "--employee", emp, "--month", MONTH])
+    assert out.exit_code == 0, out.output
+    assert f"a corrected slip (its figures changed since): it says it replaces the one sent on {day}" in out.output
+    out = runner.invoke(cli, ["resend", "--employee", other, "--month", MONTH, "--json"])
+    assert json.loads(out.output)["replaces"] == day and json.loads(out.output)["corrected"] is False
+    work_everything(conn, ledger)
+
+    company = payroll.employee_snapshot(db, MONTH, emp)["company"]["id"]
+
+    def text(who: str) -> str:
+        path = cfg.slips_dir / MONTH / str(company if who == emp else
+                                           payroll.employee_snapshot(db, MONTH, who)["company"]["id"]) \
+            / f"{who}.resend-1.pdf"
+        return " ".join(" ".join(p.extract_text() for p in pypdf.PdfReader(str(path)).pages).split())
+
+    fixed = text(emp)
+    assert f"Corrected slip — replaces the one sent on {day}" in fixed and "Credited to" not in fixed, fixed
+    sent = provider.delivery(f"{keys.idem_key(MONTH, emp)}:resend-1")
+    assert sent["subject"].startswith("Corrected: Your salary slip for November 2026"), sent
+    same = text(other)
+    assert f"this slip replaces the one sent on {day}" in same and "Corrected" not in same, same
+    assert provider.delivery(f"{keys.idem_key(MONTH, other)}:resend-1")["subject"].startswith("Re-issued: ")
+
+
+# ---- the day an employee left ----------------------------------------------------------
+
+
+def test_a_leaving_date_is_a_real_day_not_after_today():
+    from payrun.runs import leaving_date_problem
+
+    assert leaving_date_problem("2026-11-20", "2026-12-06") is None
+    assert leaving_date_problem("2026-12-06", "2026-12-06") is None
+    assert "YYYY-MM-DD" in leaving_date_problem("20/11/2026", "2026-12-06")
+    assert "no such day" in leaving_date_problem("2026-02-30", "2026-12-06")
+    assert "after today (2026-12-06)" in leaving_date_problem("2026-12-07", "2026-12-06")
+
+
+def test_the_day_an_employee_left_is_recorded_and_shown_where_leavers_are_named(world):
+    """HR walkthrough: `payrun employee left` kept no date, and `run`, `status` and `resend`
+    named a leaver with none: HR could not tell whether they left before or after the month
+    being run. `--on` records it (default today); the three name it; `back` clears it; a
+    payroll database from before gets the column, its marks shown as not dated."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    cfg, conn, db, ledger = world
+    runner = CliRunner()
+    gone, late, old = "emp-00005", "emp-00006", "emp-00007"
+    today = datetime.now(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")
+    out = runner.invoke(cli, ["employee", "left", gone, "--on", "2026-11-20"])
+    assert out.exit_code == 0 and "1 employee marked as left on 2026-11-20" in out.output, out.output
+    assert runner.invoke(cli, ["employee", "left", late]).exit_code == 0
+    assert payroll.left_on(db, [gone, late, "emp-00001"]) == {gone: "2026-11-20", late: today}
+    again = runner.invoke(cli, ["employee", "left", gone])
+    assert "1 already so (left 2026-11-20: `--on DATE` corrects it)" in again.output, again.output
+    assert payroll.left_on(db, [gone]) == {gone: "2026-11-20"}
+    for bad, why in (("2026-11-31", "no such day"), ("2999-01-01", "is after today")):
+        out = runner.invoke(cli, ["employee", "left", old, "--on", bad])
+        assert out.exit_code == 2 and why in out.output, out.output
+    assert payroll.is_active(db, old) is True  # refused: nothing marked
+
+    out = runner.invoke(cli, ["run", "--month", MONTH])
+    assert out.exit_code == 0, out.output
+    assert f"{gone} (left 2026-11-20) {late} (left {today})" in out.output, out.output
+    st = runner.invoke(cli, ["status", "--month", MONTH, "--json"])
+    assert any(f"{gone} (left 2026-11-20)" in n for n in json.loads(st.output)["notes"]), st.output
+    out = runner.invoke(cli, ["resend", "--employee", gone, "--month", MONTH])
+    assert out.exit_code == 2 and "(`payrun employee left`; left 2026-11-20)" in out.output, out.output
+
+    # a corrected date; back clears it
+    out = runner.invoke(cli, ["employee", "left", gone, "--on", "2026-11-25"])
+    assert "1 already so (1 now dated 2026-11-25)" in out.output, out.output
+    assert runner.invoke(cli, ["employee", "back", late]).exit_code == 0
+    assert payroll.left_on(db, [gone, late]) == {gone: "2026-11-25"}
+
+    # a payroll database made before leaving dates: the column is added, old marks undated
+    db.conn.execute("ALTER TABLE employees DROP COLUMN left_on")
+    db.conn.execute("UPDATE employees SET active = 0 WHERE id = ?", (old,))  # (marked then; November has its slip)
+    db.conn.commit()
+    again = payroll.PayrollDB(cfg.payroll_path)
+    assert payroll.left_on(again, [gone, old]) == {gone: None, old: None}
+    st = runner.invoke(cli, ["status", "--month", MONTH])
+    assert f"{gone} (left, date not recorded)" in st.output, st.output
+    again.close()
