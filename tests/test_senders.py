@@ -354,3 +354,37 @@ def test_one_host_with_a_stale_token_file_leaves_its_sends_to_the_other_host_the
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         provider.stop()
+
+
+# ---- what the on-call engineer sees ---------------------------------------------------------
+
+
+def test_check_warns_of_a_paused_process_and_fails_when_none_is_left_sending():
+    from payrun import preflight
+    from payrun.preflight import FAIL, WARN
+
+    r = {"process": "email.host-b.42", "host": "host-b", "pid": 42, "since_ms": 1_000_000.0,
+         "where": "PAYRUN_EMAIL_TOKEN in this process's environment (a restart takes a new value)"}
+    assert preflight.refused_sender_verdicts([], 2, 1_060_000.0) == []
+    [one] = preflight.refused_sender_verdicts([r], 2, 1_060_000.0)
+    assert one.level == WARN and one.area == "workers"
+    assert one.text.startswith("send-email host-b pid 42 PAUSED 60 s: the provider refuses its credentials "
+                               "(PAYRUN_EMAIL_TOKEN in this process's environment"), one.text
+    [every] = preflight.refused_sender_verdicts([r], 1, 1_060_000.0)
+    assert every.level == FAIL and "every send-email process is paused" in every.text
+
+
+def test_workers_names_a_process_paused_for_its_credentials(cfg, conn):
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+    from payrun.ledger import Ledger
+
+    Ledger(cfg.ledger_path).close()  # a data directory in use
+    _alive(conn, "email.host-b.42", refused_where="the local provider's token file /srv/b/redis/provider-token")
+    _alive(conn, "email.host-a.41")
+    out = CliRunner().invoke(cli, ["workers"], catch_exceptions=False).output
+    lines = [ln for ln in out.splitlines() if "PAUSED" in ln]
+    assert len(lines) == 1 and lines[0].startswith("send-email host-b pid 42 PAUSED"), out
+    assert "/srv/b/redis/provider-token" in lines[0]
+    assert senders.read_refused(conn)[0]["host"] == "host-b"
