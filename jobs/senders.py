@@ -26,7 +26,11 @@ this process's entry as refused and reads everyone's in one transaction
   sent; a token file is read again first) after 5 s, then 10, 20, 40, 60 s ...
   (``jobs.policy.host_probe_s``), and takes sends again once accepted.
 
-``payrun workers`` and ``payrun check`` read the entries (``read_refused``).
+Once no other live process sends (they stopped, died, or were refused too), a paused
+process takes sends again, and a refusal counts toward a provider outage as when every
+process is refused (``look_at_others``), rather than a run waiting on paused processes.
+
+``payrun workers``, ``payrun check`` and the metrics read the entries (``read_refused``).
 """
 
 from __future__ import annotations
@@ -132,7 +136,7 @@ class HostCredentials:
         """A send of this process went through: if it was paused (a send already on its way,
         its token file read again), its credentials work: it takes sends again."""
         if self.paused:
-            self._resume("a send went through")
+            self._resume("the provider accepts this process's credentials again (a send went through)")
 
     # ---- pause and resume ----------------------------------------------------------------
     def _pause(self, where: str, error: str, since_ms: float) -> None:
@@ -160,8 +164,8 @@ class HostCredentials:
             where = self.where
             self.where, self.error, self.since_ms, self.paused_at = None, "", None, None
             self._resumed.set()
-        log.warning("send-email %s: the provider accepts this process's credentials again (%s; from %s) after "
-                    "%.0f s paused: taking sends again", self.name, how, where, took)
+        log.warning("send-email %s: taking sends again after %.0f s paused: %s (its credentials come from %s)",
+                    self.name, took, how, where)
         self._write()
 
     def wait_resumed(self, stop: threading.Event, timeout_s: float = 1.0) -> None:
@@ -194,8 +198,23 @@ class HostCredentials:
             log.warning("send-email %s: could not ask the provider about this process's credentials (%s); "
                         "again in %.0f s", self.name, e, self.next_probe - now)
             return None
-        self._resume("a probe was accepted")
+        self._resume("the provider accepts this process's credentials again (a probe)")
         return True
+
+    def look_at_others(self, conn) -> None:
+        """While paused: if no other live process sends any more (they stopped, died, or
+        were refused too), take sends again: a refusal then counts toward a provider outage,
+        as when every process is refused (every sender pauses, one probes, status says so),
+        instead of a run waiting on processes that are all paused on their own."""
+        if not self.paused:
+            return
+        try:
+            raw = conn.hgetall(self.key)
+        except Exception:  # Redis away: stay as we are
+            return
+        entries = {_s(k): read_sender_entry(v) for k, v in raw.items()}
+        if not another_sender_sends(entries, self.name, self._clock() * 1000):
+            self._resume("no other send-email process sends now: a refusal counts toward a provider outage again")
 
     # ---- the entry and the watch thread ----------------------------------------------------
     def entry(self) -> str:
@@ -231,6 +250,7 @@ class HostCredentials:
                         self.probe(transport())
                     except Exception as e:  # noqa: BLE001 - never end the thread
                         log.warning("send-email %s: credentials probe failed: %s", self.name, e)
+                self.look_at_others(conn)
                 self._write()
                 wait = SENDER_BEAT_S
                 if self.paused:

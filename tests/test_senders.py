@@ -181,6 +181,22 @@ def test_lanes_of_a_paused_process_wait_and_the_wait_ends_when_it_resumes():
     assert not me.paused and time.monotonic() - t0 < 10.0
 
 
+def test_a_paused_process_takes_sends_again_once_no_other_one_sends(conn, caplog):
+    """The other host stopped (or died, or was refused too): staying paused would leave the
+    run to nobody; sending again makes the next refusal an outage, as with every host refused."""
+    caplog.set_level(logging.INFO, logger="payrun.jobs.senders")
+    me = senders.HostCredentials("email.host-a.1")
+    _alive(conn, "email.host-b.2")
+    assert me.refused(conn, "PAYRUN_EMAIL_TOKEN", "HTTP 401") is True
+    me.look_at_others(conn)
+    assert me.paused  # b still sends
+    conn.hset(keys.limit_senders("email"), "email.host-b.2", sender_entry(None, time.time() * 1000 - 1))
+    me.look_at_others(conn)
+    assert not me.paused
+    assert any("no other send-email process sends now" in r.getMessage() for r in caplog.records)
+    assert me.refused(conn, "PAYRUN_EMAIL_TOKEN", "HTTP 401") is False  # now an outage
+
+
 # ---- the send path (jobs.tasks.send_limited), in this process ----------------------------------
 
 
@@ -388,3 +404,7 @@ def test_workers_names_a_process_paused_for_its_credentials(cfg, conn):
     assert len(lines) == 1 and lines[0].startswith("send-email host-b pid 42 PAUSED"), out
     assert "/srv/b/redis/provider-token" in lines[0]
     assert senders.read_refused(conn)[0]["host"] == "host-b"
+    from payrun import metrics
+
+    got = {m.name: m.samples[0].value for m in metrics.StateCollector(conn, cfg).collect() if m.samples}
+    assert got["payrun_email_senders_refused"] == 1 and got["payrun_email_provider_down"] == 0
