@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jobs.policy import (HOST_REFUSED_LOG_EVERY_S, SENDER_BEAT_S, SENDER_TTL_S, another_sender_sends,
+from jobs.policy import (HOST_PROBE_MAX_S, HOST_REFUSED_LOG_EVERY_S, SENDER_BEAT_S, SENDER_TTL_S, another_sender_sends,
                          host_probe_s, read_sender_entry, sender_entry)
 from payrun import keys
 
@@ -84,6 +84,12 @@ class HostCredentials:
         self.since_ms: float | None = None
         self.paused_at: float | None = None  # (monotonic)
         self.failed_probes = 0
+        """Probes refused this pause."""
+        self.probes = 0
+        """Probes this pause, answered or not (the backoff's index; carried over a pause that
+        comes back within HOST_PROBE_MAX_S of its resume: a probe the provider accepts while
+        its sends are refused, an SMTP sender refused, backs off instead of looping)."""
+        self.resumed_at: float | None = None
         self.next_probe: float = 0.0
         self._said_at: float | None = None
         self._stop = threading.Event()
@@ -146,14 +152,16 @@ class HostCredentials:
                 return
             self.where, self.error, self.since_ms = where, error, since_ms
             self.paused_at = self._mono()
+            again_soon = self.resumed_at is not None and self.paused_at - self.resumed_at < HOST_PROBE_MAX_S
+            self.probes = self.probes + 1 if again_soon else 0
             self.failed_probes = 0
-            self.next_probe = self.paused_at + host_probe_s(0)
+            self.next_probe = self.paused_at + host_probe_s(self.probes)
             self._said_at = self.paused_at
             self._resumed.clear()
         log.error("send-email %s: the provider refuses THIS process's credentials, which come from %s, while other "
                   "send-email processes send: it takes no more sends (its jobs go to the others, no attempt spent) "
                   "and asks the provider again in %.0f s, nothing sent (last error: %s)",
-                  self.name, where, host_probe_s(0), error)
+                  self.name, where, self.next_probe - self.paused_at, error)
         self._write()
 
     def _resume(self, how: str) -> None:
@@ -163,6 +171,7 @@ class HostCredentials:
             took = self._mono() - (self.paused_at or self._mono())
             where = self.where
             self.where, self.error, self.since_ms, self.paused_at = None, "", None, None
+            self.resumed_at = self._mono()
             self._resumed.set()
         log.warning("send-email %s: taking sends again after %.0f s paused: %s (its credentials come from %s)",
                     self.name, took, how, where)
@@ -184,7 +193,8 @@ class HostCredentials:
             transport.probe()
         except CredentialsRefused as e:
             self.failed_probes += 1
-            self.next_probe = now + host_probe_s(self.failed_probes)
+            self.probes += 1
+            self.next_probe = now + host_probe_s(self.probes)
             if self._said_at is None or now - self._said_at >= HOST_REFUSED_LOG_EVERY_S:
                 self._said_at = now
                 log.error("send-email %s: the provider still refuses THIS process's credentials, which come from "
@@ -194,7 +204,8 @@ class HostCredentials:
                           e, self.next_probe - now)
             return False
         except Exception as e:  # noqa: BLE001 - unreachable, timed out: not an answer about us
-            self.next_probe = now + host_probe_s(self.failed_probes)
+            self.probes += 1
+            self.next_probe = now + host_probe_s(self.probes)
             log.warning("send-email %s: could not ask the provider about this process's credentials (%s); "
                         "again in %.0f s", self.name, e, self.next_probe - now)
             return None

@@ -167,6 +167,30 @@ def test_a_paused_process_probes_on_its_schedule_says_so_at_a_throttle_and_resum
         provider.stop()
 
 
+def test_a_process_paused_again_soon_after_a_resume_backs_off_instead_of_looping():
+    """A probe the provider accepts while it refuses the sends (an SMTP login accepted, our
+    sender refused): each resume sent a lane's worth of sends to be refused, every 5 s."""
+    mono = Clock()
+    me = senders.HostCredentials("email.host-a.1", mono=mono)
+    me._pause("x", "HTTP 401", 0)
+    assert me.next_probe == 1005.0
+    mono.t = 1005.0
+    me._resume("a probe")
+    mono.t = 1006.0
+    me._pause("x", "HTTP 401", 0)  # refused again at once
+    assert me.next_probe == 1016.0
+    mono.t = 1016.0
+    me._resume("a probe")
+    mono.t = 1017.0
+    me._pause("x", "HTTP 401", 0)
+    assert me.next_probe == 1037.0
+    mono.t = 1037.0
+    me._resume("a probe")
+    mono.t = 2000.0  # a long time later: a new story
+    me._pause("x", "HTTP 401", 0)
+    assert me.next_probe == 2005.0
+
+
 def test_lanes_of_a_paused_process_wait_and_the_wait_ends_when_it_resumes():
     import threading
 
