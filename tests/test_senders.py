@@ -287,6 +287,42 @@ def test_every_process_refused_is_still_a_provider_outage(conn, refused_here):
     assert "refused our credentials" in read_outage(conn)["last_error"]
 
 
+def test_an_smtp_login_refused_here_alone_names_the_password_variable_never_the_password(
+        conn, cfg, monkeypatch, tmp_path, caplog):
+    from aiosmtpd.smtp import AuthResult
+
+    from tests.test_mail import EphemeralController, Recorder
+
+    caplog.set_level(logging.INFO, logger="payrun.jobs.senders")
+    handler = Recorder()
+
+    def authenticator(server, session, envelope, mechanism, auth_data):
+        return AuthResult(success=(auth_data.login, auth_data.password) == (b"payroll", b"s3cret-pw"),
+                          handled=False)
+
+    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0, authenticator=authenticator,
+                              auth_require_tls=False)
+    ctl.start()
+    try:
+        monkeypatch.setenv("PAYRUN_EMAIL_URL", f"smtp://payroll@127.0.0.1:{ctl.port}")
+        monkeypatch.setenv("PAYRUN_SMTP_PASSWORD", "wr0ng-pw")
+        monkeypatch.setattr(senders, "HOST", senders.HostCredentials("email.this-host.1"))
+        monkeypatch.setattr(tasks, "_limiters", {})
+        monkeypatch.setattr(tasks, "_transports", {})
+        tasks.settings.cache_clear()
+        _alive(conn, "email.other-host.2")
+        with pytest.raises(RefusedHere) as ei:
+            _send(conn, tasks.settings(), 1)
+        assert "535" in str(ei.value) and "wr0ng" not in str(ei.value)
+        assert senders.HOST.paused and read_outage(conn) is None and not handler.messages
+        [said] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert "PAYRUN_SMTP_PASSWORD (login 'payroll' at 127.0.0.1:" in said and "wr0ng" not in said
+        assert senders.HOST.probe(tasks.transport()) is False  # (the variable takes a restart)
+    finally:
+        ctl.stop()
+        tasks.settings.cache_clear()
+
+
 # ---- two send-email processes, one Redis, the local HTTP provider ------------------------------
 
 
