@@ -181,6 +181,10 @@ def register(cli) -> None:
         gone = [w for w in snap.workers if not w.alive]
         for line in worker_table(snap.workers):
             click.echo(line)
+        from jobs.senders import read_refused, refused_line
+
+        for r in read_refused(c.redis()):  # (a process whose own credentials the provider refuses)
+            click.echo(refused_line(r))
         if gone:
             procs = len({w.process for w in gone})
             click.echo(f"{len(gone)} worker(s) GONE{f' in {procs} processes' if procs > 1 else ''}: no liveness "

@@ -10,7 +10,8 @@ JobError
  │    │                  authentication failed, sender refused): every send would fail
  │    │                  the same way until someone fixes the credentials, so it counts
  │    │                  toward a provider outage (pause and probe) instead of failing
- │    │                  every slip of the run for good, one by one
+ │    │                  every slip of the run for good, one by one; when another
+ │    │                  send-email process still sends, only this one pauses (RefusedHere)
  │    └── Throttled      the provider said 429: every sender pauses for its Retry-After,
  │         │             and the job is retried after it without spending an attempt
  │         ├── RateWait  our own limiter could not give a start in time: retried without
@@ -22,6 +23,10 @@ JobError
  │         ├── ProviderDown  the provider failed limits.outage_after sends in a row (an
  │         │             outage): every sender pauses, and this job is retried after it
  │         │             without spending an attempt
+ │         ├── RefusedHere  the provider refused THIS send-email process's credentials
+ │         │             while another process still sends (one host's bad token):
+ │         │             this process pauses itself (jobs.senders), the job goes back
+ │         │             to the front for another one, no attempt spent, nobody else pauses
  │         └── RenderPending  the send's slip file is missing and its render is queued
  │                       or running (a retry put it there): looked at again shortly, no
  │                       attempt spent, nobody else pauses
@@ -79,6 +84,16 @@ class ProviderDown(Throttled):
 
 class RenderPending(Throttled):
     pass
+
+
+class RefusedHere(Throttled):
+    """The provider refused this send-email process's credentials (AccountRefused) while
+    another live process's were not refused: a bad token or password on this host, not
+    the provider. The job goes back for another host without spending an attempt; this
+    process stops taking sends until its credentials work again (jobs.senders)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = 1.0):
+        super().__init__(message, retry_after_s)
 
 
 class StoreUnsafe(TransientError):

@@ -698,10 +698,14 @@ class SmtpTransport:
         self.host = parts.hostname
         self.port = _port(parts, 465 if self.ssl else (587 if self.starttls else 25), url)
         self.user = unquote(parts.username) if parts.username else None
+        self._password_from = "the password given" if password is not None else None
         if password is None:
             password = unquote(parts.password) if parts.password is not None else None
+            if password is not None:
+                self._password_from = "the password in email.url"
         if password is None and self.user:
             password = os.environ.get(SMTP_PASSWORD_ENV)
+            self._password_from = SMTP_PASSWORD_ENV
         if self.user and password is None:
             raise ValueError(f"email URL {_redact(url)!r} names a user but no password "
                              f"(put it in the URL or in {SMTP_PASSWORD_ENV})")
@@ -712,6 +716,13 @@ class SmtpTransport:
 
     def __repr__(self) -> str:
         return f"SmtpTransport({self._url!r})"
+
+    def credentials_source(self) -> str:
+        """Where this transport's credentials come from, in words an operator can act on
+        (never the password itself)."""
+        if self.user:
+            return f"{self._password_from} (login {self.user!r} at {self.host}:{self.port})"
+        return "no login (email.url names no user): the sender address email.sender or this host's address"
 
     def probe(self) -> str:
         """Connect, EHLO, STARTTLS and log in as a send would, then QUIT with no MAIL: what
@@ -1020,6 +1031,16 @@ class HttpTransport:
 
     def __repr__(self) -> str:
         return f"HttpTransport({self._url!r})"
+
+    def credentials_source(self) -> str:
+        """Where this transport's token comes from, in words an operator can act on (never
+        the token itself)."""
+        if self._token_file is not None:
+            return (f"the local provider's token file {self._token_file.path} ({EMAIL_TOKEN_ENV} not set; "
+                    f"read again before each probe)")
+        if "Authorization" not in self._headers:
+            return f"no token: {EMAIL_TOKEN_ENV} is not set"
+        return f"{EMAIL_TOKEN_ENV} in this process's environment (a restart takes a new value)"
 
     def _token_replaced(self, shown: dict[str, str]) -> bool:
         """After a refusal of the token in ``shown``: read the token file again (if ours is

@@ -6,6 +6,7 @@ Nothing here touches Redis, the clock or the network; callers pass what they kno
 from __future__ import annotations
 
 import errno
+import json
 import random
 import re
 import smtplib
@@ -263,6 +264,66 @@ def outage_pause_s(trips: int, first_s: float, max_s: float) -> float:
     return min(max_s, first_s * (2 ** min(trips - 1, 62)))
 
 
+# ---- one send-email process refused for its own credentials --------------------------
+
+SENDER_BEAT_S = 3.0
+"""How often a send-email process writes its entry in the senders' hash (jobs.senders)."""
+SENDER_TTL_S = 15.0
+"""An entry not written for this long is a process gone (killed, or Redis away from it)."""
+HOST_PROBE_FIRST_S = 5.0
+HOST_PROBE_MAX_S = 60.0
+"""A process paused for its refused credentials asks the provider again (a login or an
+empty request, nothing sent; its token file read again first) after 5 s, then 10, 20, 40,
+60, 60 ... s."""
+HOST_REFUSED_LOG_EVERY_S = 60.0
+"""Its ERROR line is repeated at most this often while it stays paused."""
+
+
+def sender_entry(refused_where: str | None, until_ms: float, since_ms: float | None = None) -> str:
+    """One process's value in the senders' hash: sending (``refused_where`` None) or
+    paused since ``since_ms`` because the provider refused the credentials that came from
+    ``refused_where`` (words such as "PAYRUN_EMAIL_TOKEN", never the secret); alive until
+    ``until_ms`` (epoch ms). JSON."""
+    doc: dict = {"until_ms": int(until_ms)}
+    if refused_where is not None:
+        doc.update(refused=True, where=refused_where, since_ms=int(since_ms if since_ms is not None else 0))
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def read_sender_entry(raw: object) -> dict | None:
+    """A senders' hash value as a dict (until_ms, refused, where, since_ms), or None when
+    it is not one (written by another version, damaged): such an entry is left out."""
+    try:
+        doc = json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))
+        if not isinstance(doc, dict):
+            return None
+        return {"until_ms": float(doc["until_ms"]), "refused": doc.get("refused") is True,
+                "where": str(doc.get("where") or ""), "since_ms": float(doc.get("since_ms") or 0)}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def another_sender_sends(entries: dict[str, dict | None], me: str, now_ms: float) -> bool:
+    """Whether a send-email process other than ``me`` is alive (its entry not lapsed) and
+    not paused for refused credentials: then the provider refusing ``me`` is ``me``'s own
+    credentials (one host's token or password), and only ``me`` pauses, its jobs going to
+    the others. False when every live process is refused, or ``me`` is alone: then the
+    refusal counts toward a provider outage as any failure does (every sender pauses and
+    one probes). Pure."""
+    for name, e in entries.items():
+        if name == me or e is None or e["until_ms"] <= now_ms:
+            continue
+        if not e["refused"]:
+            return True
+    return False
+
+
+def host_probe_s(failed_probes: int, first_s: float = HOST_PROBE_FIRST_S, max_s: float = HOST_PROBE_MAX_S) -> float:
+    """How long a process paused for refused credentials waits before asking the provider
+    again, after ``failed_probes`` probes that were refused too (0: the first wait)."""
+    return min(max_s, first_s * (2 ** min(max(0, failed_probes), 62)))
+
+
 RENDER_WAIT_FIRST_S = 5.0
 RENDER_WAIT_MAX_S = 60.0
 RENDER_WAIT_LIMIT_S = 3600.0
@@ -480,10 +541,12 @@ def pauses_every_sender(exc: BaseException) -> bool:
     would lengthen the very wait that timed out; nor must a job held back by an outage
     pause (ProviderDown), which that pause already covers; nor a send stopped because
     another attempt took its claim over (ClaimLost); nor a send waiting for its slip's
-    render (RenderPending)."""
-    from jobs.errors import ClaimLost, ProviderDown, RateWait, RenderPending, Throttled
+    render (RenderPending); nor one this process's own credentials got refused
+    (RefusedHere: only this process pauses)."""
+    from jobs.errors import ClaimLost, ProviderDown, RateWait, RefusedHere, RenderPending, Throttled
 
-    return (isinstance(exc, Throttled) and not isinstance(exc, (RateWait, ProviderDown, ClaimLost, RenderPending))
+    return (isinstance(exc, Throttled)
+            and not isinstance(exc, (RateWait, ProviderDown, ClaimLost, RenderPending, RefusedHere))
             and bool(exc.retry_after_s))
 
 

@@ -54,7 +54,7 @@ from rq.timeouts import BaseTimeoutException
 from rq.utils import get_version, now as utcnow, utcformat
 
 from jobs import events, idempotency
-from jobs.errors import ClaimLost, PermanentError, ProviderDown, RenderPending, SlipMissing, Throttled
+from jobs.errors import ClaimLost, PermanentError, ProviderDown, RefusedHere, RenderPending, SlipMissing, Throttled
 from jobs.limits import EMPTY
 from jobs.policy import (backoff_attempt, backoff_delay, classify, outage_hold_is_free, shutdown_deadline,
                          unreadable_reason)
@@ -682,7 +682,8 @@ class EventsMixin:
             job.meta["retry_after"] = verdict.retry_after_s
         if not verdict.transient:
             job.retries_left = 0
-        elif isinstance(exc_value, ProviderDown) and not outage_hold_is_free(int(job.meta.get("outage_holds", 0))):
+        elif (isinstance(exc_value, (ProviderDown, RefusedHere))
+              and not outage_hold_is_free(int(job.meta.get("outage_holds", 0)))):
             # held back by outages OUTAGE_HOLDS_PER_JOB times: a message the provider fails
             # every time, not an outage any more; this one spends its attempt
             job.meta["last_error"] = events.one_line(f"{verdict.reason} (held {job.meta.get('outage_holds')} times "
@@ -696,7 +697,7 @@ class EventsMixin:
             # handle_job_failure runs next in this process on this job object (RQ's
             # perform_job); a parent that finds its horse dead has a fresh one: not held
             job._held_try = True
-            if isinstance(exc_value, ProviderDown):
+            if isinstance(exc_value, (ProviderDown, RefusedHere)):  # (one host refused: bounded alike)
                 job.meta["outage_holds"] = int(job.meta.get("outage_holds", 0)) + 1
         # a held try goes back to the front of its queue when its wait is over (RQ's retry
         # and scheduler read this flag), not behind a large run's every other send: it was
@@ -2030,7 +2031,7 @@ class Intake:
 
 
 def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=None,
-              fatal: threading.Event | None = None) -> int:
+              fatal: threading.Event | None = None, creds=None) -> int:
     """Dequeue and run jobs until ``stop`` is set; a job in hand is always finished.
 
     A lane that finished a job tries the next at once while jobs are waiting (as of the
@@ -2045,7 +2046,11 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
     us mid-job: the lane sets ``fatal`` and stops, and the process exits non-zero for its
     supervisor to restart it (what RQ's own worker does, rq #1968); the reaper returns
     the jobs it held once its liveness lapses. A lane thread that died silently instead
-    would leave the process running with fewer lanes, for good."""
+    would leave the process running with fewer lanes, for good.
+
+    With ``creds`` (jobs.senders.HostCredentials): while the provider refuses this
+    process's own credentials and other processes send, the lane takes no job (they go to
+    the others) and waits for it to take sends again, its worker record kept alive."""
     lane.register_birth()
     lane.idle()
     done = 0
@@ -2054,6 +2059,14 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
     met_outage = False  # this lane's last try failed on Redis away (lane._outage)
     try:
         while not stop.is_set():
+            if creds is not None and creds.paused:
+                if held is not None:
+                    _give_back(limiter, held)
+                    held = None
+                met_outage = _beat_idle(lane, met_outage, lane.heartbeat)
+                creds.wait_resumed(stop, 1.0)
+                try_now = True
+                continue
             open_ = intake.open_queues()
             if not try_now or not open_:
                 if held is not None:
@@ -2224,6 +2237,11 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
                     outage=outage).start()
     # retries sit in RQ's scheduled registry: lane 0 also runs RQ's scheduler for our queues
     workers[0]._start_scheduler(burst=False)
+    from jobs import senders, tasks as tasks_mod
+
+    # this process's own credentials, beside the other send-email processes' (jobs.senders):
+    # refused here alone, it pauses itself and its jobs go to the others
+    creds = senders.HOST.start(conn, tasks_mod.transport)
     counts: list[int] = [0] * lanes
     deadline: list[float] = []
     forced = threading.Event()
@@ -2231,7 +2249,7 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
     signalled: list[str] = []
 
     def run(i: int) -> None:
-        counts[i] = lane_loop(workers[i], stop, intake, limiter=limiter, fatal=fatal)
+        counts[i] = lane_loop(workers[i], stop, intake, limiter=limiter, fatal=fatal, creds=creds)
 
     def on_signal(signum, frame):
         # a second *signal*, not a signal after a stop begun otherwise (a lane's Redis
@@ -2322,6 +2340,7 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
                 workers[0].stop_scheduler()
             except Exception:
                 pass
+        creds.stop()
         # lanes still sending (forced stop, a Redis failure): their liveness keys stay to
         # lapse, so the reaper does not free their slots while the process is still here
         liveness.stop(forget=not any(t.is_alive() for t in threads))

@@ -17,9 +17,9 @@ from typing import Any
 
 from rq import Retry, get_current_job
 
-from jobs import events, idempotency, unrecorded
-from jobs.errors import (ClaimLost, PermanentError, ProviderDown, RateWait, RenderPending, SlipMissing, StoreUnsafe,
-                         Throttled)
+from jobs import events, idempotency, senders, unrecorded
+from jobs.errors import (AccountRefused, ClaimLost, PermanentError, ProviderDown, RateWait, RefusedHere, RenderPending,
+                         SlipMissing, StoreUnsafe, Throttled)
 from jobs.policy import (REISSUE_FIELDS, RECORD_MARGIN_S, counts_as_provider_failure, job_end, pauses_every_sender,
                          record_retry_wait_s, redis_refuses_writes, send_claim_ttl_s, send_may_start, send_timeout_s,
                          send_window, slip_path_problem)
@@ -266,6 +266,9 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str, starte
     sent = False  # the request was handed to the transport: its failure is the provider's
     try:
         tr = transport()
+        if senders.HOST.paused:  # (a lane took it as this process paused: it goes to another one)
+            raise RefusedHere(f"not sent: {senders.HOST.why()}; back for another send-email process, "
+                              "no attempt spent")
         prepared = tr.prepare(msg)  # before the wait: at the start time, only the send is left
         deadline, send_until = send_window(time.monotonic(), send_s, job_ends)
         if deadline <= time.monotonic() or not lim.token(deadline_s=deadline):  # (too late in its job: no start)
@@ -306,9 +309,12 @@ def send_limited(conn, cfg: config_mod.Config, msg, key: str, token: str, starte
         raise
     except BaseException as e:
         idempotency.release(conn, key, token)
+        if sent and isinstance(e, AccountRefused):
+            _refused_here(conn, tr, key, e)  # only this process refused: RefusedHere
         if sent and counts_as_provider_failure(e):
             _count_provider_failure(lim, key, e)
         raise
+    senders.HOST.sent()
     if getattr(message_id, "duplicate", False):
         # delivered once, by an attempt whose outcome we lost (its process was killed, or
         # the reply never came): the provider deduped this one. Say so, and count it
@@ -515,6 +521,17 @@ def _count_provider_failure(lim, key: str, e: BaseException) -> None:
                   "(pause %d), then one send probes it", down.streak, events.one_line(e, 200), down.wait_s, down.trips)
     raise ProviderDown(f"email provider down ({down.streak} sends in a row failed), every sender paused "
                        f"{down.wait_s:.0f} s, no attempt spent; last error: {e}", retry_after_s=down.wait_s) from e
+
+
+def _refused_here(conn, tr, key: str, e: BaseException) -> None:
+    """The provider refused this process's credentials. Raises RefusedHere (no attempt
+    spent, nobody else pauses, this process pauses itself: jobs.senders) when another
+    send-email process is alive and not refused; returns otherwise (every process refused,
+    or this one alone: a provider outage, counted as before)."""
+    where = getattr(tr, "credentials_source", lambda: "the email credentials")()
+    if senders.HOST.refused(conn, where, events.one_line(e, 200)):
+        raise RefusedHere(f"not sent: the provider refused this send-email process's credentials ({where}) while "
+                          f"others send: back for another process, no attempt spent; {e}") from e
 
 
 def _raise_if_provider_down(conn) -> None:

@@ -143,6 +143,13 @@ def limit_outage(name: str) -> str:
     return f"payrun:limit:{name}:outage"
 
 
+def limit_senders(name: str) -> str:
+    """Hash: send-email process (``email.<host>.<pid>``) -> JSON: alive until (ms) and, when
+    the provider refused that process's own credentials, since when and where they come
+    from (jobs.senders; jobs.policy.sender_entry)."""
+    return f"payrun:limit:{name}:senders"
+
+
 def limit_stats(name: str) -> str:
     """Counters: waits (acquires that had to wait), http_429, outage_pauses, outages."""
     return f"payrun:limit:{name}:stats"

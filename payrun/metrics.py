@@ -133,6 +133,12 @@ class StateCollector:
             yield GaugeMetricFamily("payrun_email_provider_failed_in_a_row",
                                     "Sends the provider failed in a row (0 after a success).",
                                     value=outage.get("failed_in_a_row", 0))
+            from jobs.senders import read_refused
+
+            yield GaugeMetricFamily("payrun_email_senders_refused",
+                                    "Send-email processes paused because the provider refuses their own credentials "
+                                    "(their sends go to the others).",
+                                    value=len(read_refused(self.conn)))
             yield CounterMetricFamily("payrun_email_outage_pauses",
                                       "Pauses of every sender for a provider outage.",
                                       value=stats.get("outage_pauses", 0))

@@ -231,6 +231,20 @@ def worker_verdicts(render: int, send_processes: int, lanes: int, control: int, 
     return out
 
 
+def refused_sender_verdicts(refused: list[dict], send_processes: int, now_ms: float) -> list[Finding]:
+    """The live send-email processes paused because the provider refuses their own
+    credentials (jobs.senders.read_refused): a warning each while others send (their jobs
+    go to those, at less capacity); a failure when none is left sending."""
+    from jobs.senders import refused_line
+
+    if not refused:
+        return []
+    if len(refused) >= send_processes:
+        return [Finding("workers", FAIL, f"every send-email process is paused, the provider refusing its "
+                                         f"credentials: {refused_line(refused[0], now_ms)}")]
+    return [Finding("workers", WARN, refused_line(r, now_ms)) for r in refused]
+
+
 def supervisor_verdicts(status: str, log_dir) -> list[Finding]:
     """What this host's `supervisorctl status` says: programs supervisord gave up on
     (FATAL) fail (`payrun up` starts them again); programs stopped by hand (STOPPED with a
@@ -579,6 +593,12 @@ def _workers(cfg, conn, rep: Report, worker_host: bool = False) -> dict[str, int
     if worker_host:
         found = [f for f in found if "control worker" not in f.text]
     rep.findings.extend(found)
+    from jobs.senders import read_refused
+
+    refused = read_refused(conn)
+    if worker_host:
+        refused = [r for r in refused if r["host"] == socket.gethostname()]
+    rep.findings.extend(refused_sender_verdicts(refused, processes, time.time() * 1000))
     return {"render": render, "lanes": len(email_rows)}
 
 

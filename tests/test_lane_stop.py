@@ -35,7 +35,7 @@ def _lanes(monkeypatch, lane_0, lane_1) -> list:
     their queue by a forced stop are listed in the result."""
     returned: list = []
 
-    def fake_lane_loop(lane, stop, intake, limiter=None, fatal=None):
+    def fake_lane_loop(lane, stop, intake, limiter=None, fatal=None, creds=None):
         return (lane_0 if lane.name.endswith(".0") else lane_1)(lane, stop, fatal)
 
     monkeypatch.setattr(runtime, "lane_loop", fake_lane_loop)
