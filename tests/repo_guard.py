@@ -85,7 +85,8 @@ def nothing_written_under_var(request):
         if names := changed(before[d], top_level(d)):
             pytest.fail(f"this test wrote into {d}: {describe(d, names)}: payrun code ran without the test's "
                         f"PAYRUN_HOME (tests/conftest.py sets one for every test; a test that removes it must "
-                        f"chdir to a temporary directory)", pytrace=False)
+                        f"chdir to a temporary directory), unless a payrun of this checkout wrote there meanwhile "
+                        f"(`payrun up` or `payrun demo` run from it)", pytrace=False)
 
 
 def session_start(config: pytest.Config) -> None:
