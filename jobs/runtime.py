@@ -864,6 +864,16 @@ class _OneOutageStory:
     resubscription's reply), and a render or control worker's liveness thread. Each keeps
     trying on its own schedule. An idle worker logged the outage three times over."""
 
+    max_connection_wait_time = 5.0
+    """RQ's dequeue loop, meeting Redis away, waits 1, 2, 4 … s between tries, up to this
+    (RQ's default: 60 s): a worker idle when Redis went took work again up to a minute after
+    Redis was back (a restart of Redis mid-run, a failover), and said "Redis answers again"
+    as late: the command channel, back within 2 s, does not end the story while the dequeue
+    loop failed in the last OUTAGE_QUIET_S, and it says nothing more for a minute (its next
+    read). `rq worker` under `payrun config rq-env` (PayrunRqWorker) kept RQ's 60 s until
+    session 42. One try every 5 s per worker is nothing for Redis, and the line saying so
+    is said every 30 s (RedisOutageLog)."""
+
     def _tell_outages_as_one(self, logger: logging.Logger = log) -> None:
         """Call at the end of ``__init__`` (RQ's ``self.log`` and ``self.name`` are set)."""
         kwargs = self.connection.connection_pool.connection_kwargs
@@ -955,12 +965,6 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
     jobs (so nothing a job leaves behind lives long). 1 = fork per job."""
 
     jobs_per_horse: int = 1
-
-    max_connection_wait_time = 5.0
-    """RQ's dequeue loop, meeting Redis away, waits 1, 2, 4 … s between tries, up to this
-    (RQ's default: 60 s): a worker idle when Redis went took work again up to a minute after
-    Redis was back (a restart of Redis mid-run, a failover). One try every 5 s per worker is
-    nothing for Redis, and the line saying so is said every 30 s (RedisOutageLog)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("job_monitoring_interval", 1)

@@ -1004,6 +1004,73 @@ def test_a_plain_rq_worker_under_rq_env_tells_a_redis_outage_in_one_story(own_re
     assert {r.name for r in records if r.levelno >= logging.WARNING} == {"rq.worker"}  # (what `rq worker` shows)
 
 
+def test_a_plain_rq_worker_under_rq_env_says_redis_is_back_within_seconds_not_a_minute(redis_url, conn, monkeypatch):
+    """`rq worker` under `payrun config rq-env` (PayrunRqWorker) said "Redis answers again"
+    up to a minute after Redis was back: RQ's dequeue loop waits 1, 2, 4 … up to 60 s
+    between tries, and its command channel, back within 2 s, cannot end the story while the
+    loop failed in the last OUTAGE_QUIET_S (then says nothing for a minute). Redis back 1 s
+    after the loop's try at 63 s: the line came at 123 s. The loop waits 5 s at most now
+    (_OneOutageStory.max_connection_wait_time, as a render worker's): the line comes at its
+    first try after Redis is back. RQ's own loop runs, on a clock that moves only when it
+    waits; the command channel's thread is played beside it (a try every 2 s)."""
+    import types
+
+    import redis as redis_mod
+    import rq.worker.base as rq_worker_base
+    from rq import Worker
+
+    from jobs.runtime import PUBSUB_RETRY_S, PayrunRqWorker, make_queue, worker_name
+
+    switch = Switch(redis_url)
+    w = PayrunRqWorker([make_queue("control", switch.client)], connection=switch.client, name=worker_name("control"))
+    w.register_birth()
+    set_state = w.set_state
+
+    def set_state_then_redis_goes(*args, **kwargs):  # (RQ's loop writes its idle state, then tries)
+        set_state(*args, **kwargs)
+        switch.away()
+
+    w.set_state = set_state_then_redis_goes
+    clock = FakeClock()
+    w._outage.clock = clock
+    back_at = clock.t + 64.0
+    channel = {"next": clock.t, "back": False}
+    said: list[tuple[float, str]] = []
+
+    class Said(logging.Handler):  # (RQ's logger, whatever an earlier test did to its propagation)
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append((clock.t, record.getMessage()))
+
+    def sleep(s: float) -> None:  # RQ's wait between two tries; the command channel tries meanwhile
+        end = clock.t + s
+        while channel["next"] <= end and not channel["back"]:
+            clock.t = channel["next"]
+            if clock.t < back_at:
+                w._outage.failed("command channel", redis_mod.ConnectionError("Connection refused."))
+            else:
+                w._outage.ok("command channel")  # (its reconnection's reply; its next read is a minute on)
+                channel["back"] = True
+            channel["next"] += PUBSUB_RETRY_S
+        clock.t = end
+        if clock.t >= back_at:
+            switch.back()
+
+    handler = Said(logging.WARNING)
+    w._outage.log.addHandler(handler)
+    monkeypatch.setattr(rq_worker_base, "time", types.SimpleNamespace(**{**vars(time), "sleep": sleep}))
+    make_queue("control", conn).enqueue("jobs.testing.noop", job_id="control-noop-1")
+    try:
+        job, _ = Worker.dequeue_job_and_maintain_ttl(w, 1)  # RQ's own loop
+    finally:
+        w._outage.log.removeHandler(handler)
+        switch.client.close()
+    assert job.id == "control-noop-1"
+    back = [(at, line) for at, line in said if "Redis answers again" in line]
+    assert len(back) == 1, said
+    assert back[0][0] - back_at <= 5.0, (back[0][0] - back_at, said)  # (it was 59 s)
+    assert not w._outage.away
+
+
 def test_a_plain_rq_worker_whose_work_loop_a_redis_error_ended_says_so_in_one_line(conn, caplog):
     """RQ's "found an unhandled exception, quitting..." and its traceback; anything else
     RQ says as an ERROR stays as it is."""
