@@ -2055,12 +2055,14 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
     With ``creds`` (jobs.senders.HostCredentials): while the provider refuses this
     process's own credentials and other processes send, the lane takes no job (they go to
     the others) and waits for it to take sends again, its worker record kept alive."""
-    lane.register_birth()
-    lane.idle()
+    met_outage = False  # this lane's last try failed on Redis away (lane._outage)
+    while (away := _lane_born(lane, again=met_outage)) is not None:  # (Redis away as the process started: the thread died)
+        met_outage = _lane_tried(lane, away)
+        if stop.wait(1.0):
+            return 0
     done = 0
     try_now = True  # at start, and after a job while work is waiting: try the queues first
     held = None  # the finished job's slot, given back in the same round trip as the next try
-    met_outage = False  # this lane's last try failed on Redis away (lane._outage)
     try:
         while not stop.is_set():
             if creds is not None and creds.paused:
@@ -2158,6 +2160,23 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
         except Exception:  # Redis down: the worker key expires by itself
             pass
     return done
+
+
+def _lane_born(lane: LaneWorker, again: bool = False) -> Exception | None:
+    """A lane's RQ record made (``register_birth``) and marked idle; the error if Redis was away.
+    Tried ``again`` after Redis was away, a record there is this lane's own whose reply was
+    lost (the connection dropped after the write; RQ refuses to make it twice, "an active
+    worker named ..."), so it is taken as made."""
+    try:
+        try:
+            lane.register_birth()
+        except ValueError:
+            if not (again and lane.connection.exists(lane.key)):
+                raise
+        lane.idle()
+        return None
+    except REDIS_AWAY as e:
+        return e
 
 
 def _lane_tried(lane: LaneWorker, error: Exception) -> bool:

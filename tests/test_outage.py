@@ -1266,3 +1266,45 @@ def test_a_render_workers_scheduler_that_exits_as_redis_goes_is_restarted_within
     assert len(warned) == 3, warned  # the worker's story: at once, 31 s on, back
     assert "Redis unreachable" in warned[0] and "still failing after 31 s" in warned[1]
     assert warned[2].startswith(f"Worker {w.name}: Redis answers again at ") and f"({sum(w._outage.tries.values())} looks failed)" in warned[2]
+
+
+def test_a_lane_started_while_redis_is_away_waits_for_it_instead_of_dying(conn):
+    """A send-email process whose lanes were still starting when Redis went away lost them:
+    `register_birth` ran before the lane's outage handling and ended its thread with a
+    ConnectionError traceback, leaving the process with fewer lanes (seen as a flaky test,
+    session 42). The lane now retries its birth as a failed try of the process's story."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from jobs.runtime import Intake, LaneWorker, lane_loop, make_queue
+
+    from conftest import wait_for
+
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    lane = LaneWorker([q], connection=conn, name="email.test-host.1.0")
+    born = lane.register_birth
+    tries: list = []
+
+    def flaky_birth(*a, **kw):
+        tries.append(1)
+        if len(tries) <= 2:
+            raise RedisConnectionError("Error 111 connecting to unix socket. Connection refused.")
+        if len(tries) == 3:  # made, but its reply lost with the connection: made again, RQ refuses
+            born(*a, **kw)
+            raise RedisConnectionError("Connection closed by server.")
+        return born(*a, **kw)
+
+    lane.register_birth = flaky_birth
+    stop = threading.Event()
+    intake = Intake(conn, [q], stop)
+    ran: list = []
+    thread = threading.Thread(target=lambda: ran.append(lane_loop(lane, stop, intake)), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(tries) >= 4 and conn.exists(lane.key), timeout_s=30, what="the lane born once Redis answers")
+        assert thread.is_alive()
+        assert conn.hget(lane.key, "state") == b"idle"
+    finally:
+        stop.set()
+        intake.wake_all()
+        thread.join(timeout=30)
+    assert ran == [0], ran  # (it ended by the stop, not an exception)
