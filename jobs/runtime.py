@@ -1720,6 +1720,27 @@ def namesakes(records: list[tuple[str, dict[str, str], bool]], hostname: str, ho
             and h.get(HOST_ID_FIELD, host) != host]
 
 
+def names_taken(conn, names: list[str]) -> str | None:
+    """Why this process cannot take ``names`` (its lanes' worker names), or None: a live
+    record (no death registered) already bears one, as RQ's register_birth says for one
+    worker. Asked before the process beats any liveness: its lanes' threads each met
+    RQ's refusal and died, and the process beat the other's liveness meanwhile. A name is
+    kind.hostname.pid: another machine with this hostname whose process has this pid
+    (containers started alike), or a record of this host's that outlived its process
+    (a pid reused since); the process exits and its supervisord starts it again."""
+    with conn.pipeline(transaction=False) as p:
+        for n in names:
+            p.hgetall(f"rq:worker:{n}")
+        found = p.execute()
+    for n, h in zip(names, found):
+        if h and b"death" not in h:
+            other = h[HOST_ID_FIELD.encode()].decode() if HOST_ID_FIELD.encode() in h else "?"
+            return (f"There exists an active worker named {n!r} already (host id {other}, this host's "
+                    f"{host_id()}): another machine with this hostname runs a process with this pid, or a "
+                    "record of an exited one is left; this process exits (supervisord starts it again)")
+    return None
+
+
 def worker_name(kind: str, index: int | None = None) -> str:
     base = f"{kind}.{socket.gethostname()}.{os.getpid()}"
     return base if index is None else f"{base}.{index:02d}"
@@ -2283,6 +2304,8 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
     outage = RedisOutageLog(f"send-email {os.getpid()}", redis_address(conn.connection_pool.connection_kwargs))
     for w in workers:
         w._outage = outage
+    if taken := names_taken(conn, [w.name for w in workers]):
+        raise ValueError(taken)
     liveness = Liveness(conn, [w.name for w in workers], outage=outage).start()
     register_queues(conn, queues)
     intake = Intake(conn, queues, stop, on_stop_request=lambda: begin_stop("payrun stop-worker"),

@@ -55,8 +55,9 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 from rq_scheduler import Scheduler
 
-from jobs.runtime import OUTAGE_LOG_EVERY_S, PayrunJob, PayrunQueue, RepeatedFailure, make_queue
+from jobs.runtime import HOST_ID_FIELD, OUTAGE_LOG_EVERY_S, PayrunJob, PayrunQueue, RepeatedFailure, make_queue
 from payrun import keys
+from payrun.procs import host_id
 from payrun.config import Config
 from scheduler import cron, ticks
 
@@ -450,11 +451,24 @@ class PayrunScheduler(Scheduler):
 
     def register_birth(self) -> None:
         """As rq-scheduler's, but a restart under the same name (supervisord restarting
-        scheduler-a after a crash) takes over the stale record instead of refusing."""
+        scheduler-a after a crash) takes over the stale record instead of refusing. The
+        record also says this host's id (payrun.procs.host_id): a live record of another
+        machine under this name (two control hosts with one hostname: supervisor.conf names
+        them scheduler-a.<hostname>) is not taken over, this one registers as
+        ``<name>.<host id>`` instead (both went on under one record: `payrun schedule` and
+        `payrun check` counted one scheduler of two, and each could release the other's
+        pass lock)."""
+        theirs = self.connection.hmget(self.key, "death", "birth", HOST_ID_FIELD)
+        if theirs[0] is None and theirs[1] is not None and theirs[2] not in (None, host_id().encode()):
+            log.warning("scheduler %s: a live scheduler of another machine or container with this hostname "
+                        "(host id %s) has this name: this one is %s.%s (give each host its own hostname)",
+                        self.name, theirs[2].decode(), self.name, host_id())
+            self.name = self.cron.name = f"{self.name}.{host_id()}"
         if self.connection.exists(self.key) and not self.connection.hexists(self.key, "death"):
             log.warning("scheduler %s: a record under this name is still alive in Redis; taking it over", self.name)
             self.connection.hset(self.key, "death", time.time())
         super().register_birth()
+        self.connection.hset(self.key, HOST_ID_FIELD, host_id())
 
     def heartbeat(self) -> None:
         """rq-scheduler's EXPIRE of this scheduler's record, and the record made again when it
@@ -462,7 +476,7 @@ class PayrunScheduler(Scheduler):
         schedule` said "schedulers alive: 0" of two schedulers firing ticks, until restarted."""
         if not self.connection.expire(self.key, int(self._interval) + 10):
             with self.connection.pipeline() as p:
-                p.hset(self.key, "birth", time.time())
+                p.hset(self.key, mapping={"birth": time.time(), HOST_ID_FIELD: host_id()})
                 p.expire(self.key, int(self._interval) + 10)
                 p.execute()
         self.cron.keep_registered(clock())

@@ -747,3 +747,23 @@ def test_the_reaper_clears_the_record_of_a_worker_killed_before_its_successor_st
     listed = {w.name for w in Worker.all(connection=conn)}
     assert killed not in listed and {beating, other} <= listed, listed
     assert conn.smembers("rq:workers:pdf-render") == {f"rq:worker:{other}".encode()}
+
+
+def test_a_send_email_process_whose_lane_name_is_taken_exits_before_beating_its_liveness(conn):
+    """Names are kind.hostname.pid: two containers with one hostname, started alike, run
+    a send-email process with the same pid. The second one's lanes each met RQ's refusal
+    in their thread and died, while the process went on beating the first one's lanes'
+    liveness (the reaper then never saw them gone). It now exits at once, saying why."""
+    from jobs.runtime import names_taken, worker_name
+
+    name = worker_name("email", 0)
+    conn.hset(f"rq:worker:{name}", mapping={"hostname": "h", "pid": os.getpid(), "host_id": "0badcafe"})
+    try:
+        assert "0badcafe" in names_taken(conn, [worker_name("email", 1), name])
+        with pytest.raises(ValueError, match="There exists an active worker named"):
+            run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
+        assert not conn.exists(keys.alive(name)) and not conn.exists(keys.alive(worker_name("email", 1)))
+        conn.hset(f"rq:worker:{name}", "death", "2026-12-01T02:00:00Z")  # (registered dead: free)
+        assert names_taken(conn, [name]) is None
+    finally:
+        conn.delete(f"rq:worker:{name}")
