@@ -22,6 +22,7 @@ from jobs.limits import Limiter, read_outage
 from jobs.policy import (OUTAGE_HOLDS_PER_JOB, classify, counts_as_provider_failure, outage_hold_is_free,
                          outage_pause_s, pauses_every_sender)
 from payrun import config, keys
+from payrun.procs import host_id
 from payrun.provider import Provider
 
 # ---- policy (pure) ------------------------------------------------------------------
@@ -1161,7 +1162,7 @@ def test_an_idle_send_email_process_tells_a_redis_outage_in_one_story(own_redis,
         wait_for(lambda: lanes[0].scheduler._process is not scheduler and lanes[0].scheduler._process.is_alive(),
                  timeout_s=30, what="another RQ scheduler started")
     finally:
-        conn.set(keys.stop_process(socket.gethostname(), os.getpid()), "test")
+        conn.set(keys.stop_process(socket.gethostname(), os.getpid(), host_id()), "test")
         process.join(30)
         tasks.settings.cache_clear()
     assert not process.is_alive() and ran == [0]
