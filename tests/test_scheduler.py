@@ -1196,8 +1196,6 @@ def test_a_scheduler_restarted_after_a_kill_mid_pass_takes_over_its_own_dead_pas
     within a second, and it waited out the pass lock its dead self held (11 s), holding
     every tick back. Its restart now takes that lock over; another scheduler's, or a live
     process's, it leaves alone."""
-    import socket
-
     from scheduler.service import PayrunScheduler, own_dead_pass_lock, pass_lock_holder, pass_lock_value
 
     from payrun.procs import host_id
