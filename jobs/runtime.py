@@ -54,10 +54,10 @@ from rq.timeouts import BaseTimeoutException
 from rq.utils import get_version, now as utcnow, utcformat
 
 from jobs import events, idempotency
-from jobs.errors import ClaimLost, PermanentError, ProviderDown, RenderPending, SlipMissing, Throttled
+from jobs.errors import ClaimLost, PermanentError, ProviderDown, RenderPending, SlipMissing, StoreFull, Throttled
 from jobs.limits import EMPTY
 from jobs.policy import (backoff_attempt, backoff_delay, classify, outage_hold_is_free, shutdown_deadline,
-                         unreadable_reason)
+                         store_full_hold_is_free, unreadable_reason)
 from jobs.tasks import allowed_functions
 from jobs.watchdog import WATCHDOG, WatchdogDeathPenalty
 from payrun import keys
@@ -687,6 +687,11 @@ class EventsMixin:
             # every time, not an outage any more; this one spends its attempt
             job.meta["last_error"] = events.one_line(f"{verdict.reason} (held {job.meta.get('outage_holds')} times "
                                                "already: this attempt counts)")
+        elif isinstance(exc_value, StoreFull) and not store_full_hold_is_free(int(job.meta.get("store_full_holds", 0))):
+            # held for a full slip store STORE_FULL_HOLDS_PER_JOB times (hours): this one
+            # spends its attempt, and the job reaches the failed list in the end
+            job.meta["last_error"] = events.one_line(f"{verdict.reason} (held {job.meta.get('store_full_holds')} "
+                                                     "times already: this attempt counts)")
         elif isinstance(exc_value, Throttled):
             # waiting for the provider's limit is not a failed attempt: RQ's retry takes
             # one from the budget, we give it back (and keep the backoff where it was)
@@ -698,6 +703,8 @@ class EventsMixin:
             job._held_try = True
             if isinstance(exc_value, ProviderDown):
                 job.meta["outage_holds"] = int(job.meta.get("outage_holds", 0)) + 1
+            if isinstance(exc_value, StoreFull):
+                job.meta["store_full_holds"] = int(job.meta.get("store_full_holds", 0)) + 1
         # a held try goes back to the front of its queue when its wait is over (RQ's retry
         # and scheduler read this flag), not behind a large run's every other send: it was
         # at the front when the provider held it back. A failed attempt waits at the back.

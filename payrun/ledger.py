@@ -529,7 +529,7 @@ def tries_text(row: Mapping[str, Any]) -> str:
         return f"{tries} attempt{'' if tries == 1 else 's'}"
     free = []
     if held:
-        free.append(f"{held} held back (rate limit, provider outage or a send already in flight)")
+        free.append(f"{held} held back (rate limit, provider outage, a send already in flight or a full slip store)")
     if returned:
         free.append(f"{returned} handed back (its worker stopped or died)")
     return (f"{tries} {'try' if tries == 1 else 'tries'}: {spent} attempt{'' if spent == 1 else 's'} spent, "

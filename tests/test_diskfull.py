@@ -1,0 +1,92 @@
+"""A disk that fills up during the night (session 42's on-call drill): the slip store, the
+data directory under the SQLite ledger. The full disk is injected at a seam (ENOSPC from
+the write, SQLITE_FULL from the ledger's commit): no test mounts anything."""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+
+import pytest
+
+from conftest import WORLD_MONTH as MONTH
+from conftest import enqueue_due
+from jobs import events, slip
+from jobs.runtime import PayrunJob, RenderWorker, make_queue
+from payrun import keys, runs
+
+
+def _no_room(fd, data):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_slip_store_holds_the_renders_spending_no_attempt_and_they_go_on_once_there_is_room(world,
+                                                                                                    monkeypatch):
+    """Drill: the slip store filled after ~100 of 300 slips, and the other 198 failed for good
+    within 80 s (6 attempts each, backoff up to 30 s), in the failed list before anyone could
+    be paged, under a status note that said "an address refused". Now each waits (5 s, then
+    longer) spending no attempt, its error names the store and what to do, and a try while
+    the store is still full costs a statvfs, not a render."""
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    queue = make_queue(keys.RENDER_QUEUE, conn)
+    ids = queue.get_job_ids()
+    budget = PayrunJob.fetch(ids[0], connection=conn).retries_left
+    monkeypatch.setattr(slip, "_write_all", _no_room)
+    RenderWorker([queue], connection=conn).work(burst=True, logging_level="WARNING")
+    assert queue.failed_job_registry.get_job_ids() == []
+    assert set(queue.scheduled_job_registry.get_job_ids()) == set(ids)
+    job = PayrunJob.fetch(ids[0], connection=conn)
+    assert job.retries_left == budget and job.meta["held"] == 1 and job.meta["store_full_holds"] == 1
+    assert job.meta["retry_after"] == 5.0
+    said = job.meta["last_error"]
+    assert f"slip store {cfg.slips_dir}: No space left on device (the disk is full" in said, said
+    assert "free space there" in said and "spending no attempt" in said and said.endswith("once there is room")
+    assert not list(cfg.slips_dir.rglob("*.pdf")) and not list(cfg.slips_dir.rglob("*.tmp"))
+
+    # still full at the next try: no render, a longer wait
+    monkeypatch.setattr(slip, "free_bytes", lambda path: 4096)
+    monkeypatch.setattr(slip, "render_pdf", lambda snapshot: pytest.fail("rendered into a full store"))
+    enqueue_due(conn, queue, {i: 0 for i in ids})
+    RenderWorker([queue], connection=conn).work(burst=True, logging_level="WARNING")
+    job = PayrunJob.fetch(ids[0], connection=conn)
+    assert job.retries_left == budget and job.meta["store_full_holds"] == 2 and job.meta["retry_after"] == 10.0
+    assert queue.failed_job_registry.get_job_ids() == []
+
+    # space freed: every slip is made once, and its send queued
+    monkeypatch.undo()
+    enqueue_due(conn, queue, {i: 0 for i in ids})
+    RenderWorker([queue], connection=conn).work(burst=True, logging_level="WARNING")
+    assert {PayrunJob.fetch(i, connection=conn).get_status() for i in ids} == {"finished"}
+    assert len(list(cfg.slips_dir.rglob("*.pdf"))) == len(ids)
+    assert len(make_queue(keys.EMAIL_QUEUE, conn).get_job_ids()) == len(ids)
+
+
+def test_a_full_store_found_at_the_sync_is_held_too(world, monkeypatch):
+    """A file system that allocates late (ext4, XFS) may take every write and refuse the
+    fsync: the render worker's finish (jobs.tasks.finish_render) holds the job the same way."""
+    from jobs import tasks
+    from jobs.errors import StoreFull
+
+    cfg, conn, db, ledger = world
+    staged = slip.stage_slip(cfg.slips_dir / "2026-11" / "1" / "emp-00001.pdf", b"%PDF-1.7 test", store=cfg.slips_dir)
+
+    def no_room_at_sync(tmp, path, synced=False):
+        slip._unlink_quietly(tmp)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(slip, "commit_slip", no_room_at_sync)
+    result = {"slip": "2026-11/1/emp-00001.pdf", "bytes": 13,
+              tasks.FINISH_KEY: {"staged": str(staged), "email": {}, "store_full_holds": 2}}
+    with pytest.raises(StoreFull) as held:
+        tasks.finish_render(conn, result)
+    assert held.value.retry_after_s == 20.0 and str(cfg.slips_dir) in str(held.value)
+
+
+def test_store_full_waits_grow_to_a_minute_and_stay_free_for_hours():
+    from jobs.policy import STORE_FULL_HOLDS_PER_JOB, store_full_hold_is_free, store_full_wait_s
+
+    assert [store_full_wait_s(n) for n in range(7)] == [5, 10, 20, 40, 60, 60, 60]
+    assert sum(store_full_wait_s(n) for n in range(STORE_FULL_HOLDS_PER_JOB)) > 5 * 3600  # the night of a run
+    assert store_full_hold_is_free(STORE_FULL_HOLDS_PER_JOB - 1)
+    assert not store_full_hold_is_free(STORE_FULL_HOLDS_PER_JOB)
