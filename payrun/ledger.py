@@ -32,6 +32,7 @@ from typing import Any
 import sqlite_utils
 
 from jobs.events import RETURNED_OUTCOMES, attempts_spent, outcome_of
+from payrun import diskspace
 
 STATES = ("queued", "running", "retrying", "done", "failed")
 
@@ -803,6 +804,41 @@ def let_go_of_events(conn, me: str) -> None:
         pass
 
 
+def open_waiting(open_ledger, path: Path, stop, log=None, clock=time.monotonic, pause=time.sleep,
+                 every_s: float = 5.0) -> Ledger | None:
+    """``open_ledger()``, for `payrun ledger`'s start: while the disk under ``path`` is full
+    (SQLite cannot make its journal or shared-memory index there), wait, saying so at once
+    and every 30 s, and try again every ``every_s``; any other error goes up. None if
+    ``stop()`` came first. (A ledger restarted on a full disk exited at once, three times,
+    and supervisord gave up on it.)"""
+    from jobs.runtime import OUTAGE_LOG_EVERY_S, RepeatedFailure
+
+    full = RepeatedFailure(OUTAGE_LOG_EVERY_S)
+    while not stop():
+        try:
+            opened = open_ledger()
+        except sqlite3.OperationalError as e:
+            free = diskspace.free_bytes(path)
+            if not diskspace.no_room(e, free):
+                raise
+            if (line := full.failed(clock(), diskspace.full_text(path, e, free))) is not None and log:
+                log.error("ledger: cannot open %s; the workers go on and their events wait in Redis, nothing is "
+                          "lost: it starts by itself once there is room", line)
+            pause(every_s)
+            continue
+        if (line := full.ok(clock())) is not None and log:
+            log.warning("ledger: opened %s: %s", path, line)
+        return opened
+    return None
+
+
+def _backlog_text(conn) -> str:
+    try:
+        return f"{backlog(conn):,}"
+    except Exception:  # noqa: BLE001 - Redis away too: the line is about the disk
+        return "?"
+
+
 def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, observer=None,
           me: str | None = None, clock=time.monotonic, pause=time.sleep) -> None:
     """The `payrun ledger` loop: block up to 1 s for events, apply in batches, until stop().
@@ -827,6 +863,8 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
         if (line := outage.ok(clock())) is not None and log:
             log.warning("ledger: Redis answers again: %s", line)
 
+    full = RepeatedFailure(OUTAGE_LOG_EVERY_S)  # the disk under the ledger full: said at once, then every 30 s
+
     while not stop():
         other = None
         try:
@@ -847,6 +885,8 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
                 continue
             n = apply_pending(conn, ledger, consumer, block_ms=1000, observer=observer, replay=replay)
             answered()
+            if (line := full.ok(clock())) is not None and log:
+                log.warning("ledger: writing %s again: %s", ledger.path, line)
             replay = False
             if 0 < n < COALESCE_BELOW:
                 # a trickle (a pay run's ~100 events/s): let it gather for a moment, so one
@@ -869,6 +909,19 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
             pause(wait)
             wait = min(wait * 2, 10.0)
         except sqlite3.OperationalError as e:
+            free = diskspace.free_bytes(ledger.path)
+            if diskspace.no_room(e, free):
+                # the data directory is full: the batch was rolled back and not acknowledged;
+                # the events wait in Redis and the workers go on. It used to end the process,
+                # and supervisord gave up on it (FATAL) within 10 s (session-42 drill)
+                replay = True
+                if (line := full.failed(clock(), diskspace.full_text(ledger.path, e, free))) is not None and log:
+                    log.error("ledger: cannot write %s; the workers go on and their events wait in Redis (%s "
+                              "behind), nothing is lost: it writes again by itself once there is room", line,
+                              _backlog_text(conn))
+                pause(wait)
+                wait = min(wait * 2, 10.0)
+                continue
             if "locked" not in str(e):
                 raise
             # another process holds the write lock longer than the busy timeout (a newer

@@ -90,3 +90,88 @@ def test_store_full_waits_grow_to_a_minute_and_stay_free_for_hours():
     assert sum(store_full_wait_s(n) for n in range(STORE_FULL_HOLDS_PER_JOB)) > 5 * 3600  # the night of a run
     assert store_full_hold_is_free(STORE_FULL_HOLDS_PER_JOB - 1)
     assert not store_full_hold_is_free(STORE_FULL_HOLDS_PER_JOB)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_ledger_waits_out_a_full_disk_and_applies_every_event_once_there_is_room(conn, cfg, caplog):
+    """Drill: with the data directory full, `payrun ledger` ended on "database or disk is
+    full" at its first batch, three times in 10 s, and supervisord gave up on it (FATAL):
+    after freeing space the run's status stayed frozen until someone ran `payrun up`. Now it
+    waits, saying so at once and every 30 s (the path, the room left, what to do), keeps
+    the events in Redis, and applies them all once there is room."""
+    import logging
+
+    from payrun import ledger as ledger_mod
+    from payrun.ledger import Ledger
+
+    store = Ledger(cfg.ledger_path)
+    store.create_jobs([{"id": "j1", "kind": "render"}])
+    events.emit(conn, "j1", "running", attempt=1)
+    events.emit(conn, "j1", "done", attempt=1)
+    full = [True]
+    real_apply = store.apply
+
+    def apply(batch):
+        if full[0]:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real_apply(batch)
+
+    store.apply = apply
+    clock = _Clock()
+
+    def pause(s: float) -> None:
+        clock.t += s
+        if clock.t - 1000.0 >= 95:  # space freed after 95 s
+            full[0] = False
+
+    caplog.set_level(logging.INFO, logger="payrun.ledger")
+    try:
+        ledger_mod.serve(conn, store, lambda: store.job("j1")["status"] == "done" or clock.t > 2000,
+                         log=logging.getLogger("payrun.ledger"), clock=clock, pause=pause)
+        assert store.job("j1")["status"] == "done" and ledger_mod.backlog(conn) == 0
+    finally:
+        store.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "payrun.ledger"]
+    said = [m for m in lines if "cannot write" in m]
+    assert 2 <= len(said) <= 4, lines  # at once, then every 30 s, not at every try
+    assert (f"ledger: cannot write {cfg.ledger_path}: No space left on device (database or disk is full; "
+            in said[0]), said[0]
+    assert f"free space in {cfg.home}" in said[0] and "nothing is lost" in said[0] and "2 behind" in said[0]
+    assert lines[-1].startswith(f"ledger: writing {cfg.ledger_path} again: back after"), lines
+
+
+def test_a_ledger_started_on_a_full_disk_waits_for_room_instead_of_exiting(cfg, monkeypatch, caplog):
+    import logging
+
+    from payrun import diskspace
+    from payrun import ledger as ledger_mod
+
+    tries = []
+
+    def open_ledger():
+        tries.append(1)
+        if len(tries) < 4:  # SQLite could not make its -shm there: "disk I/O error"
+            raise sqlite3.OperationalError("disk I/O error")
+        return "opened"
+
+    monkeypatch.setattr(diskspace, "free_bytes", lambda path: 0)
+    clock = _Clock()
+    caplog.set_level(logging.INFO, logger="payrun.ledger")
+    got = ledger_mod.open_waiting(open_ledger, cfg.ledger_path, lambda: False, logging.getLogger("payrun.ledger"),
+                                  clock=clock, pause=lambda s: setattr(clock, "t", clock.t + s))
+    assert got == "opened" and len(tries) == 4
+    lines = [r.getMessage() for r in caplog.records if r.name == "payrun.ledger"]
+    assert lines[0].startswith(f"ledger: cannot open {cfg.ledger_path}: No space left on device (disk I/O error; "
+                               "0 B free there)"), lines
+    # an I/O error on a disk with room is not a full disk: it goes up
+    monkeypatch.setattr(diskspace, "free_bytes", lambda path: 10 * 2**30)
+    tries.clear()
+    with pytest.raises(sqlite3.OperationalError):
+        ledger_mod.open_waiting(open_ledger, cfg.ledger_path, lambda: False, clock=clock, pause=lambda s: None)
