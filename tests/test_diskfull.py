@@ -175,3 +175,32 @@ def test_a_ledger_started_on_a_full_disk_waits_for_room_instead_of_exiting(cfg, 
     tries.clear()
     with pytest.raises(sqlite3.OperationalError):
         ledger_mod.open_waiting(open_ledger, cfg.ledger_path, lambda: False, clock=clock, pause=lambda s: None)
+
+
+def test_a_command_on_a_full_data_directory_says_so_in_one_line(world, monkeypatch):
+    """Drill: `payrun status` and `payrun check` on a full data directory ended in a
+    40-line traceback, "sqlite3.OperationalError: disk I/O error" (SQLite could not make
+    the payroll database's -shm there). Now one line: where, the room left, what to do."""
+    from click.testing import CliRunner
+
+    from payrun import diskspace, payroll
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+
+    def no_shm(*a, **k):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(payroll.PayrollDB, "__init__", no_shm)
+    monkeypatch.setattr(diskspace, "free_bytes", lambda path: 0)
+    for args in (["status"], ["check", "--no-email"]):
+        out = CliRunner().invoke(cli, args)
+        assert out.exit_code == 1, out.output
+        assert out.output.startswith(f"payrun: no space left on the disk of {cfg.home} (disk I/O error; 0 B free "
+                                     "there): free space there"), (args, out.output)
+        assert "Traceback" not in out.output and out.output.count("\n") == 1
+    # the same error with room on the disk is not a full disk: not said to be one
+    monkeypatch.setattr(diskspace, "free_bytes", lambda path: 10 * 2**30)
+    out = CliRunner().invoke(cli, ["status"])
+    assert isinstance(out.exception, sqlite3.OperationalError)
