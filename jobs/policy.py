@@ -140,6 +140,19 @@ HOST_TROUBLE_ERRNOS: dict[int, str] = {
 }
 """OS errors that say the host is in trouble, not the job's data: transient."""
 
+HOST_TROUBLE_MARKS = tuple(f"({text}" for text in HOST_TROUBLE_ERRNOS.values()) + (
+    "(Redis refuses writes", "spending no attempt: the run goes on by itself once there is room")
+"""What classify() and jobs.tasks put in the error of a job that failed on the host's trouble
+(a full or failing disk, Redis refusing writes), not on the employee's data."""
+
+
+def failed_on_host_trouble(error: str | None) -> bool:
+    """Whether a failed job's last error is the host's trouble (HOST_TROUBLE_MARKS): a retry
+    once the host is fixed delivers it, no data to fix. `payrun status` told 198 slips failed
+    on a full slip store "an address refused: fix it with `payrun import`" (session-42 drill)."""
+    return bool(error) and any(mark in error for mark in HOST_TROUBLE_MARKS)
+
+
 REDIS_REFUSES_WRITES = ("MISCONF", "READONLY", "OOM ")
 """Redis's replies when it cannot take writes (a failed AOF write: a full disk; a replica;
 maxmemory): transient, once the operator has fixed the host."""

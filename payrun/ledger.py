@@ -421,6 +421,19 @@ class Ledger:
             args.append(company_id)
         return self.db.execute(sql, args).fetchone()[0]
 
+    def failed_on_host_trouble(self, month: str, company_id: int | None = None) -> int:
+        """Slip jobs (renders and sends) of ``month`` that failed for good on the host's
+        trouble (jobs.policy.failed_on_host_trouble: a full or failing disk, Redis refusing
+        writes), not on the employee's data."""
+        from jobs.policy import failed_on_host_trouble
+
+        sql = "SELECT last_error FROM jobs WHERE month = ? AND status = 'failed' AND kind IN ('render', 'email')"
+        args: list[Any] = [month]
+        if company_id is not None:
+            sql += " AND company_id = ?"
+            args.append(company_id)
+        return sum(1 for (error,) in self.db.execute(sql, args) if failed_on_host_trouble(error))
+
     def companies_with_slips(self, month: str) -> set[int]:
         """Companies with a slip (render) job in ``month``: from the (month, kind, company) index."""
         return {r[0] for r in self.db.execute(

@@ -161,11 +161,18 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                      f"salary lines for {month} and no slip (added after the run): "
                      f"payrun run --month {month} --resume")
     if month and (n_failed := total.get("failed", 0)):  # (an HR walkthrough: "3 failed" and not a word on who)
+        host = min(n_failed, ledger.failed_on_host_trouble(month, company))
+        why = []
+        if host:  # (a full slip store's were said to be "an address refused": session-42 drill)
+            why.append(f"{'all' if host == n_failed else f'{host:,}'} on the host's trouble, not their data (a full "
+                       f"or failing disk, Redis refusing writes): fix that, then `payrun retry --all --month {month}`")
+        if host < n_failed:
+            why.append(f"{'' if not host else 'the rest: '}an address refused: fix it with `payrun import`, then "
+                       "`payrun retry`")
         notes.append(f"{n_failed:,} slip{'' if n_failed == 1 else 's'} of {month} failed for good and "
                      f"{'was' if n_failed == 1 else 'were'} not delivered: `payrun failed --month {month}"
                      + (f" --company {company}" if company is not None else "")
-                     + "` names each employee and why (an address refused: fix it with `payrun import`, then "
-                     "`payrun retry`)")
+                     + f"` names each employee and why ({'; '.join(why)})")
     if month and (n_resend := ledger.failed_resends(month, company)):
         notes.append(f"{n_resend:,} resend{'' if n_resend == 1 else 's'} (`payrun resend`) of {month} failed for "
                      f"good, not counted above (a slip counts once, sent by its first email): "

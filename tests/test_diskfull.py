@@ -204,3 +204,28 @@ def test_a_command_on_a_full_data_directory_says_so_in_one_line(world, monkeypat
     monkeypatch.setattr(diskspace, "free_bytes", lambda path: 10 * 2**30)
     out = CliRunner().invoke(cli, ["status"])
     assert isinstance(out.exception, sqlite3.OperationalError)
+
+
+def test_status_says_slips_failed_on_a_full_disk_need_space_and_a_retry_not_an_import(world):
+    """Drill: 198 slips failed for good on a full slip store, and `payrun status` said why in
+    one way only: "(an address refused: fix it with `payrun import`, then `payrun retry`)"."""
+    from jobs.policy import classify
+    from payrun import ledger as ledger_mod
+    from payrun import status
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    disk = classify(OSError(errno.ENOSPC, "No space left on device")).reason
+    for emp in ("emp-00001", "emp-00002"):
+        events.emit(conn, keys.render_job_id(MONTH, emp), "failed", attempt=6, error=disk)
+    ledger_mod.drain(conn, ledger)
+    notes = [n for n in status.report(cfg, ledger, MONTH)["notes"] if "failed for good" in n]
+    assert len(notes) == 1 and "(all on the host's trouble, not their data (a full or failing disk" in notes[0], notes
+    assert f"then `payrun retry --all --month {MONTH}`)" in notes[0] and "payrun import" not in notes[0]
+    # and one refused for its address besides: both said
+    events.emit(conn, keys.render_job_id(MONTH, "emp-00003"), "failed", attempt=1,
+                error="PermanentError: SMTP 550 no such user")
+    ledger_mod.drain(conn, ledger)
+    (note,) = [n for n in status.report(cfg, ledger, MONTH)["notes"] if "failed for good" in n]
+    assert note.startswith("3 slips of") and "(2 on the host's trouble" in note, note
+    assert note.endswith("; the rest: an address refused: fix it with `payrun import`, then `payrun retry`)"), note
