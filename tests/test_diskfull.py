@@ -229,3 +229,37 @@ def test_status_says_slips_failed_on_a_full_disk_need_space_and_a_retry_not_an_i
     (note,) = [n for n in status.report(cfg, ledger, MONTH)["notes"] if "failed for good" in n]
     assert note.startswith("3 slips of") and "(2 on the host's trouble" in note, note
     assert note.endswith("; the rest: an address refused: fix it with `payrun import`, then `payrun retry`)"), note
+
+
+def test_check_fails_a_full_data_directory_and_a_full_slip_store_of_a_month_already_run(tmp_path):
+    """Drill: with the slip store full mid-run (4 KiB free) `payrun check` said "ready": the
+    month was run, so no room was counted for it, and its 4 KiB test file fit. And nothing
+    looked at the data directory, where the ledger and the embedded Redis's AOF live."""
+    from payrun import preflight
+
+    level, text = preflight.store_room_verdict(tmp_path, 4096)
+    assert level == preflight.FAIL and text.startswith(f"{tmp_path}: 4.0 KiB free: full, no room for a slip")
+    assert preflight.store_room_verdict(tmp_path, 10 << 20)[0] == preflight.OK
+    level, text = preflight.data_verdict(tmp_path, 0, 300, True)
+    assert level == preflight.FAIL and "full (the embedded Redis's append-only file, the ledger, logs)" in text
+    level, text = preflight.data_verdict(tmp_path, 100 << 20, 50_000, True)
+    assert level == preflight.WARN and "~1.1 GiB needed for 50,000 slips" in text, text
+    assert preflight.data_verdict(tmp_path, 500 << 20, 50_000, False)[0] == preflight.OK  # (~293 MiB)
+    assert preflight.data_verdict(tmp_path, 100 << 20, 0, True) == (preflight.OK, f"{tmp_path}: 100.0 MiB free")
+
+
+def test_payrun_check_on_a_full_data_directory_says_which_checks_fail_instead_of_a_traceback(world, monkeypatch):
+    from payrun import diskspace, payroll, preflight
+
+    cfg, conn, db, ledger = world
+
+    def no_shm(*a, **k):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(payroll.PayrollDB, "__init__", no_shm)
+    monkeypatch.setattr(diskspace, "free_bytes", lambda path: 0)
+    rep = preflight.check(cfg, month=MONTH, email=False, connect=lambda: conn)
+    said = {f.area: (f.level, f.text) for f in rep.findings}
+    assert said["payroll"][0] == preflight.FAIL and said["payroll"][1].startswith(
+        f"cannot read {cfg.payroll_path}: No space left on device (disk I/O error; 0 B free there)"), said["payroll"]
+    assert said["data"][0] == preflight.FAIL and said["data"][1].startswith(f"{cfg.home}: 0 B free: full")
