@@ -9,6 +9,7 @@ worker is gone or lease lapsed in Redis (the reaper returns those within seconds
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -185,6 +186,8 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                      f"{' …' if len(waiting) > 3 else ''}): noted on this host ({unrecorded.FILE}); this host's "
                      "send-email process records them within seconds of Redis answering (is it running? payrun "
                      "ps), and a next try here sends nothing")
+    if month and in_progress and (full := store_full_note(cfg.slips_dir)):
+        notes.insert(0, full)
     outage = None
     if conn is not None and not redis_failed:
         from payrun import redis_server
@@ -229,6 +232,24 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         "months": months,
         "provider_outage": outage,
     }
+
+
+def store_full_note(store: Path, free: int | None = None) -> str | None:
+    """The note for a slip store with no room for a slip (jobs.policy.STORE_ROOM_MIN_BYTES),
+    None otherwise. In the session-42 drill `payrun status` said nothing of it: only slips
+    "in progress", then failed for good, under a note that blamed their addresses."""
+    from jobs.policy import STORE_ROOM_MIN_BYTES
+    from payrun import diskspace
+
+    if free is None:
+        if not store.is_dir():
+            return None
+        free = diskspace.free_bytes(store)
+    if free is None or free >= STORE_ROOM_MIN_BYTES:
+        return None
+    return (f"the slip store {store} is full ({diskspace.size_text(free)} free): every render waits, spending no "
+            f"attempt, and the run goes on by itself once there is room: free space there (`df -h {store}`; "
+            f"`payrun prune --before YYYY-MM --slips` removes old months' slips)")
 
 
 def outage_text(out: dict[str, Any], tz: str) -> str:

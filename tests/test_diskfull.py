@@ -194,12 +194,14 @@ def test_a_command_on_a_full_data_directory_says_so_in_one_line(world, monkeypat
 
     monkeypatch.setattr(payroll.PayrollDB, "__init__", no_shm)
     monkeypatch.setattr(diskspace, "free_bytes", lambda path: 0)
-    for args in (["status"], ["check", "--no-email"]):
-        out = CliRunner().invoke(cli, args)
-        assert out.exit_code == 1, out.output
-        assert out.output.startswith(f"payrun: no space left on the disk of {cfg.home} (disk I/O error; 0 B free "
-                                     "there): free space there"), (args, out.output)
-        assert "Traceback" not in out.output and out.output.count("\n") == 1
+    out = CliRunner().invoke(cli, ["status"])
+    assert out.exit_code == 1, out.output
+    assert out.output.startswith(f"payrun: no space left on the disk of {cfg.home} (disk I/O error; 0 B free "
+                                 "there): free space there"), out.output
+    assert "Traceback" not in out.output and out.output.count("\n") == 1
+    # check goes on and says which of its checks fail (test_payrun_check_on_a_full_data_directory…)
+    out = CliRunner().invoke(cli, ["check", "--no-email"])
+    assert out.exit_code == 1 and f"{cfg.home}: 0 B free: full" in out.output, out.output
     # the same error with room on the disk is not a full disk: not said to be one
     monkeypatch.setattr(diskspace, "free_bytes", lambda path: 10 * 2**30)
     out = CliRunner().invoke(cli, ["status"])
@@ -263,3 +265,18 @@ def test_payrun_check_on_a_full_data_directory_says_which_checks_fail_instead_of
     assert said["payroll"][0] == preflight.FAIL and said["payroll"][1].startswith(
         f"cannot read {cfg.payroll_path}: No space left on device (disk I/O error; 0 B free there)"), said["payroll"]
     assert said["data"][0] == preflight.FAIL and said["data"][1].startswith(f"{cfg.home}: 0 B free: full")
+
+
+def test_status_says_the_slip_store_is_full_while_slips_are_still_to_be_made(world, monkeypatch):
+    from payrun import diskspace, status
+
+    cfg, conn, db, ledger = world
+    cfg.slips_dir.mkdir(parents=True, exist_ok=True)
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    monkeypatch.setattr(diskspace, "free_bytes", lambda path: 4096)
+    notes = status.report(cfg, ledger, MONTH)["notes"]
+    assert notes[0] == (f"the slip store {cfg.slips_dir} is full (4.0 KiB free): every render waits, spending no "
+                        f"attempt, and the run goes on by itself once there is room: free space there (`df -h "
+                        f"{cfg.slips_dir}`; `payrun prune --before YYYY-MM --slips` removes old months' slips)"), notes
+    monkeypatch.setattr(diskspace, "free_bytes", lambda path: 10 << 30)
+    assert not any("slip store" in n for n in status.report(cfg, ledger, MONTH)["notes"])
