@@ -1412,6 +1412,14 @@ return {0}
         while the worker is blocked waiting for a job (up to SCHEDULER_CHECK_S) still holds:
         a job taken from a queue closed meanwhile goes back to its front untouched, and the
         worker waits like any drained one."""
+        if self._store_full():  # no render can be written: take none until there is room
+            self._finish_rendered()
+            while self._store_full():
+                if self._stop_requested or timeout is None:  # None: a burst worker, done
+                    return None
+                self.set_state("suspended")
+                self.heartbeat()
+                time.sleep(1)
         taken = self._take_at_once()
         if taken is not None:
             return taken
@@ -1445,6 +1453,52 @@ return {0}
             if back:
                 log.info("Worker %s: intake on %s was stopped while it waited; %s stays at the front of the queue",
                          self.name, queue.name, job.id)
+
+    STORE_LOOK_EVERY_S = 1.0
+    """How often, at most, a render worker looks at its slip store's room (one statvfs)."""
+
+    def _store_free(self) -> int | None:
+        """Room left in the slip store (statvfs), None if it cannot be told."""
+        from jobs.tasks import settings
+
+        try:
+            st = os.statvfs(settings().slips_dir)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
+
+    def _store_full(self) -> bool:
+        """Whether this pdf-render worker's slip store has no room for a slip
+        (jobs.policy.STORE_ROOM_MIN_BYTES), looked at most every STORE_LOOK_EVERY_S: while
+        it is full the worker takes no render, and the run's renders wait in their queue
+        (a render taken would fail to write its slip and be held, at the cost of a render,
+        three log lines and a ledger event a minute per slip: at 50,000 slips both cores
+        busy for nothing). Said at once, every 30 s, and when there is room again."""
+        from jobs.policy import STORE_ROOM_MIN_BYTES
+
+        if any(q.name != keys.RENDER_QUEUE for q in self.queues):
+            return False  # (the control worker, or one that serves other queues too)
+        now = time.monotonic()
+        if now < getattr(self, "_store_looked_until", 0.0):
+            return self._store_was_full
+        self._store_looked_until = now + self.STORE_LOOK_EVERY_S
+        story = getattr(self, "_store_story", None)
+        if story is None:
+            story = self._store_story = RepeatedFailure(OUTAGE_LOG_EVERY_S)
+        free = self._store_free()
+        self._store_was_full = free is not None and free < STORE_ROOM_MIN_BYTES
+        from jobs.tasks import settings
+
+        store = settings().slips_dir
+        if self._store_was_full:
+            if (line := story.failed(now, f"{free // 1024:,} KiB free")) is not None:
+                log.error("Worker %s: the slip store %s is full (%s): taking no render until there is room; the "
+                          "renders wait in their queue, spending no attempt. Free space there (`df -h %s`; `payrun "
+                          "prune --before YYYY-MM --slips`)", self.name, store, line, store)
+        elif (line := story.ok(now)) is not None:
+            log.warning("Worker %s: the slip store %s has room again (%s KiB free): taking renders again, %s",
+                        self.name, store, f"{(free or 0) // 1024:,}", line)
+        return self._store_was_full
 
     _GIVE_BACK = """
 if ARGV[2] == '1' and redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end

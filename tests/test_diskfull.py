@@ -280,3 +280,29 @@ def test_status_says_the_slip_store_is_full_while_slips_are_still_to_be_made(wor
                         f"{cfg.slips_dir}`; `payrun prune --before YYYY-MM --slips` removes old months' slips)"), notes
     monkeypatch.setattr(diskspace, "free_bytes", lambda path: 10 << 30)
     assert not any("slip store" in n for n in status.report(cfg, ledger, MONTH)["notes"])
+
+
+def test_a_render_worker_takes_no_render_while_its_slip_store_is_full(world, monkeypatch, caplog):
+    """A render taken into a full store is rendered, fails to write and is held: at 50,000
+    slips, both cores and the logs busy for nothing while the store is full. The worker looks
+    at the store's room (a statvfs, at most every second) and takes nothing while it is full;
+    the renders wait in their queue, untouched, and go on once there is room."""
+    import logging
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    queue = make_queue(keys.RENDER_QUEUE, conn)
+    ids = queue.get_job_ids()
+    monkeypatch.setattr(RenderWorker, "_store_free", lambda self: 4096)
+    monkeypatch.setattr(slip, "render_pdf", lambda snapshot: pytest.fail("rendered into a full store"))
+    caplog.set_level(logging.WARNING, logger="payrun.worker")
+    w = RenderWorker([queue], connection=conn)
+    w.work(burst=True, logging_level="WARNING")
+    assert queue.get_job_ids() == ids and {PayrunJob.fetch(i, connection=conn).get_status() for i in ids} == {"queued"}
+    said = [r.getMessage() for r in caplog.records if "slip store" in r.getMessage()]
+    assert len(said) == 1 and f"the slip store {cfg.slips_dir} is full (4 KiB free): taking no render" in said[0], said
+    monkeypatch.undo()
+    RenderWorker([queue], connection=conn).work(burst=True, logging_level="WARNING")
+    assert {PayrunJob.fetch(i, connection=conn).get_status() for i in ids} == {"finished"}
+    # the control worker (same class) does not look at the slip store
+    assert RenderWorker([make_queue(keys.CONTROL_QUEUE, conn)], connection=conn)._store_full() is False
