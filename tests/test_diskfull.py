@@ -306,3 +306,18 @@ def test_a_render_worker_takes_no_render_while_its_slip_store_is_full(world, mon
     assert {PayrunJob.fetch(i, connection=conn).get_status() for i in ids} == {"finished"}
     # the control worker (same class) does not look at the slip store
     assert RenderWorker([make_queue(keys.CONTROL_QUEUE, conn)], connection=conn)._store_full() is False
+
+
+def test_the_consoles_eta_promises_no_time_while_the_slip_store_is_full():
+    """Drill: with every render waiting on a full slip store the console read "ETA 14:25 —
+    on time for 09:00 tomorrow" (from the rate before the store filled)."""
+    from console.data import eta
+    from console.fmt import eta_text
+
+    now = 1_793_478_300.0
+    total = {"queued": 198, "running": 0, "retrying": 0, "done": 102, "failed": 0, "stuck": 0, "total": 300}
+    full = eta(total, 4.7, now, "Asia/Dhaka", store_free=4096)
+    assert full["at"] is None and eta_text(full) == ("no ETA: slip store full (4 KiB free): no render until space "
+                                                     "is freed (`payrun status` says where)")
+    assert eta_text(eta(total, 4.7, now, "Asia/Dhaka", store_free=10 << 30)).startswith("ETA ")
+    assert eta_text(eta(total | {"queued": 0, "done": 300}, 0.0, now, "Asia/Dhaka", store_free=0)) == "all delivered"
