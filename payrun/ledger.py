@@ -905,7 +905,10 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
                 # a trickle (a pay run's ~100 events/s): let it gather for a moment, so one
                 # SQLite commit and one ack carry many events instead of two or three
                 time.sleep(COALESCE_S)
-            if time.monotonic() >= next_reconcile:
+            if time.monotonic() >= next_reconcile and backlog_age_s(conn) <= RECONCILE_AFTER_S:
+                # (not while behind: after a full disk or a stop, the events of jobs RQ ended
+                # long ago are still in the stream, not lost; reconciling then set their rows
+                # from RQ and warned that "their event never came", 46 of them in a drill)
                 next_reconcile = time.monotonic() + RECONCILE_EVERY_S
                 fixed_ids: list[str] = []
                 fixed, cursor = reconcile(conn, ledger, after_id=cursor, fixed_ids=fixed_ids)

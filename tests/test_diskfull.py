@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import sqlite3
+import time
 
 import pytest
 
@@ -321,3 +322,41 @@ def test_the_consoles_eta_promises_no_time_while_the_slip_store_is_full():
                                                      "is freed (`payrun status` says where)")
     assert eta_text(eta(total, 4.7, now, "Asia/Dhaka", store_free=10 << 30)).startswith("ETA ")
     assert eta_text(eta(total | {"queued": 0, "done": 300}, 0.0, now, "Asia/Dhaka", store_free=0)) == "all delivered"
+
+
+def test_a_ledger_catching_up_does_not_call_the_events_still_in_the_stream_lost(conn, cfg, monkeypatch, caplog):
+    """Drill: once space was freed the ledger applied its first batch, then reconciled: 46 jobs
+    RQ had ended over 5 s ago were "reconciled" with a warning that "their event never came",
+    while their events were in the stream, next in line. It reconciles only when caught up."""
+    import functools
+    import logging
+    from datetime import datetime, timezone
+
+    from rq.utils import utcformat
+
+    from payrun import ledger as ledger_mod
+    from payrun.ledger import Ledger
+
+    store = Ledger(cfg.ledger_path)
+    ids = [f"job-{i}" for i in range(5)]
+    minute_ago = datetime.fromtimestamp(time.time() - 60, timezone.utc).isoformat(timespec="milliseconds")
+    monkeypatch.setattr(ledger_mod, "utcnow", lambda: minute_ago)  # (their rows made a minute ago, idle since)
+    store.create_jobs([{"id": i, "kind": "email"} for i in ids])
+    monkeypatch.undo()
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    ended = time.time() - 60
+    sec, _ = conn.time()
+    for n, job_id in enumerate(ids):  # ended a minute ago in RQ, their events written then, not applied yet
+        q.enqueue_call("jobs.tasks.noop", job_id=job_id, meta={"attempt": 1})
+        conn.hset(f"rq:job:{job_id}", mapping={
+            "status": "finished", "ended_at": utcformat(datetime.fromtimestamp(ended, timezone.utc))})
+        conn.xadd(keys.EVENTS_STREAM, events.event(job_id, "done", attempt=1), id=f"{(sec - 60) * 1000}-{n}")
+    monkeypatch.setattr(ledger_mod, "apply_pending", functools.partial(ledger_mod.apply_pending, count=2))
+    monkeypatch.setattr(ledger_mod, "RECONCILE_EVERY_S", 0.0)
+    caplog.set_level(logging.INFO, logger="payrun.ledger")
+    try:
+        ledger_mod.serve(conn, store, lambda: ledger_mod.backlog(conn) == 0, log=logging.getLogger("payrun.ledger"))
+        assert {store.job(i)["status"] for i in ids} == {"done"}
+    finally:
+        store.close()
+    assert not [r.getMessage() for r in caplog.records if "never came" in r.getMessage()]
