@@ -77,9 +77,8 @@ def no_room_text(e: BaseException, home=None) -> str | None:
         return None
     why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
     room = "" if free is None else f"; {diskspace.size_text(free)} free there"
-    return (f"no space left on the disk of {where} ({why}{room}): free space there (`df -h {where}`; `payrun prune "
-            f"--before YYYY-MM` removes old months), then run this again. Meanwhile the workers go on, and the "
-            f"ledger applies their events once there is room")
+    return (f"no space left on the disk of {where} ({why}{room}): free space there ({diskspace.what_to_free(home)}), "
+            f"then run this again. Meanwhile the workers go on, and the ledger applies their events once there is room")
 
 
 def local_time(iso: str | None, tz: str) -> str:

@@ -61,5 +61,11 @@ def full_text(path: Path | str, exc: BaseException, free: int | None) -> str:
     folder = Path(path).parent
     room = "" if free is None else f"; {size_text(free)} free there"
     why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    return (f"{path}: No space left on device ({why}{room}): free space in {folder} (`df -h {folder}`; "
-            f"`payrun prune --before YYYY-MM` removes old months)")
+    return f"{path}: No space left on device ({why}{room}): free space in {folder} ({what_to_free(folder)})"
+
+
+def what_to_free(home: Path | str) -> str:
+    """Where room can come from in a full data directory. `payrun prune` deletes ledger rows,
+    which SQLite must first write to its journal: it needs a little room itself."""
+    return (f"`df -h {home}`; old logs in {Path(home) / 'log'} can go, then `payrun prune --before YYYY-MM` "
+            "for old months")

@@ -161,8 +161,8 @@ def data_verdict(home: Path, free_bytes: int, slips: int, embedded_redis: bool) 
 
     what = "the embedded Redis's append-only file, the ledger, logs" if embedded_redis else "the ledger, logs"
     if free_bytes < diskspace.NEARLY_FULL_BYTES:
-        return FAIL, (f"{home}: {_size(free_bytes)} free: full ({what}): free space there (`df -h {home}`; "
-                      "`payrun prune --before YYYY-MM` removes old months)")
+        return FAIL, (f"{home}: {_size(free_bytes)} free: full ({what}): free space there "
+                      f"({diskspace.what_to_free(home)})")
     need = slips * (DATA_BYTES_PER_SLIP if embedded_redis else DATA_BYTES_PER_SLIP_NO_REDIS)
     text = f"{home}: {_size(free_bytes)} free" + (f", ~{_size(need)} needed for {slips:,} slips ({what})" if slips
                                                   else "")
