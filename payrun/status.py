@@ -188,15 +188,18 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                      "ps), and a next try here sends nothing")
     if month and in_progress and (full := store_full_note(cfg.slips_dir)):
         notes.insert(0, full)
-    outage = None
+    outage = refused = None
     if conn is not None and not redis_failed:
         from payrun import redis_server
 
-        if (why := redis_server.refusal(conn)) is not None:
-            notes.insert(0, redis_server.refusal_text(why, cfg))
+        if (refused := redis_server.refusal(conn)) is not None:
+            notes.insert(0, redis_server.refusal_text(refused, cfg))
         try:
             lag, lag_age = backlog(conn), round(backlog_age_s(conn), 1)
-            notes += intake_notes(conn, waiting_only=not in_progress)  # (a resend waits too)
+            intake = intake_notes(conn, waiting_only=not in_progress)  # (a resend waits too)
+            if refused is not None:  # the workers are up, waiting for Redis to take writes: no record of
+                intake = [n for n in intake if "worker is running" not in n]  # them to find (a drill read "is
+            notes += intake                                                   # `payrun up` running?")
             if any("worker is running" in n for n in notes) and (given_up := programs_given_up(cfg)):
                 notes.append(f"supervisord gave up on {', '.join(given_up[:6])}{' …' if len(given_up) > 6 else ''} "
                              f"(FATAL: each failed its start again and again; `payrun ps`, their logs in "
@@ -227,6 +230,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         "ledger_backlog": lag,
         "ledger_backlog_age_s": lag_age,
         "redis_reachable": conn is not None and not redis_failed,
+        "redis_refuses_writes": refused is not None,
         "notes": notes,
         "no_salary_line": [e for cid in sorted(unpaid) for e in unpaid[cid]],
         "months": months,
@@ -402,7 +406,9 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(f"Total: {hr_line(r['total'])}")
     if r.get("ledger_backlog") and (r.get("ledger_backlog_age_s") or 0) >= LEDGER_STALE_S:  # a few are normal
         lines.append(f"(ledger is {r['ledger_backlog']:,} updates behind, the oldest from "
-                     f"{r['ledger_backlog_age_s']:.0f} s ago: is `payrun ledger` running?)")
+                     f"{r['ledger_backlog_age_s']:.0f} s ago: "
+                     + ("it cannot take them while Redis refuses writes)" if r.get("redis_refuses_writes")
+                        else "is `payrun ledger` running?)"))
     if r.get("redis_reachable") is False:
         lines.append("(Redis unreachable: figures are the ledger's; stuck jobs and its backlog were not checked)")
     lines += [f"note: {n}" for n in r.get("notes", [])]

@@ -360,3 +360,24 @@ def test_a_ledger_catching_up_does_not_call_the_events_still_in_the_stream_lost(
     finally:
         store.close()
     assert not [r.getMessage() for r in caplog.records if "never came" in r.getMessage()]
+
+
+def test_status_blames_redis_refusing_writes_not_missing_workers_or_a_stopped_ledger(world, monkeypatch):
+    """Drill (Redis's AOF disk full): beside the MISCONF note, `payrun status` said "218 jobs
+    wait on pdf-render and no pdf-render worker is running: is `payrun up` running?" and
+    "(ledger is 7 updates behind …: is `payrun ledger` running?)", while every worker and the
+    ledger ran, waiting for Redis to take writes (a worker cannot record itself meanwhile)."""
+    from payrun import redis_server, status
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    conn.xadd(keys.EVENTS_STREAM, events.event("x", "running", attempt=1), id="1000-0")  # not applied, old: behind
+    assert any("no pdf-render worker is running" in n for n in status.report(cfg, ledger, MONTH, conn=conn)["notes"])
+    monkeypatch.setattr(redis_server, "refusal",
+                        lambda c: "MISCONF Errors writing to the AOF file: No space left on device")
+    r = status.report(cfg, ledger, MONTH, conn=conn)
+    assert r["notes"][0].startswith("Redis refuses writes (MISCONF Errors writing to the AOF file: No space left")
+    assert not any("worker is running" in n for n in r["notes"]), r["notes"]
+    assert r["redis_refuses_writes"] is True
+    text = status.format_report(r)
+    assert "it cannot take them while Redis refuses writes)" in text and "is `payrun ledger` running" not in text
