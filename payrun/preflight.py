@@ -416,6 +416,12 @@ def _redis(cfg, rep: Report, connect) -> Any:
     except Exception as e:  # noqa: BLE001 - whatever stops us reaching it, said in one line
         import redis
 
+        from jobs.policy import redis_refusal_reason, redis_refuses_writes
+
+        if redis_refuses_writes(e):  # (it answers PING with MISCONF too: it read "unreachable … `payrun up`")
+            rep.add("redis", FAIL, f"{where}: reachable, but {redis_server.refusal_text(redis_refusal_reason(e), cfg)}"
+                                   "; the checks that read Redis were not made")
+            return None
         why = ("no answer within 5 s" if isinstance(e, (redis.TimeoutError, TimeoutError)) else
                "its password was refused" if isinstance(e, redis.AuthenticationError)
                else type(e).__name__)

@@ -381,3 +381,22 @@ def test_status_blames_redis_refusing_writes_not_missing_workers_or_a_stopped_le
     assert r["redis_refuses_writes"] is True
     text = status.format_report(r)
     assert "it cannot take them while Redis refuses writes)" in text and "is `payrun ledger` running" not in text
+
+
+def test_check_says_redis_refuses_writes_not_that_it_is_unreachable(cfg):
+    """Drill: with the embedded Redis's AOF disk full (it answers even PING with MISCONF),
+    `payrun check` said "unreachable (ResponseError): `payrun up`, then check again"."""
+    import redis
+
+    from payrun import preflight
+
+    class Refusing:
+        def ping(self):
+            raise redis.ResponseError("MISCONF Errors writing to the AOF file: No space left on device")
+
+    rep = preflight.check(cfg, month=MONTH, email=False, connect=Refusing)
+    (said,) = [f for f in rep.findings if f.area == "redis"]
+    assert said.level == preflight.FAIL and (
+        ": reachable, but Redis refuses writes (MISCONF Errors writing to the AOF file: No space left on device): is "
+        "its disk full") in said.text, said.text
+    assert "`payrun up`, then check again" not in said.text
