@@ -400,3 +400,20 @@ def test_check_says_redis_refuses_writes_not_that_it_is_unreachable(cfg):
         ": reachable, but Redis refuses writes (MISCONF Errors writing to the AOF file: No space left on device): is "
         "its disk full") in said.text, said.text
     assert "`payrun up`, then check again" not in said.text
+
+
+def test_a_retry_gives_a_render_held_past_its_cap_its_free_holds_for_a_full_store_again(world):
+    """Review (session 42): a render held STORE_FULL_HOLDS_PER_JOB times (hours of a full
+    store) reaches the failed list; the operator frees space and runs `payrun retry --all`, as
+    `payrun status` says. Its fresh budget kept the old holds count, so the store filling
+    again spent an attempt at each try at once and failed it within minutes, as before the
+    holds were free."""
+    from jobs.policy import STORE_FULL_HOLDS_PER_JOB, store_full_hold_is_free
+    from payrun.deadletters import _fresh_budget
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    job = PayrunJob.fetch(make_queue(keys.RENDER_QUEUE, conn).get_job_ids()[0], connection=conn)
+    job.meta.update(store_full_holds=STORE_FULL_HOLDS_PER_JOB, attempt=STORE_FULL_HOLDS_PER_JOB + 6)
+    _fresh_budget(cfg, job)
+    assert store_full_hold_is_free(int(job.meta.get("store_full_holds", 0)))
