@@ -609,6 +609,15 @@ rendered again (jobs.policy.render_wait_s)."""
 _RENDERING = ("queued", "started", "scheduled", "deferred")
 
 
+def _slip_store_full() -> bool:
+    """Whether this host's slip store has no room for a slip (jobs.policy.STORE_ROOM_MIN_BYTES;
+    one statvfs; False when it cannot be told)."""
+    from payrun.diskspace import free_bytes
+
+    free = free_bytes(settings().slips_dir)
+    return free is not None and free < policy.STORE_ROOM_MIN_BYTES
+
+
 def render_job_of(payload: dict[str, Any]) -> str:
     """The id of the render job that makes a send's slip: the pay run's render, or a
     resend's (``payrun resend``, key ``slip:<month>:<employee>:resend-<n>``)."""
@@ -626,10 +635,11 @@ def slip_missing(conn, payload: dict[str, Any], meta: dict[str, Any] | None = No
     attempt spent: it looks again after jobs.policy.render_wait_s, counted in ``meta``, the
     send's) while the slip's render is queued or running (a `payrun retry` of this send put
     it there), else SlipMissing (failed at once; `payrun retry` renders the slip again
-    first), also once it has waited an hour for a render that does not run."""
+    first), also once it has waited an hour for a render that does not run (not while the
+    slip store is full: the render waits for room, and the send with it)."""
     import socket
 
-    from jobs.policy import render_wait_s
+    from jobs.policy import RENDER_WAIT_MAX_S, render_wait_s
 
     render_id = render_job_of(payload)
     raw_status, raw_meta = conn.hmget(f"rq:job:{render_id}", "status", "meta")
@@ -639,10 +649,16 @@ def slip_missing(conn, payload: dict[str, Any], meta: dict[str, Any] | None = No
         now = time.time() if now is None else now
         waits, since = meta.get(RENDER_WAITS) or (0, now)
         wait_s = render_wait_s(int(waits), now - float(since))
+        why = "waiting for it"
+        if wait_s is None and _slip_store_full():
+            # its render waits for room (held, or left in its queue: jobs.errors.StoreFull), spending
+            # no attempt, for as long as the store is full: so does the send, instead of failing
+            # for good an hour in, blaming the render workers
+            wait_s, why = RENDER_WAIT_MAX_S, "waiting for it, as it waits for room in the full slip store"
         if wait_s is not None:
             meta[RENDER_WAITS] = [int(waits) + 1, since]
-            return RenderPending(f"slip {payload['slip']} is being rendered again ({render_id} {status}): waiting "
-                                 "for it", retry_after_s=wait_s)
+            return RenderPending(f"slip {payload['slip']} is being rendered again ({render_id} {status}): {why}",
+                                 retry_after_s=wait_s)
         meta.pop(RENDER_WAITS, None)
         return SlipMissing(f"slip file {payload['slip']} is missing from the slip store; its render {render_id} has "
                            f"been {status} for over {int((now - float(since)) // 60)} min: is a pdf-render worker up, "

@@ -114,7 +114,11 @@ def forget_rich_spacing_marks() -> None:
 
 
 def _clear_rich_caches(rc) -> None:
-    for name in ("get_character_cell_size", "cached_cell_len"):
-        fn = getattr(rc, name, None)
+    """rich's caches of measures made with the table before: its cell sizes, and a
+    segment's cut at a cell (``Segment._split_cells``: a cut made before served after)."""
+    from rich.segment import Segment
+
+    for fn in (getattr(rc, "get_character_cell_size", None), getattr(rc, "cached_cell_len", None),
+               getattr(Segment, "_split_cells", None)):
         if hasattr(fn, "cache_clear"):
             fn.cache_clear()

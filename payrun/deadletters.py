@@ -324,7 +324,7 @@ def _fresh_budget(cfg: Config, job: PayrunJob) -> None:
     job.meta.update(budget_start=int(job.meta.get("attempt", 0)), budget_returned=job.returned_tries,
                     retry=vars(policy))
     for k in ("last_error", "error_attempt", "retry_after", "last_delay", "permanent", "slip_missing",
-              "render_waits"):
+              "render_waits", "store_full_holds"):  # (its free holds for a full store too: the host's, not the job's)
         job.meta.pop(k, None)
 
 

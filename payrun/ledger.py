@@ -453,17 +453,23 @@ class Ledger:
         return self.db.execute(sql, args).fetchone()[0]
 
     def failed_on_host_trouble(self, month: str, company_id: int | None = None) -> int:
-        """Slip jobs (renders and sends) of ``month`` that failed for good on the host's
-        trouble (jobs.policy.failed_on_host_trouble: a full or failing disk, Redis refusing
-        writes), not on the employee's data."""
+        """Slips of ``month`` failed for good, as :meth:`slip_counts` counts them (a resend's
+        jobs, and a slip a resend delivered since, are not), whose failed job (its render, else
+        its send) failed on the host's trouble (jobs.policy.failed_on_host_trouble: a full or
+        failing disk, Redis refusing writes), not on the employee's data. Counted over every
+        job of the month, a failed resend's disk error made a slip refused for its address
+        read "all on the host's trouble"."""
         from jobs.policy import failed_on_host_trouble
 
-        sql = "SELECT last_error FROM jobs WHERE month = ? AND status = 'failed' AND kind IN ('render', 'email')"
-        args: list[Any] = [month]
+        filters, params = " AND r.month = :month", {"month": month}
         if company_id is not None:
-            sql += " AND company_id = ?"
-            args.append(company_id)
-        return sum(1 for (error,) in self.db.execute(sql, args) if failed_on_host_trouble(error))
+            filters += " AND r.company_id = :company"
+            params["company"] = company_id
+        sql = self.SLIP_STATUS_SQL.format(filters=filters, resent=self.RESENT_SQL.format(month="AND rr.month = :month"))
+        sql = sql.replace("SELECT r.company_id AS company_id,", "SELECT r.company_id AS company_id, CASE WHEN "
+                          "r.status = 'failed' THEN r.last_error ELSE e.last_error END AS error,", 1)
+        return sum(1 for row in self.db.query(f"SELECT error FROM ({sql}) WHERE status = 'failed'", params)
+                   if failed_on_host_trouble(row["error"]))
 
     def companies_with_slips(self, month: str) -> set[int]:
         """Companies with a slip (render) job in ``month``: from the (month, kind, company) index."""

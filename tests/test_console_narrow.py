@@ -459,3 +459,25 @@ def test_the_spacing_marks_table_gives_only_spacing_vowel_signs_a_column():
     assert with_spacing_marks(table) == [(0x0300, 0x036F, 0), (0x0981, 0x0981, 0), (0x09BC, 0x09BD, 0),
                                          (0x09BE, 0x09BE, 1), (0x09BF, 0x09BF, 1), (0x09C0, 0x09C0, 1),
                                          (0x09C1, 0x09C4, 0), (0x1100, 0x115F, 2)]
+
+
+def test_teaching_rich_spacing_marks_and_forgetting_them_leaves_no_stale_cut_in_richs_caches():
+    """rich caches a segment's cut at a cell (``Segment._split_cells``, 16,384 entries, for
+    the whole process): a cut made before ``teach_rich_spacing_marks`` was served after it
+    (a 5-column cut of a Bengali name gave 7 columns), and a taught cut after
+    ``forget_rich_spacing_marks``, so a test's outcome hung on what ran before it."""
+    from rich.cells import cell_len
+    from rich.segment import Segment
+
+    from payrun.columns import columns, forget_rich_spacing_marks, teach_rich_spacing_marks
+
+    name = "রহিমা খাতুন"
+    before = Segment.split_cells(Segment(name), 5)
+    assert cell_len(before[0].text) <= 5
+    assert teach_rich_spacing_marks()
+    try:
+        head = Segment.split_cells(Segment(name), 5)[0].text
+        assert cell_len(head) <= 5 and columns(head) <= 5, head
+    finally:
+        forget_rich_spacing_marks()
+    assert Segment.split_cells(Segment(name), 5) == before

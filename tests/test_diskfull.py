@@ -400,3 +400,44 @@ def test_check_says_redis_refuses_writes_not_that_it_is_unreachable(cfg):
         ": reachable, but Redis refuses writes (MISCONF Errors writing to the AOF file: No space left on device): is "
         "its disk full") in said.text, said.text
     assert "`payrun up`, then check again" not in said.text
+
+
+def test_a_retry_gives_a_render_held_past_its_cap_its_free_holds_for_a_full_store_again(world):
+    """Review (session 42): a render held STORE_FULL_HOLDS_PER_JOB times (hours of a full
+    store) reaches the failed list; the operator frees space and runs `payrun retry --all`, as
+    `payrun status` says. Its fresh budget kept the old holds count, so the store filling
+    again spent an attempt at each try at once and failed it within minutes, as before the
+    holds were free."""
+    from jobs.policy import STORE_FULL_HOLDS_PER_JOB, store_full_hold_is_free
+    from payrun.deadletters import _fresh_budget
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    job = PayrunJob.fetch(make_queue(keys.RENDER_QUEUE, conn).get_job_ids()[0], connection=conn)
+    job.meta.update(store_full_holds=STORE_FULL_HOLDS_PER_JOB, attempt=STORE_FULL_HOLDS_PER_JOB + 6)
+    _fresh_budget(cfg, job)
+    assert store_full_hold_is_free(int(job.meta.get("store_full_holds", 0)))
+
+
+def test_status_counts_slips_failed_on_the_hosts_trouble_among_the_failed_slips_it_counts(world):
+    """Review (session 42): the host's-trouble count was of every failed render and email job
+    of the month, resends' and slips delivered since included, beside a count of failed
+    slips: one slip refused for its address, with a resend that failed on a full disk,
+    read "(all on the host's trouble, not their data ...)" and no word of the address."""
+    from jobs.policy import classify
+    from payrun import ledger as ledger_mod
+    from payrun import status
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    disk = classify(OSError(errno.ENOSPC, "No space left on device")).reason
+    events.emit(conn, keys.render_job_id(MONTH, "emp-00003"), "failed", attempt=1,
+                error="PermanentError: SMTP 550 no such user")
+    resend_key = f"{keys.idem_key(MONTH, 'emp-00001')}:resend-1"
+    ledger.create_jobs([{"id": "resend-email-1", "kind": "email", "company_id": 1, "employee_id": "emp-00001",
+                         "month": MONTH, "key": resend_key, "queue": keys.EMAIL_QUEUE}])
+    events.emit(conn, "resend-email-1", "failed", attempt=1, error=disk)
+    ledger_mod.drain(conn, ledger)
+    (note,) = [n for n in status.report(cfg, ledger, MONTH)["notes"] if "failed for good and" in n]
+    assert note.startswith("1 slip of") and "host's trouble" not in note, note
+    assert "an address refused: fix it with `payrun import`" in note, note

@@ -456,3 +456,26 @@ def test_a_slip_that_cannot_be_read_gives_the_sends_claim_back(world, provider, 
     send = make_queue(keys.EMAIL_QUEUE, conn).fetch_job(keys.email_job_id(MONTH, EMP))
     assert "Input/output error" in send.meta["last_error"] and not send.meta["permanent"]
     assert not idempotency.state(conn, f"slip:{MONTH}:{EMP}").get("owner")  # its claim released: the retry may send
+
+
+def test_a_send_waiting_for_its_render_keeps_waiting_past_the_hour_while_the_slip_store_is_full(conn, monkeypatch):
+    """Review (session 42): a render waits for room in a full slip store for hours (StoreFull,
+    no attempt spent; pdf-render workers take none meanwhile), but a send waiting for that
+    render failed for good after an hour, "is a pdf-render worker up, and pdf-render not
+    drained?", while both were. It waits as long as the store is full; then the hour counts."""
+    from jobs import policy
+    from payrun import diskspace
+
+    free = {"bytes": 0}
+    monkeypatch.setattr(diskspace, "free_bytes", lambda path: free["bytes"])
+    key = f"rq:job:{keys.render_job_id(MONTH, EMP)}"
+    conn.hset(key, mapping={"status": "queued", "meta": "{}"})
+    try:
+        meta: dict = {"render_waits": [60, 1000.0]}
+        late = tasks.slip_missing(conn, PAYLOAD, meta, now=1000.0 + 5 * 3600)
+        assert isinstance(late, RenderPending) and "full slip store" in str(late), late
+        assert late.retry_after_s == policy.RENDER_WAIT_MAX_S and meta["render_waits"] == [61, 1000.0]
+        free["bytes"] = 10 * policy.STORE_ROOM_MIN_BYTES  # room again, and the render still not run
+        assert isinstance(tasks.slip_missing(conn, PAYLOAD, meta, now=1000.0 + 5 * 3600 + 60), SlipMissing)
+    finally:
+        conn.delete(key)

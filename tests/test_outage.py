@@ -1058,12 +1058,17 @@ def test_a_plain_rq_worker_under_rq_env_says_redis_is_back_within_seconds_not_a_
 
     handler = Said(logging.WARNING)
     w._outage.log.addHandler(handler)
+    # (and its level: a worker run earlier with work(logging_level="CRITICAL"), test_poison's,
+    # left rq.worker at CRITICAL, and the WARNING looked for was dropped)
+    level = w._outage.log.level
+    w._outage.log.setLevel(logging.WARNING)
     monkeypatch.setattr(rq_worker_base, "time", types.SimpleNamespace(**{**vars(time), "sleep": sleep}))
     make_queue("control", conn).enqueue("jobs.testing.noop", job_id="control-noop-1")
     try:
         job, _ = Worker.dequeue_job_and_maintain_ttl(w, 1)  # RQ's own loop
     finally:
         w._outage.log.removeHandler(handler)
+        w._outage.log.setLevel(level)
         switch.client.close()
     assert job.id == "control-noop-1"
     back = [(at, line) for at, line in said if "Redis answers again" in line]

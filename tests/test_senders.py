@@ -387,7 +387,7 @@ def test_one_host_with_a_stale_token_file_leaves_its_sends_to_the_other_host_the
 
         def both_lanes_up():
             names = [n.decode() for n in conn.smembers("rq:workers")]
-            return {int(n.split(".")[2]) for n in names if n.startswith("rq:worker:email.")} >= pids
+            return {int(n.rsplit(".", 2)[1]) for n in names if n.startswith("rq:worker:email.")} >= pids  # (a hostname may hold dots)
         _wait("both send-email processes", both_lanes_up, 60, tail)
         ids = _enqueue(conn, cfg, store, 0, 40)
         _wait("40 deliveries", lambda: provider.stats()["delivered"] >= 40, 60, tail)
