@@ -156,7 +156,7 @@ def stop_worker(cfg, conn, name: str, via: str = "console") -> Outcome:
         host, pid = h.get("hostname"), int(h.get("pid") or 0)
         if not host or not pid:
             raise ActionError(f"{name} does not say which process it is (no hostname/pid in rq:worker:{name})")
-        conn.set(keys.stop_process(host, pid), f"{name} via {via}", ex=STOP_REQUEST_TTL_S)
+        conn.set(keys.stop_process(host, pid, h.get("host_id")), f"{name} via {via}", ex=STOP_REQUEST_TTL_S)
         msg = (f"send-email process {pid} on {host} asked to stop: all its lanes finish their sends, "
                f"then it exits")
     else:

@@ -152,6 +152,9 @@ class WorkerRow:
     program: str | None = None
     """The supervisord program running it, as `supervisorctl` names it
     (``pdf-render:pdf-render-00``); None when not run by supervisord."""
+    host_id: str | None = None
+    """Its host's id (payrun.procs.host_id): two machines with one hostname differ here;
+    None for a worker of a payrun before session 42."""
 
     @property
     def where(self) -> str:
@@ -467,7 +470,7 @@ def read_workers(conn, now: float) -> list[WorkerRow]:
             job_elapsed_s=max(0.0, now - t0) if t0 else None,
             heartbeat_age_s=max(0.0, now - hb) if hb else None, alive=alive,
             stopping=bool(h.get("shutdown_requested_date")), kind=_kind(name, h.get("queues", "")),
-            job_returned=returned, program=h.get("program") or None,
+            job_returned=returned, program=h.get("program") or None, host_id=h.get("host_id") or None,
         ))
     return out
 

@@ -420,11 +420,27 @@ def record_retry_wait_s(tries: int, left_s: float, first_s: float = RECORD_RETRY
 
 # ---- lease arithmetic ------------------------------------------------------
 
+def lease_bound_s(timeout_s: float, visibility_s: float) -> int:
+    """How long a try of a job may still be at work, stalled or not: its whole timeout,
+    plus the lease its worker keeps the job for (a stalled or killed worker's job goes
+    back only once the lease ends). Past it, that try is abandoned."""
+    return max(1, int(timeout_s + visibility_s))
+
+
 def send_claim_ttl_s(send_timeout_s: float, visibility_s: float) -> int:
     """How long a send's claim on its slip's idempotency key lasts (renewed just before
     the message is written): its whole send, plus the lease a stalled or killed sender
-    keeps its job for. Past it, another attempt may claim the key and send."""
-    return max(1, int(send_timeout_s + visibility_s))
+    keeps its job for (``lease_bound_s``). Past it, another attempt may claim the key and send."""
+    return lease_bound_s(send_timeout_s, visibility_s)
+
+
+def stage_abandoned(age_s: float, render_timeout_s: float, visibility_s: float) -> bool:
+    """Whether a slip staged ``age_s`` ago by a render on another host (whose processes
+    this host cannot see) is abandoned: a try finishes its stage (the commit) within its
+    timeout and lease (``lease_bound_s``), or its job has been handed to another try. The
+    age is by the slip store's clock (the file's mtime) against this host's: a few seconds
+    of skew are nothing beside the bound."""
+    return age_s > lease_bound_s(render_timeout_s, visibility_s)
 
 
 def lease_expired(last_heartbeat_s: float, now_s: float, visibility_s: float) -> bool:

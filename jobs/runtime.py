@@ -60,6 +60,7 @@ from jobs.policy import (backoff_attempt, backoff_delay, classify, outage_hold_i
                          unreadable_reason)
 from jobs.tasks import allowed_functions
 from jobs.watchdog import WATCHDOG, WatchdogDeathPenalty
+from payrun.procs import host_id
 from payrun import keys
 
 RQ_RESOLVE_SERIALIZER = rq_serializers.resolve_serializer
@@ -292,6 +293,11 @@ class PayrunScheduler(RQScheduler):
         self._payrun_parent = os.getpid()
         return super().start()
 
+    def to_dict(self) -> dict:
+        """RQ's record of it (``rq:scheduler:<name>``), plus ``host_id`` (payrun.procs):
+        free_dead_scheduler_locks judges its pid only on its own host."""
+        return {**super().to_dict(), HOST_ID_FIELD: host_id()}
+
     RQ_RAISED = "Scheduler [PID %s] raised an exception.\n%s"
     """rq 2.12, rq.scheduler.run (pinned)."""
 
@@ -328,20 +334,23 @@ class _Without:
             self._logger.error(msg, *args, **kwargs)
 
 
-def free_dead_scheduler_locks(conn, queue_names, hostname: str | None = None) -> list[str]:
+def free_dead_scheduler_locks(conn, queue_names, hostname: str | None = None, host: str | None = None) -> list[str]:
     """Release RQ's scheduler locks (``rq:scheduler-lock:<queue>``) whose holder was a
     scheduler process on this host that is gone. A worker killed by SIGKILL takes its
     scheduler with it (``PayrunScheduler``: it dies with its parent), and the lock stayed
     its 61 s: every due retry of the queue waited for it (a walkthrough: a held send
     picked up a minute late after a `kill -9`). The holder is known by the lock's value
-    (its name) and its record (``rq:scheduler:<name>``: hostname, pid); a holder on
-    another host, or with no record left, is left to its lock's TTL. Returns the queues
-    freed."""
+    (its name) and its record (``rq:scheduler:<name>``: hostname, pid, host id); a holder
+    on another host, or with no record left, is left to its lock's TTL. Another host is
+    another hostname or, the same, another host id (``host``, default payrun.procs.host_id:
+    two machines named alike; a record without one, of a payrun before session 42, goes by
+    its hostname). Returns the queues freed."""
     from rq.scheduler import SCHEDULER_KEY_TEMPLATE, release_lock
 
     from payrun.procs import pid_alive
 
     here = hostname or socket.gethostname()
+    me = host or host_id()
     freed = []
     for name in queue_names:
         key = RQScheduler.get_locking_key(name)
@@ -349,9 +358,11 @@ def free_dead_scheduler_locks(conn, queue_names, hostname: str | None = None) ->
         if holder is None:
             continue
         holder = holder.decode()
-        record = conn.hmget(SCHEDULER_KEY_TEMPLATE % holder, "hostname", "pid")
+        record = conn.hmget(SCHEDULER_KEY_TEMPLATE % holder, "hostname", "pid", HOST_ID_FIELD)
         if record[0] is None or record[0].decode() != here or not (record[1] or b"").isdigit():
             continue
+        if record[2] is not None and record[2].decode() != me:
+            continue  # another machine of this hostname: its pid is nothing here
         pid = int(record[1])
         if pid <= 0 or pid_alive(pid):
             continue
@@ -440,6 +451,10 @@ class EventsMixin:
         super().__init__(*args, **kwargs)
         self.in_hand: tuple[Job, Queue] | None = None
         self._requeue_ids: set[str] = set()
+
+    def serialize(self) -> dict:
+        """RQ's record of this worker, plus its ``host_id`` (with_host_id)."""
+        return with_host_id(super().serialize())
 
     def register_birth(self, *args: Any, **kwargs: Any) -> None:
         """RQ's record of this worker, plus the supervisord program running it (field
@@ -864,6 +879,16 @@ class _OneOutageStory:
     resubscription's reply), and a render or control worker's liveness thread. Each keeps
     trying on its own schedule. An idle worker logged the outage three times over."""
 
+    max_connection_wait_time = 5.0
+    """RQ's dequeue loop, meeting Redis away, waits 1, 2, 4 … s between tries, up to this
+    (RQ's default: 60 s): a worker idle when Redis went took work again up to a minute after
+    Redis was back (a restart of Redis mid-run, a failover), and said "Redis answers again"
+    as late: the command channel, back within 2 s, does not end the story while the dequeue
+    loop failed in the last OUTAGE_QUIET_S, and it says nothing more for a minute (its next
+    read). `rq worker` under `payrun config rq-env` (PayrunRqWorker) kept RQ's 60 s until
+    session 42. One try every 5 s per worker is nothing for Redis, and the line saying so
+    is said every 30 s (RedisOutageLog)."""
+
     def _tell_outages_as_one(self, logger: logging.Logger = log) -> None:
         """Call at the end of ``__init__`` (RQ's ``self.log`` and ``self.name`` are set)."""
         kwargs = self.connection.connection_pool.connection_kwargs
@@ -930,6 +955,9 @@ class PayrunRqWorker(_OneOutageStory, Worker):
         super().__init__(*args, **kwargs)
         self._tell_outages_as_one(self.log)  # (RQ's logger: the one `rq worker` shows)
 
+    def serialize(self) -> dict:
+        return with_host_id(super().serialize())
+
     def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:
         super().heartbeat(timeout, pipeline)
         if pipeline is None:  # (written: Redis answered)
@@ -955,12 +983,6 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
     jobs (so nothing a job leaves behind lives long). 1 = fork per job."""
 
     jobs_per_horse: int = 1
-
-    max_connection_wait_time = 5.0
-    """RQ's dequeue loop, meeting Redis away, waits 1, 2, 4 … s between tries, up to this
-    (RQ's default: 60 s): a worker idle when Redis went took work again up to a minute after
-    Redis was back (a restart of Redis mid-run, a failover). One try every 5 s per worker is
-    nothing for Redis, and the line saying so is said every 30 s (RedisOutageLog)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("job_monitoring_interval", 1)
@@ -1683,16 +1705,59 @@ def supervisor_program(env=os.environ) -> str | None:
     return f"{group}:{name}" if group and group != name else name
 
 
+HOST_ID_FIELD = "host_id"
+"""In payrun's RQ worker and scheduler records: payrun.procs.host_id() of the process's
+host. A hostname alone did not tell two machines apart (containers, cloned images): a
+worker starting on one judged the other's records by its own pids."""
+
+
+def with_host_id(record: dict) -> dict:
+    """An RQ record (a worker's ``serialize()``) with this host's id."""
+    return {**record, HOST_ID_FIELD: host_id()}
+
+
+def namesakes(records: list[tuple[str, dict[str, str], bool]], hostname: str, host: str) -> list[str]:
+    """Of RQ worker records ``(name, hash fields, liveness key present)``, the live ones
+    that bear ``hostname`` and another host id than ``host``: another machine (or
+    container) with this one's hostname. Pure."""
+    return [name for name, h, alive in records
+            if alive and not h.get("death") and h.get("hostname") == hostname
+            and h.get(HOST_ID_FIELD, host) != host]
+
+
+def names_taken(conn, names: list[str]) -> str | None:
+    """Why this process cannot take ``names`` (its lanes' worker names), or None: a live
+    record (no death registered) already bears one, as RQ's register_birth says for one
+    worker. Asked before the process beats any liveness: its lanes' threads each met
+    RQ's refusal and died, and the process beat the other's liveness meanwhile. A name is
+    kind.hostname.pid: another machine with this hostname whose process has this pid
+    (containers started alike), or a record of this host's that outlived its process
+    (a pid reused since); the process exits and its supervisord starts it again."""
+    with conn.pipeline(transaction=False) as p:
+        for n in names:
+            p.hgetall(f"rq:worker:{n}")
+        found = p.execute()
+    for n, h in zip(names, found):
+        if h and b"death" not in h:
+            other = h[HOST_ID_FIELD.encode()].decode() if HOST_ID_FIELD.encode() in h else "?"
+            return (f"There exists an active worker named {n!r} already (host id {other}, this host's "
+                    f"{host_id()}): another machine with this hostname runs a process with this pid, or a "
+                    "record of an exited one is left; this process exits (supervisord starts it again)")
+    return None
+
+
 def worker_name(kind: str, index: int | None = None) -> str:
     base = f"{kind}.{socket.gethostname()}.{os.getpid()}"
     return base if index is None else f"{base}.{index:02d}"
 
 
 def dead_here(records: list[tuple[str, dict[str, str], bool]], hostname: str, own_pid: int,
-              running: Callable[[int], bool]) -> list[str]:
+              running: Callable[[int], bool], host: str | None = None) -> list[str]:
     """Of RQ worker records ``(name, hash fields, liveness key present)``, the ones of this
-    host whose process is gone: same hostname, another pid that no longer ``running``, no
-    liveness. A send-email process whose Redis failed under its jobs exits without
+    host whose process is gone: same hostname and same host id (``host``: two machines or
+    containers named alike have different ones, and a pid of one means nothing on the
+    other; a record without one, of a payrun before session 42, goes by its hostname, as
+    it did), another pid that no longer ``running``, no liveness. A send-email process whose Redis failed under its jobs exits without
     `register_death` for the lanes that held one, and they stayed listed as GONE, beside
     the restarted process's live lanes, until RQ's 480 s key expiry (console drill). A pid
     reused since by another process keeps its record until then (never one that lives).
@@ -1702,19 +1767,16 @@ def dead_here(records: list[tuple[str, dict[str, str], bool]], hostname: str, ow
         pid = h.get("pid", "")
         if alive or h.get("death") or h.get("hostname") != hostname or not pid.isdigit():
             continue
+        if host is not None and h.get(HOST_ID_FIELD, host) != host:
+            continue
         if int(pid) != own_pid and not running(int(pid)):
             out.append(name)
     return out
 
 
-def forget_dead_here(conn, hostname: str | None = None, own_pid: int | None = None,
-                     running: Callable[[int], bool] | None = None) -> list[str]:
-    """At a worker's start: register the death of this host's workers whose process is
-    gone (:func:`dead_here`), as RQ's ``register_death`` would have. Their jobs are the
-    reaper's (it goes by liveness and leases, not by these records). Returns their names."""
+def worker_records(conn) -> list[tuple[str, dict[str, str], bool]]:
+    """Every RQ worker record: ``(name, hash fields, liveness key present)``. Two round trips."""
     from jobs.reaper import _text
-    from payrun.procs import pid_alive
-    from rq.utils import utcformat
 
     names = sorted(_text(k).split(":", 2)[-1] for k in conn.smembers("rq:workers"))
     if not names:
@@ -1724,10 +1786,38 @@ def forget_dead_here(conn, hostname: str | None = None, own_pid: int | None = No
             p.hgetall(f"rq:worker:{n}")
             p.exists(keys.alive(n))
         res = p.execute()
-    records = [(n, {_text(a): _text(b) for a, b in res[2 * i].items()}, bool(res[2 * i + 1]))
-               for i, n in enumerate(names)]
+    return [(n, {_text(a): _text(b) for a, b in res[2 * i].items()}, bool(res[2 * i + 1]))
+            for i, n in enumerate(names)]
+
+
+def hosts_named_alike(conn, hostname: str | None = None, host: str | None = None) -> str | None:
+    """What to tell when a live worker bears this host's hostname and runs on another
+    machine or container (another host id: ``namesakes``), or None. payrun tells their
+    pids apart by host id, but people and `payrun workers` go by hostname."""
+    hostname, host = hostname or socket.gethostname(), host or host_id()
+    found = namesakes(worker_records(conn), hostname, host)
+    if not found:
+        return None
+    named = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return (f"another machine or container is also named {hostname!r}: its live workers {named} are not this "
+            f"host's (host id {host}, theirs differ); payrun keeps their records and locks apart, but the "
+            f"console, `payrun workers` and `payrun ps` show both as {hostname!r}: give each host its own "
+            f"hostname (README: Two hosts with one hostname)")
+
+
+def forget_dead_here(conn, hostname: str | None = None, own_pid: int | None = None,
+                     running: Callable[[int], bool] | None = None, host: str | None = None) -> list[str]:
+    """At a worker's start: register the death of this host's workers whose process is
+    gone (:func:`dead_here`), as RQ's ``register_death`` would have. Their jobs are the
+    reaper's (it goes by liveness and leases, not by these records). Returns their names."""
+    from payrun.procs import pid_alive
+    from rq.utils import utcformat
+
+    records = worker_records(conn)
+    if not records:
+        return []
     dead = dead_here(records, hostname or socket.gethostname(), os.getpid() if own_pid is None else own_pid,
-                     running or pid_alive)
+                     running or pid_alive, host or host_id())
     if dead:
         fields = dict((n, h) for n, h, _ in records)
         with conn.pipeline() as p:
@@ -1932,7 +2022,7 @@ class Intake:
         self.conn, self.queues, self.stop, self.poll_s = conn, queues, stop, poll_s
         self.on_stop_request = on_stop_request
         """Called (from the watcher thread) once `payrun stop-worker` asked this process to stop."""
-        self._stop_key = keys.stop_process(socket.gethostname(), os.getpid())
+        self._stop_key = keys.stop_process(socket.gethostname(), os.getpid(), host_id())
         self._cond = threading.Condition()
         self._idle = 0
         self._grants = 0
@@ -2051,12 +2141,14 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
     With ``creds`` (jobs.senders.HostCredentials): while the provider refuses this
     process's own credentials and other processes send, the lane takes no job (they go to
     the others) and waits for it to take sends again, its worker record kept alive."""
-    lane.register_birth()
-    lane.idle()
+    met_outage = False  # this lane's last try failed on Redis away (lane._outage)
+    while (away := _lane_born(lane, again=met_outage)) is not None:  # (Redis away as the process started: the thread died)
+        met_outage = _lane_tried(lane, away)
+        if stop.wait(1.0):
+            return 0
     done = 0
     try_now = True  # at start, and after a job while work is waiting: try the queues first
     held = None  # the finished job's slot, given back in the same round trip as the next try
-    met_outage = False  # this lane's last try failed on Redis away (lane._outage)
     try:
         while not stop.is_set():
             if creds is not None and creds.paused:
@@ -2156,6 +2248,23 @@ def lane_loop(lane: LaneWorker, stop: threading.Event, intake: Intake, limiter=N
     return done
 
 
+def _lane_born(lane: LaneWorker, again: bool = False) -> Exception | None:
+    """A lane's RQ record made (``register_birth``) and marked idle; the error if Redis was away.
+    Tried ``again`` after Redis was away, a record there is this lane's own whose reply was
+    lost (the connection dropped after the write; RQ refuses to make it twice, "an active
+    worker named ..."), so it is taken as made."""
+    try:
+        try:
+            lane.register_birth()
+        except ValueError:
+            if not (again and lane.connection.exists(lane.key)):
+                raise
+        lane.idle()
+        return None
+    except REDIS_AWAY as e:
+        return e
+
+
 def _lane_tried(lane: LaneWorker, error: Exception) -> bool:
     """A lane's Redis command failed outside a job: Redis away is a failed try of its
     process's story (``lane._outage``, run_lanes: one story, not a line per lane per
@@ -2231,6 +2340,8 @@ def run_lanes(conn, queue_names: list[str], lanes: int, burst: bool = False, gra
     outage = RedisOutageLog(f"send-email {os.getpid()}", redis_address(conn.connection_pool.connection_kwargs))
     for w in workers:
         w._outage = outage
+    if taken := names_taken(conn, [w.name for w in workers]):
+        raise ValueError(taken)
     liveness = Liveness(conn, [w.name for w in workers], outage=outage).start()
     register_queues(conn, queues)
     intake = Intake(conn, queues, stop, on_stop_request=lambda: begin_stop("payrun stop-worker"),

@@ -653,12 +653,42 @@ def write_slip(path: Path, pdf: bytes, store: Path | None = None) -> None:
     commit_slip(stage_slip(path, pdf, durable=True, store=store), path, synced=True)
 
 
-def stage_slip(path: Path, pdf: bytes, durable: bool = False, store: Path | None = None) -> Path:
+def stage_name(slip_name: str, host: str, pid: int, nonce: str) -> str:
+    """The name of a slip staged beside ``slip_name`` by process ``pid`` of ``host`` (its
+    payrun.procs.host_id: 8 hex characters): ``.<slip>.<host>-<pid>.<nonce>.tmp``. The
+    host says whose pid it is: the slip store is shared by hosts (remove_dead_stages).
+    Until session 42 it was ``.<slip>.<pid>.<nonce>.tmp``. Pure."""
+    return f".{slip_name}.{host}-{pid}.{nonce}.tmp"
+
+
+_STAGED_BY = re.compile(r"([0-9a-f]{8})-([0-9]{1,10})")
+
+
+def staged_by(stage: str, slip_name: str) -> tuple[str | None, int] | None:
+    """Who staged the file named ``stage`` beside ``slip_name``: ``(host, pid)``; ``(None,
+    pid)`` for a stage named before hosts were (``.<slip>.<pid>.<nonce>.tmp``); None when
+    it is no stage of that slip. Pure."""
+    prefix = f".{slip_name}."
+    if not (stage.startswith(prefix) and stage.endswith(".tmp")):
+        return None
+    who = stage[len(prefix):].split(".", 1)[0]
+    if who.isdigit():
+        return None, int(who)
+    if match := _STAGED_BY.fullmatch(who):
+        return match[1], int(match[2])
+    return None
+
+
+def stage_slip(path: Path, pdf: bytes, durable: bool = False, store: Path | None = None,
+               host: str | None = None) -> Path:
     """The first half of write_slip: `pdf` in a new temporary file (mode 0600) beside
-    `path`, which is not touched yet. ``durable`` syncs the data before it returns;
+    `path`, which is not touched yet, named for this process and ``host`` (stage_name;
+    default this host's id). ``durable`` syncs the data before it returns;
     otherwise commit_slip does. Returns the temporary file's path. With ``store`` (the slip
     store's root, `path` inside it) every folder from it down must be this account's alone,
     or StoreUnsafe is raised before anything is written (payrun.slipstore.unsafe)."""
+    from payrun.procs import host_id
+
     path = Path(path)
 
     def check() -> None:
@@ -685,7 +715,7 @@ def stage_slip(path: Path, pdf: bytes, durable: bool = False, store: Path | None
     if missing:
         check()  # (one another process made meanwhile, too)
 
-    tmp = parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp = parent / stage_name(path.name, host or host_id(), os.getpid(), secrets.token_hex(4))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
         try:
@@ -704,27 +734,50 @@ def stage_slip(path: Path, pdf: bytes, durable: bool = False, store: Path | None
     return tmp
 
 
-def remove_dead_stages(path: Path) -> list[Path]:
+def remove_dead_stages(path: Path, host: str | None = None, lease: tuple[float, float] | None = None,
+                       now: float | None = None) -> list[Path]:
     """Remove the files stage_slip left beside `path` for a process that is gone: a render
-    worker killed (`kill -9`) between its horse's stage and its own commit left
-    `.<slip>.<pid>.<hex>.tmp`, a copy of the slip, for good (on-call drill, session 41).
-    A stage of a live process (another render of this slip under way) stays; so does one
-    of a pid reused since. Scans the slip's folder: call it for a slip's later tries only.
-    Returns what it removed."""
-    from payrun.procs import pid_alive
+    worker killed (`kill -9`) between its horse's stage and its own commit left a copy of
+    the slip (`.<slip>.<host>-<pid>.<hex>.tmp`) for good (on-call drill, session 41).
+
+    Only a stage of this host (``host``, default payrun.procs.host_id()) is judged by its
+    pid: one of a live process (another render of this slip under way) stays; so does one
+    of a pid reused since. The slip store is shared: another host's pid says nothing here,
+    and its stage (a try still finishing there, whose job's lease ran out and was handed
+    here) is removed only once abandoned: older, by its mtime against ``now`` (default
+    the clock), than its render's timeout and lease (``lease``: ``(render timeout_s,
+    visibility_s)``; jobs.policy.stage_abandoned); never without ``lease``.
+    A stage named before hosts were (`.<slip>.<pid>.<hex>.tmp`) is judged by its pid here,
+    as it was. Scans the slip's folder: call it for a slip's later tries only. Returns
+    what it removed."""
+    import time
+
+    from jobs.policy import stage_abandoned
+    from payrun.procs import host_id, pid_alive
 
     path = Path(path)
-    prefix = f".{path.name}."
+    here = host or host_id()
     removed = []
     try:
         entries = list(os.scandir(path.parent))
     except FileNotFoundError:
         return []
     for e in entries:
-        if not (e.name.startswith(prefix) and e.name.endswith(".tmp")):
+        who = staged_by(e.name, path.name)
+        if who is None:
             continue
-        pid = e.name[len(prefix):].split(".", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
+        by, pid = who
+        if by is None or by == here:
+            gone = not pid_alive(pid)
+        elif lease is None:
+            continue
+        else:
+            try:
+                age = (time.time() if now is None else now) - e.stat(follow_symlinks=False).st_mtime
+            except FileNotFoundError:
+                continue  # committed meanwhile
+            gone = stage_abandoned(age, *lease)
+        if gone:
             _unlink_quietly(Path(e.path))
             removed.append(Path(e.path))
     return removed

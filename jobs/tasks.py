@@ -188,7 +188,9 @@ def render_slip(snapshot: dict[str, Any]) -> dict[str, Any]:
     rel = slip_relpath(snapshot["month"], snapshot["company"]["id"], snapshot["employee"]["id"])
     pdf = slip.render_pdf(snapshot)  # raises PermanentError on bad data
     if job is not None and int(job.meta.get("attempt") or 1) > 1:  # an earlier try may have died mid-write
-        slip.remove_dead_stages(cfg.slips_dir / rel)
+        timeout_s = job.timeout if isinstance(job.timeout, int) and job.timeout > 0 else cfg.render.timeout_s
+        # (another host's stage only once its try's timeout and lease are over: the store is shared)
+        slip.remove_dead_stages(cfg.slips_dir / rel, lease=(timeout_s, cfg.lease.visibility_s))
     if job is not None and _hand_finish_over:
         tmp = slip.stage_slip(cfg.slips_dir / rel, pdf, store=cfg.slips_dir)
         return {"slip": rel, "bytes": len(pdf), FINISH_KEY: {"staged": str(tmp), "email": email_payload(snapshot, rel)}}

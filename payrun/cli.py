@@ -1382,12 +1382,14 @@ def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> N
     if not burst:  # (a burst worker is a script's: it fails at once, with the reason)
         redis_server.wait_for_writes(conn, f"worker {'/'.join(queues)}", logging.getLogger("payrun.worker"), c.cfg)
     from jobs import tasks
-    from jobs.runtime import forget_dead_here
+    from jobs.runtime import forget_dead_here, hosts_named_alike
 
     tasks.settings.cache_clear()
     os.environ.setdefault("PAYRUN_HOME", str(c.cfg.home))
     try:  # (a restart after Redis failed under its jobs: not GONE beside the live ones)
         forget_dead_here(conn)
+        if alike := hosts_named_alike(conn):
+            logging.getLogger("payrun.worker").warning("%s", alike)
     except Exception as e:  # noqa: BLE001 - housekeeping: RQ's key expiry clears them anyway
         logging.getLogger("payrun.worker").warning("could not clear exited workers' records: %s", e)
     if queues == (keys.EMAIL_QUEUE,):
@@ -1648,7 +1650,9 @@ def _busy_elsewhere(c: Ctx) -> list:
         rows = read_workers(conn, time.time())
     except Exception:  # noqa: BLE001 - a look only: Redis away, nothing is sending through it
         return []
-    return supervise.busy_elsewhere(rows, set(supervise.processes(c.cfg)), socket.gethostname())
+    from payrun.procs import host_id
+
+    return supervise.busy_elsewhere(rows, set(supervise.processes(c.cfg)), socket.gethostname(), host_id())
 
 
 def _run_left(c: Ctx) -> tuple[str, int] | None:

@@ -48,10 +48,13 @@ def idem_state(key: str) -> str:
     return f"payrun:idem:{key}"
 
 
-def stop_process(host: str, pid: int | str) -> str:
+def stop_process(host: str, pid: int | str, host_id: str | None = None) -> str:
     """Set by `payrun stop-worker` for a send-email process (on any host): its intake
-    sees it within a poll and stops the process gracefully, as SIGTERM would."""
-    return f"payrun:stop:{host}:{pid}"
+    sees it within a poll and stops the process gracefully, as SIGTERM would. ``host_id``
+    (its worker record's, payrun.procs.host_id) tells apart two machines of one hostname
+    whose processes have the same pid (containers started alike); None: a process of a
+    payrun before session 42, which listens without it."""
+    return f"payrun:stop:{host}:{pid}" + (f":{host_id}" if host_id else "")
 
 
 def alive(worker_name: str) -> str:

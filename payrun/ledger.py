@@ -776,10 +776,32 @@ return 0
 
 
 def owner_id(ledger_path) -> str:
+    """This ledger's id as the events' owner: "host pid path", its host written
+    ``hostname/host id`` (payrun.procs.host_id; two control hosts with one hostname and
+    one data directory path, a cloned image, told apart: one took the other's live
+    ownership for a dead ledger of its own, and both applied the events)."""
     import os
+
+    return f"{_host_token()} {os.getpid()} {ledger_path}"
+
+
+def _host_token() -> str:
     import socket
 
-    return f"{socket.gethostname()} {os.getpid()} {ledger_path}"
+    from payrun.procs import host_id
+
+    return f"{socket.gethostname()}/{host_id()}"
+
+
+def same_host(token: str) -> bool:
+    """Whether an owner id's host (``hostname/host id``; ``hostname`` alone before session
+    42, judged by it as then) is this host."""
+    import socket
+
+    from payrun.procs import host_id
+
+    name, _, their_id = token.partition("/")
+    return name == socket.gethostname() and their_id in ("", host_id())
 
 
 def own_events(conn, me: str) -> str | None:
@@ -794,10 +816,8 @@ def own_events(conn, me: str) -> str | None:
 def owned_here(owner: str | None, ledger_path) -> bool:
     """Whether an events owner id ("host pid path", :func:`owner_id`) is a ledger on this
     host, on ``ledger_path``."""
-    import socket
-
     host, _, rest = (owner or "").partition(" ")
-    return bool(owner) and host == socket.gethostname() and rest.partition(" ")[2] == str(ledger_path)
+    return bool(owner) and same_host(host) and rest.partition(" ")[2] == str(ledger_path)
 
 
 def events_owner(conn) -> str | None:
@@ -813,9 +833,9 @@ def _dead_here(other: str, me: str) -> bool:
     ledger killed and restarted: no need to wait out its lease)."""
     host, _, rest = other.partition(" ")
     pid, _, path = rest.partition(" ")
-    my_host, _, my_rest = me.partition(" ")
-    if host != my_host or path != my_rest.partition(" ")[2] or not pid.isdigit():
-        return False
+    _my_host, _, my_rest = me.partition(" ")
+    if not same_host(host) or path != my_rest.partition(" ")[2] or not pid.isdigit():
+        return False  # (another machine's pid is nothing here, whatever its hostname)
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:

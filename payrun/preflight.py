@@ -245,6 +245,20 @@ def refused_sender_verdicts(refused: list[dict], send_processes: int, now_ms: fl
     return [Finding("workers", WARN, refused_line(r, now_ms)) for r in refused]
 
 
+def named_alike(workers, hostname: str, host_id: str) -> Finding | None:
+    """A warning when live ``workers`` (console.data.WorkerRow) of another machine or
+    container bear this host's ``hostname`` (another host id: payrun.procs.host_id), or
+    None. payrun keeps their records and locks apart by id; people, the console and `payrun
+    workers` go by hostname. Pure."""
+    alike = sorted({w.name for w in workers if w.host == hostname and w.host_id and w.host_id != host_id})
+    if not alike:
+        return None
+    named = ", ".join(alike[:3]) + (f" and {len(alike) - 3} more" if len(alike) > 3 else "")
+    return Finding("workers", WARN, f"another machine or container is also named {hostname!r} (workers {named}): "
+                                    "the console and `payrun workers` show both hosts' as one; give each host its "
+                                    "own hostname (README: Two hosts with one hostname)")
+
+
 def supervisor_verdicts(status: str, log_dir) -> list[Finding]:
     """What this host's `supervisorctl status` says: programs supervisord gave up on
     (FATAL) fail (`payrun up` starts them again); programs stopped by hand (STOPPED with a
@@ -580,16 +594,19 @@ def _workers(cfg, conn, rep: Report, worker_host: bool = False) -> dict[str, int
     import socket
 
     from console.data import read_workers
+    from payrun.procs import host_id
 
     rows = [w for w in read_workers(conn, time.time()) if w.alive and not w.stopping]
-    if worker_host:
-        rows = [w for w in rows if w.host == socket.gethostname()]
+    if worker_host:  # (another machine with this hostname is not this host: its id differs)
+        rows = [w for w in rows if w.host == socket.gethostname() and w.host_id in (None, host_id())]
     render = sum(w.kind == "render" for w in rows)
     email_rows = [w for w in rows if w.kind == "email"]
-    processes = len({(w.host, w.pid) for w in email_rows})
+    processes = len({(w.host, w.host_id, w.pid) for w in email_rows})
     control = sum(w.kind == "control" for w in rows)
-    hosts = len({w.host for w in rows})
+    hosts = len({(w.host, w.host_id) for w in rows})  # (two machines named alike: two hosts)
     found = worker_verdicts(render, processes, len(email_rows), control, hosts)
+    if alike := named_alike(rows, socket.gethostname(), host_id()):
+        found.append(alike)
     if worker_host:
         found = [f for f in found if "control worker" not in f.text]
     rep.findings.extend(found)

@@ -357,13 +357,18 @@ def orphans_line(found: list[tuple[int, str]]) -> str:
             f"kill -TERM {' '.join(str(p) for p, _ in found)}")
 
 
-def busy_elsewhere(workers, own_pids: set[int], hostname: str) -> list:
+def busy_elsewhere(workers, own_pids: set[int], hostname: str, host_id: str | None = None) -> list:
     """Of ``workers`` (console.data.WorkerRow), those alive with a job in hand that this
     data directory's supervisord does not run: another host's (or a `payrun worker` started
     by hand). A control host's `payrun down` stops Redis and the provider beneath their
     sends in flight: each is retried, and over SMTP delivered twice (an ops drill: 9 of
-    1,600 slips). Pure."""
-    return [w for w in workers if w.alive and w.job_id and (w.host != hostname or w.pid not in own_pids)]
+    1,600 slips). Another host is another hostname, or the same one with another
+    ``host_id`` (payrun.procs.host_id: two containers started alike run the same pids). Pure."""
+    def ours(w) -> bool:
+        return (w.host == hostname and w.pid in own_pids
+                and (host_id is None or getattr(w, "host_id", None) in (None, host_id)))
+
+    return [w for w in workers if w.alive and w.job_id and not ours(w)]
 
 
 def beneath(cfg: Config) -> list[str]:

@@ -142,7 +142,7 @@ def due_waiting(conn, entry: str, due) -> dict:
     owner = conn.get(Scheduler.scheduler_lock_key)
     if owner is not None:
         name, host, pid = service.pass_lock_holder(owner.decode(errors="replace"))
-        out["pass_lock"] = name + (f" (pid {pid} on {host})" if pid is not None else "")
+        out["pass_lock"] = name + (f" (pid {pid}, host id {host})" if pid is not None else "")
         out["pass_lock_ttl_s"] = max(conn.ttl(Scheduler.scheduler_lock_key), 0)
     marker = service.marker_key(entry, cron.stamp(due))
     held = conn.get(marker)

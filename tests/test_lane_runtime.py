@@ -576,6 +576,12 @@ def test_a_scheduler_lock_held_by_a_dead_scheduler_on_this_host_is_taken_at_once
         conn.set(lock, "no-record", ex=61)  # (its record lapsed: who held it is unknown)
         assert free_dead_scheduler_locks(conn, [keys.EMAIL_QUEUE]) == [] and conn.get(lock) == b"no-record"
 
+        # another machine with this hostname (session 42): its pid is nothing here
+        held_by("namesake", socket.gethostname(), dead.pid)
+        conn.hset(SCHEDULER_KEY_TEMPLATE % "namesake", "host_id", "0badcafe")
+        assert free_dead_scheduler_locks(conn, [keys.EMAIL_QUEUE]) == [] and conn.get(lock) == b"namesake"
+        assert free_dead_scheduler_locks(conn, [keys.EMAIL_QUEUE], host="0badcafe") == [keys.EMAIL_QUEUE]
+
         held_by("killed", socket.gethostname(), dead.pid)
         queue, worker, _ = _worker_with_its_scheduler(conn, "lane-sched-test-3")  # (its start frees it)
         try:
@@ -585,7 +591,7 @@ def test_a_scheduler_lock_held_by_a_dead_scheduler_on_this_host_is_taken_at_once
             worker.stop_scheduler()
             worker.scheduler.release_locks()
     finally:
-        conn.delete(lock, *(SCHEDULER_KEY_TEMPLATE % n for n in ("elsewhere", "alive", "killed")))
+        conn.delete(lock, *(SCHEDULER_KEY_TEMPLATE % n for n in ("elsewhere", "alive", "killed", "namesake")))
 
 
 def test_only_this_hosts_workers_whose_process_exited_are_forgotten():
@@ -602,6 +608,85 @@ def test_only_this_hosts_workers_whose_process_exited_are_forgotten():
         ("odd", {"hostname": "h"}, False),  # no pid: kept
     ]
     assert dead_here(records, "h", 100, running) == ["email.h.300.00"]
+
+
+def test_a_machine_named_like_this_one_keeps_its_worker_records():
+    """Two machines (containers, a cloned VM image) with one hostname: a record of the
+    other's, whose liveness lapsed (a Redis restart) and whose pid this host does not run,
+    was registered dead by this host's worker start or reaper, its live lanes dropped from
+    `rq:workers`. A record is judged here only with this host's id; one without an id (a
+    payrun before session 42) as before, by its hostname."""
+    from jobs.runtime import dead_here, namesakes
+
+    running = {100}.__contains__
+    records = [
+        ("email.h.300.00", {"hostname": "h", "pid": "300", "host_id": "aaaaaaaa"}, False),  # ours, exited
+        ("email.h.301.00", {"hostname": "h", "pid": "301", "host_id": "bbbbbbbb"}, False),  # the other h's
+        ("email.h.302.00", {"hostname": "h", "pid": "302"}, False),  # no host id: by hostname, as before
+        ("render.h.303", {"hostname": "h", "pid": "303", "host_id": "bbbbbbbb"}, True),  # the other h's, live
+    ]
+    assert dead_here(records, "h", 100, running, host="aaaaaaaa") == ["email.h.300.00", "email.h.302.00"]
+    assert dead_here(records, "h", 100, running, host="bbbbbbbb") == ["email.h.301.00", "email.h.302.00"]
+    assert namesakes(records, "h", "aaaaaaaa") == ["render.h.303"]  # live, named alike, another machine
+    assert namesakes(records, "h", "bbbbbbbb") == [] and namesakes(records, "g", "aaaaaaaa") == []
+
+
+def test_a_host_id_tells_apart_what_a_hostname_does_not():
+    """payrun.procs.host_id: the kernel's boot and the pid namespace (where a pid means
+    one process) with the hostname, as 8 hex characters; the same in a forked child. And
+    a stop request names it: two containers started alike run the same pids."""
+    import subprocess
+
+    from payrun.procs import host_id, host_id_of
+
+    one = host_id_of("3f1c-boot", "pid:[4026531836]", "localhost")
+    assert len(one) == 8 and int(one, 16) >= 0 and one == host_id_of("3f1c-boot\n", "pid:[4026531836]", "localhost")
+    assert len({one, host_id_of("9e0d-boot", "pid:[4026531836]", "localhost"),  # another machine, or a reboot
+                host_id_of("3f1c-boot", "pid:[4026532201]", "localhost"),  # a container on this kernel
+                host_id_of("3f1c-boot", "pid:[4026531836]", "other")}) == 4
+    assert host_id() == host_id()
+    child = subprocess.run([sys.executable, "-c", "from payrun.procs import host_id; print(host_id())"],
+                           capture_output=True, text=True, check=True, env=os.environ.copy())
+    assert child.stdout.strip() == host_id()  # another process of this host: the same
+    assert keys.stop_process("localhost", 7, "aaaaaaaa") != keys.stop_process("localhost", 7, "bbbbbbbb")
+    assert keys.stop_process("localhost", 7) == "payrun:stop:localhost:7"  # (a process of a payrun before 42)
+
+
+def test_worker_and_scheduler_records_carry_the_host_id(conn):
+    """What the judging above reads: every payrun worker's RQ record and its RQ
+    scheduler's record say the host id; a worker's start warns of a live worker of
+    another machine with this hostname."""
+    import socket
+
+    from rq.scheduler import SCHEDULER_KEY_TEMPLATE
+
+    from jobs.runtime import PayrunRqWorker, RenderWorker, hosts_named_alike
+    from payrun.procs import host_id
+
+    lane = LaneWorker([make_queue(keys.EMAIL_QUEUE, conn)], connection=conn, name="email.test.hostid.00")
+    render = RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn, name="render.test.hostid")
+    plain = PayrunRqWorker([make_queue(keys.CONTROL_QUEUE, conn)], connection=conn, name="rq.test.hostid")
+    try:
+        for w in (lane, render, plain):
+            w.register_birth()
+            assert conn.hget(w.key, "host_id") == host_id().encode(), w.name
+        queue, worker, _ = _worker_with_its_scheduler(conn, "lane-sched-hostid")
+        try:
+            wait_for(lambda: conn.exists(SCHEDULER_KEY_TEMPLATE % worker.scheduler.name), timeout_s=30,
+                     what="its scheduler's record")
+            assert conn.hget(SCHEDULER_KEY_TEMPLATE % worker.scheduler.name, "host_id") == host_id().encode()
+        finally:
+            worker.stop_scheduler()
+            worker.scheduler.release_locks()
+        assert hosts_named_alike(conn) is None
+        conn.hset(lane.key, "host_id", "0badcafe")  # (as if it ran on another machine named like this one)
+        conn.set(keys.alive(lane.name), 1, ex=10)
+        said = hosts_named_alike(conn)
+        assert said and lane.name in said and repr(socket.gethostname()) in said and "own hostname" in said
+    finally:
+        for w in (lane, render, plain):
+            w.register_death()
+        conn.delete(keys.alive(lane.name))
 
 
 def test_a_worker_starting_clears_the_records_of_this_hosts_exited_workers(conn, cfg):
@@ -662,3 +747,23 @@ def test_the_reaper_clears_the_record_of_a_worker_killed_before_its_successor_st
     listed = {w.name for w in Worker.all(connection=conn)}
     assert killed not in listed and {beating, other} <= listed, listed
     assert conn.smembers("rq:workers:pdf-render") == {f"rq:worker:{other}".encode()}
+
+
+def test_a_send_email_process_whose_lane_name_is_taken_exits_before_beating_its_liveness(conn):
+    """Names are kind.hostname.pid: two containers with one hostname, started alike, run
+    a send-email process with the same pid. The second one's lanes each met RQ's refusal
+    in their thread and died, while the process went on beating the first one's lanes'
+    liveness (the reaper then never saw them gone). It now exits at once, saying why."""
+    from jobs.runtime import names_taken, worker_name
+
+    name = worker_name("email", 0)
+    conn.hset(f"rq:worker:{name}", mapping={"hostname": "h", "pid": os.getpid(), "host_id": "0badcafe"})
+    try:
+        assert "0badcafe" in names_taken(conn, [worker_name("email", 1), name])
+        with pytest.raises(ValueError, match="There exists an active worker named"):
+            run_lanes(conn, [keys.EMAIL_QUEUE], lanes=2, burst=True)
+        assert not conn.exists(keys.alive(name)) and not conn.exists(keys.alive(worker_name("email", 1)))
+        conn.hset(f"rq:worker:{name}", "death", "2026-12-01T02:00:00Z")  # (registered dead: free)
+        assert names_taken(conn, [name]) is None
+    finally:
+        conn.delete(f"rq:worker:{name}")

@@ -194,6 +194,26 @@ def test_a_second_ledger_waits_and_takes_no_event_from_the_one_applying_them(tmp
     assert ledger_mod.events_owner(conn) is None
 
 
+def test_a_ledger_of_another_machine_with_this_hostname_is_not_taken_for_a_dead_one_of_ours(tmp_path):
+    """Two control hosts with one hostname and one data directory path (a cloned image):
+    the second's ledger took the first's live ownership of the events for a killed ledger
+    of its own (its pid is not alive here) and deleted it, and both applied the events,
+    each into its own file. The owner id says the host id; one without it (before
+    session 42) is judged by hostname, as before."""
+    import socket
+
+    from payrun.procs import host_id
+
+    path = tmp_path / "ledger.db"
+    me = ledger_mod.owner_id(path)
+    assert me.startswith(f"{socket.gethostname()}/{host_id()} ") and me.endswith(f" {path}")
+    theirs = f"{socket.gethostname()}/0badcafe 999999999 {path}"
+    ours_dead, before_42 = f"{socket.gethostname()}/{host_id()} 999999999 {path}", f"{socket.gethostname()} 999999999 {path}"
+    assert not ledger_mod._dead_here(theirs, me) and not ledger_mod.owned_here(theirs, path)
+    assert ledger_mod._dead_here(ours_dead, me) and ledger_mod.owned_here(ours_dead, path)
+    assert ledger_mod._dead_here(before_42, me) and ledger_mod.owned_here(before_42, path)
+
+
 def test_status_notes_a_failed_resend_the_slip_counts_leave_out(tmp_path):
     """HR's `payrun resend` failed for good (an address refused); `payrun status` read
     "12 sent, 0 failed" and said nothing, since a slip counts once, by its first email."""

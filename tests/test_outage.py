@@ -22,6 +22,7 @@ from jobs.limits import Limiter, read_outage
 from jobs.policy import (OUTAGE_HOLDS_PER_JOB, classify, counts_as_provider_failure, outage_hold_is_free,
                          outage_pause_s, pauses_every_sender)
 from payrun import config, keys
+from payrun.procs import host_id
 from payrun.provider import Provider
 
 # ---- policy (pure) ------------------------------------------------------------------
@@ -1004,6 +1005,73 @@ def test_a_plain_rq_worker_under_rq_env_tells_a_redis_outage_in_one_story(own_re
     assert {r.name for r in records if r.levelno >= logging.WARNING} == {"rq.worker"}  # (what `rq worker` shows)
 
 
+def test_a_plain_rq_worker_under_rq_env_says_redis_is_back_within_seconds_not_a_minute(redis_url, conn, monkeypatch):
+    """`rq worker` under `payrun config rq-env` (PayrunRqWorker) said "Redis answers again"
+    up to a minute after Redis was back: RQ's dequeue loop waits 1, 2, 4 … up to 60 s
+    between tries, and its command channel, back within 2 s, cannot end the story while the
+    loop failed in the last OUTAGE_QUIET_S (then says nothing for a minute). Redis back 1 s
+    after the loop's try at 63 s: the line came at 123 s. The loop waits 5 s at most now
+    (_OneOutageStory.max_connection_wait_time, as a render worker's): the line comes at its
+    first try after Redis is back. RQ's own loop runs, on a clock that moves only when it
+    waits; the command channel's thread is played beside it (a try every 2 s)."""
+    import types
+
+    import redis as redis_mod
+    import rq.worker.base as rq_worker_base
+    from rq import Worker
+
+    from jobs.runtime import PUBSUB_RETRY_S, PayrunRqWorker, make_queue, worker_name
+
+    switch = Switch(redis_url)
+    w = PayrunRqWorker([make_queue("control", switch.client)], connection=switch.client, name=worker_name("control"))
+    w.register_birth()
+    set_state = w.set_state
+
+    def set_state_then_redis_goes(*args, **kwargs):  # (RQ's loop writes its idle state, then tries)
+        set_state(*args, **kwargs)
+        switch.away()
+
+    w.set_state = set_state_then_redis_goes
+    clock = FakeClock()
+    w._outage.clock = clock
+    back_at = clock.t + 64.0
+    channel = {"next": clock.t, "back": False}
+    said: list[tuple[float, str]] = []
+
+    class Said(logging.Handler):  # (RQ's logger, whatever an earlier test did to its propagation)
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append((clock.t, record.getMessage()))
+
+    def sleep(s: float) -> None:  # RQ's wait between two tries; the command channel tries meanwhile
+        end = clock.t + s
+        while channel["next"] <= end and not channel["back"]:
+            clock.t = channel["next"]
+            if clock.t < back_at:
+                w._outage.failed("command channel", redis_mod.ConnectionError("Connection refused."))
+            else:
+                w._outage.ok("command channel")  # (its reconnection's reply; its next read is a minute on)
+                channel["back"] = True
+            channel["next"] += PUBSUB_RETRY_S
+        clock.t = end
+        if clock.t >= back_at:
+            switch.back()
+
+    handler = Said(logging.WARNING)
+    w._outage.log.addHandler(handler)
+    monkeypatch.setattr(rq_worker_base, "time", types.SimpleNamespace(**{**vars(time), "sleep": sleep}))
+    make_queue("control", conn).enqueue("jobs.testing.noop", job_id="control-noop-1")
+    try:
+        job, _ = Worker.dequeue_job_and_maintain_ttl(w, 1)  # RQ's own loop
+    finally:
+        w._outage.log.removeHandler(handler)
+        switch.client.close()
+    assert job.id == "control-noop-1"
+    back = [(at, line) for at, line in said if "Redis answers again" in line]
+    assert len(back) == 1, said
+    assert back[0][0] - back_at <= 5.0, (back[0][0] - back_at, said)  # (it was 59 s)
+    assert not w._outage.away
+
+
 def test_a_plain_rq_worker_whose_work_loop_a_redis_error_ended_says_so_in_one_line(conn, caplog):
     """RQ's "found an unhandled exception, quitting..." and its traceback; anything else
     RQ says as an ERROR stays as it is."""
@@ -1094,7 +1162,7 @@ def test_an_idle_send_email_process_tells_a_redis_outage_in_one_story(own_redis,
         wait_for(lambda: lanes[0].scheduler._process is not scheduler and lanes[0].scheduler._process.is_alive(),
                  timeout_s=30, what="another RQ scheduler started")
     finally:
-        conn.set(keys.stop_process(socket.gethostname(), os.getpid()), "test")
+        conn.set(keys.stop_process(socket.gethostname(), os.getpid(), host_id()), "test")
         process.join(30)
         tasks.settings.cache_clear()
     assert not process.is_alive() and ran == [0]
@@ -1199,3 +1267,45 @@ def test_a_render_workers_scheduler_that_exits_as_redis_goes_is_restarted_within
     assert len(warned) == 3, warned  # the worker's story: at once, 31 s on, back
     assert "Redis unreachable" in warned[0] and "still failing after 31 s" in warned[1]
     assert warned[2].startswith(f"Worker {w.name}: Redis answers again at ") and f"({sum(w._outage.tries.values())} looks failed)" in warned[2]
+
+
+def test_a_lane_started_while_redis_is_away_waits_for_it_instead_of_dying(conn):
+    """A send-email process whose lanes were still starting when Redis went away lost them:
+    `register_birth` ran before the lane's outage handling and ended its thread with a
+    ConnectionError traceback, leaving the process with fewer lanes (seen as a flaky test,
+    session 42). The lane now retries its birth as a failed try of the process's story."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from jobs.runtime import Intake, LaneWorker, lane_loop, make_queue
+
+    from conftest import wait_for
+
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    lane = LaneWorker([q], connection=conn, name="email.test-host.1.0")
+    born = lane.register_birth
+    tries: list = []
+
+    def flaky_birth(*a, **kw):
+        tries.append(1)
+        if len(tries) <= 2:
+            raise RedisConnectionError("Error 111 connecting to unix socket. Connection refused.")
+        if len(tries) == 3:  # made, but its reply lost with the connection: made again, RQ refuses
+            born(*a, **kw)
+            raise RedisConnectionError("Connection closed by server.")
+        return born(*a, **kw)
+
+    lane.register_birth = flaky_birth
+    stop = threading.Event()
+    intake = Intake(conn, [q], stop)
+    ran: list = []
+    thread = threading.Thread(target=lambda: ran.append(lane_loop(lane, stop, intake)), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(tries) >= 4 and conn.exists(lane.key), timeout_s=30, what="the lane born once Redis answers")
+        assert thread.is_alive()
+        assert conn.hget(lane.key, "state") == b"idle"
+    finally:
+        stop.set()
+        intake.wake_all()
+        thread.join(timeout=30)
+    assert ran == [0], ran  # (it ended by the stop, not an exception)

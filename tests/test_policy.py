@@ -112,6 +112,19 @@ def test_a_send_claim_outlasts_the_send_and_its_lease():
     assert send_claim_ttl_s(send_timeout_s=0.2, visibility_s=0.3) == 1  # never 0: EXPIRE 0 deletes
 
 
+def test_another_hosts_stage_is_abandoned_only_past_its_renders_timeout_and_lease():
+    """A slip staged on another host (shared slip store) whose try may still be finishing
+    there: abandoned only once that try's timeout and its job's lease are both over (the
+    same bound as a send's claim), not at the lease alone."""
+    from jobs.policy import lease_bound_s, stage_abandoned
+
+    assert lease_bound_s(30, 60) == 90
+    assert not stage_abandoned(age_s=61, render_timeout_s=30, visibility_s=60)  # its lease alone: a try may commit
+    assert not stage_abandoned(age_s=90, render_timeout_s=30, visibility_s=60)
+    assert stage_abandoned(age_s=90.5, render_timeout_s=30, visibility_s=60)
+    assert not stage_abandoned(age_s=-5, render_timeout_s=30, visibility_s=60)  # the store's clock ahead of ours
+
+
 def test_a_made_send_is_recorded_with_short_doubling_waits_until_its_job_has_no_time_left():
     from jobs.policy import record_retry_wait_s
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 import pytest
 import redis
@@ -204,7 +205,82 @@ def test_a_render_tried_again_removes_the_slip_staged_by_a_try_whose_process_was
     stale, live = path.parent / f".{path.name}.{dead}.e40389ab.tmp", path.parent / f".{path.name}.{os.getpid()}.0a1b2c3d.tmp"
     stale.write_bytes(b"%PDF- a slip staged by a killed try")
     live.write_bytes(b"%PDF- a slip being staged now")
+    # another host's (the store is shared): one just staged stays, one older than its try's
+    # render timeout and lease goes (session 42)
+    theirs = path.parent / slip.stage_name(path.name, "0badcafe", dead, "0a1b2c3d")
+    abandoned = path.parent / slip.stage_name(path.name, "0badcafe", os.getpid(), "0a1b2c3d")
+    theirs.write_bytes(b"%PDF- staged on another host, its try finishing there")
+    abandoned.write_bytes(b"%PDF- staged on another host long ago")
+    long_ago = time.time() - (cfg.render.timeout_s + cfg.lease.visibility_s) - 30
+    os.utime(abandoned, (long_ago, long_ago))
     _warm_worker(conn, jobs_per_horse=100).work(burst=True, logging_level="WARNING")
     assert make_queue(keys.RENDER_QUEUE, conn).failed_job_registry.count == 0
     assert path.exists() and not stale.exists() and live.exists()
+    assert theirs.exists() and not abandoned.exists()
     assert not list(cfg.slips_dir.rglob(f".*.{dead}.*.tmp"))
+
+
+def test_a_stage_names_the_host_that_wrote_it(tmp_path):
+    """`.<slip>.<host>-<pid>.<hex>.tmp`: the slip store is shared by hosts, and a pid
+    means a process only on its own host. Short and safe (8 hex characters of the host,
+    whatever its hostname); finish_render's check still holds."""
+    from payrun.procs import host_id
+
+    target = tmp_path / "emp-1.pdf"
+    staged = slip.stage_slip(target, b"%PDF-")
+    assert staged.name.startswith(f".emp-1.pdf.{host_id()}-{os.getpid()}.") and staged.name.endswith(".tmp")
+    assert slip.staged_by(staged.name, "emp-1.pdf") == (host_id(), os.getpid())
+    assert slip.stage_slip(target, b"%PDF-", host="0badcafe").name.startswith(f".emp-1.pdf.0badcafe-{os.getpid()}.")
+    assert slip.staged_by(".emp-1.pdf.4242.e40389ab.tmp", "emp-1.pdf") == (None, 4242)  # before session 42
+    for other in (".emp-1.pdf.host-42.ab.tmp", ".emp-2.pdf.0badcafe-42.ab.tmp", ".emp-1.pdf.0badcafe-42.ab",
+                  ".emp-1.pdf.0BADCAFE-42.ab.tmp", "emp-1.pdf", ".emp-1.pdf.0badcafe-.ab.tmp"):
+        assert slip.staged_by(other, "emp-1.pdf") is None, other
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+
+
+def test_a_stage_of_another_host_is_removed_only_once_its_try_is_over(tmp_path):
+    """Hosts A and B share the slip store. A render on A whose lease ran out (stuck) is
+    tried again on B while A's try still runs: A's stage names a pid that B does not have
+    (or that is some other process of B's). B judged it by that pid and removed it, and
+    A's commit then failed. B now leaves it until it is older than A's render timeout and
+    lease (jobs.policy.stage_abandoned); its own stages are still judged by pid, and a
+    stage named before hosts were (no host) as before."""
+    import time
+
+    a, b = "aaaaaaaa", "bbbbbbbb"
+    path = tmp_path / "2026-11" / "1" / "emp-1.pdf"
+    dead = _dead_pid()
+    a_live = slip.stage_slip(path, b"%PDF- A, about to commit", host=a)  # (this pid is alive here, too)
+    a_dead = path.parent / slip.stage_name(path.name, a, dead, "0a1b2c3d")  # no process of B's has it
+    a_dead.write_bytes(b"%PDF- A's other try, finishing")
+    b_dead = path.parent / slip.stage_name(path.name, b, dead, "0a1b2c3d")
+    b_dead.write_bytes(b"%PDF- B's own killed try")
+    b_live = slip.stage_slip(path, b"%PDF- B's live try", host=b)
+    old_dead = path.parent / f".{path.name}.{dead}.e40389ab.tmp"
+    old_dead.write_bytes(b"%PDF- staged before session 42, its process gone")
+    old_live = path.parent / f".{path.name}.{os.getpid()}.e40389ab.tmp"
+    old_live.write_bytes(b"%PDF- staged before session 42, its process alive")
+
+    lease = (30, 60)  # render timeout, visibility
+    now = time.time()
+    for staged in path.parent.iterdir():
+        os.utime(staged, (now, now))  # all staged just now (the clock passed in)
+    assert sorted(slip.remove_dead_stages(path, host=b, lease=lease, now=now + 90)) == sorted([b_dead, old_dead])
+    assert a_live.exists() and a_dead.exists() and b_live.exists() and old_live.exists()
+    assert slip.remove_dead_stages(path, host=b, now=now + 3600) == []  # no lease given: never another host's
+    slip.commit_slip(a_live, path)  # A's try finishes: its commit finds its stage
+    assert path.read_bytes() == b"%PDF- A, about to commit"
+    # A's other stage, long past its try's timeout and lease: abandoned
+    assert slip.remove_dead_stages(path, host=b, lease=lease, now=now + 91) == [a_dead]
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, b_live.name, old_live.name])
+    # and on A, A's stage of a gone process goes at once, B's live one stays
+    a_dead.write_bytes(b"%PDF-")
+    os.utime(a_dead, (now, now))
+    assert slip.remove_dead_stages(path, host=a, lease=lease, now=now) == [a_dead] and b_live.exists()

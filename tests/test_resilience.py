@@ -20,6 +20,7 @@ from console.data import read_workers
 from jobs import events, reaper
 from jobs.runtime import PayrunJob, make_queue
 from payrun import keys
+from payrun.procs import host_id
 from payrun import ledger as ledger_mod
 from payrun.ledger import Ledger
 
@@ -562,7 +563,7 @@ def test_stop_worker_stops_a_send_email_process_on_any_host(conn, env, cfg, tmp_
     statuses = [status_of(conn, f"send-{i}") for i in range(4)]
     assert set(statuses) <= {"finished", "queued"} and "finished" in statuses  # in hand: finished
     assert conn.zcard("rq:wip:send-email") == 0
-    assert not conn.exists(keys.stop_process(socket.gethostname(), w.pid))  # taken by the process
+    assert not conn.exists(keys.stop_process(socket.gethostname(), w.pid, host_id()))  # taken by the process
     assert "stop requested (" in (tmp_path / "e.log").read_text()
 
 

@@ -549,6 +549,33 @@ def test_a_scheduler_record_lapsed_while_redis_was_away_is_made_again(cfg, conn)
     assert schedulers_alive(conn) == ["sched-x"]
 
 
+def test_a_scheduler_does_not_take_over_the_live_record_of_another_machine_with_its_name(cfg, conn):
+    """supervisor.conf names the schedulers scheduler-a.<hostname>: on two control hosts
+    with one hostname (containers, a cloned image) the second took the first's live record
+    over (registered its death) and both went on under one name: `payrun schedule` counted
+    one of two. A record of another host id is left alone, and this one takes a name of
+    its own; its own host's (a restart after a crash) is taken over as before."""
+    from payrun.procs import host_id
+    from scheduler.cli import schedulers_alive
+    from scheduler.service import PayrunScheduler
+
+    theirs = PayrunScheduler(cfg, conn, name="scheduler-a.vm")
+    theirs.register_birth()
+    assert conn.hget(theirs.key, "host_id") == host_id().encode()
+    conn.hset(theirs.key, "host_id", "0badcafe")  # (as the other machine wrote it)
+    ours = PayrunScheduler(cfg, conn, name="scheduler-a.vm")
+    ours.register_birth()
+    assert ours.name == ours.cron.name == f"scheduler-a.vm.{host_id()}"
+    assert not conn.hexists(theirs.key, "death")
+    assert sorted(schedulers_alive(conn)) == sorted(["scheduler-a.vm", f"scheduler-a.vm.{host_id()}"])
+    conn.delete(ours.key)
+    again = PayrunScheduler(cfg, conn, name=f"scheduler-a.vm.{host_id()}")
+    conn.hset(again.key, mapping={"birth": 1, "host_id": host_id()})  # its own stale record: taken over
+    again.register_birth()
+    assert again.name == f"scheduler-a.vm.{host_id()}" and conn.hget(again.key, "host_id") == host_id().encode()
+    conn.delete(theirs.key, again.key)
+
+
 def test_schedule_says_when_the_running_schedulers_loaded_another_schedule(cfg, conn):
     """Ops walkthrough: the pay run's time edited in the file, schedulers not restarted:
     `payrun schedule` showed the new time, and the tick at it never fired."""
@@ -1169,11 +1196,11 @@ def test_a_scheduler_restarted_after_a_kill_mid_pass_takes_over_its_own_dead_pas
     within a second, and it waited out the pass lock its dead self held (11 s), holding
     every tick back. Its restart now takes that lock over; another scheduler's, or a live
     process's, it leaves alone."""
-    import socket
-
     from scheduler.service import PayrunScheduler, own_dead_pass_lock, pass_lock_holder, pass_lock_value
 
-    host = socket.gethostname()
+    from payrun.procs import host_id
+
+    host = host_id()
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     s = PayrunScheduler(cfg, conn, name="scheduler-a")

@@ -965,3 +965,9 @@ def test_busy_elsewhere_is_alive_with_a_job_and_not_ours():
             W(name="d", alive=False, job_id="j4", host="there", pid=12),  # gone: the reaper returns its job
             W(name="e", alive=True, job_id=None, host="there", pid=13)]   # idle
     assert [w.name for w in supervise.busy_elsewhere(rows, {10}, "here")] == ["b", "c"]
+    # two machines named alike, their send-email processes the same pid (containers started
+    # alike): the other's is not ours; a row without a host id (before session 42) as before
+    alike = [W(name="f", alive=True, job_id="j5", host="here", pid=10, host_id="bbbbbbbb"),
+             W(name="g", alive=True, job_id="j6", host="here", pid=10, host_id="aaaaaaaa"),
+             W(name="h", alive=True, job_id="j7", host="here", pid=10, host_id=None)]
+    assert [w.name for w in supervise.busy_elsewhere(alike, {10}, "here", "aaaaaaaa")] == ["f"]
