@@ -72,3 +72,26 @@ def test_an_earlier_versions_import_of_other_figures_marks_the_line_corrected(tm
     marks = reissue_marks("2026-12-06", "2026-12-01T20:00:00.000+00:00", stamped, lambda iso: iso[:10])
     assert marks.get("corrected") is True
     assert payroll.corrected_at(db, MONTH, "emp-00001") is None  # other lines untouched
+
+
+def test_a_stop_request_of_the_version_before_host_ids_stops_a_send_email_process(conn):
+    """Drill (rolling deploy): a console opened before the deploy, or a host's CLI not yet
+    updated, asked a new send-email process to stop with the key without a host id
+    (payrun:stop:<host>:<pid>): the process listened on its host-id key only, never
+    stopped, and the console said it was asked. It takes either request now."""
+    import os
+    import socket
+    import threading
+
+    from jobs.runtime import Intake, make_queue
+    from payrun import keys
+
+    asked: list[str] = []
+    intake = Intake(conn, [make_queue(keys.EMAIL_QUEUE, conn)], threading.Event(),
+                    on_stop_request=lambda: asked.append("stop"))
+    intake.poll()
+    assert asked == []
+    legacy = keys.stop_process(socket.gethostname(), os.getpid())  # as the version before sets it
+    conn.set(legacy, "email.host.1 via console", ex=60)
+    intake.poll()
+    assert asked == ["stop"] and not conn.exists(legacy)  # taken, as its own key is
