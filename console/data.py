@@ -24,6 +24,7 @@ Sources of each figure
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -600,7 +601,8 @@ def _remaining(total: dict[str, int]) -> int:
 
 def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: bool = False,
         provider_down_s: float | None = None, started: float | None = None,
-        no_worker: list[str] | None = None, stalled: bool = False, redis_down: bool = False) -> dict[str, Any]:
+        no_worker: list[str] | None = None, stalled: bool = False, redis_down: bool = False,
+        store_free: int | None = None) -> dict[str, Any]:
     """When the last slip should be delivered at the recent rate, and whether that is
     before the 09:00 deadline: the first one at or after ``started`` (when the run
     began: a run started at 01:00 and still going at 09:05 is late, not on time for
@@ -612,7 +614,12 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
     queues with slips waiting and no live worker (``unserved``): no time is promised
     either (the recent rate may be another month's, or the workers' before they went).
     ``stalled``: no slip delivered for 2 minutes (:func:`stalled`): no time is promised.
-    ``redis_down``: the queues could not be read: the rate is unknown, not zero."""
+    ``redis_down``: the queues could not be read: the rate is unknown, not zero.
+    ``store_free``: the slip store's room; below jobs.policy.STORE_ROOM_MIN_BYTES it is
+    full and no render is made until space is freed: no time is promised (the session-42
+    drill's console read "ETA 14:25 — on time" with every render waiting on a full store)."""
+    from jobs.policy import STORE_ROOM_MIN_BYTES
+
     remaining = _remaining(total)
     zone = ZoneInfo(tz)
     local = datetime.fromtimestamp(now, zone)
@@ -627,10 +634,12 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
                            "failed": total.get("failed", 0),
                            "provider_down_s": provider_down_s if remaining > 0 else None,
                            "no_worker": list(no_worker or []) if remaining > 0 and not drained else [],
-                           "stalled": stalled and remaining > 0, "redis_down": redis_down and remaining > 0}
+                           "stalled": stalled and remaining > 0, "redis_down": redis_down and remaining > 0,
+                           "store_full_free": (store_free if remaining > 0 and store_free is not None
+                                               and store_free < STORE_ROOM_MIN_BYTES else None)}
     if remaining == 0:
         out.update(at=local.isoformat(), on_time=True)
-    elif drained or out["no_worker"] or out["redis_down"]:
+    elif drained or out["no_worker"] or out["redis_down"] or out["store_full_free"] is not None:
         pass  # no ETA: nothing moves until `payrun resume` / a worker starts; or unknown
     elif provider_down_s is not None:
         if rate_per_s > 0:
@@ -789,12 +798,21 @@ class Source:
                     running_s = now - started if started else None
                     snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone, drained, down,
                                    started=started or None, no_worker=unserved(snap.queues, snap.workers),
-                                   stalled=stalled(snap.queues, running_s), redis_down=snap.redis_down)
+                                   stalled=stalled(snap.queues, running_s), redis_down=snap.redis_down,
+                                   store_free=self._store_free())
             except Exception as e:
                 errors.append(f"ledger unreadable ({type(e).__name__}: {one_line(e, 200)})")
             snap.error = "; ".join(errors) or None
             snap.took_s = time.perf_counter() - t0
             return snap
+
+    def _store_free(self) -> int | None:
+        """The slip store's room (statvfs), None where it cannot be told (not mounted here)."""
+        try:
+            st = os.statvfs(self.cfg.slips_dir)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
 
     def _hr_report(self, led: ReadOnlyLedger, stuck_ids: tuple, now: float, month: str | None,
                    rows: list[dict[str, Any]], errors: list[str]) -> tuple[dict[str, Any], float]:

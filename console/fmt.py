@@ -72,6 +72,9 @@ def eta_text(eta: dict[str, Any] | None) -> str:
         return "no ETA: intake drained (resume with u or `payrun resume`)"
     if eta.get("no_worker"):
         return f"no ETA: no {' or '.join(eta['no_worker'])} worker running (`payrun up`? `payrun ps`)"
+    if eta.get("store_full_free") is not None:
+        return (f"no ETA: slip store full ({eta['store_full_free'] // 1024:,} KiB free): no render until space is "
+                "freed (`payrun status` says where)")
     if eta.get("redis_down"):
         return "ETA unknown: Redis unreachable (the figures are the ledger's)"
     if eta.get("provider_down_s") is not None:

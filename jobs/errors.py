@@ -27,9 +27,12 @@ JobError
  │         │             while another process still sends (one host's bad token):
  │         │             this process pauses itself (jobs.senders), the job goes back
  │         │             to the front for another one, no attempt spent, nobody else pauses
- │         └── RenderPending  the send's slip file is missing and its render is queued
- │                       or running (a retry put it there): looked at again shortly, no
- │                       attempt spent, nobody else pauses
+ │         ├── RenderPending  the send's slip file is missing and its render is queued
+ │         │             or running (a retry put it there): looked at again shortly, no
+ │         │             attempt spent, nobody else pauses
+ │         └── StoreFull the slip store has no room (ENOSPC, EDQUOT): the render waits
+ │                       (5 s, doubling up to 60 s) and tries again, spending no attempt,
+ │                       until the operator frees space: the host's trouble, not the job's
  └── PermanentError     retrying cannot help: bad address (SMTP 5xx, HTTP 4xx), bad data,
       │                 template error; fails at once with a reason HR can act on
       └── SlipMissing   a send found no slip file (deleted, or a store not mounted on its
@@ -94,6 +97,14 @@ class RefusedHere(Throttled):
 
     def __init__(self, message: str, retry_after_s: float | None = 1.0):
         super().__init__(message, retry_after_s)
+
+
+class StoreFull(Throttled):
+    """The slip store has no room for a slip (ENOSPC, EDQUOT, at its write or its sync).
+    Not the job's fault, and no retry budget outlasts a disk that filled at 02:00 (a drill:
+    198 of 300 slips failed for good within 80 s of the store filling): the render is held,
+    spending no attempt, and tries again after ``retry_after_s`` (jobs.policy.store_full_wait_s)
+    until space is freed; then the run goes on by itself."""
 
 
 class StoreUnsafe(TransientError):

@@ -141,6 +141,19 @@ HOST_TROUBLE_ERRNOS: dict[int, str] = {
 }
 """OS errors that say the host is in trouble, not the job's data: transient."""
 
+HOST_TROUBLE_MARKS = tuple(f"({text}" for text in HOST_TROUBLE_ERRNOS.values()) + (
+    "(Redis refuses writes", "spending no attempt: the run goes on by itself once there is room")
+"""What classify() and jobs.tasks put in the error of a job that failed on the host's trouble
+(a full or failing disk, Redis refusing writes), not on the employee's data."""
+
+
+def failed_on_host_trouble(error: str | None) -> bool:
+    """Whether a failed job's last error is the host's trouble (HOST_TROUBLE_MARKS): a retry
+    once the host is fixed delivers it, no data to fix. `payrun status` told 198 slips failed
+    on a full slip store "an address refused: fix it with `payrun import`" (session-42 drill)."""
+    return bool(error) and any(mark in error for mark in HOST_TROUBLE_MARKS)
+
+
 REDIS_REFUSES_WRITES = ("MISCONF", "READONLY", "OOM ")
 """Redis's replies when it cannot take writes (a failed AOF write: a full disk; a replica;
 maxmemory): transient, once the operator has fixed the host."""
@@ -340,6 +353,45 @@ def render_wait_s(waits_so_far: int, waited_s: float, first_s: float = RENDER_WA
     if waited_s >= limit_s:
         return None
     return min(max_s, first_s * 2 ** min(max(0, waits_so_far), 16))
+
+
+STORE_FULL_WAIT_FIRST_S = 5.0
+STORE_FULL_WAIT_MAX_S = 60.0
+STORE_FULL_HOLDS_PER_JOB = 360
+"""A render that finds the slip store full (jobs.errors.StoreFull) tries again after 5 s,
+then 10, 20, 40, 60, 60 ... s, spending no attempt, up to 360 times (about 6 hours: the
+night of a run); past that its tries count again and it reaches the failed list."""
+
+STORE_ROOM_MIN_BYTES = 64 * 1024
+"""A render held for a full store renders again only once its store has this much room
+(a slip is ~18 KiB): while it is full, a held try costs one statvfs, not a render."""
+
+
+def store_full_wait_s(holds_so_far: int, first_s: float = STORE_FULL_WAIT_FIRST_S,
+                      max_s: float = STORE_FULL_WAIT_MAX_S) -> float:
+    """How long a render held ``holds_so_far`` times already for a full slip store waits
+    before it tries again: 5, 10, 20, 40, then 60 s."""
+    return min(max_s, first_s * 2 ** min(max(0, int(holds_so_far)), 16))
+
+
+def store_full_hold_is_free(holds_so_far: int, limit: int = STORE_FULL_HOLDS_PER_JOB) -> bool:
+    """Whether the next hold of a render held ``holds_so_far`` times for a full store spends no attempt."""
+    return holds_so_far < limit
+
+
+def store_full_text(store: str, error: OSError, free_bytes: int | None, wait_s: float) -> str:
+    """A render's error when its slip store has no room: the path, the system's words, what
+    is free there, and what to do. No figure of the slip itself."""
+    what = ("the disk quota is used up" if error.errno == errno.EDQUOT else "the disk is full")
+    free = "" if free_bytes is None else f", {free_bytes // 1024:,} KiB free"
+    return (f"slip store {store}: {error.strerror or error} ({what}{free}): free space there (`payrun prune "
+            f"--before YYYY-MM --slips`, or grow it); held {wait_s:g} s, spending no attempt: the run goes on "
+            "by itself once there is room")
+
+
+def is_store_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says a file system has no room (ENOSPC, EDQUOT)."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 RECORD_RETRY_FIRST_S = 0.1
@@ -558,11 +610,12 @@ def pauses_every_sender(exc: BaseException) -> bool:
     pause (ProviderDown), which that pause already covers; nor a send stopped because
     another attempt took its claim over (ClaimLost); nor a send waiting for its slip's
     render (RenderPending); nor one this process's own credentials got refused
-    (RefusedHere: only this process pauses)."""
-    from jobs.errors import ClaimLost, ProviderDown, RateWait, RefusedHere, RenderPending, Throttled
+    (RefusedHere: only this process pauses); nor a render held for a full slip store
+    (StoreFull)."""
+    from jobs.errors import ClaimLost, ProviderDown, RateWait, RefusedHere, RenderPending, StoreFull, Throttled
 
     return (isinstance(exc, Throttled)
-            and not isinstance(exc, (RateWait, ProviderDown, ClaimLost, RenderPending, RefusedHere))
+            and not isinstance(exc, (RateWait, ProviderDown, ClaimLost, RenderPending, RefusedHere, StoreFull))
             and bool(exc.retry_after_s))
 
 

@@ -54,10 +54,11 @@ from rq.timeouts import BaseTimeoutException
 from rq.utils import get_version, now as utcnow, utcformat
 
 from jobs import events, idempotency
-from jobs.errors import ClaimLost, PermanentError, ProviderDown, RefusedHere, RenderPending, SlipMissing, Throttled
+from jobs.errors import (ClaimLost, PermanentError, ProviderDown, RefusedHere, RenderPending, SlipMissing, StoreFull,
+                         Throttled)
 from jobs.limits import EMPTY
 from jobs.policy import (backoff_attempt, backoff_delay, classify, outage_hold_is_free, shutdown_deadline,
-                         unreadable_reason)
+                         store_full_hold_is_free, unreadable_reason)
 from jobs.tasks import allowed_functions
 from jobs.watchdog import WATCHDOG, WatchdogDeathPenalty
 from payrun.procs import host_id
@@ -703,6 +704,11 @@ class EventsMixin:
             # every time, not an outage any more; this one spends its attempt
             job.meta["last_error"] = events.one_line(f"{verdict.reason} (held {job.meta.get('outage_holds')} times "
                                                "already: this attempt counts)")
+        elif isinstance(exc_value, StoreFull) and not store_full_hold_is_free(int(job.meta.get("store_full_holds", 0))):
+            # held for a full slip store STORE_FULL_HOLDS_PER_JOB times (hours): this one
+            # spends its attempt, and the job reaches the failed list in the end
+            job.meta["last_error"] = events.one_line(f"{verdict.reason} (held {job.meta.get('store_full_holds')} "
+                                                     "times already: this attempt counts)")
         elif isinstance(exc_value, Throttled):
             # waiting for the provider's limit is not a failed attempt: RQ's retry takes
             # one from the budget, we give it back (and keep the backoff where it was)
@@ -714,6 +720,8 @@ class EventsMixin:
             job._held_try = True
             if isinstance(exc_value, (ProviderDown, RefusedHere)):  # (one host refused: bounded alike)
                 job.meta["outage_holds"] = int(job.meta.get("outage_holds", 0)) + 1
+            if isinstance(exc_value, StoreFull):
+                job.meta["store_full_holds"] = int(job.meta.get("store_full_holds", 0)) + 1
         # a held try goes back to the front of its queue when its wait is over (RQ's retry
         # and scheduler read this flag), not behind a large run's every other send: it was
         # at the front when the provider held it back. A failed attempt waits at the back.
@@ -1428,6 +1436,14 @@ return {0}
         while the worker is blocked waiting for a job (up to SCHEDULER_CHECK_S) still holds:
         a job taken from a queue closed meanwhile goes back to its front untouched, and the
         worker waits like any drained one."""
+        if self._store_full():  # no render can be written: take none until there is room
+            self._finish_rendered()
+            while self._store_full():
+                if self._stop_requested or timeout is None:  # None: a burst worker, done
+                    return None
+                self.set_state("suspended")
+                self.heartbeat()
+                time.sleep(1)
         taken = self._take_at_once()
         if taken is not None:
             return taken
@@ -1461,6 +1477,52 @@ return {0}
             if back:
                 log.info("Worker %s: intake on %s was stopped while it waited; %s stays at the front of the queue",
                          self.name, queue.name, job.id)
+
+    STORE_LOOK_EVERY_S = 1.0
+    """How often, at most, a render worker looks at its slip store's room (one statvfs)."""
+
+    def _store_free(self) -> int | None:
+        """Room left in the slip store (statvfs), None if it cannot be told."""
+        from jobs.tasks import settings
+
+        try:
+            st = os.statvfs(settings().slips_dir)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
+
+    def _store_full(self) -> bool:
+        """Whether this pdf-render worker's slip store has no room for a slip
+        (jobs.policy.STORE_ROOM_MIN_BYTES), looked at most every STORE_LOOK_EVERY_S: while
+        it is full the worker takes no render, and the run's renders wait in their queue
+        (a render taken would fail to write its slip and be held, at the cost of a render,
+        three log lines and a ledger event a minute per slip: at 50,000 slips both cores
+        busy for nothing). Said at once, every 30 s, and when there is room again."""
+        from jobs.policy import STORE_ROOM_MIN_BYTES
+
+        if any(q.name != keys.RENDER_QUEUE for q in self.queues):
+            return False  # (the control worker, or one that serves other queues too)
+        now = time.monotonic()
+        if now < getattr(self, "_store_looked_until", 0.0):
+            return self._store_was_full
+        self._store_looked_until = now + self.STORE_LOOK_EVERY_S
+        story = getattr(self, "_store_story", None)
+        if story is None:
+            story = self._store_story = RepeatedFailure(OUTAGE_LOG_EVERY_S)
+        free = self._store_free()
+        self._store_was_full = free is not None and free < STORE_ROOM_MIN_BYTES
+        from jobs.tasks import settings
+
+        store = settings().slips_dir
+        if self._store_was_full:
+            if (line := story.failed(now, f"{free // 1024:,} KiB free")) is not None:
+                log.error("Worker %s: the slip store %s is full (%s): taking no render until there is room; the "
+                          "renders wait in their queue, spending no attempt. Free space there (`df -h %s`; `payrun "
+                          "prune --before YYYY-MM --slips`)", self.name, store, line, store)
+        elif (line := story.ok(now)) is not None:
+            log.warning("Worker %s: the slip store %s has room again (%s KiB free): taking renders again, %s",
+                        self.name, store, f"{(free or 0) // 1024:,}", line)
+        return self._store_was_full
 
     _GIVE_BACK = """
 if ARGV[2] == '1' and redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end

@@ -720,10 +720,7 @@ def stage_slip(path: Path, pdf: bytes, durable: bool = False, store: Path | None
     try:
         try:
             os.fchmod(fd, 0o600)
-            view = memoryview(pdf)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            _write_all(fd, pdf)
             if durable:
                 os.fsync(fd)
         finally:
@@ -732,6 +729,25 @@ def stage_slip(path: Path, pdf: bytes, durable: bool = False, store: Path | None
         _unlink_quietly(tmp)
         raise
     return tmp
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (a short write on a nearly full disk: the rest, or
+    OSError ENOSPC). Its own function: the tests inject a full disk here."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def free_bytes(path: Path) -> int | None:
+    """Room left for this account on ``path``'s file system (statvfs), None if it cannot be
+    told (the path gone, a failing mount)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def remove_dead_stages(path: Path, host: str | None = None, lease: tuple[float, float] | None = None,

@@ -7,8 +7,10 @@ send_slip(payload)     send-email: claim the idempotency key, send, mark it sent
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
+import os
 import logging
 import threading
 import time
@@ -17,9 +19,9 @@ from typing import Any
 
 from rq import Retry, get_current_job
 
-from jobs import events, idempotency, senders, unrecorded
+from jobs import events, idempotency, policy, senders, unrecorded
 from jobs.errors import (AccountRefused, ClaimLost, PermanentError, ProviderDown, RateWait, RefusedHere, RenderPending,
-                         SlipMissing, StoreUnsafe, Throttled)
+                         SlipMissing, StoreFull, StoreUnsafe, Throttled)
 from jobs.policy import (REISSUE_FIELDS, RECORD_MARGIN_S, counts_as_provider_failure, job_end, pauses_every_sender,
                          record_retry_wait_s, redis_refuses_writes, send_claim_ttl_s, send_may_start, send_timeout_s,
                          send_window, slip_path_problem)
@@ -186,18 +188,37 @@ def render_slip(snapshot: dict[str, Any]) -> dict[str, Any]:
     cfg = settings()
     job = get_current_job()
     rel = slip_relpath(snapshot["month"], snapshot["company"]["id"], snapshot["employee"]["id"])
+    holds = int(job.meta.get("store_full_holds") or 0) if job is not None else 0
+    if holds and (free := slip.free_bytes(cfg.slips_dir)) is not None and free < policy.STORE_ROOM_MIN_BYTES:
+        # held for a full store, and still full: wait again without rendering (one statvfs)
+        raise _store_full(cfg, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), holds)
     pdf = slip.render_pdf(snapshot)  # raises PermanentError on bad data
     if job is not None and int(job.meta.get("attempt") or 1) > 1:  # an earlier try may have died mid-write
         timeout_s = job.timeout if isinstance(job.timeout, int) and job.timeout > 0 else cfg.render.timeout_s
         # (another host's stage only once its try's timeout and lease are over: the store is shared)
         slip.remove_dead_stages(cfg.slips_dir / rel, lease=(timeout_s, cfg.lease.visibility_s))
-    if job is not None and _hand_finish_over:
-        tmp = slip.stage_slip(cfg.slips_dir / rel, pdf, store=cfg.slips_dir)
-        return {"slip": rel, "bytes": len(pdf), FINISH_KEY: {"staged": str(tmp), "email": email_payload(snapshot, rel)}}
-    slip.write_slip(cfg.slips_dir / rel, pdf, store=cfg.slips_dir)
+    try:
+        if job is not None and _hand_finish_over:
+            tmp = slip.stage_slip(cfg.slips_dir / rel, pdf, store=cfg.slips_dir)
+            return {"slip": rel, "bytes": len(pdf),
+                    FINISH_KEY: {"staged": str(tmp), "email": email_payload(snapshot, rel), "store_full_holds": holds}}
+        slip.write_slip(cfg.slips_dir / rel, pdf, store=cfg.slips_dir)
+    except OSError as e:
+        if policy.is_store_full(e):
+            raise _store_full(cfg, e, holds) from e
+        raise
     if job is not None:
         enqueue_email(job.connection, cfg, email_payload(snapshot, rel))
     return {"slip": rel, "bytes": len(pdf)}
+
+
+def _store_full(cfg: config_mod.Config, e: OSError, holds: int) -> StoreFull:
+    """The StoreFull a render raises when its slip store has no room (jobs.errors)."""
+    from jobs import slip
+
+    wait = policy.store_full_wait_s(holds)
+    return StoreFull(policy.store_full_text(str(cfg.slips_dir), e, slip.free_bytes(cfg.slips_dir), wait),
+                     retry_after_s=wait)
 
 
 def finish_render(conn, result: dict[str, Any]) -> dict[str, Any]:
@@ -211,7 +232,12 @@ def finish_render(conn, result: dict[str, Any]) -> dict[str, Any]:
     staged, final = Path(rest["staged"]), cfg.slips_dir / result["slip"]
     if staged.parent != final.parent or not staged.name.startswith(f".{final.name}."):
         raise ValueError(f"refused: {staged.name} is not a slip staged for {result['slip']}")
-    slip.commit_slip(staged, final)
+    try:
+        slip.commit_slip(staged, final)  # (a file system that allocates late says ENOSPC at the sync)
+    except OSError as e:
+        if policy.is_store_full(e):
+            raise _store_full(cfg, e, int(rest.get("store_full_holds") or 0)) from e
+        raise
     enqueue_email(conn, cfg, rest["email"])
     return {k: v for k, v in result.items() if k != FINISH_KEY}
 

@@ -1426,16 +1426,19 @@ def ledger(c: Ctx) -> None:
 
     _setup_logging()
     log = logging.getLogger("payrun.ledger")
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *a: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *a: stopping.append(1))
     # its own database first: one it cannot open fails now, not after Redis has come up (by
-    # then `payrun up` had seen every program stay up its 5 s and said all was well)
-    store = c.ledger()
+    # then `payrun up` had seen every program stay up its 5 s and said all was well); on a
+    # full disk it waits for room instead, saying so
+    store = ledger_mod.open_waiting(c.ledger, c.cfg.ledger_path, lambda: bool(stopping), log)
+    if store is None:
+        return
     conn = c.redis()
     from payrun import redis_server
 
     redis_server.wait_for_writes(conn, "ledger", log, c.cfg)
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *a: stopping.append(1))
-    signal.signal(signal.SIGINT, lambda *a: stopping.append(1))
     log.info("ledger: applying events to %s", c.cfg.ledger_path)
     observer = None
     if c.cfg.metrics.port >= 0:

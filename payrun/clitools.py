@@ -44,12 +44,41 @@ def handle_errors(fn):
             from jobs.policy import redis_refusal_reason, redis_refuses_writes
             from payrun.redis_server import refusal_text
 
+            if (said := no_room_text(e)) is not None:
+                click.echo(f"payrun: {said}", err=True)
+                sys.exit(1)
             if not redis_refuses_writes(e):
                 raise
             click.echo(f"payrun: {refusal_text(redis_refusal_reason(e))}", err=True)
             sys.exit(1)
 
     return wrapper
+
+
+def no_room_text(e: BaseException, home=None) -> str | None:
+    """The one line for a command that met a full disk under the data directory (SQLite
+    could not write, or make its journal, in the ledger or payroll database; a file could
+    not be written): where, how much room is left, what to do. None for any other error.
+    (A `payrun status` or `payrun check` on a full data directory ended in a 40-line
+    traceback, "sqlite3.OperationalError: disk I/O error", session-42 drill.)"""
+    from payrun import diskspace
+
+    if home is None:
+        try:
+            ctx = click.get_current_context(silent=True)
+            home = ctx.obj.cfg.home if ctx is not None and ctx.obj is not None else None
+        except Exception:  # noqa: BLE001 - no configuration to find the data directory by: not ours to say
+            home = None
+    if home is None:
+        return None
+    where = getattr(e, "filename", None) if isinstance(e, OSError) and getattr(e, "filename", None) else home
+    free = diskspace.free_bytes(where)
+    if not diskspace.no_room(e, free):
+        return None
+    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    room = "" if free is None else f"; {diskspace.size_text(free)} free there"
+    return (f"no space left on the disk of {where} ({why}{room}): free space there ({diskspace.what_to_free(home)}), "
+            f"then run this again. Meanwhile the workers go on, and the ledger applies their events once there is room")
 
 
 def local_time(iso: str | None, tz: str) -> str:

@@ -32,6 +32,7 @@ from typing import Any
 import sqlite_utils
 
 from jobs.events import RETURNED_OUTCOMES, attempts_spent, outcome_of
+from payrun import diskspace
 
 STATES = ("queued", "running", "retrying", "done", "failed")
 
@@ -451,6 +452,19 @@ class Ledger:
             args.append(company_id)
         return self.db.execute(sql, args).fetchone()[0]
 
+    def failed_on_host_trouble(self, month: str, company_id: int | None = None) -> int:
+        """Slip jobs (renders and sends) of ``month`` that failed for good on the host's
+        trouble (jobs.policy.failed_on_host_trouble: a full or failing disk, Redis refusing
+        writes), not on the employee's data."""
+        from jobs.policy import failed_on_host_trouble
+
+        sql = "SELECT last_error FROM jobs WHERE month = ? AND status = 'failed' AND kind IN ('render', 'email')"
+        args: list[Any] = [month]
+        if company_id is not None:
+            sql += " AND company_id = ?"
+            args.append(company_id)
+        return sum(1 for (error,) in self.db.execute(sql, args) if failed_on_host_trouble(error))
+
     def companies_with_slips(self, month: str) -> set[int]:
         """Companies with a slip (render) job in ``month``: from the (month, kind, company) index."""
         return {r[0] for r in self.db.execute(
@@ -560,7 +574,7 @@ def tries_text(row: Mapping[str, Any]) -> str:
         return f"{tries} attempt{'' if tries == 1 else 's'}"
     free = []
     if held:
-        free.append(f"{held} held back (rate limit, provider outage or a send already in flight)")
+        free.append(f"{held} held back (rate limit, provider outage, a send already in flight or a full slip store)")
     if returned:
         free.append(f"{returned} handed back (its worker stopped or died)")
     return (f"{tries} {'try' if tries == 1 else 'tries'}: {spent} attempt{'' if spent == 1 else 's'} spent, "
@@ -854,6 +868,41 @@ def let_go_of_events(conn, me: str) -> None:
         pass
 
 
+def open_waiting(open_ledger, path: Path, stop, log=None, clock=time.monotonic, pause=time.sleep,
+                 every_s: float = 5.0) -> Ledger | None:
+    """``open_ledger()``, for `payrun ledger`'s start: while the disk under ``path`` is full
+    (SQLite cannot make its journal or shared-memory index there), wait, saying so at once
+    and every 30 s, and try again every ``every_s``; any other error goes up. None if
+    ``stop()`` came first. (A ledger restarted on a full disk exited at once, three times,
+    and supervisord gave up on it.)"""
+    from jobs.runtime import OUTAGE_LOG_EVERY_S, RepeatedFailure
+
+    full = RepeatedFailure(OUTAGE_LOG_EVERY_S)
+    while not stop():
+        try:
+            opened = open_ledger()
+        except sqlite3.OperationalError as e:
+            free = diskspace.free_bytes(path)
+            if not diskspace.no_room(e, free):
+                raise
+            if (line := full.failed(clock(), diskspace.full_text(path, e, free))) is not None and log:
+                log.error("ledger: cannot open %s; the workers go on and their events wait in Redis, nothing is "
+                          "lost: it starts by itself once there is room", line)
+            pause(every_s)
+            continue
+        if (line := full.ok(clock())) is not None and log:
+            log.warning("ledger: opened %s: %s", path, line)
+        return opened
+    return None
+
+
+def _backlog_text(conn) -> str:
+    try:
+        return f"{backlog(conn):,}"
+    except Exception:  # noqa: BLE001 - Redis away too: the line is about the disk
+        return "?"
+
+
 def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, observer=None,
           me: str | None = None, clock=time.monotonic, pause=time.sleep) -> None:
     """The `payrun ledger` loop: block up to 1 s for events, apply in batches, until stop().
@@ -878,6 +927,8 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
         if (line := outage.ok(clock())) is not None and log:
             log.warning("ledger: Redis answers again: %s", line)
 
+    full = RepeatedFailure(OUTAGE_LOG_EVERY_S)  # the disk under the ledger full: said at once, then every 30 s
+
     while not stop():
         other = None
         try:
@@ -898,12 +949,17 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
                 continue
             n = apply_pending(conn, ledger, consumer, block_ms=1000, observer=observer, replay=replay)
             answered()
+            if (line := full.ok(clock())) is not None and log:
+                log.warning("ledger: writing %s again: %s", ledger.path, line)
             replay = False
             if 0 < n < COALESCE_BELOW:
                 # a trickle (a pay run's ~100 events/s): let it gather for a moment, so one
                 # SQLite commit and one ack carry many events instead of two or three
                 time.sleep(COALESCE_S)
-            if time.monotonic() >= next_reconcile:
+            if time.monotonic() >= next_reconcile and backlog_age_s(conn) <= RECONCILE_AFTER_S:
+                # (not while behind: after a full disk or a stop, the events of jobs RQ ended
+                # long ago are still in the stream, not lost; reconciling then set their rows
+                # from RQ and warned that "their event never came", 46 of them in a drill)
                 next_reconcile = time.monotonic() + RECONCILE_EVERY_S
                 fixed_ids: list[str] = []
                 fixed, cursor = reconcile(conn, ledger, after_id=cursor, fixed_ids=fixed_ids)
@@ -920,6 +976,19 @@ def serve(conn, ledger: Ledger, stop, consumer: str = "ledger-1", log=None, obse
             pause(wait)
             wait = min(wait * 2, 10.0)
         except sqlite3.OperationalError as e:
+            free = diskspace.free_bytes(ledger.path)
+            if diskspace.no_room(e, free):
+                # the data directory is full: the batch was rolled back and not acknowledged;
+                # the events wait in Redis and the workers go on. It used to end the process,
+                # and supervisord gave up on it (FATAL) within 10 s (session-42 drill)
+                replay = True
+                if (line := full.failed(clock(), diskspace.full_text(ledger.path, e, free))) is not None and log:
+                    log.error("ledger: cannot write %s; the workers go on and their events wait in Redis (%s "
+                              "behind), nothing is lost: it writes again by itself once there is room", line,
+                              _backlog_text(conn))
+                pause(wait)
+                wait = min(wait * 2, 10.0)
+                continue
             if "locked" not in str(e):
                 raise
             # another process holds the write lock longer than the busy timeout (a newer

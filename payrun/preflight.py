@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-AREAS = ("redis", "scheduler", "payroll", "render", "intake", "workers", "ledger", "email", "slips", "estimate")
+AREAS = ("redis", "scheduler", "payroll", "render", "intake", "workers", "ledger", "email", "data", "slips",
+         "estimate")
 
 SEED_SEND_S = 1.2
 """How long a send takes when we cannot know (a real provider): the seed's 1.2 s."""
@@ -141,6 +143,44 @@ def disk_verdict(free_bytes: int, slips: int, slip_bytes: int) -> tuple[str, str
     if free_bytes < need:
         return WARN, text + " (with little to spare)"
     return OK, text
+
+
+DATA_BYTES_PER_SLIP = 24 * 1024
+"""What a slip takes in the data directory with the embedded Redis: its append-only file
+(~5.5 KiB of Redis data a slip, rewritten when it doubles, the rewrite's copy beside it),
+the ledger's rows (~3 KiB) and the log lines; 6 KiB without the embedded Redis."""
+
+DATA_BYTES_PER_SLIP_NO_REDIS = 6 * 1024
+
+
+def data_verdict(home: Path, free_bytes: int, slips: int, embedded_redis: bool) -> tuple[str, str]:
+    """The data directory's room: FAIL when it is (nearly) full, since the ledger, the payroll
+    database and the embedded Redis's append-only file live there (Redis refuses every write
+    then: the run stops); WARN when the month's slips may not fit."""
+    from payrun import diskspace
+
+    what = "the embedded Redis's append-only file, the ledger, logs" if embedded_redis else "the ledger, logs"
+    if free_bytes < diskspace.NEARLY_FULL_BYTES:
+        return FAIL, (f"{home}: {_size(free_bytes)} free: full ({what}): free space there "
+                      f"({diskspace.what_to_free(home)})")
+    need = slips * (DATA_BYTES_PER_SLIP if embedded_redis else DATA_BYTES_PER_SLIP_NO_REDIS)
+    text = f"{home}: {_size(free_bytes)} free" + (f", ~{_size(need)} needed for {slips:,} slips ({what})" if slips
+                                                  else "")
+    if free_bytes < need:
+        return WARN, text + ": it may fill up mid-run, which stops the run until space is freed"
+    return OK, text
+
+
+def store_room_verdict(store: Path, free_bytes: int) -> tuple[str, str]:
+    """The slip store's room when no slips are counted for the month (already run): a store
+    with no room for a few slips is full, and every render waits (jobs.errors.StoreFull).
+    (It read "ok … writable; 4.0 KiB free" of a store full mid-run: the 4 KiB test file fit.)"""
+    from jobs.policy import STORE_ROOM_MIN_BYTES
+
+    if free_bytes < STORE_ROOM_MIN_BYTES:
+        return FAIL, (f"{store}: {_size(free_bytes)} free: full, no room for a slip (~18 KiB): renders wait "
+                      "until space is freed (`payrun prune --slips`, or grow it)")
+    return OK, f"{store}: writable; {_size(free_bytes)} free"
 
 
 def store_write_text(store: Path, err: OSError, user: str) -> str:
@@ -384,6 +424,7 @@ def check(cfg, *, month: str | None = None, worker_host: bool = False, email: bo
     _supervisor(cfg, rep)
     if email:
         _email(cfg, rep)
+    _data(cfg, rep, slips)
     _slips(cfg, rep, slips, slip_bytes)
     if not worker_host and rep.month:
         by_tick = tick_local is not None and rep.tick_month == rep.month
@@ -403,6 +444,12 @@ def _redis(cfg, rep: Report, connect) -> Any:
     except Exception as e:  # noqa: BLE001 - whatever stops us reaching it, said in one line
         import redis
 
+        from jobs.policy import redis_refusal_reason, redis_refuses_writes
+
+        if redis_refuses_writes(e):  # (it answers PING with MISCONF too: it read "unreachable … `payrun up`")
+            rep.add("redis", FAIL, f"{where}: reachable, but {redis_server.refusal_text(redis_refusal_reason(e), cfg)}"
+                                   "; the checks that read Redis were not made")
+            return None
         why = ("no answer within 5 s" if isinstance(e, (redis.TimeoutError, TimeoutError)) else
                "its password was refused" if isinstance(e, redis.AuthenticationError)
                else type(e).__name__)
@@ -497,11 +544,20 @@ def _payroll(cfg, rep: Report) -> int:
         rep.add("payroll", FAIL, f"no payroll database at {cfg.payroll_path}: `payrun import` the companies and "
                                  "employees first")
         return 0
-    with payroll.PayrollDB(cfg.payroll_path) as db:
-        names = {int(c["id"]): c["name"] for c in payroll.companies(db)}
-        companies = payroll.company_ids_for(db, rep.month)
-        slips = payroll.count_employees(db, rep.month)
-        missing = payroll.without_salary_line(db, rep.month, sorted(names))
+    try:
+        with payroll.PayrollDB(cfg.payroll_path) as db:
+            names = {int(c["id"]): c["name"] for c in payroll.companies(db)}
+            companies = payroll.company_ids_for(db, rep.month)
+            slips = payroll.count_employees(db, rep.month)
+            missing = payroll.without_salary_line(db, rep.month, sorted(names))
+    except sqlite3.OperationalError as e:
+        from payrun import diskspace
+
+        free = diskspace.free_bytes(cfg.payroll_path)
+        if not diskspace.no_room(e, free):
+            raise
+        rep.add("payroll", FAIL, f"cannot read {diskspace.full_text(cfg.payroll_path, e, free)}")
+        return 0
     if not slips:
         rep.add("payroll", FAIL, f"no salary lines for {rep.month}: the tick would pay nothing (`payrun import "
                                  f"FILE.csv` with the month's lines)")
@@ -702,7 +758,15 @@ def _slips(cfg, rep: Report, slips: int, slip_bytes: int) -> None:
         level, text = disk_verdict(free, slips, slip_bytes)
         rep.add("slips", level, f"{store}: writable; {text}")
     else:
-        rep.add("slips", OK, f"{store}: writable; {_size(free)} free")
+        rep.add("slips", *store_room_verdict(store, free))
+
+
+def _data(cfg, rep: Report, slips: int) -> None:
+    from payrun import diskspace
+
+    free = diskspace.free_bytes(cfg.home)
+    if free is not None:
+        rep.add("data", *data_verdict(cfg.home, free, slips, cfg.embedded_redis))
 
 
 def _account() -> str:

@@ -9,6 +9,7 @@ worker is gone or lease lapsed in Redis (the reaper returns those within seconds
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -163,11 +164,18 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                      f"salary lines for {month} and no slip (added after the run): "
                      f"payrun run --month {month} --resume")
     if month and (n_failed := total.get("failed", 0)):  # (an HR walkthrough: "3 failed" and not a word on who)
+        host = min(n_failed, ledger.failed_on_host_trouble(month, company))
+        why = []
+        if host:  # (a full slip store's were said to be "an address refused": session-42 drill)
+            why.append(f"{'all' if host == n_failed else f'{host:,}'} on the host's trouble, not their data (a full "
+                       f"or failing disk, Redis refusing writes): fix that, then `payrun retry --all --month {month}`")
+        if host < n_failed:
+            why.append(f"{'' if not host else 'the rest: '}an address refused: fix it with `payrun import`, then "
+                       "`payrun retry`")
         notes.append(f"{n_failed:,} slip{'' if n_failed == 1 else 's'} of {month} failed for good and "
                      f"{'was' if n_failed == 1 else 'were'} not delivered: `payrun failed --month {month}"
                      + (f" --company {company}" if company is not None else "")
-                     + "` names each employee and why (an address refused: fix it with `payrun import`, then "
-                     "`payrun retry`)")
+                     + f"` names each employee and why ({'; '.join(why)})")
     if month and (n_resend := ledger.failed_resends(month, company)):
         notes.append(f"{n_resend:,} resend{'' if n_resend == 1 else 's'} (`payrun resend`) of {month} failed for "
                      f"good, not counted above (a slip counts once, sent by its first email): "
@@ -180,15 +188,20 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                      f"{' …' if len(waiting) > 3 else ''}): noted on this host ({unrecorded.FILE}); this host's "
                      "send-email process records them within seconds of Redis answering (is it running? payrun "
                      "ps), and a next try here sends nothing")
-    outage = None
+    if month and in_progress and (full := store_full_note(cfg.slips_dir)):
+        notes.insert(0, full)
+    outage = refused = None
     if conn is not None and not redis_failed:
         from payrun import redis_server
 
-        if (why := redis_server.refusal(conn)) is not None:
-            notes.insert(0, redis_server.refusal_text(why, cfg))
+        if (refused := redis_server.refusal(conn)) is not None:
+            notes.insert(0, redis_server.refusal_text(refused, cfg))
         try:
             lag, lag_age = backlog(conn), round(backlog_age_s(conn), 1)
-            notes += intake_notes(conn, waiting_only=not in_progress)  # (a resend waits too)
+            intake = intake_notes(conn, waiting_only=not in_progress)  # (a resend waits too)
+            if refused is not None:  # the workers are up, waiting for Redis to take writes: no record of
+                intake = [n for n in intake if "worker is running" not in n]  # them to find (a drill read "is
+            notes += intake                                                   # `payrun up` running?")
             if any("worker is running" in n for n in notes) and (given_up := programs_given_up(cfg)):
                 notes.append(f"supervisord gave up on {', '.join(given_up[:6])}{' …' if len(given_up) > 6 else ''} "
                              f"(FATAL: each failed its start again and again; `payrun ps`, their logs in "
@@ -219,11 +232,30 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         "ledger_backlog": lag,
         "ledger_backlog_age_s": lag_age,
         "redis_reachable": conn is not None and not redis_failed,
+        "redis_refuses_writes": refused is not None,
         "notes": notes,
         "no_salary_line": [e for cid in sorted(unpaid) for e in unpaid[cid]],
         "months": months,
         "provider_outage": outage,
     }
+
+
+def store_full_note(store: Path, free: int | None = None) -> str | None:
+    """The note for a slip store with no room for a slip (jobs.policy.STORE_ROOM_MIN_BYTES),
+    None otherwise. In the session-42 drill `payrun status` said nothing of it: only slips
+    "in progress", then failed for good, under a note that blamed their addresses."""
+    from jobs.policy import STORE_ROOM_MIN_BYTES
+    from payrun import diskspace
+
+    if free is None:
+        if not store.is_dir():
+            return None
+        free = diskspace.free_bytes(store)
+    if free is None or free >= STORE_ROOM_MIN_BYTES:
+        return None
+    return (f"the slip store {store} is full ({diskspace.size_text(free)} free): every render waits, spending no "
+            f"attempt, and the run goes on by itself once there is room: free space there (`df -h {store}`; "
+            f"`payrun prune --before YYYY-MM --slips` removes old months' slips)")
 
 
 def outage_text(out: dict[str, Any], tz: str) -> str:
@@ -376,7 +408,9 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(f"Total: {hr_line(r['total'])}")
     if r.get("ledger_backlog") and (r.get("ledger_backlog_age_s") or 0) >= LEDGER_STALE_S:  # a few are normal
         lines.append(f"(ledger is {r['ledger_backlog']:,} updates behind, the oldest from "
-                     f"{r['ledger_backlog_age_s']:.0f} s ago: is `payrun ledger` running?)")
+                     f"{r['ledger_backlog_age_s']:.0f} s ago: "
+                     + ("it cannot take them while Redis refuses writes)" if r.get("redis_refuses_writes")
+                        else "is `payrun ledger` running?)"))
     if r.get("redis_reachable") is False:
         lines.append("(Redis unreachable: figures are the ledger's; stuck jobs and its backlog were not checked)")
     lines += [f"note: {n}" for n in r.get("notes", [])]
