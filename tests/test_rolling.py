@@ -95,3 +95,47 @@ def test_a_stop_request_of_the_version_before_host_ids_stops_a_send_email_proces
     conn.set(legacy, "email.host.1 via console", ex=60)
     intake.poll()
     assert asked == ["stop"] and not conn.exists(legacy)  # taken, as its own key is
+
+
+def _old_lane(conn, name: str, alive: bool = True) -> None:
+    """A send-email lane of the version before session 42: an RQ worker record and a
+    liveness key, no entry in the senders' hash."""
+    from payrun import keys
+
+    conn.sadd("rq:workers", f"rq:worker:{name}")
+    conn.hset(f"rq:worker:{name}", mapping={"hostname": "old-host", "pid": "77", "queues": "send-email"})
+    if alive:
+        conn.set(keys.alive(name), "1", ex=10)
+
+
+def test_unlisted_senders_are_live_send_lanes_of_processes_without_an_entry():
+    from jobs.policy import unlisted_senders
+
+    lanes = ["email.old-host.77.00", "email.old-host.77.01", "email.new-host.5.00", "email.me.1.03",
+             "render.old-host.9", "control.old-host.8"]
+    assert unlisted_senders(lanes, {"email.new-host.5": {}}, "email.me.1") == {"email.old-host.77"}
+    assert unlisted_senders([], {}, "email.me.1") == set()
+
+
+def test_a_new_process_refused_alone_beside_an_old_hosts_sender_pauses_itself(conn):
+    """Rolling deploy, two send-email hosts: the updated one's token is wrong, the other
+    still runs the version before session 42, which keeps no entry in the senders' hash.
+    The new process saw no other sender, counted its refusals toward an outage, and its
+    jobs spent attempts one by one while the old host delivered (the pre-42 story). A live
+    send lane with no entry counts as a sender: the new process pauses itself; once that
+    lane is gone, a refusal is an outage again."""
+    from jobs import senders
+    from payrun import keys
+
+    me = senders.HostCredentials("email.new-host.5")
+    me._write(conn)
+    assert me.refused(conn, "PAYRUN_EMAIL_TOKEN", "HTTP 401") is False  # alone: an outage, as before
+    _old_lane(conn, "email.old-host.77.00", alive=False)  # a record whose process died: no sender
+    assert me.refused(conn, "PAYRUN_EMAIL_TOKEN", "HTTP 401") is False
+    _old_lane(conn, "email.old-host.77.01")
+    assert me.refused(conn, "PAYRUN_EMAIL_TOKEN", "HTTP 401") is True and me.paused
+    me.look_at_others(conn)
+    assert me.paused  # the old host still sends
+    conn.delete(keys.alive("email.old-host.77.01"))
+    me.look_at_others(conn)
+    assert not me.paused
