@@ -990,6 +990,14 @@ class Source:
                     "errors": {i: metas[i].get("last_error") or "" for i in rest},
                     "new_address": self._new_addresses([i for i in rest if i in fixed])}
 
+    def _on_file_of(self, employee: str):
+        """(name, address) of an employee in the payroll database now, or None."""
+        if self._payroll is None:
+            self._payroll = open_payroll_ro(self.cfg.payroll_path)
+        if self._payroll is None:
+            return None
+        return self._payroll.conn.execute("SELECT name_en, email FROM employees WHERE id = ?", (employee,)).fetchone()
+
     def job_detail(self, job_id: str) -> dict[str, Any]:
         """One job, and for a failed one what its retry would do, as the failed list marks
         it (``permanent``, ``address_changed``, ``delivered_by_resend``): the detail's r
@@ -998,7 +1006,7 @@ class Source:
             from console import failed
 
             led = self.ledger()
-            d = failed.detail(self.conn, led, job_id)
+            d = failed.detail(self.conn, led, job_id, self._on_file_of)
             if d.get("rq_status") == "failed":
                 permanent = bool((d.get("meta") or {}).get("permanent"))
                 d["address_changed"] = permanent and job_id in self._readdressed([job_id])

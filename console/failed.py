@@ -332,15 +332,22 @@ def _matching_ids(conn, ledger, flt: FailedFilter) -> list[str]:
     return out
 
 
-def detail(conn, ledger, job_id: str) -> dict[str, Any]:
-    """One job: ledger row with its attempt history, RQ status, last error, traceback."""
+def detail(conn, ledger, job_id: str, on_file_of=None) -> dict[str, Any]:
+    """One job: ledger row with its attempt history, RQ status, last error, traceback, and
+    whom its email is for (``recipient``, ``recipient_send``: payrun.recipient, as `payrun
+    job` says it; ``on_file_of``: employee id -> (name, address) on file now)."""
     out: dict[str, Any] = {"id": job_id, "ledger": None, "rq_status": None, "traceback": None, "meta": {}}
     if ledger is not None:
         out["ledger"] = ledger.job(job_id)
+    job_data = None
     try:
         from jobs.runtime import PayrunJob
 
         job = PayrunJob.fetch(job_id, connection=conn)
+        try:  # (the name and address alone are read out of it: payrun.recipient)
+            job_data = job.args[0] if job.args else None
+        except Exception:  # noqa: BLE001 - its data unreadable: said below
+            job_data = None
         status = job.get_status(refresh=False)
         out["rq_status"] = getattr(status, "value", _s(status))  # "failed", not "JobStatus.FAILED"
         out["meta"] = {k: v for k, v in job.meta.items()
@@ -361,6 +368,13 @@ def detail(conn, ledger, job_id: str) -> dict[str, Any]:
             out["rq_error"] = f"{type(e).__name__}: Unexpected job format (its hash has no 'data' field)"
         else:
             out["rq_error"] = f"{type(e).__name__}: {e}"
+    try:
+        from payrun.recipient import job_recipient
+
+        out["recipient"], out["recipient_send"] = job_recipient(ledger, on_file_of or (lambda employee: None),
+                                                                job_id, out["ledger"], job_data)
+    except Exception:  # noqa: BLE001 - the rest of the view stands without it
+        out["recipient"] = out["recipient_send"] = None
     return out
 
 

@@ -898,38 +898,15 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
 
 
 def _job_recipient(c: Ctx, job_id: str, row: dict | None, job_data) -> tuple[dict | None, str | None]:
-    """Whom a job's email is for (`payrun job`): its recipient (payrun.recipient) and, for a
-    render, its send's job id (None for a send, whose own address it is)."""
-    from payrun.recipient import from_job_data, recipient
+    """Whom a job's email is for (`payrun job`): payrun.recipient.job_recipient."""
+    from payrun.recipient import job_recipient
 
-    kind = (row or {}).get("kind")
-    if row is None and not isinstance(job_data, dict):
-        return None, None
-    employee = (row or {}).get("employee_id")
-    if employee is None and isinstance(job_data, dict):
-        emp = job_data.get("employee")
-        employee = job_data.get("employee_id") or (emp.get("id") if isinstance(emp, dict) else None)
-    if employee is None and from_job_data(job_data) == (None, None):
-        return None, None
-    ledger = c.ledger()
-    send_id = sent_with = None
-    if kind in ("render", "resend") and row.get("key"):
-        if (send := ledger.send_of(row["key"])) is not None:
-            send_id, sent_with = send
-    elif row is not None:
-        sent_with = ledger.recipients([job_id]).get(job_id)
-    on_file = None
-    if employee and c.cfg.payroll_path.exists():
-        on_file = c.payroll().conn.execute("SELECT name_en, email FROM employees WHERE id = ?",
-                                           (employee,)).fetchone()
-    to = recipient(employee, sent_with, job_data, tuple(on_file) if on_file else None)
-    if to is not None and kind in ("render", "resend") and send_id is None:  # (its send is not made yet)
-        from jobs.oneoff import resend_email_job_id, resend_number
-        from payrun import keys
+    def on_file_of(employee: str):
+        if not c.cfg.payroll_path.exists():
+            return None
+        return c.payroll().conn.execute("SELECT name_en, email FROM employees WHERE id = ?", (employee,)).fetchone()
 
-        send_id = (resend_email_job_id(row["month"], employee, resend_number(row["key"])) if kind == "resend"
-                   else keys.email_job_id(row["month"], employee))
-    return to, send_id
+    return job_recipient(c.ledger(), on_file_of, job_id, row, job_data)
 
 
 @cli.group(name="employee")

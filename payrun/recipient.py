@@ -68,5 +68,37 @@ def recipient_text(r: Mapping[str, Any], send_id: str | None = None) -> str:
     return f"{'for' if send_id else 'to'}: {name}{address}" + (f" ({where})" if where else "")
 
 
+def job_recipient(ledger, on_file_of, job_id: str, row: Mapping[str, Any] | None,
+                  job_data: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """Whom a job's email is for (`payrun job`, the console's job view): its ``recipient``
+    and, for a render, its send's job id (None for a send, whose own address it is).
+    ``ledger``: payrun.ledger.Ledger (or the console's read-only one); ``on_file_of``:
+    employee id -> (name, address) on file now, or None."""
+    kind = (row or {}).get("kind")
+    if row is None and not isinstance(job_data, Mapping):
+        return None, None
+    employee = (row or {}).get("employee_id")
+    if employee is None and isinstance(job_data, Mapping):
+        emp = job_data.get("employee")
+        employee = job_data.get("employee_id") or (emp.get("id") if isinstance(emp, Mapping) else None)
+    if employee is None and from_job_data(job_data) == (None, None):
+        return None, None
+    send_id = sent_with = None
+    if ledger is not None and row is not None and kind in ("render", "resend") and row.get("key"):
+        if (send := ledger.send_of(row["key"])) is not None:
+            send_id, sent_with = send
+    elif ledger is not None and row is not None:
+        sent_with = ledger.recipients([job_id]).get(job_id)
+    on_file = on_file_of(employee) if employee else None
+    to = recipient(employee, sent_with, job_data, tuple(on_file) if on_file else None)
+    if to is not None and row is not None and kind in ("render", "resend") and send_id is None:
+        from jobs.oneoff import resend_email_job_id, resend_number
+        from payrun import keys
+
+        send_id = (resend_email_job_id(row["month"], employee, resend_number(row["key"])) if kind == "resend"
+                   else keys.email_job_id(row["month"], employee))  # (its send is not made yet)
+    return to, send_id
+
+
 def _str(v: Any) -> str | None:
     return v if isinstance(v, str) and v else None

@@ -271,6 +271,29 @@ def test_looking_never_writes_to_redis(payrun_world):
     assert {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)} == {}
 
 
+def test_the_job_view_names_whom_the_email_is_for_as_payrun_job_does(payrun_world):
+    """`payrun job` names the recipient (session 42, HR: "which address did it go to?"); the
+    console's job view, the on-call's, said nothing of it."""
+    from click.testing import CliRunner
+
+    from console.screens.job import render_detail
+    from payrun.cli import cli
+
+    cfg, conn, ledger, bad, *_ = payrun_world
+    src = Source(cfg, conn)
+    send = keys.email_job_id(MONTH, bad)
+    d = src.job_detail(send)
+    assert d["recipient"]["email"] == "nobody@nowhere.invalid" and d["recipient"]["employee_id"] == bad, d
+    assert d["recipient_send"] is None
+    cli_line = next(line for line in CliRunner().invoke(cli, ["job", send], catch_exceptions=False).output.splitlines()
+                    if line.startswith("to: "))
+    assert cli_line in render_detail(d, cfg.timezone).plain
+    render_id = next(i for i in ledger.ids_of_employee(bad) if i.startswith("render"))
+    r = src.job_detail(render_id)
+    assert r["recipient_send"] == send and "for: " in render_detail(r, cfg.timezone).plain, r
+    assert src.job_detail("render-nothing-here").get("recipient") is None
+
+
 def test_json_twins(payrun_world):
     from payrun.cli import cli
 

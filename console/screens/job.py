@@ -58,6 +58,10 @@ def render_detail(d: dict, tz: str | None = None) -> Text:
                      f"{h.get('outcome')}{delay}  {visible(h.get('error') or '')}\n")
     else:
         t.append("(not in the ledger)\n", style="dim")
+    if d.get("recipient"):
+        from payrun.recipient import recipient_text
+
+        t.append(f"{visible(recipient_text(d['recipient'], d.get('recipient_send')))}\n")
     t.append(f"\nin Redis: {d.get('rq_status') or d.get('rq_error') or '?'}")
     if d.get("func"):
         t.append(f" · {d['func']} on {d.get('origin')}")
