@@ -12,6 +12,7 @@ import re
 import smtplib
 import socket
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from jobs.errors import OutcomeUnknown, PermanentError, SlipMissing, TransientError
@@ -329,6 +330,21 @@ def another_sender_sends(entries: dict[str, dict | None], me: str, now_ms: float
         if not e["refused"]:
             return True
     return False
+
+
+def unlisted_senders(live_lanes: Iterable[str], listed: Iterable[str], me: str) -> set[str]:
+    """The send-email processes (``email.<host>.<pid>``) of ``live_lanes`` (lane worker
+    names ``email.<host>.<pid>.<nn>`` whose liveness key is there) with no entry in the
+    senders' hash (``listed``) and other than ``me``: processes of a payrun before session
+    42, which keeps none, while hosts run two versions (a rolling deploy). They send as far
+    as anyone knows, so a refusal of ``me`` alone is ``me``'s credentials. Pure."""
+    listed = set(listed)
+    out = set()
+    for lane in live_lanes:
+        process = lane.rsplit(".", 1)[0]
+        if lane.startswith("email.") and process.count(".") >= 2 and process != me and process not in listed:
+            out.add(process)
+    return out
 
 
 def host_probe_s(failed_probes: int, first_s: float = HOST_PROBE_FIRST_S, max_s: float = HOST_PROBE_MAX_S) -> float:

@@ -2085,6 +2085,11 @@ class Intake:
         self.on_stop_request = on_stop_request
         """Called (from the watcher thread) once `payrun stop-worker` asked this process to stop."""
         self._stop_key = keys.stop_process(socket.gethostname(), os.getpid(), host_id())
+        self._stop_key_before = keys.stop_process(socket.gethostname(), os.getpid())
+        """The key a `payrun stop-worker` (or console) of a payrun before session 42 sets,
+        without the host id: during a rolling deploy (or from a console left open since the
+        day before) the request was never seen, and the stop said done. It cannot tell two
+        machines of one hostname apart; the CLI of this version can."""
         self._cond = threading.Condition()
         self._idle = 0
         self._grants = 0
@@ -2142,9 +2147,11 @@ class Intake:
             pipe.smembers(keys.PAUSED_QUEUES)
             pipe.exists(WORKERS_SUSPENDED)
             pipe.getdel(self._stop_key)
+            pipe.getdel(self._stop_key_before)
             for q in self.queues:
                 pipe.llen(q.key)
-            paused, suspended, stop_asked, *lengths = pipe.execute()
+            paused, suspended, stop_asked, stop_asked_before, *lengths = pipe.execute()
+        stop_asked = stop_asked if stop_asked is not None else stop_asked_before
         if stop_asked is not None and self.on_stop_request is not None and not self.stop.is_set():
             who = stop_asked.decode() if isinstance(stop_asked, bytes) else stop_asked
             log.info("send-email %d: stop requested (%s)", os.getpid(), who)

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jobs.policy import (HOST_PROBE_MAX_S, HOST_REFUSED_LOG_EVERY_S, SENDER_BEAT_S, SENDER_TTL_S, another_sender_sends,
-                         host_probe_s, read_sender_entry, sender_entry)
+                         host_probe_s, read_sender_entry, sender_entry, unlisted_senders)
 from payrun import keys
 
 log = logging.getLogger("payrun.jobs.senders")
@@ -133,7 +133,7 @@ class HostCredentials:
                 conn.hdel(self.key, *gone)
             except Exception:
                 pass
-        if not another_sender_sends(entries, self.name, now_ms):
+        if not another_sender_sends(entries, self.name, now_ms) and not self._unlisted(conn, entries):
             return False
         self._pause(where, error, since)
         return True
@@ -224,8 +224,26 @@ class HostCredentials:
         except Exception:  # Redis away: stay as we are
             return
         entries = {_s(k): read_sender_entry(v) for k, v in raw.items()}
-        if not another_sender_sends(entries, self.name, self._clock() * 1000):
+        if not another_sender_sends(entries, self.name, self._clock() * 1000) and not self._unlisted(conn, entries):
             self._resume("no other send-email process sends now: a refusal counts toward a provider outage again")
+
+    def _unlisted(self, conn, entries: dict) -> set[str]:
+        """Live send-email processes with no entry in the hash: of the version before
+        session 42, during a rolling deploy (jobs.policy.unlisted_senders). Without them, a
+        new process refused alone beside old hosts counted it toward an outage, spending
+        its jobs' attempts one by one as before session 42. Empty if Redis does not answer."""
+        try:
+            lanes = [n for n in (_s(m).split(":", 2)[-1] for m in conn.smembers("rq:workers"))
+                     if n.startswith("email.")]
+            if not lanes:
+                return set()
+            with conn.pipeline(transaction=False) as p:
+                for n in lanes:
+                    p.exists(keys.alive(n))
+                alive = p.execute()
+        except Exception:  # noqa: BLE001 - a look only; the hash said what it could
+            return set()
+        return unlisted_senders([n for n, a in zip(lanes, alive) if a], entries, self.name)
 
     # ---- the entry and the watch thread ----------------------------------------------------
     def entry(self) -> str:

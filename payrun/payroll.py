@@ -49,6 +49,11 @@ from payrun import keys
 from payrun.errors import InputError
 from payrun.text import text_problem
 
+LEFT_ON_TRIGGER = "employees_active_forgets_left_on"
+CORRECTED_AT_TRIGGER = "salary_lines_figures_stamp_corrected_at"
+"""Triggers PayrollDB adds on open (with the columns they keep): they hold for whichever
+version of payrun writes the database, the one before them included (a rolling deploy)."""
+
 AMOUNT_FIELDS = (
     "basic", "house_rent", "medical", "conveyance", "bonus", "tax", "provident_fund", "loan",
 )
@@ -135,6 +140,20 @@ class PayrollDB:
                 # when an import last changed a line's figures: a resend after it is a
                 # corrected slip (jobs.policy.reissue_marks). NULL for lines before it.
                 d["salary_lines"].add_column("corrected_at", str)
+            # A rolling deploy or a roll-back runs the version before these columns on this
+            # database (an `employee back` or `left`, an `import`): the database keeps them
+            # true whoever writes. A change of `active` forgets the leaving date (an earlier
+            # version's `back` then `left` showed the first leaving's date; set_active writes
+            # the new one after), and figures changed stamp `corrected_at` (an earlier
+            # version's import of a correction read "Re-issued", not "Corrected").
+            d.execute(f"CREATE TRIGGER IF NOT EXISTS {LEFT_ON_TRIGGER} AFTER UPDATE OF active ON employees "
+                      "WHEN NEW.active IS NOT OLD.active "
+                      "BEGIN UPDATE employees SET left_on = NULL WHERE id = NEW.id; END")
+            changed = " OR ".join(f"NEW.{f} IS NOT OLD.{f}" for f in AMOUNT_FIELDS)
+            d.execute(f"CREATE TRIGGER IF NOT EXISTS {CORRECTED_AT_TRIGGER} AFTER UPDATE OF {', '.join(AMOUNT_FIELDS)} "
+                      f"ON salary_lines WHEN {changed} BEGIN UPDATE salary_lines SET corrected_at = "
+                      f"strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now') WHERE employee_id = NEW.employee_id "
+                      "AND month = NEW.month; END")
             # a company's name and address as its month was run: a slip of that month
             # (a resend, a retry, a newcomer's top-up) prints them, not a later rename
             d["company_months"].create(
@@ -849,15 +868,7 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
         lines_before = _line_rows(d, lines)
         d["employees"].upsert_all(employees, pk="id", batch_size=500)
         d["salary_lines"].upsert_all(lines, pk=("employee_id", "month"), batch_size=500)
-        refigured = [(ln["employee_id"], ln["month"]) for ln in lines
-                     if (was := lines_before.get((ln["employee_id"], ln["month"]))) is not None
-                     and any(was[f] != ln[f] for f in AMOUNT_FIELDS)]
-        if refigured:
-            from datetime import datetime, timezone
-
-            now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-            d.conn.executemany("UPDATE salary_lines SET corrected_at = ? WHERE employee_id = ? AND month = ?",
-                               [(now, emp, month) for emp, month in refigured])
+        # (a line whose figures changed gets corrected_at from CORRECTED_AT_TRIGGER)
         slips_after = _slip_rows(d, [ln for ln in lines if (ln["employee_id"], ln["month"]) in slips_before])
     changed = sorted(e["id"] for e in employees if e["id"] in before and before[e["id"]] != e)
     moved = sorted((e["id"], before[e["id"]]["company_id"], e["company_id"]) for e in employees

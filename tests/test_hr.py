@@ -287,6 +287,7 @@ def test_the_day_an_employee_left_is_recorded_and_shown_where_leavers_are_named(
     assert payroll.left_on(db, [gone, late]) == {gone: "2026-11-25"}
 
     # a payroll database made before leaving dates: the column is added, old marks undated
+    db.conn.execute(f"DROP TRIGGER {payroll.LEFT_ON_TRIGGER}")  # (made with the column: it names it)
     db.conn.execute("ALTER TABLE employees DROP COLUMN left_on")
     db.conn.execute("UPDATE employees SET active = 0 WHERE id = ?", (old,))  # (marked then; November has its slip)
     db.conn.commit()
