@@ -652,7 +652,7 @@ def _workers(cfg, conn, rep: Report, worker_host: bool = False) -> dict[str, int
     from console.data import read_workers
     from payrun.procs import host_id
 
-    rows = [w for w in read_workers(conn, time.time()) if w.alive and not w.stopping]
+    rows = every = [w for w in read_workers(conn, time.time()) if w.alive and not w.stopping]
     if worker_host:  # (another machine with this hostname is not this host: its id differs)
         rows = [w for w in rows if w.host == socket.gethostname() and w.host_id in (None, host_id())]
     render = sum(w.kind == "render" for w in rows)
@@ -661,7 +661,7 @@ def _workers(cfg, conn, rep: Report, worker_host: bool = False) -> dict[str, int
     control = sum(w.kind == "control" for w in rows)
     hosts = len({(w.host, w.host_id) for w in rows})  # (two machines named alike: two hosts)
     found = worker_verdicts(render, processes, len(email_rows), control, hosts)
-    if alike := named_alike(rows, socket.gethostname(), host_id()):
+    if alike := named_alike(every, socket.gethostname(), host_id()):  # (before this host's own were picked)
         found.append(alike)
     if worker_host:
         found = [f for f in found if "control worker" not in f.text]

@@ -478,6 +478,19 @@ def test_a_worker_host_checks_what_that_host_needs(cfg, conn):
     conn.set(keys.alive(name), 1, ex=60)
     data = json.loads(CliRunner().invoke(cli, ["check", "--no-email", "--json"]).output)
     assert any(c["level"] == FAIL and "no pdf-render worker" in c["text"] for c in data["checks"]), data
+    # another machine's worker bearing this host's name (a cloned image): not this host's
+    # either, and said (review, session 42: the worker host's own rows were picked first,
+    # so the warning could never show there)
+    import socket
+
+    twin = f"render.{socket.gethostname()}.4343"
+    conn.sadd("rq:workers", f"rq:worker:{twin}")
+    conn.hset(f"rq:worker:{twin}", mapping={"hostname": socket.gethostname(), "pid": "4343", "host_id": "0badc0de",
+                                            "queues": keys.RENDER_QUEUE, "state": "idle"})
+    conn.set(keys.alive(twin), 1, ex=60)
+    data = json.loads(CliRunner().invoke(cli, ["check", "--no-email", "--json"]).output)
+    assert any(c["level"] == FAIL and "no pdf-render worker" in c["text"] for c in data["checks"]), data
+    assert any(c["level"] == WARN and f"also named {socket.gethostname()!r}" in c["text"] for c in data["checks"]), data
     refused = CliRunner().invoke(cli, ["check", "--month", "2026-11"])
     assert refused.exit_code == 2 and "--month is for the control host" in refused.output
 
