@@ -955,10 +955,9 @@ def _set_active(c: Ctx, ids: list[str], active: bool, left_date: str | None = No
         raise InputError(f"no payroll database at {c.cfg.payroll_path}: import employees first")
     db = c.payroll()
     before = payroll.left_on(db, ids) if not active else {}
-    changed = payroll.set_active(db, ids, active)
-    if not active:  # the date: of those marked now, and with --on of those already marked too
-        dated = ids if redate else changed
-        payroll.set_active(db, dated, False, left_date)
+    # the date, in the mark's own transaction (two left a leaver undated if stopped between):
+    # of those marked now, and with --on of those already marked too
+    changed = payroll.set_active(db, ids, active, left_date if not active else None, redate=redate)
     redated = [i for i in ids if i in before and before[i] != left_date] if redate and not active else []
     word = "back" if active else "left"
     on = f" on {left_date}" if not active else ""

@@ -1110,11 +1110,12 @@ def left_label(date: str | None) -> str:
 
 
 def set_active(db: "PayrollDB | sqlite_utils.Database", employee_ids: list[str], active: bool,
-               left_date: str | None = None) -> list[str]:
+               left_date: str | None = None, redate: bool = True) -> list[str]:
     """Mark employees as working here (1) or gone (0): a pay run, its "no slip yet" count
     and `payrun remind` leave out those gone; a resend (HR's explicit request) still
     works. ``left_date`` (YYYY-MM-DD): the day they left, recorded with the mark (and set
-    on those already marked left, a date corrected); marking one back clears it. All ids
+    on those already marked left, a date corrected, unless not ``redate``: theirs is kept),
+    in the same transaction as the mark; marking one back clears it. All ids
     must exist (InputError naming the unknown, nothing changed). Returns the ids whose
     flag changed."""
     d = _sdb(db)
@@ -1131,7 +1132,8 @@ def set_active(db: "PayrollDB | sqlite_utils.Database", employee_ids: list[str],
         if active:
             d.conn.executemany("UPDATE employees SET left_on = NULL WHERE id = ?", [(i,) for i in changed])
         elif left_date is not None:
-            d.conn.executemany("UPDATE employees SET left_on = ? WHERE id = ?", [(left_date, i) for i in ids])
+            d.conn.executemany("UPDATE employees SET left_on = ? WHERE id = ?",
+                               [(left_date, i) for i in (ids if redate else changed)])
     return changed
 
 

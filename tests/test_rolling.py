@@ -46,6 +46,11 @@ def test_an_earlier_versions_back_then_left_does_not_keep_the_first_leaving_date
     assert payroll.left_on(db, [emp]) == {emp: "2026-12-01"}
     payroll.set_active(db, [emp], False, left_date="2026-12-02")  # already left: a date corrected
     assert payroll.left_on(db, [emp]) == {emp: "2026-12-02"}
+    # without --on: one call marks and dates those marked now and keeps the others' dates
+    # (it was two transactions: a stop between them left a leaver undated)
+    other = "emp-00002"
+    assert payroll.set_active(db, [emp, other], False, left_date="2026-12-05", redate=False) == [other]
+    assert payroll.left_on(db, [emp, other]) == {emp: "2026-12-02", other: "2026-12-05"}
 
 
 def test_an_earlier_versions_import_of_other_figures_marks_the_line_corrected(tmp_path):
