@@ -250,16 +250,24 @@ def test_smtp_timeout_after_data_is_outcome_unknown(smtpd):
     assert len(smtpd.messages) == 1  # it WAS delivered: hence OutcomeUnknown, not Transient
 
 
-def test_smtp_auth_password_from_env_never_in_errors(monkeypatch):
-    handler = Recorder()
-
+def smtp_with_login(handler, tries: list | None = None) -> "EphemeralController":
+    """A started SMTP server on 127.0.0.1 taking only the login payroll / s3cret-pw (aiosmtpd
+    answers any other 535); ``tries`` collects the mechanisms clients tried."""
     def authenticator(server, session, envelope, mechanism, auth_data):
+        if tries is not None:
+            tries.append(mechanism)
         ok = (auth_data.login, auth_data.password) == (b"payroll", b"s3cret-pw")
         return AuthResult(success=ok, handled=False)  # handled=False: aiosmtpd answers 535
 
-    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0,
-                              authenticator=authenticator, auth_require_tls=False)
+    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0, authenticator=authenticator,
+                              auth_require_tls=False)
     ctl.start()
+    return ctl
+
+
+def test_smtp_auth_password_from_env_never_in_errors(monkeypatch):
+    handler = Recorder()
+    ctl = smtp_with_login(handler)
     try:
         monkeypatch.setenv("PAYRUN_SMTP_PASSWORD", "s3cret-pw")
         t = transport_for(f"smtp://payroll@127.0.0.1:{ctl.port}", 5)
@@ -284,15 +292,7 @@ def test_a_wrong_smtp_password_is_one_failed_login_per_send_not_one_per_mechanis
     send (and per `payrun check`), which mail servers count toward locking the account."""
     handler = Recorder()
     tries = []
-
-    def authenticator(server, session, envelope, mechanism, auth_data):
-        tries.append(mechanism)
-        return AuthResult(success=(auth_data.login, auth_data.password) == (b"payroll", b"s3cret-pw"),
-                          handled=False)
-
-    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0, authenticator=authenticator,
-                              auth_require_tls=False)
-    ctl.start()
+    ctl = smtp_with_login(handler, tries)
     try:
         with pytest.raises(AccountRefused):
             transport_for(f"smtp://payroll:wr0ng-pw@127.0.0.1:{ctl.port}", 5).send(make_msg())

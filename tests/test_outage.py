@@ -265,9 +265,11 @@ def test_taking_a_job_during_an_outage(conn):
 # ---- the send path, against the local provider ----------------------------------------
 
 
-@pytest.fixture
-def outage_cfg(cfg, monkeypatch, tmp_path):
-    provider = Provider(latency_s=0.0, rate_per_s=1000).start()
+def sending_to_a_local_provider(monkeypatch, tmp_path, **provider_kw):
+    """(settings, provider): a local provider, outage after 3 failures (30 s pause, 60 s at
+    most), this process's limiters and transports fresh. A generator for a fixture to yield
+    from (test_senders' too)."""
+    provider = Provider(latency_s=0.0, rate_per_s=1000, **provider_kw).start()
     toml = tmp_path / "outage.toml"
     toml.write_text("[limits]\noutage_after = 3\noutage_pause_s = 30.0\noutage_pause_max_s = 60.0\n")
     monkeypatch.setenv("PAYRUN_CONFIG", str(toml))
@@ -280,6 +282,11 @@ def outage_cfg(cfg, monkeypatch, tmp_path):
     finally:
         provider.stop()
         tasks.settings.cache_clear()
+
+
+@pytest.fixture
+def outage_cfg(cfg, monkeypatch, tmp_path):
+    yield from sending_to_a_local_provider(monkeypatch, tmp_path)
 
 
 def _send(conn, cfg, n: int):
@@ -499,17 +506,21 @@ def test_a_job_failing_with_our_own_error_is_one_log_line_and_a_bug_keeps_its_tr
                               "BusyLoadingError: Redis is loading the dataset in memory")
 
 
+class HeldJob:
+    """What the runtime's _classify_exception touches of an RQ job (test_senders' too)."""
+
+    def __init__(self, holds: int, attempt: int = 3, retries_left: int = 2):
+        self.meta = {"attempt": attempt, "outage_holds": holds}
+        self.retries_left = retries_left  # RQ has already taken this attempt off
+
+    def save_meta(self):
+        pass
+
+
 def test_the_runtime_gives_a_held_job_its_attempt_back_a_bounded_number_of_times():
     from jobs.runtime import EventsMixin
 
-    class Job:  # what _classify_exception touches of an RQ job
-        def __init__(self, holds):
-            self.meta = {"attempt": 3, "outage_holds": holds}
-            self.retries_left = 2  # RQ has already taken this attempt off
-
-        def save_meta(self):
-            pass
-
+    Job = HeldJob
     down = ProviderDown("email provider down (10 sends in a row failed)", retry_after_s=5.0)
     free = Job(holds=0)
     EventsMixin._classify_exception(None, free, ProviderDown, down, None)

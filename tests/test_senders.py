@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from jobs import idempotency, senders, tasks
+from jobs import senders, tasks
 from jobs.errors import AccountRefused, ProviderDown, RefusedHere, Throttled, TransientError
 from jobs.limits import read_outage
 from jobs.policy import (OUTAGE_HOLDS_PER_JOB, SENDER_TTL_S, another_sender_sends, counts_as_provider_failure,
                          host_probe_s, pauses_every_sender, read_sender_entry, sender_entry)
 from payrun import keys
 from payrun.provider import Provider, TokenFile
+from test_outage import _send, sending_to_a_local_provider
 
 GOOD = "good-token-0123456789"
 BAD = "stale-token-9876543210"
@@ -70,13 +71,10 @@ def test_a_send_refused_here_alone_pauses_nobody_else_and_is_no_provider_failure
 def test_the_runtime_holds_a_job_refused_here_for_free_a_bounded_number_of_times():
     from jobs.runtime import EventsMixin
 
-    class Job:  # what _classify_exception touches of an RQ job
-        def __init__(self, holds):
-            self.meta = {"attempt": 2, "outage_holds": holds}
-            self.retries_left = 4  # RQ has already taken this attempt off
+    from test_outage import HeldJob
 
-        def save_meta(self):
-            pass
+    def Job(holds):  # noqa: N802 - a stand-in for RQ's job
+        return HeldJob(holds, attempt=2, retries_left=4)
 
     refused = RefusedHere("not sent: the provider refused this send-email process's credentials")
     free = Job(holds=0)
@@ -228,33 +226,9 @@ def test_a_paused_process_takes_sends_again_once_no_other_one_sends(conn, caplog
 def refused_here(cfg, monkeypatch, tmp_path):
     """This process sends with a token the local provider refuses; another process's entry
     is alive beside it, not refused."""
-    provider = Provider(latency_s=0.0, rate_per_s=1000, token=GOOD).start()
-    toml = tmp_path / "senders.toml"
-    toml.write_text("[limits]\noutage_after = 3\noutage_pause_s = 30.0\noutage_pause_max_s = 60.0\n")
-    monkeypatch.setenv("PAYRUN_CONFIG", str(toml))
-    monkeypatch.setenv("PAYRUN_EMAIL_URL", provider.url)
     monkeypatch.setenv("PAYRUN_EMAIL_TOKEN", BAD)
     monkeypatch.setattr(senders, "HOST", senders.HostCredentials("email.this-host.1"))
-    tasks.settings.cache_clear()
-    monkeypatch.setattr(tasks, "_limiters", {})
-    monkeypatch.setattr(tasks, "_transports", {})
-    try:
-        yield tasks.settings(), provider
-    finally:
-        provider.stop()
-        tasks.settings.cache_clear()
-
-
-def _send(conn, cfg, n: int):
-    from jobs import mail
-
-    key = f"2026-11:1:emp-{n}"
-    token = f"email-{n}:1"
-    assert idempotency.claim(conn, key, token, 60) == idempotency.OK
-    msg = mail.Message(to_addr=f"e{n}@example.test", to_name=f"E {n}", subject="slip", text_body="hi",
-                       attachment_name="s.pdf", attachment_bytes=b"%PDF-1.7 test", idempotency_key=key,
-                       sender=cfg.email.sender)
-    return tasks.send_limited(conn, cfg, msg, key, token)
+    yield from sending_to_a_local_provider(monkeypatch, tmp_path, token=GOOD)
 
 
 def test_a_send_refused_for_this_processs_credentials_while_another_sends_goes_back_unspent(conn, refused_here):
@@ -289,20 +263,11 @@ def test_every_process_refused_is_still_a_provider_outage(conn, refused_here):
 
 def test_an_smtp_login_refused_here_alone_names_the_password_variable_never_the_password(
         conn, cfg, monkeypatch, tmp_path, caplog):
-    from aiosmtpd.smtp import AuthResult
-
-    from tests.test_mail import EphemeralController, Recorder
+    from tests.test_mail import Recorder, smtp_with_login
 
     caplog.set_level(logging.INFO, logger="payrun.jobs.senders")
     handler = Recorder()
-
-    def authenticator(server, session, envelope, mechanism, auth_data):
-        return AuthResult(success=(auth_data.login, auth_data.password) == (b"payroll", b"s3cret-pw"),
-                          handled=False)
-
-    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0, authenticator=authenticator,
-                              auth_require_tls=False)
-    ctl.start()
+    ctl = smtp_with_login(handler)
     try:
         monkeypatch.setenv("PAYRUN_EMAIL_URL", f"smtp://payroll@127.0.0.1:{ctl.port}")
         monkeypatch.setenv("PAYRUN_SMTP_PASSWORD", "wr0ng-pw")
