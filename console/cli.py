@@ -49,18 +49,22 @@ WORKER_COLUMNS_MIN = {"worker": 34, "queues": 10, "state": 9, "job": 30, "for": 
 """`payrun workers`' usual widths: a column is wider when an entry is (never cut)."""
 
 
-def worker_table(workers: list) -> list[str]:
+def worker_table(workers: list, store_full: bool = False) -> list[str]:
     """`payrun workers`' header and rows (none with no worker). Every column is as wide as
     its longest entry, the header's included: the host:pid column was not padded, so under
     supervisord (its program names), or with a host name of another length, each row's
     queues, state and job sat right of their headings; a long job id (a reminder's, a bank
     check's) or a worker of several queues pushed the columns after it."""
+    from console.fmt import worker_state
+
     rows = []
     for w, lanes in collapse_gone_lanes(workers):
         rows.append({
             "worker": w.name if lanes == 1 else f"{w.name.rsplit('.', 1)[0]}.* ({lanes} lanes)",
             "where": f"{w.host}:{w.pid}" + (f" {w.program}" if w.program else ""),
-            "queues": w.queues, "state": w.state if w.alive else "GONE", "job": w.job_id or "-",
+            "queues": w.queues,
+            "state": "GONE" if not w.alive else "PAUSED" if getattr(w, "paused_s", None) is not None
+                     else worker_state(w.state, w.kind, store_full), "job": w.job_id or "-",
             "for": _age(w.job_elapsed_s),
             "tail": f"beat {_age(w.heartbeat_age_s)} ago" + ("" if w.alive else "  NO LIVENESS")
                     + (f"  (its job {w.job_returned} was handed back)" if w.job_returned else "")
@@ -179,7 +183,9 @@ def register(cli) -> None:
         if not snap.workers:
             click.echo("no workers registered (`payrun up` starts them)")
         gone = [w for w in snap.workers if not w.alive]
-        for line in worker_table(snap.workers):
+        from console.fmt import store_full
+
+        for line in worker_table(snap.workers, store_full(snap.eta)):
             click.echo(line)
         from jobs.senders import read_refused, refused_line
 

@@ -156,6 +156,9 @@ class WorkerRow:
     host_id: str | None = None
     """Its host's id (payrun.procs.host_id): two machines with one hostname differ here;
     None for a worker of a payrun before session 42."""
+    paused_s: float | None = None
+    """A send-email lane whose process has paused itself because the provider refuses its
+    own credentials (jobs.senders.read_refused): for how long; None when not paused."""
 
     @property
     def where(self) -> str:
@@ -238,6 +241,10 @@ class Snapshot:
     """Workers' events not yet applied to the ledger (the HR figures lag by them)."""
     ledger_backlog_age_s: float = 0.0
     """How old the oldest of them is (a ledger keeping up applies each within ~0.2 s)."""
+    refused_senders: list[dict[str, Any]] = field(default_factory=list)
+    """Send-email processes paused because the provider refuses their own credentials
+    (jobs.senders.read_refused: process, host, pid, since_ms, where), as `payrun workers`
+    names them."""
     took_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -350,7 +357,12 @@ def error_head(text: str) -> str:
     # (cut at 48 columns, not mid-clause: "provider down (11 sends in a row failed),  ×1";
     # columns, not len: CJK text takes two a character, a Bengali vowel sign none)
     if columns(head) > 48:
-        head = cells_head(head, 48).rstrip(" ,;")
+        cut = cells_head(head, 48)
+        if "; " in cut:  # ("waited too long for the global send rate; retryi ×100": at a clause,
+            cut = cut[: cut.rindex("; ")]  # else at a word)
+        elif head[len(cut)] != " " and " " in cut:
+            cut = cut[: cut.rindex(" ")]
+        head = cut.rstrip(" ,;")
     return head
 
 
@@ -474,6 +486,20 @@ def read_workers(conn, now: float) -> list[WorkerRow]:
             job_returned=returned, program=h.get("program") or None, host_id=h.get("host_id") or None,
         ))
     return out
+
+
+def read_paused_senders(conn, workers: list[WorkerRow], now: float) -> list[dict[str, Any]]:
+    """The send-email processes paused because the provider refuses their own credentials
+    (jobs.senders.read_refused), and their lanes in ``workers`` marked (``paused_s``). The
+    console said nothing of them: a paused process read "idle" beside a queue with work."""
+    from jobs.senders import read_refused
+
+    refused = read_refused(conn, now_ms=now * 1000)
+    by = {(r["host"], r["pid"]): max(0.0, now - r["since_ms"] / 1000) for r in refused}
+    for w in workers:
+        if w.kind == "email" and (w.host, w.pid) in by:
+            w.paused_s = by[(w.host, w.pid)]
+    return refused
 
 
 def read_running(conn, now: float, stuck_after_s: float, queues=keys.QUEUES) -> list[RunningRow]:
@@ -602,7 +628,7 @@ def _remaining(total: dict[str, int]) -> int:
 def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: bool = False,
         provider_down_s: float | None = None, started: float | None = None,
         no_worker: list[str] | None = None, stalled: bool = False, redis_down: bool = False,
-        store_free: int | None = None) -> dict[str, Any]:
+        store_free: int | None = None, store: str | None = None) -> dict[str, Any]:
     """When the last slip should be delivered at the recent rate, and whether that is
     before the 09:00 deadline: the first one at or after ``started`` (when the run
     began: a run started at 01:00 and still going at 09:05 is late, not on time for
@@ -617,7 +643,8 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
     ``redis_down``: the queues could not be read: the rate is unknown, not zero.
     ``store_free``: the slip store's room; below jobs.policy.STORE_ROOM_MIN_BYTES it is
     full and no render is made until space is freed: no time is promised (the session-42
-    drill's console read "ETA 14:25 — on time" with every render waiting on a full store)."""
+    drill's console read "ETA 14:25 — on time" with every render waiting on a full store).
+    ``store``: its path, said with it (``store_full_at``): what to free at 02:00."""
     from jobs.policy import STORE_ROOM_MIN_BYTES
 
     remaining = _remaining(total)
@@ -637,6 +664,8 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
                            "stalled": stalled and remaining > 0, "redis_down": redis_down and remaining > 0,
                            "store_full_free": (store_free if remaining > 0 and store_free is not None
                                                and store_free < STORE_ROOM_MIN_BYTES else None)}
+    if out["store_full_free"] is not None and store:
+        out["store_full_at"] = store
     if remaining == 0:
         out.update(at=local.isoformat(), on_time=True)
     elif drained or out["no_worker"] or out["redis_down"] or out["store_full_free"] is not None:
@@ -766,6 +795,7 @@ class Source:
                 snap.running = read_running(conn, now, self.cfg.lease.stuck_after_s)
                 snap.limits = read_limits(conn, self.cfg, now)
                 snap.retry_errors = read_retrying(conn)
+                snap.refused_senders = read_paused_senders(conn, snap.workers, now)
                 snap.ledger_backlog = ledger_backlog(conn)  # (`payrun status` said the ledger was behind; we did not)
                 snap.ledger_backlog_age_s = round(ledger_backlog_age_s(conn), 1) if snap.ledger_backlog else 0.0
             except Exception as e:  # Redis down or slow: say so, keep going with the ledger
@@ -799,7 +829,7 @@ class Source:
                     snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone, drained, down,
                                    started=started or None, no_worker=unserved(snap.queues, snap.workers),
                                    stalled=stalled(snap.queues, running_s), redis_down=snap.redis_down,
-                                   store_free=self._store_free())
+                                   store_free=self._store_free(), store=str(self.cfg.slips_dir))
             except Exception as e:
                 errors.append(f"ledger unreadable ({type(e).__name__}: {one_line(e, 200)})")
             snap.error = "; ".join(errors) or None

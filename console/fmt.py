@@ -44,6 +44,19 @@ def stuck_text(reason: str, worker: str | None) -> str:
     return reason
 
 
+def store_full(eta: dict[str, Any] | None) -> bool:
+    """The slip store has no room for a slip while slips are left to make (console.data.eta)."""
+    return bool(eta) and eta.get("store_full_free") is not None
+
+
+def worker_state(state: str, kind: str, full: bool) -> str:
+    """A worker's RQ state as the on-call reads it: a render worker taking no render while
+    the slip store is full reads "suspended" (RQ's word, as for `rq suspend`): "waits: store full"."""
+    if kind == "render" and state == "suspended" and full:
+        return "waits: store full"  # (short: at 80 columns a longer one pushed `alive` off)
+    return state
+
+
 def duration(s: float | None) -> str:
     """3s, 4m05s, 2h03m; '-' for unknown."""
     if s is None:
@@ -72,6 +85,10 @@ def eta_text(eta: dict[str, Any] | None) -> str:
         return "no ETA: intake drained (resume with u or `payrun resume`)"
     if eta.get("no_worker"):
         return f"no ETA: no {' or '.join(eta['no_worker'])} worker running (`payrun up`? `payrun ps`)"
+    if eta.get("store_full_free") is not None and eta.get("store_full_at"):
+        # (it said "`payrun status` says where": at 02:00, a second command to learn what to free)
+        return (f"no ETA: slip store full ({eta['store_full_free'] // 1024:,} KiB free): every render waits, "
+                f"spending no attempt; free space in {eta['store_full_at']} and the run goes on by itself")
     if eta.get("store_full_free") is not None:
         return (f"no ETA: slip store full ({eta['store_full_free'] // 1024:,} KiB free): no render until space is "
                 "freed (`payrun status` says where)")

@@ -44,6 +44,10 @@ def render_detail(d: dict, tz: str | None = None) -> Text:
     t = Text()
     led = d.get("ledger")
     t.append(f"{d['id']}\n", style="bold")
+    if d.get("recipient"):  # (second, as in `payrun job`: after a long attempt list it was off screen)
+        from payrun.recipient import recipient_text
+
+        t.append(f"{visible(recipient_text(d['recipient'], d.get('recipient_send')))}\n")
     if led:
         t.append(f"{led['kind']} · company {led.get('company_id')} · {led.get('key') or ''}\n")
         t.append(f"ledger: {led['status']} after {tries_text(led)}"
@@ -58,10 +62,6 @@ def render_detail(d: dict, tz: str | None = None) -> Text:
                      f"{h.get('outcome')}{delay}  {visible(h.get('error') or '')}\n")
     else:
         t.append("(not in the ledger)\n", style="dim")
-    if d.get("recipient"):
-        from payrun.recipient import recipient_text
-
-        t.append(f"{visible(recipient_text(d['recipient'], d.get('recipient_send')))}\n")
     t.append(f"\nin Redis: {d.get('rq_status') or d.get('rq_error') or '?'}")
     if d.get("func"):
         t.append(f" · {d['func']} on {d.get('origin')}")

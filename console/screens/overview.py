@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 
 from console.data import Snapshot
-from console.fmt import answer, clip, duration, ledger_behind_text, no_run_text, spark
+from console.fmt import answer, clip, duration, ledger_behind_text, no_run_text, spark, store_full
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
@@ -41,6 +41,16 @@ def no_slip_lines(st: dict) -> list[str]:
         who = "employee of {} has" if n == 1 else "employees of {} have"
         out.append(f"{n:,} {who.format(whose)} no slip ({why}): {cmd}")
     return out
+
+
+def paused_sender_alert(r: dict, now: float) -> str:
+    """The limits line's alert for a send-email process paused because the provider refuses
+    its own credentials (jobs.senders.read_refused): which one, since when, and where its
+    credentials come from (what to fix); `payrun workers` says it at length."""
+    for_s = max(0.0, now - r["since_ms"] / 1000)
+    where = r["where"].split(" (")[0]  # ("PAYRUN_EMAIL_TOKEN in this process's environment (a restart …)")
+    return (f"send-email {r['host']}:{r['pid']} PAUSED {duration(for_s)}: provider refuses its credentials "
+            f"({where})")
 
 
 class OverviewScreen(ConsoleScreen):
@@ -159,6 +169,8 @@ class OverviewScreen(ConsoleScreen):
             alerts.append((f"paused {lim.paused_for_s:.0f}s (429)", "bold yellow"))
         if out and not out["pauses"] and out["failed_in_a_row"] >= 2:
             alerts.append((f"provider failed the last {out['failed_in_a_row']:,} sends", "yellow"))
+        for r in snap.refused_senders:  # (one process paused for its own credentials: the console said nothing)
+            alerts.append((paused_sender_alert(r, snap.taken_at), "bold red"))
         if snap.retry_errors:  # why jobs wait out a backoff (an outage below "N in a row" showed only a count)
             shown = ", ".join(f"{head} ×{n:,}" for head, n in snap.retry_errors[:2])
             more = sum(n for _, n in snap.retry_errors[2:])
@@ -199,6 +211,9 @@ class OverviewScreen(ConsoleScreen):
             kind = Text(ws[0].kind)
             if any(w.stopping for w in ws):
                 kind.append(" stopping", style="yellow")
+            paused = next((w.paused_s for w in ws if w.paused_s is not None), None)
+            if paused is not None:
+                kind.append(" PAUSED", style="bold red")
             if len(dead) == len(ws):
                 kind.append(" GONE", style="bold red")
             elif dead:
@@ -210,6 +225,10 @@ class OverviewScreen(ConsoleScreen):
                 job = Text(f"{held[0]} (held by a gone worker)", style="red")
             elif dead:
                 job = "gone (its job handed back)" if any(w.job_returned for w in dead) else "gone"
+            elif paused is not None:  # (it read "idle" beside a queue with work)
+                job = Text(f"its credentials refused ({duration(paused)})", style="red")
+            elif ws[0].kind == "render" and store_full(snap.eta) and any(w.state == "suspended" for w in ws):
+                job = Text("takes none: slip store full", style="red")  # (it read "idle" beside 398 waiting)
             else:
                 job = "idle"
             rows.append((key, (f"{ws[0].host[:18]}:{ws[0].pid}", ws[0].program or "", kind, f"{len(busy)}/{len(ws)}", job,

@@ -8,7 +8,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 
 from console.data import Snapshot
-from console.fmt import duration, stuck_text
+from console.fmt import duration, store_full, stuck_text, worker_state
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
@@ -96,23 +96,34 @@ class WorkersScreen(ConsoleScreen):
 
     def compose(self) -> ComposeResult:
         yield StatusBar(self.CRUMB)
+        yield Static("", id="workers-note")  # (a send-email process paused for its own credentials)
         yield LiveTable([("name", "worker"), ("proc", "host:pid program"), ("queues", "queues"), ("state", "state"),
                          ("job", "job"), ("for", "for"), ("beat", "rq beat"), ("alive", "alive")], id="workers",
                         drop=("queues", "proc", "beat"))  # (at 80 columns alive was cut off: `payrun ps` names programs)
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
+        self.query_one("#workers-note", Static).display = False
         self.query_one(LiveTable).focus()
         if self.app.snapshot is not None:
             self.show_snapshot(self.app.snapshot)
 
     def show_snapshot(self, snap: Snapshot) -> None:
+        from jobs.senders import refused_line
+
+        note = self.query_one("#workers-note", Static)
+        note.display = bool(snap.refused_senders)
+        note.update(Text("\n".join(refused_line(r, snap.taken_at * 1000) for r in snap.refused_senders),
+                         style="bold red"))
         rows = []
         for w in sorted(snap.workers, key=lambda w: (w.kind, w.name)):
             if not w.alive:
                 state = Text("GONE", style="bold red")
+            elif w.paused_s is not None:  # (its lanes read "idle": the process takes no sends)
+                state = Text("PAUSED", style="bold red")
             else:
-                state = Text(w.state + (" (stopping)" if w.stopping else ""), style="yellow" if w.stopping else "")
+                state = Text(worker_state(w.state, w.kind, store_full(snap.eta)) + (" (stopping)" if w.stopping else ""),
+                             style="yellow" if w.stopping else "")
             job = w.job_id or (Text(f"{w.job_returned} (handed back)", style="dim") if w.job_returned else "")
             rows.append((w.name, (w.name, w.where, w.queues, state, job,
                                   duration(w.job_elapsed_s), duration(w.heartbeat_age_s),
