@@ -553,11 +553,12 @@ def resend_refusal(ledger, db, employee_id: str, month: str) -> dict:
         if payroll.is_active(db, employee_id) is False and any(r["company_id"] == company for r in ledger.runs(month)):
             # (an HR walkthrough: it said "added after the run ... --resume makes the slip" of a
             # leaver the late run left out, and `--resume` leaves them out again)
-            gone = payroll.left_label(payroll.left_on(db, [employee_id]).get(employee_id))
+            day = payroll.left_on(db, [employee_id]).get(employee_id)
+            gone = payroll.left_label(day)
             raise InputError(f"{employee_id} has no {month} slip to send again: they are marked as left "
                              f"(`payrun employee left`; {gone}), and company {company}'s {month} run left them out; "
                              f"paid that month: `payrun employee back {employee_id}`, `payrun run --month {month} "
-                             f"--company {company} --resume`, then `payrun employee left {employee_id}` again")
+                             f"--company {company} --resume`, then {payroll.left_again([employee_id], {employee_id: day})}")
         if any(r["company_id"] == company for r in ledger.runs(month)):
             raise InputError(f"{employee_id} has no {month} slip to send again: company {company}'s {month} run "
                              f"was made before this employee was added; `payrun run --month {month} "

@@ -248,6 +248,19 @@ def test_a_leaving_date_is_a_real_day_not_after_today():
     assert "after today (2026-12-06)" in leaving_date_problem("2026-12-07", "2026-12-06")
 
 
+def test_the_steps_that_pay_a_leaver_mark_them_left_again_with_the_day_they_left():
+    """HR walkthrough: run, status and resend said "then `payrun employee left ID…` again"
+    after `employee back`, which clears the date: done as said, each leaver was recorded as
+    leaving today (2026-12-06 for one who left on 2026-11-28)."""
+    note = payroll.left_text({1: ["emp-1", "emp-2"], 2: ["emp-3"]}, MONTH,
+                             {"emp-1": "2026-11-28", "emp-2": None, "emp-3": "2026-11-28"})
+    assert "`payrun employee back emp-1 emp-2 emp-3`" in note, note
+    assert ("then `payrun employee left emp-2` and `payrun employee left emp-1 emp-3 --on 2026-11-28` again "
+            "(the day they left is not recorded: add `--on` the day)") in note, note
+    many = payroll.left_text({1: [f"emp-{i}" for i in range(12)]}, MONTH, {})
+    assert "`payrun employee left ID… --on DATE` again, each with the day they left" in many, many
+
+
 def test_the_day_an_employee_left_is_recorded_and_shown_where_leavers_are_named(world):
     """HR walkthrough: `payrun employee left` kept no date, and `run`, `status` and `resend`
     named a leaver with none: HR could not tell whether they left before or after the month
@@ -277,8 +290,12 @@ def test_the_day_an_employee_left_is_recorded_and_shown_where_leavers_are_named(
     assert f"{gone} (left 2026-11-20) {late} (left {today})" in out.output, out.output
     st = runner.invoke(cli, ["status", "--month", MONTH, "--json"])
     assert any(f"{gone} (left 2026-11-20)" in n for n in json.loads(st.output)["notes"]), st.output
+    # the steps that make their slip put the day back: a bare `employee left` after `back` records today
+    assert f"`payrun employee left {gone} --on 2026-11-20` and `payrun employee left {late} --on {today}` again" \
+        in out.output, out.output
     out = runner.invoke(cli, ["resend", "--employee", gone, "--month", MONTH])
     assert out.exit_code == 2 and "(`payrun employee left`; left 2026-11-20)" in out.output, out.output
+    assert f"then `payrun employee left {gone} --on 2026-11-20` again" in out.output, out.output
 
     # a corrected date; back clears it
     out = runner.invoke(cli, ["employee", "left", gone, "--on", "2026-11-25"])
