@@ -892,7 +892,17 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
                 click.echo(f"last error: {visible(unreadable['meta']['last_error'])}")
             click.echo(f"fields in its hash: {visible(', '.join(unreadable['fields']))}")
         if permanent and getattr(rq_status, "value", rq_status) == "failed":
-            click.echo(PERMANENT_HINT)
+            # (an HR walkthrough: after the address was fixed by an import, it still said "fix the
+            # employee ... a retry alone fails again", where `payrun failed` said the retry goes to the new one)
+            from payrun.recipient import readdressed_text
+
+            now = None
+            if to is not None and to.get("employee_id") and (row or {}).get("kind", "email") in ("email", "reminder") \
+                    and c.cfg.payroll_path.exists():
+                found = c.payroll().conn.execute("SELECT email FROM employees WHERE id = ?",
+                                                 (to["employee_id"],)).fetchone()
+                now = found[0] if found else None
+            click.echo(visible(readdressed_text(to, now, job_id) or PERMANENT_HINT))
     if tb:
         click.echo("last traceback:\n" + "\n".join(visible(line) for line in tb.rstrip().splitlines()))
 

@@ -54,6 +54,7 @@ def test_payrun_job_names_whom_the_slip_was_for_and_the_address_it_went_to(world
     cfg, conn, db, ledger = world
     emp = "emp-00003"
     name, sent_to = db.conn.execute("SELECT name_en, email FROM employees WHERE id = ?", (emp,)).fetchone()
+    set_email(db, "emp-00001", "nobody@nowhere.invalid")  # refused: its send fails for good
     runs.start_run(cfg, conn, ledger, db, MONTH)
     work_everything(conn, ledger)
     send, render = keys.email_job_id(MONTH, emp), f"render-{MONTH}-{emp}"
@@ -71,6 +72,19 @@ def test_payrun_job_names_whom_the_slip_was_for_and_the_address_it_went_to(world
     assert figures
     for shown in (text, json.dumps(data)):
         assert not any(f in shown for f in figures), figures
+
+    # a send refused for its address, fixed since by an import: it names the tried one, and the new
+    # one a retry goes to (it said "fix the employee ... a retry alone fails again")
+    bad = "emp-00001"
+    refused = keys.email_job_id(MONTH, bad)
+    text, _ = _job(refused)
+    assert "fix the employee in the payroll data" in text, text  # not fixed yet
+    set_email(db, bad, "fixed@x.example")
+    text, data = _job(refused)
+    assert "to: " in text and "<nobody@nowhere.invalid> (emp-00001; the address this send was made with)" in text
+    assert (f"the address on file now is fixed@x.example (changed since this send was made): `payrun retry "
+            f"{refused}` sends it there") in text, text
+    assert "fix the employee in the payroll data" not in text and data["recipient"]["email"] == "nobody@nowhere.invalid"
 
     conn.flushdb()  # a day later: Redis has dropped the finished jobs; the ledger keeps the address
     text, data = _job(send)
