@@ -498,6 +498,8 @@ def register(cli) -> None:
                                       due.astimezone(ZoneInfo("UTC")).isoformat(), False)
                        + f" (batch {out['batch']}); "
                        "`payrun queues` counts them as later until then")
+            # (an HR walkthrough: the batch was named, not how to take it back; that was in --help alone)
+            click.echo(f"to take them back before they are due: payrun remind --cancel {out['batch']}")
             if same := out.get("same_address"):
                 click.echo(f"note: {same_address_text(same, failed_slip)}")
 
