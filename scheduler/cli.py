@@ -501,7 +501,7 @@ def register(cli) -> None:
             # (an HR walkthrough: the batch was named, not how to take it back; that was in --help alone)
             click.echo(f"to take them back before they are due: payrun remind --cancel {out['batch']}")
             if same := out.get("same_address"):
-                click.echo(f"note: {same_address_text(same, failed_slip)}")
+                click.echo(f"note: {same_address_text(same, failed_slip, out.get('same_address_refused', 0))}")
 
     @cli.command(name="bank")
     @click.option("--host", default=None, help="Listen address (default: from scheduler.bank_url).")
@@ -684,13 +684,22 @@ def failed_reminder_targets(ledger, db, company_id: int, month: str) -> dict[str
     return chosen
 
 
-def same_address_text(n: int, month: str) -> str:
+def same_address_text(n: int, month: str, refused: int = 0) -> str:
     """The note of `remind --failed-slip` for reminders going to the address their slip's
-    send failed at (the payroll data has no other one since)."""
+    send failed at (the payroll data has no other one since); ``refused`` of them were
+    refused there for good (the address itself: their reminders will be refused too)."""
     one = n == 1
+    fix = (f"fix the address (`payrun import`), then `payrun retry` sends the slip itself "
+           f"(`payrun failed --month {month}`)")
+    if refused == n:  # (an HR walkthrough: "if it was refused" of slips payrun knew were refused)
+        return (f"{n} of them {'goes' if one else 'go'} to the address {'its' if one else 'their'} {month} slip was "
+                f"refused at (not changed since): {'it' if one else 'they'} will be refused too and reach no one; "
+                f"{fix}")
+    if refused:
+        return (f"{n} of them go to the address their {month} slip's send failed at (not changed since), {refused} "
+                f"of those to an address refused for good (their reminders will be refused too); {fix}")
     return (f"{n} of them {'goes' if one else 'go'} to the address {'its' if one else 'their'} {month} slip's send "
-            f"failed at (not changed since): if it was refused, so will the reminder be; fix the address "
-            f"(`payrun import`), then `payrun retry` sends the slip itself (`payrun failed --month {month}`)")
+            f"failed at (not changed since): if it was refused, so will the reminder be; {fix}")
 
 
 def failed_slip_text(company_name: str, month: str) -> str:
@@ -765,5 +774,10 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, n
            "batch": batch, "jobs": [i[0] for i in ids]}
     if failed_slip is not None:
         out["failed_slip"] = failed_slip
-        out["same_address"] = sum(1 for emp_id, _, email in employees if sent_with.get(emp_id) == email)
+        same = [emp_id for emp_id, _, email in employees if sent_with.get(emp_id) == email]
+        out["same_address"] = len(same)
+        from payrun.deadletters import refused_for_good
+
+        # of those, the ones whose send was refused for good there (the address itself)
+        out["same_address_refused"] = len(refused_for_good(conn, [keys.email_job_id(failed_slip, e) for e in same]))
     return out

@@ -122,14 +122,15 @@ def test_remind_failed_slip_emails_only_those_whose_slip_failed(world, provider)
     assert out.exit_code == 0, out.output
     done = json.loads(out.output)
     assert done["scheduled"] == 1 and done["jobs"] == [f"remind-{done['batch']}-{bad}"]
-    assert done["failed_slip"] == MONTH and done["same_address"] == 1
+    assert done["failed_slip"] == MONTH and done["same_address"] == 1 and done["same_address_refused"] == 1
     payload = PayrunJob.fetch(done["jobs"][0], connection=conn).args[0]
     assert payload["to"] == "nobody@nowhere.invalid" and "could not email you your salary slip for November 2026" \
         in payload["text"], payload
 
     out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "90m", "--failed-slip", MONTH])
-    assert (f"note: 1 of them goes to the address its {MONTH} slip's send failed at (not changed since): if it "
-            "was refused, so will the reminder be") in out.output, out.output
+    # its send was refused there (HTTP 422): not "if it was refused", payrun knows it was
+    assert (f"note: 1 of them goes to the address its {MONTH} slip was refused at (not changed since): it will "
+            "be refused too and reach no one; fix the address") in out.output, out.output
 
     name = db.conn.execute("SELECT name_en FROM employees WHERE id = ?", (bad,)).fetchone()[0]
     conn.delete(PayrunJob.key_for(done["jobs"][0]))  # gone from Redis: the ledger still names its address
@@ -152,6 +153,16 @@ def test_remind_failed_slip_emails_only_those_whose_slip_failed(world, provider)
     assert "--failed-slip YYYY-MM" in runner.invoke(cli, ["remind", "--help"]).output
     bad_month = runner.invoke(cli, ["remind", "--company", str(company), "--in", "2h", "--failed-slip", "11-2026"])
     assert bad_month.exit_code == 2 and "payrun:" in bad_month.output, bad_month.output
+
+
+def test_the_same_address_note_is_sure_of_a_refusal_and_hedges_only_other_failures():
+    from scheduler.cli import same_address_text
+
+    assert "if it was refused, so will the reminder be" in same_address_text(1, MONTH)  # a provider's trouble
+    assert same_address_text(2, MONTH, 2).startswith(
+        f"2 of them go to the address their {MONTH} slip was refused at (not changed since): they will be refused too")
+    assert f"3 of them go to the address their {MONTH} slip's send failed at (not changed since), 1 of those to an " \
+        "address refused for good (their reminders will be refused too)" in same_address_text(3, MONTH, 1)
 
 
 # ---- a corrected slip says it replaces the one sent ------------------------------------
