@@ -137,7 +137,15 @@ def test_remind_failed_slip_emails_only_those_whose_slip_failed(world, provider)
     text, _ = _job(done["jobs"][0])
     assert f"to: {name} <nobody@nowhere.invalid> ({bad}; the address this send was made with)" in text, text
 
+    from payrun import status
+
+    (note,) = [n for n in status.report(cfg, ledger, MONTH)["notes"] if "failed for good and" in n]
+    assert "(an address refused: fix it with `payrun import`, then `payrun retry`)" in note, note
     set_email(db, bad, "fixed@x.example")  # HR fixed it: the next reminder goes to the new address, no note
+    # and `payrun status` no longer asks for the import already made (it did: "fix it with `payrun import`")
+    (note,) = [n for n in status.report(cfg, ledger, MONTH)["notes"] if "failed for good and" in n]
+    assert note.endswith(f"(all with another address on file since the send: `payrun retry "
+                         f"{keys.email_job_id(MONTH, bad)}` sends it to the new one)"), note
     out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "3h", "--failed-slip", MONTH])
     assert out.exit_code == 0, out.output
     assert f"1 reminder(s) for company {company} (employees whose {MONTH} slip failed) scheduled" in out.output
