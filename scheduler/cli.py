@@ -400,6 +400,8 @@ def register(cli) -> None:
             if out["replaces"]:  # what the employee will read on it
                 click.echo(f"{'a corrected slip (its figures changed since)' if out['corrected'] else 'the slip'}: "
                            f"it says it replaces the one sent on {out['replaces']}")
+            if refused := refused_address_note(c.redis(), c.ledger(), employee_id, month, out["email"]):
+                click.echo(f"note: {refused}")
             from payrun.status import intake_notes
 
             for note in intake_notes(c.redis()):  # HR promised it: say if nothing will take it (a drain too,
@@ -568,6 +570,21 @@ def resend_refusal(ledger, db, employee_id: str, month: str) -> dict:
         raise InputError(f"{employee_id} has no {month} slip to send again: {month} has not been run for company "
                          f"{company}; `payrun run --month {month} --company {company}` makes and sends it")
     return snap
+
+
+def refused_address_note(conn, ledger, employee_id: str, month: str, to: str) -> str | None:
+    """`payrun resend` to the very address this slip's send was refused at for good (an HR
+    walkthrough: a resend of a slip refused for a mistyped address went there again, with
+    no word, and failed again): what to do instead. None otherwise."""
+    from payrun import keys
+    from payrun.deadletters import refused_for_good
+
+    send = ledger.send_of(keys.idem_key(month, employee_id))
+    if send is None or send[1] != to or not refused_for_good(conn, [send[0]]):
+        return None
+    return (f"its {month} slip's send ({send[0]}) was refused at this very address, {to}: this resend will be "
+            f"refused too; fix the address (`payrun import`), then `payrun retry {send[0]}` sends the slip to the "
+            f"new one")
 
 
 def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:

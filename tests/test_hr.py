@@ -137,6 +137,13 @@ def test_remind_failed_slip_emails_only_those_whose_slip_failed(world, provider)
     text, _ = _job(done["jobs"][0])
     assert f"to: {name} <nobody@nowhere.invalid> ({bad}; the address this send was made with)" in text, text
 
+    # a resend to the address the slip was refused at says it will be refused too (it said nothing)
+    out = runner.invoke(cli, ["resend", "--employee", bad, "--month", MONTH])
+    assert out.exit_code == 0, out.output
+    assert (f"note: its {MONTH} slip's send ({keys.email_job_id(MONTH, bad)}) was refused at this very address, "
+            "nobody@nowhere.invalid: this resend will be refused too; fix the address") in out.output, out.output
+    other_one = next(e for e in payroll.employee_ids(db, MONTH, company) if e != bad)
+    assert "refused" not in runner.invoke(cli, ["resend", "--employee", other_one, "--month", MONTH]).output
     from payrun import status
 
     (note,) = [n for n in status.report(cfg, ledger, MONTH)["notes"] if "failed for good and" in n]
