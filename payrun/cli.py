@@ -964,7 +964,7 @@ def _set_active(c: Ctx, ids: list[str], active: bool, left_date: str | None = No
     if not c.cfg.payroll_path.exists():
         raise InputError(f"no payroll database at {c.cfg.payroll_path}: import employees first")
     db = c.payroll()
-    before = payroll.left_on(db, ids) if not active else {}
+    before = payroll.left_on(db, ids)
     # the date, in the mark's own transaction (two left a leaver undated if stopped between):
     # of those marked now, and with --on of those already marked too
     changed = payroll.set_active(db, ids, active, left_date if not active else None, redate=redate)
@@ -990,6 +990,12 @@ def _set_active(c: Ctx, ids: list[str], active: bool, left_date: str | None = No
     click.echo(f"{len(changed)} employee{'' if len(changed) == 1 else 's'} marked "
                f"{'as working here again' if active else f'as left{on}: later pay runs and reminders leave them out'}"
                + already)
+    if active and (cleared := [i for i in changed if before.get(i)]):
+        # (an HR walkthrough: `back` to make a leaver's last slip cleared the day they left, unsaid;
+        # the `left` after it recorded today)
+        shown = ", ".join(f"{i} (left {before[i]})" for i in cleared[:10]) + (" …" if len(cleared) > 10 else "")
+        click.echo(f"the day they left is cleared: {shown}; to mark them left as before: "
+                   f"{payroll.left_again(cleared, before)}")
 
 
 @cli.group(name="limits")

@@ -343,7 +343,10 @@ def test_the_day_an_employee_left_is_recorded_and_shown_where_leavers_are_named(
     # a corrected date; back clears it
     out = runner.invoke(cli, ["employee", "left", gone, "--on", "2026-11-25"])
     assert "1 already so (1 now dated 2026-11-25)" in out.output, out.output
-    assert runner.invoke(cli, ["employee", "back", late]).exit_code == 0
+    out = runner.invoke(cli, ["employee", "back", late])
+    assert out.exit_code == 0, out.output  # it says which day it cleared, and how to put it back
+    assert (f"the day they left is cleared: {late} (left {today}); to mark them left as before: "
+            f"`payrun employee left {late} --on {today}` again") in out.output, out.output
     assert payroll.left_on(db, [gone, late]) == {gone: "2026-11-25"}
 
     # a payroll database made before leaving dates: the column is added, old marks undated
