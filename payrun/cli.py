@@ -952,7 +952,8 @@ def employee_left(c: Ctx, employee_ids: tuple[str, ...], left_date: str | None) 
 @pass_ctx
 @handle_errors
 def employee_back(c: Ctx, employee_ids: tuple[str, ...]) -> None:
-    """EMPLOYEE_IDS work here again (undoes `payrun employee left`)."""
+    """EMPLOYEE_IDS work here again (undoes `payrun employee left`). The day they left is
+    cleared: it names that day, and the `payrun employee left ID --on DATE` that puts it back."""
     _set_active(c, list(employee_ids), True)
 
 
