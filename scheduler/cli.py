@@ -501,7 +501,8 @@ def register(cli) -> None:
                        + f" (batch {out['batch']}); "
                        "`payrun queues` counts them as later until then")
             # (an HR walkthrough: the batch was named, not how to take it back; that was in --help alone)
-            click.echo(f"to take them back before they are due: payrun remind --cancel {out['batch']}")
+            if delta.total_seconds() > CANCEL_MARGIN_S:  # (`--in now`: due at once, nothing to take back)
+                click.echo(f"to take them back before they are due: payrun remind --cancel {out['batch']}")
             if same := out.get("same_address"):
                 click.echo(f"note: {same_address_text(same, failed_slip, out.get('same_address_refused', 0))}")
 

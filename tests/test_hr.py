@@ -159,12 +159,14 @@ def test_remind_failed_slip_emails_only_those_whose_slip_failed(world, provider)
     batch = out.output.split("(batch ")[1].split(")")[0]  # and how to take it back, with its batch
     assert f"to take them back before they are due: payrun remind --cancel {batch}\n" in out.output, out.output
     assert runner.invoke(cli, ["remind", "--cancel", batch]).output.startswith(f"cancelled 1 reminder(s) of batch {batch}")
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "now", "--failed-slip", MONTH])
+    assert out.exit_code == 0 and "--cancel" not in out.output, out.output  # due at once: nothing to take back
     assert "note:" not in out.output
 
     out = runner.invoke(cli, ["remind", "--company", str(other), "--in", "2h", "--failed-slip", MONTH])
     assert out.exit_code == 2, out.output
     assert f"no employee of company {other} has a {MONTH} slip that failed for good" in out.output
-    assert len(ledger.jobs(kind="reminder")) == 2  # the refused one wrote nothing (the third was cancelled)
+    assert len(ledger.jobs(kind="reminder")) == 3  # the refused one wrote nothing (one more was cancelled)
     assert "--failed-slip YYYY-MM" in runner.invoke(cli, ["remind", "--help"]).output
     bad_month = runner.invoke(cli, ["remind", "--company", str(company), "--in", "2h", "--failed-slip", "11-2026"])
     assert bad_month.exit_code == 2 and "payrun:" in bad_month.output, bad_month.output
