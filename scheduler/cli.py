@@ -492,6 +492,14 @@ def register(cli) -> None:
             from datetime import datetime
             from zoneinfo import ZoneInfo
 
+            if gone := out.get("left_out_left"):  # (an HR walkthrough: the count was less than `failed`, unsaid)
+                from payrun import payroll
+
+                dates = payroll.left_on(c.payroll(), gone)
+                click.echo(f"note: {len(gone)} whose {failed_slip} slip failed {'is' if len(gone) == 1 else 'are'} "
+                           f"marked as left and get{'s' if len(gone) == 1 else ''} no reminder: "
+                           + " ".join(f"{e} ({payroll.left_label(dates.get(e))})" for e in gone[:10])
+                           + (" …" if len(gone) > 10 else ""))
             due = datetime.fromisoformat(out["due_at"])
             local = due.astimezone(ZoneInfo(c.cfg.timezone))
             whose = f" (employees whose {failed_slip} slip failed)" if failed_slip else ""
@@ -696,7 +704,12 @@ def failed_reminder_targets(ledger, db, company_id: int, month: str) -> dict[str
         list(failed))} if failed else set()
     chosen = {e: to for e, to in failed.items() if e in active}
     if not chosen:
-        left = f" ({len(failed)} failed, of employees marked left)" if failed else ""
+        from payrun import payroll
+
+        dates = payroll.left_on(db, sorted(failed))  # (named with the day they left, as run and status do)
+        left = (f" ({len(failed)} failed, of employees marked left: "
+                + " ".join(f"{e} ({payroll.left_label(dates.get(e))})" for e in sorted(failed)[:10])
+                + (" …" if len(failed) > 10 else "") + ")") if failed else ""
         raise InputError(f"no employee of company {company_id} has a {month} slip that failed for good{left}: "
                          f"nothing scheduled (`payrun status --month {month} --company {company_id}`)")
     return chosen
@@ -754,6 +767,10 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, n
     sent_with: dict[str, str | None] = {}
     if failed_slip is not None:  # (the slip's company: an employee moved since is chosen by it)
         sent_with = failed_reminder_targets(ledger, db, company_id, failed_slip)
+        from payrun import payroll
+
+        # the failed slips of employees marked left get none: named, with the day they left
+        gone = payroll.left_on(db, sorted(set(ledger.failed_slips(failed_slip, company_id)) - set(sent_with)))
         employees = db.conn.execute(
             f"SELECT id, name_en, email FROM employees WHERE id IN ({','.join('?' * len(sent_with))}) ORDER BY id",
             list(sent_with)).fetchall()
@@ -792,6 +809,7 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, n
            "batch": batch, "jobs": [i[0] for i in ids]}
     if failed_slip is not None:
         out["failed_slip"] = failed_slip
+        out["left_out_left"] = sorted(gone)  # (marked `payrun employee left`: no reminder)
         same = [emp_id for emp_id, _, email in employees if sent_with.get(emp_id) == email]
         out["same_address"] = len(same)
         from payrun.deadletters import refused_for_good

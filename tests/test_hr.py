@@ -163,10 +163,31 @@ def test_remind_failed_slip_emails_only_those_whose_slip_failed(world, provider)
     assert out.exit_code == 0 and "--cancel" not in out.output, out.output  # due at once: nothing to take back
     assert "note:" not in out.output
 
+    # a leaver's failed slip gets no reminder: said, with the day they left
+    assert runner.invoke(cli, ["employee", "left", bad, "--on", "2026-11-30"]).exit_code == 0
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "4h", "--failed-slip", MONTH])
+    assert out.exit_code == 2 and f"(1 failed, of employees marked left: {bad} (left 2026-11-30))" in out.output, \
+        out.output
+    from scheduler.cli import remind
+
+    set_email(db, "emp-00002", "nobody2@nowhere.invalid")  # (one more failed slip, of someone still here)
+    ledger.db.conn.execute("UPDATE jobs SET status = 'failed' WHERE id = ?", (keys.email_job_id(MONTH, "emp-00002"),))
+    ledger.db.conn.commit()
+    assert payroll.employee_snapshot(db, MONTH, "emp-00002")["company"]["id"] == company
+    from datetime import timedelta
+
+    done = remind(cfg, conn, ledger, db, company, timedelta(hours=5), None, failed_slip=MONTH)
+    assert done["scheduled"] == 1 and done["left_out_left"] == [bad], done
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "6h", "--failed-slip", MONTH])
+    assert f"note: 1 whose {MONTH} slip failed is marked as left and gets no reminder: {bad} (left 2026-11-30)" \
+        in out.output, out.output
+    assert runner.invoke(cli, ["employee", "back", bad]).exit_code == 0
+
+    made = len(ledger.jobs(kind="reminder"))
     out = runner.invoke(cli, ["remind", "--company", str(other), "--in", "2h", "--failed-slip", MONTH])
     assert out.exit_code == 2, out.output
     assert f"no employee of company {other} has a {MONTH} slip that failed for good" in out.output
-    assert len(ledger.jobs(kind="reminder")) == 3  # the refused one wrote nothing (one more was cancelled)
+    assert len(ledger.jobs(kind="reminder")) == made  # the refused one wrote nothing
     assert "--failed-slip YYYY-MM" in runner.invoke(cli, ["remind", "--help"]).output
     bad_month = runner.invoke(cli, ["remind", "--company", str(company), "--in", "2h", "--failed-slip", "11-2026"])
     assert bad_month.exit_code == 2 and "payrun:" in bad_month.output, bad_month.output
