@@ -897,8 +897,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             from payrun.recipient import readdressed_text
 
             now = None
-            if to is not None and to.get("employee_id") and (row or {}).get("kind", "email") in ("email", "reminder") \
-                    and c.cfg.payroll_path.exists():
+            a_send = (row["kind"] in ("email", "reminder") if row else isinstance(job_data, dict) and "to" in job_data)
+            if to is not None and to.get("employee_id") and a_send and c.cfg.payroll_path.exists():
                 found = c.payroll().conn.execute("SELECT email FROM employees WHERE id = ?",
                                                  (to["employee_id"],)).fetchone()
                 now = found[0] if found else None
