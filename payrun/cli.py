@@ -892,7 +892,17 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
                 click.echo(f"last error: {visible(unreadable['meta']['last_error'])}")
             click.echo(f"fields in its hash: {visible(', '.join(unreadable['fields']))}")
         if permanent and getattr(rq_status, "value", rq_status) == "failed":
-            click.echo(PERMANENT_HINT)
+            # (an HR walkthrough: after the address was fixed by an import, it still said "fix the
+            # employee ... a retry alone fails again", where `payrun failed` said the retry goes to the new one)
+            from payrun.recipient import readdressed_text
+
+            now = None
+            a_send = (row["kind"] in ("email", "reminder") if row else isinstance(job_data, dict) and "to" in job_data)
+            if to is not None and to.get("employee_id") and a_send and c.cfg.payroll_path.exists():
+                found = c.payroll().conn.execute("SELECT email FROM employees WHERE id = ?",
+                                                 (to["employee_id"],)).fetchone()
+                now = found[0] if found else None
+            click.echo(visible(readdressed_text(to, now, job_id) or PERMANENT_HINT))
     if tb:
         click.echo("last traceback:\n" + "\n".join(visible(line) for line in tb.rstrip().splitlines()))
 
@@ -942,7 +952,8 @@ def employee_left(c: Ctx, employee_ids: tuple[str, ...], left_date: str | None) 
 @pass_ctx
 @handle_errors
 def employee_back(c: Ctx, employee_ids: tuple[str, ...]) -> None:
-    """EMPLOYEE_IDS work here again (undoes `payrun employee left`)."""
+    """EMPLOYEE_IDS work here again (undoes `payrun employee left`). The day they left is
+    cleared: it names that day, and the `payrun employee left ID --on DATE` that puts it back."""
     _set_active(c, list(employee_ids), True)
 
 
@@ -954,7 +965,7 @@ def _set_active(c: Ctx, ids: list[str], active: bool, left_date: str | None = No
     if not c.cfg.payroll_path.exists():
         raise InputError(f"no payroll database at {c.cfg.payroll_path}: import employees first")
     db = c.payroll()
-    before = payroll.left_on(db, ids) if not active else {}
+    before = payroll.left_on(db, ids)
     # the date, in the mark's own transaction (two left a leaver undated if stopped between):
     # of those marked now, and with --on of those already marked too
     changed = payroll.set_active(db, ids, active, left_date if not active else None, redate=redate)
@@ -980,6 +991,12 @@ def _set_active(c: Ctx, ids: list[str], active: bool, left_date: str | None = No
     click.echo(f"{len(changed)} employee{'' if len(changed) == 1 else 's'} marked "
                f"{'as working here again' if active else f'as left{on}: later pay runs and reminders leave them out'}"
                + already)
+    if active and (cleared := [i for i in changed if before.get(i)]):
+        # (an HR walkthrough: `back` to make a leaver's last slip cleared the day they left, unsaid;
+        # the `left` after it recorded today)
+        shown = ", ".join(f"{i} (left {before[i]})" for i in cleared[:10]) + (" …" if len(cleared) > 10 else "")
+        click.echo(f"the day they left is cleared: {shown}; to mark them left as before: "
+                   f"{payroll.left_again(cleared, before)}")
 
 
 @cli.group(name="limits")

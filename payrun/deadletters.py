@@ -198,6 +198,19 @@ def readdressed(conn, job_ids: list[str], payroll_db) -> set[str]:
     return {i for i, (emp, to) in used.items() if now.get(emp) not in (None, to)}
 
 
+def refused_for_good(conn, job_ids: list[str]) -> set[str]:
+    """Of ``job_ids``, those Redis holds as failed for good on their data (``permanent`` in
+    their meta: a send's address refused, not a provider's trouble). Failed jobs are kept 30
+    days; one Redis no longer holds is not counted."""
+    if not job_ids:
+        return set()
+    with conn.pipeline(transaction=False) as p:
+        for job_id in job_ids:
+            p.hget(PayrunJob.key_for(job_id), "meta")
+        raws = p.execute()
+    return {j for j, raw in zip(job_ids, raws) if _json_meta(raw).get("permanent")}
+
+
 def slip_key(key: str) -> str:
     """The slip a key belongs to: slip:<month>:<employee> (a resend's key adds :resend-<n>)."""
     return key.split(":resend-", 1)[0]

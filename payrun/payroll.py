@@ -1234,10 +1234,26 @@ def left_text(left: dict[int, list[str]], month: str, dates: dict[str, str | Non
     named = [f"{e} ({left_label(dates.get(e))})" if dates is not None else e for e in ids[:10]]
     shown = " ".join(named) + (f" … ({n - 10:,} more)" if n > 10 else "")
     one = n == 1
+    who = " ".join(ids) if n <= 10 else "ID…"
     return (f"{n:,} employee{'' if one else 's'} marked as left (`payrun employee left`) "
             f"{'has' if one else 'have'} a salary line for {month} and no slip of it: {shown}. "
-            f"Paid that month: `payrun employee back ID…`, `payrun run --month {month} --resume`, "
-            f"then `payrun employee left ID…` again")
+            f"Paid that month: `payrun employee back {who}`, `payrun run --month {month} --resume`, "
+            f"then {left_again(ids, dates or {})}")
+
+
+def left_again(ids: list[str], dates: dict[str, str | None]) -> str:
+    """The `payrun employee left` that marks ``ids`` left again after an `employee back`
+    (which clears the date), each with the day they left (``dates``): said bare, as the
+    notes did, it recorded today, and HR following them lost every leaver's real date."""
+    if len(ids) > 10:
+        return "`payrun employee left ID… --on DATE` again, each with the day they left (shown above)"
+    by_day: dict[str | None, list[str]] = {}
+    for e in ids:
+        by_day.setdefault(dates.get(e), []).append(e)
+    cmds = [f"`payrun employee left {' '.join(es)}" + (f" --on {day}" if day else "") + "`"
+            for day, es in sorted(by_day.items(), key=lambda kv: kv[0] or "")]
+    return (" and ".join(cmds) + " again"
+            + (" (the day they left is not recorded: add `--on` the day)" if None in by_day else ""))
 
 
 def emails(db: "PayrollDB | sqlite_utils.Database", employee_ids: list[str]) -> dict[str, str]:

@@ -68,6 +68,18 @@ def recipient_text(r: Mapping[str, Any], send_id: str | None = None) -> str:
     return f"{'for' if send_id else 'to'}: {name}{address}" + (f" ({where})" if where else "")
 
 
+def readdressed_text(to: Mapping[str, Any] | None, on_file_email: str | None, job_id: str) -> str | None:
+    """`payrun job` of a send that failed for good on its data: when the address it was
+    made with (``to``, :func:`recipient`) is no longer the one on file, HR fixed it since,
+    and a retry goes to the new one. None otherwise (no address on file, or the same one)."""
+    if not to or not to.get("email") or to.get("source") == "on_file_now" or not on_file_email:
+        return None
+    if on_file_email == to["email"]:
+        return None
+    return (f"the address on file now is {on_file_email} (changed since this send was made): "
+            f"`payrun retry {job_id}` sends it there")
+
+
 def job_recipient(ledger, on_file_of, job_id: str, row: Mapping[str, Any] | None,
                   job_data: Any) -> tuple[dict[str, Any] | None, str | None]:
     """Whom a job's email is for (`payrun job`, the console's job view): its ``recipient``

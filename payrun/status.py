@@ -72,6 +72,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     unpaid: dict[int, list[str]] = {}  # active employees of the run's companies with no salary line
     left: dict[int, list[str]] = {}  # employees marked left with a salary line and no slip
     left_dates: dict[str, str | None] = {}  # the day each of them left (as the note names them)
+    readdressed: list[str] = []  # failed slips' employees with another address on file since
     if month and cfg.payroll_path.exists():
         from payrun import payroll
         from payrun.runs import missing_slips, not_run as runs_not_run
@@ -86,6 +87,11 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                                                              if company is None or c == company],
                                                  ledger.employees_with_jobs(month))
             left_dates = payroll.left_on(db, [e for ids in left.values() for e in ids])
+            # failed slips whose send's address HR has changed since (an HR walkthrough: after the
+            # import that fixed it, the note still said "fix it with `payrun import`")
+            readdressed = readdressed_failed(ledger, db, month, [c for c in sorted(counts)
+                                                                 if counts[c].get("failed") and
+                                                                 (company is None or c == company)])
         if company is not None:
             missing = {c: n for c, n in missing.items() if c == company}
     if month and company is not None and company not in counts and company not in not_run:
@@ -169,9 +175,15 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         if host:  # (a full slip store's were said to be "an address refused": session-42 drill)
             why.append(f"{'all' if host == n_failed else f'{host:,}'} on the host's trouble, not their data (a full "
                        f"or failing disk, Redis refusing writes): fix that, then `payrun retry --all --month {month}`")
-        if host < n_failed:
-            why.append(f"{'' if not host else 'the rest: '}an address refused: fix it with `payrun import`, then "
-                       "`payrun retry`")
+        fixed = min(len(readdressed), n_failed - host)
+        if fixed:
+            ids = [keys.email_job_id(month, e) for e in readdressed]
+            why.append(f"{'all' if fixed == n_failed else f'{fixed:,}'} with another address on file since the send: "
+                       f"`payrun retry {' '.join(ids[:5])}{' …' if len(ids) > 5 else ''}` sends "
+                       f"{'it' if fixed == 1 else 'them'} to the new one")
+        if host + fixed < n_failed:
+            why.append(f"{'' if not (host or fixed) else 'the rest: '}an address refused: fix it with "
+                       "`payrun import`, then `payrun retry`")
         notes.append(f"{n_failed:,} slip{'' if n_failed == 1 else 's'} of {month} failed for good and "
                      f"{'was' if n_failed == 1 else 'were'} not delivered: `payrun failed --month {month}"
                      + (f" --company {company}" if company is not None else "")
@@ -354,6 +366,19 @@ def intake_notes(conn, waiting_only: bool = False) -> list[str]:
             notes.append(f"{waiting:,} {'job waits' if waiting == 1 else 'jobs wait'} on {q} and no {q} worker is running: "
                          f"is `payrun up` running (`payrun ps`)?")
     return notes
+
+
+def readdressed_failed(ledger, db, month: str, company_ids: list[int]) -> list[str]:
+    """Employees of ``company_ids`` whose ``month`` slip failed for good (Ledger.failed_slips)
+    and whose address on file is not the one its send was made with: HR fixed it since, and
+    `payrun retry` of the send goes to the new one. Ids ascending."""
+    from payrun import payroll
+
+    tried: dict[str, str | None] = {}
+    for cid in company_ids:
+        tried.update(ledger.failed_slips(month, cid))
+    now = payroll.emails(db, sorted(e for e, to in tried.items() if to))
+    return sorted(e for e, to in tried.items() if to and now.get(e) not in (None, to))
 
 
 def hr_line(c: dict[str, int]) -> str:

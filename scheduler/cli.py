@@ -400,6 +400,8 @@ def register(cli) -> None:
             if out["replaces"]:  # what the employee will read on it
                 click.echo(f"{'a corrected slip (its figures changed since)' if out['corrected'] else 'the slip'}: "
                            f"it says it replaces the one sent on {out['replaces']}")
+            if refused := refused_address_note(c.redis(), c.ledger(), employee_id, month, out["email"]):
+                click.echo(f"note: {refused}")
             from payrun.status import intake_notes
 
             for note in intake_notes(c.redis()):  # HR promised it: say if nothing will take it (a drain too,
@@ -490,6 +492,14 @@ def register(cli) -> None:
             from datetime import datetime
             from zoneinfo import ZoneInfo
 
+            if gone := out.get("left_out_left"):  # (an HR walkthrough: the count was less than `failed`, unsaid)
+                from payrun import payroll
+
+                dates = payroll.left_on(c.payroll(), gone)
+                click.echo(f"note: {len(gone)} whose {failed_slip} slip failed {'is' if len(gone) == 1 else 'are'} "
+                           f"marked as left and get{'s' if len(gone) == 1 else ''} no reminder: "
+                           + " ".join(f"{e} ({payroll.left_label(dates.get(e))})" for e in gone[:10])
+                           + (" …" if len(gone) > 10 else ""))
             due = datetime.fromisoformat(out["due_at"])
             local = due.astimezone(ZoneInfo(c.cfg.timezone))
             whose = f" (employees whose {failed_slip} slip failed)" if failed_slip else ""
@@ -498,8 +508,11 @@ def register(cli) -> None:
                                       due.astimezone(ZoneInfo("UTC")).isoformat(), False)
                        + f" (batch {out['batch']}); "
                        "`payrun queues` counts them as later until then")
+            # (an HR walkthrough: the batch was named, not how to take it back; that was in --help alone)
+            if delta.total_seconds() > CANCEL_MARGIN_S:  # (`--in now`: due at once, nothing to take back)
+                click.echo(f"to take them back before they are due: payrun remind --cancel {out['batch']}")
             if same := out.get("same_address"):
-                click.echo(f"note: {same_address_text(same, failed_slip)}")
+                click.echo(f"note: {same_address_text(same, failed_slip, out.get('same_address_refused', 0))}")
 
     @cli.command(name="bank")
     @click.option("--host", default=None, help="Listen address (default: from scheduler.bank_url).")
@@ -553,11 +566,12 @@ def resend_refusal(ledger, db, employee_id: str, month: str) -> dict:
         if payroll.is_active(db, employee_id) is False and any(r["company_id"] == company for r in ledger.runs(month)):
             # (an HR walkthrough: it said "added after the run ... --resume makes the slip" of a
             # leaver the late run left out, and `--resume` leaves them out again)
-            gone = payroll.left_label(payroll.left_on(db, [employee_id]).get(employee_id))
+            day = payroll.left_on(db, [employee_id]).get(employee_id)
+            gone = payroll.left_label(day)
             raise InputError(f"{employee_id} has no {month} slip to send again: they are marked as left "
                              f"(`payrun employee left`; {gone}), and company {company}'s {month} run left them out; "
                              f"paid that month: `payrun employee back {employee_id}`, `payrun run --month {month} "
-                             f"--company {company} --resume`, then `payrun employee left {employee_id}` again")
+                             f"--company {company} --resume`, then {payroll.left_again([employee_id], {employee_id: day})}")
         if any(r["company_id"] == company for r in ledger.runs(month)):
             raise InputError(f"{employee_id} has no {month} slip to send again: company {company}'s {month} run "
                              f"was made before this employee was added; `payrun run --month {month} "
@@ -565,6 +579,21 @@ def resend_refusal(ledger, db, employee_id: str, month: str) -> dict:
         raise InputError(f"{employee_id} has no {month} slip to send again: {month} has not been run for company "
                          f"{company}; `payrun run --month {month} --company {company}` makes and sends it")
     return snap
+
+
+def refused_address_note(conn, ledger, employee_id: str, month: str, to: str) -> str | None:
+    """`payrun resend` to the very address this slip's send was refused at for good (an HR
+    walkthrough: a resend of a slip refused for a mistyped address went there again, with
+    no word, and failed again): what to do instead. None otherwise."""
+    from payrun import keys
+    from payrun.deadletters import refused_for_good
+
+    send = ledger.send_of(keys.idem_key(month, employee_id))
+    if send is None or send[1] != to or not refused_for_good(conn, [send[0]]):
+        return None
+    return (f"its {month} slip's send ({send[0]}) was refused at this very address, {to}: this resend will be "
+            f"refused too; fix the address (`payrun import`), then `payrun retry {send[0]}` sends the slip to the "
+            f"new one")
 
 
 def resend(cfg, conn, ledger, db, employee_id: str, month: str) -> dict:
@@ -675,19 +704,33 @@ def failed_reminder_targets(ledger, db, company_id: int, month: str) -> dict[str
         list(failed))} if failed else set()
     chosen = {e: to for e, to in failed.items() if e in active}
     if not chosen:
-        left = f" ({len(failed)} failed, of employees marked left)" if failed else ""
+        from payrun import payroll
+
+        dates = payroll.left_on(db, sorted(failed))  # (named with the day they left, as run and status do)
+        left = (f" ({len(failed)} failed, of employees marked left: "
+                + " ".join(f"{e} ({payroll.left_label(dates.get(e))})" for e in sorted(failed)[:10])
+                + (" …" if len(failed) > 10 else "") + ")") if failed else ""
         raise InputError(f"no employee of company {company_id} has a {month} slip that failed for good{left}: "
                          f"nothing scheduled (`payrun status --month {month} --company {company_id}`)")
     return chosen
 
 
-def same_address_text(n: int, month: str) -> str:
+def same_address_text(n: int, month: str, refused: int = 0) -> str:
     """The note of `remind --failed-slip` for reminders going to the address their slip's
-    send failed at (the payroll data has no other one since)."""
+    send failed at (the payroll data has no other one since); ``refused`` of them were
+    refused there for good (the address itself: their reminders will be refused too)."""
     one = n == 1
+    fix = (f"fix the address (`payrun import`), then `payrun retry` sends the slip itself "
+           f"(`payrun failed --month {month}`)")
+    if refused == n:  # (an HR walkthrough: "if it was refused" of slips payrun knew were refused)
+        return (f"{n} of them {'goes' if one else 'go'} to the address {'its' if one else 'their'} {month} slip was "
+                f"refused at (not changed since): {'it' if one else 'they'} will be refused too and reach no one; "
+                f"{fix}")
+    if refused:
+        return (f"{n} of them go to the address their {month} slip's send failed at (not changed since), {refused} "
+                f"of those to an address refused for good (their reminders will be refused too); {fix}")
     return (f"{n} of them {'goes' if one else 'go'} to the address {'its' if one else 'their'} {month} slip's send "
-            f"failed at (not changed since): if it was refused, so will the reminder be; fix the address "
-            f"(`payrun import`), then `payrun retry` sends the slip itself (`payrun failed --month {month}`)")
+            f"failed at (not changed since): if it was refused, so will the reminder be; {fix}")
 
 
 def failed_slip_text(company_name: str, month: str) -> str:
@@ -724,6 +767,10 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, n
     sent_with: dict[str, str | None] = {}
     if failed_slip is not None:  # (the slip's company: an employee moved since is chosen by it)
         sent_with = failed_reminder_targets(ledger, db, company_id, failed_slip)
+        from payrun import payroll
+
+        # the failed slips of employees marked left get none: named, with the day they left
+        gone = payroll.left_on(db, sorted(set(ledger.failed_slips(failed_slip, company_id)) - set(sent_with)))
         employees = db.conn.execute(
             f"SELECT id, name_en, email FROM employees WHERE id IN ({','.join('?' * len(sent_with))}) ORDER BY id",
             list(sent_with)).fetchall()
@@ -762,5 +809,11 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, n
            "batch": batch, "jobs": [i[0] for i in ids]}
     if failed_slip is not None:
         out["failed_slip"] = failed_slip
-        out["same_address"] = sum(1 for emp_id, _, email in employees if sent_with.get(emp_id) == email)
+        out["left_out_left"] = sorted(gone)  # (marked `payrun employee left`: no reminder)
+        same = [emp_id for emp_id, _, email in employees if sent_with.get(emp_id) == email]
+        out["same_address"] = len(same)
+        from payrun.deadletters import refused_for_good
+
+        # of those, the ones whose send was refused for good there (the address itself)
+        out["same_address_refused"] = len(refused_for_good(conn, [keys.email_job_id(failed_slip, e) for e in same]))
     return out

@@ -525,7 +525,7 @@ def test_a_leaver_left_out_of_a_month_they_have_a_salary_line_for_is_named(runne
 
     today = datetime.now(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")  # (the day it was marked: session 42)
     note = (f"1 employee marked as left (`payrun employee left`) has a salary line for 2026-10 and no slip "
-            f"of it: {gone} (left {today}). Paid that month: `payrun employee back ID…`, "
+            f"of it: {gone} (left {today}). Paid that month: `payrun employee back {gone}`, "
             "`payrun run --month 2026-10 --resume`")
     assert note in out.output, out.output
     st = runner.invoke(cli, ["status", "--month", "2026-10", "--json"])

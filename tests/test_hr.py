@@ -54,6 +54,7 @@ def test_payrun_job_names_whom_the_slip_was_for_and_the_address_it_went_to(world
     cfg, conn, db, ledger = world
     emp = "emp-00003"
     name, sent_to = db.conn.execute("SELECT name_en, email FROM employees WHERE id = ?", (emp,)).fetchone()
+    set_email(db, "emp-00001", "nobody@nowhere.invalid")  # refused: its send fails for good
     runs.start_run(cfg, conn, ledger, db, MONTH)
     work_everything(conn, ledger)
     send, render = keys.email_job_id(MONTH, emp), f"render-{MONTH}-{emp}"
@@ -71,6 +72,19 @@ def test_payrun_job_names_whom_the_slip_was_for_and_the_address_it_went_to(world
     assert figures
     for shown in (text, json.dumps(data)):
         assert not any(f in shown for f in figures), figures
+
+    # a send refused for its address, fixed since by an import: it names the tried one, and the new
+    # one a retry goes to (it said "fix the employee ... a retry alone fails again")
+    bad = "emp-00001"
+    refused = keys.email_job_id(MONTH, bad)
+    text, _ = _job(refused)
+    assert "fix the employee in the payroll data" in text, text  # not fixed yet
+    set_email(db, bad, "fixed@x.example")
+    text, data = _job(refused)
+    assert "to: " in text and "<nobody@nowhere.invalid> (emp-00001; the address this send was made with)" in text
+    assert (f"the address on file now is fixed@x.example (changed since this send was made): `payrun retry "
+            f"{refused}` sends it there") in text, text
+    assert "fix the employee in the payroll data" not in text and data["recipient"]["email"] == "nobody@nowhere.invalid"
 
     conn.flushdb()  # a day later: Redis has dropped the finished jobs; the ledger keeps the address
     text, data = _job(send)
@@ -108,33 +122,85 @@ def test_remind_failed_slip_emails_only_those_whose_slip_failed(world, provider)
     assert out.exit_code == 0, out.output
     done = json.loads(out.output)
     assert done["scheduled"] == 1 and done["jobs"] == [f"remind-{done['batch']}-{bad}"]
-    assert done["failed_slip"] == MONTH and done["same_address"] == 1
+    assert done["failed_slip"] == MONTH and done["same_address"] == 1 and done["same_address_refused"] == 1
     payload = PayrunJob.fetch(done["jobs"][0], connection=conn).args[0]
     assert payload["to"] == "nobody@nowhere.invalid" and "could not email you your salary slip for November 2026" \
         in payload["text"], payload
 
     out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "90m", "--failed-slip", MONTH])
-    assert (f"note: 1 of them goes to the address its {MONTH} slip's send failed at (not changed since): if it "
-            "was refused, so will the reminder be") in out.output, out.output
+    # its send was refused there (HTTP 422): not "if it was refused", payrun knows it was
+    assert (f"note: 1 of them goes to the address its {MONTH} slip was refused at (not changed since): it will "
+            "be refused too and reach no one; fix the address") in out.output, out.output
 
     name = db.conn.execute("SELECT name_en FROM employees WHERE id = ?", (bad,)).fetchone()[0]
     conn.delete(PayrunJob.key_for(done["jobs"][0]))  # gone from Redis: the ledger still names its address
     text, _ = _job(done["jobs"][0])
     assert f"to: {name} <nobody@nowhere.invalid> ({bad}; the address this send was made with)" in text, text
 
+    # a resend to the address the slip was refused at says it will be refused too (it said nothing)
+    out = runner.invoke(cli, ["resend", "--employee", bad, "--month", MONTH])
+    assert out.exit_code == 0, out.output
+    assert (f"note: its {MONTH} slip's send ({keys.email_job_id(MONTH, bad)}) was refused at this very address, "
+            "nobody@nowhere.invalid: this resend will be refused too; fix the address") in out.output, out.output
+    other_one = next(e for e in payroll.employee_ids(db, MONTH, company) if e != bad)
+    assert "refused" not in runner.invoke(cli, ["resend", "--employee", other_one, "--month", MONTH]).output
+    from payrun import status
+
+    (note,) = [n for n in status.report(cfg, ledger, MONTH)["notes"] if "failed for good and" in n]
+    assert "(an address refused: fix it with `payrun import`, then `payrun retry`)" in note, note
     set_email(db, bad, "fixed@x.example")  # HR fixed it: the next reminder goes to the new address, no note
+    # and `payrun status` no longer asks for the import already made (it did: "fix it with `payrun import`")
+    (note,) = [n for n in status.report(cfg, ledger, MONTH)["notes"] if "failed for good and" in n]
+    assert note.endswith(f"(all with another address on file since the send: `payrun retry "
+                         f"{keys.email_job_id(MONTH, bad)}` sends it to the new one)"), note
     out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "3h", "--failed-slip", MONTH])
     assert out.exit_code == 0, out.output
     assert f"1 reminder(s) for company {company} (employees whose {MONTH} slip failed) scheduled" in out.output
+    batch = out.output.split("(batch ")[1].split(")")[0]  # and how to take it back, with its batch
+    assert f"to take them back before they are due: payrun remind --cancel {batch}\n" in out.output, out.output
+    assert runner.invoke(cli, ["remind", "--cancel", batch]).output.startswith(f"cancelled 1 reminder(s) of batch {batch}")
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "now", "--failed-slip", MONTH])
+    assert out.exit_code == 0 and "--cancel" not in out.output, out.output  # due at once: nothing to take back
     assert "note:" not in out.output
 
+    # a leaver's failed slip gets no reminder: said, with the day they left
+    assert runner.invoke(cli, ["employee", "left", bad, "--on", "2026-11-30"]).exit_code == 0
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "4h", "--failed-slip", MONTH])
+    assert out.exit_code == 2 and f"(1 failed, of employees marked left: {bad} (left 2026-11-30))" in out.output, \
+        out.output
+    from scheduler.cli import remind
+
+    set_email(db, "emp-00002", "nobody2@nowhere.invalid")  # (one more failed slip, of someone still here)
+    ledger.db.conn.execute("UPDATE jobs SET status = 'failed' WHERE id = ?", (keys.email_job_id(MONTH, "emp-00002"),))
+    ledger.db.conn.commit()
+    assert payroll.employee_snapshot(db, MONTH, "emp-00002")["company"]["id"] == company
+    from datetime import timedelta
+
+    done = remind(cfg, conn, ledger, db, company, timedelta(hours=5), None, failed_slip=MONTH)
+    assert done["scheduled"] == 1 and done["left_out_left"] == [bad], done
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "6h", "--failed-slip", MONTH])
+    assert f"note: 1 whose {MONTH} slip failed is marked as left and gets no reminder: {bad} (left 2026-11-30)" \
+        in out.output, out.output
+    assert runner.invoke(cli, ["employee", "back", bad]).exit_code == 0
+
+    made = len(ledger.jobs(kind="reminder"))
     out = runner.invoke(cli, ["remind", "--company", str(other), "--in", "2h", "--failed-slip", MONTH])
     assert out.exit_code == 2, out.output
     assert f"no employee of company {other} has a {MONTH} slip that failed for good" in out.output
-    assert len(ledger.jobs(kind="reminder")) == 3  # the refused one wrote nothing
+    assert len(ledger.jobs(kind="reminder")) == made  # the refused one wrote nothing
     assert "--failed-slip YYYY-MM" in runner.invoke(cli, ["remind", "--help"]).output
     bad_month = runner.invoke(cli, ["remind", "--company", str(company), "--in", "2h", "--failed-slip", "11-2026"])
     assert bad_month.exit_code == 2 and "payrun:" in bad_month.output, bad_month.output
+
+
+def test_the_same_address_note_is_sure_of_a_refusal_and_hedges_only_other_failures():
+    from scheduler.cli import same_address_text
+
+    assert "if it was refused, so will the reminder be" in same_address_text(1, MONTH)  # a provider's trouble
+    assert same_address_text(2, MONTH, 2).startswith(
+        f"2 of them go to the address their {MONTH} slip was refused at (not changed since): they will be refused too")
+    assert f"3 of them go to the address their {MONTH} slip's send failed at (not changed since), 1 of those to an " \
+        "address refused for good (their reminders will be refused too)" in same_address_text(3, MONTH, 1)
 
 
 # ---- a corrected slip says it replaces the one sent ------------------------------------
@@ -248,6 +314,19 @@ def test_a_leaving_date_is_a_real_day_not_after_today():
     assert "after today (2026-12-06)" in leaving_date_problem("2026-12-07", "2026-12-06")
 
 
+def test_the_steps_that_pay_a_leaver_mark_them_left_again_with_the_day_they_left():
+    """HR walkthrough: run, status and resend said "then `payrun employee left ID…` again"
+    after `employee back`, which clears the date: done as said, each leaver was recorded as
+    leaving today (2026-12-06 for one who left on 2026-11-28)."""
+    note = payroll.left_text({1: ["emp-1", "emp-2"], 2: ["emp-3"]}, MONTH,
+                             {"emp-1": "2026-11-28", "emp-2": None, "emp-3": "2026-11-28"})
+    assert "`payrun employee back emp-1 emp-2 emp-3`" in note, note
+    assert ("then `payrun employee left emp-2` and `payrun employee left emp-1 emp-3 --on 2026-11-28` again "
+            "(the day they left is not recorded: add `--on` the day)") in note, note
+    many = payroll.left_text({1: [f"emp-{i}" for i in range(12)]}, MONTH, {})
+    assert "`payrun employee left ID… --on DATE` again, each with the day they left" in many, many
+
+
 def test_the_day_an_employee_left_is_recorded_and_shown_where_leavers_are_named(world):
     """HR walkthrough: `payrun employee left` kept no date, and `run`, `status` and `resend`
     named a leaver with none: HR could not tell whether they left before or after the month
@@ -277,13 +356,20 @@ def test_the_day_an_employee_left_is_recorded_and_shown_where_leavers_are_named(
     assert f"{gone} (left 2026-11-20) {late} (left {today})" in out.output, out.output
     st = runner.invoke(cli, ["status", "--month", MONTH, "--json"])
     assert any(f"{gone} (left 2026-11-20)" in n for n in json.loads(st.output)["notes"]), st.output
+    # the steps that make their slip put the day back: a bare `employee left` after `back` records today
+    assert f"`payrun employee left {gone} --on 2026-11-20` and `payrun employee left {late} --on {today}` again" \
+        in out.output, out.output
     out = runner.invoke(cli, ["resend", "--employee", gone, "--month", MONTH])
     assert out.exit_code == 2 and "(`payrun employee left`; left 2026-11-20)" in out.output, out.output
+    assert f"then `payrun employee left {gone} --on 2026-11-20` again" in out.output, out.output
 
     # a corrected date; back clears it
     out = runner.invoke(cli, ["employee", "left", gone, "--on", "2026-11-25"])
     assert "1 already so (1 now dated 2026-11-25)" in out.output, out.output
-    assert runner.invoke(cli, ["employee", "back", late]).exit_code == 0
+    out = runner.invoke(cli, ["employee", "back", late])
+    assert out.exit_code == 0, out.output  # it says which day it cleared, and how to put it back
+    assert (f"the day they left is cleared: {late} (left {today}); to mark them left as before: "
+            f"`payrun employee left {late} --on {today}` again") in out.output, out.output
     assert payroll.left_on(db, [gone, late]) == {gone: "2026-11-25"}
 
     # a payroll database made before leaving dates: the column is added, old marks undated

@@ -615,8 +615,8 @@ def test_a_resend_of_a_leaver_the_run_left_out_says_why_and_how(world):
     assert (f"emp-00005 has no {MONTH} slip to send again: they are marked as left (`payrun employee left`; "
             f"left {today}), and "
             f"company {company}'s {MONTH} run left them out; paid that month: `payrun employee back emp-00005`, "
-            f"`payrun run --month {MONTH} --company {company} --resume`, then `payrun employee left emp-00005` "
-            "again") in out.output, out.output
+            f"`payrun run --month {MONTH} --company {company} --resume`, then `payrun employee left emp-00005 "
+            f"--on {today}` again") in out.output, out.output
     assert "added" not in out.output
     assert payroll.is_active(db, "emp-00005") is False and payroll.is_active(db, "emp-99999") is None
 
