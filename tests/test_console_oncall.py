@@ -3,8 +3,6 @@ it showed of this session's additions, and what it did not."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import time
 
 from console.app import ConsoleApp
@@ -12,26 +10,8 @@ from console.data import WorkerRow
 from jobs.policy import SENDER_TTL_S, sender_entry
 from payrun import keys
 
+from test_console_narrow import ready, sync
 from test_console_snapshots import NOW, FixedSource, fixed_snapshot
-
-
-def sync(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return asyncio.run(fn(*args, **kwargs))
-
-    return wrapper
-
-
-async def ready(pilot, until=lambda: True, what: str = "the console") -> None:
-    for _ in range(200):
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause()
-        if until():
-            return
-        await pilot.pause(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 WHERE = "PAYRUN_EMAIL_TOKEN in this process's environment (a restart takes a new value)"
 
