@@ -115,35 +115,14 @@ def test_a_mail_servers_reply_with_escape_sequences_reaches_no_terminal(world, r
 
 def test_an_http_providers_error_reply_is_quoted_with_its_controls_escaped():
     """The HTTP API's error text goes through the same quoting (jobs.mail._short)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from jobs.errors import PermanentError
     from jobs.mail import transport_for
+    from stub_http import answering_posts
     from test_mail import make_msg
 
-    class Refuse(BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            body = json.dumps({"error": f"bad recipient {HOSTILE}"}).encode()
-            self.send_response(422)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with answering_posts(422, json.dumps({"error": f"bad recipient {HOSTILE}"}).encode()) as url:
         with pytest.raises(PermanentError) as ei:
-            transport_for(f"http://127.0.0.1:{server.server_address[1]}", 5).send(make_msg())
-    finally:
-        server.shutdown()
-        server.server_close()
+            transport_for(url, 5).send(make_msg())
     assert "HTTP 422" in str(ei.value) and "\\x1b[2J" in str(ei.value)
     _no_raw_controls(str(ei.value))
 

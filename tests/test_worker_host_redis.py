@@ -107,31 +107,11 @@ class _NotStarted(Exception):
 def provider_401():
     """An HTTP provider that refuses every request's token (401), as the control host's
     provider refused a worker host started without PAYRUN_EMAIL_TOKEN."""
-    import http.server
-    import threading
+    from stub_http import answering_posts
 
-    seen = []
-
-    class Refuse(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            seen.append(self.path)
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            body = b'{"error": "missing or wrong bearer token"}'
-            self.send_response(401)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    server.shutdown()
-    server.server_close()
+    seen: list = []
+    with answering_posts(401, b'{"error": "missing or wrong bearer token"}', seen) as url:
+        yield url, seen
 
 
 def test_up_as_a_worker_host_refuses_when_the_provider_refuses_its_credentials(cfg, conn, provider_401,
