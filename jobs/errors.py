@@ -30,9 +30,12 @@ JobError
  │         ├── RenderPending  the send's slip file is missing and its render is queued
  │         │             or running (a retry put it there): looked at again shortly, no
  │         │             attempt spent, nobody else pauses
- │         └── StoreFull the slip store has no room (ENOSPC, EDQUOT): the render waits
- │                       (5 s, doubling up to 60 s) and tries again, spending no attempt,
- │                       until the operator frees space: the host's trouble, not the job's
+ │         └── StoreHeld  the host's slip store cannot take a slip: the render waits
+ │              │        (5 s, doubling up to 60 s) and tries again, spending no attempt,
+ │              │        until the operator fixes the host: its trouble, not the job's
+ │              ├── StoreFull  no room (ENOSPC, EDQUOT): free space
+ │              └── StoreUnwritable  its file system went read-only (EROFS), or its disk
+ │                       fails (EIO, and a test write in the store fails too): fix the disk
  └── PermanentError     retrying cannot help: bad address (SMTP 5xx, HTTP 4xx), bad data,
       │                 template error; fails at once with a reason HR can act on
       └── SlipMissing   a send found no slip file (deleted, or a store not mounted on its
@@ -99,12 +102,27 @@ class RefusedHere(Throttled):
         super().__init__(message, retry_after_s)
 
 
-class StoreFull(Throttled):
+class StoreHeld(Throttled):
+    """A render held because its host's slip store cannot take a slip (StoreFull,
+    StoreUnwritable): no attempt spent, up to jobs.policy.STORE_FULL_HOLDS_PER_JOB holds
+    (counted in the job's ``store_full_holds``), and nobody else pauses."""
+
+
+class StoreFull(StoreHeld):
     """The slip store has no room for a slip (ENOSPC, EDQUOT, at its write or its sync).
     Not the job's fault, and no retry budget outlasts a disk that filled at 02:00 (a drill:
     198 of 300 slips failed for good within 80 s of the store filling): the render is held,
     spending no attempt, and tries again after ``retry_after_s`` (jobs.policy.store_full_wait_s)
     until space is freed; then the run goes on by itself."""
+
+
+class StoreUnwritable(StoreHeld):
+    """The slip store cannot be written: its file system went read-only (EROFS: ext4's
+    errors=remount-ro after a disk error), or its disk fails (EIO at a slip's write, sync or
+    rename, and a test write in the store's root fails too: jobs.policy.store_fault_held).
+    Every render there would fail the same way: a run spent every slip's attempts and
+    dead-lettered them all for one host's disk. Held like StoreFull; the host's render
+    workers take no render until a test write succeeds (jobs.runtime.RenderWorker)."""
 
 
 class StoreUnsafe(TransientError):

@@ -143,7 +143,8 @@ HOST_TROUBLE_ERRNOS: dict[int, str] = {
 """OS errors that say the host is in trouble, not the job's data: transient."""
 
 HOST_TROUBLE_MARKS = tuple(f"({text}" for text in HOST_TROUBLE_ERRNOS.values()) + (
-    "(Redis refuses writes", "spending no attempt: the run goes on by itself once there is room")
+    "(Redis refuses writes", "spending no attempt: the run goes on by itself once there is room",
+    "spending no attempt: the run goes on by itself once it can be written")
 """What classify() and jobs.tasks put in the error of a job that failed on the host's trouble
 (a full or failing disk, Redis refusing writes), not on the employee's data."""
 
@@ -410,6 +411,58 @@ def is_store_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
+STORE_FAILING_ERRNOS = (errno.EROFS, errno.EIO)
+"""What a slip store's file system says when it cannot be written at all: read-only (ext4's
+errors=remount-ro after a disk error, a mount made read-only) or a failing disk."""
+
+
+def is_store_failing(exc: BaseException) -> bool:
+    """Whether ``exc`` says a file system cannot be written (EROFS, EIO): jobs.errors.StoreUnwritable."""
+    return isinstance(exc, OSError) and exc.errno in STORE_FAILING_ERRNOS
+
+
+def store_fault_held(write_errno: int | None, probe_errno: int | None) -> bool:
+    """Whether a slip's write that failed with ``write_errno`` is the store's trouble (held,
+    no attempt spent: jobs.errors.StoreUnwritable) rather than this slip's, given what a
+    test write in the store's root said just after (``probe_errno``; None: it succeeded).
+
+    EROFS is the mount's state: always the store's. EIO is the store's only when the test
+    write fails too (a dead disk, or one remounted read-only since): a disk that fails one
+    write in a million, or a bad block under one slip's folder, passes the test write, and
+    that slip's try is an ordinary failed attempt, bounded by its retry budget (six tries,
+    then the failed list, "the disk reported an I/O error": `payrun status` counts it as the
+    host's trouble). Holding it free instead would retry a slip on a bad block for hours."""
+    if write_errno == errno.EROFS:
+        return True
+    return write_errno == errno.EIO and probe_errno in STORE_FAILING_ERRNOS
+
+
+def store_fault_todo(code: int | None, mount: str) -> str:
+    """What the operator does about a slip store that cannot be written (``code``: EROFS or
+    EIO), whose file system is mounted at ``mount``. Pure."""
+    if code == errno.EROFS:
+        return (f"its file system is read-only (after a disk error, ext4 remounts it so): read the kernel log "
+                f"(`dmesg`) for the disk's errors, repair it (`fsck`) and mount it read-write again (`mount -o "
+                f"remount,rw {mount}`), or replace the disk")
+    return (f"its disk reports I/O errors: read the kernel log (`dmesg`) for the disk's errors, and replace the "
+            f"disk (or mount a healthy one at {mount})")
+
+
+def errno_text(error: OSError) -> str:
+    """"Read-only file system, EROFS": the system's words and the errno's name. Pure."""
+    name = errno.errorcode.get(error.errno or 0, str(error.errno))
+    return f"{error.strerror or error}, {name}"
+
+
+def store_unwritable_text(store: str, error: OSError, mount: str, wait_s: float) -> str:
+    """A render's error when its slip store cannot be written: the path, the system's words
+    and errno, what to do, and that the render waits. No figure of the slip itself."""
+    todo = (f"check the disk (`dmesg`), then `mount -o remount,rw {mount}`" if error.errno == errno.EROFS
+            else "check the disk (`dmesg`) and replace it")  # (short: an error is cut at 300 characters)
+    return (f"slip store {store}: cannot be written ({errno_text(error)}): held {wait_s:g} s, spending no attempt: "
+            f"the run goes on by itself once it can be written; {todo}")
+
+
 RECORD_RETRY_FIRST_S = 0.1
 RECORD_RETRY_MAX_S = 1.0
 RECORD_MARGIN_S = 2.0
@@ -626,12 +679,12 @@ def pauses_every_sender(exc: BaseException) -> bool:
     pause (ProviderDown), which that pause already covers; nor a send stopped because
     another attempt took its claim over (ClaimLost); nor a send waiting for its slip's
     render (RenderPending); nor one this process's own credentials got refused
-    (RefusedHere: only this process pauses); nor a render held for a full slip store
-    (StoreFull)."""
-    from jobs.errors import ClaimLost, ProviderDown, RateWait, RefusedHere, RenderPending, StoreFull, Throttled
+    (RefusedHere: only this process pauses); nor a render held for a full or unwritable
+    slip store (StoreHeld)."""
+    from jobs.errors import ClaimLost, ProviderDown, RateWait, RefusedHere, RenderPending, StoreHeld, Throttled
 
     return (isinstance(exc, Throttled)
-            and not isinstance(exc, (RateWait, ProviderDown, ClaimLost, RenderPending, RefusedHere, StoreFull))
+            and not isinstance(exc, (RateWait, ProviderDown, ClaimLost, RenderPending, RefusedHere, StoreHeld))
             and bool(exc.retry_after_s))
 
 

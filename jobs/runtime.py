@@ -54,7 +54,7 @@ from rq.timeouts import BaseTimeoutException
 from rq.utils import get_version, now as utcnow, utcformat
 
 from jobs import events, idempotency
-from jobs.errors import (ClaimLost, PermanentError, ProviderDown, RefusedHere, RenderPending, SlipMissing, StoreFull,
+from jobs.errors import (ClaimLost, PermanentError, ProviderDown, RefusedHere, RenderPending, SlipMissing, StoreHeld,
                          Throttled)
 from jobs.limits import EMPTY
 from jobs.policy import (backoff_attempt, backoff_delay, classify, outage_hold_is_free, shutdown_deadline,
@@ -704,8 +704,8 @@ class EventsMixin:
             # every time, not an outage any more; this one spends its attempt
             job.meta["last_error"] = events.one_line(f"{verdict.reason} (held {job.meta.get('outage_holds')} times "
                                                "already: this attempt counts)")
-        elif isinstance(exc_value, StoreFull) and not store_full_hold_is_free(int(job.meta.get("store_full_holds", 0))):
-            # held for a full slip store STORE_FULL_HOLDS_PER_JOB times (hours): this one
+        elif isinstance(exc_value, StoreHeld) and not store_full_hold_is_free(int(job.meta.get("store_full_holds", 0))):
+            # held for a full or unwritable slip store STORE_FULL_HOLDS_PER_JOB times (hours): this one
             # spends its attempt, and the job reaches the failed list in the end
             job.meta["last_error"] = events.one_line(f"{verdict.reason} (held {job.meta.get('store_full_holds')} "
                                                      "times already: this attempt counts)")
@@ -720,7 +720,7 @@ class EventsMixin:
             job._held_try = True
             if isinstance(exc_value, (ProviderDown, RefusedHere)):  # (one host refused: bounded alike)
                 job.meta["outage_holds"] = int(job.meta.get("outage_holds", 0)) + 1
-            if isinstance(exc_value, StoreFull):
+            if isinstance(exc_value, StoreHeld):
                 job.meta["store_full_holds"] = int(job.meta.get("store_full_holds", 0)) + 1
         # a held try goes back to the front of its queue when its wait is over (RQ's retry
         # and scheduler read this flag), not behind a large run's every other send: it was
@@ -1436,9 +1436,9 @@ return {0}
         while the worker is blocked waiting for a job (up to SCHEDULER_CHECK_S) still holds:
         a job taken from a queue closed meanwhile goes back to its front untouched, and the
         worker waits like any drained one."""
-        if self._store_full():  # no render can be written: take none until there is room
+        if self._store_blocked():  # no render can be written: take none until there is room, or it can be
             self._finish_rendered()
-            while self._store_full():
+            while self._store_blocked():
                 if self._stop_requested or timeout is None:  # None: a burst worker, done
                     return None
                 self.set_state("suspended")
@@ -1523,6 +1523,64 @@ return {0}
             log.warning("Worker %s: the slip store %s has room again (%s KiB free): taking renders again, %s",
                         self.name, store, f"{(free or 0) // 1024:,}", line)
         return self._store_was_full
+
+    def _store_blocked(self) -> bool:
+        """Whether no render can be written in this worker's slip store: full, or it cannot
+        be written (read-only, a failing disk)."""
+        return self._store_full() or self._store_unwritable()
+
+    def _store_read_only(self) -> bool:
+        """Whether the slip store's file system is mounted read-only (statvfs's ST_RDONLY)."""
+        from jobs.tasks import settings
+
+        try:
+            return bool(os.statvfs(settings().slips_dir).f_flag & os.ST_RDONLY)
+        except OSError:
+            return False
+
+    def _store_unwritable(self) -> bool:
+        """Whether this pdf-render worker's slip store cannot be written: its file system
+        went read-only (EROFS), or its disk fails (EIO), as a test write in it says
+        (payrun.slipstore.probe_write). Looked at most every STORE_LOOK_EVERY_S, and with a
+        test write only when there is a reason to (the mount read-only, a render of this host
+        held for it: payrun.slipstore.fault_reported, or the last look failed): a healthy
+        store costs a statvfs and an HGET a second. While it cannot be written the worker
+        takes no render (each would fail at its write: a run of 50,000 spent every attempt
+        and dead-lettered them all for one disk) and keeps this host's entry in Redis alive
+        for `payrun status` and `payrun check`. Said at once, every 30 s, and when it can
+        be written again."""
+        from jobs.policy import errno_text, is_store_failing, store_fault_todo
+        from jobs.tasks import settings
+        from payrun import slipstore
+
+        if any(q.name != keys.RENDER_QUEUE for q in self.queues):
+            return False  # (the control worker, or one that serves other queues too)
+        now = time.monotonic()
+        failing = getattr(self, "_store_fault", None)
+        if now < getattr(self, "_fault_looked_until", 0.0):
+            return failing is not None
+        self._fault_looked_until = now + self.STORE_LOOK_EVERY_S
+        if failing is None and not self._store_read_only() and not slipstore.fault_reported(self.connection):
+            return False
+        store = settings().slips_dir
+        story = getattr(self, "_fault_story", None)
+        if story is None:
+            story = self._fault_story = RepeatedFailure(OUTAGE_LOG_EVERY_S)
+        err = slipstore.probe_write(store)
+        if err is not None and is_store_failing(err):
+            self._store_fault = err
+            slipstore.report_fault(self.connection, store, err)
+            if (line := story.failed(now, errno_text(err))) is not None:
+                log.error("Worker %s: the slip store %s cannot be written (%s): taking no render until it can; the "
+                          "renders wait in their queue, spending no attempt; %s", self.name, store, line,
+                          store_fault_todo(err.errno, str(slipstore.mount_point(store))))
+            return True
+        self._store_fault = None
+        slipstore.clear_fault(self.connection)
+        if (line := story.ok(now)) is not None:
+            log.warning("Worker %s: the slip store %s can be written again: taking renders again, %s",
+                        self.name, store, line)
+        return False
 
     _GIVE_BACK = """
 if ARGV[2] == '1' and redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end

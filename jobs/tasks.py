@@ -21,7 +21,7 @@ from rq import Retry, get_current_job
 
 from jobs import events, idempotency, policy, senders, unrecorded
 from jobs.errors import (AccountRefused, ClaimLost, PermanentError, ProviderDown, RateWait, RefusedHere, RenderPending,
-                         SlipMissing, StoreFull, StoreUnsafe, Throttled)
+                         SlipMissing, StoreFull, StoreUnsafe, StoreUnwritable, Throttled)
 from jobs.policy import (REISSUE_FIELDS, RECORD_MARGIN_S, counts_as_provider_failure, job_end, pauses_every_sender,
                          record_retry_wait_s, redis_refuses_writes, send_claim_ttl_s, send_may_start, send_timeout_s,
                          send_window, slip_path_problem)
@@ -192,12 +192,15 @@ def render_slip(snapshot: dict[str, Any]) -> dict[str, Any]:
     if holds and (free := slip.free_bytes(cfg.slips_dir)) is not None and free < policy.STORE_ROOM_MIN_BYTES:
         # held for a full store, and still full: wait again without rendering (one statvfs)
         raise _store_full(cfg, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), holds)
+    if holds and (failing := slipstore.probe_write(cfg.slips_dir)) is not None and policy.is_store_failing(failing):
+        # held, and the store still cannot be written: wait again without rendering (one test write)
+        raise _store_unwritable(cfg, job.connection, failing, holds)
     pdf = slip.render_pdf(snapshot)  # raises PermanentError on bad data
-    if job is not None and int(job.meta.get("attempt") or 1) > 1:  # an earlier try may have died mid-write
-        timeout_s = job.timeout if isinstance(job.timeout, int) and job.timeout > 0 else cfg.render.timeout_s
-        # (another host's stage only once its try's timeout and lease are over: the store is shared)
-        slip.remove_dead_stages(cfg.slips_dir / rel, lease=(timeout_s, cfg.lease.visibility_s))
     try:
+        if job is not None and int(job.meta.get("attempt") or 1) > 1:  # an earlier try may have died mid-write
+            timeout_s = job.timeout if isinstance(job.timeout, int) and job.timeout > 0 else cfg.render.timeout_s
+            # (another host's stage only once its try's timeout and lease are over: the store is shared)
+            slip.remove_dead_stages(cfg.slips_dir / rel, lease=(timeout_s, cfg.lease.visibility_s))
         if job is not None and _hand_finish_over:
             tmp = slip.stage_slip(cfg.slips_dir / rel, pdf, store=cfg.slips_dir)
             return {"slip": rel, "bytes": len(pdf),
@@ -206,6 +209,8 @@ def render_slip(snapshot: dict[str, Any]) -> dict[str, Any]:
     except OSError as e:
         if policy.is_store_full(e):
             raise _store_full(cfg, e, holds) from e
+        if (held := _store_fault(cfg, job.connection if job is not None else None, e, holds)) is not None:
+            raise held from e
         raise
     if job is not None:
         enqueue_email(job.connection, cfg, email_payload(snapshot, rel))
@@ -219,6 +224,28 @@ def _store_full(cfg: config_mod.Config, e: OSError, holds: int) -> StoreFull:
     wait = policy.store_full_wait_s(holds)
     return StoreFull(policy.store_full_text(str(cfg.slips_dir), e, slip.free_bytes(cfg.slips_dir), wait),
                      retry_after_s=wait)
+
+
+def _store_fault(cfg: config_mod.Config, conn, e: OSError, holds: int) -> StoreUnwritable | None:
+    """The StoreUnwritable a render raises when its slip's write, sync or rename failed with
+    EROFS, or with EIO and a test write in the store fails too (jobs.policy.store_fault_held);
+    None when the failure is this slip's alone (an ordinary failed attempt)."""
+    if not policy.is_store_failing(e):
+        return None
+    probed = slipstore.probe_write(cfg.slips_dir)
+    if not policy.store_fault_held(e.errno, probed.errno if probed is not None else None):
+        return None
+    return _store_unwritable(cfg, conn, probed if probed is not None and policy.is_store_failing(probed) else e, holds)
+
+
+def _store_unwritable(cfg: config_mod.Config, conn, e: OSError, holds: int) -> StoreUnwritable:
+    """The StoreUnwritable a render raises (jobs.errors), recorded in Redis for this host's
+    render workers (they take no render until a test write succeeds) and `payrun status`."""
+    if conn is not None:
+        slipstore.report_fault(conn, cfg.slips_dir, e)
+    wait = policy.store_full_wait_s(holds)
+    return StoreUnwritable(policy.store_unwritable_text(str(cfg.slips_dir), e, str(slipstore.mount_point(cfg.slips_dir)),
+                                                        wait), retry_after_s=wait)
 
 
 def finish_render(conn, result: dict[str, Any]) -> dict[str, Any]:
@@ -237,6 +264,8 @@ def finish_render(conn, result: dict[str, Any]) -> dict[str, Any]:
     except OSError as e:
         if policy.is_store_full(e):
             raise _store_full(cfg, e, int(rest.get("store_full_holds") or 0)) from e
+        if (held := _store_fault(cfg, conn, e, int(rest.get("store_full_holds") or 0))) is not None:
+            raise held from e  # (a failing disk says EIO at the sync: the data never reached it)
         raise
     enqueue_email(conn, cfg, rest["email"])
     return {k: v for k, v in result.items() if k != FINISH_KEY}
@@ -618,6 +647,15 @@ def _slip_store_full() -> bool:
     return free is not None and free < policy.STORE_ROOM_MIN_BYTES
 
 
+def _slip_store_unwritable(conn) -> bool:
+    """Whether a host's render workers find the slip store cannot be written (a live entry
+    in keys.SLIP_STORE_FAULTS: payrun.slipstore.report_fault); False when Redis does not say."""
+    try:
+        return bool(slipstore.read_faults(conn))
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def render_job_of(payload: dict[str, Any]) -> str:
     """The id of the render job that makes a send's slip: the pay run's render, or a
     resend's (``payrun resend``, key ``slip:<month>:<employee>:resend-<n>``)."""
@@ -655,6 +693,8 @@ def slip_missing(conn, payload: dict[str, Any], meta: dict[str, Any] | None = No
             # no attempt, for as long as the store is full: so does the send, instead of failing
             # for good an hour in, blaming the render workers
             wait_s, why = RENDER_WAIT_MAX_S, "waiting for it, as it waits for room in the full slip store"
+        elif wait_s is None and _slip_store_unwritable(conn):  # (read-only, a failing disk: held alike)
+            wait_s, why = RENDER_WAIT_MAX_S, "waiting for it, as it waits for a slip store that cannot be written"
         if wait_s is not None:
             meta[RENDER_WAITS] = [int(waits) + 1, since]
             return RenderPending(f"slip {payload['slip']} is being rendered again ({render_id} {status}): {why}",

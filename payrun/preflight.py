@@ -194,6 +194,11 @@ def store_write_text(store: Path, err: OSError, user: str) -> str:
                 f"as (chown -R {user} {store})")
     elif code in (errno.ENOSPC, errno.EDQUOT):
         todo = "no room for a 4 KiB file: free space (`payrun prune --slips`) or raise the quota"
+    elif code == errno.EIO:
+        from jobs.policy import store_fault_todo
+        from payrun.slipstore import mount_point
+
+        todo = store_fault_todo(code, str(mount_point(store)))
     elif code in (errno.ENOENT, errno.ENOTDIR):
         todo = ("no file can be made in it (a virtual file system such as /proc or /sys, or it went away): set "
                 "PAYRUN_SLIPS_DIR to a directory on a disk")
@@ -425,7 +430,7 @@ def check(cfg, *, month: str | None = None, worker_host: bool = False, email: bo
     if email:
         _email(cfg, rep)
     _data(cfg, rep, slips)
-    _slips(cfg, rep, slips, slip_bytes)
+    _slips(cfg, rep, slips, slip_bytes, conn)
     if not worker_host and rep.month:
         by_tick = tick_local is not None and rep.tick_month == rep.month
         _estimate(cfg, conn, rep, slips, render_s, live, tick_local if by_tick else now.astimezone(zone), by_tick)
@@ -729,7 +734,25 @@ def _email(cfg, rep: Report) -> None:
     rep.add("email", OK, f"{shown}: {said} (nothing was sent)")
 
 
-def _slips(cfg, rep: Report, slips: int, slip_bytes: int) -> None:
+def _slips(cfg, rep: Report, slips: int, slip_bytes: int, conn=None) -> None:
+    from payrun import slipstore
+
+    before = len(rep.findings)
+    _store_here(cfg, rep, slips, slip_bytes)
+    if conn is None:
+        return
+    try:
+        faults = slipstore.read_faults(conn)
+    except Exception:  # noqa: BLE001 - Redis away: its own check says so
+        return
+    failed_here = any(f.area == "slips" and f.level == FAIL for f in rep.findings[before:])
+    here = slipstore._host()[0]
+    for entry in faults:  # (the render workers of each host found it: a host this check cannot look at itself)
+        if not (failed_here and entry["id"] == here):
+            rep.add("slips", FAIL, slipstore.fault_text(entry, cfg.timezone))
+
+
+def _store_here(cfg, rep: Report, slips: int, slip_bytes: int) -> None:
     from payrun import slipstore
 
     store: Path = cfg.slips_dir

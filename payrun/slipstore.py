@@ -157,3 +157,181 @@ def store_problem(root: Path) -> str | None:
                     below.append(e.path)
         level = below
     return None
+
+
+# ---- a slip store that cannot be written (read-only, a failing disk) -------------------------
+
+PROBE_PREFIX = ".payrun-probe-"
+FAULT_TTL_S = 30.0
+"""A host's entry in keys.SLIP_STORE_FAULTS lapses this long after it was last written (its
+render workers renew it at each look, once a second, while the store cannot be written)."""
+FAULTS_KEY_TTL_S = 3600
+
+
+def probe_write(store: Path) -> OSError | None:
+    """Whether a slip could be written in ``store`` now: its file system not mounted
+    read-only (one statvfs: ST_RDONLY, which ext4's errors=remount-ro sets), then a tiny
+    file made, written, synced and removed at its root (a failing disk answers EIO there,
+    mostly at the sync). None if all that worked, else the OSError met (EROFS for a
+    read-only mount). A few hundred microseconds on a healthy disk; called after a failed
+    write, and then at most once a second while the store fails (jobs.runtime.RenderWorker)."""
+    import errno
+
+    store = Path(store)
+    try:
+        if os.statvfs(store).f_flag & os.ST_RDONLY:
+            return OSError(errno.EROFS, os.strerror(errno.EROFS), str(store))
+        from payrun.procs import host_id
+
+        probe = store / f"{PROBE_PREFIX}{host_id()}-{os.getpid()}-{secrets.token_hex(2)}"
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            try:
+                _probe_write(fd)
+            finally:
+                os.close(fd)
+        finally:
+            try:
+                os.unlink(probe)
+            except FileNotFoundError:
+                pass
+    except OSError as e:
+        return e
+    return None
+
+
+def _probe_write(fd: int) -> None:
+    """The probe's write and sync. Its own function: the tests inject a failing disk here."""
+    os.write(fd, b"p")
+    os.fsync(fd)
+
+
+def mount_point(path: Path) -> Path:
+    """The mount point of the file system ``path`` is on (itself, or its nearest parent that
+    is one); for "mount -o remount,rw <it>"."""
+    p = Path(path).absolute()
+    while not os.path.ismount(p) and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _host() -> tuple[str, str]:
+    import socket
+
+    from payrun.procs import host_id
+
+    return host_id(), socket.gethostname()
+
+
+def report_fault(conn, store: Path, error: OSError, now: float | None = None) -> None:
+    """Record in Redis that this host's slip store ``store`` cannot be written (``error``:
+    EROFS or EIO), for `payrun status` and `payrun check` on any host, and for the render
+    workers of this host (a render's horse meets it; its worker then takes no render until
+    a test write succeeds). Since when is kept from a live entry. Redis away: nothing."""
+    import json
+    import time
+
+    from jobs.policy import errno_text
+
+    ident, hostname = _host()
+    now_ms = (time.time() if now is None else now) * 1000
+    try:
+        old = read_fault_entry(conn.hget(keys.SLIP_STORE_FAULTS, ident))
+        since = old["since_ms"] if old and old["until_ms"] >= now_ms else now_ms
+        entry = {"host": hostname, "path": str(store), "mount": str(mount_point(store)), "errno": error.errno,
+                 "error": errno_text(error),
+                 "since_ms": since, "until_ms": now_ms + FAULT_TTL_S * 1000}
+        with conn.pipeline(transaction=False) as p:
+            p.hset(keys.SLIP_STORE_FAULTS, ident, json.dumps(entry))
+            p.expire(keys.SLIP_STORE_FAULTS, FAULTS_KEY_TTL_S)
+            p.execute()
+    except Exception:  # noqa: BLE001 - Redis away: the worker's own log says it
+        pass
+
+
+def fault_reported(conn, now: float | None = None) -> bool:
+    """Whether a live entry says this host's slip store cannot be written (one HGET);
+    False when Redis does not answer."""
+    import time
+
+    try:
+        e = read_fault_entry(conn.hget(keys.SLIP_STORE_FAULTS, _host()[0]))
+    except Exception:  # noqa: BLE001
+        return False
+    return e is not None and e["until_ms"] >= (time.time() if now is None else now) * 1000
+
+
+def clear_fault(conn) -> None:
+    """This host's slip store can be written again: its entry goes."""
+    try:
+        conn.hdel(keys.SLIP_STORE_FAULTS, _host()[0])
+    except Exception:  # noqa: BLE001 - it lapses by itself
+        pass
+
+
+def read_fault_entry(raw) -> dict | None:
+    """An entry of keys.SLIP_STORE_FAULTS, or None (missing, unreadable). Pure."""
+    import json
+
+    if not raw:
+        return None
+    try:
+        e = json.loads(raw)
+        return {"host": str(e["host"]), "path": str(e["path"]), "mount": str(e.get("mount") or e["path"]),
+                "errno": int(e["errno"]), "error": str(e["error"]),
+                "since_ms": float(e["since_ms"]), "until_ms": float(e["until_ms"])}
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def read_faults(conn, now: float | None = None) -> list[dict]:
+    """The hosts whose slip store cannot be written now (live entries), oldest first."""
+    import time
+
+    now_ms = (time.time() if now is None else now) * 1000
+    entries = [(k, read_fault_entry(v)) for k, v in conn.hgetall(keys.SLIP_STORE_FAULTS).items()]
+    return sorted(({**e, "id": k.decode() if isinstance(k, bytes) else str(k)} for k, e in entries
+                   if e is not None and e["until_ms"] >= now_ms), key=lambda e: e["since_ms"])
+
+
+def fault_notes(conn, store: Path, tz: str = "UTC") -> list[str]:
+    """`payrun status`'s notes on slip stores that cannot be written: each host its render
+    workers found so (``read_faults``; ``conn`` None: none), and this host's own store if
+    its file system is mounted read-only (one statvfs, no write: a store gone read-only
+    with no render worker up to find it)."""
+    import errno
+
+    from jobs.policy import errno_text
+
+    entries = []
+    if conn is not None:
+        try:
+            entries = read_faults(conn)
+        except Exception:  # noqa: BLE001 - Redis away: status says that itself
+            entries = []
+    ident, hostname = _host()
+    if not any(e["id"] == ident for e in entries):
+        try:
+            read_only = Path(store).is_dir() and bool(os.statvfs(store).f_flag & os.ST_RDONLY)
+        except OSError:
+            read_only = False
+        if read_only:
+            err = OSError(errno.EROFS, os.strerror(errno.EROFS))
+            entries.append({"id": ident, "host": hostname, "path": str(store), "mount": str(mount_point(store)),
+                            "errno": errno.EROFS, "error": errno_text(err), "since_ms": None})
+    return [fault_text(e, tz) for e in entries]
+
+
+def fault_text(entry: dict, tz: str = "UTC") -> str:
+    """One line on a host whose slip store cannot be written, for `payrun status` and
+    `payrun check`: where, what the system said, since when, what it means, what to do."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    from jobs.policy import store_fault_todo
+
+    since = "" if not entry.get("since_ms") else (
+        " since " + datetime.fromtimestamp(entry["since_ms"] / 1000, ZoneInfo(tz)).strftime("%H:%M:%S %Z"))
+    return (f"the slip store {entry['path']} cannot be written on {entry['host']} ({entry['error']}){since}: "
+            f"its renders wait in their queue, spending no attempt, and go on by themselves once it can be "
+            f"written; {store_fault_todo(entry['errno'], entry['mount'])}")

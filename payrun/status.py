@@ -202,6 +202,10 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                      "ps), and a next try here sends nothing")
     if month and in_progress and (full := store_full_note(cfg.slips_dir)):
         notes.insert(0, full)
+    if month and in_progress:  # (read-only, a failing disk: its renders wait, spending no attempt)
+        from payrun import slipstore
+
+        notes[:0] = slipstore.fault_notes(None if redis_failed else conn, cfg.slips_dir, cfg.timezone)
     outage = refused = None
     if conn is not None and not redis_failed:
         from payrun import redis_server

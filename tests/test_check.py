@@ -508,7 +508,9 @@ def test_what_to_do_about_a_slip_store_that_cannot_be_written_is_said_by_its_err
     assert f"(chown -R payrun {store})" in said[errno.EACCES]
     assert "`payrun prune --slips`" in said[errno.ENOSPC]
     assert "(No such file or directory): no file can be made in it (a virtual file system" in said[errno.ENOENT]
-    assert said[errno.EIO].endswith("set PAYRUN_SLIPS_DIR to a directory this account can write to")
+    # a failing disk is not "a directory this account can write to" (session 43): the disk
+    assert said[errno.EIO].startswith(f"{store}: a slip cannot be written there (Input/output error): its disk reports "
+                                      "I/O errors: read the kernel log (`dmesg`)"), said[errno.EIO]
     # not a directory: `payrun up` makes a missing one, but none under a file
     assert "`payrun up` makes it" in preflight.store_missing_text(store)
     (tmp_path / "afile").write_text("x")
