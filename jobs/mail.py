@@ -209,14 +209,16 @@ class TokenSource(Protocol):
     def refresh(self) -> str: ...
 
 
-def transport_for(url: str, timeout_s: float, token: "str | TokenSource | None" = None) -> Transport:
+def transport_for(url: str, timeout_s: float, token: "str | TokenSource | None" = None,
+                  sender: str | None = None) -> Transport:
     """The transport for ``url`` (see the module docstring). ValueError on a bad URL.
     ``token``: the HTTP provider's bearer token (``payrun.provider.email_token``: the local
-    provider's token file when no URL is configured); None = PAYRUN_EMAIL_TOKEN, if set."""
+    provider's token file when no URL is configured); None = PAYRUN_EMAIL_TOKEN, if set.
+    ``sender``: our From address (email.sender), which an SMTP probe offers as MAIL FROM."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme in ("smtp", "smtps"):
-        return SmtpTransport(url, timeout_s)
+        return SmtpTransport(url, timeout_s, sender=sender)
     if scheme in ("http", "https"):
         return HttpTransport(url, timeout_s, token=token)
     raise ValueError(f"unsupported email URL scheme {scheme!r} in {_redact(url)!r} "
@@ -686,7 +688,10 @@ _DOTS = re.compile(rb"(?m)^\.")
 
 
 class SmtpTransport:
-    def __init__(self, url: str, timeout_s: float, *, password: str | None = None):
+    def __init__(self, url: str, timeout_s: float, *, password: str | None = None, sender: str | None = None):
+        self.sender = (parseaddr(sender)[1] or sender) if sender else None
+        """The envelope address the probe offers (MAIL FROM, then RSET): a server that takes
+        our login but not our sender refuses every send all the same."""
         parts = urlsplit(url)
         self.ssl = parts.scheme.lower() == "smtps"
         query = parse_qs(parts.query)
@@ -725,9 +730,14 @@ class SmtpTransport:
         return "no login (email.url names no user): the sender address email.sender or this host's address"
 
     def probe(self) -> str:
-        """Connect, EHLO, STARTTLS and log in as a send would, then QUIT with no MAIL: what
-        `payrun check` says of the server ("connected, STARTTLS, login accepted"), or
-        ValueError saying what refused us. Nothing is sent. The whole probe ends within
+        """Connect, EHLO, STARTTLS and log in as a send would, then (with ``sender``) offer
+        our sender, ``MAIL FROM:<sender>``, and take it back with ``RSET``, then QUIT: what
+        `payrun check` says of the server ("connected, STARTTLS, login accepted, sender
+        <address> accepted"), or ValueError saying what refused us: CredentialsRefused for
+        the login, or for the sender refused with a 5xx (5.7.1 sender not allowed: every
+        send would be refused, AccountRefused; a probe that stopped at the login resumed a
+        paused send-email process, and each resume refused one lane's worth of sends
+        again). No RCPT, no DATA: nothing is sent. The whole probe ends within
         ``timeout_s``, as a send does (``_Cutoff``): a server that takes the connection and
         never answers, or trickles its replies, held the check for a timeout per reply."""
         deadline = _Deadline(self.timeout_s)
@@ -761,6 +771,20 @@ class SmtpTransport:
             if self.user:
                 step("the login", smtp.login, self.user, self._password)
                 done.append("login accepted")
+            if self.sender:
+                code, reply = step("MAIL FROM", smtp.mail, self.sender)
+                if code != 250:
+                    refused = (f"{', '.join(done)}, then our sender {self.sender} refused ({code} {_short(reply)})")
+                    try:
+                        step("QUIT", smtp.quit)
+                    except (OSError, smtplib.SMTPException):
+                        pass
+                    if 500 <= code < 600:  # every send would be refused alike: as a refused login
+                        raise CredentialsRefused(f"{refused}: set email.sender to an address this login may send "
+                                                 "as, or let it send as this one")
+                    raise ValueError(f"{refused}, for now")
+                step("RSET", smtp.rset)
+                done.append(f"sender {self.sender} accepted")
             try:
                 step("QUIT", smtp.quit)
             except (OSError, smtplib.SMTPException):

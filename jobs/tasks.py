@@ -284,7 +284,9 @@ def transport():
     with _transport_lock:
         if k not in _transports:
             # no email URL: the local provider of this data directory, which wants its token
-            _transports[k] = mail.transport_for(cfg.email_url, timeout_s=cfg.email.timeout_s, token=email_token(cfg))
+            # (the sender: an SMTP credentials probe offers it, as a send does: jobs.senders)
+            _transports[k] = mail.transport_for(cfg.email_url, timeout_s=cfg.email.timeout_s, token=email_token(cfg),
+                                                sender=cfg.email.sender)
         return _transports[k]
 
 

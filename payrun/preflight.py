@@ -717,7 +717,8 @@ def _email(cfg, rep: Report) -> None:
     try:
         from payrun.provider import email_token
 
-        transport = mail.transport_for(url, timeout_s=min(15.0, float(cfg.email.timeout_s)), token=email_token(cfg))
+        transport = mail.transport_for(url, timeout_s=min(15.0, float(cfg.email.timeout_s)), token=email_token(cfg),
+                                       sender=cfg.email.sender)
         said = transport.probe()
     except Exception as e:  # noqa: BLE001 - every way a provider can refuse, in one line
         from payrun.text import visible

@@ -447,7 +447,7 @@ def credentials_refused(cfg: Config) -> str | None:
 
     try:
         transport = mail.transport_for(cfg.email_url, timeout_s=min(PROBE_TIMEOUT_S, float(cfg.email.timeout_s)),
-                                       token=email_token(cfg))
+                                       token=email_token(cfg), sender=cfg.email.sender)
         transport.probe()
     except mail.CredentialsRefused as e:
         from payrun.text import visible

@@ -433,3 +433,70 @@ def test_workers_names_a_process_paused_for_its_credentials(cfg, conn):
 
     got = {m.name: m.samples[0].value for m in metrics.StateCollector(conn, cfg).collect() if m.samples}
     assert got["payrun_email_senders_refused"] == 1 and got["payrun_email_provider_down"] == 0
+
+
+class SenderRefusing:
+    """aiosmtpd handler: takes any login, refuses MAIL FROM for every address but ``allowed``
+    (a 553 5.7.1, as a provider answers a sender the login may not send as); records the
+    commands it was given and the messages it took."""
+
+    def __init__(self, allowed: str):
+        self.allowed = allowed
+        self.commands: list[str] = []
+        self.messages: list[bytes] = []
+
+    async def handle_MAIL(self, server, session, envelope, address, mail_options):
+        self.commands.append(f"MAIL {address}")
+        if address != self.allowed:
+            return "553 5.7.1 Sender address rejected: not owned by user payroll"
+        envelope.mail_from = address
+        return "250 OK"
+
+    async def handle_RSET(self, server, session, envelope):
+        self.commands.append("RSET")
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):
+        self.messages.append(envelope.content)
+        return "250 OK"
+
+
+def test_a_refused_smtp_sender_keeps_the_process_paused_its_probe_offers_the_sender_and_sends_nothing(caplog):
+    """Review (session 42): over SMTP the credentials probe only logged in, so a server that
+    takes our login but refuses our MAIL FROM (5.7.1 sender not allowed) passed it, and each
+    resume refused one lane's worth of sends again. The probe now offers our sender (MAIL
+    FROM, then RSET: no RCPT, no DATA) and a refusal there is still refused."""
+    from aiosmtpd.smtp import AuthResult
+
+    from jobs import mail
+    from test_mail import EphemeralController
+
+    handler = SenderRefusing(allowed="payroll@meghna.example")
+    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0, auth_require_tls=False,
+                              authenticator=lambda *a: AuthResult(success=True, handled=False))
+    ctl.start()
+    try:
+        url = f"smtp://payroll:s3cret@127.0.0.1:{ctl.port}"
+        refused = mail.transport_for(url, 5, sender="Payroll <payroll@payrun.localhost>")
+        with pytest.raises(mail.CredentialsRefused) as ei:
+            refused.probe()
+        assert str(ei.value).startswith("connected, login accepted, then our sender payroll@payrun.localhost refused "
+                                        "(553 5.7.1 Sender address rejected"), str(ei.value)
+        assert "set email.sender to an address this login may send as" in str(ei.value)
+        mono = Clock()
+        me = senders.HostCredentials("email.host-a.1", mono=mono)
+        me._pause(refused.credentials_source(), "SMTP refused sender: 553", 0)
+        mono.t = me.next_probe
+        caplog.set_level(logging.INFO, logger="payrun.jobs.senders")
+        assert me.probe(refused) is False and me.paused  # (it passed before: login accepted)
+        # email.sender fixed (and the process restarted with it): the probe passes, sends resume
+        fixed = mail.transport_for(url, 5, sender="Payroll <payroll@meghna.example>")
+        assert fixed.probe() == "connected, login accepted, sender payroll@meghna.example accepted"
+        mono.t = me.next_probe
+        assert me.probe(fixed) is True and not me.paused
+        assert handler.commands == ["MAIL payroll@payrun.localhost"] * 2 + ["MAIL payroll@meghna.example", "RSET"] * 2
+        assert handler.messages == []  # probes send nothing
+        # without a sender (as before), a probe stops at the login
+        assert mail.transport_for(url, 5).probe() == "connected, login accepted"
+    finally:
+        ctl.stop()
