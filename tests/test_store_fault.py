@@ -187,6 +187,9 @@ def test_check_fails_a_slip_store_another_hosts_workers_cannot_write(world):
     assert len(said) == 1 and said[0].text.startswith(
         "the slip store /srv/slips cannot be written on render-2 (Read-only file system, EROFS) since "), said
     assert "`mount -o remount,rw /srv`" in said[0].text and rep.failures >= 1
+    # a worker host's check is of its own part: not of another host's store
+    rep = preflight.check(cfg, worker_host=True, email=False, connect=lambda: conn)
+    assert not [f for f in rep.findings if f.area == "slips" and f.level == preflight.FAIL], rep.findings
 
 
 # ---- a real file system remounted read-only (root) ------------------------------------------
