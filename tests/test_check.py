@@ -265,6 +265,35 @@ def test_the_smtp_probe_logs_in_and_quits_without_mail(monkeypatch):
         transport_for(f"smtp://127.0.0.1:{ctl.port}", 2).probe()
 
 
+def test_payrun_check_fails_an_smtp_server_that_takes_the_login_but_refuses_our_sender(cfg, monkeypatch):
+    """Session 43: the check logged in and said "ok" of a server that refuses our MAIL FROM
+    (5.7.1), which refuses every slip of the night. It offers email.sender, then RSET."""
+    from payrun import config as config_mod
+    from test_senders import SenderRefusing
+
+    handler = SenderRefusing(allowed="payroll@meghna.example")
+    ctl = EphemeralController(handler, hostname="127.0.0.1", port=0, auth_require_tls=False,
+                              authenticator=lambda *a: AuthResult(success=True, handled=False))
+    ctl.start()
+    try:
+        monkeypatch.setenv("PAYRUN_EMAIL_URL", f"smtp://payroll:s3cret@127.0.0.1:{ctl.port}")
+        said = {}
+        for sender in ("Payroll <payroll@payrun.localhost>", "Payroll <payroll@meghna.example>"):
+            c = config_mod.load()
+            c.email.sender = sender
+            rep = preflight.Report(month=None, role="control")
+            preflight._email(c, rep)
+            (said[sender],) = [(f.level, f.text) for f in rep.findings if f.area == "email"]
+        level, text = said["Payroll <payroll@payrun.localhost>"]
+        assert level == FAIL and "then our sender payroll@payrun.localhost refused (553 5.7.1" in text, text
+        assert said["Payroll <payroll@meghna.example>"] == (
+            OK, f"smtp://payroll:***@127.0.0.1:{ctl.port}: connected, login accepted, sender payroll@meghna.example "
+                "accepted (nothing was sent)")
+        assert handler.messages == []
+    finally:
+        ctl.stop()
+
+
 @pytest.mark.parametrize("mode", ["starttls", "smtps"])
 def test_the_smtp_probe_speaks_tls_to_the_servers_name(tls_files, monkeypatch, mode):
     """STARTTLS and smtps:// probed as a send connects: TLS checks the URL's host. The probe
