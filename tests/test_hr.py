@@ -484,6 +484,9 @@ def test_a_leaver_gets_the_final_slip_of_the_month_they_left_in_and_hr_counts_ad
     (note,) = [n for n in hr["notes"] if "marked as left" in n]
     assert note.startswith(f"1 employee marked as left (`payrun employee left`) has a salary line for {MONTH} and "
                            f"no slip of it: {october} (left 2026-10-31). ") and undated not in note, note
+    from console.data import Source  # the console's HR line: the same counts
+
+    assert Source(cfg, conn).snapshot().status["total"] == status.report(cfg, ledger, month=MONTH, conn=conn)["total"]
     # their resend works (they have a slip); the October leaver's is refused with the way to make theirs
     assert runner.invoke(cli, ["resend", "--employee", undated, "--month", MONTH]).exit_code == 0
     out = runner.invoke(cli, ["resend", "--employee", october, "--month", MONTH])
