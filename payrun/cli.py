@@ -239,7 +239,8 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
     Employees (a row per employee and month; amounts in taka: 45000 or 45000.50):
       company_id, employee_id, name_en, name_bn (may be empty), email, department,
       designation, bank_account, month (YYYY-MM), basic, house_rent, medical,
-      conveyance, bonus, tax, provident_fund, loan
+      conveyance, bonus, tax, provident_fund, loan; optional: left_on (YYYY-MM-DD,
+      the day they left: marks them left, as `payrun employee left --on`)
     Companies (--companies; import them first): id, name, address
     Samples: docs/sample-employees.csv, docs/sample-companies.csv
 
@@ -629,7 +630,8 @@ def check_cmd(c: Ctx, month: str | None, no_email: bool, as_json: bool) -> None:
     It checks, and says what to do about each problem:
       redis      reachable, appendonly on, memory for the run's jobs
       scheduler  a scheduler running for the next pay-run tick (two: one stands by)
-      payroll    salary lines for the month; active staff and companies without any
+      payroll    salary lines for the month; staff and companies without any; leavers
+                 with a line (their final slip, or left out)
       render     a sample slip renders here (and fast: HarfBuzz font subsetting)
       intake     not drained; a live pdf-render, send-email and control worker
       ledger     `payrun ledger` applying the workers' events
