@@ -985,7 +985,7 @@ def _slip_rows(d: "sqlite_utils.Database", lines: list[dict[str, Any]]) -> dict[
             chunk = emps[i:i + 500]
             for r in d.conn.execute(_SNAPSHOT_SQL + f" WHERE s.month = ? AND s.employee_id IN "
                                                     f"({','.join('?' * len(chunk))})", [month, *chunk]):
-                out[(r[1], r[0])] = tuple(r)
+                out[(r[1], r[0])] = tuple(r[:_SNAPSHOT_DATA])
     return out
 
 
@@ -1077,7 +1077,7 @@ _SNAPSHOT_SQL = f"""
 SELECT s.month, e.id, e.name_en, e.name_bn, e.email, e.department, e.designation,
        e.bank_account, c.id, COALESCE(m.name, c.name), COALESCE(m.address, c.address),
        s.basic, s.house_rent, s.medical, s.conveyance, s.bonus,
-       s.tax, s.provident_fund, s.loan
+       s.tax, s.provident_fund, s.loan, CASE WHEN e.active = 0 THEN e.left_on END
 FROM salary_lines s
 JOIN employees e ON e.id = s.employee_id
 JOIN companies c ON c.id = {LINE_COMPANY}
@@ -1087,6 +1087,9 @@ LEFT JOIN company_months m ON m.month = s.month AND m.company_id = {LINE_COMPANY
 (``keep_company_details``); a month run before payrun kept them reads today's."""
 _SNAPSHOT_EMAIL = 4
 """The email's column in ``_SNAPSHOT_SQL``'s rows (the one field the slip does not print)."""
+_SNAPSHOT_DATA = 19
+"""``_SNAPSHOT_SQL``'s columns of the employee's data and figures (the leaving date after
+them marks a final slip; an import that only marks a leaver changes no slip made)."""
 
 
 def keep_company_details(db: "PayrollDB | sqlite_utils.Database", month: str, company_id: int) -> None:
@@ -1113,9 +1116,11 @@ def months_kept(db: "PayrollDB | sqlite_utils.Database", company_ids: list[int])
 
 
 def _snapshot(r: tuple) -> dict[str, Any]:
+    """A ``_SNAPSHOT_SQL`` row as a slip's snapshot; a leaver's slip of the month they left
+    in has ``final``: the day they left (the slip says it is their final one)."""
     (month, emp_id, name_en, name_bn, email, dept, desig, bank, cid, cname, caddr,
-     basic, house_rent, medical, conveyance, bonus, tax, pf, loan) = r
-    return {
+     basic, house_rent, medical, conveyance, bonus, tax, pf, loan, left) = r
+    snap = {
         "month": month,
         "key": keys.idem_key(month, emp_id),
         "company": {"id": cid, "name": cname, "address": caddr},
@@ -1127,6 +1132,9 @@ def _snapshot(r: tuple) -> dict[str, Any]:
                      "conveyance": conveyance, "bonus": bonus},
         "deductions": {"tax": tax, "provident_fund": pf, "loan": loan},
     }
+    if left and left[:7] == month:  # (only for a leaver's slip of the month they left in)
+        snap["final"] = left
+    return snap
 
 
 def snapshots(db: "PayrollDB | sqlite_utils.Database", month: str,

@@ -550,3 +550,34 @@ def test_an_import_records_leavers_with_their_day_or_nothing_at_all(world, tmp_p
     from payrun.audit import read_audit
 
     assert read_audit(cfg)[-1]["message"].endswith("; 1 marked as left"), read_audit(cfg)[-1]
+
+
+def test_a_leavers_slip_of_the_month_they_left_in_says_it_is_their_final_one():
+    """HR walkthrough: the final payslip read like any other. The slip of the month a
+    leaver left in says "Final payslip" with the day they left; their slip of an earlier
+    month, anyone else's, and a value that is no date of the slip's month say nothing."""
+    from jobs.slip import render_html
+
+    db = payroll.PayrollDB(":memory:")
+    payroll.seed(db, companies=1, employees=3, seed=1, month="2026-10")
+    payroll.ensure_month(db, MONTH)
+    one, two, _ = sorted(payroll.employee_ids(db, MONTH))
+    payroll.set_active(db, [one], False, left_date="2026-11-20")
+    final = payroll.employee_snapshot(db, MONTH, one)
+    assert final["final"] == "2026-11-20"
+    assert {s["employee"]["id"]: s.get("final") for s in payroll.snapshots(db, MONTH)}[one] == "2026-11-20"
+    assert "final" not in payroll.employee_snapshot(db, "2026-10", one)  # (paid that month too: not the last)
+    assert "final" not in payroll.employee_snapshot(db, MONTH, two)
+    html = render_html(final)
+    assert ">Final payslip<" in html and "(you left on 2026-11-20)" in html, html
+    for other in (payroll.employee_snapshot(db, MONTH, two), {**final, "final": "2026-10-20"},
+                  {**final, "final": "<b>2026-11-20</b>"}):
+        html = render_html(other)
+        assert "Final payslip" not in html and "you left" not in html
+    # the line more still fits one page, every field at its maximum and re-issued too
+    from jobs.slip import render_pdf
+    from tests.test_slip import _every_field_at_its_maximum, pdf_text
+
+    snap = _every_field_at_its_maximum("W")
+    text = pdf_text(render_pdf({**snap, "reissued": "2026-12-04", "final": f"{snap['month']}-20"}))
+    assert "Final payslip" in text and f"(you left on {snap['month']}-20)" in text and "Re-issued" in text
