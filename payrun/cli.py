@@ -239,9 +239,10 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
     Employees (a row per employee and month; amounts in taka: 45000 or 45000.50):
       company_id, employee_id, name_en, name_bn (may be empty), email, department,
       designation, bank_account, month (YYYY-MM), basic, house_rent, medical,
-      conveyance, bonus, tax, provident_fund, loan; optional: left_on (YYYY-MM-DD,
-      the day they left: marks them left, as `payrun employee left --on`)
+      conveyance, bonus, tax, provident_fund, loan
     Companies (--companies; import them first): id, name, address
+    Optional in an employees file: left_on (YYYY-MM-DD, the day they left; marks
+      them left, as `payrun employee left --on`; empty: no change)
     Samples: docs/sample-employees.csv, docs/sample-companies.csv
 
     A month's run keeps each company's name and address as they were when it started: a

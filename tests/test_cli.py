@@ -598,6 +598,7 @@ def test_import_help_lists_the_columns_it_reads(runner):
     listed = re.search(r"Employees \(.*?\): (.*?) Companies", text).group(1)
     assert [c.split(" (")[0] for c in listed.split(", ")] == list(payroll.CSV_COLUMNS), listed
     assert f"Companies (--companies; import them first): {', '.join(payroll.COMPANY_CSV_COLUMNS)}" in text
+    assert f"Optional in an employees file: {', '.join(payroll.OPTIONAL_CSV_COLUMNS)} (YYYY-MM-DD" in text
 
 
 def test_the_audit_line_of_an_import_of_one_says_one(runner, cfg, tmp_path):
