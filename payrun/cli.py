@@ -583,8 +583,8 @@ def run(c: Ctx, month: str, company: int | None, resume: bool, as_json: bool) ->
 
 def _note_without_salary_line(db, ledger, month: str, company_ids: list[int]) -> None:
     """At the run, not only in `payrun status` afterwards: employees of the companies just
-    run whom the month pays (working here, or left in it) with no salary line for it get no slip (an HR drill: "299 sent" of 300
-    staff, and nothing said so)."""
+    run whom the month pays (working here, or left in it or later) with no salary line for
+    it get no slip (an HR drill: "299 sent" of 300 staff, and nothing said so)."""
     from payrun import payroll
 
     with_jobs = ledger.employees_with_jobs(month)

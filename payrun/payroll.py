@@ -875,8 +875,7 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
                 why.append(f"deductions ({', '.join(DEDUCTIONS)}) exceed earnings ({', '.join(EARNINGS)}): "
                            "the net pay would be negative")
         day, bad = _clean_text(row.get("left_on", ""))
-        day_bad = bool(day) and bool(problem := bad or leaving_date_problem(day, today))
-        if day_bad:
+        if day and (problem := bad or leaving_date_problem(day, today)):
             why.append(f"left_on {_show(day)}: {problem}")
         if not why:
             key = (emp, month)
