@@ -581,3 +581,26 @@ def test_a_leavers_slip_of_the_month_they_left_in_says_it_is_their_final_one():
     snap = _every_field_at_its_maximum("W")
     text = pdf_text(render_pdf({**snap, "reissued": "2026-12-04", "final": f"{snap['month']}-20"}))
     assert "Final payslip" in text and f"(you left on {snap['month']}-20)" in text and "Re-issued" in text
+
+
+def test_a_run_by_the_version_before_that_left_a_leaver_out_is_counted_and_resumed(world, monkeypatch):
+    """A rolling deploy: the version before runs the month (`active = 1`: a November
+    leaver gets no slip); the new version's `status` counts them as having no slip (not as
+    left out on purpose) and its `run --resume` makes their final slip."""
+    from payrun import status
+
+    cfg, conn, db, ledger = world
+    runner = CliRunner()
+    final = sorted(payroll.employee_ids(db, MONTH))[0]
+    assert runner.invoke(cli, ["employee", "left", final, "--on", "2026-11-20"]).exit_code == 0
+    with monkeypatch.context() as old:  # the version before's rule, in the queries that read it
+        old.setattr(payroll, "IN_MONTH_RUN", "(e.active = 1)")
+        runs.start_run(cfg, conn, ledger, db, MONTH)
+    assert final not in ledger.employees_with_jobs(MONTH) and len(ledger.employees_with_jobs(MONTH)) == 11
+    hr = status.report(cfg, ledger, MONTH)
+    assert hr["total"]["no_slip"] == 1 and not any("marked as left" in n for n in hr["notes"]), hr["notes"]
+    assert any(f"salary lines for {MONTH} and no slip (added after the run): payrun run --month {MONTH} --resume"
+               in n for n in hr["notes"]), hr["notes"]
+    out = runner.invoke(cli, ["run", "--month", MONTH, "--resume"])
+    assert "created 1 render job" in out.output, out.output
+    assert final in ledger.employees_with_jobs(MONTH) and status.report(cfg, ledger, MONTH)["total"]["no_slip"] == 0
