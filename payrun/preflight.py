@@ -583,19 +583,23 @@ def _payroll(cfg, rep: Report) -> int:
                                  f"so no slip: {shown} (`payrun import`, or for those gone before {rep.month} "
                                  "`payrun employee left ID --on DATE`)",
                 {"employees": unpaid})
-    if leavers:  # (an HR walkthrough: a leaver's final month said nothing before the run)
-        rep.add("payroll", WARN, leavers_text(leavers, rep.month),
-                {"final_slips": [e for e, _, paid in leavers if paid],
-                 "left_out": [e for e, _, paid in leavers if not paid],
-                 "left_on": {e: day for e, day, _ in leavers}})
+    run: list[dict] = []
     if cfg.ledger_path.exists():
         from payrun.ledger import Ledger
 
         led = Ledger(cfg.ledger_path)
         try:
             run = led.runs(rep.month)
+            with_slip = led.employees_with_jobs(rep.month) if run and leavers else set()
         finally:
             led.close()
+        leavers = [x for x in leavers if x[0] not in with_slip]  # (a month run: those still without a slip)
+    if leavers:  # (an HR walkthrough: a leaver's final month said nothing before the run)
+        rep.add("payroll", WARN, leavers_text(leavers, rep.month),
+                {"final_slips": [e for e, _, paid in leavers if paid],
+                 "left_out": [e for e, _, paid in leavers if not paid],
+                 "left_on": {e: day for e, day, _ in leavers}})
+    if cfg.ledger_path.exists():
         ran = {int(r["company_id"]) for r in run}
         if run:
             # a run makes slips for the companies not run yet only: the estimate, the room

@@ -468,6 +468,9 @@ def test_a_leaver_gets_the_final_slip_of_the_month_they_left_in_and_hr_counts_ad
     assert hr["total"]["done"] == 10 and hr["total"]["total"] == 10
     assert hr["total"]["no_slip"] == 0 and hr["total"]["no_salary_line"] == 0, hr["notes"]
     assert no_slip(ledger, db, MONTH) == {}  # (the console's HR line counts these)
+    # `check` after the run names only the leavers still without a slip
+    (warn,) = [f for f in preflight.check(cfg, month=MONTH, email=False).findings if "marked as left" in f.text]
+    assert warn.detail["final_slips"] == [] and warn.detail["left_out"] == [october, undated], warn.detail
     (note,) = [n for n in hr["notes"] if "marked as left" in n]
     assert final not in note and f"{october} (left 2026-10-31)" in note, note
 
