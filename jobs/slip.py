@@ -461,6 +461,16 @@ def _reissue(snapshot: Mapping[str, Any]) -> tuple[str | None, str | None, bool]
     return reissued, replaces, bool(replaces and snapshot.get("corrected") is True)
 
 
+def _final(snapshot: Mapping[str, Any]) -> str | None:
+    """The day a leaver left, on their slip of the month they left in (``final``, set by
+    payrun.payroll's snapshot): the slip says it is their final one. A date of that month,
+    else nothing."""
+    value = snapshot.get("final")
+    month = snapshot.get("month")
+    return value if isinstance(value, str) and _DATE_RE.fullmatch(value) and isinstance(month, str) \
+        and value[:7] == month else None
+
+
 def render_html(snapshot: Mapping[str, Any]) -> str:
     """The slip as a complete HTML document (CSS inlined; fonts relative to jobs/assets/)."""
     t = totals(snapshot)
@@ -484,6 +494,7 @@ def render_html(snapshot: Mapping[str, Any]) -> str:
             reissued=reissued,
             replaces=replaces,
             corrected=corrected,
+            final=_final(snapshot),
         )
     except jinja2.TemplateError as exc:
         # Message only: Jinja's messages name the template variable, not its value.

@@ -241,6 +241,8 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
       designation, bank_account, month (YYYY-MM), basic, house_rent, medical,
       conveyance, bonus, tax, provident_fund, loan
     Companies (--companies; import them first): id, name, address
+    Optional in an employees file: left_on (YYYY-MM-DD, the day they left; marks
+      them left, as `payrun employee left --on`; empty: no change)
     Samples: docs/sample-employees.csv, docs/sample-companies.csv
 
     A month's run keeps each company's name and address as they were when it started: a
@@ -261,7 +263,7 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
     db = c.payroll()
     try:
         r = (payroll.import_companies_csv(db, csv_file, months=months) if companies_csv
-             else payroll.import_csv(db, csv_file))
+             else payroll.import_csv(db, csv_file, today=_today(c)))
     except BaseException:
         if db.created:  # refused (bad rows): leave no empty payroll.db behind, which would pass for a payrun home
             db.close()
@@ -307,7 +309,8 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
 
     actions.audit(c.cfg, actions.Outcome("import", f"payrun import {csv_file}", r.employees,
                                          message=f"{_n(r.employees, 'employee')} ({len(r.changed_employees)} with changed "
-                                                 f"details), {_n(r.salary_lines, 'salary line')}"), via="cli")
+                                                 f"details), {_n(r.salary_lines, 'salary line')}"
+                                                 + (f"; {len(r.left)} marked as left" if r.left else "")), via="cli")
     known = len(r.existing_employees)
     there = f"{known} already there"
     if known:
@@ -318,6 +321,20 @@ def import_(c: Ctx, csv_file: str, companies_csv: bool, months: tuple[str, ...])
         lines = f" ({r.new_lines} new, {r.changed_lines} with other figures, {r.salary_lines - r.new_lines - r.changed_lines} the same)"
     click.echo(f"imported {r.employees} employee{'' if r.employees == 1 else 's'} ({r.employees - known} new, "
                f"{there}) and {r.salary_lines} salary line{'' if r.salary_lines == 1 else 's'}{lines} from {csv_file}")
+    if r.left:  # (an HR walkthrough: a file could not say who left; each needed `employee left`)
+        by_day: dict[str, list[str]] = {}
+        for emp, day in sorted(r.left.items()):
+            by_day.setdefault(day, []).append(emp)
+        click.echo(f"marked {_n(len(r.left), 'employee')} as left (left_on): "
+                   + "; ".join(f"{_named(es)} on {day}" for day, es in sorted(by_day.items()))
+                   + ": a month's run still pays them for the month they left in (their final slip, from its "
+                     "salary line); runs of later months and reminders leave them out")
+    if r.after_leaving:
+        shown = ", ".join(f"{e} {m}" for e, m in r.after_leaving[:_NAMED]) + (
+            f" and {len(r.after_leaving) - _NAMED} more" if len(r.after_leaving) > _NAMED else "")
+        click.echo(f"note: {_n(len(r.after_leaving), 'salary line')} of a month after the one the employee left in: "
+                   f"{shown}: no pay run makes a slip of {'it' if len(r.after_leaving) == 1 else 'them'} (if they "
+                   "worked that month, correct left_on)")
     if r.ignored_columns:  # HR thinks an `active` or `overtime` column did something
         click.echo(f"note: column(s) not imported (payrun does not know them): {', '.join(r.ignored_columns)}")
     for emp, was, now in r.moved[:_NAMED]:
@@ -565,9 +582,9 @@ def run(c: Ctx, month: str, company: int | None, resume: bool, as_json: bool) ->
 
 
 def _note_without_salary_line(db, ledger, month: str, company_ids: list[int]) -> None:
-    """At the run, not only in `payrun status` afterwards: active employees of the companies
-    just run with no salary line for the month get no slip (an HR drill: "299 sent" of 300
-    staff, and nothing said so)."""
+    """At the run, not only in `payrun status` afterwards: employees of the companies just
+    run whom the month pays (working here, or left in it or later) with no salary line for
+    it get no slip (an HR drill: "299 sent" of 300 staff, and nothing said so)."""
     from payrun import payroll
 
     with_jobs = ledger.employees_with_jobs(month)
@@ -576,11 +593,13 @@ def _note_without_salary_line(db, ledger, month: str, company_ids: list[int]) ->
     if left := payroll.left_text(gone, month, payroll.left_on(db, [e for ids in gone.values() for e in ids])):
         click.echo(f"note: {left}", err=True)
     if ids := [e for cid in sorted(unpaid) for e in unpaid[cid]]:
-        shown = " ".join(ids[:10]) + (f" … ({len(ids) - 10:,} more: `payrun status --json`)" if len(ids) > 10 else "")
-        click.echo(f"note: {len(ids):,} active employee{'' if len(ids) == 1 else 's'} of {_companies(sorted(unpaid))} "
+        shown = " ".join(payroll.with_leaving_dates(db, ids[:10])) + (
+            f" … ({len(ids) - 10:,} more: `payrun status --json`)" if len(ids) > 10 else "")
+        click.echo(f"note: {len(ids):,} employee{'' if len(ids) == 1 else 's'} of {_companies(sorted(unpaid))} "
                    f"{'has' if len(ids) == 1 else 'have'} no salary line for {month}: no slip is made for "
                    f"them: {shown}. Paid this month: import the salary line, then "
-                   f"`payrun run --month {month} --resume`; gone: `payrun employee left ID…`", err=True)
+                   f"`payrun run --month {month} --resume`; gone before {month}: `payrun employee left ID… --on DATE`",
+                   err=True)
 
 
 def _ids(ids: list[int]) -> str:
@@ -612,7 +631,8 @@ def check_cmd(c: Ctx, month: str | None, no_email: bool, as_json: bool) -> None:
     It checks, and says what to do about each problem:
       redis      reachable, appendonly on, memory for the run's jobs
       scheduler  a scheduler running for the next pay-run tick (two: one stands by)
-      payroll    salary lines for the month; active staff and companies without any
+      payroll    salary lines for the month; staff and companies without any; leavers
+                 with a line (their final slip, or left out)
       render     a sample slip renders here (and fast: HarfBuzz font subsetting)
       intake     not drained; a live pdf-render, send-email and control worker
       ledger     `payrun ledger` applying the workers' events
@@ -932,19 +952,25 @@ def employee_group() -> None:
 @pass_ctx
 @handle_errors
 def employee_left(c: Ctx, employee_ids: tuple[str, ...], left_date: str | None) -> None:
-    """EMPLOYEE_IDS left the company: later pay runs, their "no slip yet" count and `payrun
-    remind` leave them out (mark them after their last month's run). The date is recorded
-    and shown where leavers are named (`run`, `status`, `resend`). Slips already made
-    stay; `payrun resend` still works for them. Written to the audit log."""
-    from datetime import datetime
-    from zoneinfo import ZoneInfo
+    """EMPLOYEE_IDS left the company on --on (default today). A run of the month they left in
+    still pays them (their final slip, from its salary line); runs of later months, their
+    "no slip yet" count and `payrun remind` leave them out. The date is recorded and shown
+    where leavers are named (`run`, `status`, `check`, `resend`). Slips already made stay;
+    `payrun resend` still works for them. Written to the audit log."""
+    from payrun.payroll import leaving_date_problem
 
-    from payrun.runs import leaving_date_problem
-
-    today = datetime.now(ZoneInfo(c.cfg.timezone)).strftime("%Y-%m-%d")
+    today = _today(c)
     if left_date is not None and (why := leaving_date_problem(left_date, today)):
         raise InputError(f"--on {visible(left_date)}: {why}")
     _set_active(c, list(employee_ids), False, left_date or today, redate=left_date is not None)
+
+
+def _today(c: Ctx) -> str:
+    """Today in the payroll's zone, YYYY-MM-DD: the latest leaving date taken."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    return datetime.now(ZoneInfo(c.cfg.timezone)).strftime("%Y-%m-%d")
 
 
 @employee_group.command(name="back")
@@ -955,6 +981,12 @@ def employee_back(c: Ctx, employee_ids: tuple[str, ...]) -> None:
     """EMPLOYEE_IDS work here again (undoes `payrun employee left`). The day they left is
     cleared: it names that day, and the `payrun employee left ID --on DATE` that puts it back."""
     _set_active(c, list(employee_ids), True)
+
+
+def _next_month(day: str) -> str:
+    """'2026-11-20' -> '2026-12'."""
+    y, m = int(day[:4]), int(day[5:7])
+    return f"{y + m // 12}-{m % 12 + 1:02d}"
 
 
 def _set_active(c: Ctx, ids: list[str], active: bool, left_date: str | None = None, redate: bool = False) -> None:
@@ -988,9 +1020,10 @@ def _set_active(c: Ctx, ids: list[str], active: bool, left_date: str | None = No
             already += f" ({', '.join(kept[:3])}: `--on DATE` corrects it)" if kept else ""
         elif redated:
             already += f" ({len(redated)} now dated {left_date})"
+    after = "" if active else (f": runs of {_next_month(left_date)} and later, and reminders, leave them out "
+                               f"(a run of {left_date[:7]} pays them: their final slip, from its salary line)")
     click.echo(f"{len(changed)} employee{'' if len(changed) == 1 else 's'} marked "
-               f"{'as working here again' if active else f'as left{on}: later pay runs and reminders leave them out'}"
-               + already)
+               f"{'as working here again' if active else f'as left{on}'}{after}" + already)
     if active and (cleared := [i for i in changed if before.get(i)]):
         # (an HR walkthrough: `back` to make a leaver's last slip cleared the day they left, unsaid;
         # the `left` after it recorded today)

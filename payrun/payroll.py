@@ -20,9 +20,10 @@ Public API::
     PayrollDB(path)                              open/create (idempotent schema)
     seed(db, companies=60, employees=50000, seed=7, month="2026-11", progress=None, reset=False)
     ensure_month(db, month, seed=None) -> int    copy the latest month's lines if month has none
-    import_csv(db, path) -> ImportResult         employees + salary lines, all-or-nothing
+    import_csv(db, path, today=None) -> ImportResult   employees + salary lines (+ leaving dates), all-or-nothing
     import_companies_csv(db, path) -> ImportResult
     snapshots(db, month, company_id=None) -> Iterator[dict]   (docs/ARCHITECTURE.md shape)
+    in_month_run(active, left_on, month) -> bool   whom a month's run pays (IN_MONTH_RUN in SQL)
     employee_snapshot(db, month, employee_id) -> dict
     companies(db), company_ids_for(db, month, company_id=None), count_employees(db, month, ...)
     months(db) -> list[str]
@@ -65,6 +66,9 @@ EMPLOYEE_FIELDS = (
 CSV_COLUMNS = (
     "company_id", "employee_id", *EMPLOYEE_FIELDS, "month", *AMOUNT_FIELDS,
 )
+OPTIONAL_CSV_COLUMNS = ("left_on",)
+"""Columns an employees file may have: ``left_on``, the day an employee left (YYYY-MM-DD;
+empty: not a leaver, or no change), which marks them left as `payrun employee left --on`."""
 COMPANY_CSV_COLUMNS = ("id", "name", "address")
 
 MAX_LISTED_PROBLEMS = 50
@@ -551,6 +555,12 @@ class ImportResult:
     new_address: list[str] = field(default_factory=list)
     """Employees import: of ``existing_employees``, those whose email address the file
     changed (every month's slip goes there from now on, months not in the file too)."""
+    left: dict[str, str] = field(default_factory=dict)
+    """Employees import: employee -> the leaving date the file's ``left_on`` gave (marked
+    left with it, or their date corrected), of those whose mark or date it changed."""
+    after_leaving: list[tuple[str, str]] = field(default_factory=list)
+    """Employees import: (employee, month) of salary lines for a month after the one the
+    employee left in (by ``left_on``): no run pays them (``in_month_run``)."""
 
 
 _MONTH_RE = re.compile(r"[0-9]{4}-[0-9]{2}")
@@ -629,10 +639,11 @@ def _clean_text(s: str) -> tuple[str, str | None]:
     return s, None
 
 
-def _read_csv(path: str | os.PathLike[str], expected: tuple[str, ...]
+def _read_csv(path: str | os.PathLike[str], expected: tuple[str, ...], optional: tuple[str, ...] = ()
               ) -> tuple[list[tuple[int, dict[str, str]]], list[tuple[int, str]], list[str]]:
     """Read a UTF-8 CSV (BOM allowed). Returns ([(line, row)], [(line, problem)], the
-    header's columns that are not in ``expected``: not read, said by the import).
+    header's columns that are not in ``expected`` or ``optional``: not read, said by the
+    import). A row has each ``optional`` column the header has (absent: not in the row).
 
     Raises InputError at once for problems that make the rows unreadable (file missing,
     not UTF-8, no header, missing columns). Line numbers are physical lines, header = 1;
@@ -692,13 +703,13 @@ def _read_csv(path: str | os.PathLike[str], expected: tuple[str, ...]
                 why += THOUSANDS_HINT
             problems.append((start, why))
             continue
-        rows.append((start, {h: f for h, f in zip(header, fields) if h in expected}))
+        rows.append((start, {h: f for h, f in zip(header, fields) if h in expected or h in optional}))
     if header is None:
         raise InputError(f"{p}: the file is empty (expected a header row: "
                          f"{', '.join(expected)})")
     if not rows and not problems:
         raise InputError(f"{p}: has a header but no data rows")
-    return rows, problems, [h for h in header if h and h not in expected]
+    return rows, problems, [h for h in header if h and h not in expected and h not in optional]
 
 
 THOUSANDS_HINT = (" (an amount written with a thousands separator, like 45,000, splits into two fields: "
@@ -755,6 +766,25 @@ OPTIONAL_COLUMNS = frozenset({"name_bn"})
 the slip then shows the Latin name alone."""
 
 
+def leaving_date_problem(value: str, today: str) -> str | None:
+    """Why ``value`` is no leaving date (`payrun employee left --on`, an import's
+    ``left_on``; None: it is one): not a YYYY-MM-DD date, or later than ``today``
+    (YYYY-MM-DD): the mark acts at once (runs of later months and reminders leave them out),
+    so it is made on or after their last day."""
+    from datetime import date
+
+    if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", value or ""):
+        return "a leaving date is YYYY-MM-DD, like 2026-11-20"
+    try:
+        date.fromisoformat(value)
+    except ValueError:
+        return "no such day (a leaving date is YYYY-MM-DD, like 2026-11-20)"
+    if value > today:
+        return (f"is after today ({today}): mark them on or after their last day (the mark acts at once: "
+                "runs of later months and reminders leave them out)")
+    return None
+
+
 def _required_fields(row: dict[str, str], columns) -> tuple[dict[str, str], list[str], list[str]]:
     """Clean every column of one CSV row. Returns the values, the reasons for any empty
     (outside OPTIONAL_COLUMNS) or unclean field (the row's other checks cannot run), and
@@ -775,7 +805,7 @@ def _required_fields(row: dict[str, str], columns) -> tuple[dict[str, str], list
     return vals, why, too_long
 
 def import_csv(db: "PayrollDB | sqlite_utils.Database",
-               path: str | os.PathLike[str]) -> ImportResult:
+               path: str | os.PathLike[str], today: str | None = None) -> ImportResult:
     """Import employees and their salary lines from one CSV; all rows or none.
 
     Columns (header row required, any order, extra columns ignored): company_id,
@@ -790,13 +820,22 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
     (employee_id, month) not repeated in the file; one employee's details the same on
     every row. Every problem is collected and an InputError lists ``line N: reason``
     (up to 50; ``.problems`` has all); on any problem nothing is written.
-    Upsert: existing employees are updated (their ``active`` flag is kept), and so are
-    existing salary lines for the same (employee, month).
+    Optional column ``left_on`` (OPTIONAL_CSV_COLUMNS): the day the employee left,
+    YYYY-MM-DD, not after ``today`` (YYYY-MM-DD; default: today's date here), the same on
+    every row of one employee; it marks them left with that date (a date already recorded
+    is corrected), in the import's transaction. Empty: no change.
+    Upsert: existing employees are updated (their ``active`` flag is kept unless
+    ``left_on`` marks them), and so are existing salary lines for the same (employee, month).
     """
     d = _sdb(db)
-    rows, problems, ignored = _read_csv(path, CSV_COLUMNS)
+    if today is None:
+        from datetime import date
+
+        today = date.today().isoformat()
+    rows, problems, ignored = _read_csv(path, CSV_COLUMNS, OPTIONAL_CSV_COLUMNS)
     known_companies = {r[0] for r in d.execute("SELECT id FROM companies")}
     seen_line: dict[tuple[str, str], int] = {}
+    left_seen: dict[str, tuple[int, str]] = {}  # employee -> (first line, its left_on: '' for none)
     emp_rows: dict[str, tuple[int, dict[str, Any]]] = {}
     lines: list[dict[str, Any]] = []
     for line, row in rows:
@@ -835,6 +874,9 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
             if ded > earn:  # (no figures: see _amount_shape)
                 why.append(f"deductions ({', '.join(DEDUCTIONS)}) exceed earnings ({', '.join(EARNINGS)}): "
                            "the net pay would be negative")
+        day, bad = _clean_text(row.get("left_on", ""))
+        if day and (problem := bad or leaving_date_problem(day, today)):
+            why.append(f"left_on {_show(day)}: {problem}")
         if not why:
             key = (emp, month)
             if key in seen_line:
@@ -848,6 +890,12 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
                 why.append(f"{emp}'s details differ from line {emp_rows[emp][0]} ({', '.join(differ)}): "
                            "one employee's details must be the same on every row")
             emp_rows.setdefault(emp, (line, record))
+            if emp in left_seen and left_seen[emp][1] != day:
+                first = left_seen[emp]
+                why.append(f"{emp}'s left_on differs from line {first[0]} ({first[1] or 'empty'} there, "
+                           f"{day or 'empty'} here): one employee's leaving date is the same on every row")
+            else:
+                left_seen.setdefault(emp, (line, day))
         if why:
             problems.extend((line, w) for w in why)
             continue
@@ -855,6 +903,7 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
     if problems:
         _fail(path, problems)
     employees = [rec for _, rec in emp_rows.values()]
+    leaving = {emp: day for emp, (_, day) in left_seen.items() if day}
     with d.atomic():
         ids = [e["id"] for e in employees]
         cols = ["id", "company_id", *EMPLOYEE_FIELDS]
@@ -869,6 +918,14 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
         d["employees"].upsert_all(employees, pk="id", batch_size=500)
         d["salary_lines"].upsert_all(lines, pk=("employee_id", "month"), batch_size=500)
         # (a line whose figures changed gets corrected_at from CORRECTED_AT_TRIGGER)
+        marked: dict[str, str] = {}
+        for emp, day in leaving.items():
+            was = d.conn.execute("SELECT active, left_on FROM employees WHERE id = ?", (emp,)).fetchone()
+            if was is not None and (was[0] != 0 or was[1] != day):
+                # `active` first: LEFT_ON_TRIGGER clears the date when the mark changes
+                d.conn.execute("UPDATE employees SET active = 0 WHERE id = ?", (emp,))
+                d.conn.execute("UPDATE employees SET left_on = ? WHERE id = ?", (day, emp))
+                marked[emp] = day
         slips_after = _slip_rows(d, [ln for ln in lines if (ln["employee_id"], ln["month"]) in slips_before])
     changed = sorted(e["id"] for e in employees if e["id"] in before and before[e["id"]] != e)
     moved = sorted((e["id"], before[e["id"]]["company_id"], e["company_id"]) for e in employees
@@ -891,7 +948,10 @@ def import_csv(db: "PayrollDB | sqlite_utils.Database",
                         new_address=new_address,
                         new_lines=sum((ln["employee_id"], ln["month"]) not in lines_before for ln in lines),
                         changed_lines=sum(lines_before.get((ln["employee_id"], ln["month"]), ln) != ln for ln in lines),
-                        ignored_columns=ignored)
+                        ignored_columns=ignored, left=marked,
+                        after_leaving=sorted((ln["employee_id"], ln["month"]) for ln in lines
+                                             if ln["employee_id"] in leaving
+                                             and not in_month_run(False, leaving[ln["employee_id"]], ln["month"])))
 
 
 def _line_rows(d: "sqlite_utils.Database", lines: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -924,7 +984,7 @@ def _slip_rows(d: "sqlite_utils.Database", lines: list[dict[str, Any]]) -> dict[
             chunk = emps[i:i + 500]
             for r in d.conn.execute(_SNAPSHOT_SQL + f" WHERE s.month = ? AND s.employee_id IN "
                                                     f"({','.join('?' * len(chunk))})", [month, *chunk]):
-                out[(r[1], r[0])] = tuple(r)
+                out[(r[1], r[0])] = tuple(r[:_SNAPSHOT_DATA])
     return out
 
 
@@ -987,6 +1047,25 @@ def mask_account(number: str) -> str:
     return MASK + number[-4:]
 
 
+def in_month_run(active: bool, left_on: str | None, month: str) -> bool:
+    """Whether an employee with a salary line for ``month`` gets a slip in its run: one who
+    works here, or who left (`payrun employee left`) on or after the month's first day
+    (they worked in it: their final slip). One who left before the month, or whose
+    leaving date is not recorded (marked before dates were kept, or by an earlier version),
+    is left out. ``IN_MONTH_RUN`` is the same rule in SQL."""
+    return bool(active) or (left_on or "") >= f"{month}-01"
+
+
+def in_month_run_sql(month_sql: str) -> str:
+    """``in_month_run`` over ``employees e`` as SQL, ``month_sql`` the month's expression
+    (``s.month``, or ``?``). A NULL date compares as '' (before every month): a bare
+    ``e.left_on >= …`` is NULL there, and a NOT of it drops the row."""
+    return f"(e.active = 1 OR COALESCE(e.left_on, '') >= ({month_sql} || '-01'))"
+
+
+IN_MONTH_RUN = in_month_run_sql("s.month")
+
+
 LINE_COMPANY = "s.company_id"
 """The company that paid a salary line: its own ``company_id`` (set by the import, the
 seed and ensure_month: an employee who moved in February still has November's slip from
@@ -997,7 +1076,7 @@ _SNAPSHOT_SQL = f"""
 SELECT s.month, e.id, e.name_en, e.name_bn, e.email, e.department, e.designation,
        e.bank_account, c.id, COALESCE(m.name, c.name), COALESCE(m.address, c.address),
        s.basic, s.house_rent, s.medical, s.conveyance, s.bonus,
-       s.tax, s.provident_fund, s.loan
+       s.tax, s.provident_fund, s.loan, CASE WHEN e.active = 0 THEN e.left_on END
 FROM salary_lines s
 JOIN employees e ON e.id = s.employee_id
 JOIN companies c ON c.id = {LINE_COMPANY}
@@ -1007,6 +1086,9 @@ LEFT JOIN company_months m ON m.month = s.month AND m.company_id = {LINE_COMPANY
 (``keep_company_details``); a month run before payrun kept them reads today's."""
 _SNAPSHOT_EMAIL = 4
 """The email's column in ``_SNAPSHOT_SQL``'s rows (the one field the slip does not print)."""
+_SNAPSHOT_DATA = 19
+"""``_SNAPSHOT_SQL``'s columns of the employee's data and figures (the leaving date after
+them marks a final slip; an import that only marks a leaver changes no slip made)."""
 
 
 def keep_company_details(db: "PayrollDB | sqlite_utils.Database", month: str, company_id: int) -> None:
@@ -1033,9 +1115,11 @@ def months_kept(db: "PayrollDB | sqlite_utils.Database", company_ids: list[int])
 
 
 def _snapshot(r: tuple) -> dict[str, Any]:
+    """A ``_SNAPSHOT_SQL`` row as a slip's snapshot; a leaver's slip of the month they left
+    in has ``final``: the day they left (the slip says it is their final one)."""
     (month, emp_id, name_en, name_bn, email, dept, desig, bank, cid, cname, caddr,
-     basic, house_rent, medical, conveyance, bonus, tax, pf, loan) = r
-    return {
+     basic, house_rent, medical, conveyance, bonus, tax, pf, loan, left) = r
+    snap = {
         "month": month,
         "key": keys.idem_key(month, emp_id),
         "company": {"id": cid, "name": cname, "address": caddr},
@@ -1047,14 +1131,18 @@ def _snapshot(r: tuple) -> dict[str, Any]:
                      "conveyance": conveyance, "bonus": bonus},
         "deductions": {"tax": tax, "provident_fund": pf, "loan": loan},
     }
+    if left and left[:7] == month:  # (only for a leaver's slip of the month they left in)
+        snap["final"] = left
+    return snap
 
 
 def snapshots(db: "PayrollDB | sqlite_utils.Database", month: str,
               company_id: int | None = None) -> Iterator[dict[str, Any]]:
-    """Slip snapshots for ``month``: active employees with a salary line that month,
+    """Slip snapshots for ``month``: the employees with a salary line that month whom its
+    run pays (``in_month_run``: those working here, and leavers who left in it or later),
     ordered by company id then employee id; one joined query, rows streamed."""
     _check_month(month)
-    sql = _SNAPSHOT_SQL + " WHERE s.month = ? AND e.active = 1"
+    sql = _SNAPSHOT_SQL + f" WHERE s.month = ? AND {IN_MONTH_RUN}"
     params: list[Any] = [month]
     if company_id is not None:
         sql += f" AND {LINE_COMPANY} = ?"
@@ -1146,7 +1234,7 @@ def companies(db: "PayrollDB | sqlite_utils.Database") -> list[dict[str, Any]]:
 def _scope(month: str, company_id: int | None) -> tuple[str, list[Any]]:
     _check_month(month)
     where = ("FROM salary_lines s JOIN employees e ON e.id = s.employee_id "
-             "WHERE s.month = ? AND e.active = 1")
+             f"WHERE s.month = ? AND {IN_MONTH_RUN}")
     params: list[Any] = [month]
     if company_id is not None:
         where += f" AND {LINE_COMPANY} = ?"
@@ -1156,7 +1244,7 @@ def _scope(month: str, company_id: int | None) -> tuple[str, list[Any]]:
 
 def company_ids_for(db: "PayrollDB | sqlite_utils.Database", month: str,
                     company_id: int | None = None) -> list[int]:
-    """Companies having salary lines (of active employees) in ``month``, ascending."""
+    """Companies having salary lines in ``month`` that its run pays (``in_month_run``), ascending."""
     where, params = _scope(month, company_id)
     return [r[0] for r in _sdb(db).conn.execute(
         f"SELECT DISTINCT {LINE_COMPANY} AS cid {where} ORDER BY cid", params)]
@@ -1179,22 +1267,30 @@ def employee_ids_by_company(db: "PayrollDB | sqlite_utils.Database", month: str)
 
 def without_salary_line(db: "PayrollDB | sqlite_utils.Database", month: str,
                         company_ids: list[int], with_slip: set[str] = frozenset()) -> dict[int, list[str]]:
-    """Per company of ``company_ids``, its active employees (by their company now) with no
-    salary line for ``month`` at all, ids ascending: a pay run makes them no slip, and
-    "all delivered" must not hide them from HR (a line the import never got, or a person
-    unpaid this month). Employees marked left are not counted, nor those in ``with_slip``
-    (a slip job of the month: their line was removed after the run), nor those whose
-    first salary line is of a later month (hired since: December's hires are not missing
-    from November)."""
+    """Per company of ``company_ids``, the employees (by their company now) whom ``month``'s
+    run would pay (``in_month_run``: working here, or left on or after its first day) with
+    no salary line for it at all, ids ascending: a pay run makes them no slip, and "all
+    delivered" must not hide them from HR (a line the import never got, a leaver's final
+    salary, or a person unpaid this month). Those who left before the month (or on a day
+    not recorded) are not counted, nor those in ``with_slip`` (a slip job of the month:
+    their line was removed after the run), nor those whose first salary line is of a later
+    month (hired since: December's hires are not missing from November)."""
     _check_month(month)
     if not company_ids:
         return {}
     marks = ",".join("?" * len(company_ids))
     return _by_company(_sdb(db).conn.execute(
-        f"SELECT e.company_id, e.id FROM employees e WHERE e.active = 1 AND e.company_id IN ({marks}) "
+        f"SELECT e.company_id, e.id FROM employees e WHERE {in_month_run_sql('?')} AND e.company_id IN ({marks}) "
         "AND NOT EXISTS (SELECT 1 FROM salary_lines s WHERE s.employee_id = e.id AND s.month = ?) "
         "AND COALESCE((SELECT MIN(s.month) FROM salary_lines s WHERE s.employee_id = e.id), '') < ? "
-        "ORDER BY e.company_id, e.id", [*company_ids, month, month]), with_slip)
+        "ORDER BY e.company_id, e.id", [month, *company_ids, month, month]), with_slip)
+
+
+def with_leaving_dates(db: "PayrollDB | sqlite_utils.Database", ids: list[str]) -> list[str]:
+    """``ids`` as a note names them: a leaver with the day they left (``emp-5 (left
+    2026-11-20)``), anyone else bare."""
+    dates = left_on(db, list(ids))
+    return [f"{e} ({left_label(dates[e])})" if e in dates else e for e in ids]
 
 
 def _by_company(rows, with_slip: set[str]) -> dict[int, list[str]]:
@@ -1209,24 +1305,35 @@ def _by_company(rows, with_slip: set[str]) -> dict[int, list[str]]:
 def left_with_salary_line(db: "PayrollDB | sqlite_utils.Database", month: str,
                           company_ids: list[int], with_slip: set[str] = frozenset()) -> dict[int, list[str]]:
     """Per company of ``company_ids`` (the company of the salary line), the employees marked
-    left (`payrun employee left`) who have a salary line for ``month`` and no slip job of it
-    (``with_slip``), ids ascending: a pay run leaves them out, whatever month it pays. The
-    mark has no date, so a month run late (a missed October run after an October leaver was
-    marked) made them no slip, and nothing said so (an HR walkthrough, session 41)."""
+    left (`payrun employee left`) who have a salary line for ``month`` that its run leaves
+    out (``in_month_run``: they left before the month, or on a day not recorded) and no
+    slip job of it (``with_slip``), ids ascending. A leaver who left in the month or later
+    is paid by its run (their final slip) and not named here."""
     _check_month(month)
     if not company_ids:
         return {}
     marks = ",".join("?" * len(company_ids))
     return _by_company(_sdb(db).conn.execute(
         f"SELECT {LINE_COMPANY} AS cid, e.id FROM salary_lines s JOIN employees e ON e.id = s.employee_id "
-        f"WHERE s.month = ? AND e.active = 0 AND {LINE_COMPANY} IN ({marks}) ORDER BY cid, e.id",
-        [month, *company_ids]), with_slip)
+        f"WHERE s.month = ? AND e.active = 0 AND NOT {IN_MONTH_RUN} AND {LINE_COMPANY} IN ({marks}) "
+        "ORDER BY cid, e.id", [month, *company_ids]), with_slip)
+
+
+def leavers_with_salary_line(db: "PayrollDB | sqlite_utils.Database", month: str) -> list[tuple[str, str | None, bool]]:
+    """Every employee marked left with a salary line for ``month``, by id: (id, the day they
+    left or None, whether the month's run pays them: ``in_month_run``, their final slip).
+    `payrun check` names them before the run."""
+    _check_month(month)
+    return [(e, day, bool(paid)) for e, day, paid in _sdb(db).conn.execute(
+        f"SELECT e.id, e.left_on, {IN_MONTH_RUN} FROM salary_lines s JOIN employees e ON e.id = s.employee_id "
+        "WHERE s.month = ? AND e.active = 0 ORDER BY e.id", [month])]
 
 
 def left_text(left: dict[int, list[str]], month: str, dates: dict[str, str | None] | None = None) -> str | None:
     """The note for ``left_with_salary_line``'s answer (None when there are none): who, with
-    the day each left (``dates``, from ``left_on``), and how to make their slip if they were
-    paid that month."""
+    the day each left (``dates``, from ``left_on``), why the run left them out, and how to
+    make their slip if they worked that month: their leaving date recorded (or corrected)
+    with `--on`, then `run --resume` (no `employee back`, which clears the date)."""
     ids = [e for cid in sorted(left) for e in left[cid]]
     if not ids:
         return None
@@ -1236,9 +1343,10 @@ def left_text(left: dict[int, list[str]], month: str, dates: dict[str, str | Non
     one = n == 1
     who = " ".join(ids) if n <= 10 else "ID…"
     return (f"{n:,} employee{'' if one else 's'} marked as left (`payrun employee left`) "
-            f"{'has' if one else 'have'} a salary line for {month} and no slip of it: {shown}. "
-            f"Paid that month: `payrun employee back {who}`, `payrun run --month {month} --resume`, "
-            f"then {left_again(ids, dates or {})}")
+            f"{'has' if one else 'have'} a salary line for {month} and no slip of it: {shown}. A run of {month} "
+            f"pays leavers who left on or after {month}-01 (their final slip); {'this one' if one else 'these'} left "
+            f"before {month}, or on a day not recorded. Worked in {month}: `payrun employee left {who} --on DATE` "
+            f"(the day they left), then `payrun run --month {month} --resume`")
 
 
 def left_again(ids: list[str], dates: dict[str, str | None]) -> str:

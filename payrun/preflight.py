@@ -542,7 +542,8 @@ def _missed_months(cfg, rep: Report) -> None:
 
 
 def _payroll(cfg, rep: Report) -> int:
-    """The month's slips: employees with salary lines; those active without one named."""
+    """The month's slips: employees with salary lines; those the month pays without one
+    named, and leavers with one (paid, their final slip, or left out)."""
     from payrun import payroll
 
     if not cfg.payroll_path.exists():
@@ -555,6 +556,9 @@ def _payroll(cfg, rep: Report) -> int:
             companies = payroll.company_ids_for(db, rep.month)
             slips = payroll.count_employees(db, rep.month)
             missing = payroll.without_salary_line(db, rep.month, sorted(names))
+            leavers = payroll.leavers_with_salary_line(db, rep.month)
+            first = sorted(e for cid, es in missing.items() if cid in companies for e in es)[:5]
+            named = dict(zip(first, payroll.with_leaving_dates(db, first)))  # (a leaver with their date)
     except sqlite3.OperationalError as e:
         from payrun import diskspace
 
@@ -578,19 +582,29 @@ def _payroll(cfg, rep: Report) -> int:
                                  "imported yet?)", {"companies": absent})
     unpaid = sorted(e for cid, ids in missing.items() if cid in companies for e in ids)
     if unpaid:
-        shown = ", ".join(unpaid[:5]) + (f" and {len(unpaid) - 5:,} more" if len(unpaid) > 5 else "")
-        rep.add("payroll", WARN, f"{len(unpaid):,} active employee{'s' if len(unpaid) != 1 else ''} of the "
+        shown = ", ".join(named.get(e, e) for e in unpaid[:5]) + (f" and {len(unpaid) - 5:,} more" if len(unpaid) > 5 else "")
+        rep.add("payroll", WARN, f"{len(unpaid):,} employee{'s' if len(unpaid) != 1 else ''} of the "
                                  f"companies paid {'have' if len(unpaid) != 1 else 'has'} no salary line for {rep.month}, "
-                                 f"so no slip: {shown} (`payrun import`, or `payrun employee left` for leavers)",
+                                 f"so no slip: {shown} (`payrun import`, or for those gone before {rep.month} "
+                                 "`payrun employee left ID --on DATE`)",
                 {"employees": unpaid})
+    run: list[dict] = []
     if cfg.ledger_path.exists():
         from payrun.ledger import Ledger
 
         led = Ledger(cfg.ledger_path)
         try:
             run = led.runs(rep.month)
+            with_slip = led.employees_with_jobs(rep.month) if run and leavers else set()
         finally:
             led.close()
+        leavers = [x for x in leavers if x[0] not in with_slip]  # (a month run: those still without a slip)
+    if leavers:  # (an HR walkthrough: a leaver's final month said nothing before the run)
+        rep.add("payroll", WARN, leavers_text(leavers, rep.month),
+                {"final_slips": [e for e, _, paid in leavers if paid],
+                 "left_out": [e for e, _, paid in leavers if not paid],
+                 "left_on": {e: day for e, day, _ in leavers}})
+    if cfg.ledger_path.exists():
         ran = {int(r["company_id"]) for r in run}
         if run:
             # a run makes slips for the companies not run yet only: the estimate, the room
@@ -604,6 +618,31 @@ def _payroll(cfg, rep: Report) -> int:
                     {"companies_run": sorted(ran)})
             return left
     return slips
+
+
+def leavers_text(leavers: list[tuple[str, str | None, bool]], month: str) -> str:
+    """`payrun check`'s note on employees marked left with a salary line for ``month``
+    (``payroll.leavers_with_salary_line``): those the run pays (left in the month or later:
+    their final slip) and those it leaves out (left before it, or on a day not recorded),
+    each with the day they left, and what to do if one of the second worked that month."""
+    from payrun.payroll import left_label
+
+    def shown(group: list[tuple[str, str | None, bool]]) -> str:
+        return ", ".join(f"{e} ({left_label(day)})" for e, day, _ in group[:5]) + (
+            f" and {len(group) - 5:,} more" if len(group) > 5 else "")
+
+    paid = [x for x in leavers if x[2]]
+    out = [x for x in leavers if not x[2]]
+    parts = []
+    if paid:
+        parts.append(f"the run makes the final slip of {_n(len(paid), 'employee')} who left in {month} or later: "
+                     f"{shown(paid)}")
+    if out:
+        parts.append(f"it makes no slip for {_n(len(out), 'employee')} who left before {month} or on a day not "
+                     f"recorded: {shown(out)} (worked in {month}: `payrun employee left ID --on DATE`, the day they "
+                     "left, before the run)")
+    return (f"{_n(len(leavers), 'employee')} marked as left {'has' if len(leavers) == 1 else 'have'} a salary line "
+            f"for {month}: " + "; ".join(parts))
 
 
 def _n(count: int, noun: str) -> str:

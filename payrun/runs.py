@@ -28,6 +28,7 @@ from payrun import bulk, keys
 from payrun.config import Config
 from payrun.errors import InputError
 from payrun.ledger import Ledger
+from payrun.payroll import leaving_date_problem  # noqa: F401 - where `employee left` finds it
 
 log = logging.getLogger("payrun.runs")
 
@@ -147,25 +148,6 @@ def release(conn, month: str, owner: str) -> bool:
 
 def extend(conn, month: str, owner: str, ttl_s: int = LOCK_TTL_S) -> bool:
     return bool(conn.eval(_EXTEND, 1, keys.payroll_lock(month), owner, ttl_s))
-
-
-def leaving_date_problem(value: str, today: str) -> str | None:
-    """Why ``value`` is no leaving date for `payrun employee left --on` (None: it is one):
-    not a YYYY-MM-DD date, or later than ``today`` (YYYY-MM-DD): the mark acts at once
-    (pay runs leave them out), so it is made on or after their last day."""
-    import re
-    from datetime import date
-
-    if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", value or ""):
-        return "a leaving date is YYYY-MM-DD, like 2026-11-20"
-    try:
-        date.fromisoformat(value)
-    except ValueError:
-        return "no such day (a leaving date is YYYY-MM-DD, like 2026-11-20)"
-    if value > today:
-        return (f"is after today ({today}): mark them on or after their last day (the mark acts at once: "
-                "pay runs and reminders leave them out)")
-    return None
 
 
 def validate_month(month: str) -> str:

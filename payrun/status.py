@@ -69,7 +69,8 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     # or of a company no run of the month covered (not_run); "all sent" must not hide them
     missing: dict[int, int] = {}
     not_run: dict[int, int] = {}
-    unpaid: dict[int, list[str]] = {}  # active employees of the run's companies with no salary line
+    unpaid: dict[int, list[str]] = {}  # the month's employees of the run's companies with no salary line
+    unpaid_named: list[str] = []  # the first ten of them, a leaver with the day they left
     left: dict[int, list[str]] = {}  # employees marked left with a salary line and no slip
     left_dates: dict[str, str | None] = {}  # the day each of them left (as the note names them)
     readdressed: list[str] = []  # failed slips' employees with another address on file since
@@ -87,6 +88,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                                                              if company is None or c == company],
                                                  ledger.employees_with_jobs(month))
             left_dates = payroll.left_on(db, [e for ids in left.values() for e in ids])
+            unpaid_named = payroll.with_leaving_dates(db, [e for cid in sorted(unpaid) for e in unpaid[cid]][:10])
             # failed slips whose send's address HR has changed since (an HR walkthrough: after the
             # import that fixed it, the note still said "fix it with `payrun import`")
             readdressed = readdressed_failed(ledger, db, month, [c for c in sorted(counts)
@@ -144,12 +146,12 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     if unpaid:  # (an HR drill: an employee with no November line read as "299 sent, 0 failed")
         n = total["no_salary_line"]
         ids = [e for cid in sorted(unpaid) for e in unpaid[cid]]
-        shown = " ".join(ids[:10]) + (f" … ({n - 10:,} more: `--json`)" if n > 10 else "")
-        notes.append(f"{n:,} active employee{'' if n == 1 else 's'} of "
+        shown = " ".join(unpaid_named) + (f" … ({n - 10:,} more: `--json`)" if n > 10 else "")
+        notes.append(f"{n:,} employee{'' if n == 1 else 's'} of "
                      f"{'company' if len(unpaid) == 1 else 'companies'} {', '.join(map(str, sorted(unpaid)))} "
                      f"{'has' if n == 1 else 'have'} no salary line for {month}, so no slip was made: {shown}. "
                      f"Paid this month: import the salary line, then `payrun run --month {month} --resume`; "
-                     f"gone: `payrun employee left ID…`")
+                     f"gone before {month}: `payrun employee left ID… --on DATE`")
     if left:  # (an HR walkthrough: a missed October run after an October leaver was marked left)
         from payrun.payroll import left_text
 

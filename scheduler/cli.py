@@ -497,7 +497,8 @@ def register(cli) -> None:
 
                 dates = payroll.left_on(c.payroll(), gone)
                 click.echo(f"note: {len(gone)} whose {failed_slip} slip failed {'is' if len(gone) == 1 else 'are'} "
-                           f"marked as left and get{'s' if len(gone) == 1 else ''} no reminder: "
+                           f"marked as left before {failed_slip} (or on a day not recorded) and "
+                           f"get{'s' if len(gone) == 1 else ''} no reminder: "
                            + " ".join(f"{e} ({payroll.left_label(dates.get(e))})" for e in gone[:10])
                            + (" …" if len(gone) > 10 else ""))
             due = datetime.fromisoformat(out["due_at"])
@@ -563,15 +564,17 @@ def resend_refusal(ledger, db, employee_id: str, month: str) -> dict:
         from payrun.errors import InputError
 
         company = snap["company"]["id"]
-        if payroll.is_active(db, employee_id) is False and any(r["company_id"] == company for r in ledger.runs(month)):
+        day = payroll.left_on(db, [employee_id]).get(employee_id)
+        if payroll.is_active(db, employee_id) is False and not payroll.in_month_run(False, day, month) \
+                and any(r["company_id"] == company for r in ledger.runs(month)):
             # (an HR walkthrough: it said "added after the run ... --resume makes the slip" of a
             # leaver the late run left out, and `--resume` leaves them out again)
-            day = payroll.left_on(db, [employee_id]).get(employee_id)
             gone = payroll.left_label(day)
             raise InputError(f"{employee_id} has no {month} slip to send again: they are marked as left "
-                             f"(`payrun employee left`; {gone}), and company {company}'s {month} run left them out; "
-                             f"paid that month: `payrun employee back {employee_id}`, `payrun run --month {month} "
-                             f"--company {company} --resume`, then {payroll.left_again([employee_id], {employee_id: day})}")
+                             f"(`payrun employee left`; {gone}), before {month} or on a day not recorded, so company "
+                             f"{company}'s {month} run left them out; worked in {month}: `payrun employee left "
+                             f"{employee_id} --on DATE` (the day they left, {month}-01 or later), then `payrun run "
+                             f"--month {month} --company {company} --resume`")
         if any(r["company_id"] == company for r in ledger.runs(month)):
             raise InputError(f"{employee_id} has no {month} slip to send again: company {company}'s {month} run "
                              f"was made before this employee was added; `payrun run --month {month} "
@@ -696,18 +699,22 @@ def cancel_reminders(cfg, conn, ledger, batch: str, now: float | None = None) ->
 
 def failed_reminder_targets(ledger, db, company_id: int, month: str) -> dict[str, str | None]:
     """`payrun remind --failed-slip`: the company's employees whose ``month`` slip failed for
-    good (Ledger.failed_slips), less those marked left; employee id -> the address their
-    slip's send was made with. InputError when there are none (nothing to schedule)."""
+    good (Ledger.failed_slips), less those marked left before ``month`` or on a day not
+    recorded (a leaver of that month is reached: it was their final slip); employee id ->
+    the address their slip's send was made with. InputError when there are none (nothing to schedule)."""
+    from payrun import payroll
+
     failed = ledger.failed_slips(month, company_id)
+    # those the month paid: working here, or left in it or later (their final slip failed)
     active = {r[0] for r in db.conn.execute(
-        f"SELECT id FROM employees WHERE active = 1 AND id IN ({','.join('?' * len(failed))})",
-        list(failed))} if failed else set()
+        f"SELECT id FROM employees e WHERE {payroll.in_month_run_sql('?')} AND id IN ({','.join('?' * len(failed))})",
+        [month, *failed])} if failed else set()
     chosen = {e: to for e, to in failed.items() if e in active}
     if not chosen:
         from payrun import payroll
 
         dates = payroll.left_on(db, sorted(failed))  # (named with the day they left, as run and status do)
-        left = (f" ({len(failed)} failed, of employees marked left: "
+        left = (f" ({len(failed)} failed, of employees marked left before {month} or on a day not recorded: "
                 + " ".join(f"{e} ({payroll.left_label(dates.get(e))})" for e in sorted(failed)[:10])
                 + (" …" if len(failed) > 10 else "") + ")") if failed else ""
         raise InputError(f"no employee of company {company_id} has a {month} slip that failed for good{left}: "

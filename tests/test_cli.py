@@ -493,7 +493,7 @@ def test_an_employee_who_left_is_left_out_of_runs_and_reminders(runner, cfg, con
     db = payroll.PayrollDB(cfg.payroll_path)
     payroll.seed(db, companies=1, employees=5, seed=1, month="2026-11")
     gone = sorted(payroll.employee_ids(db, "2026-11"))[0]
-    out = runner.invoke(cli, ["employee", "left", gone])
+    out = runner.invoke(cli, ["employee", "left", gone, "--on", "2026-10-31"])  # (before November: not paid)
     assert out.exit_code == 0 and "1 employee marked as left" in out.output, out.output
     assert gone not in payroll.employee_ids(db, "2026-11") and payroll.count_employees(db, "2026-11") == 4
     assert payroll.employee_snapshot(db, "2026-11", gone)["employee"]["id"] == gone  # a resend still can
@@ -512,32 +512,32 @@ def test_an_employee_who_left_is_left_out_of_runs_and_reminders(runner, cfg, con
 def test_a_leaver_left_out_of_a_month_they_have_a_salary_line_for_is_named(runner, cfg, conn):
     """HR walkthrough (session 41): October's run was missed; an employee who left after
     October was marked left; the late October run made them no slip, and neither `run` nor
-    `status` said so ("296 sent, 0 failed" for October). Both name them now, with the way
-    to make theirs; one whose slip exists is not named."""
+    `status` said so. Now the late run pays one who left after October began (they worked
+    in it); one who left before it is named with the way to make theirs (their real date),
+    and one whose slip exists is not named."""
     db = payroll.PayrollDB(cfg.payroll_path)
     payroll.seed(db, companies=1, employees=3, seed=1, month="2026-10")
-    gone, paid = sorted(payroll.employee_ids(db, "2026-10"))[:2]
-    assert runner.invoke(cli, ["employee", "left", gone]).exit_code == 0
+    late, early, paid = sorted(payroll.employee_ids(db, "2026-10"))
+    assert runner.invoke(cli, ["employee", "left", late]).exit_code == 0  # today: after October
+    assert runner.invoke(cli, ["employee", "left", early, "--on", "2026-09-30"]).exit_code == 0
     out = runner.invoke(cli, ["run", "--month", "2026-10"])
-    assert out.exit_code == 0 and "created 2 render jobs" in out.output, out.output
-    from datetime import datetime
-    from zoneinfo import ZoneInfo
-
-    today = datetime.now(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")  # (the day it was marked: session 42)
+    assert out.exit_code == 0 and "created 2 render jobs" in out.output, out.output  # late's final slip too
     note = (f"1 employee marked as left (`payrun employee left`) has a salary line for 2026-10 and no slip "
-            f"of it: {gone} (left {today}). Paid that month: `payrun employee back {gone}`, "
-            "`payrun run --month 2026-10 --resume`")
-    assert note in out.output, out.output
+            f"of it: {early} (left 2026-09-30). A run of 2026-10 pays leavers who left on or after 2026-10-01 "
+            f"(their final slip); this one left before 2026-10, or on a day not recorded. Worked in 2026-10: "
+            f"`payrun employee left {early} --on DATE` (the day they left), then `payrun run --month 2026-10 --resume`")
+    assert note in out.output and late not in out.output, out.output
     st = runner.invoke(cli, ["status", "--month", "2026-10", "--json"])
     assert any(note in n for n in json.loads(st.output)["notes"]), st.output
-    # the way it names works, and then nothing is named
-    assert runner.invoke(cli, ["employee", "back", gone]).exit_code == 0
+    assert json.loads(st.output)["total"]["no_slip"] == 0  # (neither missing nor extra)
+    # the way it names works, keeps them marked left with their day, and then nothing is named
+    assert runner.invoke(cli, ["employee", "left", early, "--on", "2026-10-03"]).exit_code == 0
     out = runner.invoke(cli, ["run", "--month", "2026-10", "--resume"])
     assert "created 1 render job" in out.output and "marked as left" not in out.output, out.output
-    assert runner.invoke(cli, ["employee", "left", gone, paid]).exit_code == 0
+    assert payroll.left_on(db, [early]) == {early: "2026-10-03"}
+    assert runner.invoke(cli, ["employee", "left", paid]).exit_code == 0
     st = runner.invoke(cli, ["status", "--month", "2026-10"])
     assert st.exit_code == 0 and "marked as left" not in st.output, st.output
-
 
 def test_the_brakes_work_with_a_config_file_broken_mid_run(runner, cfg, conn, tmp_path, monkeypatch):
     """On-call drill: a typo saved in the config file blocked `payrun drain`, `down` and
@@ -598,6 +598,7 @@ def test_import_help_lists_the_columns_it_reads(runner):
     listed = re.search(r"Employees \(.*?\): (.*?) Companies", text).group(1)
     assert [c.split(" (")[0] for c in listed.split(", ")] == list(payroll.CSV_COLUMNS), listed
     assert f"Companies (--companies; import them first): {', '.join(payroll.COMPANY_CSV_COLUMNS)}" in text
+    assert f"Optional in an employees file: {', '.join(payroll.OPTIONAL_CSV_COLUMNS)} (YYYY-MM-DD" in text
 
 
 def test_the_audit_line_of_an_import_of_one_says_one(runner, cfg, tmp_path):

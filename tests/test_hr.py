@@ -163,11 +163,15 @@ def test_remind_failed_slip_emails_only_those_whose_slip_failed(world, provider)
     assert out.exit_code == 0 and "--cancel" not in out.output, out.output  # due at once: nothing to take back
     assert "note:" not in out.output
 
-    # a leaver's failed slip gets no reminder: said, with the day they left
+    # a leaver of the month is reached (it was their final slip)
     assert runner.invoke(cli, ["employee", "left", bad, "--on", "2026-11-30"]).exit_code == 0
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "4h", "--failed-slip", MONTH, "--json"])
+    assert out.exit_code == 0 and json.loads(out.output)["scheduled"] == 1, out.output
+    # one who left before the month gets no reminder: said, with the day they left
+    assert runner.invoke(cli, ["employee", "left", bad, "--on", "2026-10-30"]).exit_code == 0
     out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "4h", "--failed-slip", MONTH])
-    assert out.exit_code == 2 and f"(1 failed, of employees marked left: {bad} (left 2026-11-30))" in out.output, \
-        out.output
+    assert out.exit_code == 2 and (f"(1 failed, of employees marked left before {MONTH} or on a day not recorded: "
+                                   f"{bad} (left 2026-10-30))") in out.output, out.output
     from scheduler.cli import remind
 
     set_email(db, "emp-00002", "nobody2@nowhere.invalid")  # (one more failed slip, of someone still here)
@@ -179,8 +183,8 @@ def test_remind_failed_slip_emails_only_those_whose_slip_failed(world, provider)
     done = remind(cfg, conn, ledger, db, company, timedelta(hours=5), None, failed_slip=MONTH)
     assert done["scheduled"] == 1 and done["left_out_left"] == [bad], done
     out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "6h", "--failed-slip", MONTH])
-    assert f"note: 1 whose {MONTH} slip failed is marked as left and gets no reminder: {bad} (left 2026-11-30)" \
-        in out.output, out.output
+    assert (f"note: 1 whose {MONTH} slip failed is marked as left before {MONTH} (or on a day not recorded) and "
+            f"gets no reminder: {bad} (left 2026-10-30)") in out.output, out.output
     assert runner.invoke(cli, ["employee", "back", bad]).exit_code == 0
 
     made = len(ledger.jobs(kind="reminder"))
@@ -314,17 +318,25 @@ def test_a_leaving_date_is_a_real_day_not_after_today():
     assert "after today (2026-12-06)" in leaving_date_problem("2026-12-07", "2026-12-06")
 
 
-def test_the_steps_that_pay_a_leaver_mark_them_left_again_with_the_day_they_left():
-    """HR walkthrough: run, status and resend said "then `payrun employee left ID…` again"
-    after `employee back`, which clears the date: done as said, each leaver was recorded as
-    leaving today (2026-12-06 for one who left on 2026-11-28)."""
+def test_the_steps_that_pay_a_leaver_left_out_record_their_day_and_never_clear_it():
+    """HR walkthrough: the note's steps were `employee back`, `run --resume`, then `employee
+    left` again, which cleared the leaving date on the way (a bare `left` then recorded
+    today). The run pays a leaver by the day they left now: recording (or correcting) that
+    day with `--on` and `run --resume` makes their slip; `back` is not needed."""
     note = payroll.left_text({1: ["emp-1", "emp-2"], 2: ["emp-3"]}, MONTH,
-                             {"emp-1": "2026-11-28", "emp-2": None, "emp-3": "2026-11-28"})
-    assert "`payrun employee back emp-1 emp-2 emp-3`" in note, note
-    assert ("then `payrun employee left emp-2` and `payrun employee left emp-1 emp-3 --on 2026-11-28` again "
-            "(the day they left is not recorded: add `--on` the day)") in note, note
+                             {"emp-1": "2026-10-28", "emp-2": None, "emp-3": "2026-10-28"})
+    assert note.startswith("3 employees marked as left (`payrun employee left`) have a salary line for 2026-11 and "
+                           "no slip of it: emp-1 (left 2026-10-28) emp-2 (left, date not recorded) emp-3 (left "
+                           "2026-10-28). A run of 2026-11 pays leavers who left on or after 2026-11-01"), note
+    assert note.endswith("Worked in 2026-11: `payrun employee left emp-1 emp-2 emp-3 --on DATE` (the day they left), "
+                         "then `payrun run --month 2026-11 --resume`"), note
+    assert "back" not in note
     many = payroll.left_text({1: [f"emp-{i}" for i in range(12)]}, MONTH, {})
-    assert "`payrun employee left ID… --on DATE` again, each with the day they left" in many, many
+    assert "… (2 more)" in many and "`payrun employee left ID… --on DATE`" in many, many
+    # `employee back` still names the day it clears, and the `left --on` that puts it back
+    assert payroll.left_again(["emp-1", "emp-2"], {"emp-1": "2026-10-28"}) == (
+        "`payrun employee left emp-2` and `payrun employee left emp-1 --on 2026-10-28` again (the day they left "
+        "is not recorded: add `--on` the day)")
 
 
 def test_the_day_an_employee_left_is_recorded_and_shown_where_leavers_are_named(world):
@@ -339,13 +351,14 @@ def test_the_day_an_employee_left_is_recorded_and_shown_where_leavers_are_named(
     runner = CliRunner()
     gone, late, old = "emp-00005", "emp-00006", "emp-00007"
     today = datetime.now(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")
-    out = runner.invoke(cli, ["employee", "left", gone, "--on", "2026-11-20"])
-    assert out.exit_code == 0 and "1 employee marked as left on 2026-11-20" in out.output, out.output
+    out = runner.invoke(cli, ["employee", "left", gone, "--on", "2026-10-20"])
+    assert out.exit_code == 0 and "1 employee marked as left on 2026-10-20" in out.output, out.output
+    assert "runs of 2026-11 and later, and reminders, leave them out (a run of 2026-10 pays them" in out.output
     assert runner.invoke(cli, ["employee", "left", late]).exit_code == 0
-    assert payroll.left_on(db, [gone, late, "emp-00001"]) == {gone: "2026-11-20", late: today}
+    assert payroll.left_on(db, [gone, late, "emp-00001"]) == {gone: "2026-10-20", late: today}
     again = runner.invoke(cli, ["employee", "left", gone])
-    assert "1 already so (left 2026-11-20: `--on DATE` corrects it)" in again.output, again.output
-    assert payroll.left_on(db, [gone]) == {gone: "2026-11-20"}
+    assert "1 already so (left 2026-10-20: `--on DATE` corrects it)" in again.output, again.output
+    assert payroll.left_on(db, [gone]) == {gone: "2026-10-20"}
     for bad, why in (("2026-11-31", "no such day"), ("2999-01-01", "is after today")):
         out = runner.invoke(cli, ["employee", "left", old, "--on", bad])
         assert out.exit_code == 2 and why in out.output, out.output
@@ -353,24 +366,21 @@ def test_the_day_an_employee_left_is_recorded_and_shown_where_leavers_are_named(
 
     out = runner.invoke(cli, ["run", "--month", MONTH])
     assert out.exit_code == 0, out.output
-    assert f"{gone} (left 2026-11-20) {late} (left {today})" in out.output, out.output
+    assert f": {gone} (left 2026-10-20). A run of {MONTH} pays" in out.output and late not in out.output, out.output
     st = runner.invoke(cli, ["status", "--month", MONTH, "--json"])
-    assert any(f"{gone} (left 2026-11-20)" in n for n in json.loads(st.output)["notes"]), st.output
-    # the steps that make their slip put the day back: a bare `employee left` after `back` records today
-    assert f"`payrun employee left {gone} --on 2026-11-20` and `payrun employee left {late} --on {today}` again" \
-        in out.output, out.output
+    assert any(f"{gone} (left 2026-10-20)" in n for n in json.loads(st.output)["notes"]), st.output
     out = runner.invoke(cli, ["resend", "--employee", gone, "--month", MONTH])
-    assert out.exit_code == 2 and "(`payrun employee left`; left 2026-11-20)" in out.output, out.output
-    assert f"then `payrun employee left {gone} --on 2026-11-20` again" in out.output, out.output
+    assert out.exit_code == 2 and "(`payrun employee left`; left 2026-10-20), before" in out.output, out.output
+    assert f"`payrun employee left {gone} --on DATE` (the day they left, {MONTH}-01 or later)" in out.output
 
     # a corrected date; back clears it
-    out = runner.invoke(cli, ["employee", "left", gone, "--on", "2026-11-25"])
-    assert "1 already so (1 now dated 2026-11-25)" in out.output, out.output
+    out = runner.invoke(cli, ["employee", "left", gone, "--on", "2026-10-25"])
+    assert "1 already so (1 now dated 2026-10-25)" in out.output, out.output
     out = runner.invoke(cli, ["employee", "back", late])
     assert out.exit_code == 0, out.output  # it says which day it cleared, and how to put it back
     assert (f"the day they left is cleared: {late} (left {today}); to mark them left as before: "
             f"`payrun employee left {late} --on {today}` again") in out.output, out.output
-    assert payroll.left_on(db, [gone, late]) == {gone: "2026-11-25"}
+    assert payroll.left_on(db, [gone, late]) == {gone: "2026-10-25"}
 
     # a payroll database made before leaving dates: the column is added, old marks undated
     db.conn.execute(f"DROP TRIGGER {payroll.LEFT_ON_TRIGGER}")  # (made with the column: it names it)
@@ -382,3 +392,218 @@ def test_the_day_an_employee_left_is_recorded_and_shown_where_leavers_are_named(
     st = runner.invoke(cli, ["status", "--month", MONTH])
     assert f"{gone} (left, date not recorded)" in st.output, st.output
     again.close()
+
+
+# ---- a leaver's final month ------------------------------------------------------------
+
+
+def test_a_months_run_pays_those_working_here_and_leavers_who_left_in_it_or_later():
+    """The rule, and the SQL that applies it agreeing with it (a NULL date must read as
+    "not recorded", not drop out of a NOT)."""
+    assert payroll.in_month_run(True, None, MONTH)
+    for day in ("2026-11-01", "2026-11-20", "2026-11-30", "2026-12-06"):
+        assert payroll.in_month_run(False, day, MONTH), day
+    for day in ("2026-10-31", "2025-11-20", None, ""):
+        assert not payroll.in_month_run(False, day, MONTH), day
+    db = payroll.PayrollDB(":memory:")
+    payroll.seed(db, companies=1, employees=6, seed=1, month=MONTH)
+    ids = sorted(payroll.employee_ids(db, MONTH))
+    dates = {ids[0]: "2026-11-01", ids[1]: "2026-11-30", ids[2]: "2026-10-31", ids[3]: "2026-12-02"}
+    for emp, day in dates.items():
+        payroll.set_active(db, [emp], False, left_date=day)
+    db.conn.execute("UPDATE employees SET active = 0 WHERE id = ?", (ids[4],))  # an earlier version's mark: no date
+    db.conn.commit()
+    got = payroll.leavers_with_salary_line(db, MONTH)
+    assert got == [(e, dates.get(e), payroll.in_month_run(False, dates.get(e), MONTH)) for e in ids[:5]]
+    paid = {ids[0], ids[1], ids[3], ids[5]}
+    assert payroll.employee_ids(db, MONTH) == paid and payroll.count_employees(db, MONTH) == 4
+    assert {s["employee"]["id"] for s in payroll.snapshots(db, MONTH)} == paid
+    assert payroll.left_with_salary_line(db, MONTH, [1]) == {1: [ids[2], ids[4]]}
+    # a November leaver with no November line is missing one (their final slip); an October one is not
+    db.conn.execute("DELETE FROM salary_lines WHERE month = ? AND employee_id IN (?, ?)", (MONTH, ids[0], ids[2]))
+    db.conn.commit()
+    assert payroll.without_salary_line(db, MONTH, [1]) == {1: [ids[0]]}
+    assert payroll.with_leaving_dates(db, [ids[0], ids[5]]) == [f"{ids[0]} (left 2026-11-01)", ids[5]]
+    # December: none of November's leavers; the one who left on 2026-12-02 is
+    payroll.ensure_month(db, "2026-12")
+    assert payroll.employee_ids(db, "2026-12") == {ids[3], ids[5]}
+
+
+def test_a_leaver_gets_the_final_slip_of_the_month_they_left_in_and_hr_counts_add_up(world, provider):
+    """HR walkthrough: someone who left on the 20th of November, with a November salary
+    line, got no November slip (the run paid `active = 1` only) unless HR did `employee
+    back`, `run --resume`, `employee left --on` by hand. The run pays them; `check` names
+    every leaver with a line for the month and what the run does with each; `status` counts
+    neither the paid leaver nor the one left out as missing or extra; an October leaver
+    and one whose date is not recorded are left out, named, and made by recording the day."""
+    from payrun import preflight, status
+    from payrun.runs import no_slip
+
+    cfg, conn, db, ledger = world
+    runner = CliRunner()
+    final, october, undated = sorted(payroll.employee_ids(db, MONTH, 1))[:3]  # (one company: the notes' order)
+    assert runner.invoke(cli, ["employee", "left", final, "--on", "2026-11-20"]).exit_code == 0
+    assert runner.invoke(cli, ["employee", "left", october, "--on", "2026-10-31"]).exit_code == 0
+    db.conn.execute("UPDATE employees SET active = 0 WHERE id = ?", (undated,))  # an earlier version's `left`
+    db.conn.commit()
+    assert payroll.left_on(db, [undated]) == {undated: None}
+
+    rep = preflight.check(cfg, month=MONTH, email=False)
+    (warn,) = [f for f in rep.findings if f.area == "payroll" and "marked as left" in f.text]
+    assert warn.level == preflight.WARN and warn.text == (
+        f"3 employees marked as left have a salary line for {MONTH}: the run makes the final slip of 1 employee "
+        f"who left in {MONTH} or later: {final} (left 2026-11-20); it makes no slip for 2 employees who left before "
+        f"{MONTH} or on a day not recorded: {october} (left 2026-10-31), {undated} (left, date not recorded) "
+        f"(worked in {MONTH}: `payrun employee left ID --on DATE`, the day they left, before the run)"), warn.text
+    assert warn.detail == {"final_slips": [final], "left_out": [october, undated],
+                           "left_on": {final: "2026-11-20", october: "2026-10-31", undated: None}}
+    assert next(f for f in rep.findings if f.area == "estimate").detail["slips"] == 10
+
+    out = runner.invoke(cli, ["run", "--month", MONTH])
+    assert out.exit_code == 0 and "created 10 render jobs" in out.output, out.output
+    assert f"{october} (left 2026-10-31) {undated} (left, date not recorded)" in out.output
+    work_everything(conn, ledger)
+    assert provider.delivery(keys.idem_key(MONTH, final)) is not None  # the final slip went out
+    hr = status.report(cfg, ledger, MONTH)
+    assert hr["total"]["done"] == 10 and hr["total"]["total"] == 10
+    assert hr["total"]["no_slip"] == 0 and hr["total"]["no_salary_line"] == 0, hr["notes"]
+    assert no_slip(ledger, db, MONTH) == {}  # (the console's HR line counts these)
+    # `check` after the run names only the leavers still without a slip
+    (warn,) = [f for f in preflight.check(cfg, month=MONTH, email=False).findings if "marked as left" in f.text]
+    assert warn.detail["final_slips"] == [] and warn.detail["left_out"] == [october, undated], warn.detail
+    (note,) = [n for n in hr["notes"] if "marked as left" in n]
+    assert final not in note and f"{october} (left 2026-10-31)" in note, note
+
+    # HR: the undated one worked until 2026-11-05; the way the note names makes their slip
+    assert runner.invoke(cli, ["employee", "left", undated, "--on", "2026-11-05"]).exit_code == 0
+    hr = status.report(cfg, ledger, MONTH)
+    assert hr["total"]["no_slip"] == 1 and any("run --month 2026-11 --resume" in n for n in hr["notes"])
+    out = runner.invoke(cli, ["run", "--month", MONTH, "--resume"])
+    assert "created 1 render job" in out.output, out.output
+    assert payroll.left_on(db, [undated]) == {undated: "2026-11-05"}  # (no `back`: the date stays)
+    work_everything(conn, ledger)
+    hr = status.report(cfg, ledger, MONTH)
+    assert hr["total"]["done"] == 11 and hr["total"]["no_slip"] == 0
+    (note,) = [n for n in hr["notes"] if "marked as left" in n]
+    assert note.startswith(f"1 employee marked as left (`payrun employee left`) has a salary line for {MONTH} and "
+                           f"no slip of it: {october} (left 2026-10-31). ") and undated not in note, note
+    from console.data import Source  # the console's HR line: the same counts
+
+    assert Source(cfg, conn).snapshot().status["total"] == status.report(cfg, ledger, month=MONTH, conn=conn)["total"]
+    # their resend works (they have a slip); the October leaver's is refused with the way to make theirs
+    assert runner.invoke(cli, ["resend", "--employee", undated, "--month", MONTH]).exit_code == 0
+    out = runner.invoke(cli, ["resend", "--employee", october, "--month", MONTH])
+    assert out.exit_code == 2 and "before 2026-11 or on a day not recorded" in out.output, out.output
+
+
+def test_an_import_records_leavers_with_their_day_or_nothing_at_all(world, tmp_path):
+    """HR walkthrough: the import file could not say who left (an `active` column was not
+    read): each leaver took an `employee left` by hand. An optional `left_on` column marks
+    them, with the day; a bad day, a day after today or two days for one employee refuses
+    the whole file, nothing marked and no line imported."""
+    import csv
+
+    cfg, conn, db, ledger = world
+    runner = CliRunner()
+    cols = [*payroll.CSV_COLUMNS, "left_on"]
+    base = [dict(zip(cols, [*r, ""])) for r in db.conn.execute(
+        "SELECT s.company_id, e.id, e.name_en, e.name_bn, e.email, e.department, e.designation, e.bank_account, "
+        "s.month, s.basic / 100.0, s.house_rent / 100.0, s.medical / 100.0, s.conveyance / 100.0, s.bonus / 100.0, "
+        "s.tax / 100.0, s.provident_fund / 100.0, s.loan / 100.0 FROM salary_lines s JOIN employees e ON e.id = "
+        "s.employee_id WHERE s.month = ? ORDER BY e.id LIMIT 3", (MONTH,))]
+    one, two, three = (r["employee_id"] for r in base)
+
+    def write(rows) -> str:
+        path = tmp_path / "employees.csv"
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=cols)
+            w.writeheader()
+            w.writerows(rows)
+        return str(path)
+
+    december = {**base[1], "month": "2026-12"}
+    bad = [{**base[0], "left_on": "2026-11-31"}, {**base[1], "left_on": "2026-10-20"},
+           {**december, "left_on": "2026-10-21"}, {**base[2], "left_on": "2999-01-01"}]
+    out = runner.invoke(cli, ["import", write(bad)])
+    assert out.exit_code == 2 and "3 bad row(s), nothing imported" in out.output, out.output
+    assert "line 2: left_on '2026-11-31': no such day" in out.output
+    assert (f"line 4: {two}'s left_on differs from line 3 (2026-10-20 there, 2026-10-21 here): one employee's "
+            "leaving date is the same on every row") in out.output, out.output
+    assert "line 5: left_on '2999-01-01': is after today" in out.output
+    assert payroll.leavers_with_salary_line(db, MONTH) == [] and "2026-12" not in payroll.months(db)
+
+    good = [{**base[0], "left_on": "2026-11-20"}, {**base[1], "left_on": "2026-10-20"}, {**december, "left_on":
+            "2026-10-20"}, base[2]]
+    out = runner.invoke(cli, ["import", write(good)])
+    assert out.exit_code == 0, out.output
+    assert (f"marked 2 employees as left (left_on): {two} on 2026-10-20; {one} on 2026-11-20: a month's run still "
+            "pays them for the month they left in") in out.output, out.output
+    assert (f"note: 2 salary lines of a month after the one the employee left in: {two} 2026-11, {two} 2026-12: no "
+            "pay run makes a slip of them (if they worked that month, correct left_on)") in out.output, out.output
+    assert "not imported" not in out.output  # (the column is payrun's)
+    assert payroll.left_on(db, [one, two, three]) == {one: "2026-11-20", two: "2026-10-20"}
+    assert one in payroll.employee_ids(db, MONTH) and two not in payroll.employee_ids(db, MONTH)
+    # the same file again changes nothing; a corrected day is said; an empty one leaves the mark be
+    again = runner.invoke(cli, ["import", write(good)])
+    assert "marked" not in again.output, again.output
+    out = runner.invoke(cli, ["import", write([{**base[1], "left_on": "2026-11-02"}, {**december, "left_on":
+                                               "2026-11-02"}, {**base[0], "left_on": ""}])])
+    assert f"marked 1 employee as left (left_on): {two} on 2026-11-02" in out.output, out.output
+    assert payroll.left_on(db, [one, two]) == {one: "2026-11-20", two: "2026-11-02"}
+    from payrun.audit import read_audit
+
+    assert read_audit(cfg)[-1]["message"].endswith("; 1 marked as left"), read_audit(cfg)[-1]
+
+
+def test_a_leavers_slip_of_the_month_they_left_in_says_it_is_their_final_one():
+    """HR walkthrough: the final payslip read like any other. The slip of the month a
+    leaver left in says "Final payslip" with the day they left; their slip of an earlier
+    month, anyone else's, and a value that is no date of the slip's month say nothing."""
+    from jobs.slip import render_html
+
+    db = payroll.PayrollDB(":memory:")
+    payroll.seed(db, companies=1, employees=3, seed=1, month="2026-10")
+    payroll.ensure_month(db, MONTH)
+    one, two, _ = sorted(payroll.employee_ids(db, MONTH))
+    payroll.set_active(db, [one], False, left_date="2026-11-20")
+    final = payroll.employee_snapshot(db, MONTH, one)
+    assert final["final"] == "2026-11-20"
+    assert {s["employee"]["id"]: s.get("final") for s in payroll.snapshots(db, MONTH)}[one] == "2026-11-20"
+    assert "final" not in payroll.employee_snapshot(db, "2026-10", one)  # (paid that month too: not the last)
+    assert "final" not in payroll.employee_snapshot(db, MONTH, two)
+    html = render_html(final)
+    assert ">Final payslip<" in html and "(you left on 2026-11-20)" in html, html
+    for other in (payroll.employee_snapshot(db, MONTH, two), {**final, "final": "2026-10-20"},
+                  {**final, "final": "<b>2026-11-20</b>"}):
+        html = render_html(other)
+        assert "Final payslip" not in html and "you left" not in html
+    # the line more still fits one page, every field at its maximum and re-issued too
+    from jobs.slip import render_pdf
+    from tests.test_slip import _every_field_at_its_maximum, pdf_text
+
+    snap = _every_field_at_its_maximum("W")
+    text = pdf_text(render_pdf({**snap, "reissued": "2026-12-04", "final": f"{snap['month']}-20"}))
+    assert "Final payslip" in text and f"(you left on {snap['month']}-20)" in text and "Re-issued" in text
+
+
+def test_a_run_by_the_version_before_that_left_a_leaver_out_is_counted_and_resumed(world, monkeypatch):
+    """A rolling deploy: the version before runs the month (`active = 1`: a November
+    leaver gets no slip); the new version's `status` counts them as having no slip (not as
+    left out on purpose) and its `run --resume` makes their final slip."""
+    from payrun import status
+
+    cfg, conn, db, ledger = world
+    runner = CliRunner()
+    final = sorted(payroll.employee_ids(db, MONTH))[0]
+    assert runner.invoke(cli, ["employee", "left", final, "--on", "2026-11-20"]).exit_code == 0
+    with monkeypatch.context() as old:  # the version before's rule, in the queries that read it
+        old.setattr(payroll, "IN_MONTH_RUN", "(e.active = 1)")
+        runs.start_run(cfg, conn, ledger, db, MONTH)
+    assert final not in ledger.employees_with_jobs(MONTH) and len(ledger.employees_with_jobs(MONTH)) == 11
+    hr = status.report(cfg, ledger, MONTH)
+    assert hr["total"]["no_slip"] == 1 and not any("marked as left" in n for n in hr["notes"]), hr["notes"]
+    assert any(f"salary lines for {MONTH} and no slip (added after the run): payrun run --month {MONTH} --resume"
+               in n for n in hr["notes"]), hr["notes"]
+    out = runner.invoke(cli, ["run", "--month", MONTH, "--resume"])
+    assert "created 1 render job" in out.output, out.output
+    assert final in ledger.employees_with_jobs(MONTH) and status.report(cfg, ledger, MONTH)["total"]["no_slip"] == 0
