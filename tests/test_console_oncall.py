@@ -152,3 +152,27 @@ async def test_a_render_worker_taking_none_while_the_slip_store_is_full_says_why
     lines = worker_table(snap.workers, store_full=True)
     assert any("render.app1.4101" in ln and "waits: store full" in ln for ln in lines), lines
     assert not any("slip store full" in ln for ln in worker_table(snap.workers)), "not full: RQ's state"
+
+
+# ---- session 43: the gaps session 42's closing note left ---------------------------------------
+
+
+def test_the_job_view_counts_a_try_held_for_its_processs_credentials_among_the_held_back():
+    """A send held because its send-email process's own credentials were refused (another
+    host sending: RefusedHere) read "held back (rate limit, provider outage, a send already
+    in flight or a full slip store)": not the reason it was held."""
+    from console.screens.job import render_detail
+
+    held = ("not sent: the provider refused this send-email process's credentials (PAYRUN_EMAIL_TOKEN in this "
+            "process's environment (a restart takes a new value)) while others send: back for another process, "
+            "no attempt spent")
+    history = [{"attempt": 1, "started_at": "2026-11-30T20:12:37+00:00", "ended_at": "2026-11-30T20:12:38+00:00",
+                "outcome": "held", "error": held},
+               {"attempt": 2, "started_at": "2026-11-30T20:12:39+00:00", "ended_at": "2026-11-30T20:12:40+00:00",
+                "outcome": "done", "error": None}]
+    d = {"id": "email-2026-11-emp-00015", "rq_status": "finished",
+         "ledger": {"kind": "email", "company_id": 1, "key": "slip:2026-11:emp-00015", "status": "done",
+                    "attempts": 2, "history": history, "last_error": held}}
+    text = render_detail(d, "Asia/Dhaka").plain
+    [line] = [ln for ln in text.splitlines() if ln.startswith("ledger: ")]
+    assert "1 held back (" in line and "its send-email process's own credentials refused" in line, line
