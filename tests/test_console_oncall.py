@@ -384,3 +384,32 @@ def test_a_paused_process_of_a_host_named_alike_is_named_with_its_suffix(conn):
     assert (r["host_id"], r["host_tag"]) == ("bbbb2222", "bbbb")
     assert refused_line(r, now * 1000).startswith("send-email app1/bbbb pid 4300 PAUSED 65 s")
     assert paused_sender_alert(r, now).startswith("send-email app1/bbbb:4300 PAUSED 1m05s")
+
+
+@sync
+async def test_a_view_failing_on_one_refresh_does_not_end_the_polling():
+    """Walkthrough (session 43, tmux): the console read "last refresh 43s ago (Redis slow;
+    still trying)" with Redis fine and no poll in flight: a view's error on one snapshot
+    ended in the poll thread, and no next poll was set. It is said, and polling goes on."""
+    from console.screens.overview import OverviewScreen
+
+    fail = {"left": 1}
+    show = OverviewScreen.show_snapshot
+
+    def flaky(self, snap):
+        if fail["left"]:
+            fail["left"] -= 1
+            raise KeyError("host_tag")
+        return show(self, snap)
+
+    OverviewScreen.show_snapshot = flaky
+    try:
+        app = ConsoleApp(FixedSource(), clock=lambda: NOW, poll=True, interval_s=1.0, no_blink=True)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot, lambda: not fail["left"] and app.snapshot is not None, "the failing refresh")
+            failed_at = app.polls
+            assert "the overview view failed to show a refresh (KeyError: 'host_tag')" in (app.snapshot.error or "")
+            await ready(pilot, lambda: app.polls > failed_at, "polling to go on")
+            assert not app.snapshot.error
+    finally:
+        OverviewScreen.show_snapshot = show
