@@ -127,15 +127,26 @@ class ConsoleApp(App):
         self.snapshot = snap
         if not snap.error or "Redis" not in snap.error:
             self.last_ok_at = snap.taken_at
-        show = getattr(self.live_screen(), "show_snapshot", None)
-        if show is not None:
-            show(snap)
-        self._tick()
-        if self._again:
-            self._again = False
-            self.refresh_now()
-        elif self.poll_enabled:
-            self._next = self.set_timer(self.interval_s, self.refresh_now)
+        try:
+            show = getattr(self.live_screen(), "show_snapshot", None)
+            if show is not None:
+                show(snap)
+        except Exception as e:  # noqa: BLE001 - a view failing on one snapshot must not end the polling:
+            # this ran in call_from_thread, the poll thread took the error with it and no next poll was
+            # set: the console went on reading "last refresh 43s ago (Redis slow; still trying)" with
+            # Redis fine (session 43, tmux). It says so, and polls again.
+            from payrun.text import visible
+
+            said = f"the {getattr(self.live_screen(), 'CRUMB', 'view')} view failed to show a refresh " \
+                   f"({type(e).__name__}: {visible(str(e))[:160]})"
+            snap.error = f"{snap.error}; {said}" if snap.error else said
+        finally:
+            if self._again:
+                self._again = False
+                self.refresh_now()
+            elif self.poll_enabled:
+                self._next = self.set_timer(self.interval_s, self.refresh_now)
+            self._tick()
 
     def stale_reason(self, now: float) -> str | None:
         snap = self.snapshot

@@ -54,14 +54,22 @@ def worker_table(workers: list, store_full: bool = False) -> list[str]:
     its longest entry, the header's included: the host:pid column was not padded, so under
     supervisord (its program names), or with a host name of another length, each row's
     queues, state and job sat right of their headings; a long job id (a reminder's, a bank
-    check's) or a worker of several queues pushed the columns after it."""
-    from console.fmt import worker_state
+    check's) or a worker of several queues pushed the columns after it.
 
-    rows = []
-    for w, lanes in collapse_gone_lanes(workers):
-        rows.append({
+    The processes first (console.fmt.by_process: the render workers, each send-email
+    process, the control worker), then the send-email lanes: a send-email process of
+    several lanes is one row (``email.<host>.<pid>.* (50 lanes)``, its state "43/50 busy"
+    or PAUSED, its longest job) and its lanes come after every process. With two
+    send-email processes the render workers were listed after 100 lane rows."""
+    from console.fmt import by_process, longest_job, process_name, process_state, tagged, worker_state
+
+    def where(w) -> str:
+        return f"{tagged(w.host, w.host_tag)}:{w.pid}" + (f" {w.program}" if w.program else "")
+
+    def row(w, lanes: int = 1) -> dict:
+        return {
             "worker": w.name if lanes == 1 else f"{w.name.rsplit('.', 1)[0]}.* ({lanes} lanes)",
-            "where": f"{w.host}:{w.pid}" + (f" {w.program}" if w.program else ""),
+            "where": where(w),
             "queues": w.queues,
             "state": "GONE" if not w.alive else "PAUSED" if getattr(w, "paused_s", None) is not None
                      else worker_state(w.state, w.kind, store_full), "job": w.job_id or "-",
@@ -69,7 +77,27 @@ def worker_table(workers: list, store_full: bool = False) -> list[str]:
             "tail": f"beat {_age(w.heartbeat_age_s)} ago" + ("" if w.alive else "  NO LIVENESS")
                     + (f"  (its job {w.job_returned} was handed back)" if w.job_returned else "")
                     + ("  stopping" if w.stopping else ""),
-        })
+        }
+
+    def process_row(lanes: list) -> dict:
+        top = longest_job(lanes)
+        beat = min((w.heartbeat_age_s for w in lanes if w.heartbeat_age_s is not None), default=None)
+        return {"worker": f"{process_name(lanes)}.* ({len(lanes)} lanes)", "where": where(lanes[0]),
+                "queues": lanes[0].queues, "state": process_state(lanes), "job": top.job_id if top else "-",
+                "for": _age(top.job_elapsed_s if top else None),
+                "tail": f"beat {_age(beat)} ago (its freshest lane)"
+                        + ("" if any(w.alive for w in lanes) else "  NO LIVENESS")}
+
+    rows, lane_rows = [], []
+    for group in by_process(workers):
+        if len(group) == 1:
+            rows.append(row(group[0]))
+            continue
+        rows.append(process_row(group))
+        for w, lanes in collapse_gone_lanes(group):
+            if lanes < len(group):  # (every lane GONE with no job: its process row says it)
+                lane_rows.append(row(w, lanes))
+    rows += lane_rows
     if not rows:
         return []
     head = {"worker": "worker", "where": "host:pid program" if any(w.program for w in workers) else "host:pid",
@@ -187,10 +215,10 @@ def register(cli) -> None:
 
         for line in worker_table(snap.workers, store_full(snap.eta)):
             click.echo(line)
-        from jobs.senders import read_refused, refused_line
+        from jobs.senders import refused_line
 
-        for r in read_refused(c.redis()):  # (a process whose own credentials the provider refuses)
-            click.echo(refused_line(r))
+        for r in snap.refused_senders:  # (a process whose own credentials the provider refuses)
+            click.echo(refused_line(r, snap.taken_at * 1000))
         if gone:
             procs = len({w.process for w in gone})
             click.echo(f"{len(gone)} worker(s) GONE{f' in {procs} processes' if procs > 1 else ''}: no liveness "

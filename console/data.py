@@ -159,11 +159,23 @@ class WorkerRow:
     paused_s: float | None = None
     """A send-email lane whose process has paused itself because the provider refuses its
     own credentials (jobs.senders.read_refused): for how long; None when not paused."""
+    host_tag: str | None = None
+    """The short suffix of ``host_id`` shown after the hostname ("app1/3f2a") when live
+    workers of two hosts bear this hostname (console.fmt.host_tags); None otherwise."""
 
     @property
     def where(self) -> str:
         """host:pid, and the supervisord program when there is one."""
-        return f"{self.host[:18]}:{self.pid}" + (f" {self.program}" if self.program else "")
+        from console.fmt import tagged
+
+        return f"{tagged(self.host, self.host_tag, 18)}:{self.pid}" + (f" {self.program}" if self.program else "")
+
+    @property
+    def shown_host(self) -> str:
+        """The hostname, with its host id's suffix when another live host bears it too."""
+        from console.fmt import tagged
+
+        return tagged(self.host, self.host_tag)
 
     @property
     def process(self) -> str:
@@ -488,17 +500,34 @@ def read_workers(conn, now: float) -> list[WorkerRow]:
     return out
 
 
+def tag_hosts(workers: list[WorkerRow]) -> list[WorkerRow]:
+    """Mark ``workers`` whose hostname live workers of another host id bear too with their
+    host id's suffix (``host_tag``, console.fmt.host_tags): two containers named alike
+    showed as one host. Returns ``workers``."""
+    from console.fmt import host_tags
+
+    tags = host_tags(workers)
+    for w in workers:
+        w.host_tag = tags.get((w.host, w.host_id or ""))
+    return workers
+
+
 def read_paused_senders(conn, workers: list[WorkerRow], now: float) -> list[dict[str, Any]]:
     """The send-email processes paused because the provider refuses their own credentials
     (jobs.senders.read_refused), and their lanes in ``workers`` marked (``paused_s``). The
-    console said nothing of them: a paused process read "idle" beside a queue with work."""
+    console said nothing of them: a paused process read "idle" beside a queue with work.
+    Each entry gets its lanes' ``host_id`` and ``host_tag`` (None when no lane is listed)."""
     from jobs.senders import read_refused
 
     refused = read_refused(conn, now_ms=now * 1000)
-    by = {(r["host"], r["pid"]): max(0.0, now - r["since_ms"] / 1000) for r in refused}
+    by = {(r["host"], r["pid"]): r for r in refused}
+    for r in refused:
+        r.setdefault("host_id", None)
+        r.setdefault("host_tag", None)
     for w in workers:
-        if w.kind == "email" and (w.host, w.pid) in by:
-            w.paused_s = by[(w.host, w.pid)]
+        if w.kind == "email" and (r := by.get((w.host, w.pid))) is not None:
+            w.paused_s = max(0.0, now - r["since_ms"] / 1000)
+            r["host_id"], r["host_tag"] = w.host_id, w.host_tag
     return refused
 
 
@@ -791,7 +820,7 @@ class Source:
             try:
                 conn = self.conn
                 snap.queues, snap.suspended, snap.paused_queues = read_queues(conn, now)
-                snap.workers = read_workers(conn, now)
+                snap.workers = tag_hosts(read_workers(conn, now))
                 snap.running = read_running(conn, now, self.cfg.lease.stuck_after_s)
                 snap.limits = read_limits(conn, self.cfg, now)
                 snap.retry_errors = read_retrying(conn)

@@ -57,6 +57,150 @@ def worker_state(state: str, kind: str, full: bool) -> str:
     return state
 
 
+HOST_TAG_MIN = 4
+"""Hex characters of a host id (payrun.procs.host_id) shown after a hostname that two live
+hosts share ("app1/3f2a"); more when that few do not tell their ids apart."""
+
+
+def host_tags(workers) -> dict[tuple[str, str], str]:
+    """(hostname, host id) -> the short suffix of the id to show after that hostname, for
+    the hostnames that live ``workers`` (console.data.WorkerRow) of two or more host ids
+    bear: containers and cloned VMs share one, and the console and `payrun workers` showed
+    their workers as one host's. Also for a hostname under which two ids ran a process of
+    one pid (one of them gone): "app1:4200" would name two processes. The suffix is the
+    shortest prefix of the id, at least HOST_TAG_MIN characters, that tells that
+    hostname's ids apart. A worker with no host id (before session 42) gets none. Pure."""
+    ids: dict[str, set[str]] = {}
+    live: dict[str, set[str]] = {}
+    pids: dict[tuple[str, Any], set[str]] = {}
+    for w in workers:
+        if not w.host_id:
+            continue
+        ids.setdefault(w.host, set()).add(w.host_id)
+        if w.alive:
+            live.setdefault(w.host, set()).add(w.host_id)
+        pids.setdefault((w.host, w.pid), set()).add(w.host_id)
+    alike = {h for h, s in live.items() if len(s) > 1} | {h for (h, _), s in pids.items() if len(s) > 1}
+    out: dict[tuple[str, str], str] = {}
+    for host in sorted(alike):
+        known = sorted(ids[host])
+        longest = max(map(len, known))
+        n = next((n for n in range(HOST_TAG_MIN, longest + 1) if len({i[:n] for i in known}) == len(known)), longest)
+        out.update({(host, i): i[:n] for i in known})
+    return out
+
+
+def tagged(host: str, tag: str | None, width: int | None = None) -> str:
+    """A hostname as shown: with its host id's suffix when it has one ("app1/3f2a"); the
+    hostname cut to ``width`` characters first (the suffix is what tells two apart)."""
+    name = host if width is None else host[:width]
+    return f"{name}/{tag}" if tag else name
+
+
+def tagged_name(name: str, host: str, tag: str | None) -> str:
+    """A worker's name (kind.<host>.<pid>[.<lane>]) with its hostname tagged as
+    :func:`tagged` does ("render.app1/3f2a.4101"): at 80 columns the workers view leaves
+    out the host:pid column, and the name is all that tells two hosts' workers apart.
+    Only shown: `payrun stop-worker` takes the name RQ knows (the s key's dialog says it)."""
+    if not tag or f".{host}." not in name:
+        return name
+    return name.replace(f".{host}.", f".{host}/{tag}.", 1)
+
+
+def short_where(where: str) -> list[str]:
+    """Where a paused send-email process's credentials come from (jobs.senders' ``where``),
+    in shorter and shorter words, the longest first; the variable or the file is named in
+    each: "PAYRUN_EMAIL_TOKEN in this process's environment (a restart takes a new value)"
+    down to "its PAYRUN_EMAIL_TOKEN", a token file's path down to its last two parts."""
+    head = where.split(" (")[0]  # ("… (a restart takes a new value)", "… (login 'u' at host:port)")
+    out = [head]
+    if head.startswith("PAYRUN_") and head.endswith(" in this process's environment"):
+        var = head.split(" ", 1)[0]
+        out += [f"{var} in its environment", f"its {var}"]
+    elif "token file " in head:
+        path = head.split("token file ", 1)[1]
+        out.append(f"token file {path}")
+        parts = path.rstrip("/").split("/")
+        if len(parts) > 3:
+            out.append(f"token file …/{'/'.join(parts[-2:])}")
+    elif head.startswith("no token: "):
+        out.append(head[len("no token: "):].replace(" is not set", " not set"))
+    return list(dict.fromkeys(out))
+
+
+def paused_sender_alerts(r: dict[str, Any], now: float) -> list[str]:
+    """The overview's alert for a send-email process paused because the provider refuses its
+    own credentials (jobs.senders.read_refused, console.data.read_paused_senders), longest
+    first. Each shorter form drops a less important part first: the provider's wording,
+    then the long words of where the credentials come from, how long, "send-email"; which
+    process (host:pid) and where its credentials come from stay to the last. At 80 columns
+    the alert lost its "(where)", the part that says what to fix."""
+    for_s = max(0.0, now - r["since_ms"] / 1000)
+    who = f"{tagged(r['host'], r.get('host_tag'))}:{r['pid']}"
+    wheres = short_where(r["where"])
+    return ([f"send-email {who} PAUSED {duration(for_s)}: provider refuses its credentials ({wheres[0]})"]
+            + [f"send-email {who} PAUSED {duration(for_s)}: credentials refused ({w})" for w in wheres]
+            + [f"send-email {who} PAUSED: credentials refused ({wheres[-1]})",
+               f"{who} PAUSED: credentials refused ({wheres[-1]})",
+               f"{who} PAUSED ({wheres[-1]})"])
+
+
+def longest_fitting(forms: list[str], room: int | None) -> str:
+    """The first (longest) of ``forms`` that takes at most ``room`` terminal columns; the
+    last when none does; the first when ``room`` is None (no limit)."""
+    if room is None:
+        return forms[0]
+    return next((f for f in forms if columns(f) <= room), forms[-1])
+
+
+KIND_ORDER = {"render": 0, "email": 1, "control": 2}
+"""The order of the processes in the workers view and `payrun workers`: the render pool
+first, then each send-email process, then the control worker."""
+
+
+def by_process(workers: list) -> list[list]:
+    """``workers`` (console.data.WorkerRow) one list per process, as the on-call reads them:
+    the render workers first, then each send-email process (its lanes together, by name),
+    then the control worker; by hostname, host id and pid within a kind. A render or control
+    worker is a process of its own; a send-email process runs many lanes, each an RQ
+    worker. The workers view and `payrun workers` listed every worker by name: with two
+    send-email processes the render pool came after their 100 lanes. Pure."""
+    groups: dict[tuple, list] = {}
+    for w in workers:
+        key = ((w.kind, w.host, w.host_id or "", w.pid or 0, "") if w.kind == "email"
+               else (w.kind, w.host, w.host_id or "", w.pid or 0, w.name))
+        groups.setdefault(key, []).append(w)
+    order = sorted(groups, key=lambda k: (KIND_ORDER.get(k[0], len(KIND_ORDER)), *k[1:]))
+    return [sorted(groups[k], key=lambda w: w.name) for k in order]
+
+
+def process_name(lanes: list) -> str:
+    """A send-email process's name from its lanes' (email.<host>.<pid>.<lane>): as
+    jobs.senders names it, "email.<host>.<pid>"."""
+    return lanes[0].name.rsplit(".", 1)[0] if lanes[0].name.count(".") >= 3 else lanes[0].name
+
+
+def process_state(lanes: list) -> str:
+    """A send-email process's state, from its lanes' (console.data.WorkerRow): GONE when
+    none has liveness; PAUSED while the provider refuses its own credentials; else how many
+    lanes hold a send ("43/50 busy"); "(stopping)" and how many lanes are GONE after it."""
+    dead = sum(1 for w in lanes if not w.alive)
+    if dead == len(lanes):
+        return "GONE"
+    if any(w.paused_s is not None for w in lanes):
+        text = "PAUSED"
+    else:
+        text = f"{sum(1 for w in lanes if w.alive and w.job_id)}/{len(lanes)} busy"
+    if any(w.stopping for w in lanes):
+        text += " (stopping)"
+    return text + (f", {dead} GONE" if dead else "")
+
+
+def longest_job(lanes: list):
+    """The live lane (console.data.WorkerRow) whose job has run longest, or None."""
+    return max((w for w in lanes if w.alive and w.job_id), key=lambda w: w.job_elapsed_s or 0, default=None)
+
+
 def duration(s: float | None) -> str:
     """3s, 4m05s, 2h03m; '-' for unknown."""
     if s is None:

@@ -1920,9 +1920,9 @@ def hosts_named_alike(conn, hostname: str | None = None, host: str | None = None
         return None
     named = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
     return (f"another machine or container is also named {hostname!r}: its live workers {named} are not this "
-            f"host's (host id {host}, theirs differ); payrun keeps their records and locks apart, but the "
-            f"console, `payrun workers` and `payrun ps` show both as {hostname!r}: give each host its own "
-            f"hostname (README: Two hosts with one hostname)")
+            f"host's (host id {host}, theirs differ); payrun keeps their records and locks apart, but `payrun "
+            f"ps` and the logs show both as {hostname!r} (the console and `payrun workers` add a suffix of the "
+            f"host id): give each host its own hostname (README: Two hosts with one hostname)")
 
 
 def forget_dead_here(conn, hostname: str | None = None, own_pid: int | None = None,

@@ -327,6 +327,7 @@ def refused_line(r: dict, now_ms: float | None = None) -> str:
     """One paused process as `payrun workers` and `payrun check` say it."""
     now_ms = time.time() * 1000 if now_ms is None else now_ms
     for_s = max(0.0, (now_ms - r["since_ms"]) / 1000)
-    return (f"send-email {r['host']} pid {r['pid']} PAUSED {for_s:.0f} s: the provider refuses its credentials "
+    host = r["host"] + (f"/{r['host_tag']}" if r.get("host_tag") else "")  # (two hosts named alike: console.data)
+    return (f"send-email {host} pid {r['pid']} PAUSED {for_s:.0f} s: the provider refuses its credentials "
             f"({r['where']}); its sends go to the other send-email processes; it takes sends again once they "
             f"work (a token file is read again at each probe)")

@@ -568,10 +568,16 @@ def tries_counts(row: Mapping[str, Any]) -> tuple[int, int, int]:
     return attempts_spent(tries, held, returned), held, returned
 
 
+HELD_BACK_WHY = ("rate limit, provider outage, its send-email process's own credentials refused, a send already "
+                 "in flight or a full slip store")
+"""Why a try is held back (outcome "held", no attempt spent), as `payrun job` and the
+console's job view say it. Its process's credentials refused (jobs.errors.RefusedHere,
+another host sending) was missing: a send held that way read as if the rate had held it."""
+
+
 def tries_text(row: Mapping[str, Any]) -> str:
     """How many tries a job's ledger ``row`` (with its history) had, in words. A try held
-    back (outcome "held": a wait for the provider's rate limit, a provider outage, or
-    another send of the same slip still in flight) or handed back (outcome "requeued": its
+    back (outcome "held": :data:`HELD_BACK_WHY`) or handed back (outcome "requeued": its
     worker was stopped, a deploy; "reaped": its worker died) spent no attempt, and a reader
     at 02:00 must not count it against the retry budget."""
     tries = int(row.get("attempts") or 0)
@@ -580,7 +586,7 @@ def tries_text(row: Mapping[str, Any]) -> str:
         return f"{tries} attempt{'' if tries == 1 else 's'}"
     free = []
     if held:
-        free.append(f"{held} held back (rate limit, provider outage, a send already in flight or a full slip store)")
+        free.append(f"{held} held back ({HELD_BACK_WHY})")
     if returned:
         free.append(f"{returned} handed back (its worker stopped or died)")
     return (f"{tries} {'try' if tries == 1 else 'tries'}: {spent} attempt{'' if spent == 1 else 's'} spent, "

@@ -293,15 +293,16 @@ def refused_sender_verdicts(refused: list[dict], send_processes: int, now_ms: fl
 def named_alike(workers, hostname: str, host_id: str) -> Finding | None:
     """A warning when live ``workers`` (console.data.WorkerRow) of another machine or
     container bear this host's ``hostname`` (another host id: payrun.procs.host_id), or
-    None. payrun keeps their records and locks apart by id; people, the console and `payrun
-    workers` go by hostname. Pure."""
+    None. payrun keeps their records and locks apart by id; people and `payrun ps` go by
+    hostname (the console and `payrun workers` add a suffix of the host id). Pure."""
     alike = sorted({w.name for w in workers if w.host == hostname and w.host_id and w.host_id != host_id})
     if not alike:
         return None
     named = ", ".join(alike[:3]) + (f" and {len(alike) - 3} more" if len(alike) > 3 else "")
     return Finding("workers", WARN, f"another machine or container is also named {hostname!r} (workers {named}): "
-                                    "the console and `payrun workers` show both hosts' as one; give each host its "
-                                    "own hostname (README: Two hosts with one hostname)")
+                                    "`payrun ps` and the logs show both hosts' as one (the console and `payrun "
+                                    "workers` add a suffix of the host id); give each host its own hostname "
+                                    "(README: Two hosts with one hostname)")
 
 
 def supervisor_verdicts(status: str, log_dir) -> list[Finding]:

@@ -209,6 +209,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
 
         notes[:0] = slipstore.fault_notes(None if redis_failed else conn, cfg.slips_dir, cfg.timezone)
     outage = refused = None
+    paused: list[dict[str, Any]] = []
     if conn is not None and not redis_failed:
         from payrun import redis_server
 
@@ -225,6 +226,12 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                              f"(FATAL: each failed its start again and again; `payrun ps`, their logs in "
                              f"{cfg.log_dir}): fix the cause (a config typo, a full disk), then `payrun up` "
                              f"starts them again")
+            from jobs.senders import read_refused
+
+            now_ms = time.time() * 1000  # (a send-email process paused for its own credentials: status
+            paused = [dict(r, paused_s=round(max(0.0, now_ms - r["since_ms"]) / 1000, 1))  # said nothing;
+                      for r in read_refused(conn, now_ms=now_ms)]  # workers, check and the console did)
+            notes += [paused_sender_text(r, cfg.timezone, now_ms) for r in paused]
             from jobs.limits import read_outage
 
             outage = read_outage(conn)
@@ -235,7 +242,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                                 f"its Retry-After ({pause_ms / 1000:.0f} s left); sending resumes by itself and "
                                 f"no attempt is spent (`payrun limits show` counts the 429s)")
         except (RedisError, OSError):  # it went away after the first look: say so, as if never there
-            conn, outage = None, None
+            conn, outage, paused = None, None, []
     salary_months: list[str] = []
     if not month and cfg.payroll_path.exists():  # nothing run yet: which months could be
         from payrun import payroll
@@ -255,6 +262,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         "no_salary_line": [e for cid in sorted(unpaid) for e in unpaid[cid]],
         "months": months,
         "provider_outage": outage,
+        "paused_senders": paused,
     }
 
 
@@ -274,6 +282,22 @@ def store_full_note(store: Path, free: int | None = None) -> str | None:
     return (f"the slip store {store} is full ({diskspace.size_text(free)} free): every render waits, spending no "
             f"attempt, and the run goes on by itself once there is room: free space there (`df -h {store}`; "
             f"`payrun prune --before YYYY-MM --slips` removes old months' slips)")
+
+
+def paused_sender_text(r: dict[str, Any], tz: str, now_ms: float) -> str:
+    """The note on a send-email process paused because the provider refuses its own
+    credentials while other send-email processes send (jobs.senders.read_refused): which
+    process on which host, since when, why, and what to do, in one line. `payrun workers`,
+    `payrun check` and the console named it; `payrun status` said nothing (session 42)."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    since = datetime.fromtimestamp(r["since_ms"] / 1000, ZoneInfo(tz)).strftime("%H:%M:%S %Z")
+    for_s = max(0.0, (now_ms - r["since_ms"]) / 1000)
+    return (f"send-email process {r['pid']} on {r['host']} is PAUSED since {since} ({for_s:.0f} s): the provider "
+            f"refuses its own credentials ({r['where']}) while the other send-email processes send; they take its "
+            f"sends, spending no attempt: fix its credentials on {r['host']}, and it takes sends again by itself "
+            f"once the provider accepts them (`payrun workers` lists its lanes)")
 
 
 def outage_text(out: dict[str, Any], tz: str) -> str:

@@ -60,7 +60,8 @@ async def test_the_console_names_a_send_email_process_paused_for_its_credentials
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(pilot, lambda: app.snapshot is not None)
         line = str(app.screen.query_one("#limits").render())
-        assert line.startswith("send-email app1:4300 PAUSED 1m05s: provider refuses its credentials"), line
+        # (session 43: at 80 columns the alert is fitted, its "(where)" kept: test_console43_*)
+        assert line.startswith("send-email app1:4300 PAUSED: credentials refused (its PAYRUN_EMAIL_TOKEN)"), line
         procs = app.screen.query_one("#procs")
         row = [str(c) for c in procs.get_row("app1:4300")]
         assert any("PAUSED" in c for c in row) and any("credentials refused" in c for c in row), row
@@ -152,3 +153,263 @@ async def test_a_render_worker_taking_none_while_the_slip_store_is_full_says_why
     lines = worker_table(snap.workers, store_full=True)
     assert any("render.app1.4101" in ln and "waits: store full" in ln for ln in lines), lines
     assert not any("slip store full" in ln for ln in worker_table(snap.workers)), "not full: RQ's state"
+
+
+# ---- session 43: the gaps session 42's closing note left ---------------------------------------
+
+
+def test_the_job_view_counts_a_try_held_for_its_processs_credentials_among_the_held_back():
+    """A send held because its send-email process's own credentials were refused (another
+    host sending: RefusedHere) read "held back (rate limit, provider outage, a send already
+    in flight or a full slip store)": not the reason it was held."""
+    from console.screens.job import render_detail
+
+    held = ("not sent: the provider refused this send-email process's credentials (PAYRUN_EMAIL_TOKEN in this "
+            "process's environment (a restart takes a new value)) while others send: back for another process, "
+            "no attempt spent")
+    history = [{"attempt": 1, "started_at": "2026-11-30T20:12:37+00:00", "ended_at": "2026-11-30T20:12:38+00:00",
+                "outcome": "held", "error": held},
+               {"attempt": 2, "started_at": "2026-11-30T20:12:39+00:00", "ended_at": "2026-11-30T20:12:40+00:00",
+                "outcome": "done", "error": None}]
+    d = {"id": "email-2026-11-emp-00015", "rq_status": "finished",
+         "ledger": {"kind": "email", "company_id": 1, "key": "slip:2026-11:emp-00015", "status": "done",
+                    "attempts": 2, "history": history, "last_error": held}}
+    text = render_detail(d, "Asia/Dhaka").plain
+    [line] = [ln for ln in text.splitlines() if ln.startswith("ledger: ")]
+    assert "1 held back (" in line and "its send-email process's own credentials refused" in line, line
+
+
+def test_the_paused_alert_drops_its_less_important_words_first_and_keeps_where():
+    """At 80 columns the limits line's alert lost its "(where)": the part that says what to
+    fix. Its shorter forms drop the provider's wording, the long words of where, how long,
+    then "send-email"; each keeps which process and where its credentials come from."""
+    from console.fmt import columns, longest_fitting, paused_sender_alerts, short_where
+
+    assert short_where(WHERE) == ["PAYRUN_EMAIL_TOKEN in this process's environment",
+                                  "PAYRUN_EMAIL_TOKEN in its environment", "its PAYRUN_EMAIL_TOKEN"]
+    token_file = ("the local provider's token file /srv/payrun/var/redis/provider-token (PAYRUN_EMAIL_TOKEN not "
+                  "set; read again before each probe)")
+    assert short_where(token_file)[-1] == "token file …/redis/provider-token"
+    assert short_where("PAYRUN_SMTP_PASSWORD (login 'payrun' at smtp.example:587)") == ["PAYRUN_SMTP_PASSWORD"]
+    assert short_where("no token: PAYRUN_EMAIL_TOKEN is not set")[-1] == "PAYRUN_EMAIL_TOKEN not set"
+    for host in ("vm", "payrun-worker-02.dhaka"):
+        for where, must in ((WHERE, "PAYRUN_EMAIL_TOKEN"), (token_file, "provider-token"),
+                            ("PAYRUN_SMTP_PASSWORD (login 'u' at h:25)", "PAYRUN_SMTP_PASSWORD")):
+            r = {"host": host, "pid": 24303, "since_ms": (NOW - 62) * 1000, "where": where}
+            forms = paused_sender_alerts(r, NOW)
+            assert forms[0] == (f"send-email {host}:24303 PAUSED 1m02s: provider refuses its credentials "
+                                f"({where.split(' (')[0]})")
+            assert all(f"{host}:24303 PAUSED" in f and must in f for f in forms), forms
+            assert [columns(f) for f in forms] == sorted((columns(f) for f in forms), reverse=True)
+            fitted = longest_fitting(forms, 78)  # (an 80-column terminal, less the line's padding)
+            assert columns(fitted) <= 78 and must in fitted, fitted
+    assert longest_fitting(["a long one", "short"], None) == "a long one"
+    assert longest_fitting(["a long one", "short"], 3) == "short"
+
+
+class TwoSendersSource(FixedSource):
+    """Two send-email processes: app1:4200 sending (45 lanes, 43 busy) and app1:4300 paused
+    for its credentials (50 lanes); two render workers and a control worker."""
+
+    def __init__(self, drained: bool = False):
+        super().__init__()
+        self.drained = drained
+
+    def snapshot(self):
+        snap = fixed_snapshot()
+        paused = [_lane(4300, i) for i in range(50)]
+        for w in paused:
+            w.paused_s = 65.0
+        snap.workers = paused + snap.workers + [
+            WorkerRow("control.app1.4000", "app1", 4000, "control", "idle", None, None, 2.0, True, False, "control")]
+        snap.refused_senders = [{"process": "email.app1.4300", "host": "app1", "pid": 4300,
+                                 "since_ms": (NOW - 65) * 1000, "where": WHERE}]
+        if self.drained:
+            snap.paused_queues = ["send-email"]
+        return snap
+
+
+@sync
+async def test_the_limits_line_keeps_where_a_paused_processs_credentials_come_from_at_80_columns():
+    from console.fmt import columns
+
+    full = ("send-email app1:4300 PAUSED 1m05s: provider refuses its credentials (PAYRUN_EMAIL_TOKEN in this "
+            "process's environment)")
+
+    def alert_of(app, drained: bool) -> tuple[str, int]:
+        """The paused process's alert, and the columns the line takes up to its end."""
+        alerts = str(app.screen.query_one("#limits").render()).split(" · ")
+        return alerts[int(drained)], columns(" · ".join(alerts[:int(drained) + 1]))
+
+    for size, drained in (((80, 24), False), ((80, 24), True), ((120, 35), False)):
+        app = ConsoleApp(TwoSendersSource(drained), clock=lambda: NOW, poll=False, no_blink=True)
+        async with app.run_test(size=size) as pilot:
+            await ready(pilot, lambda: app.snapshot is not None)
+            alert, end = alert_of(app, drained)
+            assert "app1:4300 PAUSED" in alert and "PAYRUN_EMAIL_TOKEN" in alert, alert
+            assert end <= size[0] - 2, (size, alert)  # (on the line's one row, not wrapped off it)
+            if not drained:
+                assert alert.startswith("send-email app1:4300 PAUSED"), alert
+            if size[0] == 120:  # room for every word
+                assert alert == full, alert
+            await pilot.resize_terminal(200 if size[0] == 80 else 80, size[1])  # (fitted again on a resize)
+            await ready(pilot, lambda: alert_of(app, drained)[0] != alert, "the alert fitted again")
+            alert, end = alert_of(app, drained)
+            assert (alert == full) == (app.size.width == 200) and end <= app.size.width - 2, alert
+
+
+def test_payrun_workers_lists_the_processes_before_the_send_lanes():
+    """Two send-email processes of 45 and 50 lanes: `payrun workers` listed the render
+    workers after the 95 lane rows (by name), and the paused process's state after the
+    other's 45 lanes."""
+    from console.cli import worker_table
+    from conftest import assert_worker_columns_line_up
+
+    snap = TwoSendersSource().snapshot()
+    lines = worker_table(snap.workers)
+    assert len(lines) == 1 + 2 + 2 + 1 + 95, len(lines)
+    heads = [ln.split()[0] for ln in lines[1:6]]
+    assert heads == ["render.app1.4101", "render.app1.4102", "email.app1.4200.*", "email.app1.4300.*",
+                     "control.app1.4000"], lines[:6]
+    assert "(45 lanes)" in lines[3] and "43/45 busy" in lines[3] and "email-2026-11-emp-" in lines[3], lines[3]
+    assert "(50 lanes)" in lines[4] and " PAUSED " in lines[4], lines[4]
+    assert [ln.split()[0] for ln in lines[6:]] == sorted(w.name for w in snap.workers if w.kind == "email")
+    assert_worker_columns_line_up("\n".join(lines))
+
+
+@sync
+async def test_the_workers_view_shows_each_process_before_the_send_lanes():
+    """The workers view listed every worker by kind and name: the render workers came after
+    95 send lanes (a screen and a half of scrolling at 120x35, four at 80x24)."""
+    for size in ((80, 24), (120, 35)):
+        app = ConsoleApp(TwoSendersSource(), clock=lambda: NOW, poll=False, no_blink=True)
+        async with app.run_test(size=size) as pilot:
+            await ready(pilot, lambda: app.snapshot is not None)
+            await pilot.press("w")
+            await ready(pilot, lambda: app.screen.CRUMB == "workers")
+            table = app.screen.query_one("#workers")
+            assert table.keys()[:5] == ["render.app1.4101", "render.app1.4102", "email.app1.4200",
+                                        "email.app1.4300", "control.app1.4000"], table.keys()[:6]
+            state = table.get_column_index("state")
+            assert str(table.get_row("email.app1.4200")[state]) == "43/45 busy"
+            assert str(table.get_row("email.app1.4300")[state]) == "PAUSED"
+            assert str(table.get_row("email.app1.4300.07")[state]) == "PAUSED"  # (the lanes after)
+            assert str(table.get_row("email.app1.4200")[0]) == "email.app1.4200.*"
+            from console.widgets.table import RESERVED
+            from test_console_narrow import right_edge
+
+            assert 0 < right_edge(table, "alive") <= table.size.width - RESERVED  # (still on screen at 80)
+            # s on a process row stops the process (through a lane of it: the name RQ knows)
+            table.move_cursor(row=table.get_row_index("email.app1.4300"))
+            await pilot.press("s")
+            await ready(pilot, lambda: type(app.screen).__name__ == "ConfirmKey")
+            assert app.screen.command == "payrun stop-worker email.app1.4300.00"
+            assert "process 4300 on app1 (all 50 lanes" in app.screen.title_text, app.screen.title_text
+
+
+def test_two_hosts_with_one_hostname_get_a_suffix_of_their_host_id():
+    """Containers or cloned VMs share a hostname; payrun.procs.host_id tells them apart,
+    but the console and `payrun workers` showed their workers as one host's."""
+    from console.data import tag_hosts
+    from console.fmt import host_tags, tagged, tagged_name
+
+    def w(name, host, pid, host_id, alive=True, kind="render"):
+        return WorkerRow(name, host, pid, "pdf-render", "idle", None, None, 1.0, alive, False, kind, host_id=host_id)
+
+    one = [w("render.app1.10", "app1", 10, "aaaa1111"), w("render.app1.11", "app1", 11, "aaaa1111"),
+           w("render.app2.10", "app2", 10, "cccc3333")]
+    assert host_tags(one) == {}
+    two = one + [w("render.app1.1", "app1", 1, "bbbb2222")]
+    assert host_tags(two) == {("app1", "aaaa1111"): "aaaa", ("app1", "bbbb2222"): "bbbb"}
+    close = one + [w("render.app1.1", "app1", 1, "aaaa9999")]  # (alike in 4 characters: 5)
+    assert host_tags(close) == {("app1", "aaaa1111"): "aaaa1", ("app1", "aaaa9999"): "aaaa9"}
+    restarted = one + [w("render.app1.12", "app1", 12, "dddd4444", alive=False)]  # a container's last boot
+    assert host_tags(restarted) == {}
+    same_pid = one + [w("render.app1.10x", "app1", 10, "dddd4444", alive=False)]  # "app1:10" would be two
+    assert host_tags(same_pid)[("app1", "dddd4444")] == "dddd"
+    assert host_tags(one + [w("render.app1.1", "app1", 1, None)]) == {}  # (a worker before session 42)
+    assert tagged("app1", "bbbb") == "app1/bbbb" and tagged("app1", None) == "app1"
+    assert tagged("a-very-long-hostname-of-a-vm", "bbbb", 18) == "a-very-long-hostna/bbbb"
+    assert tagged_name("email.app1.4200.07", "app1", "bbbb") == "email.app1/bbbb.4200.07"
+    tag_hosts(two)
+    assert [x.where for x in two] == ["app1/aaaa:10", "app1/aaaa:11", "app2:10", "app1/bbbb:1"]
+
+
+class NamesakesSource(FixedSource):
+    """The fixed overview, with a third render worker on another host named app1."""
+
+    def snapshot(self):
+        from console.data import tag_hosts
+
+        snap = fixed_snapshot()
+        for w in snap.workers:
+            w.host_id = "aaaa1111"
+        snap.workers.append(WorkerRow("render.app1.7", "app1", 7, "pdf-render", "idle", None, None, 1.0, True, False,
+                                      "render", host_id="bbbb2222"))
+        tag_hosts(snap.workers)
+        return snap
+
+
+@sync
+async def test_the_console_and_payrun_workers_tell_two_hosts_named_alike_apart():
+    from console.cli import worker_table
+
+    app = ConsoleApp(NamesakesSource(), clock=lambda: NOW, poll=False, no_blink=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        procs = app.screen.query_one("#procs")
+        assert str(procs.get_row("app1/bbbb:7")[0]) == "app1/bbbb:7"
+        assert str(procs.get_row("app1/aaaa:4200")[0]) == "app1/aaaa:4200"
+        await pilot.press("w")
+        await ready(pilot, lambda: app.screen.CRUMB == "workers")
+        table = app.screen.query_one("#workers")  # (at 80 columns host:pid is left out: the name says it)
+        assert str(table.get_row("render.app1.7")[0]) == "render.app1/bbbb.7"
+        assert str(table.get_row("render.app1.4101")[0]) == "render.app1/aaaa.4101"
+    lines = worker_table(NamesakesSource().snapshot().workers)
+    assert any(ln.startswith("render.app1.7 ") and " app1/bbbb:7 " in ln for ln in lines), lines
+    assert any(ln.startswith("render.app1.4101 ") and " app1/aaaa:4101 " in ln for ln in lines), lines
+
+
+def test_a_paused_process_of_a_host_named_alike_is_named_with_its_suffix(conn):
+    from console.data import read_paused_senders, tag_hosts
+    from console.screens.overview import paused_sender_alert
+    from jobs.senders import refused_line
+
+    now = time.time()
+    conn.hset(keys.limit_senders("email"), "email.app1.4300",
+              sender_entry(WHERE, now * 1000 + SENDER_TTL_S * 1000, (now - 65) * 1000))
+    workers = [_lane(4200, 0), _lane(4300, 0), _lane(4300, 1)]
+    workers[0].host_id, workers[1].host_id, workers[2].host_id = "aaaa1111", "bbbb2222", "bbbb2222"
+    [r] = read_paused_senders(conn, tag_hosts(workers), now)
+    assert (r["host_id"], r["host_tag"]) == ("bbbb2222", "bbbb")
+    assert refused_line(r, now * 1000).startswith("send-email app1/bbbb pid 4300 PAUSED 65 s")
+    assert paused_sender_alert(r, now).startswith("send-email app1/bbbb:4300 PAUSED 1m05s")
+
+
+@sync
+async def test_a_view_failing_on_one_refresh_does_not_end_the_polling():
+    """Walkthrough (session 43, tmux): the console read "last refresh 43s ago (Redis slow;
+    still trying)" with Redis fine and no poll in flight: a view's error on one snapshot
+    ended in the poll thread, and no next poll was set. It is said, and polling goes on."""
+    from console.screens.overview import OverviewScreen
+
+    fail = {"left": 1}
+    show = OverviewScreen.show_snapshot
+
+    def flaky(self, snap):
+        if fail["left"]:
+            fail["left"] -= 1
+            raise KeyError("host_tag")
+        return show(self, snap)
+
+    OverviewScreen.show_snapshot = flaky
+    try:
+        app = ConsoleApp(FixedSource(), clock=lambda: NOW, poll=True, interval_s=1.0, no_blink=True)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot, lambda: not fail["left"] and app.snapshot is not None, "the failing refresh")
+            failed_at = app.polls
+            assert "the overview view failed to show a refresh (KeyError: 'host_tag')" in (app.snapshot.error or "")
+            await ready(pilot, lambda: app.polls > failed_at, "polling to go on")
+            assert not app.snapshot.error
+    finally:
+        OverviewScreen.show_snapshot = show

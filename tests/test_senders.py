@@ -500,3 +500,43 @@ def test_a_refused_smtp_sender_keeps_the_process_paused_its_probe_offers_the_sen
         assert mail.transport_for(url, 5).probe() == "connected, login accepted"
     finally:
         ctl.stop()
+
+
+def test_status_names_a_process_paused_for_its_credentials_in_one_line(cfg, conn):
+    """Session 42's closing note: `payrun workers`, `payrun check` and the console named a
+    send-email process paused for its own credentials; `payrun status` said nothing."""
+    import json
+
+    from click.testing import CliRunner
+
+    from payrun.cli import cli
+    from payrun.ledger import Ledger
+
+    ledger = Ledger(cfg.ledger_path)
+    assert ledger.claim_run(1, "2026-11", "test")
+    ledger.create_jobs([{"id": "email-2026-11-emp-1", "kind": "email", "month": "2026-11", "company_id": 1}])
+    ledger.finish_run(1, "2026-11", 1)
+    ledger.close()
+    _alive(conn, "email.host-a.41")
+    runner = CliRunner()
+    data = json.loads(runner.invoke(cli, ["status", "--json"], catch_exceptions=False).output)
+    assert data["paused_senders"] == [] and not any("PAUSED" in n for n in data["notes"]), data["notes"]
+    where = "PAYRUN_EMAIL_TOKEN in this process's environment (a restart takes a new value)"
+    since = time.time() * 1000 - 65_000
+    conn.hset(keys.limit_senders("email"), "email.host-b.42",
+              sender_entry(where, time.time() * 1000 + SENDER_TTL_S * 1000, since))
+    data = json.loads(runner.invoke(cli, ["status", "--json"], catch_exceptions=False).output)
+    [p] = data["paused_senders"]
+    assert (p["host"], p["pid"], p["where"], p["since_ms"]) == ("host-b", 42, where, int(since))
+    assert 64 <= p["paused_s"] <= 70
+    text = runner.invoke(cli, ["status"], catch_exceptions=False).output
+    [line] = [ln for ln in text.splitlines() if "PAUSED" in ln]  # one line: which, since when, why, what to do
+    assert line.startswith("note: send-email process 42 on host-b is PAUSED since "), line
+    assert f"({where})" in line and "fix its credentials on host-b" in line, line
+    assert "spending no attempt" in line and "takes sends again by itself" in line, line
+    from payrun.status import paused_sender_text
+
+    r = {"process": "email.host-b.42", "host": "host-b", "pid": 42, "since_ms": 1_793_478_300_000.0, "where": where}
+    assert paused_sender_text(r, "Asia/Dhaka", 1_793_478_365_000.0).startswith(
+        "send-email process 42 on host-b is PAUSED since 02:25:00 +06 (65 s): the provider refuses its own "
+        "credentials (PAYRUN_EMAIL_TOKEN")

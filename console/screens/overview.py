@@ -11,7 +11,8 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 
 from console.data import Snapshot
-from console.fmt import answer, clip, duration, ledger_behind_text, no_run_text, spark, store_full
+from console.fmt import (answer, clip, columns, duration, ledger_behind_text, longest_fitting, no_run_text,
+                         paused_sender_alerts, spark, store_full, tagged)
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
@@ -43,14 +44,13 @@ def no_slip_lines(st: dict) -> list[str]:
     return out
 
 
-def paused_sender_alert(r: dict, now: float) -> str:
+def paused_sender_alert(r: dict, now: float, room: int | None = None) -> str:
     """The limits line's alert for a send-email process paused because the provider refuses
     its own credentials (jobs.senders.read_refused): which one, since when, and where its
-    credentials come from (what to fix); `payrun workers` says it at length."""
-    for_s = max(0.0, now - r["since_ms"] / 1000)
-    where = r["where"].split(" (")[0]  # ("PAYRUN_EMAIL_TOKEN in this process's environment (a restart …)")
-    return (f"send-email {r['host']}:{r['pid']} PAUSED {duration(for_s)}: provider refuses its credentials "
-            f"({where})")
+    credentials come from (what to fix), in ``room`` columns if it can (console.fmt.
+    paused_sender_alerts: the less important parts go first); `payrun workers` says it at
+    length."""
+    return longest_fitting(paused_sender_alerts(r, now), room)
 
 
 class OverviewScreen(ConsoleScreen):
@@ -131,12 +131,18 @@ class OverviewScreen(ConsoleScreen):
                                       f"{spark(q.per_min)} {q.per_min[-1] if q.per_min else 0:>5,}")))
             self.query_one("#queues", LiveTable).sync(rows)
             self.query_one("#procs", LiveTable).sync(self._process_rows(snap))
-        self.query_one("#limits", Static).update(self._limits_text(snap))
+        self.query_one("#limits", Static).update(self._limits_text(snap, self._limits_room()))
         self._fit()
         self.call_after_refresh(self._fit)  # the answer's new height is known after layout
 
     def on_resize(self) -> None:
         self._fit()
+        if self.app.snapshot is not None:  # (the limits line is fitted to the width)
+            self.query_one("#limits", Static).update(self._limits_text(self.app.snapshot, self._limits_room()))
+
+    def _limits_room(self) -> int:
+        """The limits line's columns: the screen's less its padding."""
+        return max(20, (self.size.width or self.app.size.width) - 2)
 
     def _fit(self) -> None:
         """Give the companies the rows a tall screen has spare: everything else first (the
@@ -150,9 +156,11 @@ class OverviewScreen(ConsoleScreen):
             companies.styles.max_height = rows
 
     @staticmethod
-    def _limits_text(snap: Snapshot) -> Text:
+    def _limits_text(snap: Snapshot, room: int | None = None) -> Text:
         """One line: the alerts first (a narrow terminal cuts the end of the line: at 80
-        columns a provider outage or a drain was cut off), then the email limits."""
+        columns a provider outage or a drain was cut off), then the email limits. ``room``:
+        the line's columns, which a paused send-email process's alert is fitted into (it
+        lost its "(where)" at 80 columns); None: each alert whole."""
         t = Text()
         lim = snap.limits
         alerts: list[tuple[str, str]] = []
@@ -169,8 +177,12 @@ class OverviewScreen(ConsoleScreen):
             alerts.append((f"paused {lim.paused_for_s:.0f}s (429)", "bold yellow"))
         if out and not out["pauses"] and out["failed_in_a_row"] >= 2:
             alerts.append((f"provider failed the last {out['failed_in_a_row']:,} sends", "yellow"))
-        for r in snap.refused_senders:  # (one process paused for its own credentials: the console said nothing)
-            alerts.append((paused_sender_alert(r, snap.taken_at), "bold red"))
+        if snap.refused_senders:  # (one process paused for its own credentials: the console said nothing)
+            used = sum(columns(text) + 3 for text, _ in alerts)  # (each alert is followed by " · ")
+            alerts.append((paused_sender_alert(snap.refused_senders[0], snap.taken_at,
+                                               None if room is None else room - used), "bold red"))
+            if more := len(snap.refused_senders) - 1:  # (the workers view names each)
+                alerts.append((f"+{more} more send-email PAUSED (w)", "bold red"))
         if snap.retry_errors:  # why jobs wait out a backoff (an outage below "N in a row" showed only a count)
             shown = ", ".join(f"{head} ×{n:,}" for head, n in snap.retry_errors[:2])
             more = sum(n for _, n in snap.retry_errors[2:])
@@ -196,12 +208,13 @@ class OverviewScreen(ConsoleScreen):
 
     @staticmethod
     def _process_rows(snap: Snapshot) -> list[tuple[str, tuple]]:
-        procs: dict[str, list] = defaultdict(list)
-        for w in snap.workers:
-            procs[w.process].append(w)
+        procs: dict[tuple, list] = defaultdict(list)
+        for w in snap.workers:  # (by host id too: two containers named alike run the same pids)
+            procs[(w.host, w.host_id or "", w.pid)].append(w)
         rows = []
-        for key in sorted(procs, key=lambda k: (procs[k][0].kind, k)):
-            ws = procs[key]
+        for group in sorted(procs, key=lambda k: (procs[k][0].kind, procs[k][0].process, k)):
+            ws = procs[group]
+            key = f"{ws[0].shown_host}:{ws[0].pid}"
             busy = [w for w in ws if w.job_id and w.alive]
             longest = max(busy, key=lambda w: w.job_elapsed_s or 0, default=None)
             dead = [w for w in ws if not w.alive]
@@ -231,7 +244,8 @@ class OverviewScreen(ConsoleScreen):
                 job = Text("takes none: slip store full", style="red")  # (it read "idle" beside 398 waiting)
             else:
                 job = "idle"
-            rows.append((key, (f"{ws[0].host[:18]}:{ws[0].pid}", ws[0].program or "", kind, f"{len(busy)}/{len(ws)}", job,
+            rows.append((key, (f"{tagged(ws[0].host, ws[0].host_tag, 18)}:{ws[0].pid}", ws[0].program or "", kind,
+                               f"{len(busy)}/{len(ws)}", job,
                                duration(beat))))
         return rows
 

@@ -8,7 +8,8 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 
 from console.data import Snapshot
-from console.fmt import duration, store_full, stuck_text, worker_state
+from console.fmt import (by_process, duration, longest_job, process_name, process_state, store_full, stuck_text,
+                         tagged_name, worker_state)
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
@@ -115,21 +116,54 @@ class WorkersScreen(ConsoleScreen):
         note.display = bool(snap.refused_senders)
         note.update(Text("\n".join(refused_line(r, snap.taken_at * 1000) for r in snap.refused_senders),
                          style="bold red"))
-        rows = []
-        for w in sorted(snap.workers, key=lambda w: (w.kind, w.name)):
-            if not w.alive:
-                state = Text("GONE", style="bold red")
-            elif w.paused_s is not None:  # (its lanes read "idle": the process takes no sends)
-                state = Text("PAUSED", style="bold red")
-            else:
-                state = Text(worker_state(w.state, w.kind, store_full(snap.eta)) + (" (stopping)" if w.stopping else ""),
-                             style="yellow" if w.stopping else "")
-            job = w.job_id or (Text(f"{w.job_returned} (handed back)", style="dim") if w.job_returned else "")
-            rows.append((w.name, (w.name, w.where, w.queues, state, job,
-                                  duration(w.job_elapsed_s), duration(w.heartbeat_age_s),
-                                  Text("yes", style="green") if w.alive else Text("NO", style="bold red"))))
+        # the processes first (the render pool, each send-email process, the control worker),
+        # then the send-email lanes: with two send-email processes the render workers came
+        # after 100 lane rows, and a paused process's state after the other's 50 lanes
+        rows, lane_rows = [], []
+        self._processes = {}
+        for group in by_process(snap.workers):
+            if len(group) == 1:
+                rows.append(self._worker_row(group[0], snap))
+                continue
+            key = process_name(group)
+            self._processes[key] = group
+            rows.append((key, self._process_cells(group)))
+            lane_rows += [self._worker_row(w, snap) for w in group]
+        rows += lane_rows
         with self.app.batch_update():
             self.query_one(LiveTable).sync(rows)
+
+    @staticmethod
+    def _worker_row(w, snap: Snapshot) -> tuple[str, tuple]:
+        """One worker (a render or control worker, a send-email lane), keyed by its name."""
+        if not w.alive:
+            state = Text("GONE", style="bold red")
+        elif w.paused_s is not None:  # (its lanes read "idle": the process takes no sends)
+            state = Text("PAUSED", style="bold red")
+        else:
+            state = Text(worker_state(w.state, w.kind, store_full(snap.eta)) + (" (stopping)" if w.stopping else ""),
+                         style="yellow" if w.stopping else "")
+        job = w.job_id or (Text(f"{w.job_returned} (handed back)", style="dim") if w.job_returned else "")
+        return (w.name, (tagged_name(w.name, w.host, w.host_tag), w.where, w.queues, state, job,
+                         duration(w.job_elapsed_s), duration(w.heartbeat_age_s),
+                         Text("yes", style="green") if w.alive else Text("NO", style="bold red")))
+
+    @staticmethod
+    def _process_cells(lanes: list) -> tuple:
+        """One send-email process of several lanes: its state from theirs, its longest job."""
+        first, top = lanes[0], longest_job(lanes)
+        state = process_state(lanes)
+        alive = sum(1 for w in lanes if w.alive)
+        beat = min((w.heartbeat_age_s for w in lanes if w.heartbeat_age_s is not None), default=None)
+        # ("email.app1.4200.*": its state counts the lanes, "43/50 busy"; with " (50 lanes)"
+        # after it, `alive` went off the right edge at 80 columns)
+        return (Text(f"{tagged_name(process_name(lanes), first.host, first.host_tag)}.*", style="bold"),
+                first.where, first.queues,
+                Text(state, style="bold red" if "PAUSED" in state or "GONE" in state
+                     else "yellow" if "stopping" in state else ""),
+                top.job_id if top else "", duration(top.job_elapsed_s if top else None), duration(beat),
+                Text("yes", style="green") if alive == len(lanes) else
+                Text("NO" if not alive else f"{alive}/{len(lanes)}", style="bold red"))
 
     def on_data_table_row_selected(self, event) -> None:
         """Enter on a row (the table consumes the key; this is its message)."""
@@ -139,7 +173,10 @@ class WorkersScreen(ConsoleScreen):
     def action_open(self) -> None:
         key = self.query_one(LiveTable).current_key
         snap = self.app.snapshot
-        w = next((w for w in (snap.workers if snap else []) if w.name == key), None)
+        if key in getattr(self, "_processes", {}):  # a send-email process: its longest job
+            w = longest_job(self._processes[key])
+        else:
+            w = next((w for w in (snap.workers if snap else []) if w.name == key), None)
         if w and w.job_id:
             from console.screens.job import JobScreen
 
@@ -147,5 +184,8 @@ class WorkersScreen(ConsoleScreen):
 
     def action_stop_worker(self) -> None:
         key = self.query_one(LiveTable).current_key
+        if key in getattr(self, "_processes", {}):  # a send-email process: stopped through a lane of it
+            lanes = self._processes[key]
+            key = next((w.name for w in lanes if w.alive), lanes[0].name)
         if key:
             self.app.confirm_stop(key)
