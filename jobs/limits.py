@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from jobs.policy import (GATE_FIT, GATE_MARGIN_DECAY_MS_PER_S, GATE_MARGIN_MAX_MS, GATE_MARGIN_MIN_MS,
                          GATE_MARGIN_STEP_MS, GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS, START_WAIT_FIT,
-                         gate_margin_ms, late_for_gate, start_wait_budget_s)
+                         gate_margin_ms, late_for_gate, paced_rate, slots_for_rate, start_wait_budget_s)
 from jobs.policy import outage_pause_s as outage_pause_s_for
 from payrun import keys
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -383,6 +383,14 @@ class Limiter:
             tat, (sec, usec) = p.execute()
         return waiting_for_rate(float(tat) if tat else None, sec * 1000 + usec / 1000, self.settings().rate_per_s,
                                 in_use)
+
+    def slots_for_rate(self, rate_per_s: float) -> int | None:
+        """The most slots taken at once under ``rate_per_s`` (jobs.policy.slots_for_rate:
+        the lanes taking sends follow a low rate); None without a wait budget."""
+        if self.start_wait_s is None or rate_per_s <= 0:
+            return None
+        interval_ms = 1000.0 / paced_rate(rate_per_s, RATE_HEADROOM, GATE_MARGIN_MAX_MS)
+        return slots_for_rate(interval_ms, self.start_wait_s * 1000)
 
     def settings(self) -> Settings:
         raw = self.conn.hgetall(self.k_conf)

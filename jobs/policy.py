@@ -690,6 +690,12 @@ def slot_wait_for_rate_ms(ahead_ms: float, holders: int, interval_ms: float, bud
     return max(0.0, over)
 
 
+def slots_for_rate(interval_ms: float, budget_ms: float) -> int:
+    """The most slots ``slot_wait_for_rate_ms`` lets be taken at once (the schedule not
+    ahead of now), starts ``interval_ms`` apart: 22 at 2/s with a 15 s budget."""
+    return int(START_WAIT_FIT * budget_ms // interval_ms) + 1
+
+
 SLOT_SETTLE_S = 5.0
 """A slot holder's lane must be seen without liveness this long (two reaper passes) before
 its slot is freed: a process paused for a moment (SIGSTOP, a VM pause, Redis out of reach

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -372,7 +373,8 @@ def test_senders_that_give_up_keep_sending_at_a_low_rate(conn):
 
 
 def test_a_sends_wait_budget_and_the_furthest_start_a_new_slot_may_get():
-    from jobs.policy import START_WAIT_FIT, latest_start_ms, slot_wait_for_rate_ms, start_wait_budget_s
+    from jobs.policy import (START_WAIT_FIT, latest_start_ms, slot_wait_for_rate_ms, slots_for_rate,
+                             start_wait_budget_s)
 
     assert start_wait_budget_s(30) == 15.0  # half the send timeout (jobs.policy.send_window)
     assert start_wait_budget_s(6) == 3.0
@@ -386,6 +388,9 @@ def test_a_sends_wait_budget_and_the_furthest_start_a_new_slot_may_get():
     assert slot_wait_for_rate_ms(5000.0, 13, 550.0, budget) == pytest.approx(5000 + 13 * 550.0 - fits)
     # the default limits: 50 slots at 40/s never come near it
     assert slot_wait_for_rate_ms(50 * 25.7, 49, 25.7, budget) == 0.0
+    assert slots_for_rate(550.0, budget) == 22  # the most taken at once (the schedule not ahead)
+    assert slot_wait_for_rate_ms(0.0, slots_for_rate(550.0, budget) - 1, 550.0, budget) == 0.0
+    assert slot_wait_for_rate_ms(0.0, slots_for_rate(550.0, budget), 550.0, budget) > 0.0
 
 
 def _low_rate_holders(lim: Limiter, n: int = 100, prefix: str = "lane") -> int:
@@ -418,7 +423,7 @@ def test_at_a_low_rate_slots_follow_the_rate_not_the_cap(conn):
 
     set_limits(conn, "email", rate_per_s=2.0)  # while running: read at the next try
     interval = 1000.0 / paced_rate(2.0, RATE_HEADROOM, GATE_MARGIN_MAX_MS)  # ~553 ms
-    assert _low_rate_holders(lim) == 22  # 21 x 553 ms = 11.6 s <= 12 s < 22 x 553 ms
+    assert _low_rate_holders(lim) == 22 == lim.slots_for_rate(2.0)  # 21 x 553 ms = 11.6 s <= 12 s < 22 x 553 ms
     ok, wait_ms = lim.try_slot("lane-late")
     assert not ok and wait_ms == pytest.approx(slot_wait_for_rate_ms(0.0, 22, interval, 15_000.0), abs=1.5)
     assert Limiter(conn, "email", 50, 40.0, lease_s=60).try_slot("no-budget")[0]  # (no budget: the cap alone)
@@ -756,6 +761,12 @@ def test_limits_show_and_reset_from_the_cli(cfg, conn):
     set_at = limit_sources(conn, "email")["rate_per_s"]["set_at"]
     assert f"console at {local_time(set_at, cfg.timezone)};" in shown and set_at not in shown, shown
     assert f"the config says {cfg.limits.email_rate_per_s}" in shown and "`payrun limits reset`" in shown
+    assert "slots are taken at once" not in shown  # at 12/s the cap (50) binds first
+    assert runner.invoke(cli, ["limits", "set", "--rate", "2"]).exit_code == 0
+    shown = runner.invoke(cli, ["limits", "show"]).output
+    assert ("at 2/s at most 22 slots are taken at once: a lane takes a send only while its start would come "
+            "within 12 s; the other jobs wait in the queue (no attempt spent, not retried)") in shown, shown
+    assert json.loads(runner.invoke(cli, ["limits", "show", "--json"]).output)["email"]["slots_for_rate"] == 22
     out = runner.invoke(cli, ["limits", "reset"])
     assert out.exit_code == 0 and f"rate {cfg.limits.email_rate_per_s:g}/s (the config's)" in out.output
     shown = runner.invoke(cli, ["limits", "show"]).output
