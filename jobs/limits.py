@@ -35,7 +35,10 @@ process writes its config's values there at start, except a value an operator se
 stayed for good: a config edit never applied, and an incident's override outlived it.)
 
 Lanes take a slot *before* they dequeue, so a job never waits for a slot while
-holding a worker or its lease, and waiting never spends a retry attempt.
+holding a worker or its lease, and waiting never spends a retry attempt. Under a low rate
+a slot is also refused while the start its holder would get lies beyond most of a send's
+wait for its start (``jobs.policy.slot_wait_for_rate_ms``): the lanes taking jobs follow
+the rate, and a job waits its turn in the queue, not in held tries.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ from typing import Any
 from dataclasses import dataclass
 
 from jobs.policy import (GATE_FIT, GATE_MARGIN_DECAY_MS_PER_S, GATE_MARGIN_MAX_MS, GATE_MARGIN_MIN_MS,
-                         GATE_MARGIN_STEP_MS, GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS, gate_margin_ms,
-                         late_for_gate)
+                         GATE_MARGIN_STEP_MS, GATE_WARMUP_MARGIN_MS, GATE_WARMUP_MS, START_WAIT_FIT,
+                         gate_margin_ms, late_for_gate, paced_rate, slots_for_rate, start_wait_budget_s)
 from jobs.policy import outage_pause_s as outage_pause_s_for
 from payrun import keys
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -86,9 +89,15 @@ local function warm_margin(sends, now, at, m)
 end
 """
 
-# KEYS: slots, conf, pause, outage; ARGV: holder, default cap, lease ms[, a slot this
-# holder's lane gives back first]. After an outage pause the cap is 1 (one send probes the
-# provider) until a send succeeds. {1, 0} a slot; {0, wait ms} none.
+# KEYS: slots, conf, pause, outage, tat; ARGV: holder, default cap, lease ms, a slot this
+# holder's lane gives back first ('' for none), (the job key prefix: _ACQUIRE_SLOT_AND_TAKE),
+# then for the rate: default rate, headroom, gate fit, the gate's widest margin (ms), and
+# the furthest start a new holder may be given (ms; '' for no such check). After an outage
+# pause the cap is 1 (one send probes the provider) until a send succeeds. Under the cap, a
+# slot is refused while the start its holder could get (the schedule's lead, plus one
+# interval per slot already held, each of which may reserve first) is further off than
+# that: jobs.policy.slot_wait_for_rate_ms, the interval at paced_rate with the widest
+# margin. {1, 0} a slot; {0, wait ms} none.
 _ACQUIRE_SLOT = """
 if ARGV[4] and ARGV[4] ~= '' then redis.call('ZREM', KEYS[1], ARGV[4]) end
 local t = redis.call('TIME')
@@ -98,19 +107,30 @@ if pause > now then return {0, pause - now} end
 local cap = tonumber(redis.call('HGET', KEYS[2], 'cap') or ARGV[2])
 if redis.call('HEXISTS', KEYS[4], 'trips') == 1 then cap = 1 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= cap then
+local held = redis.call('ZCARD', KEYS[1])
+if held >= cap then
   return {0, 200}
+end
+if ARGV[10] and ARGV[10] ~= '' then
+  local limit = tonumber(redis.call('HGET', KEYS[2], 'rate_per_s') or ARGV[6])
+  local rate = math.min(limit * tonumber(ARGV[7]),
+                        math.max(1, math.floor(limit)) * 1000.0 / (1000.0 + tonumber(ARGV[9])) * tonumber(ARGV[8]))
+  if rate > 0 then
+    local ahead = tonumber(redis.call('GET', KEYS[5]) or '0') - now
+    local over = math.max(0, ahead) + held * 1000.0 / rate - tonumber(ARGV[10])
+    if over > 0 then return {0, math.max(100, math.ceil(over))} end
+  end
 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 return {1, 0}
 """
 
 # A slot, then a job: KEYS as _ACQUIRE_SLOT's, then a queue and its intermediate list;
-# ARGV as _ACQUIRE_SLOT's, then the job key prefix. After the slot, RQ's non-blocking
+# ARGV as _ACQUIRE_SLOT's (ARGV[5]: the job key prefix). After the slot, RQ's non-blocking
 # dequeue of one queue (LMOVE into the intermediate list, HGETALL of the job) in the same
 # script: {1, 0, id, hash} taken (an empty hash: the job expired meanwhile, which RQ's
 # dequeue skips); {2, 0} the queue was empty, the slot given back; {0, wait ms} no slot.
-_ACQUIRE_SLOT_AND_TAKE = _ACQUIRE_SLOT.replace("return {1, 0}\n", """local id = redis.call('LMOVE', KEYS[5], KEYS[6], 'LEFT', 'RIGHT')
+_ACQUIRE_SLOT_AND_TAKE = _ACQUIRE_SLOT.replace("return {1, 0}\n", """local id = redis.call('LMOVE', KEYS[6], KEYS[7], 'LEFT', 'RIGHT')
 if not id then
   redis.call('ZREM', KEYS[1], ARGV[1])
   return {2, 0}
@@ -314,7 +334,12 @@ class Limiter:
     """The limits of one resource. Thread-safe: lanes of one process share it."""
 
     def __init__(self, conn, name: str, cap: int, rate_per_s: float, lease_s: float,
-                 outage_after: int = 0, outage_pause_s: float = 5.0, outage_pause_max_s: float = 30.0):
+                 outage_after: int = 0, outage_pause_s: float = 5.0, outage_pause_max_s: float = 30.0,
+                 start_wait_s: float | None = None):
+        """``start_wait_s``: how long a send may wait for its start under the rate
+        (jobs.policy.start_wait_budget_s); with it, a slot is taken only while the start
+        its holder would get fits in START_WAIT_FIT of that (see _ACQUIRE_SLOT). None: the
+        cap alone decides."""
         self.conn = conn
         self.outage_after = int(outage_after)
         self._outage_pauses_ms = _outage_pauses_ms(outage_pause_s, outage_pause_max_s)
@@ -331,6 +356,9 @@ class Limiter:
         self.k_gate = keys.limit_gate(name)
         self.k_outage = keys.limit_outage(name)
         self._margin_args = [GATE_MARGIN_MIN_MS, GATE_MARGIN_MAX_MS, GATE_MARGIN_DECAY_MS_PER_S / 1000.0]
+        self.start_wait_s = start_wait_s
+        self._rate_args = [rate_per_s, RATE_HEADROOM, GATE_FIT, GATE_MARGIN_MAX_MS,
+                           "" if start_wait_s is None else START_WAIT_FIT * start_wait_s * 1000]
         self._acquire = _once_more_on_drop(conn.register_script(_ACQUIRE_SLOT))
         self._acquire_take = conn.register_script(_ACQUIRE_SLOT_AND_TAKE)  # (dequeues: not twice)
         self._reserve = _once_more_on_drop(conn.register_script(_RESERVE))
@@ -356,6 +384,14 @@ class Limiter:
         return waiting_for_rate(float(tat) if tat else None, sec * 1000 + usec / 1000, self.settings().rate_per_s,
                                 in_use)
 
+    def slots_for_rate(self, rate_per_s: float) -> int | None:
+        """The most slots taken at once under ``rate_per_s`` (jobs.policy.slots_for_rate:
+        the lanes taking sends follow a low rate); None without a wait budget."""
+        if self.start_wait_s is None or rate_per_s <= 0:
+            return None
+        interval_ms = 1000.0 / paced_rate(rate_per_s, RATE_HEADROOM, GATE_MARGIN_MAX_MS)
+        return slots_for_rate(interval_ms, self.start_wait_s * 1000)
+
     def settings(self) -> Settings:
         raw = self.conn.hgetall(self.k_conf)
         get = lambda f, d: float(raw.get(f.encode(), raw.get(f, d)))  # noqa: E731
@@ -365,8 +401,9 @@ class Limiter:
     def try_slot(self, holder: str, previous: str | None = None) -> tuple[bool, int]:
         """One try for a slot; ``previous``, a slot given back in the same round trip
         (a lane going straight on to its next job), is released whatever the outcome."""
-        ok, wait_ms = self._acquire(keys=[self.k_slots, self.k_conf, self.k_pause, self.k_outage],
-                                    args=[holder, self.default_cap, self.lease_ms, previous or ""])
+        ok, wait_ms = self._acquire(keys=[self.k_slots, self.k_conf, self.k_pause, self.k_outage, self.k_tat],
+                                    args=[holder, self.default_cap, self.lease_ms, previous or "", "",
+                                          *self._rate_args])
         return bool(ok), int(wait_ms)
 
     def slot(self, stop: threading.Event | None = None, holder: str | None = None,
@@ -400,9 +437,10 @@ class Limiter:
         ``on_wait``: see :meth:`slot`."""
         waited = False
         while True:
-            r = self._acquire_take(keys=[self.k_slots, self.k_conf, self.k_pause, self.k_outage, queue_key,
-                                         intermediate_key],
-                                   args=[holder, self.default_cap, self.lease_ms, previous or "", job_prefix])
+            r = self._acquire_take(keys=[self.k_slots, self.k_conf, self.k_pause, self.k_outage, self.k_tat,
+                                         queue_key, intermediate_key],
+                                   args=[holder, self.default_cap, self.lease_ms, previous or "", job_prefix,
+                                         *self._rate_args])
             previous = None
             if int(r[0]) == 1:
                 if waited:
@@ -773,4 +811,4 @@ def email_limiter(conn, cfg) -> Limiter:
     lim = cfg.limits
     return Limiter(conn, "email", lim.email_concurrency, lim.email_rate_per_s, lease_s=cfg.email.timeout_s + 15,
                    outage_after=lim.outage_after, outage_pause_s=lim.outage_pause_s,
-                   outage_pause_max_s=lim.outage_pause_max_s)
+                   outage_pause_max_s=lim.outage_pause_max_s, start_wait_s=start_wait_budget_s(cfg.email.timeout_s))

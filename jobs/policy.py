@@ -706,6 +706,49 @@ def paced_rate(limit_per_s: float, headroom: float, margin_ms: float) -> float:
     return min(limit_per_s * headroom, gate_rate)
 
 
+START_WAIT_FIT = 0.8
+"""A lane takes a send only while the start it would get is within this fraction of the
+send's wait for its start (``start_wait_budget_s``): the rest covers the job's own steps
+before it asks (its claim, its slip read, the message built) and a gate that holds it a
+little."""
+
+
+def start_wait_budget_s(send_timeout_s: float) -> float:
+    """How long a send taken now may wait for its start under the rate: ``send_window``'s
+    wait for a job of the configured timeout starting now (half of it: 15 s at 30 s)."""
+    return send_window(0.0, send_timeout_s, job_end(0.0, None, send_timeout_s))[0]
+
+
+def latest_start_ms(ahead_ms: float, holders: int, interval_ms: float) -> float:
+    """The furthest start (ms from now) that a sender taking a slot now can be given: the
+    rate's schedule runs ``ahead_ms`` ahead, and each of the ``holders`` slots already
+    taken may still reserve one start before it, ``interval_ms`` apart. (A holder that
+    reserved already is in ``ahead_ms`` too: counted twice, so this errs long.)"""
+    return max(0.0, ahead_ms) + max(0, holders) * interval_ms
+
+
+def slot_wait_for_rate_ms(ahead_ms: float, holders: int, interval_ms: float, budget_ms: float) -> float:
+    """0 when a sender may take a slot (and a job) now: its start would come within
+    START_WAIT_FIT of ``budget_ms``; else how long until it would if nothing else
+    changed (the schedule's lead shrinks as time passes; a send that ends frees a start).
+
+    Without it, at a low rate (`limits set --rate 2`, 100 lanes, cap 50) every lane took a
+    job and reserved a start 25 s out; the sends past half their timeout went back (a held
+    try, a ledger row, "retrying" in status) and their lanes took the next job at once,
+    to be held again: 57 held tries of one job in 2 minutes, ~250 jobs "retrying". The
+    lanes taking work now follow the rate: ~rate x the budget of them at most, re-read
+    at every try (a rate changed while running applies at once); at the default rate
+    (40/s) the cap (50) binds long before this does."""
+    over = latest_start_ms(ahead_ms, holders, interval_ms) - START_WAIT_FIT * budget_ms
+    return max(0.0, over)
+
+
+def slots_for_rate(interval_ms: float, budget_ms: float) -> int:
+    """The most slots ``slot_wait_for_rate_ms`` lets be taken at once (the schedule not
+    ahead of now), starts ``interval_ms`` apart: 22 at 2/s with a 15 s budget."""
+    return int(START_WAIT_FIT * budget_ms // interval_ms) + 1
+
+
 SLOT_SETTLE_S = 5.0
 """A slot holder's lane must be seen without liveness this long (two reaper passes) before
 its slot is freed: a process paused for a moment (SIGSTOP, a VM pause, Redis out of reach

@@ -1057,6 +1057,7 @@ def limits_show(c: Ctx, as_json: bool) -> None:
     in_use = lim.in_use()
     data = {"email": {"cap": st.cap, "rate_per_s": st.rate_per_s, "in_use": in_use,
                       "waiting_for_rate": lim.waiting_for_rate(in_use), **lim.stats(),
+                      "slots_for_rate": lim.slots_for_rate(st.rate_per_s),
                       "sources": limit_sources(conn, "email"),
                       "gate_margin_ms": round(lim.gate_margin_ms(), 1), "outage": outage,
                       "outage_after": c.cfg.limits.outage_after,
@@ -1079,6 +1080,12 @@ def limits_show(c: Ctx, as_json: bool) -> None:
                f"{e.get('http_429', 0):,} 429s seen; send gate: 1 s + {e['gate_margin_ms']:g} ms"
                + (f"; {e['duplicates']:,} resends deduped by the provider (slips it already had: "
                   "a send whose reply was lost: a killed sender, a timeout, Redis gone)" if e.get("duplicates") else ""))
+    if e["slots_for_rate"] is not None and e["slots_for_rate"] < e["cap"]:
+        from jobs.policy import START_WAIT_FIT
+
+        click.echo(f"at {e['rate_per_s']:g}/s at most {e['slots_for_rate']} slots are taken at once: a lane takes a "
+                   f"send only while its start would come within {lim.start_wait_s * START_WAIT_FIT:g} s; the other jobs wait "
+                   "in the queue (no attempt spent, not retried)")
     if outage and outage["pauses"]:
         from payrun.status import outage_text
 

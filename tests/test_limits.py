@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -370,6 +372,143 @@ def test_senders_that_give_up_keep_sending_at_a_low_rate(conn):
     assert max(passed) > stop_at - 1.0  # still starting at the end
 
 
+def test_a_sends_wait_budget_and_the_furthest_start_a_new_slot_may_get():
+    from jobs.policy import (START_WAIT_FIT, latest_start_ms, slot_wait_for_rate_ms, slots_for_rate,
+                             start_wait_budget_s)
+
+    assert start_wait_budget_s(30) == 15.0  # half the send timeout (jobs.policy.send_window)
+    assert start_wait_budget_s(6) == 3.0
+    assert latest_start_ms(-500.0, 3, 100.0) == 300.0  # a schedule behind now counts as now
+    assert latest_start_ms(2000.0, 0, 100.0) == 2000.0
+    budget = 15_000.0
+    fits = START_WAIT_FIT * budget  # 12 s
+    assert slot_wait_for_rate_ms(0.0, 21, 550.0, budget) == 0.0  # 11.55 s: taken
+    assert slot_wait_for_rate_ms(0.0, 22, 550.0, budget) == pytest.approx(22 * 550.0 - fits)
+    assert slot_wait_for_rate_ms(5000.0, 12, 550.0, budget) == 0.0
+    assert slot_wait_for_rate_ms(5000.0, 13, 550.0, budget) == pytest.approx(5000 + 13 * 550.0 - fits)
+    # the default limits: 50 slots at 40/s never come near it
+    assert slot_wait_for_rate_ms(50 * 25.7, 49, 25.7, budget) == 0.0
+    assert slots_for_rate(550.0, budget) == 22  # the most taken at once (the schedule not ahead)
+    assert slot_wait_for_rate_ms(0.0, slots_for_rate(550.0, budget) - 1, 550.0, budget) == 0.0
+    assert slot_wait_for_rate_ms(0.0, slots_for_rate(550.0, budget), 550.0, budget) > 0.0
+
+
+def _low_rate_holders(lim: Limiter, n: int = 100, prefix: str = "lane") -> int:
+    """Slots taken, one try each, by new holders until one is refused (or ``n``)."""
+    taken = 0
+    while taken < n and lim.try_slot(f"{prefix}-{taken}")[0]:
+        taken += 1
+    return taken
+
+
+def test_at_a_low_rate_slots_follow_the_rate_not_the_cap(conn):
+    """Session 42: at `limits set --rate 2` with 100 lanes (cap 50) every lane took a job
+    and reserved a start up to 25 s out; those past half the send timeout went back (a held
+    try) and their lanes took the next job at once. A slot is now refused while the start
+    its holder would get (the schedule's lead plus one interval per slot held) lies beyond
+    START_WAIT_FIT of the send's wait budget: at 2/s, 22 slots, not 50. The Lua mirrors
+    jobs.policy.slot_wait_for_rate_ms, at the pace the schedule keeps at the gate's widest
+    margin."""
+    from jobs.limits import RATE_HEADROOM
+    from jobs.policy import GATE_MARGIN_MAX_MS, paced_rate, slot_wait_for_rate_ms
+
+    lim = Limiter(conn, "email", 50, 40.0, lease_s=60, start_wait_s=15.0)
+    lim.seed()
+    assert _low_rate_holders(lim) == 50  # the default rate: the cap binds
+    conn.delete(keys.limit_slots("email"))
+    sec, usec = conn.time()
+    conn.set(keys.limit_tat("email"), str(sec * 1000 + usec / 1000 + 1300))  # 50 starts waiting at 40/s
+    assert _low_rate_holders(lim) == 50
+    conn.delete(keys.limit_slots("email"))
+
+    set_limits(conn, "email", rate_per_s=2.0)  # while running: read at the next try
+    interval = 1000.0 / paced_rate(2.0, RATE_HEADROOM, GATE_MARGIN_MAX_MS)  # ~553 ms
+    assert _low_rate_holders(lim) == 22 == lim.slots_for_rate(2.0)  # 21 x 553 ms = 11.6 s <= 12 s < 22 x 553 ms
+    ok, wait_ms = lim.try_slot("lane-late")
+    assert not ok and wait_ms == pytest.approx(slot_wait_for_rate_ms(0.0, 22, interval, 15_000.0), abs=1.5)
+    assert Limiter(conn, "email", 50, 40.0, lease_s=60).try_slot("no-budget")[0]  # (no budget: the cap alone)
+    conn.delete(keys.limit_slots("email"))
+    sec, usec = conn.time()
+    conn.set(keys.limit_tat("email"), str(sec * 1000 + usec / 1000 + 5200))  # 5.2 s of starts reserved
+    assert _low_rate_holders(lim) == 13  # 5.2 s + 12 x 553 ms <= 12 s
+    # the job comes with the slot, or stays queued: taking it is refused alike
+    q = make_queue(keys.EMAIL_QUEUE, conn)
+    q.enqueue_call("jobs.tasks.noop", job_id="waits-its-turn")
+    stop = threading.Event()
+    stop.set()  # (one try, no waiting)
+    assert lim.take(stop, "lane-x", q.key, q.intermediate_queue_key, q.job_class.redis_job_namespace_prefix) is None
+    assert q.job_ids == ["waits-its-turn"]
+    conn.zrem(keys.limit_slots("email"), "lane-12")
+    got = lim.take(stop, "lane-x", q.key, q.intermediate_queue_key, q.job_class.redis_job_namespace_prefix)
+    assert got.job_id == "waits-its-turn" and q.count == 0
+    set_limits(conn, "email", rate_per_s=40.0)  # raised again: the cap binds again at once
+    assert _low_rate_holders(lim, prefix="more") == 50 - 13 and lim.in_use() == 50
+
+
+def test_at_a_low_rate_with_many_lanes_jobs_wait_their_turn_instead_of_cycling_held_tries(conn, cfg, redis_url,
+                                                                                          tmp_path, monkeypatch):
+    """Session 42: rate 2/s, 100 lanes, cap 50: one job had 57 held tries ("waited too long
+    for the global send rate") in 2 minutes, each a ledger row and an attempt listed by
+    `payrun job`, and ~250 jobs showed "retrying". Here a send-email process of 60 lanes
+    (cap 50) at 2/s, with a 6 s send timeout (a 3 s wait budget, so that a few jobs already
+    outrun it): every job is delivered, at the rate, and none is held more than once."""
+    from jobs import tasks
+    from payrun import config as config_mod
+    from payrun.provider import Provider
+    from tests.cluster import scrub_env
+
+    provider = Provider(latency_s=0.0, rate_per_s=1000).start()
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    conf = tmp_path / "c.toml"
+    conf.write_text("[email]\nlanes = 60\ntimeout_s = 6\n")
+    monkeypatch.setenv("PAYRUN_CONFIG", str(conf))
+    monkeypatch.setenv("PAYRUN_SLIPS_DIR", str(store))
+    tasks.settings.cache_clear()
+    here = config_mod.load()
+    env = dict(scrub_env(), PAYRUN_REDIS_URL=redis_url, PAYRUN_CONFIG=str(conf), PAYRUN_SLIPS_DIR=str(store),
+               PAYRUN_EMAIL_URL=provider.url, PYTHONPATH=os.pathsep.join(sys.path))
+    log = tmp_path / "send-email.log"
+    n = 16
+    with open(log, "ab") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "payrun.cli", "worker", "send-email"], env=env, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: conn.scard("rq:workers") >= 60, timeout_s=60, what="60 lanes")
+        set_limits(conn, "email", rate_per_s=2.0)
+        ids = []
+        for i in range(n):
+            emp = f"emp-{i:03d}"
+            rel = tasks.slip_relpath("2026-11", 1, emp)
+            (store / rel).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            (store / rel).write_bytes(b"%PDF-1.7 test slip")
+            (store / rel).chmod(0o600)
+            ids.append(tasks.enqueue_email(conn, here, {
+                "month": "2026-11", "key": keys.idem_key("2026-11", emp), "company_id": 1,
+                "company_name": "Meghna", "employee_id": emp, "to": f"{emp}@meghna.example", "to_name": f"E {i}",
+                "slip": rel}))
+        started = time.monotonic()
+        wait_for(lambda: provider.stats()["delivered"] >= n or proc.poll() is not None, timeout_s=60,
+                 what=f"{n} deliveries at 2/s")
+        assert provider.stats()["delivered"] == n, log.read_text()[-3000:]
+        took = time.monotonic() - started
+        q = make_queue(keys.EMAIL_QUEUE, conn)
+        held = {i: int(q.fetch_job(i).get_meta(refresh=True).get("held", 0)) for i in ids}
+        assert max(held.values()) <= 1 and sum(held.values()) <= 3, held
+        assert took > (n - 1) / 2.0 - 1, took  # (the rate held: ~7.7 s for 16 at 1.95/s)
+        assert conn.zcard("rq:failed:send-email") == 0 and provider.stats()["throttled_429"] == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        provider.stop()
+        tasks.settings.cache_clear()
+
+
 def test_limits_change_at_run_time(conn):
     lim = limiter(conn, cap=1)
     assert lim.try_slot("a")[0] and not lim.try_slot("b")[0]
@@ -622,6 +761,12 @@ def test_limits_show_and_reset_from_the_cli(cfg, conn):
     set_at = limit_sources(conn, "email")["rate_per_s"]["set_at"]
     assert f"console at {local_time(set_at, cfg.timezone)};" in shown and set_at not in shown, shown
     assert f"the config says {cfg.limits.email_rate_per_s}" in shown and "`payrun limits reset`" in shown
+    assert "slots are taken at once" not in shown  # at 12/s the cap (50) binds first
+    assert runner.invoke(cli, ["limits", "set", "--rate", "2"]).exit_code == 0
+    shown = runner.invoke(cli, ["limits", "show"]).output
+    assert ("at 2/s at most 22 slots are taken at once: a lane takes a send only while its start would come "
+            "within 12 s; the other jobs wait in the queue (no attempt spent, not retried)") in shown, shown
+    assert json.loads(runner.invoke(cli, ["limits", "show", "--json"]).output)["email"]["slots_for_rate"] == 22
     out = runner.invoke(cli, ["limits", "reset"])
     assert out.exit_code == 0 and f"rate {cfg.limits.email_rate_per_s:g}/s (the config's)" in out.output
     shown = runner.invoke(cli, ["limits", "show"]).output
