@@ -1,0 +1,98 @@
+"""What a new ops engineer met following README.md from a fresh clone (session 43):
+each test is a message that said what happened and not which month or what to do."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from payrun.cli import cli
+from payrun.retention import refusal
+
+
+def _home(tmp_path, monkeypatch):
+    """A data directory with no Redis at all: what is tested here is refused before Redis."""
+    monkeypatch.delenv("PAYRUN_REDIS_URL", raising=False)
+    monkeypatch.delenv("PAYRUN_CONFIG", raising=False)
+    home = tmp_path / "var"
+    monkeypatch.setenv("PAYRUN_HOME", str(home))
+    return home
+
+
+# ---- prune: the run started last and the latest month are two months -----------------
+
+def test_prune_refusal_names_the_run_started_last_and_the_latest_month_apart():
+    """October run after December: `prune --before 2027-01` said "2026-10 is the latest
+    pay run; 2026-12 is the latest pay run"."""
+    months = ["2026-10", "2026-11", "2026-12"]
+    msg = refusal(months, "2026-10", "2026-12", {})
+    assert msg == ("refusing to prune: 2026-10 is the pay run started last (the one `payrun status` shows); "
+                   "2026-12 is the latest month run (prune older months, or add --force)"), msg
+    # one month both: said once, as before
+    assert refusal(months, "2026-12", "2026-12", {}) == ("refusing to prune: 2026-12 is the latest pay run "
+                                                         "(prune older months, or add --force)")
+    # only what this prune would remove is named; nothing run, nothing refused
+    assert refusal(["2026-10"], "2026-10", "2026-12", {}).count("is the") == 1
+    assert refusal(["2026-09"], "2026-10", "2026-12", {}) is None
+    assert refusal(["2026-09"], None, None, {}) is None
+    assert refusal(["2026-09"], None, "2026-09", {"2026-09": 2}) == (
+        "refusing to prune: 2026-09 is the latest month run; 2026-09 has 2 unfinished jobs "
+        "(prune older months, or add --force)")
+
+
+def test_prune_command_names_both_months_when_an_older_month_ran_last(tmp_path, monkeypatch):
+    from payrun.ledger import Ledger
+
+    home = _home(tmp_path, monkeypatch)
+    home.mkdir(mode=0o700)
+    ledger = Ledger(home / "ledger.db")
+    ledger.claim_run(1, "2026-12", "test")
+    ledger.claim_run(1, "2026-10", "test")  # started after December's
+    ledger.close()
+    out = CliRunner().invoke(cli, ["prune", "--before", "2027-01"])
+    assert out.exit_code == 2, out.output
+    assert ("2026-10 is the pay run started last (the one `payrun status` shows); 2026-12 is the latest month "
+            "run") in out.output, out.output
+    assert "2026-12 is the latest pay run" not in out.output
+
+
+# ---- resend: no salary line for that month ----------------------------------------------
+
+def test_resend_without_a_salary_line_says_how_a_slip_is_made(tmp_path, monkeypatch):
+    """`payrun resend` of an employee with no salary line for the month said only "employee
+    emp-91012 has no salary line for 2026-12": not that no slip was made, nor what makes one."""
+    from payrun.ledger import Ledger
+
+    home = _home(tmp_path, monkeypatch)
+    runner = CliRunner()
+    assert runner.invoke(cli, ["seed", "--month", "2026-11", "--companies", "1", "--employees", "3"]).exit_code == 0
+
+    # the month not run for the company: `run`
+    out = runner.invoke(cli, ["resend", "--employee", "emp-00001", "--month", "2026-12"])
+    assert out.exit_code == 2, out.output
+    assert out.output.strip() == (
+        "payrun: emp-00001 has no salary line for 2026-12, so no 2026-12 slip was made for them and there is "
+        "none to send again; paid that month: import the salary line (`payrun import FILE.csv`), then "
+        "`payrun run --month 2026-12 --company 1` makes and sends it"), out.output
+
+    # the month run: `--resume`
+    ledger = Ledger(home / "ledger.db")
+    ledger.claim_run(1, "2026-12", "test")
+    ledger.close()
+    out = runner.invoke(cli, ["resend", "--employee", "emp-00001", "--month", "2026-12"])
+    assert out.exit_code == 2 and "then `payrun run --month 2026-12 --company 1 --resume` makes" in out.output, \
+        out.output
+
+    # marked left: the steps that pay them, and the day they left kept
+    assert runner.invoke(cli, ["employee", "left", "emp-00002", "--on", "2026-11-30"]).exit_code == 0
+    out = runner.invoke(cli, ["resend", "--employee", "emp-00002", "--month", "2026-12"])
+    assert out.exit_code == 2, out.output
+    assert "(they are marked as left: left 2026-11-30)" in out.output, out.output
+    assert ("`payrun employee back emp-00002`, `payrun run --month 2026-12 --company 1 --resume`, then "
+            "`payrun employee left emp-00002 --on 2026-11-30` again") in out.output, out.output
+
+    # unknown employees and months with a line are answered as before
+    out = runner.invoke(cli, ["resend", "--employee", "emp-99999", "--month", "2026-12"])
+    assert out.exit_code == 2 and "no employee 'emp-99999'" in out.output, out.output
+    out = runner.invoke(cli, ["resend", "--employee", "emp-00001", "--month", "2026-11"])
+    assert out.exit_code == 2 and "2026-11 has not been run for company 1" in out.output, out.output
+    assert not (home / "redis" / "redis.pid").exists()  # refused before Redis
