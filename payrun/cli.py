@@ -1100,7 +1100,7 @@ def limits_reset(c: Ctx) -> None:
 
 @cli.command(name="retry")
 @click.argument("job_ids", nargs=-1)
-@click.option("--all", "all_", is_flag=True, help="Every failed job (narrow with --queue/--error/--company).")
+@click.option("--all", "all_", is_flag=True, help="Every failed job (narrow with --queue/--error/--company/--month).")
 @click.option("--queue", type=click.Choice(["pdf-render", "send-email", "control"]), default=None)
 @click.option("--error", "error_text", default=None, help="Only jobs whose last error contains TEXT.")
 @click.option("--company", type=int, default=None, help="Only jobs of this company id.")
