@@ -3,6 +3,7 @@ each test is a message that said what happened and not which month or what to do
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 from payrun.cli import cli
@@ -96,3 +97,83 @@ def test_resend_without_a_salary_line_says_how_a_slip_is_made(tmp_path, monkeypa
     out = runner.invoke(cli, ["resend", "--employee", "emp-00001", "--month", "2026-11"])
     assert out.exit_code == 2 and "2026-11 has not been run for company 1" in out.output, out.output
     assert not (home / "redis" / "redis.pid").exists()  # refused before Redis
+
+
+# ---- up: RUNNING is not taking jobs ------------------------------------------------------
+
+STATUS = ("ledger                           RUNNING   pid 11, uptime 0:00:07\n"
+          "pdf-render:pdf-render-00         RUNNING   pid 12, uptime 0:00:07\n"
+          "send-email                       RUNNING   pid 13, uptime 0:00:07\n"
+          "control                          RUNNING   pid 14, uptime 0:00:07\n"
+          "provider                         STOPPED   Not started\n")
+
+
+def _row(pid: int, kind: str, host: str = "vm", host_id: str | None = "h1", alive: bool = True, stopping=False):
+    from console.data import WorkerRow
+
+    return WorkerRow(name=f"{kind}.{host}.{pid}", host=host, pid=pid, queues="", state="idle", job_id=None,
+                     job_elapsed_s=None, heartbeat_age_s=0.0, alive=alive, stopping=stopping, kind=kind,
+                     host_id=host_id)
+
+
+def test_the_worker_programs_not_registered_in_redis_yet():
+    from payrun.supervise import not_registered, worker_pids
+
+    pids = worker_pids(STATUS + "pdf-render:pdf-render-01         STARTING  \n"
+                                "reaper                           FATAL     Exited too quickly\n")
+    assert pids == {"pdf-render:pdf-render-00": 12, "send-email": 13, "control": 14}
+    assert not_registered(pids, [], "vm", "h1") == ["control", "pdf-render:pdf-render-00", "send-email"]
+    rows = [_row(12, "render"), _row(13, "email"), _row(13, "email"), _row(14, "control", host_id=None)]
+    assert not_registered(pids, rows, "vm", "h1") == []
+    # another machine's worker of that pid, a dead record, a stopping one: not this program's
+    for other in (_row(12, "render", host="vm2"), _row(12, "render", host_id="h2"), _row(12, "render", alive=False),
+                  _row(12, "render", stopping=True)):
+        assert not_registered(pids, [other, *rows[1:]], "vm", "h1") == ["pdf-render:pdf-render-00"]
+
+
+def _fake_up(monkeypatch, tmp_path, registered_after: int | None):
+    """`payrun up` with supervisord, its status and Redis faked: the workers register on the
+    ``registered_after``-th look (None: never)."""
+    import subprocess
+
+    from payrun import config, redis_server, supervise
+
+    (tmp_path / "h").mkdir()
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "h")})
+    statuses = iter(["unix:///x/supervisor.sock no such file"])
+    monkeypatch.setattr(supervise, "ctl", lambda cfg, *a, **kw: (next(statuses, STATUS), 0))
+    monkeypatch.setattr(supervise, "take_over_redis", lambda cfg: "")
+    monkeypatch.setattr(supervise.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "", ""))
+    monkeypatch.setattr(redis_server, "ping", lambda conn: True)
+    looks = []
+
+    def not_yet(cfg, status):
+        looks.append(status)
+        return [] if registered_after is not None and len(looks) >= registered_after else ["pdf-render:pdf-render-00"]
+
+    monkeypatch.setattr(supervise, "_not_registered_yet", not_yet)
+    now = [0.0]
+
+    def pause(s: float) -> None:
+        now[0] += s
+
+    return cfg, now, pause, looks
+
+
+def test_up_returns_once_its_workers_take_jobs(monkeypatch, tmp_path):
+    from payrun import supervise
+
+    cfg, now, pause, looks = _fake_up(monkeypatch, tmp_path, registered_after=9)
+    out = supervise.up(cfg, timeout_s=60, clock=lambda: now[0], pause=pause)
+    assert "note:" not in out and "pdf-render:pdf-render-00" in out
+    assert len(looks) == 9 and now[0] == supervise.UP_SETTLE_S + 4.0  # Redis's 5 s, then 8 looks more
+
+
+def test_up_with_a_worker_slow_to_register_says_so_and_stops_nothing(monkeypatch, tmp_path):
+    from payrun import supervise
+
+    cfg, now, pause, looks = _fake_up(monkeypatch, tmp_path, registered_after=None)
+    monkeypatch.setattr(supervise, "down", lambda *a, **k: pytest.fail("a slow worker stopped everything"))
+    out = supervise.up(cfg, timeout_s=20, clock=lambda: now[0], pause=pause)
+    assert out.endswith("note: pdf-render:pdf-render-00 not taking jobs yet (20 s after the start: not registered "
+                        f"in Redis): `payrun workers` shows them once they are; their logs: {cfg.log_dir}"), out
