@@ -105,9 +105,11 @@ class Ctx:
                              f"it the pay runs' status, is on the control host: run this command there{here}")
         return Ledger(self.cfg.ledger_path)
 
-    HOME_MARKERS = ("payroll.db", "ledger.db", "supervisor.role")
-    """What a data directory in use holds (seed/import, the ledger, `payrun up`); a directory
-    that other commands merely created (logs, a Redis password) does not count."""
+    HOME_MARKERS = ("payroll.db", "ledger.db", "supervisor.role", "supervisord.pid")
+    """What a data directory in use holds (seed/import, the ledger, `payrun up`, a supervisord
+    started by hand with `supervisor-env`, whose ledger may not have made ledger.db yet:
+    `payrun down` then refused, and left it running); a directory that other commands merely
+    created (logs, a Redis password) does not count."""
 
     def require_home(self) -> None:
         """Run from the wrong directory, a command would start a new, empty payrun in a new

@@ -177,3 +177,19 @@ def test_up_with_a_worker_slow_to_register_says_so_and_stops_nothing(monkeypatch
     out = supervise.up(cfg, timeout_s=20, clock=lambda: now[0], pause=pause)
     assert out.endswith("note: pdf-render:pdf-render-00 not taking jobs yet (20 s after the start: not registered "
                         f"in Redis): `payrun workers` shows them once they are; their logs: {cfg.log_dir}"), out
+
+
+# ---- a supervisord started by hand is this data directory's ------------------------------
+
+def test_down_and_ps_know_a_home_whose_supervisord_was_started_by_hand(tmp_path, monkeypatch):
+    """`eval "$(payrun supervisor-env)" && supervisord -c supervisor.conf` in a new data
+    directory, then `payrun down` before the ledger had made ledger.db: "no payrun data
+    directory at …", exit 2, and supervisord left running (tests/test_supervise.py's
+    plain-supervisord test failed so, now and then, on a loaded host)."""
+    home = _home(tmp_path, monkeypatch)
+    home.mkdir(mode=0o700)
+    (home / "supervisord.pid").write_text("999999\n")  # supervisord's own file; no payroll.db, no ledger.db
+    for cmd in (["ps"], ["down"]):
+        out = CliRunner().invoke(cli, cmd)
+        assert "no payrun data directory" not in out.output, (cmd, out.output)
+    assert "supervisord is not running for" in CliRunner().invoke(cli, ["ps"]).output
