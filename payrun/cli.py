@@ -616,9 +616,11 @@ def check_cmd(c: Ctx, month: str | None, no_email: bool, as_json: bool) -> None:
       scheduler  a scheduler running for the next pay-run tick (two: one stands by)
       payroll    salary lines for the month; active staff and companies without any
       render     a sample slip renders here (and fast: HarfBuzz font subsetting)
-      intake     not drained; a live pdf-render, send-email and control worker
+      intake     not drained
+      workers    a live pdf-render, send-email and control worker
       ledger     `payrun ledger` applying the workers' events
       email      the provider reachable and our login or token accepted
+      data       room in the data directory (ledger, payroll db, Redis's append-only file)
       slips      the slip store writable, with room for the month's slips
       estimate   how long the run takes, and whether it ends before 09:00
 
