@@ -1677,7 +1677,7 @@ def _run_left(c: Ctx) -> tuple[str, int] | None:
 @handle_errors
 def supervisor_env(c: Ctx, role: str | None) -> None:
     """Print the environment supervisor.conf expects, for plain supervisord/supervisorctl:
-    eval "$(payrun supervisor-env)" && supervisord -c "$PAYRUN_SUPERVISOR_CONF" (the file's
+    sv="$(payrun supervisor-env)" && eval "$sv" && supervisord -c "$PAYRUN_SUPERVISOR_CONF" (the file's
     whole path, also exported, so that supervisorctl works from any directory)."""
     import shlex
 
