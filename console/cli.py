@@ -290,7 +290,8 @@ def register(cli) -> None:
     @handle_errors
     def audit(c, last: int, as_json: bool) -> None:
         """The audit log: every action from the console and the CLI (runs, imports, retries,
-        resends, reminders, drains, limits, worker stops), times in the payroll's zone."""
+        resends, reminders, drains, limits, worker stops, prunes) and the pay runs a cron
+        tick started, newest last, times in the payroll's zone."""
         from console import actions
 
         if not actions.audit_path(c.cfg).exists():  # (elsewhere: "no actions recorded", of a payrun run elsewhere)

@@ -105,9 +105,11 @@ class Ctx:
                              f"it the pay runs' status, is on the control host: run this command there{here}")
         return Ledger(self.cfg.ledger_path)
 
-    HOME_MARKERS = ("payroll.db", "ledger.db", "supervisor.role")
-    """What a data directory in use holds (seed/import, the ledger, `payrun up`); a directory
-    that other commands merely created (logs, a Redis password) does not count."""
+    HOME_MARKERS = ("payroll.db", "ledger.db", "supervisor.role", "supervisord.pid")
+    """What a data directory in use holds (seed/import, the ledger, `payrun up`, a supervisord
+    started by hand with `supervisor-env`, whose ledger may not have made ledger.db yet:
+    `payrun down` then refused, and left it running); a directory that other commands merely
+    created (logs, a Redis password) does not count."""
 
     def require_home(self) -> None:
         """Run from the wrong directory, a command would start a new, empty payrun in a new
@@ -634,9 +636,11 @@ def check_cmd(c: Ctx, month: str | None, no_email: bool, as_json: bool) -> None:
       payroll    salary lines for the month; staff and companies without any; leavers
                  with a line (their final slip, or left out)
       render     a sample slip renders here (and fast: HarfBuzz font subsetting)
-      intake     not drained; a live pdf-render, send-email and control worker
+      intake     not drained
+      workers    a live pdf-render, send-email and control worker
       ledger     `payrun ledger` applying the workers' events
       email      the provider reachable and our login or token accepted
+      data       room in the data directory (ledger, payroll db, Redis's append-only file)
       slips      the slip store writable, with room for the month's slips
       estimate   how long the run takes, and whether it ends before 09:00
 
@@ -1140,7 +1144,7 @@ def limits_reset(c: Ctx) -> None:
 
 @cli.command(name="retry")
 @click.argument("job_ids", nargs=-1)
-@click.option("--all", "all_", is_flag=True, help="Every failed job (narrow with --queue/--error/--company).")
+@click.option("--all", "all_", is_flag=True, help="Every failed job (narrow with --queue/--error/--company/--month).")
 @click.option("--queue", type=click.Choice(["pdf-render", "send-email", "control"]), default=None)
 @click.option("--error", "error_text", default=None, help="Only jobs whose last error contains TEXT.")
 @click.option("--company", type=int, default=None, help="Only jobs of this company id.")
@@ -1713,7 +1717,7 @@ def _run_left(c: Ctx) -> tuple[str, int] | None:
 @handle_errors
 def supervisor_env(c: Ctx, role: str | None) -> None:
     """Print the environment supervisor.conf expects, for plain supervisord/supervisorctl:
-    eval "$(payrun supervisor-env)" && supervisord -c "$PAYRUN_SUPERVISOR_CONF" (the file's
+    sv="$(payrun supervisor-env)" && eval "$sv" && supervisord -c "$PAYRUN_SUPERVISOR_CONF" (the file's
     whole path, also exported, so that supervisorctl works from any directory)."""
     import shlex
 

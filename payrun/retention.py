@@ -56,12 +56,20 @@ def forced_refusal(months: list[str], live: dict[str, int]) -> str | None:
             f"ledger rows and slips are needed; let it finish, `payrun status --month {first}`, or prune older months)")
 
 
-def refusal(months: list[str], latest: set[str], unfinished: dict[str, int]) -> str | None:
-    """Why pruning these months would hurt, or None. The latest pay run (the one `payrun
-    status` shows) and any month with jobs not finished (queued, running, retrying) are
-    kept: their ledger rows are what says who got a slip, and a month pruned and then run
-    again is not supported. --force overrides this (not `forced_refusal`)."""
-    why = [f"{m} is the latest pay run" for m in sorted(latest) if m in months]
+def refusal(months: list[str], started_last: str | None, highest: str | None,
+            unfinished: dict[str, int]) -> str | None:
+    """Why pruning these months would hurt, or None. The pay run started last (the one
+    `payrun status` shows), the latest month run, and any month with jobs not finished
+    (queued, running, retrying) are kept: their ledger rows are what says who got a slip,
+    and a month pruned and then run again is not supported. --force overrides this (not
+    `forced_refusal`). When an older month was run after a later one, the two are named
+    apart: both read "is the latest pay run" (a fresh-clone walkthrough, session 43)."""
+    if started_last == highest:
+        latest = {started_last: "is the latest pay run"}
+    else:
+        latest = {started_last: "is the pay run started last (the one `payrun status` shows)",
+                  highest: "is the latest month run"}
+    why = [f"{m} {what}" for m, what in sorted((m, w) for m, w in latest.items() if m) if m in months]
     busy = [f"{m} has {n:,} unfinished job{'' if n == 1 else 's'}" for m, n in sorted(unfinished.items())
             if m in months]
     why += busy
@@ -87,8 +95,7 @@ def prune(cfg: Config, ledger: Ledger, before: str, slips: bool = False, dry_run
             " GROUP BY month", (before,)).fetchall())
         # the run started last, and the highest month run (an old month re-run for one
         # company after it must not expose this month)
-        latest = {m for m in (ledger.latest_month(), max(ledger.months(), default=None)) if m}
-        refused = refusal(months, latest, unfinished)
+        refused = refusal(months, ledger.latest_month(), max(ledger.months(), default=None), unfinished)
         if refused and not dry_run:
             raise InputError(refused)
     else:

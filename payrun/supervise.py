@@ -156,6 +156,57 @@ def settled(status: str, min_uptime_s: float = UP_SETTLE_S) -> bool:
     return True
 
 
+WORKER_PROGRAMS = ("pdf-render", "send-email", "control")
+"""supervisord programs that are RQ workers: RUNNING is not yet taking jobs (see
+``not_registered``)."""
+
+
+def worker_pids(status: str) -> dict[str, int]:
+    """program -> pid of each worker program a `supervisorctl status` output says RUNNING
+    (``pdf-render:pdf-render-00   RUNNING   pid 26783, uptime 0:00:10``)."""
+    out: dict[str, int] = {}
+    for ln in status.splitlines():
+        f = ln.split()
+        if len(f) >= 4 and f[1] == "RUNNING" and f[2] == "pid" and f[0].split(":")[0] in WORKER_PROGRAMS \
+                and f[3].rstrip(",").isdigit():
+            out[f[0]] = int(f[3].rstrip(","))
+    return out
+
+
+def not_registered(pids: dict[str, int], workers, hostname: str, host_id: str | None) -> list[str]:
+    """The worker programs (``worker_pids``) with no live worker of their pid on this host in
+    Redis (console.data.read_workers rows) yet: a worker imports, warms WeasyPrint and waits
+    for Redis before it registers, which on a loaded host took ~12 s after its spawn, past
+    `payrun up`'s 5 s of RUNNING (a fresh-clone walkthrough, session 43: `payrun check` right
+    after `up` FAILed "no pdf-render worker is running", and `payrun run` said "is `payrun up`
+    running?", though every worker was starting)."""
+    live = {w.pid for w in workers if w.alive and not w.stopping and w.host == hostname
+            and w.host_id in (None, host_id)}
+    return [name for name, pid in sorted(pids.items()) if pid not in live]
+
+
+def _not_registered_yet(cfg: Config, status: str) -> list[str]:
+    """``not_registered`` of this host's worker programs; none when Redis cannot be read (the
+    programs' logs say why: no reason to hold `payrun up`)."""
+    pids = worker_pids(status)
+    if not pids:
+        return []
+    import socket
+
+    from console.data import read_workers
+    from payrun.procs import host_id
+
+    try:
+        conn = redis_server.connect(cfg, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            rows = read_workers(conn, time.time())
+        finally:
+            conn.close()
+    except Exception:  # noqa: BLE001 - Redis away or refusing: not this look's to judge
+        return []
+    return not_registered(pids, rows, socket.gethostname(), host_id())
+
+
 def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all",
        clock: Callable[[], float] | None = None, pause: Callable[[float], None] | None = None) -> str:
     """Start supervisord for a role: ``all`` (control host: everything) or ``worker``
@@ -195,6 +246,7 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all",
     own_redis = role == "all" and cfg.embedded_redis
     conn = redis_server.connect(cfg, socket_timeout=2) if own_redis else None
     redis_since: float | None = None
+    unregistered: list[str] = []
     try:
         deadline = clock() + timeout_s
         while clock() < deadline:
@@ -203,8 +255,11 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all",
             if conn is not None and redis_since is None and redis_server.ping(conn):
                 redis_since = clock()
             redis_settled = conn is None or (redis_since is not None and clock() - redis_since >= UP_SETTLE_S)
+            unregistered = []
             if settled(out) and redis_settled and (conn is None or redis_server.ping(conn)):
-                return note + out.rstrip()
+                # RUNNING is not taking jobs: wait for the workers to register (see not_registered)
+                if not (unregistered := _not_registered_yet(cfg, out)):
+                    return note + out.rstrip()
             failed = [ln.split()[0] for ln in lines if " FATAL " in ln or " BACKOFF " in ln or " EXITED " in ln]
             if failed:
                 # nothing half-up: a control host missing one program is not a working control host
@@ -213,6 +268,10 @@ def up(cfg: Config, wait: bool = True, timeout_s: float = 60, role: str = "all",
                 raise SetupError(f"{', '.join(failed)} failed to start, so everything was stopped again:\n"
                                  f"{out.rstrip()}\n{logs}logs: {cfg.log_dir}")
             pause(0.5)
+        if unregistered:  # every program up, only slow to take jobs: not a failed start
+            return note + out.rstrip() + (
+                f"\nnote: {', '.join(unregistered)} not taking jobs yet ({timeout_s:.0f} s after the start: not "
+                f"registered in Redis): `payrun workers` shows them once they are; their logs: {cfg.log_dir}")
         waiting = "" if conn is None or redis_server.ping(conn) else \
             f"the embedded Redis does not answer on {cfg.redis_dir} (see {cfg.log_dir / 'redis.log'})\n"
         unsettled = [ln.split()[0] for ln in out.splitlines() if ln.strip() and not settled(ln)]

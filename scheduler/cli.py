@@ -557,6 +557,10 @@ def resend_refusal(ledger, db, employee_id: str, month: str) -> dict:
     from payrun.runs import validate_month
 
     validate_month(month)
+    if no_line := _no_salary_line(ledger, db, employee_id, month):
+        from payrun.errors import InputError
+
+        raise InputError(no_line)
     snap = payroll.employee_snapshot(db, month, employee_id)
     if not ledger.has_slip_job(employee_id, month):
         # a resend sent before the run would be followed by the run's own slip: two emails,
@@ -582,6 +586,31 @@ def resend_refusal(ledger, db, employee_id: str, month: str) -> dict:
         raise InputError(f"{employee_id} has no {month} slip to send again: {month} has not been run for company "
                          f"{company}; `payrun run --month {month} --company {company}` makes and sends it")
     return snap
+
+
+def _no_salary_line(ledger, db, employee_id: str, month: str) -> str | None:
+    """Why a known employee with no salary line for ``month`` has no slip to send again, and
+    what makes one; None if they have that line (or are not known: the snapshot says so).
+    A fresh-clone walkthrough (session 43): `resend` of such an employee said only "has no
+    salary line for 2026-12", with no word on what to do."""
+    from payrun import payroll
+
+    row = db.conn.execute("SELECT company_id FROM employees WHERE id = ?", (employee_id,)).fetchone()
+    if row is None or db.conn.execute("SELECT 1 FROM salary_lines WHERE employee_id = ? AND month = ?",
+                                      (employee_id, month)).fetchone():
+        return None
+    company = row[0]
+    run = (f"`payrun run --month {month} --company {company} --resume`"
+           if any(r["company_id"] == company for r in ledger.runs(month))
+           else f"`payrun run --month {month} --company {company}`")
+    head = (f"{employee_id} has no salary line for {month}, so no {month} slip was made for them and there is "
+            f"none to send again")
+    if payroll.is_active(db, employee_id) is False:
+        day = payroll.left_on(db, [employee_id]).get(employee_id)
+        return (f"{head} (they are marked as left: {payroll.left_label(day)}); paid that month: import the "
+                f"salary line (`payrun import FILE.csv`), `payrun employee back {employee_id}`, {run}, then "
+                f"{payroll.left_again([employee_id], {employee_id: day})}")
+    return f"{head}; paid that month: import the salary line (`payrun import FILE.csv`), then {run} makes and sends it"
 
 
 def refused_address_note(conn, ledger, employee_id: str, month: str, to: str) -> str | None:
