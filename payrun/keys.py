@@ -27,9 +27,10 @@ SLIP_STORE_ID = "payrun:slips:store-id"
 """The slip store's id (payrun.slipstore): the same as in the file at the store's root."""
 
 SLIP_STORE_FAULTS = "payrun:slips:faults"
-"""Hash: host name -> JSON (path, errno, error, since_ms, until_ms): the hosts whose slip
-store cannot be written (read-only, a failing disk), as their render workers found it
-(payrun.slipstore.report_fault); an entry lapses at its until_ms unless renewed."""
+"""Hash: host id (payrun.procs.host_id) -> JSON (host name, path, mount, errno, error,
+since_ms, until_ms): the hosts whose slip store cannot be written (read-only, a failing
+disk), as their render workers found it (payrun.slipstore.report_fault); an entry lapses
+at its until_ms unless renewed."""
 
 LEDGER_OWNER = "payrun:ledger:owner"
 """Which `payrun ledger` applies the events ("host pid ledger-path"), with a lease: one

@@ -797,7 +797,7 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, n
         raise InputError(f"no company {company_id} in the payroll database")
     employees = db.conn.execute("SELECT id, name_en, email FROM employees WHERE company_id = ? AND active = 1"
                                 " ORDER BY id", (company_id,)).fetchall()
-    if not employees:
+    if not employees and failed_slip is None:  # (--failed-slip reaches a leaver of that month: their final slip)
         raise InputError(f"company {company_id} has no active employees")
     name = company[0]
     sent_with: dict[str, str | None] = {}

@@ -197,6 +197,30 @@ def test_remind_failed_slip_emails_only_those_whose_slip_failed(world, provider)
     assert bad_month.exit_code == 2 and "payrun:" in bad_month.output, bad_month.output
 
 
+def test_remind_failed_slip_reaches_the_final_slips_of_a_company_whose_staff_all_left_in_the_month(world, provider):
+    """Review (session 43): `--failed-slip M` reaches a leaver of M (their final slip), but
+    `remind` first refused any company with no active employee: a company whose staff all
+    left in November (a unit closed) got "has no active employees" for its failed final
+    slips, with nothing scheduled."""
+    cfg, conn, db, ledger = world
+    bad = "emp-00001"
+    company = payroll.employee_snapshot(db, MONTH, bad)["company"]["id"]
+    set_email(db, bad, "nobody@nowhere.invalid")
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    work_everything(conn, ledger)
+    assert ledger.failed_slips(MONTH, company) == {bad: "nobody@nowhere.invalid"}
+    staff = [r[0] for r in db.conn.execute("SELECT id FROM employees WHERE company_id = ?", (company,))]
+    runner = CliRunner()
+    assert runner.invoke(cli, ["employee", "left", *staff, "--on", "2026-11-30"]).exit_code == 0
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "2h", "--failed-slip", MONTH, "--json"])
+    assert out.exit_code == 0, out.output
+    done = json.loads(out.output)
+    assert done["scheduled"] == 1 and done["jobs"] == [f"remind-{done['batch']}-{bad}"], done
+    # a reminder to the whole company still needs someone working there
+    out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "2h"])
+    assert out.exit_code == 2 and f"company {company} has no active employees" in out.output, out.output
+
+
 def test_the_same_address_note_is_sure_of_a_refusal_and_hedges_only_other_failures():
     from scheduler.cli import same_address_text
 

@@ -278,3 +278,16 @@ def test_a_send_waiting_for_its_render_keeps_waiting_past_the_hour_while_a_store
     assert isinstance(late, RenderPending) and "a slip store that cannot be written" in str(late), late
     slipstore.clear_fault(conn)  # written again, and the render still not run: the hour counts
     assert isinstance(tasks.slip_missing(conn, PAYLOAD, meta, now=1000.0 + 5 * 3600 + 60), SlipMissing)
+
+
+def test_payrun_job_counts_a_try_held_for_a_store_that_cannot_be_written_among_the_held_back():
+    """Review (session 43): a render held for a read-only or failing store is a held try (no
+    attempt spent), but `payrun job` and the console's job view gave the held-back reasons as
+    "rate limit, provider outage, …, a full slip store": not why it was held."""
+    from payrun.ledger import tries_text
+
+    held = policy.store_unwritable_text("/srv/slips", OSError(errno.EROFS, os.strerror(errno.EROFS)), "/srv", 5.0)
+    row = {"attempts": 2, "history": [{"outcome": "held", "error": held}, {"outcome": "done", "error": None}]}
+    said = tries_text(row)
+    assert said.startswith("2 tries: 1 attempt spent, 1 held back (") and "a slip store full or that cannot be " \
+        "written" in said, said
