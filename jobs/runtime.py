@@ -2049,8 +2049,19 @@ class PartsFailure(RepeatedFailure):
         """The last failure of each part, this outage (a part that succeeded since: none)."""
         self._ok_at: float | None = None
         """The first success since the last failure."""
+        self._back_at: float | None = None
+        """When the last outage was told over ("back")."""
+        self.late = 0
+        """Failures told within ``quiet_s`` after "back", not said (tries begun before it)."""
 
     def failed(self, now: float, error: object, part: str = "") -> str | None:  # type: ignore[override]
+        if self.since is None and self._back_at is not None and now - self._back_at < self.quiet_s:
+            # a try begun while Redis was away, told after another part's success ended the
+            # story (a loaded host: the thread ran late): "unreachable" then "back after 0 s"
+            # right after "back" told the on-call of an outage that was over. If Redis is
+            # really away again, this part's next try fails after the window and is told.
+            self.late += 1
+            return None
         self._failed_at[part] = now
         self._ok_at = None
         return super().failed(now, error)
@@ -2070,6 +2081,7 @@ class PartsFailure(RepeatedFailure):
         ok_at = self._ok_at
         self._failed_at.clear()
         self._ok_at = None
+        self._back_at = now
         return super().ok(ok_at)
 
 

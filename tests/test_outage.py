@@ -865,6 +865,23 @@ def test_a_part_that_keeps_failing_keeps_the_outage_open_while_another_succeeds(
     assert s.ok(100.5, "dequeue") == "back after 0 s (1 look failed)"
 
 
+def test_a_try_begun_while_redis_was_away_and_told_after_back_opens_no_new_outage():
+    """A full run on a loaded host (session 43): a send-email process said "back after
+    31 s", then "Redis unreachable … No such file or directory" and "back after 0 s" at
+    once: a thread's connect had failed before Redis came back and was told after another
+    part's success ended the story. A failure told within ``quiet_s`` after "back" is not
+    said; one after it is a new outage, said at once."""
+    from jobs.runtime import PartsFailure
+
+    s = PartsFailure(every_s=30, quiet_s=6)
+    assert s.failed(100.0, "refused", "scheduler") == "refused"
+    assert s.ok(131.0, "intake") == "back after 31 s (1 look failed)"
+    assert s.failed(131.2, "No such file or directory", "liveness") is None  # late: not said
+    assert s.since is None and s.late == 1
+    assert s.ok(131.5, "liveness") is None  # nothing open: nothing to say
+    assert s.failed(137.5, "refused", "liveness") == "refused"  # past the window: a new outage
+
+
 def test_where_redis_is_said_without_its_password():
     from jobs.runtime import redis_address
 
