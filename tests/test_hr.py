@@ -471,6 +471,7 @@ def test_a_leaver_gets_the_final_slip_of_the_month_they_left_in_and_hr_counts_ad
     # `check` after the run names only the leavers still without a slip
     (warn,) = [f for f in preflight.check(cfg, month=MONTH, email=False).findings if "marked as left" in f.text]
     assert warn.detail["final_slips"] == [] and warn.detail["left_out"] == [october, undated], warn.detail
+    assert "before the run" not in warn.text and f"then `payrun run --month {MONTH} --resume`" in warn.text, warn.text
     (note,) = [n for n in hr["notes"] if "marked as left" in n]
     assert final not in note and f"{october} (left 2026-10-31)" in note, note
 
@@ -494,6 +495,28 @@ def test_a_leaver_gets_the_final_slip_of_the_month_they_left_in_and_hr_counts_ad
     assert runner.invoke(cli, ["resend", "--employee", undated, "--month", MONTH]).exit_code == 0
     out = runner.invoke(cli, ["resend", "--employee", october, "--month", MONTH])
     assert out.exit_code == 2 and "before 2026-11 or on a day not recorded" in out.output, out.output
+
+
+def test_check_after_the_months_run_says_what_makes_a_leavers_slip_now():
+    """Drill (session 43): after the night's run `payrun check` still told the on-call to
+    record an October leaver's day "before the run", though the run was over; what makes
+    their slip then is the day recorded and `run --resume`, as `payrun status` says."""
+    from payrun.preflight import leavers_text
+
+    leavers = [("emp-40010", "2026-11-20", True), ("emp-40011", "2026-10-20", False)]
+    before = leavers_text(leavers, MONTH)
+    assert before.endswith("the day they left, before the run)"), before
+    after = leavers_text(leavers, MONTH, ran=True)
+    assert after == (
+        f"2 employees marked as left have a salary line for {MONTH} and no slip of it: "
+        f"`payrun run --month {MONTH} --resume` makes the final slip of 1 employee who left in {MONTH} or later: "
+        f"emp-40010 (left 2026-11-20); the run made no slip for 1 employee who left before {MONTH} or on a day "
+        f"not recorded: emp-40011 (left 2026-10-20) (worked in {MONTH}: `payrun employee left ID --on DATE`, "
+        f"the day they left, then `payrun run --month {MONTH} --resume`)"), after
+    assert "before the run" not in after
+    one = leavers_text(leavers[1:], MONTH, ran=True)
+    assert one.startswith(f"1 employee marked as left has a salary line for {MONTH} and no slip of it: the run made "
+                          "no slip for 1 employee"), one
 
 
 def test_an_import_records_leavers_with_their_day_or_nothing_at_all(world, tmp_path):
