@@ -822,6 +822,20 @@ def _maybe_ledger(c: Ctx):
     return c.ledger() if c.cfg.ledger_path.exists() else None
 
 
+def _no_slip_job(c: Ctx, job_id: str) -> str | None:
+    """Why a slip's job (``render-`` or ``email-<month>-<employee>``) that does not exist was
+    never made, when the month's run left its employee out as a leaver; else None."""
+    import re
+
+    from payrun import payroll
+
+    m = re.fullmatch(r"(?:render|email)-(\d{4}-\d\d)-(.+)", job_id)
+    if not m or not c.cfg.payroll_path.exists() or not c.ledger().runs(m[1]):
+        return None
+    with c.payroll() as db:
+        return payroll.left_out_of_month(db, m[2], m[1])
+
+
 @cli.command(name="job")
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True)
@@ -862,6 +876,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             if unreadable is not None:
                 rq_status = unreadable["rq_status"] or "?"
     if row is None and rq_status is None:
+        if why := _no_slip_job(c, job_id):
+            raise PayrunError(f"no job {job_id!r}: {why}")
         like = c.ledger().ids_like(job_id)
         if like and like[0].startswith(job_id):
             hint = "ids starting with it: " + ", ".join(like)

@@ -530,6 +530,15 @@ def test_a_leaver_left_out_of_a_month_they_have_a_salary_line_for_is_named(runne
     st = runner.invoke(cli, ["status", "--month", "2026-10", "--json"])
     assert any(note in n for n in json.loads(st.output)["notes"]), st.output
     assert json.loads(st.output)["total"]["no_slip"] == 0  # (neither missing nor extra)
+    # HR asks for their slip's job (drill 43: "no job … ids look like …", as for a typo)
+    for kind in ("email", "render"):
+        job = runner.invoke(cli, ["job", f"{kind}-2026-10-{early}"])
+        assert job.exit_code == 2 and one_line_error(job) == (
+            f"payrun: no job '{kind}-2026-10-{early}': no 2026-10 slip was made for {early}: they are marked as left "
+            f"(left 2026-09-30), before 2026-10 or on a day not recorded, so the 2026-10 run left them out; worked in "
+            f"2026-10: `payrun employee left {early} --on DATE` (the day they left, 2026-10-01 or later), then "
+            f"`payrun run --month 2026-10 --resume`"), job.output
+    assert "ids look like" in runner.invoke(cli, ["job", "email-2026-10-emp-99999"]).output  # (not an employee)
     # the way it names works, keeps them marked left with their day, and then nothing is named
     assert runner.invoke(cli, ["employee", "left", early, "--on", "2026-10-03"]).exit_code == 0
     out = runner.invoke(cli, ["run", "--month", "2026-10", "--resume"])
