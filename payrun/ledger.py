@@ -569,7 +569,7 @@ def tries_counts(row: Mapping[str, Any]) -> tuple[int, int, int]:
 
 
 HELD_BACK_WHY = ("rate limit, provider outage, its send-email process's own credentials refused, a send already "
-                 "in flight or a full slip store")
+                 "in flight, or a slip store full or not writable")
 """Why a try is held back (outcome "held", no attempt spent), as `payrun job` and the
 console's job view say it. Its process's credentials refused (jobs.errors.RefusedHere,
 another host sending) was missing: a send held that way read as if the rate had held it."""

@@ -146,7 +146,7 @@ def test_a_try_held_back_by_the_provider_spends_no_attempt_and_the_ledger_says_h
     assert job["status"] == "done" and job["attempts"] == 2
     assert [h["outcome"] for h in job["history"]] == ["held", "done"]
     assert tries_text(job) == ("2 tries: 1 attempt spent, 1 held back (rate limit, provider outage, its send-email "
-                               "process's own credentials refused, a send already in flight or a full slip store): "
+                               "process's own credentials refused, a send already in flight, or a slip store full or not writable): "
                                "no attempt spent")
     assert "job held-1 held (try 1, no attempt spent)" in (tmp_path / "w.log").read_text()
     from payrun.cli import cli

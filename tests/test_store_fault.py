@@ -278,3 +278,18 @@ def test_a_send_waiting_for_its_render_keeps_waiting_past_the_hour_while_a_store
     assert isinstance(late, RenderPending) and "a slip store that cannot be written" in str(late), late
     slipstore.clear_fault(conn)  # written again, and the render still not run: the hour counts
     assert isinstance(tasks.slip_missing(conn, PAYLOAD, meta, now=1000.0 + 5 * 3600 + 60), SlipMissing)
+
+
+def test_payrun_job_counts_a_render_held_on_an_unwritable_store_among_the_held_back():
+    """Drill 43: a render held while the store was read-only read "1 held back (rate limit,
+    provider outage, …, a send already in flight or a full slip store)": every reason but
+    the one it was held for."""
+    from payrun.ledger import tries_text
+
+    held = ("slip store /srv/slips: cannot be written (Read-only file system, EROFS): held 5 s, spending no "
+            "attempt: the run goes on by itself once it can be written")
+    row = {"attempts": 2, "history": [{"attempt": 1, "outcome": "held", "error": held},
+                                      {"attempt": 2, "outcome": "done", "error": None}]}
+    text = tries_text(row)
+    assert text.startswith("2 tries: 1 attempt spent, 1 held back (") and text.endswith("): no attempt spent"), text
+    assert "a slip store full or not writable" in text, text
