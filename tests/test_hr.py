@@ -596,10 +596,16 @@ def test_a_leavers_slip_of_the_month_they_left_in_says_it_is_their_final_one():
     assert "final" not in payroll.employee_snapshot(db, MONTH, two)
     html = render_html(final)
     assert ">Final payslip<" in html and "(you left on 2026-11-20)" in html, html
+    # (drill 43: the final slip's pay period ran to the month's end, past the day they left)
+    assert "1 – 20 November 2026" in html and "1 – 30 November 2026" not in html
+    from jobs.slip import pay_period
+
+    assert pay_period(MONTH) == "1 – 30 November 2026" and pay_period(MONTH, "2026-11-20") == "1 – 20 November 2026"
+    assert pay_period(MONTH, "2026-11-01") == "1 November 2026"
     for other in (payroll.employee_snapshot(db, MONTH, two), {**final, "final": "2026-10-20"},
                   {**final, "final": "<b>2026-11-20</b>"}):
         html = render_html(other)
-        assert "Final payslip" not in html and "you left" not in html
+        assert "Final payslip" not in html and "you left" not in html and "1 – 30 November 2026" in html
     # the line more still fits one page, every field at its maximum and re-issued too
     from jobs.slip import render_pdf
     from tests.test_slip import _every_field_at_its_maximum, pdf_text
