@@ -921,7 +921,10 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
     if rq_status:
         if not row and to is not None:
             click.echo(visible(recipient_text(to, send_id)))
-        click.echo(f"in Redis: {getattr(rq_status, 'value', rq_status)}")
+        if getattr(rq_status, "value", rq_status) == "queued":
+            click.echo(_queued_text(conn, job_id))
+        else:
+            click.echo(f"in Redis: {getattr(rq_status, 'value', rq_status)}")
         if unreadable is not None:
             click.echo(f"{unreadable['unreadable']}: nothing to run or retry")
             if not row and unreadable["meta"].get("last_error"):
@@ -941,6 +944,25 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             click.echo(visible(readdressed_text(to, now, job_id) or PERMANENT_HINT))
     if tb:
         click.echo("last traceback:\n" + "\n".join(visible(line) for line in tb.rstrip().splitlines()))
+
+
+def _queued_text(conn, job_id: str) -> str:
+    """`payrun job`'s line for a queued job: its place in its queue, and on send-email the
+    rate in force (payrun.ledger.queued_text)."""
+    from jobs.limits import limit_sources
+    from payrun.ledger import queued_text
+
+    try:
+        raw = conn.hget(f"rq:job:{job_id}", "origin")
+        queue = raw.decode() if isinstance(raw, bytes) else raw
+        ahead = conn.execute_command("LPOS", f"rq:queue:{queue}", job_id) if queue else None
+        rate = limit_sources(conn, "email")["rate_per_s"]["value"] if queue == keys.EMAIL_QUEUE else None
+        from rq.suspension import WORKERS_SUSPENDED
+
+        drained = bool(conn.exists(WORKERS_SUSPENDED) or (queue and conn.sismember(keys.PAUSED_QUEUES, queue)))
+        return queued_text(ahead, queue or "?", float(rate) if rate else None, drained=drained)
+    except Exception:  # noqa: BLE001 - an older Redis without LPOS, or Redis went away: the bare state
+        return queued_text(None, "?", None)
 
 
 def _job_recipient(c: Ctx, job_id: str, row: dict | None, job_data) -> tuple[dict | None, str | None]:

@@ -147,6 +147,40 @@ def test_an_unknown_job_id_gets_the_ids_it_begins_or_one_of_this_ledgers(runner,
     assert "ids look like email-2026-12-emp-00002" in msg, msg
 
 
+def test_a_queued_jobs_view_says_how_many_are_ahead_of_it_and_the_rate_they_start_at(runner, cfg, conn):
+    """Drill 43: with the rate lowered to 2/s, `payrun job` of a send waiting in its queue
+    read "in Redis: queued" and nothing else: not how far back it is, nor what paces it."""
+    from jobs.runtime import make_queue
+    from payrun.ledger import queued_text
+
+    assert queued_text(424, "send-email", 2.0) == ("in Redis: queued, 424 jobs ahead of it on send-email "
+                                                  "(sends start at most 2/s: its turn in about 3 min 32 s)")
+    assert queued_text(1, "send-email", 40.0) == ("in Redis: queued, 1 job ahead of it on send-email "
+                                                 "(sends start at most 40/s: its turn in about 1 s)")
+    assert queued_text(0, "send-email", 2.0) == "in Redis: queued, next on send-email"
+    assert queued_text(7, "pdf-render", None) == "in Redis: queued, 7 jobs ahead of it on pdf-render"
+    assert queued_text(None, "send-email", 2.0) == "in Redis: queued"
+    assert queued_text(3, "send-email", 2.0, drained=True) == (  # (no turn promised while nothing is taken)
+        "in Redis: queued, 3 jobs ahead of it on send-email (intake is drained there: nothing is taken until "
+        "`payrun resume`)")
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.seed(db, companies=1, employees=3, seed=1, month="2026-11")
+    assert runner.invoke(cli, ["run", "--month", "2026-11"]).exit_code == 0
+    last = sorted(payroll.employee_ids(db, "2026-11"))[-1]
+    out = runner.invoke(cli, ["job", f"render-2026-11-{last}"])
+    assert "in Redis: queued, 2 jobs ahead of it on pdf-render\n" in out.output, out.output
+    assert runner.invoke(cli, ["limits", "set", "--rate", "2"]).exit_code == 0
+    q = make_queue("send-email", conn)
+    for i in range(3):
+        q.enqueue("builtins.print", f"emp-{i}", job_id=f"email-2026-11-emp-9000{i}")
+    out = runner.invoke(cli, ["job", "email-2026-11-emp-90002"])
+    assert "in Redis: queued, 2 jobs ahead of it on send-email (sends start at most 2/s: its turn in about 1 s)" \
+        in out.output, out.output
+    assert runner.invoke(cli, ["drain", "--queue", "send-email"]).exit_code == 0
+    out = runner.invoke(cli, ["job", "email-2026-11-emp-90002"])
+    assert "on send-email (intake is drained there: nothing is taken until `payrun resume`)" in out.output, out.output
+
+
 def test_prune_keeps_later_months(runner, cfg):
     from payrun.ledger import Ledger
 
