@@ -184,11 +184,12 @@ def month_label(month: str) -> str:
     return f"{_MONTHS[mon - 1]} {year}"
 
 
-def pay_period(month: str) -> str:
-    """"2026-11" -> "1 – 30 November 2026"."""
+def pay_period(month: str, final: str | None = None) -> str:
+    """"2026-11" -> "1 – 30 November 2026"; a leaver's final slip (``final``, the day they
+    left, a date of the month: ``_final``) ends on that day: "1 – 20 November 2026"."""
     year, mon = _parse_month(month)
-    last = calendar.monthrange(year, mon)[1]
-    return f"1 – {last} {_MONTHS[mon - 1]} {year}"
+    last = int(final[8:10]) if final else calendar.monthrange(year, mon)[1]
+    return f"1 {_MONTHS[mon - 1]} {year}" if last == 1 else f"1 – {last} {_MONTHS[mon - 1]} {year}"
 
 
 def _parse_month(month: str) -> tuple[int, int]:
@@ -486,7 +487,7 @@ def render_html(snapshot: Mapping[str, Any]) -> str:
             company=snapshot["company"],
             employee=snapshot["employee"],
             month=month_label(snapshot["month"]),
-            period=pay_period(snapshot["month"]),
+            period=pay_period(snapshot["month"], _final(snapshot)),
             rows=list(zip(earnings, deductions)),
             totals=t,
             net_words=amount_in_words(t["net"]),

@@ -826,6 +826,20 @@ def _maybe_ledger(c: Ctx):
     return c.ledger() if c.cfg.ledger_path.exists() else None
 
 
+def _no_slip_job(c: Ctx, job_id: str) -> str | None:
+    """Why a slip's job (``render-`` or ``email-<month>-<employee>``) that does not exist was
+    never made, when the month's run left its employee out as a leaver; else None."""
+    import re
+
+    from payrun import payroll
+
+    m = re.fullmatch(r"(?:render|email)-(\d{4}-\d\d)-(.+)", job_id)
+    if not m or not c.cfg.payroll_path.exists() or not c.ledger().runs(m[1]):
+        return None
+    with c.payroll() as db:
+        return payroll.left_out_of_month(db, m[2], m[1])
+
+
 @cli.command(name="job")
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True)
@@ -866,6 +880,8 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             if unreadable is not None:
                 rq_status = unreadable["rq_status"] or "?"
     if row is None and rq_status is None:
+        if why := _no_slip_job(c, job_id):
+            raise PayrunError(f"no job {job_id!r}: {why}")
         like = c.ledger().ids_like(job_id)
         if like and like[0].startswith(job_id):
             hint = "ids starting with it: " + ", ".join(like)
@@ -909,7 +925,10 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
     if rq_status:
         if not row and to is not None:
             click.echo(visible(recipient_text(to, send_id)))
-        click.echo(f"in Redis: {getattr(rq_status, 'value', rq_status)}")
+        if getattr(rq_status, "value", rq_status) == "queued":
+            click.echo(_queued_text(conn, job_id))
+        else:
+            click.echo(f"in Redis: {getattr(rq_status, 'value', rq_status)}")
         if unreadable is not None:
             click.echo(f"{unreadable['unreadable']}: nothing to run or retry")
             if not row and unreadable["meta"].get("last_error"):
@@ -929,6 +948,25 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
             click.echo(visible(readdressed_text(to, now, job_id) or PERMANENT_HINT))
     if tb:
         click.echo("last traceback:\n" + "\n".join(visible(line) for line in tb.rstrip().splitlines()))
+
+
+def _queued_text(conn, job_id: str) -> str:
+    """`payrun job`'s line for a queued job: its place in its queue, and on send-email the
+    rate in force (payrun.ledger.queued_text)."""
+    from jobs.limits import limit_sources
+    from payrun.ledger import queued_text
+
+    try:
+        raw = conn.hget(f"rq:job:{job_id}", "origin")
+        queue = raw.decode() if isinstance(raw, bytes) else raw
+        ahead = conn.execute_command("LPOS", f"rq:queue:{queue}", job_id) if queue else None
+        rate = limit_sources(conn, "email")["rate_per_s"]["value"] if queue == keys.EMAIL_QUEUE else None
+        from rq.suspension import WORKERS_SUSPENDED
+
+        drained = bool(conn.exists(WORKERS_SUSPENDED) or (queue and conn.sismember(keys.PAUSED_QUEUES, queue)))
+        return queued_text(ahead, queue or "?", float(rate) if rate else None, drained=drained)
+    except Exception:  # noqa: BLE001 - an older Redis without LPOS, or Redis went away: the bare state
+        return queued_text(None, "?", None)
 
 
 def _job_recipient(c: Ctx, job_id: str, row: dict | None, job_data) -> tuple[dict | None, str | None]:

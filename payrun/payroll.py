@@ -1349,6 +1349,24 @@ def left_text(left: dict[int, list[str]], month: str, dates: dict[str, str | Non
             f"(the day they left), then `payrun run --month {month} --resume`")
 
 
+def left_out_of_month(db: "PayrollDB | sqlite_utils.Database", employee_id: str, month: str) -> str | None:
+    """Why ``employee_id`` has no slip of ``month`` when it is because they are marked left
+    before it (or on a day not recorded) and have a salary line for it (``in_month_run``),
+    with the way to make theirs; else None. `payrun job` of such a slip's job (drill 43:
+    HR asking about a leaver was told "no job … ids look like …", as for a typo). The
+    caller knows the month was run."""
+    _check_month(month)
+    row = _sdb(db).conn.execute(
+        "SELECT e.active, e.left_on FROM employees e JOIN salary_lines s ON s.employee_id = e.id "
+        "WHERE e.id = ? AND s.month = ?", (employee_id, month)).fetchone()
+    if row is None or in_month_run(bool(row[0]), row[1], month):
+        return None
+    return (f"no {month} slip was made for {employee_id}: they are marked as left ({left_label(row[1])}), before "
+            f"{month} or on a day not recorded, so the {month} run left them out; worked in {month}: `payrun "
+            f"employee left {employee_id} --on DATE` (the day they left, {month}-01 or later), then `payrun run "
+            f"--month {month} --resume`")
+
+
 def left_again(ids: list[str], dates: dict[str, str | None]) -> str:
     """The `payrun employee left` that marks ``ids`` left again after an `employee back`
     (which clears the date), each with the day they left (``dates``): said bare, as the

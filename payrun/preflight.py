@@ -601,7 +601,7 @@ def _payroll(cfg, rep: Report) -> int:
             led.close()
         leavers = [x for x in leavers if x[0] not in with_slip]  # (a month run: those still without a slip)
     if leavers:  # (an HR walkthrough: a leaver's final month said nothing before the run)
-        rep.add("payroll", WARN, leavers_text(leavers, rep.month),
+        rep.add("payroll", WARN, leavers_text(leavers, rep.month, ran=bool(run)),
                 {"final_slips": [e for e, _, paid in leavers if paid],
                  "left_out": [e for e, _, paid in leavers if not paid],
                  "left_on": {e: day for e, day, _ in leavers}})
@@ -621,11 +621,13 @@ def _payroll(cfg, rep: Report) -> int:
     return slips
 
 
-def leavers_text(leavers: list[tuple[str, str | None, bool]], month: str) -> str:
+def leavers_text(leavers: list[tuple[str, str | None, bool]], month: str, ran: bool = False) -> str:
     """`payrun check`'s note on employees marked left with a salary line for ``month``
     (``payroll.leavers_with_salary_line``): those the run pays (left in the month or later:
     their final slip) and those it leaves out (left before it, or on a day not recorded),
-    each with the day they left, and what to do if one of the second worked that month."""
+    each with the day they left, and what to do if one of the second worked that month.
+    ``ran``: the month has run (``leavers`` are then those still without a slip of it), so
+    what makes a slip is `run --resume`, not the run to come."""
     from payrun.payroll import left_label
 
     def shown(group: list[tuple[str, str | None, bool]]) -> str:
@@ -634,16 +636,17 @@ def leavers_text(leavers: list[tuple[str, str | None, bool]], month: str) -> str
 
     paid = [x for x in leavers if x[2]]
     out = [x for x in leavers if not x[2]]
+    resume = f"`payrun run --month {month} --resume`"
     parts = []
     if paid:
-        parts.append(f"the run makes the final slip of {_n(len(paid), 'employee')} who left in {month} or later: "
-                     f"{shown(paid)}")
+        parts.append(f"{resume + ' makes' if ran else 'the run makes'} the final slip of {_n(len(paid), 'employee')} "
+                     f"who left in {month} or later: {shown(paid)}")
     if out:
-        parts.append(f"it makes no slip for {_n(len(out), 'employee')} who left before {month} or on a day not "
-                     f"recorded: {shown(out)} (worked in {month}: `payrun employee left ID --on DATE`, the day they "
-                     "left, before the run)")
+        parts.append(f"{'the run made' if ran else 'it makes'} no slip for {_n(len(out), 'employee')} who left before "
+                     f"{month} or on a day not recorded: {shown(out)} (worked in {month}: `payrun employee left ID "
+                     f"--on DATE`, the day they left, {'then ' + resume if ran else 'before the run'})")
     return (f"{_n(len(leavers), 'employee')} marked as left {'has' if len(leavers) == 1 else 'have'} a salary line "
-            f"for {month}: " + "; ".join(parts))
+            f"for {month}{' and no slip of it' if ran else ''}: " + "; ".join(parts))
 
 
 def _n(count: int, noun: str) -> str:

@@ -57,11 +57,12 @@ def mismatch(conn, slips_dir: Path) -> str | None:
             f"{ID_FILE}): set PAYRUN_SLIPS_DIR to the shared store, mounted on this host")
 
 
-def unsafe(root: Path, path: Path, slip: bool = False) -> str | None:
+def unsafe(root: Path, path: Path, slip: bool = False, then: str = ", then `payrun retry --all`") -> str | None:
     """Why the slip store's folders from ``root`` down to ``path``'s folder (and, with
     ``slip``, the file ``path`` itself) are not this account's alone, or None
     (jobs.policy.store_entry_problem): each below the root is looked at without following
-    symlinks. ``path`` must be inside ``root`` (as given, or resolved)."""
+    symlinks. ``path`` must be inside ``root`` (as given, or resolved). ``then``: what to
+    do once it is fixed (a job that failed on it: retry it)."""
     from jobs.policy import store_entry_problem
 
     root, path = Path(root), Path(path)
@@ -78,7 +79,7 @@ def unsafe(root: Path, path: Path, slip: bool = False) -> str | None:
             return None  # not there (yet): nothing of anyone's to trust
         is_slip = slip and i == len(entries) - 1
         if why := store_entry_problem(st.st_mode, st.st_uid, uid, slip=is_slip):
-            return _not_alone(entry, why, is_slip) + ", then `payrun retry --all`"
+            return _not_alone(entry, why, is_slip) + then
     return None
 
 
@@ -137,8 +138,8 @@ def store_problem(root: Path) -> str | None:
         return why
     if not root.exists():
         return None
-    if why := unsafe(root, root / "-"):
-        return why
+    if why := unsafe(root, root / "-", then=", then `payrun up` (and `payrun retry --all` if slips failed on it)"):
+        return why  # (drill 43: at `up`, before any slip, it named the retry alone)
     level, uid = [root.resolve()], os.getuid()
     for _depth in ("months", "companies"):
         below = []

@@ -147,6 +147,40 @@ def test_an_unknown_job_id_gets_the_ids_it_begins_or_one_of_this_ledgers(runner,
     assert "ids look like email-2026-12-emp-00002" in msg, msg
 
 
+def test_a_queued_jobs_view_says_how_many_are_ahead_of_it_and_the_rate_they_start_at(runner, cfg, conn):
+    """Drill 43: with the rate lowered to 2/s, `payrun job` of a send waiting in its queue
+    read "in Redis: queued" and nothing else: not how far back it is, nor what paces it."""
+    from jobs.runtime import make_queue
+    from payrun.ledger import queued_text
+
+    assert queued_text(424, "send-email", 2.0) == ("in Redis: queued, 424 jobs ahead of it on send-email "
+                                                  "(sends start at most 2/s: its turn in about 3 min 32 s)")
+    assert queued_text(1, "send-email", 40.0) == ("in Redis: queued, 1 job ahead of it on send-email "
+                                                 "(sends start at most 40/s: its turn in about 1 s)")
+    assert queued_text(0, "send-email", 2.0) == "in Redis: queued, next on send-email"
+    assert queued_text(7, "pdf-render", None) == "in Redis: queued, 7 jobs ahead of it on pdf-render"
+    assert queued_text(None, "send-email", 2.0) == "in Redis: queued"
+    assert queued_text(3, "send-email", 2.0, drained=True) == (  # (no turn promised while nothing is taken)
+        "in Redis: queued, 3 jobs ahead of it on send-email (intake is drained there: nothing is taken until "
+        "`payrun resume`)")
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.seed(db, companies=1, employees=3, seed=1, month="2026-11")
+    assert runner.invoke(cli, ["run", "--month", "2026-11"]).exit_code == 0
+    last = sorted(payroll.employee_ids(db, "2026-11"))[-1]
+    out = runner.invoke(cli, ["job", f"render-2026-11-{last}"])
+    assert "in Redis: queued, 2 jobs ahead of it on pdf-render\n" in out.output, out.output
+    assert runner.invoke(cli, ["limits", "set", "--rate", "2"]).exit_code == 0
+    q = make_queue("send-email", conn)
+    for i in range(3):
+        q.enqueue("builtins.print", f"emp-{i}", job_id=f"email-2026-11-emp-9000{i}")
+    out = runner.invoke(cli, ["job", "email-2026-11-emp-90002"])
+    assert "in Redis: queued, 2 jobs ahead of it on send-email (sends start at most 2/s: its turn in about 1 s)" \
+        in out.output, out.output
+    assert runner.invoke(cli, ["drain", "--queue", "send-email"]).exit_code == 0
+    out = runner.invoke(cli, ["job", "email-2026-11-emp-90002"])
+    assert "on send-email (intake is drained there: nothing is taken until `payrun resume`)" in out.output, out.output
+
+
 def test_prune_keeps_later_months(runner, cfg):
     from payrun.ledger import Ledger
 
@@ -530,6 +564,15 @@ def test_a_leaver_left_out_of_a_month_they_have_a_salary_line_for_is_named(runne
     st = runner.invoke(cli, ["status", "--month", "2026-10", "--json"])
     assert any(note in n for n in json.loads(st.output)["notes"]), st.output
     assert json.loads(st.output)["total"]["no_slip"] == 0  # (neither missing nor extra)
+    # HR asks for their slip's job (drill 43: "no job … ids look like …", as for a typo)
+    for kind in ("email", "render"):
+        job = runner.invoke(cli, ["job", f"{kind}-2026-10-{early}"])
+        assert job.exit_code == 2 and one_line_error(job) == (
+            f"payrun: no job '{kind}-2026-10-{early}': no 2026-10 slip was made for {early}: they are marked as left "
+            f"(left 2026-09-30), before 2026-10 or on a day not recorded, so the 2026-10 run left them out; worked in "
+            f"2026-10: `payrun employee left {early} --on DATE` (the day they left, 2026-10-01 or later), then "
+            f"`payrun run --month 2026-10 --resume`"), job.output
+    assert "ids look like" in runner.invoke(cli, ["job", "email-2026-10-emp-99999"]).output  # (not an employee)
     # the way it names works, keeps them marked left with their day, and then nothing is named
     assert runner.invoke(cli, ["employee", "left", early, "--on", "2026-10-03"]).exit_code == 0
     out = runner.invoke(cli, ["run", "--month", "2026-10", "--resume"])

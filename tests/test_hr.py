@@ -495,6 +495,7 @@ def test_a_leaver_gets_the_final_slip_of_the_month_they_left_in_and_hr_counts_ad
     # `check` after the run names only the leavers still without a slip
     (warn,) = [f for f in preflight.check(cfg, month=MONTH, email=False).findings if "marked as left" in f.text]
     assert warn.detail["final_slips"] == [] and warn.detail["left_out"] == [october, undated], warn.detail
+    assert "before the run" not in warn.text and f"then `payrun run --month {MONTH} --resume`" in warn.text, warn.text
     (note,) = [n for n in hr["notes"] if "marked as left" in n]
     assert final not in note and f"{october} (left 2026-10-31)" in note, note
 
@@ -518,6 +519,28 @@ def test_a_leaver_gets_the_final_slip_of_the_month_they_left_in_and_hr_counts_ad
     assert runner.invoke(cli, ["resend", "--employee", undated, "--month", MONTH]).exit_code == 0
     out = runner.invoke(cli, ["resend", "--employee", october, "--month", MONTH])
     assert out.exit_code == 2 and "before 2026-11 or on a day not recorded" in out.output, out.output
+
+
+def test_check_after_the_months_run_says_what_makes_a_leavers_slip_now():
+    """Drill (session 43): after the night's run `payrun check` still told the on-call to
+    record an October leaver's day "before the run", though the run was over; what makes
+    their slip then is the day recorded and `run --resume`, as `payrun status` says."""
+    from payrun.preflight import leavers_text
+
+    leavers = [("emp-40010", "2026-11-20", True), ("emp-40011", "2026-10-20", False)]
+    before = leavers_text(leavers, MONTH)
+    assert before.endswith("the day they left, before the run)"), before
+    after = leavers_text(leavers, MONTH, ran=True)
+    assert after == (
+        f"2 employees marked as left have a salary line for {MONTH} and no slip of it: "
+        f"`payrun run --month {MONTH} --resume` makes the final slip of 1 employee who left in {MONTH} or later: "
+        f"emp-40010 (left 2026-11-20); the run made no slip for 1 employee who left before {MONTH} or on a day "
+        f"not recorded: emp-40011 (left 2026-10-20) (worked in {MONTH}: `payrun employee left ID --on DATE`, "
+        f"the day they left, then `payrun run --month {MONTH} --resume`)"), after
+    assert "before the run" not in after
+    one = leavers_text(leavers[1:], MONTH, ran=True)
+    assert one.startswith(f"1 employee marked as left has a salary line for {MONTH} and no slip of it: the run made "
+                          "no slip for 1 employee"), one
 
 
 def test_an_import_records_leavers_with_their_day_or_nothing_at_all(world, tmp_path):
@@ -597,10 +620,16 @@ def test_a_leavers_slip_of_the_month_they_left_in_says_it_is_their_final_one():
     assert "final" not in payroll.employee_snapshot(db, MONTH, two)
     html = render_html(final)
     assert ">Final payslip<" in html and "(you left on 2026-11-20)" in html, html
+    # (drill 43: the final slip's pay period ran to the month's end, past the day they left)
+    assert "1 – 20 November 2026" in html and "1 – 30 November 2026" not in html
+    from jobs.slip import pay_period
+
+    assert pay_period(MONTH) == "1 – 30 November 2026" and pay_period(MONTH, "2026-11-20") == "1 – 20 November 2026"
+    assert pay_period(MONTH, "2026-11-01") == "1 November 2026"
     for other in (payroll.employee_snapshot(db, MONTH, two), {**final, "final": "2026-10-20"},
                   {**final, "final": "<b>2026-11-20</b>"}):
         html = render_html(other)
-        assert "Final payslip" not in html and "you left" not in html
+        assert "Final payslip" not in html and "you left" not in html and "1 – 30 November 2026" in html
     # the line more still fits one page, every field at its maximum and re-issued too
     from jobs.slip import render_pdf
     from tests.test_slip import _every_field_at_its_maximum, pdf_text

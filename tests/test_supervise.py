@@ -489,6 +489,16 @@ def test_up_refuses_a_slip_store_another_account_could_change(cfg, conn):
                                          r"\(mode 777\).*chmod go-w"):
         supervise.check_role(cfg, "all")
     company.chmod(0o700)
+    # the store's own folder (drill 43: a tmpfs mounted for it, mode 1777): `up` named a retry
+    # of slips that do not exist yet, not the `payrun up` to run again
+    cfg.slips_dir.chmod(0o1777)
+    with pytest.raises(SetupError) as refused:
+        supervise.check_role(cfg, "all")
+    assert str(refused.value) == (
+        f"the slip store's folder {cfg.slips_dir.resolve()} can be written by other accounts (mode 1777): another "
+        "account could swap a slip in it; make it this account's alone (chown, chmod go-w), then `payrun up` (and "
+        "`payrun retry --all` if slips failed on it)"), str(refused.value)
+    cfg.slips_dir.chmod(0o700)
     (cfg.slips_dir / "2026-12").symlink_to(company)
     with pytest.raises(SetupError, match="2026-12 is a symlink"):
         supervise.check_role(cfg, "all")
