@@ -608,12 +608,14 @@ def _sent_since_change(conn, conf: dict[str, str], now: float) -> tuple[float | 
 def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis_stuck: list[str],
               month: str | None = None, now: float | None = None,
               no_slip: dict[int, int] | None = None,
-              no_salary_line: dict[int, int] | None = None) -> dict[str, Any]:
+              no_salary_line: dict[int, int] | None = None,
+              no_slip_final: dict[int, int] | None = None) -> dict[str, Any]:
     """The same figures as payrun.status.report (per company and total), from a read-only
     ledger, the stuck ids already found in Redis and ``no_slip`` (per company, employees
     with salary lines and no slip, added after the run or of a company it never covered:
     payrun.runs.no_slip) and ``no_salary_line`` (per company of the run, active employees with
-    no salary line for the month: payrun.payroll.without_salary_line)."""
+    no salary line for the month: payrun.payroll.without_salary_line) and ``no_slip_final``
+    (of ``no_slip``, leavers the month pays, their final slip, whom its run left out)."""
     if month is None:
         month = ledger.latest_month()
     counts = ledger.slip_counts(month) if month else {}
@@ -623,11 +625,13 @@ def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis
                 counts[cid]["stuck"] += 1
     no_slip = no_slip or {}
     no_salary_line = no_salary_line or {}
-    total = {s: 0 for s in STATES} | {"stuck": 0, "total": 0, "no_slip": 0, "no_salary_line": 0}
+    no_slip_final = no_slip_final or {}
+    total = {s: 0 for s in STATES} | {"stuck": 0, "total": 0, "no_slip": 0, "no_salary_line": 0, "no_slip_final": 0}
     companies = []
     for cid in sorted(set(counts) | set(no_slip)):
         row = counts.get(cid, {k: 0 for k in (*STATES, "stuck", "total")}) | {
-            "no_slip": no_slip.get(cid, 0), "no_salary_line": no_salary_line.get(cid, 0)}
+            "no_slip": no_slip.get(cid, 0), "no_salary_line": no_salary_line.get(cid, 0),
+            "no_slip_final": no_slip_final.get(cid, 0)}
         for k in total:
             total[k] += row.get(k, 0)
         companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **row})
@@ -743,6 +747,7 @@ class Source:
         # (ledger data_version, computed at, stuck ids, (month, no_slip counts), report)
         self._no_slip: tuple[tuple, dict[int, int]] | None = None  # (what it depends on, counts)
         self._no_salary_line: dict[int, int] = {}  # counted with _no_slip: active, no salary line
+        self._no_slip_final: dict[int, int] = {}  # of _no_slip: leavers' final slips the run left out
         self._month_finished = MonthFinished()
 
     @property
@@ -786,15 +791,15 @@ class Source:
         status` counts them). Recounted only when the month, the payroll db (an import) or
         the month's run rows (``rows``: a `run --resume` updates them) have changed. Empty when this
         host has no payroll db; raises sqlite3.Error when it cannot be read."""
-        from payrun.runs import no_slip
+        from payrun.runs import missing_slip_ids, not_run
 
         if not month:
-            self._no_salary_line = {}
+            self._no_salary_line, self._no_slip_final = {}, {}
             return {}
         if self._payroll is None:
             self._payroll = open_payroll_ro(self.cfg.payroll_path)
             if self._payroll is None:
-                self._no_salary_line = {}
+                self._no_salary_line, self._no_slip_final = {}, {}
                 return {}
         version = self._payroll.conn.execute("PRAGMA data_version").fetchone()[0]
         runs = tuple((r["company_id"], r["status"], r["jobs"], r["updated_at"]) for r in rows)
@@ -802,8 +807,12 @@ class Source:
         if self._no_slip is not None and (self._no_slip[0] == key or (
                 self._no_slip[0][0] == month and any(r["status"] == "fanning-out" for r in rows))):
             return self._no_slip[1]  # (a fan-out changes its rows 60 times; ~0.4 s a count at 50,000)
-        counts = no_slip(led, self._payroll, month)
-        from payrun.payroll import without_salary_line
+        missing = missing_slip_ids(led, self._payroll, month)  # (payrun.runs.no_slip, the leavers told apart)
+        counts = {cid: len(ids) for cid, ids in missing.items()} | not_run(led, self._payroll, month)
+        from payrun.payroll import left_on, without_salary_line
+
+        left = set(left_on(self._payroll, sorted(e for ids in missing.values() for e in ids)))
+        self._no_slip_final = {cid: n for cid, ids in missing.items() if (n := len(ids & left))}
 
         self._no_salary_line = {cid: len(ids) for cid, ids in without_salary_line(
             self._payroll, month, sorted({r["company_id"] for r in rows}), led.employees_with_jobs(month)).items()}
@@ -879,16 +888,17 @@ class Source:
         try:
             no_slip = self.no_slip(led, month, rows)
         except sqlite3.Error as e:  # the HR line stands without it
-            no_slip, self._no_salary_line = {}, {}
+            no_slip, self._no_salary_line, self._no_slip_final = {}, {}, {}
             errors.append(f"payroll db unreadable ({str(e)[:60]}): employees with no slip not counted")
         if self._hr is not None:
             v, at, ids, key, report = self._hr
-            same = ids == stuck_ids and key == (month, no_slip, self._no_salary_line)
+            same = ids == stuck_ids and key == (month, no_slip, self._no_salary_line, self._no_slip_final)
             if same and (v == version or time.monotonic() - at < HR_MIN_INTERVAL_S):
                 return report, self._hr_taken
         report = hr_report(led, self.names(), self.cfg.lease.stuck_after_s, list(stuck_ids), month=month, now=now,
-                           no_slip=no_slip, no_salary_line=self._no_salary_line)
-        self._hr = (version, time.monotonic(), stuck_ids, (month, no_slip, self._no_salary_line), report)
+                           no_slip=no_slip, no_salary_line=self._no_salary_line, no_slip_final=self._no_slip_final)
+        self._hr = (version, time.monotonic(), stuck_ids, (month, no_slip, self._no_salary_line, self._no_slip_final),
+                    report)
         self._hr_taken = now
         return report, now
 

@@ -24,23 +24,29 @@ def _n(v: int) -> str:
 
 def no_slip_lines(st: dict) -> list[str]:
     """Who has salary lines for the month shown and no slip, as `payrun status` tells them
-    apart: companies the month's run never covered (a company row with no slips), and
-    employees added after their company's run (a walkthrough saw never-run companies
-    called "added after the run")."""
+    apart: companies the month's run never covered (a company row with no slips),
+    leavers whom the month pays and their company's run left out (``no_slip_final``:
+    an earlier version's run, or their day recorded since; they read "added after the run"
+    before session 43), and employees added after their company's run (a walkthrough saw
+    never-run companies called "added after the run")."""
     month = st["month"]
-    never = [c for c in st.get("companies", []) if c.get("no_slip") and not c.get("total")]
-    late = [c for c in st.get("companies", []) if c.get("no_slip") and c.get("total")]
+    never = [(c, c["no_slip"]) for c in st.get("companies", []) if c.get("no_slip") and not c.get("total")]
+    ran = [c for c in st.get("companies", []) if c.get("no_slip") and c.get("total")]
+    final = [(c, n) for c in ran if (n := c.get("no_slip_final", 0))]
+    late = [(c, n) for c in ran if (n := c["no_slip"] - c.get("no_slip_final", 0)) > 0]
+    resume = f"payrun run --month {month} --resume"
     out = []
-    for rows, why, cmd in ((never, "never run", f"payrun run --month {month}" + (
-            f" --company {never[0]['id']}" if len(never) == 1 else "")),
-                           (late, "added after the run", f"payrun run --month {month} --resume")):
+    for rows, who1, whom, why, cmd in (
+            (never, "employee", "employees", "no slip (never run)", f"payrun run --month {month}" + (
+                f" --company {never[0][0]['id']}" if len(never) == 1 else "")),
+            (final, "leaver", "leavers", "no slip (the run left them out)", resume),
+            (late, "employee", "employees", "no slip (added after the run)", resume)):
         if not rows:
             continue
-        n = sum(c["no_slip"] for c in rows)
-        ids = [str(c["id"]) for c in rows]
+        n = sum(k for _, k in rows)
+        ids = [str(c["id"]) for c, _ in rows]
         whose = f"compan{'y' if len(ids) == 1 else 'ies'} {', '.join(ids[:8])}{'…' if len(ids) > 8 else ''}"
-        who = "employee of {} has" if n == 1 else "employees of {} have"
-        out.append(f"{n:,} {who.format(whose)} no slip ({why}): {cmd}")
+        out.append(f"{n:,} {who1 if n == 1 else whom} of {whose} {'has' if n == 1 else 'have'} {why}: {cmd}")
     return out
 
 
