@@ -257,6 +257,10 @@ class Snapshot:
     """Send-email processes paused because the provider refuses their own credentials
     (jobs.senders.read_refused: process, host, pid, since_ms, where), as `payrun workers`
     names them."""
+    store_faults: list[dict[str, Any]] = field(default_factory=list)
+    """Slip stores that cannot be written, read-only or failing (payrun.slipstore.
+    store_faults: host, path, mount, errno, error, since_ms), as `payrun status` names them:
+    those hosts' render workers take no render."""
     took_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -661,7 +665,8 @@ def _remaining(total: dict[str, int]) -> int:
 def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: bool = False,
         provider_down_s: float | None = None, started: float | None = None,
         no_worker: list[str] | None = None, stalled: bool = False, redis_down: bool = False,
-        store_free: int | None = None, store: str | None = None) -> dict[str, Any]:
+        store_free: int | None = None, store: str | None = None,
+        store_faults: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """When the last slip should be delivered at the recent rate, and whether that is
     before the 09:00 deadline: the first one at or after ``started`` (when the run
     began: a run started at 01:00 and still going at 09:05 is late, not on time for
@@ -677,7 +682,12 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
     ``store_free``: the slip store's room; below jobs.policy.STORE_ROOM_MIN_BYTES it is
     full and no render is made until space is freed: no time is promised (the session-42
     drill's console read "ETA 14:25 — on time" with every render waiting on a full store).
-    ``store``: its path, said with it (``store_full_at``): what to free at 02:00."""
+    ``store``: its path, said with it (``store_full_at``): what to free at 02:00.
+    ``store_faults``: slip stores that cannot be written (payrun.slipstore.store_faults:
+    read-only, a failing disk): their hosts' renders wait, so no time is promised either
+    (session 43: the console read "ETA 17:51 — on time" with every render held by a store
+    remounted read-only); ``store_fault`` names the first (host, path, mount, errno,
+    error), ``store_faults`` counts them."""
     from jobs.policy import STORE_ROOM_MIN_BYTES
 
     remaining = _remaining(total)
@@ -699,9 +709,14 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
                                                and store_free < STORE_ROOM_MIN_BYTES else None)}
     if out["store_full_free"] is not None and store:
         out["store_full_at"] = store
+    faults = list(store_faults or []) if remaining > 0 else []
+    out["store_faults"] = len(faults)
+    out["store_fault"] = ({k: faults[0].get(k) for k in ("host", "path", "mount", "errno", "error")}
+                          if faults else None)
     if remaining == 0:
         out.update(at=local.isoformat(), on_time=True)
-    elif drained or out["no_worker"] or out["redis_down"] or out["store_full_free"] is not None:
+    elif (drained or out["no_worker"] or out["redis_down"] or out["store_full_free"] is not None
+          or out["store_fault"] is not None):
         pass  # no ETA: nothing moves until `payrun resume` / a worker starts; or unknown
     elif provider_down_s is not None:
         if rate_per_s > 0:
@@ -841,6 +856,11 @@ class Source:
                 snap.queues, snap.workers, snap.running = [], [], []
                 snap.redis_down = True
                 self._month_finished = MonthFinished()  # a Redis back without its data: read afresh
+            from payrun import slipstore
+
+            # (read-only, a failing disk: the console read "ETA … on time" and its render workers "idle")
+            snap.store_faults = slipstore.store_faults(None if snap.redis_down else self.conn,
+                                                       self.cfg.slips_dir, now)
             try:
                 led = self.ledger()
                 if led is not None:
@@ -867,7 +887,8 @@ class Source:
                     snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone, drained, down,
                                    started=started or None, no_worker=unserved(snap.queues, snap.workers),
                                    stalled=stalled(snap.queues, running_s), redis_down=snap.redis_down,
-                                   store_free=self._store_free(), store=str(self.cfg.slips_dir))
+                                   store_free=self._store_free(), store=str(self.cfg.slips_dir),
+                                   store_faults=snap.store_faults)
             except Exception as e:
                 errors.append(f"ledger unreadable ({type(e).__name__}: {one_line(e, 200)})")
             snap.error = "; ".join(errors) or None

@@ -49,11 +49,42 @@ def store_full(eta: dict[str, Any] | None) -> bool:
     return bool(eta) and eta.get("store_full_free") is not None
 
 
-def worker_state(state: str, kind: str, full: bool) -> str:
+def store_fault_of(worker, faults: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The entry of ``faults`` (console.data.Snapshot.store_faults) for ``worker``'s host:
+    by host id (payrun.slipstore keys them so), by hostname for a worker with none (before
+    session 42). Pure."""
+    for f in faults or ():
+        if (f.get("id") == worker.host_id) if worker.host_id else f.get("host") == worker.host:
+            return f
+    return None
+
+
+def store_wait(worker, full: bool, faults: list[dict[str, Any]] | None = None) -> str | None:
+    """Why a render worker takes no render, if its slip store is the reason: "read-only" or
+    "failing" (jobs.policy.store_fault_word: its host's store cannot be written, as its
+    render workers found, payrun.slipstore.report_fault), or "full" (``full``,
+    :func:`store_full`). None for any other worker. Pure."""
+    from jobs.policy import store_fault_word
+
+    if worker.kind != "render":
+        return None
+    if (f := store_fault_of(worker, faults)) is not None:
+        return store_fault_word(f.get("errno"))
+    return "full" if full else None
+
+
+STORE_WAIT_STATE = {"full": "waits: store full", "read-only": "waits: read-only", "failing": "waits: disk error"}
+"""A render worker's state, by :func:`store_wait`'s word. Short: at 80 columns "waits: store
+read-only" pushed the workers view's `alive` off the screen (17 columns at most)."""
+
+
+def worker_state(state: str, kind: str, full: bool, wait: str | None = None) -> str:
     """A worker's RQ state as the on-call reads it: a render worker taking no render while
-    the slip store is full reads "suspended" (RQ's word, as for `rq suspend`): "waits: store full"."""
-    if kind == "render" and state == "suspended" and full:
-        return "waits: store full"  # (short: at 80 columns a longer one pushed `alive` off)
+    the slip store is full, read-only or failing reads "suspended" (RQ's word, as for `rq
+    suspend`): "waits: store full", "waits: read-only", "waits: disk error" (``wait``:
+    :func:`store_wait`'s word, "full" by default when ``full``)."""
+    if kind == "render" and state == "suspended" and (wait or full):
+        return STORE_WAIT_STATE.get(wait or "full", f"waits: {wait}")
     return state
 
 
@@ -229,6 +260,14 @@ def eta_text(eta: dict[str, Any] | None) -> str:
         return "no ETA: intake drained (resume with u or `payrun resume`)"
     if eta.get("no_worker"):
         return f"no ETA: no {' or '.join(eta['no_worker'])} worker running (`payrun up`? `payrun ps`)"
+    if f := eta.get("store_fault"):  # (read-only, a failing disk: it read "ETA 17:51 — on time")
+        from jobs.policy import store_fault_step, store_fault_word
+
+        more = eta.get("store_faults", 1) - 1
+        return (f"no ETA: slip store {f['path']} {store_fault_word(f.get('errno'))} on {f['host']} ({f['error']})"
+                + (f" and {more} more host{'' if more == 1 else 's'}'s (`payrun status`)" if more > 0 else "")
+                + f": every render waits, spending no attempt; {store_fault_step(f.get('errno'), f['mount'])}; "
+                  "the run goes on by itself")
     if eta.get("store_full_free") is not None and eta.get("store_full_at"):
         # (it said "`payrun status` says where": at 02:00, a second command to learn what to free)
         return (f"no ETA: slip store full ({eta['store_full_free'] // 1024:,} KiB free): every render waits, "

@@ -155,6 +155,109 @@ async def test_a_render_worker_taking_none_while_the_slip_store_is_full_says_why
     assert not any("slip store full" in ln for ln in worker_table(snap.workers)), "not full: RQ's state"
 
 
+class StoreFaultSource(FixedSource):
+    """The fixed overview with app1's slip store remounted read-only: its render workers
+    take none ("suspended"), a render worker's entry in payrun:slips:faults says why."""
+
+    def __init__(self, code: int = 30):  # (errno.EROFS)
+        super().__init__()
+        self.code = code
+
+    def snapshot(self):
+        import errno
+        import os
+
+        from console.data import eta
+
+        snap = fixed_snapshot()
+        for w in snap.workers:
+            if w.kind == "render":
+                w.state, w.job_id, w.job_elapsed_s = "suspended", None, None
+        snap.store_faults = [{"id": "3f2a", "host": "app1", "path": "/srv/payrun/slips", "mount": "/srv",
+                              "errno": self.code, "error": f"{os.strerror(self.code)}, {errno.errorcode[self.code]}",
+                              "since_ms": (NOW - 90) * 1000}]
+        snap.eta = eta(snap.status["total"], 39.9, NOW, "Asia/Dhaka", store_free=10 << 30, store="/srv/payrun/slips",
+                       store_faults=snap.store_faults)
+        return snap
+
+
+def test_the_eta_of_a_slip_store_that_cannot_be_written_says_which_and_what_to_do():
+    """Session 43: with every render held by a store remounted read-only the console read
+    "ETA 17:51 — on time for 09:00" (the full store's no-ETA was all it knew)."""
+    import errno
+
+    from console.data import eta
+    from console.fmt import eta_text
+
+    total = {"queued": 198, "running": 0, "retrying": 0, "done": 102, "failed": 0, "stuck": 0, "total": 300}
+    ro = {"host": "app1", "path": "/srv/payrun/slips", "mount": "/srv", "errno": errno.EROFS,
+          "error": "Read-only file system, EROFS", "since_ms": 1.0}
+    out = eta(total, 4.7, NOW, "Asia/Dhaka", store_free=10 << 30, store_faults=[ro])
+    assert out["at"] is None and out["store_faults"] == 1
+    assert eta_text(out) == ("no ETA: slip store /srv/payrun/slips read-only on app1 (Read-only file system, EROFS): "
+                             "every render waits, spending no attempt; check the disk (`dmesg`), then `mount -o "
+                             "remount,rw /srv` (or replace the disk); the run goes on by itself"), eta_text(out)
+    io = dict(ro, host="app2", errno=errno.EIO, error="Input/output error, EIO")
+    text = eta_text(eta(total, 4.7, NOW, "Asia/Dhaka", store_faults=[io, ro]))
+    assert text.startswith("no ETA: slip store /srv/payrun/slips failing on app2 (Input/output error, EIO) and 1 "
+                           "more host's (`payrun status`): every render waits"), text
+    assert "check the disk (`dmesg`) and replace it (or mount a healthy one at /srv)" in text
+    assert eta_text(eta(total | {"queued": 0, "done": 300}, 0.0, NOW, "Asia/Dhaka", store_faults=[ro])) == \
+        "all delivered"  # (nothing left: nothing waits on it)
+    assert eta_text(eta(total, 4.7, NOW, "Asia/Dhaka", store_faults=[])).startswith("ETA ")
+
+
+def test_a_render_workers_wait_is_its_own_hosts_store():
+    """By host id (two hosts named alike), by hostname for a worker with none; a fault beats
+    a full store; a send lane never reads so."""
+    import errno
+
+    from console.fmt import store_wait, worker_state
+
+    def w(host, host_id, kind="render"):
+        return WorkerRow(f"{kind}.{host}.1", host, 1, "pdf-render", "suspended", None, None, 1.0, True, False, kind,
+                         host_id=host_id)
+
+    faults = [{"id": "aaaa1111", "host": "app1", "errno": errno.EROFS}, {"id": "bbbb2222", "host": "app2",
+                                                                         "errno": errno.EIO}]
+    assert store_wait(w("app1", "aaaa1111"), False, faults) == "read-only"
+    assert store_wait(w("app1", "cccc3333"), False, faults) is None  # (another host named app1)
+    assert store_wait(w("app2", None), True, faults) == "failing"
+    assert store_wait(w("app3", None), True, faults) == "full"
+    assert store_wait(w("app1", "aaaa1111", kind="email"), True, faults) is None
+    assert worker_state("suspended", "render", False, "read-only") == "waits: read-only"
+    assert worker_state("suspended", "render", False, "failing") == "waits: disk error"
+    assert worker_state("suspended", "render", True) == "waits: store full"
+    assert worker_state("busy", "render", False, "read-only") == "busy"
+
+
+@sync
+async def test_a_render_worker_taking_none_while_the_slip_store_cannot_be_written_says_why():
+    """Reproduced live (session 43, a tmpfs store remounted read-only, 80x24 in tmux): the
+    answer read "ETA 17:51 — on time", the render processes "idle", the workers view
+    "suspended". Now as for a full store, in its own words, at 80 columns."""
+    from console.cli import worker_table
+    from console.widgets.table import RESERVED
+    from test_console_narrow import right_edge
+
+    app = ConsoleApp(StoreFaultSource(), clock=lambda: NOW, poll=False, no_blink=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        said = str(app.screen.query_one("#answer").render())
+        assert "no ETA: slip store /srv/payrun/slips read-only on app1" in said and "ETA 0" not in said, said
+        assert "`mount -o remount,rw /srv`" in said.replace("\n", " ") and "the run goes on by itself" in said
+        row = [str(c) for c in app.screen.query_one("#procs").get_row("app1:4101")]
+        assert "takes none: slip store read-only" in row, row
+        await pilot.press("w")
+        await ready(pilot, lambda: app.screen.CRUMB == "workers")
+        table = app.screen.query_one("#workers")
+        assert str(table.get_row("render.app1.4101")[table.get_column_index("state")]) == "waits: read-only"
+        assert 0 < right_edge(table, "alive") <= table.size.width - RESERVED  # (still on screen at 80)
+    snap = StoreFaultSource(5).snapshot()  # (errno.EIO: a failing disk)
+    lines = worker_table(snap.workers, False, snap.store_faults)
+    assert any("render.app1.4101" in ln and "waits: disk error" in ln for ln in lines), lines
+
+
 # ---- session 43: the gaps session 42's closing note left ---------------------------------------
 
 

@@ -11,8 +11,8 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 
 from console.data import Snapshot
-from console.fmt import (answer, clip, columns, duration, ledger_behind_text, longest_fitting, no_run_text,
-                         paused_sender_alerts, spark, store_full, tagged)
+from console.fmt import (answer, clip, columns, duration, ledger_behind_text, longest_fitting,
+                         no_run_text, paused_sender_alerts, spark, store_full, store_wait, tagged)
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
@@ -246,8 +246,10 @@ class OverviewScreen(ConsoleScreen):
                 job = "gone (its job handed back)" if any(w.job_returned for w in dead) else "gone"
             elif paused is not None:  # (it read "idle" beside a queue with work)
                 job = Text(f"its credentials refused ({duration(paused)})", style="red")
-            elif ws[0].kind == "render" and store_full(snap.eta) and any(w.state == "suspended" for w in ws):
-                job = Text("takes none: slip store full", style="red")  # (it read "idle" beside 398 waiting)
+            elif (ws[0].kind == "render" and any(w.state == "suspended" for w in ws)
+                  and (wait := store_wait(ws[0], store_full(snap.eta), snap.store_faults))):
+                # (it read "idle" beside 398 waiting: a full store; session 43 a read-only one)
+                job = Text(f"takes none: slip store {wait}", style="red")
             else:
                 job = "idle"
             rows.append((key, (f"{tagged(ws[0].host, ws[0].host_tag, 18)}:{ws[0].pid}", ws[0].program or "", kind,
