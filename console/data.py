@@ -223,6 +223,9 @@ class Limits:
     RATE_WINDOW_MIN minutes."""
     sent_since_change: int | None = None
     """Slips sent since ``changed_at`` (send-email finishes, reminders left out)."""
+    slots_for_rate: int | None = None
+    """The most slots taken at once under the rate (jobs.limits.rate_slots): below the cap,
+    the rate holds the sends back, not the cap (`payrun limits show` says it too)."""
 
 
 @dataclass
@@ -579,7 +582,8 @@ def read_limits(conn, cfg, now: float | None = None) -> Limits:
     stats = {_s(k): int(v) for k, v in stats.items()}
     from jobs.limits import outage_from
 
-    from jobs.limits import waiting_for_rate
+    from jobs.limits import rate_slots, waiting_for_rate
+    from jobs.policy import start_wait_budget_s
 
     outage = outage_from(outage_raw, pause, now_ms=now_ms)
     rate = float(conf.get("rate_per_s", cfg.limits.email_rate_per_s))
@@ -588,7 +592,8 @@ def read_limits(conn, cfg, now: float | None = None) -> Limits:
                   in_use=int(in_use), waits=stats.get("waits", 0), http_429=stats.get("http_429", 0),
                   paused_for_s=max(0, int(pause)) / 1000, outage=outage, duplicates=stats.get("duplicates", 0),
                   waiting_for_rate=waiting_for_rate(float(tat) if tat else None, now_ms, rate, int(in_use)),
-                  changed_at=changed_at, sent_since_change=sent)
+                  changed_at=changed_at, sent_since_change=sent,
+                  slots_for_rate=rate_slots(rate, start_wait_budget_s(cfg.email.timeout_s)))
 
 
 def _sent_since_change(conn, conf: dict[str, str], now: float) -> tuple[float | None, int | None]:

@@ -176,6 +176,26 @@ def paused_sender_alerts(r: dict[str, Any], now: float) -> list[str]:
                f"{who} PAUSED ({wheres[-1]})"])
 
 
+def in_flight_notes(in_use: int, cap: int, rate_per_s: float, waiting: int, slots: int | None) -> list[str]:
+    """What the limits line says after "email 13/50 in flight", longest first (for
+    :func:`longest_fitting`). At a rate that lets fewer slots be taken than the cap
+    (``slots``: jobs.limits.rate_slots; 22 at 2/s) it says the rate, not the cap, holds the
+    sends back: "13/50 in flight" read as idle lanes and invited raising the cap. Each
+    shorter form drops the count of senders ``waiting`` for their start first; the last
+    says nothing (the line's other figures stay on an 80-column screen). Otherwise the one
+    form as before: the ``waiting`` count, if any. Pure."""
+    waits = f"{waiting} waiting for the rate" if waiting else ""
+    if slots is None or slots >= cap:
+        return [f" ({waits})" if waits else ""]
+    rate = f"{rate_per_s:g}/s"
+    out = [f" ({waits + '; ' if waits else ''}at {rate} at most {slots} at once: the rate holds sends back, "
+           "not the cap)"]
+    if waits:
+        out.append(f" ({waits}; the rate, not the cap, allows {slots})")
+    return out + [f" (the rate, not the cap, allows {slots})", f" (the rate allows {slots})",
+                  f" (rate allows {slots})", ""]
+
+
 def longest_fitting(forms: list[str], room: int | None) -> str:
     """The first (longest) of ``forms`` that takes at most ``room`` terminal columns; the
     last when none does; the first when ``room`` is None (no limit)."""

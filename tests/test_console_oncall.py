@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import time
 
+from rich.text import Text
+
 from console.app import ConsoleApp
-from console.data import WorkerRow
+from console.data import Limits, WorkerRow
 from jobs.policy import SENDER_TTL_S, sender_entry
 from payrun import keys
 
@@ -516,3 +518,53 @@ async def test_a_view_failing_on_one_refresh_does_not_end_the_polling():
             assert not app.snapshot.error
     finally:
         OverviewScreen.show_snapshot = show
+
+
+# ---- session 43 (followups): at a low rate the rate, not the cap, holds the sends back ------------
+
+def test_at_a_low_rate_the_limits_line_says_the_rate_allows_fewer_slots_than_the_cap(cfg, conn):
+    """`payrun limits show` says "at 2/s at most 22 slots are taken at once"; the console
+    read "email 13/50 in flight" and nothing more, inviting a raised cap."""
+    from console.data import read_limits
+    from console.fmt import in_flight_notes
+    from jobs.limits import rate_slots, set_limits
+    from jobs.policy import start_wait_budget_s
+
+    set_limits(conn, "email", cap=50, rate_per_s=2.0)
+    lim = read_limits(conn, cfg)
+    assert lim.slots_for_rate == 22 == rate_slots(2.0, start_wait_budget_s(cfg.email.timeout_s))
+    assert rate_slots(2.0, None) is None and rate_slots(0.0, 15.0) is None
+    set_limits(conn, "email", rate_per_s=40.0)
+    assert read_limits(conn, cfg).slots_for_rate >= 50  # (the cap binds first: nothing more said)
+    assert in_flight_notes(43, 45, 40.0, 0, 500) == [""]
+    assert in_flight_notes(43, 45, 40.0, 3, 500) == [" (3 waiting for the rate)"]  # (as before)
+    forms = in_flight_notes(13, 50, 2.0, 11, 22)
+    assert forms[0] == (" (11 waiting for the rate; at 2/s at most 22 at once: the rate holds sends back, not the "
+                        "cap)") and forms[-1] == "" and " (the rate allows 22)" in forms
+    assert [len(f) for f in forms] == sorted((len(f) for f in forms), reverse=True)
+
+
+class LowRateSource(FixedSource):
+    """The fixed overview at `payrun limits set --rate 2` (session 43's reproduction: 13 of
+    50 slots in use, 11 of them waiting for their start, 22 the most the rate lets)."""
+
+    def snapshot(self):
+        snap = fixed_snapshot()
+        snap.limits = Limits(cap=50, rate_per_s=2.0, in_use=13, waits=12_049, http_429=0, paused_for_s=0,
+                             waiting_for_rate=11, slots_for_rate=22)
+        snap.retry_errors = []
+        return snap
+
+
+@sync
+async def test_the_limits_line_at_a_low_rate_fits_80_columns_and_says_more_when_wider():
+    for width, said in ((80, "email 13/50 in flight (the rate allows 22) · limit 2/s · 12,049 waits · 0 429s"),
+                        (160, "email 13/50 in flight (11 waiting for the rate; at 2/s at most 22 at once: the rate "
+                              "holds sends back, not the cap) · limit 2/s · 12,049 waits · 0 429s")):
+        app = ConsoleApp(LowRateSource(), clock=lambda: NOW, poll=False, no_blink=True)
+        async with app.run_test(size=(width, 30)) as pilot:
+            await ready(pilot, lambda: app.snapshot is not None)
+            line = app.screen.query_one("#limits")
+            text = line.render()
+            assert str(text) == said, (width, str(text))
+            assert Text(str(text)).cell_len <= line.size.width, (width, line.size.width)

@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 
 from console.data import Snapshot
-from console.fmt import (answer, clip, columns, duration, ledger_behind_text, longest_fitting,
+from console.fmt import (answer, clip, columns, duration, in_flight_notes, ledger_behind_text, longest_fitting,
                          no_run_text, paused_sender_alerts, spark, store_full, store_wait, tagged)
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
@@ -197,17 +197,20 @@ class OverviewScreen(ConsoleScreen):
             t.append(text, style=style)
             t.append(" · ")
         if lim:
+            tail = Text(" · limit ")  # (a bare "40/s" read as a speed: it is the most sends a second may start)
+            tail.append(f"{lim.rate_per_s:g}/s", style="bold")
+            tail.append(f" · {lim.waits:,} waits · ")
+            tail.append(f"{lim.http_429:,} 429s", style="bold red" if lim.http_429 else "")
+            if lim.duplicates:  # a killed sender's sends went out again: the provider deduped them
+                tail.append(f" · {lim.duplicates:,} resends deduped", style="bold yellow")
             t.append("email ")
             t.append(f"{lim.in_use}/{lim.cap}", style="bold")
-            # slots held by senders waiting for the rate are not requests at the provider
-            t.append(f" in flight ({lim.waiting_for_rate} waiting for the rate) · " if lim.waiting_for_rate
-                     else " in flight · ")
-            t.append("limit ")  # (a bare "40/s" read as a speed: it is the most sends a second may start)
-            t.append(f"{lim.rate_per_s:g}/s", style="bold")
-            t.append(f" · {lim.waits:,} waits · ")
-            t.append(f"{lim.http_429:,} 429s", style="bold red" if lim.http_429 else "")
-            if lim.duplicates:  # a killed sender's sends went out again: the provider deduped them
-                t.append(f" · {lim.duplicates:,} resends deduped", style="bold yellow")
+            t.append(" in flight")
+            # slots held by senders waiting for the rate are not requests at the provider; at a
+            # low rate the rate, not the cap, holds the sends back (it read as idle lanes)
+            notes = in_flight_notes(lim.in_use, lim.cap, lim.rate_per_s, lim.waiting_for_rate, lim.slots_for_rate)
+            t.append(longest_fitting(notes, None if room is None else room - t.cell_len - tail.cell_len))
+            t.append_text(tail)
         elif alerts:
             t.right_crop(3)  # (the trailing " · ")
         return t
