@@ -353,7 +353,9 @@ def test_the_day_an_employee_left_is_recorded_and_shown_where_leavers_are_named(
     today = datetime.now(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")
     out = runner.invoke(cli, ["employee", "left", gone, "--on", "2026-10-20"])
     assert out.exit_code == 0 and "1 employee marked as left on 2026-10-20" in out.output, out.output
-    assert "runs of 2026-11 and later, and reminders, leave them out (a run of 2026-10 pays them" in out.output
+    assert ("runs of 2026-11 and later, and reminders about those months, leave them out (a run of 2026-10 pays them"
+            in out.output), out.output
+    assert "a `payrun remind` about 2026-10, due in it or `--month 2026-10`, reaches them)" in out.output
     assert runner.invoke(cli, ["employee", "left", late]).exit_code == 0
     assert payroll.left_on(db, [gone, late, "emp-00001"]) == {gone: "2026-10-20", late: today}
     again = runner.invoke(cli, ["employee", "left", gone])
