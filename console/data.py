@@ -655,6 +655,13 @@ def unserved(queues: list[QueueRow], workers: list[WorkerRow]) -> list[str]:
             if q.name in (keys.RENDER_QUEUE, keys.EMAIL_QUEUE) and (q.depth or q.retrying) and q.name not in served]
 
 
+def renders_to_make(queues: list[QueueRow]) -> bool:
+    """Whether any render is still to be made: waiting, running, or held / waiting out a
+    backoff in the pdf-render queue. (Seen live, session 43: with every render made and 949
+    sends left, a store remounted read-only read "no ETA: … every render waits".) Pure."""
+    return any(q.depth or q.running or q.retrying for q in queues if q.name == keys.RENDER_QUEUE)
+
+
 def stalled(queues: list[QueueRow], running_s: float | None) -> bool:
     """No slip delivered (send-email finishes, reminders left out) in the current and the
     previous minute, in a run going for more than STALL_MIN minutes."""
@@ -671,7 +678,7 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
         provider_down_s: float | None = None, started: float | None = None,
         no_worker: list[str] | None = None, stalled: bool = False, redis_down: bool = False,
         store_free: int | None = None, store: str | None = None,
-        store_faults: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        store_faults: list[dict[str, Any]] | None = None, renders_left: bool = True) -> dict[str, Any]:
     """When the last slip should be delivered at the recent rate, and whether that is
     before the 09:00 deadline: the first one at or after ``started`` (when the run
     began: a run started at 01:00 and still going at 09:05 is late, not on time for
@@ -692,7 +699,9 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
     read-only, a failing disk): their hosts' renders wait, so no time is promised either
     (session 43: the console read "ETA 17:51 — on time" with every render held by a store
     remounted read-only); ``store_fault`` names the first (host, path, mount, errno,
-    error), ``store_faults`` counts them."""
+    error), ``store_faults`` counts them. ``renders_left``: renders are still to be made
+    (:func:`renders_to_make`); once none is, a full or unwritable store holds nothing back
+    (sends only read their slips) and the ETA is promised as usual."""
     from jobs.policy import STORE_ROOM_MIN_BYTES
 
     remaining = _remaining(total)
@@ -710,11 +719,11 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
                            "provider_down_s": provider_down_s if remaining > 0 else None,
                            "no_worker": list(no_worker or []) if remaining > 0 and not drained else [],
                            "stalled": stalled and remaining > 0, "redis_down": redis_down and remaining > 0,
-                           "store_full_free": (store_free if remaining > 0 and store_free is not None
+                           "store_full_free": (store_free if remaining > 0 and renders_left and store_free is not None
                                                and store_free < STORE_ROOM_MIN_BYTES else None)}
     if out["store_full_free"] is not None and store:
         out["store_full_at"] = store
-    faults = list(store_faults or []) if remaining > 0 else []
+    faults = list(store_faults or []) if remaining > 0 and renders_left else []
     out["store_faults"] = len(faults)
     out["store_fault"] = ({k: faults[0].get(k) for k in ("host", "path", "mount", "errno", "error")}
                           if faults else None)
@@ -893,7 +902,8 @@ class Source:
                                    started=started or None, no_worker=unserved(snap.queues, snap.workers),
                                    stalled=stalled(snap.queues, running_s), redis_down=snap.redis_down,
                                    store_free=self._store_free(), store=str(self.cfg.slips_dir),
-                                   store_faults=snap.store_faults)
+                                   store_faults=snap.store_faults,
+                                   renders_left=snap.redis_down or renders_to_make(snap.queues))
             except Exception as e:
                 errors.append(f"ledger unreadable ({type(e).__name__}: {one_line(e, 200)})")
             snap.error = "; ".join(errors) or None

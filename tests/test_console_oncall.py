@@ -568,3 +568,24 @@ async def test_the_limits_line_at_a_low_rate_fits_80_columns_and_says_more_when_
             text = line.render()
             assert str(text) == said, (width, str(text))
             assert Text(str(text)).cell_len <= line.size.width, (width, line.size.width)
+
+
+def test_a_store_that_cannot_be_written_holds_no_eta_back_once_every_render_is_made():
+    """Seen live (session 43, followups): every render made, 949 sends left at 2/s, the store
+    remounted read-only: "no ETA: … every render waits", though sends only read their slips.
+    The same for a full store."""
+    import errno
+
+    from console.data import QueueRow, eta, renders_to_make
+    from console.fmt import eta_text
+
+    total = {"queued": 949, "running": 13, "retrying": 0, "done": 2_038, "failed": 0, "stuck": 0, "total": 3_000}
+    ro = [{"host": "vm", "path": "/srv/slips", "mount": "/srv", "errno": errno.EROFS, "error": "Read-only file system, "
+           "EROFS", "since_ms": None}]
+    renders = QueueRow("pdf-render", 0, 0, 0, 0, None, [], False)
+    sends = QueueRow("send-email", 949, 13, 0, 0, 700.0, [], False)
+    assert not renders_to_make([renders, sends])
+    assert renders_to_make([QueueRow("pdf-render", 0, 0, 3, 0, None, [], False)])  # (held: waiting out its hold)
+    for kw in ({"store_faults": ro}, {"store_free": 4096, "store": "/srv/slips"}):
+        assert eta_text(eta(total, 2.0, NOW, "Asia/Dhaka", renders_left=False, **kw)).startswith("ETA "), kw
+        assert eta_text(eta(total, 2.0, NOW, "Asia/Dhaka", **kw)).startswith("no ETA: slip store "), kw
