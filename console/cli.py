@@ -49,7 +49,7 @@ WORKER_COLUMNS_MIN = {"worker": 34, "queues": 10, "state": 9, "job": 30, "for": 
 """`payrun workers`' usual widths: a column is wider when an entry is (never cut)."""
 
 
-def worker_table(workers: list, store_full: bool = False) -> list[str]:
+def worker_table(workers: list, store_full: bool = False, store_faults: list | None = None) -> list[str]:
     """`payrun workers`' header and rows (none with no worker). Every column is as wide as
     its longest entry, the header's included: the host:pid column was not padded, so under
     supervisord (its program names), or with a host name of another length, each row's
@@ -60,8 +60,9 @@ def worker_table(workers: list, store_full: bool = False) -> list[str]:
     process, the control worker), then the send-email lanes: a send-email process of
     several lanes is one row (``email.<host>.<pid>.* (50 lanes)``, its state "43/50 busy"
     or PAUSED, its longest job) and its lanes come after every process. With two
-    send-email processes the render workers were listed after 100 lane rows."""
-    from console.fmt import by_process, longest_job, process_name, process_state, tagged, worker_state
+    send-email processes the render workers were listed after 100 lane rows. ``store_full``,
+    ``store_faults``: a render worker taking none reads why (console.fmt.store_wait)."""
+    from console.fmt import by_process, longest_job, process_name, process_state, store_wait, tagged, worker_state
 
     def where(w) -> str:
         return f"{tagged(w.host, w.host_tag)}:{w.pid}" + (f" {w.program}" if w.program else "")
@@ -72,7 +73,8 @@ def worker_table(workers: list, store_full: bool = False) -> list[str]:
             "where": where(w),
             "queues": w.queues,
             "state": "GONE" if not w.alive else "PAUSED" if getattr(w, "paused_s", None) is not None
-                     else worker_state(w.state, w.kind, store_full), "job": w.job_id or "-",
+                     else worker_state(w.state, w.kind, store_full, store_wait(w, store_full, store_faults)),
+            "job": w.job_id or "-",
             "for": _age(w.job_elapsed_s),
             "tail": f"beat {_age(w.heartbeat_age_s)} ago" + ("" if w.alive else "  NO LIVENESS")
                     + (f"  (its job {w.job_returned} was handed back)" if w.job_returned else "")
@@ -213,7 +215,7 @@ def register(cli) -> None:
         gone = [w for w in snap.workers if not w.alive]
         from console.fmt import store_full
 
-        for line in worker_table(snap.workers, store_full(snap.eta)):
+        for line in worker_table(snap.workers, store_full(snap.eta), snap.store_faults):
             click.echo(line)
         from jobs.senders import refused_line
 

@@ -223,6 +223,9 @@ class Limits:
     RATE_WINDOW_MIN minutes."""
     sent_since_change: int | None = None
     """Slips sent since ``changed_at`` (send-email finishes, reminders left out)."""
+    slots_for_rate: int | None = None
+    """The most slots taken at once under the rate (jobs.limits.rate_slots): below the cap,
+    the rate holds the sends back, not the cap (`payrun limits show` says it too)."""
 
 
 @dataclass
@@ -257,6 +260,10 @@ class Snapshot:
     """Send-email processes paused because the provider refuses their own credentials
     (jobs.senders.read_refused: process, host, pid, since_ms, where), as `payrun workers`
     names them."""
+    store_faults: list[dict[str, Any]] = field(default_factory=list)
+    """Slip stores that cannot be written, read-only or failing (payrun.slipstore.
+    store_faults: host, path, mount, errno, error, since_ms), as `payrun status` names them:
+    those hosts' render workers take no render."""
     took_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -575,7 +582,8 @@ def read_limits(conn, cfg, now: float | None = None) -> Limits:
     stats = {_s(k): int(v) for k, v in stats.items()}
     from jobs.limits import outage_from
 
-    from jobs.limits import waiting_for_rate
+    from jobs.limits import rate_slots, waiting_for_rate
+    from jobs.policy import start_wait_budget_s
 
     outage = outage_from(outage_raw, pause, now_ms=now_ms)
     rate = float(conf.get("rate_per_s", cfg.limits.email_rate_per_s))
@@ -584,7 +592,8 @@ def read_limits(conn, cfg, now: float | None = None) -> Limits:
                   in_use=int(in_use), waits=stats.get("waits", 0), http_429=stats.get("http_429", 0),
                   paused_for_s=max(0, int(pause)) / 1000, outage=outage, duplicates=stats.get("duplicates", 0),
                   waiting_for_rate=waiting_for_rate(float(tat) if tat else None, now_ms, rate, int(in_use)),
-                  changed_at=changed_at, sent_since_change=sent)
+                  changed_at=changed_at, sent_since_change=sent,
+                  slots_for_rate=rate_slots(rate, start_wait_budget_s(cfg.email.timeout_s)))
 
 
 def _sent_since_change(conn, conf: dict[str, str], now: float) -> tuple[float | None, int | None]:
@@ -608,12 +617,14 @@ def _sent_since_change(conn, conf: dict[str, str], now: float) -> tuple[float | 
 def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis_stuck: list[str],
               month: str | None = None, now: float | None = None,
               no_slip: dict[int, int] | None = None,
-              no_salary_line: dict[int, int] | None = None) -> dict[str, Any]:
+              no_salary_line: dict[int, int] | None = None,
+              no_slip_final: dict[int, int] | None = None) -> dict[str, Any]:
     """The same figures as payrun.status.report (per company and total), from a read-only
     ledger, the stuck ids already found in Redis and ``no_slip`` (per company, employees
     with salary lines and no slip, added after the run or of a company it never covered:
     payrun.runs.no_slip) and ``no_salary_line`` (per company of the run, active employees with
-    no salary line for the month: payrun.payroll.without_salary_line)."""
+    no salary line for the month: payrun.payroll.without_salary_line) and ``no_slip_final``
+    (of ``no_slip``, leavers the month pays, their final slip, whom its run left out)."""
     if month is None:
         month = ledger.latest_month()
     counts = ledger.slip_counts(month) if month else {}
@@ -623,11 +634,13 @@ def hr_report(ledger: Ledger, names: dict[int, str], stuck_after_s: float, redis
                 counts[cid]["stuck"] += 1
     no_slip = no_slip or {}
     no_salary_line = no_salary_line or {}
-    total = {s: 0 for s in STATES} | {"stuck": 0, "total": 0, "no_slip": 0, "no_salary_line": 0}
+    no_slip_final = no_slip_final or {}
+    total = {s: 0 for s in STATES} | {"stuck": 0, "total": 0, "no_slip": 0, "no_salary_line": 0, "no_slip_final": 0}
     companies = []
     for cid in sorted(set(counts) | set(no_slip)):
         row = counts.get(cid, {k: 0 for k in (*STATES, "stuck", "total")}) | {
-            "no_slip": no_slip.get(cid, 0), "no_salary_line": no_salary_line.get(cid, 0)}
+            "no_slip": no_slip.get(cid, 0), "no_salary_line": no_salary_line.get(cid, 0),
+            "no_slip_final": no_slip_final.get(cid, 0)}
         for k in total:
             total[k] += row.get(k, 0)
         companies.append({"id": cid, "name": names.get(cid, f"company {cid}"), **row})
@@ -640,6 +653,13 @@ def unserved(queues: list[QueueRow], workers: list[WorkerRow]) -> list[str]:
     served = {q.strip() for w in workers if w.alive and not w.stopping for q in w.queues.split(",")}
     return [q.name for q in queues
             if q.name in (keys.RENDER_QUEUE, keys.EMAIL_QUEUE) and (q.depth or q.retrying) and q.name not in served]
+
+
+def renders_to_make(queues: list[QueueRow]) -> bool:
+    """Whether any render is still to be made: waiting, running, or held / waiting out a
+    backoff in the pdf-render queue. (Seen live, session 43: with every render made and 949
+    sends left, a store remounted read-only read "no ETA: … every render waits".) Pure."""
+    return any(q.depth or q.running or q.retrying for q in queues if q.name == keys.RENDER_QUEUE)
 
 
 def stalled(queues: list[QueueRow], running_s: float | None) -> bool:
@@ -657,7 +677,8 @@ def _remaining(total: dict[str, int]) -> int:
 def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: bool = False,
         provider_down_s: float | None = None, started: float | None = None,
         no_worker: list[str] | None = None, stalled: bool = False, redis_down: bool = False,
-        store_free: int | None = None, store: str | None = None) -> dict[str, Any]:
+        store_free: int | None = None, store: str | None = None,
+        store_faults: list[dict[str, Any]] | None = None, renders_left: bool = True) -> dict[str, Any]:
     """When the last slip should be delivered at the recent rate, and whether that is
     before the 09:00 deadline: the first one at or after ``started`` (when the run
     began: a run started at 01:00 and still going at 09:05 is late, not on time for
@@ -673,7 +694,14 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
     ``store_free``: the slip store's room; below jobs.policy.STORE_ROOM_MIN_BYTES it is
     full and no render is made until space is freed: no time is promised (the session-42
     drill's console read "ETA 14:25 — on time" with every render waiting on a full store).
-    ``store``: its path, said with it (``store_full_at``): what to free at 02:00."""
+    ``store``: its path, said with it (``store_full_at``): what to free at 02:00.
+    ``store_faults``: slip stores that cannot be written (payrun.slipstore.store_faults:
+    read-only, a failing disk): their hosts' renders wait, so no time is promised either
+    (session 43: the console read "ETA 17:51 — on time" with every render held by a store
+    remounted read-only); ``store_fault`` names the first (host, path, mount, errno,
+    error), ``store_faults`` counts them. ``renders_left``: renders are still to be made
+    (:func:`renders_to_make`); once none is, a full or unwritable store holds nothing back
+    (sends only read their slips) and the ETA is promised as usual."""
     from jobs.policy import STORE_ROOM_MIN_BYTES
 
     remaining = _remaining(total)
@@ -691,13 +719,18 @@ def eta(total: dict[str, int], rate_per_s: float, now: float, tz: str, drained: 
                            "provider_down_s": provider_down_s if remaining > 0 else None,
                            "no_worker": list(no_worker or []) if remaining > 0 and not drained else [],
                            "stalled": stalled and remaining > 0, "redis_down": redis_down and remaining > 0,
-                           "store_full_free": (store_free if remaining > 0 and store_free is not None
+                           "store_full_free": (store_free if remaining > 0 and renders_left and store_free is not None
                                                and store_free < STORE_ROOM_MIN_BYTES else None)}
     if out["store_full_free"] is not None and store:
         out["store_full_at"] = store
+    faults = list(store_faults or []) if remaining > 0 and renders_left else []
+    out["store_faults"] = len(faults)
+    out["store_fault"] = ({k: faults[0].get(k) for k in ("host", "path", "mount", "errno", "error")}
+                          if faults else None)
     if remaining == 0:
         out.update(at=local.isoformat(), on_time=True)
-    elif drained or out["no_worker"] or out["redis_down"] or out["store_full_free"] is not None:
+    elif (drained or out["no_worker"] or out["redis_down"] or out["store_full_free"] is not None
+          or out["store_fault"] is not None):
         pass  # no ETA: nothing moves until `payrun resume` / a worker starts; or unknown
     elif provider_down_s is not None:
         if rate_per_s > 0:
@@ -743,6 +776,7 @@ class Source:
         # (ledger data_version, computed at, stuck ids, (month, no_slip counts), report)
         self._no_slip: tuple[tuple, dict[int, int]] | None = None  # (what it depends on, counts)
         self._no_salary_line: dict[int, int] = {}  # counted with _no_slip: active, no salary line
+        self._no_slip_final: dict[int, int] = {}  # of _no_slip: leavers' final slips the run left out
         self._month_finished = MonthFinished()
 
     @property
@@ -786,15 +820,15 @@ class Source:
         status` counts them). Recounted only when the month, the payroll db (an import) or
         the month's run rows (``rows``: a `run --resume` updates them) have changed. Empty when this
         host has no payroll db; raises sqlite3.Error when it cannot be read."""
-        from payrun.runs import no_slip
+        from payrun.runs import missing_slip_ids, not_run
 
         if not month:
-            self._no_salary_line = {}
+            self._no_salary_line, self._no_slip_final = {}, {}
             return {}
         if self._payroll is None:
             self._payroll = open_payroll_ro(self.cfg.payroll_path)
             if self._payroll is None:
-                self._no_salary_line = {}
+                self._no_salary_line, self._no_slip_final = {}, {}
                 return {}
         version = self._payroll.conn.execute("PRAGMA data_version").fetchone()[0]
         runs = tuple((r["company_id"], r["status"], r["jobs"], r["updated_at"]) for r in rows)
@@ -802,8 +836,12 @@ class Source:
         if self._no_slip is not None and (self._no_slip[0] == key or (
                 self._no_slip[0][0] == month and any(r["status"] == "fanning-out" for r in rows))):
             return self._no_slip[1]  # (a fan-out changes its rows 60 times; ~0.4 s a count at 50,000)
-        counts = no_slip(led, self._payroll, month)
-        from payrun.payroll import without_salary_line
+        missing = missing_slip_ids(led, self._payroll, month)  # (payrun.runs.no_slip, the leavers told apart)
+        counts = {cid: len(ids) for cid, ids in missing.items()} | not_run(led, self._payroll, month)
+        from payrun.payroll import left_on, without_salary_line
+
+        left = set(left_on(self._payroll, sorted(e for ids in missing.values() for e in ids)))
+        self._no_slip_final = {cid: n for cid, ids in missing.items() if (n := len(ids & left))}
 
         self._no_salary_line = {cid: len(ids) for cid, ids in without_salary_line(
             self._payroll, month, sorted({r["company_id"] for r in rows}), led.employees_with_jobs(month)).items()}
@@ -832,6 +870,11 @@ class Source:
                 snap.queues, snap.workers, snap.running = [], [], []
                 snap.redis_down = True
                 self._month_finished = MonthFinished()  # a Redis back without its data: read afresh
+            from payrun import slipstore
+
+            # (read-only, a failing disk: the console read "ETA … on time" and its render workers "idle")
+            snap.store_faults = slipstore.store_faults(None if snap.redis_down else self.conn,
+                                                       self.cfg.slips_dir, now)
             try:
                 led = self.ledger()
                 if led is not None:
@@ -858,7 +901,9 @@ class Source:
                     snap.eta = eta(snap.status["total"], rate, now, self.cfg.timezone, drained, down,
                                    started=started or None, no_worker=unserved(snap.queues, snap.workers),
                                    stalled=stalled(snap.queues, running_s), redis_down=snap.redis_down,
-                                   store_free=self._store_free(), store=str(self.cfg.slips_dir))
+                                   store_free=self._store_free(), store=str(self.cfg.slips_dir),
+                                   store_faults=snap.store_faults,
+                                   renders_left=snap.redis_down or renders_to_make(snap.queues))
             except Exception as e:
                 errors.append(f"ledger unreadable ({type(e).__name__}: {one_line(e, 200)})")
             snap.error = "; ".join(errors) or None
@@ -879,16 +924,17 @@ class Source:
         try:
             no_slip = self.no_slip(led, month, rows)
         except sqlite3.Error as e:  # the HR line stands without it
-            no_slip, self._no_salary_line = {}, {}
+            no_slip, self._no_salary_line, self._no_slip_final = {}, {}, {}
             errors.append(f"payroll db unreadable ({str(e)[:60]}): employees with no slip not counted")
         if self._hr is not None:
             v, at, ids, key, report = self._hr
-            same = ids == stuck_ids and key == (month, no_slip, self._no_salary_line)
+            same = ids == stuck_ids and key == (month, no_slip, self._no_salary_line, self._no_slip_final)
             if same and (v == version or time.monotonic() - at < HR_MIN_INTERVAL_S):
                 return report, self._hr_taken
         report = hr_report(led, self.names(), self.cfg.lease.stuck_after_s, list(stuck_ids), month=month, now=now,
-                           no_slip=no_slip, no_salary_line=self._no_salary_line)
-        self._hr = (version, time.monotonic(), stuck_ids, (month, no_slip, self._no_salary_line), report)
+                           no_slip=no_slip, no_salary_line=self._no_salary_line, no_slip_final=self._no_slip_final)
+        self._hr = (version, time.monotonic(), stuck_ids, (month, no_slip, self._no_salary_line, self._no_slip_final),
+                    report)
         self._hr_taken = now
         return report, now
 

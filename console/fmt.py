@@ -49,11 +49,42 @@ def store_full(eta: dict[str, Any] | None) -> bool:
     return bool(eta) and eta.get("store_full_free") is not None
 
 
-def worker_state(state: str, kind: str, full: bool) -> str:
+def store_fault_of(worker, faults: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The entry of ``faults`` (console.data.Snapshot.store_faults) for ``worker``'s host:
+    by host id (payrun.slipstore keys them so), by hostname for a worker with none (before
+    session 42). Pure."""
+    for f in faults or ():
+        if (f.get("id") == worker.host_id) if worker.host_id else f.get("host") == worker.host:
+            return f
+    return None
+
+
+def store_wait(worker, full: bool, faults: list[dict[str, Any]] | None = None) -> str | None:
+    """Why a render worker takes no render, if its slip store is the reason: "read-only" or
+    "failing" (jobs.policy.store_fault_word: its host's store cannot be written, as its
+    render workers found, payrun.slipstore.report_fault), or "full" (``full``,
+    :func:`store_full`). None for any other worker. Pure."""
+    from jobs.policy import store_fault_word
+
+    if worker.kind != "render":
+        return None
+    if (f := store_fault_of(worker, faults)) is not None:
+        return store_fault_word(f.get("errno"))
+    return "full" if full else None
+
+
+STORE_WAIT_STATE = {"full": "waits: store full", "read-only": "waits: read-only", "failing": "waits: disk error"}
+"""A render worker's state, by :func:`store_wait`'s word. Short: at 80 columns "waits: store
+read-only" pushed the workers view's `alive` off the screen (17 columns at most)."""
+
+
+def worker_state(state: str, kind: str, full: bool, wait: str | None = None) -> str:
     """A worker's RQ state as the on-call reads it: a render worker taking no render while
-    the slip store is full reads "suspended" (RQ's word, as for `rq suspend`): "waits: store full"."""
-    if kind == "render" and state == "suspended" and full:
-        return "waits: store full"  # (short: at 80 columns a longer one pushed `alive` off)
+    the slip store is full, read-only or failing reads "suspended" (RQ's word, as for `rq
+    suspend`): "waits: store full", "waits: read-only", "waits: disk error" (``wait``:
+    :func:`store_wait`'s word, "full" by default when ``full``)."""
+    if kind == "render" and state == "suspended" and (wait or full):
+        return STORE_WAIT_STATE.get(wait or "full", f"waits: {wait}")
     return state
 
 
@@ -145,6 +176,26 @@ def paused_sender_alerts(r: dict[str, Any], now: float) -> list[str]:
                f"{who} PAUSED ({wheres[-1]})"])
 
 
+def in_flight_notes(in_use: int, cap: int, rate_per_s: float, waiting: int, slots: int | None) -> list[str]:
+    """What the limits line says after "email 13/50 in flight", longest first (for
+    :func:`longest_fitting`). At a rate that lets fewer slots be taken than the cap
+    (``slots``: jobs.limits.rate_slots; 22 at 2/s) it says the rate, not the cap, holds the
+    sends back: "13/50 in flight" read as idle lanes and invited raising the cap. Each
+    shorter form drops the count of senders ``waiting`` for their start first; the last
+    says nothing (the line's other figures stay on an 80-column screen). Otherwise the one
+    form as before: the ``waiting`` count, if any. Pure."""
+    waits = f"{waiting} waiting for the rate" if waiting else ""
+    if slots is None or slots >= cap:
+        return [f" ({waits})" if waits else ""]
+    rate = f"{rate_per_s:g}/s"
+    out = [f" ({waits + '; ' if waits else ''}at {rate} at most {slots} at once: the rate holds sends back, "
+           "not the cap)"]
+    if waits:
+        out.append(f" ({waits}; the rate, not the cap, allows {slots})")
+    return out + [f" (the rate, not the cap, allows {slots})", f" (the rate allows {slots})",
+                  f" (rate allows {slots})", ""]
+
+
 def longest_fitting(forms: list[str], room: int | None) -> str:
     """The first (longest) of ``forms`` that takes at most ``room`` terminal columns; the
     last when none does; the first when ``room`` is None (no limit)."""
@@ -229,6 +280,14 @@ def eta_text(eta: dict[str, Any] | None) -> str:
         return "no ETA: intake drained (resume with u or `payrun resume`)"
     if eta.get("no_worker"):
         return f"no ETA: no {' or '.join(eta['no_worker'])} worker running (`payrun up`? `payrun ps`)"
+    if f := eta.get("store_fault"):  # (read-only, a failing disk: it read "ETA 17:51 — on time")
+        from jobs.policy import store_fault_step, store_fault_word
+
+        more = eta.get("store_faults", 1) - 1
+        return (f"no ETA: slip store {f['path']} {store_fault_word(f.get('errno'))} on {f['host']} ({f['error']})"
+                + (f" and {more} more host{'' if more == 1 else 's'}'s (`payrun status`)" if more > 0 else "")
+                + f": every render waits, spending no attempt; {store_fault_step(f.get('errno'), f['mount'])}; "
+                  "the run goes on by itself")
     if eta.get("store_full_free") is not None and eta.get("store_full_at"):
         # (it said "`payrun status` says where": at 02:00, a second command to learn what to free)
         return (f"no ETA: slip store full ({eta['store_full_free'] // 1024:,} KiB free): every render waits, "

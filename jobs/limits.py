@@ -330,6 +330,17 @@ def _once_more_on_drop(script):
     return call
 
 
+def rate_slots(rate_per_s: float, start_wait_s: float | None) -> int | None:
+    """The most slots taken at once under ``rate_per_s`` (jobs.policy.slots_for_rate: the
+    lanes taking sends follow a low rate), for a send whose start may wait ``start_wait_s``
+    (jobs.policy.start_wait_budget_s); None without one. `payrun limits show` and the
+    console's limits line say it when it is below the cap. Pure."""
+    if start_wait_s is None or rate_per_s <= 0:
+        return None
+    interval_ms = 1000.0 / paced_rate(rate_per_s, RATE_HEADROOM, GATE_MARGIN_MAX_MS)
+    return slots_for_rate(interval_ms, start_wait_s * 1000)
+
+
 class Limiter:
     """The limits of one resource. Thread-safe: lanes of one process share it."""
 
@@ -385,12 +396,9 @@ class Limiter:
                                 in_use)
 
     def slots_for_rate(self, rate_per_s: float) -> int | None:
-        """The most slots taken at once under ``rate_per_s`` (jobs.policy.slots_for_rate:
-        the lanes taking sends follow a low rate); None without a wait budget."""
-        if self.start_wait_s is None or rate_per_s <= 0:
-            return None
-        interval_ms = 1000.0 / paced_rate(rate_per_s, RATE_HEADROOM, GATE_MARGIN_MAX_MS)
-        return slots_for_rate(interval_ms, self.start_wait_s * 1000)
+        """The most slots taken at once under ``rate_per_s`` (:func:`rate_slots`); None
+        without a wait budget."""
+        return rate_slots(rate_per_s, self.start_wait_s)
 
     def settings(self) -> Settings:
         raw = self.conn.hgetall(self.k_conf)

@@ -448,6 +448,21 @@ def store_fault_todo(code: int | None, mount: str) -> str:
             f"disk (or mount a healthy one at {mount})")
 
 
+def store_fault_word(code: int | None) -> str:
+    """A slip store that cannot be written in a word or two, as the console's worker state
+    and ETA say it: "read-only" (EROFS), "failing" (EIO, a disk the test write found
+    failing). Pure."""
+    return "read-only" if code == errno.EROFS else "failing"
+
+
+def store_fault_step(code: int | None, mount: str) -> str:
+    """``store_fault_todo`` in a few words, for the console's ETA line (the one line the
+    on-call reads at 02:00): check the disk, then remount it read-write or replace it. Pure."""
+    if code == errno.EROFS:
+        return f"check the disk (`dmesg`), then `mount -o remount,rw {mount}` (or replace the disk)"
+    return f"check the disk (`dmesg`) and replace it (or mount a healthy one at {mount})"
+
+
 def errno_text(error: OSError) -> str:
     """"Read-only file system, EROFS": the system's words and the errno's name. Pure."""
     name = errno.errorcode.get(error.errno or 0, str(error.errno))

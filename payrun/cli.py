@@ -1062,8 +1062,10 @@ def _set_active(c: Ctx, ids: list[str], active: bool, left_date: str | None = No
             already += f" ({', '.join(kept[:3])}: `--on DATE` corrects it)" if kept else ""
         elif redated:
             already += f" ({len(redated)} now dated {left_date})"
-    after = "" if active else (f": runs of {_next_month(left_date)} and later, and reminders, leave them out "
-                               f"(a run of {left_date[:7]} pays them: their final slip, from its salary line)")
+    after = "" if active else (f": runs of {_next_month(left_date)} and later, and reminders about those months, leave "
+                               f"them out (a run of {left_date[:7]} pays them: their final slip, from its salary line; "
+                               f"a `payrun remind` about {left_date[:7]}, due in it or `--month {left_date[:7]}`, "
+                               "reaches them)")
     click.echo(f"{len(changed)} employee{'' if len(changed) == 1 else 's'} marked "
                f"{'as working here again' if active else f'as left{on}'}{after}" + already)
     if active and (cleared := [i for i in changed if before.get(i)]):

@@ -1367,6 +1367,30 @@ def left_out_of_month(db: "PayrollDB | sqlite_utils.Database", employee_id: str,
             f"--month {month} --resume`")
 
 
+def final_missing_text(ids: list[str], month: str, dates: dict[str, str | None], companies: list[int]) -> str | None:
+    """The note on leavers whom a run of ``month`` pays (``in_month_run``: they left on
+    or after its first day, ``dates``) and whose company's run (``companies``) made them no
+    slip (None when there are none). Not "added after the run", which they were not
+    (session 43): the run was made by an earlier version, which paid only those working
+    here, or before their leaving day was recorded (marked left with no day, or
+    an earlier one, and dated in the month since: `employee left --on`, an import's
+    left_on); or their salary line was imported after it. `run --resume` makes their slip
+    (the final one of a leaver of ``month``)."""
+    if not ids:
+        return None
+    n = len(ids)
+    one = n == 1
+    shown = " ".join(f"{e} ({left_label(dates.get(e))})" for e in ids[:10]) + (f" … ({n - 10:,} more)" if n > 10
+                                                                                 else "")
+    return (f"{n:,} employee{'' if one else 's'} of {'company' if len(companies) == 1 else 'companies'} "
+            f"{', '.join(map(str, companies))} who left in {month} or later {'has' if one else 'have'} a salary "
+            f"line for {month} and no slip: {shown}. A run of {month} pays those who left on or after {month}-01, "
+            f"but {'its' if len(companies) == 1 else 'the'} run left {'this one' if one else 'them'} out: it was "
+            f"made by an earlier payrun version (which paid only those working here), or before the day they left "
+            f"was recorded (`payrun employee left --on`, an import's left_on), or before their salary line was "
+            f"imported: `payrun run --month {month} --resume` makes {'the slip' if one else 'their slips'}")
+
+
 def left_again(ids: list[str], dates: dict[str, str | None]) -> str:
     """The `payrun employee left` that marks ``ids`` left again after an `employee back`
     (which clears the date), each with the day they left (``dates``): said bare, as the

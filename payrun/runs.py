@@ -96,9 +96,15 @@ def behind_for(ledger: Ledger, payroll_db, month: str, employee_ids) -> list[int
 
 def missing_slips(ledger: Ledger, payroll_db, month: str) -> dict[int, int]:
     """Per company of :func:`behind`, how many employees have no slip job."""
+    return {cid: len(ids) for cid, ids in missing_slip_ids(ledger, payroll_db, month).items()}
+
+
+def missing_slip_ids(ledger: Ledger, payroll_db, month: str) -> dict[int, set[str]]:
+    """Per company whose run of ``month`` is made, the employees it pays (``in_month_run``)
+    with no slip job: added after the run, or a leaver of the month it left out
+    (payrun.status tells them apart). Companies with none are left out."""
     done = [r["company_id"] for r in ledger.runs(month) if r["status"] != "fanning-out"]
-    out = {cid: len(ids) for cid, ids in without_slip(ledger, payroll_db, month, done).items()}
-    return {cid: n for cid, n in out.items() if n}
+    return {cid: ids for cid, ids in without_slip(ledger, payroll_db, month, done).items() if ids}
 
 
 def not_run(ledger: Ledger, payroll_db, month: str, company_id: int | None = None) -> dict[int, int]:

@@ -296,10 +296,15 @@ def read_faults(conn, now: float | None = None) -> list[dict]:
 
 
 def fault_notes(conn, store: Path, tz: str = "UTC") -> list[str]:
-    """`payrun status`'s notes on slip stores that cannot be written: each host its render
-    workers found so (``read_faults``; ``conn`` None: none), and this host's own store if
-    its file system is mounted read-only (one statvfs, no write: a store gone read-only
-    with no render worker up to find it)."""
+    """`payrun status`'s notes on slip stores that cannot be written (``store_faults``)."""
+    return [fault_text(e, tz) for e in store_faults(conn, store)]
+
+
+def store_faults(conn, store: Path, now: float | None = None) -> list[dict]:
+    """The slip stores that cannot be written, for `payrun status` and the console: each
+    host its render workers found so (``read_faults``; ``conn`` None: none), and this
+    host's own store if its file system is mounted read-only (one statvfs, no write: a
+    store gone read-only with no render worker up to find it; ``since_ms`` None)."""
     import errno
 
     from jobs.policy import errno_text
@@ -307,8 +312,8 @@ def fault_notes(conn, store: Path, tz: str = "UTC") -> list[str]:
     entries = []
     if conn is not None:
         try:
-            entries = read_faults(conn)
-        except Exception:  # noqa: BLE001 - Redis away: status says that itself
+            entries = read_faults(conn, now)
+        except Exception:  # noqa: BLE001 - Redis away: status and the console say that themselves
             entries = []
     ident, hostname = _host()
     if not any(e["id"] == ident for e in entries):
@@ -320,7 +325,7 @@ def fault_notes(conn, store: Path, tz: str = "UTC") -> list[str]:
             err = OSError(errno.EROFS, os.strerror(errno.EROFS))
             entries.append({"id": ident, "host": hostname, "path": str(store), "mount": str(mount_point(store)),
                             "errno": errno.EROFS, "error": errno_text(err), "since_ms": None})
-    return [fault_text(e, tz) for e in entries]
+    return entries
 
 
 def fault_text(entry: dict, tz: str = "UTC") -> str:

@@ -74,13 +74,19 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
     left: dict[int, list[str]] = {}  # employees marked left with a salary line and no slip
     left_dates: dict[str, str | None] = {}  # the day each of them left (as the note names them)
     readdressed: list[str] = []  # failed slips' employees with another address on file since
+    finals: dict[int, list[str]] = {}  # of `missing`, leavers the month pays (their final slip) the run left out
+    final_dates: dict[str, str | None] = {}
     if month and cfg.payroll_path.exists():
         from payrun import payroll
-        from payrun.runs import missing_slips, not_run as runs_not_run
+        from payrun.runs import missing_slip_ids, not_run as runs_not_run
 
         with payroll.PayrollDB(cfg.payroll_path) as db:
             not_run = runs_not_run(ledger, db, month, company)
-            missing = missing_slips(ledger, db, month)
+            missing_ids = {c: ids for c, ids in missing_slip_ids(ledger, db, month).items()
+                           if company is None or c == company}
+            missing = {c: len(ids) for c, ids in missing_ids.items()}
+            final_dates = payroll.left_on(db, sorted(e for ids in missing_ids.values() for e in ids))
+            finals = {c: sorted(ids & set(final_dates)) for c, ids in missing_ids.items() if ids & set(final_dates)}
             unpaid = payroll.without_salary_line(db, month, [c for c in sorted(counts)
                                                              if company is None or c == company],
                                                  ledger.employees_with_jobs(month))
@@ -94,8 +100,6 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
             readdressed = readdressed_failed(ledger, db, month, [c for c in sorted(counts)
                                                                  if counts[c].get("failed") and
                                                                  (company is None or c == company)])
-        if company is not None:
-            missing = {c: n for c, n in missing.items() if c == company}
     if month and company is not None and company not in counts and company not in not_run:
         known = sorted(ledger.slip_counts(month, None))
         if cfg.payroll_path.exists() and company not in _company_names(cfg):
@@ -140,8 +144,10 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         missing[cid] = n
     total["no_slip"] = sum(missing.values())
     total["no_salary_line"] = sum(map(len, unpaid.values()))
+    total["no_slip_final"] = sum(map(len, finals.values()))  # (of no_slip: leavers' final slips the run left out)
     for c in companies:
         c["no_slip"] = missing.get(c["id"], 0)
+        c["no_slip_final"] = len(finals.get(c["id"], ()))
         c["no_salary_line"] = len(unpaid.get(c["id"], ()))
     if unpaid:  # (an HR drill: an employee with no November line read as "299 sent, 0 failed")
         n = total["no_salary_line"]
@@ -163,7 +169,13 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                      f"({n:,} employee{'' if n == 1 else 's'}) {'has' if len(ids) == 1 else 'have'} salary lines "
                      f"for {month} and {'was' if len(ids) == 1 else 'were'} never run: payrun run --month {month}"
                      + (f" --company {ids[0]}" if len(ids) == 1 else ""))
-    late = {c: n for c, n in missing.items() if c not in not_run}
+    if finals:  # (they read "added after the run", which they were not: session 43)
+        from payrun.payroll import final_missing_text
+
+        notes.append(final_missing_text([e for c in sorted(finals) for e in finals[c]], month, final_dates,
+                                        sorted(finals)))
+    late = {c: n - len(finals.get(c, ())) for c, n in missing.items() if c not in not_run}
+    late = {c: n for c, n in late.items() if n}
     if late:
         n_late = sum(late.values())
         notes.append(f"{n_late:,} employee{'' if n_late == 1 else 's'} of "

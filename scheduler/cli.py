@@ -413,6 +413,10 @@ def register(cli) -> None:
     @click.option("--in", "delay", default=None, help="Delay: now, 30m, 2h, 1h30m, 45s, 2d (at most 31 days).")
     @click.option("--message", default=None, help="The reminder text (default: a bank-details reminder; with "
                   "--failed-slip, that the slip could not be emailed).")
+    @click.option("--month", "pay_month", default=None, metavar="YYYY-MM",
+                  help="The pay month the reminder is about (default: the month it is due in, whose pay the next "
+                       "1st brings): those who left in it or later get it too, as its run pays them (their final "
+                       "slip). Not with --failed-slip, which names its month.")
     @click.option("--failed-slip", "failed_slip", default=None, metavar="YYYY-MM",
                   help="Only the company's employees whose slip for YYYY-MM failed for good and was not "
                        "delivered since (the `failed` of `payrun status --month YYYY-MM`), chosen now, when "
@@ -424,10 +428,11 @@ def register(cli) -> None:
     @click.option("--json", "as_json", is_flag=True)
     @pass_ctx
     @handle_errors
-    def remind_cmd(c, company_id: int | None, delay: str | None, message: str | None, failed_slip: str | None,
-                   cancel_batch: str | None, as_json: bool) -> None:
-        """Email every active employee of a company a reminder, no earlier than --in from
-        now (--failed-slip M: only those whose slip for M failed). The jobs wait in RQ's
+    def remind_cmd(c, company_id: int | None, delay: str | None, message: str | None, pay_month: str | None,
+                   failed_slip: str | None, cancel_batch: str | None, as_json: bool) -> None:
+        """Email every employee of a company whom the pay month's run pays a reminder (those
+        working here, and those who left in that month or later: their final slip), no
+        earlier than --in from now (--failed-slip M: only those whose slip for M failed). The jobs wait in RQ's
         scheduled registry (not in a sleeping worker); the send-email worker's scheduler
         moves them to the queue when due.
 
@@ -435,8 +440,9 @@ def register(cli) -> None:
         than a few seconds from now is removed (job and ledger row); those already due
         are sent as planned, and the command says how many."""
         if cancel_batch is not None:
-            if company_id is not None or delay is not None or message is not None or failed_slip is not None:
-                raise InputError("--cancel takes no --company, --in, --message or --failed-slip")
+            if company_id is not None or delay is not None or message is not None or failed_slip is not None \
+                    or pay_month is not None:
+                raise InputError("--cancel takes no --company, --in, --message, --month or --failed-slip")
             out = cancel_reminders(c.cfg, c.redis(), c.ledger(), cancel_batch)
             _audit(c.cfg, "remind-cancel", f"payrun remind --cancel {cancel_batch}", out["cancelled"],
                    f"cancelled {out['cancelled']} reminder(s) of batch {cancel_batch}"
@@ -473,17 +479,25 @@ def register(cli) -> None:
             if problem:  # every employee of the company would get it: refused, nothing scheduled
                 shown = visible(message[:60]) + ("…" if len(message) > 60 else "")
                 raise InputError(f"--message {problem}: {shown}; nothing was scheduled")
+        if pay_month is not None and failed_slip is not None:
+            raise InputError(f"--failed-slip {failed_slip} names the month: leave out --month")
+        if pay_month is not None:
+            from payrun.runs import validate_month
+
+            validate_month(pay_month)
         if failed_slip is not None:
             from payrun.runs import validate_month
 
             validate_month(failed_slip)
             # before c.redis(): a refused one would have started the embedded Redis for nothing
             failed_reminder_targets(c.ledger(), c.payroll(), company_id, failed_slip)
-        out = remind(c.cfg, c.redis(), c.ledger(), c.payroll(), company_id, delta, message, failed_slip=failed_slip)
+        out = remind(c.cfg, c.redis(), c.ledger(), c.payroll(), company_id, delta, message, failed_slip=failed_slip,
+                     month=pay_month)
         import shlex
 
         _audit(c.cfg, "remind", f"payrun remind --company {company_id} --in {shlex.quote(delay)}"
                + (f" --failed-slip {failed_slip}" if failed_slip is not None else "")
+               + (f" --month {pay_month}" if pay_month is not None else "")
                + (f" --message {shlex.quote(message)}" if message is not None else ""), out["scheduled"],
                f"scheduled {out['scheduled']} reminder(s) for {out['due_at']} (batch {out['batch']})")
         if as_json:
@@ -501,6 +515,15 @@ def register(cli) -> None:
                            f"get{'s' if len(gone) == 1 else ''} no reminder: "
                            + " ".join(f"{e} ({payroll.left_label(dates.get(e))})" for e in gone[:10])
                            + (" …" if len(gone) > 10 else ""))
+            if finals := out.get("leavers"):  # (their final month: the reminder of its payday reaches them)
+                from payrun import payroll
+
+                dates = payroll.left_on(c.payroll(), finals)
+                gets = "gets" if len(finals) == 1 else "get"
+                click.echo(f"note: {len(finals)} who left in {out['month']} or later {gets} it too (the "
+                           f"{out['month']} run pays them: their final slip): "
+                           + " ".join(f"{e} ({payroll.left_label(dates.get(e))})" for e in finals[:10])
+                           + (" …" if len(finals) > 10 else ""))
             due = datetime.fromisoformat(out["due_at"])
             local = due.astimezone(ZoneInfo(c.cfg.timezone))
             whose = f" (employees whose {failed_slip} slip failed)" if failed_slip else ""
@@ -778,13 +801,25 @@ def failed_slip_text(company_name: str, month: str) -> str:
             "for you, so that we can send it again.")
 
 
+def reminder_month(due, tz: str) -> str:
+    """The pay month a reminder due at ``due`` (an aware datetime) is about, unless HR names
+    one (`remind --month`): the month it is due in, in the configured zone; its pay comes
+    with the next 1st's run (the default bank-details reminder is "before payday"). Pure."""
+    from zoneinfo import ZoneInfo
+
+    return due.astimezone(ZoneInfo(tz)).strftime("%Y-%m")
+
+
 def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, now=None,
-           failed_slip: str | None = None) -> dict:
-    """Schedule one reminder email per active employee of ``company_id``, due ``delta``
-    from ``now`` (a UTC datetime; default the current time); with ``failed_slip`` (a month),
-    only those whose slip of it failed for good (failed_reminder_targets). The batch is named
-    by the company and the due second; a second batch for the same company and second is
-    refused (nothing written): its jobs would have replaced the first one's, silently."""
+           failed_slip: str | None = None, month: str | None = None) -> dict:
+    """Schedule one reminder email per employee of ``company_id`` whom ``month``'s run pays
+    (payroll.in_month_run: working here, or left in that month or later, whose final slip
+    it is; ``month`` None: :func:`reminder_month`), due ``delta`` from ``now`` (a UTC
+    datetime; default the current time); with ``failed_slip`` (a month), only those whose
+    slip of it failed for good (failed_reminder_targets). The batch is named by the company
+    and the due second; a second batch for the same company and second is refused (nothing
+    written): its jobs would have replaced the first one's, silently. Before session 43 a
+    leaver got none even in their final month, whose payday the reminder is about."""
     from datetime import datetime, timezone
 
     from rq import Retry
@@ -795,10 +830,16 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, n
     company = db.conn.execute("SELECT name FROM companies WHERE id = ?", (company_id,)).fetchone()
     if company is None:
         raise InputError(f"no company {company_id} in the payroll database")
-    employees = db.conn.execute("SELECT id, name_en, email FROM employees WHERE company_id = ? AND active = 1"
-                                " ORDER BY id", (company_id,)).fetchall()
-    if not employees and failed_slip is None:  # (--failed-slip reaches a leaver of that month: their final slip)
-        raise InputError(f"company {company_id} has no active employees")
+    from payrun import payroll
+
+    due = (now or datetime.now(timezone.utc)) + delta
+    month = failed_slip or month or reminder_month(due, cfg.timezone)  # (--failed-slip: those its month paid)
+    employees = db.conn.execute(f"SELECT e.id, e.name_en, e.email, e.active FROM employees e WHERE e.company_id = ? "
+                                f"AND {payroll.in_month_run_sql('?')} ORDER BY e.id", (company_id, month)).fetchall()
+    if not employees:
+        raise InputError(f"company {company_id} has no employee working here or who left in {month} or later")
+    finals = [emp_id for emp_id, _, _, active in employees if not active]
+    employees = [(emp_id, name, email) for emp_id, name, email, _ in employees]
     name = company[0]
     sent_with: dict[str, str | None] = {}
     if failed_slip is not None:  # (the slip's company: an employee moved since is chosen by it)
@@ -810,7 +851,6 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, n
         employees = db.conn.execute(
             f"SELECT id, name_en, email FROM employees WHERE id IN ({','.join('?' * len(sent_with))}) ORDER BY id",
             list(sent_with)).fetchall()
-    due = (now or datetime.now(timezone.utc)) + delta
     batch = f"c{company_id}-{due.strftime('%Y%m%dT%H%M%SZ')}"
     if ledger.reminder_ids(batch):
         raise InputError(f"a reminder batch {batch} is already scheduled for company {company_id} at that "
@@ -843,6 +883,9 @@ def remind(cfg, conn, ledger, db, company_id: int, delta, message: str | None, n
                          meta={"kind": "email", "key": key, "retry": vars(retry)})
     out = {"company": company_id, "scheduled": len(ids), "due_at": due.isoformat(timespec="seconds"),
            "batch": batch, "jobs": [i[0] for i in ids]}
+    if failed_slip is None:
+        out["month"] = month
+        out["leavers"] = finals  # (left in the month or later: the month's run pays them, their final slip)
     if failed_slip is not None:
         out["failed_slip"] = failed_slip
         out["left_out_left"] = sorted(gone)  # (marked `payrun employee left`: no reminder)

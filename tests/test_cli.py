@@ -841,3 +841,39 @@ def test_a_missed_pay_run_tick_is_named_by_status_until_the_month_is_run_by_hand
     assert missed_detail_text(rows[0][1], ["2026-11"]) == "x; run it by hand: payrun run --month 2026-11"
     assert missed_detail_text("bank ticks missed", []) == "bank ticks missed"
     assert missed_detail_text(rows[1][1], None) == rows[1][1]
+
+
+def test_a_reminder_reaches_a_leaver_in_the_month_whose_pay_it_is_about(runner, cfg, conn):
+    """HR's eyes (session 43): a run of November pays one who left on 20 November (their
+    final slip, on the 1st); the bank-details reminder "before payday" left them out, though
+    that payday is theirs too. The plain reminder now goes to those the pay month's run pays
+    (payroll.in_month_run): the month it is due in, or `--month M`; an October leaver gets
+    none for November, and none of December's."""
+    from datetime import datetime, timezone
+
+    from scheduler.cli import reminder_month
+
+    db = payroll.PayrollDB(cfg.payroll_path)
+    payroll.seed(db, companies=1, employees=5, seed=1, month="2026-11")
+    final, october = sorted(payroll.employee_ids(db, "2026-11"))[:2]
+    assert runner.invoke(cli, ["employee", "left", final, "--on", "2026-11-20"]).exit_code == 0
+    assert runner.invoke(cli, ["employee", "left", october, "--on", "2026-10-31"]).exit_code == 0
+    out = runner.invoke(cli, ["remind", "--company", "1", "--in", "1h", "--month", "2026-11", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["scheduled"] == 4 and data["month"] == "2026-11" and data["leavers"] == [final], data
+    assert not any(october in j for j in data["jobs"]) and any(final in j for j in data["jobs"])
+    out = runner.invoke(cli, ["remind", "--company", "1", "--in", "2h", "--month", "2026-11"])
+    assert out.exit_code == 0 and "4 reminder(s) for company 1" in out.output, out.output
+    assert (f"note: 1 who left in 2026-11 or later gets it too (the 2026-11 run pays them: their final slip): "
+            f"{final} (left 2026-11-20)") in out.output, out.output
+    data = json.loads(runner.invoke(cli, ["remind", "--company", "1", "--in", "3h", "--month", "2026-12",
+                                          "--json"]).output)
+    assert data["scheduled"] == 3 and data["leavers"] == []  # (December's pay is not theirs)
+    # the default month: the one it is due in, in the configured zone (Asia/Dhaka: +06)
+    assert reminder_month(datetime(2026, 11, 30, 17, 59, tzinfo=timezone.utc), "Asia/Dhaka") == "2026-11"
+    assert reminder_month(datetime(2026, 11, 30, 18, 0, tzinfo=timezone.utc), "Asia/Dhaka") == "2026-12"
+    bad = runner.invoke(cli, ["remind", "--company", "1", "--in", "1h", "--month", "2026-11", "--failed-slip",
+                              "2026-11"])
+    assert bad.exit_code == 2 and "leave out --month" in bad.output, bad.output
+    assert runner.invoke(cli, ["remind", "--company", "1", "--in", "1h", "--month", "2026-13"]).exit_code == 2

@@ -161,7 +161,8 @@ async def test_overview_shows_the_right_numbers(payrun_world):
         report = status.report(cfg, ledger, conn=conn)
         assert snap.status["total"] == report["total"]
         assert report["total"] | {} == {"queued": n2, "running": 0, "retrying": 0, "done": n1 - 1, "failed": 1,
-                                        "stuck": 0, "total": n1 + n2, "no_slip": 0, "no_salary_line": 0}
+                                        "stuck": 0, "total": n1 + n2, "no_slip": 0, "no_salary_line": 0,
+                                        "no_slip_final": 0}
         answer = text_of(app, "#answer")
         assert f"{n1 - 1} sent, {n2} in progress, 1 failed" in answer
         assert cells(app, "#companies", "1")[2:7] == [str(n1 - 1), "0", "0", "1", str(n1)]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import time
 
+from rich.text import Text
+
 from console.app import ConsoleApp
-from console.data import WorkerRow
+from console.data import Limits, WorkerRow
 from jobs.policy import SENDER_TTL_S, sender_entry
 from payrun import keys
 
@@ -153,6 +155,109 @@ async def test_a_render_worker_taking_none_while_the_slip_store_is_full_says_why
     lines = worker_table(snap.workers, store_full=True)
     assert any("render.app1.4101" in ln and "waits: store full" in ln for ln in lines), lines
     assert not any("slip store full" in ln for ln in worker_table(snap.workers)), "not full: RQ's state"
+
+
+class StoreFaultSource(FixedSource):
+    """The fixed overview with app1's slip store remounted read-only: its render workers
+    take none ("suspended"), a render worker's entry in payrun:slips:faults says why."""
+
+    def __init__(self, code: int = 30):  # (errno.EROFS)
+        super().__init__()
+        self.code = code
+
+    def snapshot(self):
+        import errno
+        import os
+
+        from console.data import eta
+
+        snap = fixed_snapshot()
+        for w in snap.workers:
+            if w.kind == "render":
+                w.state, w.job_id, w.job_elapsed_s = "suspended", None, None
+        snap.store_faults = [{"id": "3f2a", "host": "app1", "path": "/srv/payrun/slips", "mount": "/srv",
+                              "errno": self.code, "error": f"{os.strerror(self.code)}, {errno.errorcode[self.code]}",
+                              "since_ms": (NOW - 90) * 1000}]
+        snap.eta = eta(snap.status["total"], 39.9, NOW, "Asia/Dhaka", store_free=10 << 30, store="/srv/payrun/slips",
+                       store_faults=snap.store_faults)
+        return snap
+
+
+def test_the_eta_of_a_slip_store_that_cannot_be_written_says_which_and_what_to_do():
+    """Session 43: with every render held by a store remounted read-only the console read
+    "ETA 17:51 — on time for 09:00" (the full store's no-ETA was all it knew)."""
+    import errno
+
+    from console.data import eta
+    from console.fmt import eta_text
+
+    total = {"queued": 198, "running": 0, "retrying": 0, "done": 102, "failed": 0, "stuck": 0, "total": 300}
+    ro = {"host": "app1", "path": "/srv/payrun/slips", "mount": "/srv", "errno": errno.EROFS,
+          "error": "Read-only file system, EROFS", "since_ms": 1.0}
+    out = eta(total, 4.7, NOW, "Asia/Dhaka", store_free=10 << 30, store_faults=[ro])
+    assert out["at"] is None and out["store_faults"] == 1
+    assert eta_text(out) == ("no ETA: slip store /srv/payrun/slips read-only on app1 (Read-only file system, EROFS): "
+                             "every render waits, spending no attempt; check the disk (`dmesg`), then `mount -o "
+                             "remount,rw /srv` (or replace the disk); the run goes on by itself"), eta_text(out)
+    io = dict(ro, host="app2", errno=errno.EIO, error="Input/output error, EIO")
+    text = eta_text(eta(total, 4.7, NOW, "Asia/Dhaka", store_faults=[io, ro]))
+    assert text.startswith("no ETA: slip store /srv/payrun/slips failing on app2 (Input/output error, EIO) and 1 "
+                           "more host's (`payrun status`): every render waits"), text
+    assert "check the disk (`dmesg`) and replace it (or mount a healthy one at /srv)" in text
+    assert eta_text(eta(total | {"queued": 0, "done": 300}, 0.0, NOW, "Asia/Dhaka", store_faults=[ro])) == \
+        "all delivered"  # (nothing left: nothing waits on it)
+    assert eta_text(eta(total, 4.7, NOW, "Asia/Dhaka", store_faults=[])).startswith("ETA ")
+
+
+def test_a_render_workers_wait_is_its_own_hosts_store():
+    """By host id (two hosts named alike), by hostname for a worker with none; a fault beats
+    a full store; a send lane never reads so."""
+    import errno
+
+    from console.fmt import store_wait, worker_state
+
+    def w(host, host_id, kind="render"):
+        return WorkerRow(f"{kind}.{host}.1", host, 1, "pdf-render", "suspended", None, None, 1.0, True, False, kind,
+                         host_id=host_id)
+
+    faults = [{"id": "aaaa1111", "host": "app1", "errno": errno.EROFS}, {"id": "bbbb2222", "host": "app2",
+                                                                         "errno": errno.EIO}]
+    assert store_wait(w("app1", "aaaa1111"), False, faults) == "read-only"
+    assert store_wait(w("app1", "cccc3333"), False, faults) is None  # (another host named app1)
+    assert store_wait(w("app2", None), True, faults) == "failing"
+    assert store_wait(w("app3", None), True, faults) == "full"
+    assert store_wait(w("app1", "aaaa1111", kind="email"), True, faults) is None
+    assert worker_state("suspended", "render", False, "read-only") == "waits: read-only"
+    assert worker_state("suspended", "render", False, "failing") == "waits: disk error"
+    assert worker_state("suspended", "render", True) == "waits: store full"
+    assert worker_state("busy", "render", False, "read-only") == "busy"
+
+
+@sync
+async def test_a_render_worker_taking_none_while_the_slip_store_cannot_be_written_says_why():
+    """Reproduced live (session 43, a tmpfs store remounted read-only, 80x24 in tmux): the
+    answer read "ETA 17:51 — on time", the render processes "idle", the workers view
+    "suspended". Now as for a full store, in its own words, at 80 columns."""
+    from console.cli import worker_table
+    from console.widgets.table import RESERVED
+    from test_console_narrow import right_edge
+
+    app = ConsoleApp(StoreFaultSource(), clock=lambda: NOW, poll=False, no_blink=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        said = str(app.screen.query_one("#answer").render())
+        assert "no ETA: slip store /srv/payrun/slips read-only on app1" in said and "ETA 0" not in said, said
+        assert "`mount -o remount,rw /srv`" in said.replace("\n", " ") and "the run goes on by itself" in said
+        row = [str(c) for c in app.screen.query_one("#procs").get_row("app1:4101")]
+        assert "takes none: slip store read-only" in row, row
+        await pilot.press("w")
+        await ready(pilot, lambda: app.screen.CRUMB == "workers")
+        table = app.screen.query_one("#workers")
+        assert str(table.get_row("render.app1.4101")[table.get_column_index("state")]) == "waits: read-only"
+        assert 0 < right_edge(table, "alive") <= table.size.width - RESERVED  # (still on screen at 80)
+    snap = StoreFaultSource(5).snapshot()  # (errno.EIO: a failing disk)
+    lines = worker_table(snap.workers, False, snap.store_faults)
+    assert any("render.app1.4101" in ln and "waits: disk error" in ln for ln in lines), lines
 
 
 # ---- session 43: the gaps session 42's closing note left ---------------------------------------
@@ -413,3 +518,74 @@ async def test_a_view_failing_on_one_refresh_does_not_end_the_polling():
             assert not app.snapshot.error
     finally:
         OverviewScreen.show_snapshot = show
+
+
+# ---- session 43 (followups): at a low rate the rate, not the cap, holds the sends back ------------
+
+def test_at_a_low_rate_the_limits_line_says_the_rate_allows_fewer_slots_than_the_cap(cfg, conn):
+    """`payrun limits show` says "at 2/s at most 22 slots are taken at once"; the console
+    read "email 13/50 in flight" and nothing more, inviting a raised cap."""
+    from console.data import read_limits
+    from console.fmt import in_flight_notes
+    from jobs.limits import rate_slots, set_limits
+    from jobs.policy import start_wait_budget_s
+
+    set_limits(conn, "email", cap=50, rate_per_s=2.0)
+    lim = read_limits(conn, cfg)
+    assert lim.slots_for_rate == 22 == rate_slots(2.0, start_wait_budget_s(cfg.email.timeout_s))
+    assert rate_slots(2.0, None) is None and rate_slots(0.0, 15.0) is None
+    set_limits(conn, "email", rate_per_s=40.0)
+    assert read_limits(conn, cfg).slots_for_rate >= 50  # (the cap binds first: nothing more said)
+    assert in_flight_notes(43, 45, 40.0, 0, 500) == [""]
+    assert in_flight_notes(43, 45, 40.0, 3, 500) == [" (3 waiting for the rate)"]  # (as before)
+    forms = in_flight_notes(13, 50, 2.0, 11, 22)
+    assert forms[0] == (" (11 waiting for the rate; at 2/s at most 22 at once: the rate holds sends back, not the "
+                        "cap)") and forms[-1] == "" and " (the rate allows 22)" in forms
+    assert [len(f) for f in forms] == sorted((len(f) for f in forms), reverse=True)
+
+
+class LowRateSource(FixedSource):
+    """The fixed overview at `payrun limits set --rate 2` (session 43's reproduction: 13 of
+    50 slots in use, 11 of them waiting for their start, 22 the most the rate lets)."""
+
+    def snapshot(self):
+        snap = fixed_snapshot()
+        snap.limits = Limits(cap=50, rate_per_s=2.0, in_use=13, waits=12_049, http_429=0, paused_for_s=0,
+                             waiting_for_rate=11, slots_for_rate=22)
+        snap.retry_errors = []
+        return snap
+
+
+@sync
+async def test_the_limits_line_at_a_low_rate_fits_80_columns_and_says_more_when_wider():
+    for width, said in ((80, "email 13/50 in flight (the rate allows 22) · limit 2/s · 12,049 waits · 0 429s"),
+                        (160, "email 13/50 in flight (11 waiting for the rate; at 2/s at most 22 at once: the rate "
+                              "holds sends back, not the cap) · limit 2/s · 12,049 waits · 0 429s")):
+        app = ConsoleApp(LowRateSource(), clock=lambda: NOW, poll=False, no_blink=True)
+        async with app.run_test(size=(width, 30)) as pilot:
+            await ready(pilot, lambda: app.snapshot is not None)
+            line = app.screen.query_one("#limits")
+            text = line.render()
+            assert str(text) == said, (width, str(text))
+            assert Text(str(text)).cell_len <= line.size.width, (width, line.size.width)
+
+
+def test_a_store_that_cannot_be_written_holds_no_eta_back_once_every_render_is_made():
+    """Seen live (session 43, followups): every render made, 949 sends left at 2/s, the store
+    remounted read-only: "no ETA: … every render waits", though sends only read their slips.
+    The same for a full store."""
+    import errno
+
+    from console.data import QueueRow, eta, renders_to_make
+    from console.fmt import eta_text
+
+    total = {"queued": 949, "running": 13, "retrying": 0, "done": 2_038, "failed": 0, "stuck": 0, "total": 3_000}
+    ro = [{"host": "vm", "path": "/srv/slips", "mount": "/srv", "errno": errno.EROFS, "error": "Read-only file system, "
+           "EROFS", "since_ms": None}]
+    renders = QueueRow("pdf-render", 0, 0, 0, 0, None, [], False)
+    sends = QueueRow("send-email", 949, 13, 0, 0, 700.0, [], False)
+    assert not renders_to_make([renders, sends])
+    assert renders_to_make([QueueRow("pdf-render", 0, 0, 3, 0, None, [], False)])  # (held: waiting out its hold)
+    for kw in ({"store_faults": ro}, {"store_free": 4096, "store": "/srv/slips"}):
+        assert eta_text(eta(total, 2.0, NOW, "Asia/Dhaka", renders_left=False, **kw)).startswith("ETA "), kw
+        assert eta_text(eta(total, 2.0, NOW, "Asia/Dhaka", **kw)).startswith("no ETA: slip store "), kw

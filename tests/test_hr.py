@@ -377,7 +377,9 @@ def test_the_day_an_employee_left_is_recorded_and_shown_where_leavers_are_named(
     today = datetime.now(ZoneInfo(cfg.timezone)).strftime("%Y-%m-%d")
     out = runner.invoke(cli, ["employee", "left", gone, "--on", "2026-10-20"])
     assert out.exit_code == 0 and "1 employee marked as left on 2026-10-20" in out.output, out.output
-    assert "runs of 2026-11 and later, and reminders, leave them out (a run of 2026-10 pays them" in out.output
+    assert ("runs of 2026-11 and later, and reminders about those months, leave them out (a run of 2026-10 pays them"
+            in out.output), out.output
+    assert "a `payrun remind` about 2026-10, due in it or `--month 2026-10`, reaches them)" in out.output
     assert runner.invoke(cli, ["employee", "left", late]).exit_code == 0
     assert payroll.left_on(db, [gone, late, "emp-00001"]) == {gone: "2026-10-20", late: today}
     again = runner.invoke(cli, ["employee", "left", gone])
@@ -503,6 +505,10 @@ def test_a_leaver_gets_the_final_slip_of_the_month_they_left_in_and_hr_counts_ad
     assert runner.invoke(cli, ["employee", "left", undated, "--on", "2026-11-05"]).exit_code == 0
     hr = status.report(cfg, ledger, MONTH)
     assert hr["total"]["no_slip"] == 1 and any("run --month 2026-11 --resume" in n for n in hr["notes"])
+    # said as a leaver's final slip left out, with their day (it read "added after the run")
+    (late,) = [n for n in hr["notes"] if f"who left in {MONTH} or later" in n]
+    assert f"{undated} (left 2026-11-05)" in late and "before the day they left was recorded" in late, late
+    assert "added after the run" not in late and hr["total"]["no_slip_final"] == 1
     out = runner.invoke(cli, ["run", "--month", MONTH, "--resume"])
     assert "created 1 render job" in out.output, out.output
     assert payroll.left_on(db, [undated]) == {undated: "2026-11-05"}  # (no `back`: the date stays)
@@ -655,8 +661,20 @@ def test_a_run_by_the_version_before_that_left_a_leaver_out_is_counted_and_resum
     assert final not in ledger.employees_with_jobs(MONTH) and len(ledger.employees_with_jobs(MONTH)) == 11
     hr = status.report(cfg, ledger, MONTH)
     assert hr["total"]["no_slip"] == 1 and not any("marked as left" in n for n in hr["notes"]), hr["notes"]
-    assert any(f"salary lines for {MONTH} and no slip (added after the run): payrun run --month {MONTH} --resume"
-               in n for n in hr["notes"]), hr["notes"]
+    # not "added after the run" (session 43): they were not; why the run left them out, and the step
+    assert not any("added after the run" in n for n in hr["notes"]), hr["notes"]
+    assert hr["total"]["no_slip_final"] == 1 and sum(c["no_slip_final"] for c in hr["companies"]) == 1
+    note = next(n for n in hr["notes"] if f"who left in {MONTH} or later" in n)
+    assert f"{final} (left 2026-11-20)" in note and "an earlier payrun version" in note, note
+    assert note.endswith(f"`payrun run --month {MONTH} --resume` makes the slip"), note
+    from console.data import Source  # the console's HR line: the same counts, the same reason
+    from console.screens.overview import no_slip_lines
+
+    st = Source(cfg, conn).snapshot().status
+    assert st["total"] == hr["total"]
+    (cid,) = [c["id"] for c in hr["companies"] if c["no_slip_final"]]
+    assert no_slip_lines(st) == [f"1 leaver of company {cid} has no slip (the run left them out): "
+                                 f"payrun run --month {MONTH} --resume"]
     out = runner.invoke(cli, ["run", "--month", MONTH, "--resume"])
     assert "created 1 render job" in out.output, out.output
     assert final in ledger.employees_with_jobs(MONTH) and status.report(cfg, ledger, MONTH)["total"]["no_slip"] == 0

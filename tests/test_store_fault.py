@@ -248,10 +248,20 @@ def test_a_slip_store_remounted_read_only_holds_every_render_and_status_and_chec
     notes = status.report(cfg, ledger, MONTH, conn=conn)["notes"]
     assert notes[0].startswith(f"the slip store {tmpfs_store} cannot be written on "), notes
     assert f"(Read-only file system, EROFS) since " in notes[0] and f"`mount -o remount,rw {tmpfs_store}`" in notes[0]
+    # the console: no ETA, the store, what to do (it read "ETA 17:51 — on time": session 43)
+    from console.data import Source
+    from console.fmt import eta_text
+
+    snap = Source(cfg, conn).snapshot()
+    assert [(f["path"], f["errno"]) for f in snap.store_faults] == [(str(tmpfs_store), errno.EROFS)], snap.store_faults
+    assert snap.eta["at"] is None and snap.eta["store_fault"]["mount"] == str(tmpfs_store)
+    said = eta_text(dict(snap.eta, no_worker=[]))  # (no worker is up here: that is said first)
+    assert said.startswith(f"no ETA: slip store {tmpfs_store} read-only on "), said
     # with no worker's entry (none up), status still sees the read-only mount itself
     conn.delete(keys.SLIP_STORE_FAULTS)
     notes = status.report(cfg, ledger, MONTH, conn=conn)["notes"]
     assert "(Read-only file system, EROFS): its renders wait" in notes[0], notes
+    assert Source(cfg, conn).snapshot().eta["store_fault"]["path"] == str(tmpfs_store)  # (the console too)
     rep = preflight.check(cfg, month=MONTH, email=False, connect=lambda: conn)
     (slips,) = [f for f in rep.findings if f.area == "slips"]
     assert slips.level == preflight.FAIL and "(Read-only file system)" in slips.text, slips.text

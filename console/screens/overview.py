@@ -11,8 +11,8 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 
 from console.data import Snapshot
-from console.fmt import (answer, clip, columns, duration, ledger_behind_text, longest_fitting, no_run_text,
-                         paused_sender_alerts, spark, store_full, tagged)
+from console.fmt import (answer, clip, columns, duration, in_flight_notes, ledger_behind_text, longest_fitting,
+                         no_run_text, paused_sender_alerts, spark, store_full, store_wait, tagged)
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
@@ -24,23 +24,29 @@ def _n(v: int) -> str:
 
 def no_slip_lines(st: dict) -> list[str]:
     """Who has salary lines for the month shown and no slip, as `payrun status` tells them
-    apart: companies the month's run never covered (a company row with no slips), and
-    employees added after their company's run (a walkthrough saw never-run companies
-    called "added after the run")."""
+    apart: companies the month's run never covered (a company row with no slips),
+    leavers whom the month pays and their company's run left out (``no_slip_final``:
+    an earlier version's run, or their day recorded since; they read "added after the run"
+    before session 43), and employees added after their company's run (a walkthrough saw
+    never-run companies called "added after the run")."""
     month = st["month"]
-    never = [c for c in st.get("companies", []) if c.get("no_slip") and not c.get("total")]
-    late = [c for c in st.get("companies", []) if c.get("no_slip") and c.get("total")]
+    never = [(c, c["no_slip"]) for c in st.get("companies", []) if c.get("no_slip") and not c.get("total")]
+    ran = [c for c in st.get("companies", []) if c.get("no_slip") and c.get("total")]
+    final = [(c, n) for c in ran if (n := c.get("no_slip_final", 0))]
+    late = [(c, n) for c in ran if (n := c["no_slip"] - c.get("no_slip_final", 0)) > 0]
+    resume = f"payrun run --month {month} --resume"
     out = []
-    for rows, why, cmd in ((never, "never run", f"payrun run --month {month}" + (
-            f" --company {never[0]['id']}" if len(never) == 1 else "")),
-                           (late, "added after the run", f"payrun run --month {month} --resume")):
+    for rows, who1, whom, why, cmd in (
+            (never, "employee", "employees", "no slip (never run)", f"payrun run --month {month}" + (
+                f" --company {never[0][0]['id']}" if len(never) == 1 else "")),
+            (final, "leaver", "leavers", "no slip (the run left them out)", resume),
+            (late, "employee", "employees", "no slip (added after the run)", resume)):
         if not rows:
             continue
-        n = sum(c["no_slip"] for c in rows)
-        ids = [str(c["id"]) for c in rows]
+        n = sum(k for _, k in rows)
+        ids = [str(c["id"]) for c, _ in rows]
         whose = f"compan{'y' if len(ids) == 1 else 'ies'} {', '.join(ids[:8])}{'…' if len(ids) > 8 else ''}"
-        who = "employee of {} has" if n == 1 else "employees of {} have"
-        out.append(f"{n:,} {who.format(whose)} no slip ({why}): {cmd}")
+        out.append(f"{n:,} {who1 if n == 1 else whom} of {whose} {'has' if n == 1 else 'have'} {why}: {cmd}")
     return out
 
 
@@ -191,17 +197,20 @@ class OverviewScreen(ConsoleScreen):
             t.append(text, style=style)
             t.append(" · ")
         if lim:
+            tail = Text(" · limit ")  # (a bare "40/s" read as a speed: it is the most sends a second may start)
+            tail.append(f"{lim.rate_per_s:g}/s", style="bold")
+            tail.append(f" · {lim.waits:,} waits · ")
+            tail.append(f"{lim.http_429:,} 429s", style="bold red" if lim.http_429 else "")
+            if lim.duplicates:  # a killed sender's sends went out again: the provider deduped them
+                tail.append(f" · {lim.duplicates:,} resends deduped", style="bold yellow")
             t.append("email ")
             t.append(f"{lim.in_use}/{lim.cap}", style="bold")
-            # slots held by senders waiting for the rate are not requests at the provider
-            t.append(f" in flight ({lim.waiting_for_rate} waiting for the rate) · " if lim.waiting_for_rate
-                     else " in flight · ")
-            t.append("limit ")  # (a bare "40/s" read as a speed: it is the most sends a second may start)
-            t.append(f"{lim.rate_per_s:g}/s", style="bold")
-            t.append(f" · {lim.waits:,} waits · ")
-            t.append(f"{lim.http_429:,} 429s", style="bold red" if lim.http_429 else "")
-            if lim.duplicates:  # a killed sender's sends went out again: the provider deduped them
-                t.append(f" · {lim.duplicates:,} resends deduped", style="bold yellow")
+            t.append(" in flight")
+            # slots held by senders waiting for the rate are not requests at the provider; at a
+            # low rate the rate, not the cap, holds the sends back (it read as idle lanes)
+            notes = in_flight_notes(lim.in_use, lim.cap, lim.rate_per_s, lim.waiting_for_rate, lim.slots_for_rate)
+            t.append(longest_fitting(notes, None if room is None else room - t.cell_len - tail.cell_len))
+            t.append_text(tail)
         elif alerts:
             t.right_crop(3)  # (the trailing " · ")
         return t
@@ -240,8 +249,10 @@ class OverviewScreen(ConsoleScreen):
                 job = "gone (its job handed back)" if any(w.job_returned for w in dead) else "gone"
             elif paused is not None:  # (it read "idle" beside a queue with work)
                 job = Text(f"its credentials refused ({duration(paused)})", style="red")
-            elif ws[0].kind == "render" and store_full(snap.eta) and any(w.state == "suspended" for w in ws):
-                job = Text("takes none: slip store full", style="red")  # (it read "idle" beside 398 waiting)
+            elif (ws[0].kind == "render" and any(w.state == "suspended" for w in ws)
+                  and (wait := store_wait(ws[0], store_full(snap.eta), snap.store_faults))):
+                # (it read "idle" beside 398 waiting: a full store; session 43 a read-only one)
+                job = Text(f"takes none: slip store {wait}", style="red")
             else:
                 job = "idle"
             rows.append((key, (f"{tagged(ws[0].host, ws[0].host_tag, 18)}:{ws[0].pid}", ws[0].program or "", kind,

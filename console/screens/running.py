@@ -8,8 +8,8 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 
 from console.data import Snapshot
-from console.fmt import (by_process, duration, longest_job, process_name, process_state, store_full, stuck_text,
-                         tagged_name, worker_state)
+from console.fmt import (by_process, duration, longest_job, process_name, process_state, store_full, store_wait,
+                         stuck_text, tagged_name, worker_state)
 from console.screens.base import ConsoleScreen
 from console.widgets.status import StatusBar
 from console.widgets.table import LiveTable
@@ -141,7 +141,9 @@ class WorkersScreen(ConsoleScreen):
         elif w.paused_s is not None:  # (its lanes read "idle": the process takes no sends)
             state = Text("PAUSED", style="bold red")
         else:
-            state = Text(worker_state(w.state, w.kind, store_full(snap.eta)) + (" (stopping)" if w.stopping else ""),
+            full = store_full(snap.eta)
+            state = Text(worker_state(w.state, w.kind, full, store_wait(w, full, snap.store_faults))
+                         + (" (stopping)" if w.stopping else ""),
                          style="yellow" if w.stopping else "")
         job = w.job_id or (Text(f"{w.job_returned} (handed back)", style="dim") if w.job_returned else "")
         return (w.name, (tagged_name(w.name, w.host, w.host_tag), w.where, w.queues, state, job,
