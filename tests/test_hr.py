@@ -218,7 +218,7 @@ def test_remind_failed_slip_reaches_the_final_slips_of_a_company_whose_staff_all
     assert done["scheduled"] == 1 and done["jobs"] == [f"remind-{done['batch']}-{bad}"], done
     # a reminder to the whole company still needs someone working there
     out = runner.invoke(cli, ["remind", "--company", str(company), "--in", "2h"])
-    assert out.exit_code == 2 and f"company {company} has no active employees" in out.output, out.output
+    assert out.exit_code == 2 and f"company {company} has no employee working here or who left in" in out.output, out.output
 
 
 def test_the_same_address_note_is_sure_of_a_refusal_and_hedges_only_other_failures():
