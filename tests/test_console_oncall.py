@@ -363,6 +363,41 @@ async def test_the_limits_line_keeps_where_a_paused_processs_credentials_come_fr
             assert (alert == full) == (app.size.width == 200) and end <= app.size.width - 2, alert
 
 
+class RebootedSenderSource(FixedSource):
+    """A host rebooted (a new host id): its send-email process came back with the pid it
+    had (supervisord starts its programs in one order) and 10 lanes; lanes 10-49 of the
+    process before the reboot are still listed (gone), under the same process name."""
+
+    def snapshot(self):
+        snap = fixed_snapshot()
+        old = [_lane(4300, i) for i in range(10, 50)]
+        new = [_lane(4300, i) for i in range(10)]
+        for w in old:
+            w.alive, w.host_id = False, "b00t0ld0"
+        for w in new:
+            w.host_id = "b00tnew1"
+        from console.data import tag_hosts
+
+        snap.workers = tag_hosts(old + new + snap.workers)  # (as the console's read does)
+        return snap
+
+
+@sync
+async def test_the_workers_view_shows_two_processes_of_one_name_from_two_host_ids():
+    """Review (session 43): the workers view keyed a send-email process's row by its name
+    (email.<host>.<pid>); a rebooted host's new process of the same pid beside its old
+    one's lapsing lanes made two rows of one key, and the view failed on every refresh."""
+    app = ConsoleApp(RebootedSenderSource(), clock=lambda: NOW, poll=False, no_blink=True)
+    async with app.run_test(size=(120, 35)) as pilot:
+        await ready(pilot, lambda: app.snapshot is not None)
+        await pilot.press("w")
+        await ready(pilot, lambda: app.screen.CRUMB == "workers")
+        table = app.screen.query_one("#workers")
+        keys = [str(k.value) for k in table.rows]
+        assert "email.app1.4300" in keys and any(k.startswith("email.app1.4300/") for k in keys), keys
+        assert not app.snapshot.error, app.snapshot.error
+
+
 def test_payrun_workers_lists_the_processes_before_the_send_lanes():
     """Two send-email processes of 45 and 50 lanes: `payrun workers` listed the render
     workers after the 95 lane rows (by name), and the paused process's state after the

@@ -126,6 +126,8 @@ class WorkersScreen(ConsoleScreen):
                 rows.append(self._worker_row(group[0], snap))
                 continue
             key = process_name(group)
+            if key in self._processes:  # (two host ids' processes of one hostname and pid: a rebooted
+                key = f"{key}/{group[0].host_id or len(self._processes)}"  # host's dead lanes beside its new ones)
             self._processes[key] = group
             rows.append((key, self._process_cells(group)))
             lane_rows += [self._worker_row(w, snap) for w in group]
