@@ -233,6 +233,8 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
             if refused is not None:  # the workers are up, waiting for Redis to take writes: no record of
                 intake = [n for n in intake if "worker is running" not in n]  # them to find (a drill read "is
             notes += intake                                                   # `payrun up` running?")
+            if any("worker is running" in n for n in notes):
+                notes[:] = starting_notes(cfg, notes)
             if any("worker is running" in n for n in notes) and (given_up := programs_given_up(cfg)):
                 notes.append(f"supervisord gave up on {', '.join(given_up[:6])}{' …' if len(given_up) > 6 else ''} "
                              f"(FATAL: each failed its start again and again; `payrun ps`, their logs in "
@@ -350,6 +352,25 @@ _GIVEN_UP: dict[str, tuple[float, list[str]]] = {}
 GIVEN_UP_CACHE_S = 30.0
 
 
+def starting_notes(cfg, notes: list[str]) -> list[str]:
+    """``notes`` with each "N jobs wait on Q and no Q worker is running" whose program
+    supervisord here is (re)starting (``starting_programs``) said as such: a deploy, not an
+    outage. One `supervisorctl status`, only when such a note is there."""
+    from payrun import keys, supervise
+
+    out = supervise.status_here(cfg)
+    if out is None:
+        return notes
+    fixed = []
+    for n in notes:
+        for q in (keys.RENDER_QUEUE, keys.EMAIL_QUEUE):
+            if f"no {q} worker is running" in n and (how := starting_programs(out, q)) is not None:
+                n = (n.split(" and no ", 1)[0] + f": its worker is starting here (supervisord: {how}) and takes "
+                     f"them once it has registered; still so after a minute: `payrun ps` and {cfg.log_dir}")
+        fixed.append(n)
+    return fixed
+
+
 def programs_given_up(cfg, clock=time.monotonic) -> list[str]:
     """The programs supervisord runs here and gave up on (FATAL), asked at most every 30 s
     (the console refreshes every 2 s; supervisorctl is a Python process of its own). []
@@ -368,6 +389,32 @@ def programs_given_up(cfg, clock=time.monotonic) -> list[str]:
         names = supervise.gave_up(out, ("FATAL",))
     _GIVEN_UP[key] = (clock(), names)
     return names
+
+
+STARTING_UP_S = 60.0
+"""A worker program supervisord (re)started less than this long ago may not have
+registered yet (a loaded host's took ~12 s): said as starting, not as "not running"."""
+
+
+def starting_programs(status: str, queue: str, within_s: float = STARTING_UP_S) -> str | None:
+    """What a `supervisorctl status` output says of ``queue``'s worker program(s) when one
+    is being (re)started: STARTING, STOPPING, BACKOFF, or RUNNING for less than
+    ``within_s`` ("send-email RUNNING for 4 s"); None otherwise. A deploy's `supervisorctl
+    restart send-email` read "135 jobs wait on send-email and no send-email worker is
+    running: is `payrun up` running?" for the seconds the new process took to register
+    (drill 43). Pure."""
+    from payrun.supervise import _uptime_s
+
+    said = []
+    for ln in status.splitlines():
+        parts = ln.split()
+        if len(parts) < 2 or parts[0].split(":")[0] != queue:
+            continue
+        if parts[1] in ("STARTING", "STOPPING", "BACKOFF"):
+            said.append(f"{parts[0]} {parts[1]}")
+        elif parts[1] == "RUNNING" and (up := _uptime_s(ln)) is not None and up < within_s:
+            said.append(f"{parts[0]} RUNNING for {up:.0f} s")
+    return ", ".join(said) or None
 
 
 def intake_notes(conn, waiting_only: bool = False) -> list[str]:

@@ -981,3 +981,34 @@ def test_busy_elsewhere_is_alive_with_a_job_and_not_ours():
              W(name="g", alive=True, job_id="j6", host="here", pid=10, host_id="aaaaaaaa"),
              W(name="h", alive=True, job_id="j7", host="here", pid=10, host_id=None)]
     assert [w.name for w in supervise.busy_elsewhere(alike, {10}, "here", "aaaaaaaa")] == ["f"]
+
+
+def test_a_worker_program_being_restarted_is_said_as_starting_not_as_not_running(tmp_path, monkeypatch):
+    """Drill 43: during a deploy's `supervisorctl restart send-email`, `payrun status` read
+    "135 jobs wait on send-email and no send-email worker is running: is `payrun up`
+    running?" for the seconds the new process took to register. A program supervisord
+    (re)started less than a minute ago, or is starting or stopping, is said as starting."""
+    from payrun import config, status, supervise
+
+    out = ("ledger                           RUNNING   pid 101, uptime 3:02:11\n"
+           "pdf-render:pdf-render-00         RUNNING   pid 102, uptime 3:02:11\n"
+           "pdf-render:pdf-render-01         STARTING  \n"
+           "send-email                       RUNNING   pid 240, uptime 0:00:04\n")
+    assert status.starting_programs(out, "send-email") == "send-email RUNNING for 4 s"
+    assert status.starting_programs(out, "pdf-render") == "pdf-render:pdf-render-01 STARTING"
+    assert status.starting_programs(out.replace("0:00:04", "0:02:04"), "send-email") is None  # up 2 min: not a start
+    assert status.starting_programs("send-email   STOPPING\n", "send-email") == "send-email STOPPING"
+    assert status.starting_programs("send-email   FATAL     Exited too quickly\n", "send-email") is None
+    assert status.starting_programs("", "send-email") is None
+
+    cfg = config.load(env={"PAYRUN_HOME": str(tmp_path)})
+    notes = ["135 jobs wait on send-email and no send-email worker is running: is `payrun up` running (`payrun ps`)?",
+             "intake is drained on pdf-render (`payrun drain --queue`): `payrun resume` restarts it"]
+    monkeypatch.setattr(supervise, "status_here", lambda c, timeout_s=5: out)
+    said = status.starting_notes(cfg, notes)
+    assert said[0].startswith("135 jobs wait on send-email: its worker is starting here (supervisord: send-email "
+                              "RUNNING for 4 s) and takes them once it has registered; still so after a minute: "
+                              "`payrun ps`"), said[0]
+    assert said[1] == notes[1]
+    monkeypatch.setattr(supervise, "status_here", lambda c, timeout_s=5: None)  # no supervisord here: as it was
+    assert status.starting_notes(cfg, notes) == notes
