@@ -915,7 +915,10 @@ def job_cmd(c: Ctx, job_id: str, as_json: bool) -> None:
         elif any(h.get("outcome") in NO_ATTEMPT_OUTCOMES for h in row["history"]):
             click.echo(tries_text(row))
         if row.get("last_error"):
-            earlier = " (of an earlier attempt)" if row["status"] == "done" else ""
+            last = next((h for h in reversed(row["history"]) if h.get("error")), None)
+            held_back = last is not None and last.get("outcome") in NO_ATTEMPT_OUTCOMES  # (drill 43: a held
+            earlier = ((" (of an earlier try, held back: no attempt spent)" if held_back  # try read as an attempt)
+                        else " (of an earlier attempt)") if row["status"] == "done" else "")
             click.echo(f"last error{earlier}: {visible(row['last_error'])}")
         for h in row["history"]:
             delay = f"  retry in {h['delay_s']:.1f} s" if h.get("delay_s") else ""

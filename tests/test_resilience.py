@@ -153,6 +153,8 @@ def test_a_try_held_back_by_the_provider_spends_no_attempt_and_the_ledger_says_h
 
     out = CliRunner().invoke(cli, ["job", "held-1"], env=env)
     assert out.exit_code == 0 and "1 attempt spent, 1 held back" in out.output, out.output
+    # its last error is the held try's: not "of an earlier attempt" (drill 43)
+    assert "last error (of an earlier try, held back: no attempt spent): " in out.output, out.output
     # the failed list counts attempts spent (the budget), the held try beside them
     out = CliRunner().invoke(cli, ["failed"], env=env)
     assert out.exit_code == 0 and "held-2" in out.output and "attempts=1  (+1 held)" in out.output, out.output
