@@ -576,6 +576,24 @@ another host sending) was missing: a send held that way read as if the rate had 
 so was a slip store that cannot be written (jobs.errors.StoreUnwritable: read-only, EIO)."""
 
 
+def queued_text(ahead: int | None, queue: str, rate_per_s: float | None, drained: bool = False) -> str:
+    """`payrun job` of a job waiting in its queue: how many jobs are ahead of it (None:
+    not known) and, on send-email, the rate sends start at, so a send held back by a low
+    rate (drill 43: `limits set --rate 2`) does not read as a send forgotten; ``drained``
+    (intake stopped on its queue, or everywhere): that instead of a turn."""
+    if ahead is None:
+        return "in Redis: queued"
+    text = (f"in Redis: queued, {ahead:,} job{'' if ahead == 1 else 's'} ahead of it on {queue}" if ahead else
+            f"in Redis: queued, next on {queue}")
+    if drained:
+        return text + " (intake is drained there: nothing is taken until `payrun resume`)"
+    if ahead and queue == "send-email" and rate_per_s:
+        s = max(1, round(ahead / rate_per_s))
+        took = f"{s // 60} min {s % 60} s" if s >= 60 else f"{s} s"
+        text += f" (sends start at most {rate_per_s:g}/s: its turn in about {took})"
+    return text
+
+
 def tries_text(row: Mapping[str, Any]) -> str:
     """How many tries a job's ledger ``row`` (with its history) had, in words. A try held
     back (outcome "held": :data:`HELD_BACK_WHY`) or handed back (outcome "requeued": its
