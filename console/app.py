@@ -563,8 +563,17 @@ class ConsoleApp(App):
         lim = self.snapshot.limits if self.snapshot else None
         cfg = self.source.cfg
         self.push_screen(LimitsDialog(lim.cap if lim else cfg.limits.email_concurrency,
-                                      lim.rate_per_s if lim else cfg.limits.email_rate_per_s, known=lim is not None),
+                                      lim.rate_per_s if lim else cfg.limits.email_rate_per_s, known=lim is not None,
+                                      slots_for=self.slots_for_rate),
                          lambda v: v and self.confirm_limits(*v))
+
+    def slots_for_rate(self, rate_per_s: float) -> int | None:
+        """The sends in flight ``rate_per_s`` allows (jobs.limits.rate_slots), as the limits
+        line's figure is read (console.data.read_limits)."""
+        from jobs.limits import rate_slots
+        from jobs.policy import start_wait_budget_s
+
+        return rate_slots(rate_per_s, start_wait_budget_s(self.source.cfg.email.timeout_s))
 
     def confirm_limits(self, cap: int | None, rate: float | None) -> None:
         from console.dialogs.confirm import ConfirmKey
@@ -581,6 +590,13 @@ class ConsoleApp(App):
             for what, old, new, unit in (("cap", lim.cap if lim else None, cap, " in flight"),
                                          ("rate", lim.rate_per_s if lim else None, rate, "/s"))
             if new is not None)
+        from console.fmt import cap_over_rate_note
+
+        # the cap and rate in force after the change (`:limits cap=80` comes here without the dialog)
+        new_cap = cap if cap is not None else (lim.cap if lim else None)
+        new_rate = rate if rate is not None else (lim.rate_per_s if lim else None)
+        note = cap_over_rate_note(new_cap, new_rate, self.slots_for_rate(new_rate) if new_rate else None)
         self.push_screen(ConfirmKey(f"Change the email limits: {change}?",
-                                    "Every sender on every host uses them on its next send.", cmd),
+                                    "Every sender on every host uses them on its next send."
+                                    + (f"\nNote: {note}." if note else ""), cmd),
                          lambda ok: ok and self.act("limits", actions.set_limits, cap, rate))

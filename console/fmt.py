@@ -196,6 +196,19 @@ def in_flight_notes(in_use: int, cap: int, rate_per_s: float, waiting: int, slot
                   f" (rate allows {slots})", ""]
 
 
+def cap_over_rate_note(cap: int | None, rate_per_s: float | None, slots: int | None) -> str:
+    """What the limits dialog (and its confirmation) says when ``cap`` is above the sends
+    in flight ``rate_per_s`` allows (``slots``: jobs.limits.rate_slots; 22 at 2/s): raising
+    the cap there sends no faster, only a higher rate does. The limits line and `payrun
+    limits show` said it, the dialog where the cap is raised did not (an operator raised
+    the cap to 100 at 2/s to clear a backlog: still 22 in flight). "" when the cap binds, or
+    a figure is unknown. Pure."""
+    if cap is None or rate_per_s is None or slots is None or slots >= cap:
+        return ""
+    return (f"the rate {rate_per_s:g}/s allows only {slots} in flight: a cap above that ({cap}) sends no "
+            "faster; raise the rate to send faster")
+
+
 def longest_fitting(forms: list[str], room: int | None) -> str:
     """The first (longest) of ``forms`` that takes at most ``room`` terminal columns; the
     last when none does; the first when ``room`` is None (no limit)."""

@@ -1092,6 +1092,43 @@ async def test_change_limits_from_the_command_bar(cfg, conn):
 
 
 @sync
+async def test_the_limits_dialog_says_a_cap_above_what_the_rate_allows_sends_no_faster(cfg, conn):
+    """`payrun limits show` and the limits line said "the rate allows 22" at 2/s; the dialog
+    where the cap is raised said nothing, and cap 100 at 2/s still sent 22 at a time. The
+    note follows what is typed, and the confirmation (`:limits` too) says it."""
+    from jobs.limits import set_limits
+
+    set_limits(conn, "email", cap=50, rate_per_s=2.0)
+    app = make_app(cfg, conn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.snapshot is not None and app.snapshot.limits.rate_per_s == 2.0)
+        slots = app.slots_for_rate(2.0)
+        assert slots == app.snapshot.limits.slots_for_rate and slots < 50
+        note = lambda: str(app.screen.query_one("#rate-note").render())  # noqa: E731
+        await pilot.press("l")
+        await settle(pilot, lambda: type(app.screen).__name__ == "LimitsDialog", what="the limits dialog")
+        assert f"the rate 2/s allows only {slots} in flight: a cap above that (50) sends no faster" in note()
+        await pilot.press(*"10")  # a cap the rate allows: nothing to say
+        await settle(pilot, lambda: note() == "", what="the note gone at cap 10")
+        await pilot.press("backspace", "backspace", *"100")
+        await settle(pilot, lambda: "(100) sends no faster" in note(), what="the note at cap 100")
+        await pilot.press("enter", *"40")  # a rate that allows 100 in flight
+        await settle(pilot, lambda: note() == "", what="the note gone at 40/s")
+        await pilot.press("backspace", "backspace", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what="the confirmation")
+        assert f"the rate 2/s allows only {slots} in flight: a cap above that (100)" in app.screen.body
+        await pilot.press("n")
+        await pilot.press("colon", *"limits cap=80", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what=":limits's confirmation")
+        assert "a cap above that (80) sends no faster" in app.screen.body
+        await pilot.press("n")
+        await pilot.press("colon", *"limits cap=20", "enter")
+        await settle(pilot, lambda: type(app.screen).__name__ == "ConfirmKey", what=":limits's confirmation")
+        assert "sends no faster" not in app.screen.body
+        await pilot.press("n")
+
+
+@sync
 async def test_the_command_bar_gives_focus_back_to_the_table_that_had_it(cfg, conn):
     """Drill: after any `:` command on the overview, focus fell to the processes table,
     and d on the queue under the cursor said "select a queue (Tab to the queues table)"."""

@@ -580,6 +580,15 @@ def test_at_a_low_rate_the_limits_line_says_the_rate_allows_fewer_slots_than_the
     assert [len(f) for f in forms] == sorted((len(f) for f in forms), reverse=True)
 
 
+def test_the_limits_dialogs_note_says_a_cap_above_what_the_rate_allows_sends_no_faster():
+    from console.fmt import cap_over_rate_note
+
+    assert cap_over_rate_note(50, 2.0, 22) == ("the rate 2/s allows only 22 in flight: a cap above that (50) sends "
+                                               "no faster; raise the rate to send faster")
+    assert cap_over_rate_note(22, 2.0, 22) == cap_over_rate_note(50, 40.0, 481) == ""
+    assert cap_over_rate_note(None, 2.0, 22) == cap_over_rate_note(50, None, 22) == cap_over_rate_note(50, 2.0, None) == ""
+
+
 class LowRateSource(FixedSource):
     """The fixed overview at `payrun limits set --rate 2` (session 43's reproduction: 13 of
     50 slots in use, 11 of them waiting for their start, 22 the most the rate lets)."""

@@ -115,13 +115,16 @@ class LimitsDialog(ModalScreen[tuple | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, cap: int, rate: float, known: bool = True):
+    def __init__(self, cap: int, rate: float, known: bool = True, slots_for=None):
         """``known``: ``cap`` and ``rate`` are the limits in force as the last refresh read
         them; False: that refresh could not read them (Redis unreachable), and they are the
         config's, which a `payrun limits set` may have overridden (the dialog said "in
-        force: cap 50" from the config while cap 10 was in force)."""
+        force: cap 50" from the config while cap 10 was in force). ``slots_for(rate)``: the
+        sends in flight a rate allows (jobs.limits.rate_slots), for the note under the
+        fields, said as the values are typed, when the cap is above it."""
         super().__init__()
         self.cap, self.rate, self.known = cap, rate, known
+        self.slots_for = slots_for
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="confirm"):
@@ -136,7 +139,27 @@ class LimitsDialog(ModalScreen[tuple | None]):
                 now_cap = now_rate = ""
             yield Input(placeholder=f"cap ({now_cap}empty = unchanged)", id="cap")
             yield Input(placeholder=f"rate per s ({now_rate}empty = unchanged)", id="rate")
+            yield Static(self.rate_note(), id="rate-note", classes="dialog-note", markup=False)
             yield Static("Enter to continue · Esc cancels", classes="dialog-keys")
+
+    def rate_note(self, cap_s: str = "", rate_s: str = "") -> str:
+        """cap_over_rate_note for the cap and rate typed (``cap_s``, ``rate_s``), the ones in
+        force for a field left empty (unknown with Redis unreachable: no note then)."""
+        from console.fmt import cap_over_rate_note
+
+        try:
+            cap = int(cap_s) if cap_s.strip() else (self.cap if self.known else None)
+            rate = float(rate_s) if rate_s.strip() else (self.rate if self.known else None)
+        except ValueError:
+            return ""
+        if self.slots_for is None or cap is None or rate is None or not 0 < rate < float("inf"):
+            return ""
+        return cap_over_rate_note(cap, rate, self.slots_for(rate))
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        note = self.rate_note(self.query_one("#cap", Input).value, self.query_one("#rate", Input).value)
+        self.query_one("#rate-note", Static).update(note)
 
     def on_mount(self) -> None:
         for inp in self.query(Input):
