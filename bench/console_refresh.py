@@ -116,7 +116,8 @@ def build_redis(conn, now: float) -> None:
                for i in range(45)] + [(f"render.bench.{4100 + i}", keys.RENDER_QUEUE, None) for i in range(2)]
     for name, q, job in workers:
         p.sadd("rq:workers", f"rq:worker:{name}")
-        h = {"birth": rq_ts(now - 3600), "last_heartbeat": rq_ts(now - 1), "queues": q, "pid": 4200,
+        pid = int(name.split(".")[2])  # (the send-email process's lanes share its pid; each render worker has its own)
+        h = {"birth": rq_ts(now - 3600), "last_heartbeat": rq_ts(now - 1), "queues": q, "pid": pid,
              "hostname": "bench", "state": "busy" if job else "idle"}
         if job:
             h["current_job"] = job
