@@ -645,6 +645,87 @@ def test_a_leavers_slip_of_the_month_they_left_in_says_it_is_their_final_one():
     assert "Final payslip" in text and f"(you left on {snap['month']}-20)" in text and "Re-issued" in text
 
 
+def test_a_final_slips_email_says_it_is_the_final_one_and_gives_no_figure():
+    """HR (session 44): the final slip's PDF said "Final payslip", its email read as any
+    month's. Its subject and the body's first line say it is the final one, with the day
+    they left; a resend of it keeps that; nothing else changes, and no figure is in it."""
+    from jobs.tasks import slip_email
+
+    base = {"month": MONTH, "key": f"slip:{MONTH}:emp-1", "company_name": "Meghna Textiles", "employee_id": "emp-1",
+            "to": "ana@x.example", "to_name": "Ana Rahman", "slip": "a.pdf"}
+    subject, body, name = slip_email({**base, "final": "2026-11-20"})
+    assert subject == "Your final salary slip for November 2026 — Meghna Textiles", subject
+    assert body.split("\n")[2] == ("Please find attached your final salary slip for November 2026, your last month "
+                                   "with Meghna Textiles (you left on 2026-11-20)."), body
+    assert name == f"salary-slip-{MONTH}-emp-1.pdf"
+    plain = slip_email(base)
+    assert plain[0] == "Your salary slip for November 2026 — Meghna Textiles"
+    assert plain[1].split("\n")[2] == "Please find attached your salary slip for November 2026.", plain
+    for other in ("2026-10-20", "<b>2026-11-20</b>", 20261120, None):  # (no date of the slip's month: no mark)
+        assert slip_email({**base, "final": other}) == plain, other
+    subject, body, _ = slip_email({**base, "final": "2026-11-20", "reissued": "2026-12-04", "replaces": "2026-12-01",
+                                   "corrected": True})
+    assert subject.startswith("Corrected: Your final salary slip for November 2026"), subject
+    assert body.split("\n")[2].startswith("Please find attached your corrected final salary slip for November 2026, "
+                                          "your last month with Meghna Textiles (you left on 2026-11-20). It was "
+                                          "corrected on 2026-12-04"), body
+
+
+def test_a_leavers_final_slip_email_over_real_smtp_says_final(world, monkeypatch):
+    """The same end to end: a November leaver's slip goes out over a real SMTP server
+    (aiosmtpd) saying it is their final one; everyone else's does not; no salary figure
+    is in any subject or body."""
+    from email import message_from_bytes
+    from email.policy import default as default_policy
+
+    from aiosmtpd.controller import Controller
+
+    from jobs import slip, tasks
+    from tests.test_payrun import work_everything
+
+    received = []
+
+    class Handler:
+        async def handle_DATA(self, server, session, envelope):
+            received.append((envelope.rcpt_tos, envelope.content))
+            return "250 OK"
+
+    class EphemeralController(Controller):
+        def _trigger_server(self):  # learn the real port before aiosmtpd's readiness probe
+            self.port = self.server.sockets[0].getsockname()[1]
+            super()._trigger_server()
+
+    cfg, conn, db, ledger = world
+    leaver = sorted(payroll.employee_ids(db, MONTH))[0]
+    payroll.set_active(db, [leaver], False, left_date="2026-11-20")
+    controller = EphemeralController(Handler(), hostname="127.0.0.1", port=0)
+    controller.start()
+    try:
+        monkeypatch.setenv("PAYRUN_EMAIL_URL", f"smtp://127.0.0.1:{controller.port}")
+        tasks.settings.cache_clear()
+        runs.start_run(cfg, conn, ledger, db, MONTH)
+        work_everything(conn, ledger)
+    finally:
+        controller.stop()
+    assert len(received) == 12
+    by_rcpt = {rcpts[0]: message_from_bytes(content, policy=default_policy) for rcpts, content in received}
+    for snap in payroll.snapshots(db, MONTH):
+        msg = by_rcpt[snap["employee"]["email"]]
+        text = msg.get_body(preferencelist=("plain",)).get_content()
+        first = text.splitlines()[2]
+        if snap["employee"]["id"] == leaver:
+            assert msg["Subject"].startswith("Your final salary slip for November 2026 — "), msg["Subject"]
+            assert first.startswith("Please find attached your final salary slip for November 2026, your last "
+                                    "month with ") and first.endswith("(you left on 2026-11-20)."), first
+        else:
+            assert "final" not in msg["Subject"] + text, (msg["Subject"], text)
+        t = slip.totals(snap)
+        amounts = [v for v in (*snap["earnings"].values(), *snap["deductions"].values(), *t.values())
+                   if isinstance(v, int) and v]
+        figures = [slip.format_amount(v) for v in amounts] + [slip.group_lakh(v // 100) for v in amounts if v >= 100_000]
+        assert not any(f in msg["Subject"] + text for f in figures), (msg["Subject"], text)
+
+
 def test_a_run_by_the_version_before_that_left_a_leaver_out_is_counted_and_resumed(world, monkeypatch):
     """A rolling deploy: the version before runs the month (`active = 1`: a November
     leaver gets no slip); the new version's `status` counts them as having no slip (not as
