@@ -527,6 +527,38 @@ def test_a_leaver_gets_the_final_slip_of_the_month_they_left_in_and_hr_counts_ad
     assert out.exit_code == 2 and "before 2026-11 or on a day not recorded" in out.output, out.output
 
 
+def test_check_counts_those_the_run_pays_and_the_leavers_with_salary_lines_it_leaves_out(world):
+    """HR (session 44): `payrun check` read "12 employees with salary lines" and counted
+    only those the run pays, leaving out, unsaid, leavers who left before the month or on
+    a day not recorded. It says whom the run pays and how many with salary lines it leaves
+    out; with no one paid, that it pays no one of them."""
+    from payrun import preflight
+
+    cfg, conn, db, ledger = world
+
+    def line(rep):
+        (f,) = [f for f in rep.findings if f.area == "payroll" and f.level in (preflight.OK, preflight.FAIL)]
+        return f
+
+    ok = line(preflight.check(cfg, month=MONTH, email=False))
+    assert ok.level == preflight.OK and ok.text == f"{MONTH}: the run pays 12 employees in 2 companies", ok.text
+    ids = sorted(payroll.employee_ids(db, MONTH))
+    payroll.set_active(db, ids[:1], False, left_date="2026-11-20")  # paid: their final slip
+    payroll.set_active(db, ids[1:3], False, left_date="2026-10-31")  # left out
+    db.conn.execute("UPDATE employees SET active = 0 WHERE id = ?", (ids[3],))  # left out: no day recorded
+    db.conn.commit()
+    ok = line(preflight.check(cfg, month=MONTH, email=False))
+    assert ok.text == (f"{MONTH}: the run pays 9 employees in 2 companies; 3 employees with salary lines left out "
+                       f"(left before {MONTH} or on a day not recorded)"), ok.text
+    assert ok.detail == {"pays": 9, "left_out": 3}
+    payroll.set_active(db, ids, False, left_date="2026-10-31")
+    fail = line(preflight.check(cfg, month=MONTH, email=False))
+    assert fail.level == preflight.FAIL and fail.text.startswith(
+        f"no salary line for {MONTH} of anyone the run pays: 12 employees with salary lines left out (left before "
+        f"{MONTH} or on a day not recorded); the tick would pay nothing (`payrun employee left ID --on DATE` for one "
+        "who worked in it"), fail.text
+
+
 def test_check_after_the_months_run_says_what_makes_a_leavers_slip_now():
     """Drill (session 43): after the night's run `payrun check` still told the on-call to
     record an October leaver's day "before the run", though the run was over; what makes
