@@ -48,6 +48,7 @@ from weasyprint.urls import URLFetcher, URLFetcherResponse
 
 from jobs import cascade
 from jobs.errors import PermanentError
+from jobs.policy import final_day
 from payrun.procs import pid_alive
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -466,10 +467,7 @@ def _final(snapshot: Mapping[str, Any]) -> str | None:
     """The day a leaver left, on their slip of the month they left in (``final``, set by
     payrun.payroll's snapshot): the slip says it is their final one. A date of that month,
     else nothing."""
-    value = snapshot.get("final")
-    month = snapshot.get("month")
-    return value if isinstance(value, str) and _DATE_RE.fullmatch(value) and isinstance(month, str) \
-        and value[:7] == month else None
+    return final_day(snapshot.get("month"), snapshot.get("final"))
 
 
 def render_html(snapshot: Mapping[str, Any]) -> str:

@@ -89,6 +89,8 @@ def email_payload(snapshot: dict[str, Any], rel: str) -> dict[str, Any]:
         "to_name": emp["name_en"],
         "slip": rel,
         **{k: snapshot[k] for k in REISSUE_FIELDS if snapshot.get(k)},  # (the email says it replaces one)
+        # a leaver's slip of the month they left in: the email says it is their final one, as the slip does
+        **({"final": final} if (final := policy.final_day(snapshot["month"], snapshot.get("final"))) else {}),
     }
 
 
@@ -772,28 +774,44 @@ def send_slip(payload: dict[str, Any]) -> dict[str, Any]:
         idempotency.release(conn, key, token)
         raise
     job.meta.pop(RENDER_WAITS, None)
-    month = payload["month"]
-    again = payload.get("reissued")  # HR's resend: say it replaces the slip sent before
-    corrected = bool(again and payload.get("corrected"))
+    subject, text_body, attachment_name = slip_email(payload)
     msg = mail.Message(
         to_addr=payload["to"],
         to_name=payload["to_name"],
-        subject=("Corrected: " if corrected else "Re-issued: " if again else "") + f"Your salary slip for "
-                f"{month_label(month)} — {payload['company_name']}",
-        text_body=(
-            f"Dear {payload['to_name']},\n\nPlease find attached your "
-            + ("corrected " if corrected else "") + f"salary slip for {month_label(month)}."
-            + (" " + reissue_sentence(month_label(month), again, payload.get("replaces"), corrected) if again else "")
-            + f"\n\n{payload['company_name']} payroll\n"
-        ),
-        attachment_name=f"salary-slip-{month}-{payload['employee_id']}"
-                        + ("-corrected" if corrected else "-reissued" if again else "") + ".pdf",
+        subject=subject,
+        text_body=text_body,
+        attachment_name=attachment_name,
         attachment_bytes=pdf,
         idempotency_key=key,
         sender=cfg.email.sender,
     )
     message_id = send_limited(conn, cfg, msg, key, token, started=started, job_timeout_s=job.timeout)
     return {"sent": key, "message_id": message_id}
+
+
+def slip_email(payload: dict[str, Any]) -> tuple[str, str, str]:
+    """A slip's email from its send's payload (``email_payload``): subject, text body and the
+    PDF's file name. A resend says it is re-issued (or corrected) and what it replaces; a
+    leaver's slip of the month they left in (``final``) says it is their final one, in the
+    subject and the body's first line, as the slip does. Names and dates only: no figure
+    of the slip is in it. Pure."""
+    month = payload["month"]
+    again = payload.get("reissued")  # HR's resend: say it replaces the slip sent before
+    corrected = bool(again and payload.get("corrected"))
+    final = policy.final_day(month, payload.get("final"))
+    company = payload["company_name"]
+    subject = (("Corrected: " if corrected else "Re-issued: " if again else "")
+               + f"Your {'final ' if final else ''}salary slip for {month_label(month)} — {company}")
+    text_body = (
+        f"Dear {payload['to_name']},\n\nPlease find attached your " + ("corrected " if corrected else "")
+        + ("final " if final else "") + f"salary slip for {month_label(month)}"
+        + (f", your last month with {company} (you left on {final})." if final else ".")
+        + (" " + reissue_sentence(month_label(month), again, payload.get("replaces"), corrected) if again else "")
+        + f"\n\n{company} payroll\n"
+    )
+    attachment_name = (f"salary-slip-{month}-{payload['employee_id']}"
+                       + ("-corrected" if corrected else "-reissued" if again else "") + ".pdf")
+    return subject, text_body, attachment_name
 
 
 def noop(*args: Any, **kwargs: Any) -> None:

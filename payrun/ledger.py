@@ -348,6 +348,18 @@ class Ledger:
         sql += " ORDER BY updated_at DESC LIMIT ?"
         return [dict(r) for r in self.db.query(sql, (*args, limit))]
 
+    def renders_left(self, month: str, company_id: int | None = None) -> int:
+        """How many renders of ``month`` (its run's, and resends') are still to be made:
+        queued, running or retrying. None left: the month's sends only read slips made, so
+        a slip store that cannot be written, or is full, holds none of them (`payrun status`)."""
+        sql = ("SELECT COUNT(*) FROM jobs WHERE month = ? AND kind IN ('render', 'resend')"
+               " AND status IN ('queued', 'running', 'retrying')")
+        args: list[Any] = [month]
+        if company_id is not None:
+            sql += " AND company_id = ?"
+            args.append(company_id)
+        return self.db.conn.execute(sql, args).fetchone()[0]
+
     def recipients(self, job_ids: Iterable[str]) -> dict[str, str]:
         """send job id -> the address it was made with (or its last retry read), for the
         ids whose address the ledger has (not sends made before migration 4)."""

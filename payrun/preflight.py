@@ -543,8 +543,9 @@ def _missed_months(cfg, rep: Report) -> None:
 
 
 def _payroll(cfg, rep: Report) -> int:
-    """The month's slips: employees with salary lines; those the month pays without one
-    named, and leavers with one (paid, their final slip, or left out)."""
+    """The month's slips: employees the run pays (salary lines, ``in_month_run``) and how many
+    with salary lines it leaves out; those the month pays without one named, and leavers
+    with one (paid, their final slip, or left out)."""
     from payrun import payroll
 
     if not cfg.payroll_path.exists():
@@ -568,12 +569,20 @@ def _payroll(cfg, rep: Report) -> int:
             raise
         rep.add("payroll", FAIL, f"cannot read {diskspace.full_text(cfg.payroll_path, e, free)}")
         return 0
+    # leavers with a salary line whom the run leaves out (left before the month, or on a day
+    # not recorded): the count said "employees with salary lines", and counted only the paid
+    left_out = sum(1 for _, _, paid in leavers if not paid)
+    out_text = (f"{_n(left_out, 'employee')} with salary lines left out (left before {rep.month} or on a day not "
+                "recorded)")
     if not slips:
-        rep.add("payroll", FAIL, f"no salary lines for {rep.month}: the tick would pay nothing (`payrun import "
-                                 f"FILE.csv` with the month's lines)")
+        rep.add("payroll", FAIL, f"no salary line for {rep.month} of anyone the run pays: {out_text}; the tick would "
+                                 "pay nothing (`payrun employee left ID --on DATE` for one who worked in it, or `payrun "
+                                 "import FILE.csv` with the month's lines)" if left_out else
+                f"no salary lines for {rep.month}: the tick would pay nothing (`payrun import FILE.csv` with the "
+                "month's lines)")
         return 0
-    rep.add("payroll", OK, f"{rep.month}: {slips:,} employees with salary lines in {len(companies)} "
-                           f"compan{'y' if len(companies) == 1 else 'ies'}")
+    rep.add("payroll", OK, f"{rep.month}: the run pays {_n(slips, 'employee')} in {_n(len(companies), 'company')}"
+                           + (f"; {out_text}" if left_out else ""), {"pays": slips, "left_out": left_out})
     absent = sorted(set(missing) - set(companies))  # a company with staff and not one line: its file not imported?
     if absent:
         shown = ", ".join(f"{cid} ({names.get(cid, '?')})" for cid in absent[:5]) + (

@@ -295,9 +295,10 @@ def read_faults(conn, now: float | None = None) -> list[dict]:
                    if e is not None and e["until_ms"] >= now_ms), key=lambda e: e["since_ms"])
 
 
-def fault_notes(conn, store: Path, tz: str = "UTC") -> list[str]:
-    """`payrun status`'s notes on slip stores that cannot be written (``store_faults``)."""
-    return [fault_text(e, tz) for e in store_faults(conn, store)]
+def fault_notes(conn, store: Path, tz: str = "UTC", sends_only: str | None = None) -> list[str]:
+    """`payrun status`'s notes on slip stores that cannot be written (``store_faults``);
+    ``sends_only``: the run (month) has no render left, only sends (``fault_text``)."""
+    return [fault_text(e, tz, sends_only) for e in store_faults(conn, store)]
 
 
 def store_faults(conn, store: Path, now: float | None = None) -> list[dict]:
@@ -328,9 +329,11 @@ def store_faults(conn, store: Path, now: float | None = None) -> list[dict]:
     return entries
 
 
-def fault_text(entry: dict, tz: str = "UTC") -> str:
+def fault_text(entry: dict, tz: str = "UTC", sends_only: str | None = None) -> str:
     """One line on a host whose slip store cannot be written, for `payrun status` and
-    `payrun check`: where, what the system said, since when, what it means, what to do."""
+    `payrun check`: where, what the system said, since when, what it means, what to do.
+    ``sends_only``: the month whose run has every slip made and only sends left, which only
+    read slips: it holds none of them, only renders to come (a retry, a resend)."""
     from datetime import datetime
     from zoneinfo import ZoneInfo
 
@@ -338,6 +341,10 @@ def fault_text(entry: dict, tz: str = "UTC") -> str:
 
     since = "" if not entry.get("since_ms") else (
         " since " + datetime.fromtimestamp(entry["since_ms"] / 1000, ZoneInfo(tz)).strftime("%H:%M:%S %Z"))
-    return (f"the slip store {entry['path']} cannot be written on {entry['host']} ({entry['error']}){since}: "
-            f"its renders wait in their queue, spending no attempt, and go on by themselves once it can be "
-            f"written; {store_fault_todo(entry['errno'], entry['mount'])}")
+    head = f"the slip store {entry['path']} cannot be written on {entry['host']} ({entry['error']}){since}: "
+    todo = store_fault_todo(entry['errno'], entry['mount'])
+    if sends_only:  # (session 44: it read "its renders wait" with every slip made and only sends left)
+        return (head + f"it holds none of the {sends_only} run's sends (every slip is made; a send only reads its "
+                       f"slip), only a render to come (a retry, a resend); {todo}")
+    return (head + "its renders wait in their queue, spending no attempt, and go on by themselves once it can be "
+                   f"written; {todo}")

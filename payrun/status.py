@@ -214,12 +214,21 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                      f"{' …' if len(waiting) > 3 else ''}): noted on this host ({unrecorded.FILE}); this host's "
                      "send-email process records them within seconds of Redis answering (is it running? payrun "
                      "ps), and a next try here sends nothing")
-    if month and in_progress and (full := store_full_note(cfg.slips_dir)):
+    # a full or unwritable store holds renders only: with every slip of the run made and only
+    # sends left (they read slips), it holds nothing of it, as the console's ETA says
+    rendering = bool(month and in_progress and ledger.renders_left(month, company))
+    idle_faults: list[str] = []  # (a fault holding none of the run: after what does)
+    if rendering and (full := store_full_note(cfg.slips_dir)):
         notes.insert(0, full)
     if month and in_progress:  # (read-only, a failing disk: its renders wait, spending no attempt)
         from payrun import slipstore
 
-        notes[:0] = slipstore.fault_notes(None if redis_failed else conn, cfg.slips_dir, cfg.timezone)
+        faults = slipstore.fault_notes(None if redis_failed else conn, cfg.slips_dir, cfg.timezone,
+                                       sends_only=None if rendering else month)
+        if rendering:
+            notes[:0] = faults
+        else:  # (session 44: still the first note, "its renders wait", with only sends left): last
+            idle_faults = faults
     outage = refused = None
     paused: list[dict[str, Any]] = []
     if conn is not None and not redis_failed:
@@ -257,6 +266,7 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
                                 f"no attempt is spent (`payrun limits show` counts the 429s)")
         except (RedisError, OSError):  # it went away after the first look: say so, as if never there
             conn, outage, paused = None, None, []
+    notes += idle_faults
     salary_months: list[str] = []
     if not month and cfg.payroll_path.exists():  # nothing run yet: which months could be
         from payrun import payroll

@@ -394,7 +394,7 @@ def test_a_payrun_with_nothing_running_is_not_ready_and_says_what_to_do(world):
     assert out.exit_code == 1, out.output
     lines = out.output.splitlines()
     assert lines[0].startswith("payrun check: the 2026-11 pay run, run by hand (the next tick, ")
-    assert "  ok    payroll    2026-11: 12 employees with salary lines in 2 companies" in lines
+    assert "  ok    payroll    2026-11: the run pays 12 employees in 2 companies" in lines
     text = "\n".join(lines)
     for want in ("FAIL  intake     intake is drained on send-email", "FAIL  workers    no pdf-render worker",
                  "FAIL  ledger     no `payrun ledger` is running", "FAIL  scheduler  no scheduler is running",
@@ -478,7 +478,7 @@ def test_a_running_payrun_is_ready_and_a_wrong_token_is_caught(tmp_path, redis_u
                 texts = {f.area: f.text for f in rep.findings if f.level == OK}
                 assert "token accepted (nothing was sent)" in texts["email"]
                 assert "2 schedulers running" in texts["scheduler"]
-                assert "30 employees with salary lines" in texts["payroll"]
+                assert "the run pays 30 employees in " in texts["payroll"]
                 assert "writable" in texts["slips"]
                 assert "30 slips at " in texts["estimate"] and "from the tick at 2026-12-01 02:00" in texts["estimate"]
                 m.setenv("PAYRUN_EMAIL_TOKEN", "expired")

@@ -527,6 +527,38 @@ def test_a_leaver_gets_the_final_slip_of_the_month_they_left_in_and_hr_counts_ad
     assert out.exit_code == 2 and "before 2026-11 or on a day not recorded" in out.output, out.output
 
 
+def test_check_counts_those_the_run_pays_and_the_leavers_with_salary_lines_it_leaves_out(world):
+    """HR (session 44): `payrun check` read "12 employees with salary lines" and counted
+    only those the run pays, leaving out, unsaid, leavers who left before the month or on
+    a day not recorded. It says whom the run pays and how many with salary lines it leaves
+    out; with no one paid, that it pays no one of them."""
+    from payrun import preflight
+
+    cfg, conn, db, ledger = world
+
+    def line(rep):
+        (f,) = [f for f in rep.findings if f.area == "payroll" and f.level in (preflight.OK, preflight.FAIL)]
+        return f
+
+    ok = line(preflight.check(cfg, month=MONTH, email=False))
+    assert ok.level == preflight.OK and ok.text == f"{MONTH}: the run pays 12 employees in 2 companies", ok.text
+    ids = sorted(payroll.employee_ids(db, MONTH))
+    payroll.set_active(db, ids[:1], False, left_date="2026-11-20")  # paid: their final slip
+    payroll.set_active(db, ids[1:3], False, left_date="2026-10-31")  # left out
+    db.conn.execute("UPDATE employees SET active = 0 WHERE id = ?", (ids[3],))  # left out: no day recorded
+    db.conn.commit()
+    ok = line(preflight.check(cfg, month=MONTH, email=False))
+    assert ok.text == (f"{MONTH}: the run pays 9 employees in 2 companies; 3 employees with salary lines left out "
+                       f"(left before {MONTH} or on a day not recorded)"), ok.text
+    assert ok.detail == {"pays": 9, "left_out": 3}
+    payroll.set_active(db, ids, False, left_date="2026-10-31")
+    fail = line(preflight.check(cfg, month=MONTH, email=False))
+    assert fail.level == preflight.FAIL and fail.text.startswith(
+        f"no salary line for {MONTH} of anyone the run pays: 12 employees with salary lines left out (left before "
+        f"{MONTH} or on a day not recorded); the tick would pay nothing (`payrun employee left ID --on DATE` for one "
+        "who worked in it"), fail.text
+
+
 def test_check_after_the_months_run_says_what_makes_a_leavers_slip_now():
     """Drill (session 43): after the night's run `payrun check` still told the on-call to
     record an October leaver's day "before the run", though the run was over; what makes
@@ -643,6 +675,87 @@ def test_a_leavers_slip_of_the_month_they_left_in_says_it_is_their_final_one():
     snap = _every_field_at_its_maximum("W")
     text = pdf_text(render_pdf({**snap, "reissued": "2026-12-04", "final": f"{snap['month']}-20"}))
     assert "Final payslip" in text and f"(you left on {snap['month']}-20)" in text and "Re-issued" in text
+
+
+def test_a_final_slips_email_says_it_is_the_final_one_and_gives_no_figure():
+    """HR (session 44): the final slip's PDF said "Final payslip", its email read as any
+    month's. Its subject and the body's first line say it is the final one, with the day
+    they left; a resend of it keeps that; nothing else changes, and no figure is in it."""
+    from jobs.tasks import slip_email
+
+    base = {"month": MONTH, "key": f"slip:{MONTH}:emp-1", "company_name": "Meghna Textiles", "employee_id": "emp-1",
+            "to": "ana@x.example", "to_name": "Ana Rahman", "slip": "a.pdf"}
+    subject, body, name = slip_email({**base, "final": "2026-11-20"})
+    assert subject == "Your final salary slip for November 2026 — Meghna Textiles", subject
+    assert body.split("\n")[2] == ("Please find attached your final salary slip for November 2026, your last month "
+                                   "with Meghna Textiles (you left on 2026-11-20)."), body
+    assert name == f"salary-slip-{MONTH}-emp-1.pdf"
+    plain = slip_email(base)
+    assert plain[0] == "Your salary slip for November 2026 — Meghna Textiles"
+    assert plain[1].split("\n")[2] == "Please find attached your salary slip for November 2026.", plain
+    for other in ("2026-10-20", "<b>2026-11-20</b>", 20261120, None):  # (no date of the slip's month: no mark)
+        assert slip_email({**base, "final": other}) == plain, other
+    subject, body, _ = slip_email({**base, "final": "2026-11-20", "reissued": "2026-12-04", "replaces": "2026-12-01",
+                                   "corrected": True})
+    assert subject.startswith("Corrected: Your final salary slip for November 2026"), subject
+    assert body.split("\n")[2].startswith("Please find attached your corrected final salary slip for November 2026, "
+                                          "your last month with Meghna Textiles (you left on 2026-11-20). It was "
+                                          "corrected on 2026-12-04"), body
+
+
+def test_a_leavers_final_slip_email_over_real_smtp_says_final(world, monkeypatch):
+    """The same end to end: a November leaver's slip goes out over a real SMTP server
+    (aiosmtpd) saying it is their final one; everyone else's does not; no salary figure
+    is in any subject or body."""
+    from email import message_from_bytes
+    from email.policy import default as default_policy
+
+    from aiosmtpd.controller import Controller
+
+    from jobs import slip, tasks
+    from tests.test_payrun import work_everything
+
+    received = []
+
+    class Handler:
+        async def handle_DATA(self, server, session, envelope):
+            received.append((envelope.rcpt_tos, envelope.content))
+            return "250 OK"
+
+    class EphemeralController(Controller):
+        def _trigger_server(self):  # learn the real port before aiosmtpd's readiness probe
+            self.port = self.server.sockets[0].getsockname()[1]
+            super()._trigger_server()
+
+    cfg, conn, db, ledger = world
+    leaver = sorted(payroll.employee_ids(db, MONTH))[0]
+    payroll.set_active(db, [leaver], False, left_date="2026-11-20")
+    controller = EphemeralController(Handler(), hostname="127.0.0.1", port=0)
+    controller.start()
+    try:
+        monkeypatch.setenv("PAYRUN_EMAIL_URL", f"smtp://127.0.0.1:{controller.port}")
+        tasks.settings.cache_clear()
+        runs.start_run(cfg, conn, ledger, db, MONTH)
+        work_everything(conn, ledger)
+    finally:
+        controller.stop()
+    assert len(received) == 12
+    by_rcpt = {rcpts[0]: message_from_bytes(content, policy=default_policy) for rcpts, content in received}
+    for snap in payroll.snapshots(db, MONTH):
+        msg = by_rcpt[snap["employee"]["email"]]
+        text = msg.get_body(preferencelist=("plain",)).get_content()
+        first = text.splitlines()[2]
+        if snap["employee"]["id"] == leaver:
+            assert msg["Subject"].startswith("Your final salary slip for November 2026 — "), msg["Subject"]
+            assert first.startswith("Please find attached your final salary slip for November 2026, your last "
+                                    "month with ") and first.endswith("(you left on 2026-11-20)."), first
+        else:
+            assert "final" not in msg["Subject"] + text, (msg["Subject"], text)
+        t = slip.totals(snap)
+        amounts = [v for v in (*snap["earnings"].values(), *snap["deductions"].values(), *t.values())
+                   if isinstance(v, int) and v]
+        figures = [slip.format_amount(v) for v in amounts] + [slip.group_lakh(v // 100) for v in amounts if v >= 100_000]
+        assert not any(f in msg["Subject"] + text for f in figures), (msg["Subject"], text)
 
 
 def test_a_run_by_the_version_before_that_left_a_leaver_out_is_counted_and_resumed(world, monkeypatch):

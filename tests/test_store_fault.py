@@ -118,6 +118,56 @@ def test_renders_on_a_failing_disk_are_held_and_the_worker_takes_none_until_a_te
     assert not any("cannot be written" in n for n in status.report(cfg, ledger, MONTH, conn=conn)["notes"])
 
 
+def test_a_store_fault_holds_no_send_once_every_slip_is_made_and_status_says_so(world, monkeypatch):
+    """On-call (session 44): with every slip rendered and only sends left (they only read
+    slips), `payrun status` still gave the fault as its first note, "its renders wait", as
+    if it held the run; the console's ETA already went on. Now status keeps it as a note
+    that it holds none of the run's sends (text and `--json` alike), after the others; a full
+    store's note goes, as the console's ETA does."""
+    from click.testing import CliRunner
+
+    from console.data import Source
+    from payrun import ledger as ledger_mod, status
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH)
+    eio = OSError(errno.EIO, os.strerror(errno.EIO))
+    slipstore.report_fault(conn, cfg.slips_dir, eio)
+    assert ledger.renders_left(MONTH) == 12 and ledger.renders_left(MONTH, 1) < 12
+    notes = status.report(cfg, ledger, MONTH, conn=conn)["notes"]
+    assert notes[0].startswith(f"the slip store {cfg.slips_dir} cannot be written on ") and \
+        "its renders wait in their queue" in notes[0], notes
+    assert Source(cfg, conn).snapshot().eta["store_fault"] is not None  # (the console: no ETA)
+
+    slipstore.clear_fault(conn)  # (a render worker's test write would clear it: made while it can be written)
+    RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn).work(burst=True, logging_level="WARNING")
+    ledger_mod.drain(conn, ledger)
+    slipstore.report_fault(conn, cfg.slips_dir, eio)  # failing now, with the 12 sends still to go
+    assert ledger.renders_left(MONTH) == 0
+    report = status.report(cfg, ledger, MONTH, conn=conn)
+    assert report["total"]["queued"] == 12
+    (note,) = [n for n in report["notes"] if "cannot be written" in n]
+    assert report["notes"][-1] == note and "no send-email worker is running" in report["notes"][0], report["notes"]
+    assert note.startswith(f"the slip store {cfg.slips_dir} cannot be written on ") and "(Input/output error, EIO)" \
+        in note, note
+    assert (f"it holds none of the {MONTH} run's sends (every slip is made; a send only reads its slip), only a "
+            "render to come (a retry, a resend); its disk reports I/O errors") in note, note
+    assert "its renders wait" not in note
+    out = CliRunner().invoke(cli, ["status", "--month", MONTH])
+    assert out.exit_code == 0 and f"note: {note}" in out.output.splitlines(), out.output
+    out = CliRunner().invoke(cli, ["status", "--month", MONTH, "--json"])
+    assert [n for n in json.loads(out.output)["notes"] if "cannot be written" in n] == [note], out.output
+    # the console agrees: the fault promises no ETA only while renders are left
+    assert Source(cfg, conn).snapshot().eta["store_fault"] is None
+    slipstore.clear_fault(conn)
+    # so for a full store (tests/test_diskfull.py): no note while only sends are left
+    from payrun import diskspace
+
+    monkeypatch.setattr(diskspace, "free_bytes", lambda path: 4096)
+    assert not any("slip store" in n for n in status.report(cfg, ledger, MONTH, conn=conn)["notes"])
+
+
 def test_one_eio_a_test_write_does_not_confirm_is_an_ordinary_failed_attempt(world, monkeypatch):
     """A disk that fails one write in a million (or a bad block under one slip's folder) is
     not a dead store: that slip spends an attempt (six, then the failed list, counted as the
