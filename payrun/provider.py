@@ -112,6 +112,7 @@ class _State:
         self.delivered: dict[str, dict[str, Any]] = {}
         self.outage_until = 0.0
         self.outage_status = 503
+        self.stopping = False
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -342,7 +343,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
         problem = first = rec = None
         with st.lock:
-            if not p._admit_locked(getattr(self, "_received_at", None)):
+            stopping = st.stopping  # (past its stop's drain: a delivery now could get no reply, see stop)
+            if stopping:
+                throttled = False
+            elif not p._admit_locked(getattr(self, "_received_at", None)):
                 st.counts["throttled_429"] += 1
                 throttled = True
             else:
@@ -366,6 +370,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         }
                         st.delivered[key] = rec
                         st.counts["delivered"] += 1
+        if stopping:
+            return self._reply(503, {"error": "provider stopping"})
         if throttled:
             return self._reply(429, {"error": "rate limit exceeded"}, {"Retry-After": "1"})
         if problem:
@@ -420,9 +426,24 @@ class Provider:
                  "bearer token required" if self.token else "no token")
         self._server.serve_forever(poll_interval=0.05)
 
-    def stop(self) -> None:
-        """Stop accepting, drop open keep-alive connections, release the port."""
+    def stop(self, drain_s: float = 0.0) -> None:
+        """Stop accepting, let the requests in flight get their reply (up to ``drain_s``),
+        drop open keep-alive connections, release the port. A request cut off after its
+        message was delivered leaves its sender without an answer: it sends again, and
+        this provider's dedupe is gone with it (its memory), so the slip goes out twice.
+        A request that comes to deliver after the drain is answered 503 (sent nothing)."""
         self._server.shutdown()  # returns once serve_forever has exited
+        st = self.state
+        deadline = time.monotonic() + max(0.0, drain_s)
+        while True:
+            with st.lock:
+                if st.in_flight == 0 or time.monotonic() >= deadline:
+                    st.stopping = True
+                    cut = st.in_flight
+                    break
+            time.sleep(0.02)
+        if cut and drain_s > 0:
+            log.warning("provider stopping with %d request(s) still in flight after %.1f s", cut, drain_s)
         self._server.close_all_connections()
         self._server.server_close()
         if self._thread is not None:
@@ -661,6 +682,12 @@ def admin(cfg, method: str, path: str, doc: Any = None, *, host: str | None = No
     return out
 
 
+def stop_drain_s(latency_s: float) -> float:
+    """How long a stopping `payrun provider` lets the requests in flight finish: one
+    latency and 5 s, at most 8 s (supervisord's stopwaitsecs for it is 10 s)."""
+    return min(max(0.0, latency_s) + 5.0, 8.0)
+
+
 def run(host: str, port: int, latency_s: float, rate_per_s: float, token: "str | TokenFile | None" = None) -> None:
     """Serve until SIGTERM/SIGINT (for ``payrun provider``); must run in the main thread."""
     provider = Provider(host=host, port=port, latency_s=latency_s, rate_per_s=rate_per_s, token=token)
@@ -675,11 +702,14 @@ def run(host: str, port: int, latency_s: float, rate_per_s: float, token: "str |
         while not stop.wait(0.5):
             pass
         log.info("provider stopping")
+        # the sends in flight get their answer first (supervisord killed, every program is
+        # sent SIGTERM at once: the senders finish theirs, see supervise.stop_with_supervisord)
+        provider.stop(drain_s=stop_drain_s(provider.latency_s))
     finally:
         # its counters live in memory: said once more on the way out, so a restart (a
         # deploy) does not take the evidence of a run (delivered, duplicates) with it
         counts = {k: v for k, v in provider.stats().items() if isinstance(v, int) and not isinstance(v, bool)}
         log.info("provider counters at stop: %s", ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-        provider.stop()
+        provider.stop()  # (again: a no-op after the drain above, unless that raised)
         for s, h in previous.items():
             signal.signal(s, h)

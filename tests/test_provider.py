@@ -303,6 +303,80 @@ def test_run_stops_on_sigterm():
             proc.wait()
 
 
+def test_a_stopping_provider_answers_the_sends_in_flight_before_it_closes():
+    """supervisord killed: every program gets SIGTERM at once (supervise.stop_with_supervisord).
+    The provider dropped its connections within 0.5 s, while a sender's request it had
+    already delivered was in its latency: the sender got no answer, sent again after the next
+    `payrun up`, and the new provider (its dedupe lost with the old one's memory) delivered
+    that slip a second time. It now answers the requests in flight first."""
+    from conftest import wait_for
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    code = f"from payrun.provider import run; run('127.0.0.1', {port}, 1.5, 40.0)"
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    got: list = []
+
+    def stats():
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/v1/stats")
+            return json.loads(conn.getresponse().read())
+        except OSError:
+            assert proc.poll() is None, "provider exited early"
+            return None
+
+    def send():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("POST", "/v1/messages", body=json.dumps(body()).encode(),
+                         headers={"Idempotency-Key": "in-flight", "Content-Type": "application/json"})
+            got.append(conn.getresponse().status)
+        except (OSError, http.client.HTTPException) as e:
+            got.append(type(e).__name__)
+
+    try:
+        wait_for(stats, timeout_s=15, what="the provider to listen")
+        sender = threading.Thread(target=send)
+        sender.start()
+        wait_for(lambda: (st := stats()) and st["delivered"] == 1 and st["in_flight"] == 1, timeout_s=15,
+                 what="the send delivered, its answer not yet given (the latency)")
+        proc.send_signal(signal.SIGTERM)
+        sender.join(timeout=30)
+        out = proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert got == [202] and proc.returncode == 0, (got, out)
+
+
+def test_a_stopping_provider_waits_one_latency_and_5_s_for_its_sends_within_supervisords_10_s():
+    from payrun.provider import stop_drain_s
+
+    assert stop_drain_s(1.2) == 6.2 and stop_drain_s(0) == 5.0 and stop_drain_s(60) == 8.0
+
+
+def test_a_send_that_comes_to_a_provider_past_its_drain_is_refused_not_delivered():
+    """A request read just as the drain ended (on a kept-alive connection) could be delivered
+    and then lose its answer to the dropped connection: it is answered 503 instead."""
+    p = Provider(latency_s=0, rate_per_s=100).start()
+    try:
+        c = Client(p)
+        assert c.send("before")[0] == 202
+        with p.state.lock:
+            p.state.stopping = True  # (as Provider.stop sets it once nothing is in flight)
+        status, _, doc = c.send("after")
+        assert status == 503 and doc == {"error": "provider stopping"}
+        assert p.stats()["delivered"] == 1 and p.delivery("after") is None
+        c.close()
+    finally:
+        p.stop()
+
+
 def test_the_provider_process_says_its_counters_when_it_stops(tmp_path):
     """Its counters are in memory: a `payrun down`/`up` mid-run took the only record of
     delivered and duplicate sends with it. They are logged on the way out."""

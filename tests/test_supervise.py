@@ -710,6 +710,12 @@ def test_a_killed_supervisord_takes_its_programs_with_it_and_up_starts_clean(tmp
                      if idem.hget(k, "state") in (b"sent", "sent"))
         idem.close()  # (`up` takes Redis over only when nothing else is connected to it)
         assert 10 <= before < n
+        # The provider stops with the others: it answers the sends in flight first, so each
+        # slip it delivered was recorded sent and is not sent again (the next provider, its
+        # dedupe gone with the old one's memory, would take it: a second email). Its counts
+        # are in its last log line.
+        at_stop = re.search(r"provider counters at stop: .*\bdelivered=(\d+)", after_kill.get("provider.log", ""))
+        assert at_stop and int(at_stop.group(1)) == before, (before, after_kill.get("provider.log", "")[-3000:])
         ps = payrun("ps", env=env)
         assert ps.returncode == 3 and "supervisord is not running" in ps.stderr and "still run" not in ps.stderr
         again = payrun("up", env=env)  # takes Redis over: nothing uses it any more
@@ -719,7 +725,8 @@ def test_a_killed_supervisord_takes_its_programs_with_it_and_up_starts_clean(tmp
         assert conn.zcard("rq:failed:pdf-render") == 0 and conn.zcard("rq:failed:send-email") == 0
         stats = json.loads(payrun("provider", "stats", env=env).stdout)
         # the provider restarted too (its counts are since then): each slip not sent before
-        # the kill was sent once after it, and none sent before was sent again
+        # the kill was sent once after it, and none sent before was sent again (with the old
+        # provider's count above: each slip delivered once in all)
         assert stats["delivered"] == n - before and stats["duplicates_refused"] == 0, (before, stats)
     finally:
         payrun("down", env=env)
