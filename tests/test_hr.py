@@ -710,27 +710,15 @@ def test_a_leavers_final_slip_email_over_real_smtp_says_final(world, monkeypatch
     from email import message_from_bytes
     from email.policy import default as default_policy
 
-    from aiosmtpd.controller import Controller
-
     from jobs import slip, tasks
+    from test_mail import EphemeralController, Recorder
     from tests.test_payrun import work_everything
-
-    received = []
-
-    class Handler:
-        async def handle_DATA(self, server, session, envelope):
-            received.append((envelope.rcpt_tos, envelope.content))
-            return "250 OK"
-
-    class EphemeralController(Controller):
-        def _trigger_server(self):  # learn the real port before aiosmtpd's readiness probe
-            self.port = self.server.sockets[0].getsockname()[1]
-            super()._trigger_server()
 
     cfg, conn, db, ledger = world
     leaver = sorted(payroll.employee_ids(db, MONTH))[0]
     payroll.set_active(db, [leaver], False, left_date="2026-11-20")
-    controller = EphemeralController(Handler(), hostname="127.0.0.1", port=0)
+    handler = Recorder()
+    controller = EphemeralController(handler, hostname="127.0.0.1", port=0)
     controller.start()
     try:
         monkeypatch.setenv("PAYRUN_EMAIL_URL", f"smtp://127.0.0.1:{controller.port}")
@@ -739,8 +727,8 @@ def test_a_leavers_final_slip_email_over_real_smtp_says_final(world, monkeypatch
         work_everything(conn, ledger)
     finally:
         controller.stop()
-    assert len(received) == 12
-    by_rcpt = {rcpts[0]: message_from_bytes(content, policy=default_policy) for rcpts, content in received}
+    assert len(handler.messages) == 12
+    by_rcpt = {rcpts[0]: message_from_bytes(content, policy=default_policy) for rcpts, content in handler.messages}
     for snap in payroll.snapshots(db, MONTH):
         msg = by_rcpt[snap["employee"]["email"]]
         text = msg.get_body(preferencelist=("plain",)).get_content()
