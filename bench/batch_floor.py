@@ -448,6 +448,7 @@ def main() -> None:
             for vi, v in enumerate(order):
                 companies_v, ss = groups[rnd * len(variants) + variants.index(v)]
                 row = {"round": rnd + 1, "variant": v, "slips": len(ss), "load": load_avg()}
+                idle0, idle_t0 = sum(proc_cpu_s(w.pid, children=True) for w in workers), time.monotonic()
                 if v == "pool":
                     side_a.apply_env()
                     cpu0 = sum(proc_cpu_s(w.pid, children=True) for w in workers)
@@ -506,6 +507,9 @@ def main() -> None:
                                redis_cpu_s=(proc_cpu_s(side_c.redis_proc.pid) - r0) / n,
                                batches=sum(s["batches"] for s in stats),
                                phases_ms={k_: 1000 * sum(s["phases"][k_] for s in stats) / n for k_ in PHASES})
+                if v != "pool" and workers:  # what the idle pool (its workers, horses, schedulers) took meanwhile
+                    row["pool_idle_cores"] = ((sum(proc_cpu_s(w.pid, children=True) for w in workers) - idle0)
+                                              / (time.monotonic() - idle_t0))
                 before, after = lone, bracket()
                 lone = after
                 limit = CORES / ((before + after) / 2)
@@ -540,6 +544,10 @@ def main() -> None:
             if "phases_ms" in vr[0]:
                 summary[v]["phases_ms"] = {k_: r4(median([r["phases_ms"][k_] for r in vr])) for k_ in PHASES}
         lone_all = [r["lone_before_s"] for r in rows]
+        idle = [r["pool_idle_cores"] for r in rows if "pool_idle_cores" in r]
+        if idle:
+            say(f"the idle pool's CPU while the other variants ran: {median(idle):.4f} cores (median; max "
+                f"{max(idle):.4f})")
         say(f"lone warm render (bracket means): {min(lone_all) * 1000:.1f}-{max(lone_all) * 1000:.1f} ms, "
             f"median {median(lone_all) * 1000:.1f} ms, CPU {median(lone_cpu) * 1000:.1f} ms (median of the brackets); "
             f"load at start {load0}, at end {load_avg()}")
@@ -568,6 +576,7 @@ def main() -> None:
         finish({"bench": "batch_floor", "quick": a.quick, "cores": CORES, "load_at_start": load0,
                 "load_at_end": load_avg(), "rounds": rounds, "slips_per_variant_round": slips, "ks": ks,
                 "lone_render_median_s": r4(median(lone_all)), "lone_render_cpu_median_s": r4(median(lone_cpu)),
+                "pool_idle_cores": r4(median(idle)) if idle else None,
                 "variants": summary, "vs_pool_busy": paired,
                 "round_rows": rows, "ratio_makespan": summary[head]["ratio"],
                 "ratio": summary[head]["ratio_busy"], "headline": f"{head} busy ratio", "target": ">= 0.90"})
