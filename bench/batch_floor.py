@@ -335,6 +335,14 @@ def in_forks(work) -> tuple[list[dict], float]:
     return [json.loads(o) for o in outs], elapsed
 
 
+def render_share(stats: list[dict]) -> float:
+    """The share of the forked processes' busy time (first take -> last end) spent inside
+    render_pdf: what the job's other work leaves of a core, free of the host's drift
+    (which moves the render and the rest alike); times the parallel render's speed
+    against a lone one, it is the busy ratio."""
+    return sum(s["phases"]["render"] for s in stats) / sum(s["last"] - s["first"] for s in stats)
+
+
 def forks_rates(stats: list[dict]) -> tuple[float, float]:
     """(makespan slips/s, busy slips/s) of forked processes' figures: makespan from the first
     fork to the last end; busy per process from its first take (after its connection and
@@ -477,7 +485,7 @@ def main() -> None:
                     stats, _ = in_forks(lambda p: bare_loop(halves[p], bare_store))
                     rate, busy = forks_rates(stats)
                     n = sum(s["n"] for s in stats)
-                    row.update(cpu_s=sum(s["cpu"] for s in stats) / n,
+                    row.update(cpu_s=sum(s["cpu"] for s in stats) / n, render_share=render_share(stats),
                                phases_ms={k_: 1000 * sum(s["phases"][k_] for s in stats) / n for k_ in PHASES})
                 else:
                     spec = v[len("batch"):]
@@ -503,7 +511,7 @@ def main() -> None:
                             p_.hget(f"rq:job:render-{MONTH}-{s_['employee']['id']}", "status")
                         if set(p_.execute()) != {b"finished"}:
                             raise RuntimeError(f"batch {k}: a render job is not finished")
-                    row.update(cpu_s=sum(s["cpu"] for s in stats) / n,
+                    row.update(cpu_s=sum(s["cpu"] for s in stats) / n, render_share=render_share(stats),
                                redis_cpu_s=(proc_cpu_s(side_c.redis_proc.pid) - r0) / n,
                                batches=sum(s["batches"] for s in stats),
                                phases_ms={k_: 1000 * sum(s["phases"][k_] for s in stats) / n for k_ in PHASES})
@@ -518,7 +526,8 @@ def main() -> None:
                 rows.append(row)
                 extra = ""
                 if "phases_ms" in row:
-                    extra = "; per slip ms: " + " ".join(f"{k_} {x:.2f}" for k_, x in row["phases_ms"].items() if x >= 0.005)
+                    extra = (f"; in render_pdf {row['render_share']:.3f} of the busy time; per slip ms: "
+                             + " ".join(f"{k_} {x:.2f}" for k_, x in row["phases_ms"].items() if x >= 0.005))
                 say(f"  round {rnd + 1} {v:>8}: {row['slips']} slips, {rate:.2f}/s (busy {busy:.2f}/s); lone "
                     f"{before * 1000:.1f} / {after * 1000:.1f} ms -> ratio {row['ratio']:.3f}, busy "
                     f"{row['ratio_busy']:.3f}; CPU {row['cpu_s'] * 1000:.1f} ms/slip"
@@ -541,6 +550,8 @@ def main() -> None:
                 summary[v]["parent_cpu_ms_per_slip"] = r4(1000 * median([r["parent_cpu_s"] for r in vr]))
             if "redis_cpu_s" in vr[0]:
                 summary[v]["redis_cpu_ms_per_slip"] = r4(1000 * median([r["redis_cpu_s"] for r in vr]))
+            if "render_share" in vr[0]:
+                summary[v]["render_share"] = r4(median([r["render_share"] for r in vr]))
             if "phases_ms" in vr[0]:
                 summary[v]["phases_ms"] = {k_: r4(median([r["phases_ms"][k_] for r in vr])) for k_ in PHASES}
         lone_all = [r["lone_before_s"] for r in rows]
@@ -556,6 +567,7 @@ def main() -> None:
                 f"{s['ratio_busy_min']:.3f}-{s['ratio_busy_max']:.3f}); CPU {s['cpu_ms_per_slip']:.1f} ms/slip"
                 + (f" (worker parents {s['parent_cpu_ms_per_slip']:.1f})" if "parent_cpu_ms_per_slip" in s else "")
                 + (f" + Redis {s['redis_cpu_ms_per_slip']:.2f}" if "redis_cpu_ms_per_slip" in s else "")
+                + (f"; in render_pdf {s['render_share']:.3f} of the busy time" if "render_share" in s else "")
                 + (f"; per slip ms: " + " ".join(f"{k_} {x:.2f}" for k_, x in s["phases_ms"].items() if x >= 0.005)
                    if "phases_ms" in s else ""))
         paired = {}
