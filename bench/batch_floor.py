@@ -1,6 +1,6 @@
 """Batching's floor: would a render worker that takes K jobs at a time reach 0.90 of the CPU limit?
 
-    python bench/batch_floor.py [--quick] [--rounds N] [--slips N] [--ks 1,4,16]
+    python bench/batch_floor.py [--quick] [--rounds N] [--slips N] [--ks 1,4,16,16o]
 
 A measurement for a decision (session 44), not a benchmark with a target of its own. In
 alternating rounds of one run, each variant's slips/s is compared with the CPU limit
@@ -48,7 +48,11 @@ included), no liveness thread, no RQ scheduler process, no worker registration
 (``rq:workers``), no check of the dependents key, no store-room check, and no handling
 of any failure (a failed render or write would leave its batch started; none fails here).
 It does not overlap the fsyncs with the next render (the product's worker parent does
-them while its horse renders): the write's wall time is printed per slip. The reply of
+them while its horse renders): the write's wall time is printed per slip. Variant
+``batch16o`` (``--ks 16o``) does: each slip is only staged after its render
+(``jobs.slip.stage_slip``, as the horse does), and a thread of the same process makes
+the batch durable (``jobs.slip.commit_slip`` per slip) and runs step 4 while the loop
+takes and renders the next batch (at most one batch behind). The reply of
 the send's script (0: the send existed) is not looked at. Each (b) and (c) process is
 forked from this warm process per round and pays one fresh fork's page copies in its
 first render, as the product's horse does once per ``render.jobs_per_horse`` (100) jobs.
@@ -59,7 +63,8 @@ end: it leaves out each round's drain, which with K = 16 is up to one batch (~0.
 one process waiting for the other, paid once by a 50,000-slip run but each round here.
 The headline ``ratio`` is the median over rounds of batch K=16's busy ratio; every
 variant's median ratio, both ways, and the per-round (c) ÷ (a) are printed and in the
-JSON. CPU per slip: the pool's worker processes and their children (horses, RQ's
+JSON, with (for (b) and (c)) the share of each process's busy time spent inside
+``render_pdf``, which the host's drift moves little. CPU per slip: the pool's worker processes and their children (horses, RQ's
 scheduler), (b)/(c)'s processes, and each side's Redis.
 """
 
