@@ -591,7 +591,7 @@ def main() -> None:
         plain = [int(x) for x in specs if not x.endswith("o")]
         head = f"batch{max(plain)}" if plain else "bare"
         finish({"bench": "batch_floor", "quick": a.quick, "cores": CORES, "load_at_start": load0,
-                "load_at_end": load_avg(), "rounds": rounds, "slips_per_variant_round": slips, "ks": ks,
+                "load_at_end": load_avg(), "rounds": rounds, "slips_per_variant_round": slips, "ks": specs,
                 "lone_render_median_s": r4(median(lone_all)), "lone_render_cpu_median_s": r4(median(lone_cpu)),
                 "pool_idle_cores": r4(median(idle)) if idle else None,
                 "variants": summary, "vs_pool_busy": paired,
