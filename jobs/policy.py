@@ -863,9 +863,9 @@ def final_day(month: object, value: object) -> str | None:
     payrun.payroll's snapshot) when it marks the slip of ``month`` as their final one: a date
     (YYYY-MM-DD) of that month; anything else marks nothing. The slip (jobs.slip) and its
     email (jobs.tasks.slip_email) read it the same way."""
-    if isinstance(value, str) and isinstance(month, str) and _DAY_RE.fullmatch(value) and value[:7] == month:
+    if isinstance(value, str) and isinstance(month, str) and DAY_RE.fullmatch(value) and value[:7] == month:
         return value
     return None
 
 
-_DAY_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+DAY_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # a day (YYYY-MM-DD): final_day, and jobs.slip's dates

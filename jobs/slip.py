@@ -48,7 +48,7 @@ from weasyprint.urls import URLFetcher, URLFetcherResponse
 
 from jobs import cascade
 from jobs.errors import PermanentError
-from jobs.policy import final_day
+from jobs.policy import DAY_RE, final_day
 from payrun.procs import pid_alive
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -442,7 +442,6 @@ def _renderer() -> tuple[_ProcessFontConfiguration, AssetsOnlyFetcher]:
     return _FONT_CONFIG, _FETCHER
 
 
-_DATE_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 
 def _reissued(snapshot: Mapping[str, Any]) -> str | None:
@@ -450,7 +449,7 @@ def _reissued(snapshot: Mapping[str, Any]) -> str | None:
     replaces any earlier one of its month (a corrected slip looked the same as the wrong
     one). Anything else there is ignored."""
     value = snapshot.get("reissued")
-    return value if isinstance(value, str) and _DATE_RE.fullmatch(value) else None
+    return value if isinstance(value, str) and DAY_RE.fullmatch(value) else None
 
 
 def _reissue(snapshot: Mapping[str, Any]) -> tuple[str | None, str | None, bool]:
@@ -459,7 +458,7 @@ def _reissue(snapshot: Mapping[str, Any]) -> tuple[str | None, str | None, bool]
     the slip it replaces)."""
     reissued = _reissued(snapshot)
     value = snapshot.get("replaces") if reissued else None
-    replaces = value if isinstance(value, str) and _DATE_RE.fullmatch(value) else None
+    replaces = value if isinstance(value, str) and DAY_RE.fullmatch(value) else None
     return reissued, replaces, bool(replaces and snapshot.get("corrected") is True)
 
 
