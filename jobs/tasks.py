@@ -793,7 +793,8 @@ def slip_email(payload: dict[str, Any]) -> tuple[str, str, str]:
     """A slip's email from its send's payload (``email_payload``): subject, text body and the
     PDF's file name. A resend says it is re-issued (or corrected) and what it replaces; a
     leaver's slip of the month they left in (``final``) says it is their final one, in the
-    subject and the body's first line, as the slip does. Names and dates only: no figure
+    subject, the body's first line and the file name (``salary-slip-2026-11-emp-1-final.pdf``;
+    a resend of it ``…-final-corrected.pdf`` / ``…-final-reissued.pdf``), as the slip does. Names and dates only: no figure
     of the slip is in it. Pure."""
     month = payload["month"]
     again = payload.get("reissued")  # HR's resend: say it replaces the slip sent before
@@ -809,7 +810,7 @@ def slip_email(payload: dict[str, Any]) -> tuple[str, str, str]:
         + (" " + reissue_sentence(month_label(month), again, payload.get("replaces"), corrected) if again else "")
         + f"\n\n{company} payroll\n"
     )
-    attachment_name = (f"salary-slip-{month}-{payload['employee_id']}"
+    attachment_name = (f"salary-slip-{month}-{payload['employee_id']}" + ("-final" if final else "")
                        + ("-corrected" if corrected else "-reissued" if again else "") + ".pdf")
     return subject, text_body, attachment_name
 

@@ -689,14 +689,21 @@ def test_a_final_slips_email_says_it_is_the_final_one_and_gives_no_figure():
     assert subject == "Your final salary slip for November 2026 — Meghna Textiles", subject
     assert body.split("\n")[2] == ("Please find attached your final salary slip for November 2026, your last month "
                                    "with Meghna Textiles (you left on 2026-11-20)."), body
-    assert name == f"salary-slip-{MONTH}-emp-1.pdf"
+    assert name == f"salary-slip-{MONTH}-emp-1-final.pdf", name  # (session 45: the file name says so too)
     plain = slip_email(base)
+    assert plain[2] == f"salary-slip-{MONTH}-emp-1.pdf", plain
     assert plain[0] == "Your salary slip for November 2026 — Meghna Textiles"
     assert plain[1].split("\n")[2] == "Please find attached your salary slip for November 2026.", plain
     for other in ("2026-10-20", "<b>2026-11-20</b>", 20261120, None):  # (no date of the slip's month: no mark)
         assert slip_email({**base, "final": other}) == plain, other
-    subject, body, _ = slip_email({**base, "final": "2026-11-20", "reissued": "2026-12-04", "replaces": "2026-12-01",
-                                   "corrected": True})
+    # a resend's name: "-final" then the resend's own mark, as for any slip
+    again = {"reissued": "2026-12-04", "replaces": "2026-12-01"}
+    assert slip_email({**base, **again})[2] == f"salary-slip-{MONTH}-emp-1-reissued.pdf"
+    assert slip_email({**base, **again, "corrected": True})[2] == f"salary-slip-{MONTH}-emp-1-corrected.pdf"
+    assert slip_email({**base, **again, "final": "2026-11-20"})[2] == f"salary-slip-{MONTH}-emp-1-final-reissued.pdf"
+    subject, body, name = slip_email({**base, "final": "2026-11-20", "reissued": "2026-12-04", "replaces": "2026-12-01",
+                                      "corrected": True})
+    assert name == f"salary-slip-{MONTH}-emp-1-final-corrected.pdf", name
     assert subject.startswith("Corrected: Your final salary slip for November 2026"), subject
     assert body.split("\n")[2].startswith("Please find attached your corrected final salary slip for November 2026, "
                                           "your last month with Meghna Textiles (you left on 2026-11-20). It was "
@@ -705,8 +712,8 @@ def test_a_final_slips_email_says_it_is_the_final_one_and_gives_no_figure():
 
 def test_a_leavers_final_slip_email_over_real_smtp_says_final(world, monkeypatch):
     """The same end to end: a November leaver's slip goes out over a real SMTP server
-    (aiosmtpd) saying it is their final one; everyone else's does not; no salary figure
-    is in any subject or body."""
+    (aiosmtpd) saying it is their final one, in its PDF's file name too; everyone else's
+    does not; no salary figure is in any subject or body."""
     from email import message_from_bytes
     from email.policy import default as default_policy
 
@@ -733,12 +740,16 @@ def test_a_leavers_final_slip_email_over_real_smtp_says_final(world, monkeypatch
         msg = by_rcpt[snap["employee"]["email"]]
         text = msg.get_body(preferencelist=("plain",)).get_content()
         first = text.splitlines()[2]
+        [pdf] = [p for p in msg.iter_attachments() if p.get_content_type() == "application/pdf"]
+        name = pdf.get_filename()
         if snap["employee"]["id"] == leaver:
+            assert name == f"salary-slip-{MONTH}-{leaver}-final.pdf", name
             assert msg["Subject"].startswith("Your final salary slip for November 2026 — "), msg["Subject"]
             assert first.startswith("Please find attached your final salary slip for November 2026, your last "
                                     "month with ") and first.endswith("(you left on 2026-11-20)."), first
         else:
             assert "final" not in msg["Subject"] + text, (msg["Subject"], text)
+            assert name == f"salary-slip-{MONTH}-{snap['employee']['id']}.pdf", name
         t = slip.totals(snap)
         amounts = [v for v in (*snap["earnings"].values(), *snap["deductions"].values(), *t.values())
                    if isinstance(v, int) and v]
