@@ -196,11 +196,20 @@ def seed(c: Ctx, companies: int, employees: int, seed_: int, month: str | None) 
             payroll.seed(db, companies=companies, employees=employees, seed=seed_, month=month, progress=progress)
     click.echo(f"seeded {_n(companies, 'company', 'companies')}, {_n(employees, 'employee')}, salary lines for "
                f"{month} into {c.cfg.payroll_path}")
+    # seed adds: say what a run of the month will cover, counted as `payrun check` counts it (this
+    # said "N employees with salary lines" and counted those the run pays: leavers of the month
+    # or later in, those who left before it or on a day not recorded out, unsaid)
     held_c, held_e = len(list(payroll.companies(db))), payroll.count_employees(db, month)
-    if held_c > companies or held_e > employees:  # seed adds: say what a run of the month will cover
+    leavers = payroll.leavers_with_salary_line(db, month)
+    final = sum(1 for _, _, paid in leavers if paid)
+    left_out = len(leavers) - final
+    if held_c > companies or held_e > employees or left_out:
+        paid_c = len(payroll.company_ids_for(db, month))
         click.echo(f"note: the database holds more than this seed (seed adds and updates, never removes): "
-                   f"{_n(held_c, 'company', 'companies')} in all, {_n(held_e, 'employee')} with salary lines "
-                   f"for {month}")
+                   f"{_n(held_c, 'company', 'companies')} in all; a run of {month} pays {_n(held_e, 'employee')} "
+                   f"in {_n(paid_c, 'company', 'companies')}"
+                   + (f" ({final:,} of them left in {month} or later: their final slip)" if final else "")
+                   + (f"; {payroll.left_out_text(left_out, month)}" if left_out else ""))
     if c.cfg.ledger_path.exists():  # (re-seeding a month already run changed it without a word)
         from payrun.ledger import Ledger
 

@@ -1192,6 +1192,13 @@ def left_on(db: "PayrollDB | sqlite_utils.Database", employee_ids: list[str]) ->
     return out
 
 
+def left_out_text(n: int, month: str) -> str:
+    """How `payrun check` and `payrun seed` count the employees with a salary line for
+    ``month`` whom its run leaves out (``leavers_with_salary_line``'s unpaid)."""
+    return (f"{n:,} employee{'' if n == 1 else 's'} with salary lines left out (left before {month} or on a day "
+            "not recorded)")
+
+
 def left_label(date: str | None) -> str:
     """How a leaver is named beside their id: ``left 2026-10-20``, or without a date."""
     return f"left {date}" if date else "left, date not recorded"

@@ -572,8 +572,7 @@ def _payroll(cfg, rep: Report) -> int:
     # leavers with a salary line whom the run leaves out (left before the month, or on a day
     # not recorded): the count said "employees with salary lines", and counted only the paid
     left_out = sum(1 for _, _, paid in leavers if not paid)
-    out_text = (f"{_n(left_out, 'employee')} with salary lines left out (left before {rep.month} or on a day not "
-                "recorded)")
+    out_text = payroll.left_out_text(left_out, rep.month)
     if not slips:
         rep.add("payroll", FAIL, f"no salary line for {rep.month} of anyone the run pays: {out_text}; the tick would "
                                  "pay nothing (`payrun employee left ID --on DATE` for one who worked in it, or `payrun "

@@ -230,7 +230,7 @@ def test_seed_twice_says_it_adds_and_worker_env_needs_the_control_hosts_redis(tm
     assert "seeded 1 company, 3 employees" in first.output and "note:" not in first.output
     again = runner.invoke(cli, ["seed", "--companies", "1", "--employees", "2", "--month", "2026-11", "--seed", "8"])
     assert ("note: the database holds more than this seed (seed adds and updates, never removes): "
-            "1 company in all, 3 employees with salary lines for 2026-11") in again.output
+            "1 company in all; a run of 2026-11 pays 3 employees in 1 company\n") in again.output
     env = runner.invoke(cli, ["supervisor-env", "--role", "worker"])
     assert env.exit_code == 2 and "a worker-only host needs PAYRUN_REDIS_URL" in env.output
 

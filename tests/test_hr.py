@@ -559,6 +559,42 @@ def test_check_counts_those_the_run_pays_and_the_leavers_with_salary_lines_it_le
         "who worked in it"), fail.text
 
 
+def test_seed_counts_what_a_run_pays_and_the_leavers_it_leaves_out_as_check_does(world):
+    """`payrun seed`'s note on a database holding more than the seed read "N employees with
+    salary lines" and counted those the run pays: a leaver of the month (their final slip)
+    in, those who left before it out, unsaid. It says what the run pays, as `payrun check`
+    does, with the final slips among them, and how many with salary lines it leaves out."""
+    from payrun import preflight
+
+    cfg, conn, db, ledger = world
+    runner = CliRunner()
+    ids = sorted(payroll.employee_ids(db, MONTH))  # emp-00001 … emp-00012; a seed of 2 or 11 re-writes the first
+    payroll.set_active(db, ids[-1:], False, left_date="2026-11-20")  # paid: their final slip
+    payroll.set_active(db, ids[-3:-1], False, left_date="2026-10-31")  # left out
+
+    def check_says() -> str:
+        (ok,) = [f for f in preflight.check(cfg, month=MONTH, email=False).findings
+                 if f.area == "payroll" and f.level == preflight.OK]
+        return ok.text.removeprefix(f"{MONTH}: the run pays ")
+
+    out = runner.invoke(cli, ["seed", "--companies", "2", "--employees", "2", "--seed", "3", "--month", MONTH])
+    assert out.exit_code == 0, out.output
+    pays, left_out = check_says().split("; ")
+    assert pays == "10 employees in 2 companies" and left_out == (
+        f"2 employees with salary lines left out (left before {MONTH} or on a day not recorded)"), check_says()
+    assert (f"note: the database holds more than this seed (seed adds and updates, never removes): 2 companies in "
+            f"all; a run of {MONTH} pays {pays} (1 of them left in {MONTH} or later: their final slip); {left_out}\n"
+            ) in out.output, out.output
+    # no more paid than seeded, one with salary lines left out: it said nothing of them
+    payroll.set_active(db, ids[-1:], False, left_date="2026-10-31")
+    out = runner.invoke(cli, ["seed", "--companies", "2", "--employees", "9", "--seed", "3", "--month", MONTH])
+    assert out.exit_code == 0, out.output
+    assert check_says() == (f"9 employees in 2 companies; 3 employees with salary lines left out (left before "
+                            f"{MONTH} or on a day not recorded)"), check_says()
+    assert (f"2 companies in all; a run of {MONTH} pays 9 employees in 2 companies; 3 employees with salary lines "
+            f"left out (left before {MONTH} or on a day not recorded)\n") in out.output, out.output
+
+
 def test_check_after_the_months_run_says_what_makes_a_leavers_slip_now():
     """Drill (session 43): after the night's run `payrun check` still told the on-call to
     record an October leaver's day "before the run", though the run was over; what makes
