@@ -295,10 +295,12 @@ def read_faults(conn, now: float | None = None) -> list[dict]:
                    if e is not None and e["until_ms"] >= now_ms), key=lambda e: e["since_ms"])
 
 
-def fault_notes(conn, store: Path, tz: str = "UTC", sends_only: str | None = None) -> list[str]:
+def fault_notes(conn, store: Path, tz: str = "UTC", sends_only: str | None = None, company: int | None = None,
+                others_rendering: int = 0) -> list[str]:
     """`payrun status`'s notes on slip stores that cannot be written (``store_faults``);
-    ``sends_only``: the run (month) has no render left, only sends (``fault_text``)."""
-    return [fault_text(e, tz, sends_only) for e in store_faults(conn, store)]
+    ``sends_only``: the run (month), or ``company``'s part of it, has no render left, only
+    sends; ``others_rendering``: renders of the run's other companies left (``fault_text``)."""
+    return [fault_text(e, tz, sends_only, company, others_rendering) for e in store_faults(conn, store)]
 
 
 def store_faults(conn, store: Path, now: float | None = None) -> list[dict]:
@@ -329,11 +331,15 @@ def store_faults(conn, store: Path, now: float | None = None) -> list[dict]:
     return entries
 
 
-def fault_text(entry: dict, tz: str = "UTC", sends_only: str | None = None) -> str:
+def fault_text(entry: dict, tz: str = "UTC", sends_only: str | None = None, company: int | None = None,
+               others_rendering: int = 0) -> str:
     """One line on a host whose slip store cannot be written, for `payrun status` and
     `payrun check`: where, what the system said, since when, what it means, what to do.
     ``sends_only``: the month whose run has every slip made and only sends left, which only
-    read slips: it holds none of them, only renders to come (a retry, a resend)."""
+    read slips: it holds none of them, only renders to come (a retry, a resend).
+    ``company`` (`payrun status --company`): ``sends_only`` is of that company's part of the
+    run, every slip of it made; the renders of the run's other companies it still holds
+    (``others_rendering``) are counted, so that the company's line does not read as the run's."""
     from datetime import datetime
     from zoneinfo import ZoneInfo
 
@@ -343,6 +349,13 @@ def fault_text(entry: dict, tz: str = "UTC", sends_only: str | None = None) -> s
         " since " + datetime.fromtimestamp(entry["since_ms"] / 1000, ZoneInfo(tz)).strftime("%H:%M:%S %Z"))
     head = f"the slip store {entry['path']} cannot be written on {entry['host']} ({entry['error']}){since}: "
     todo = store_fault_todo(entry['errno'], entry['mount'])
+    if sends_only and company is not None:  # (session 45: `--company` read "every slip is made" of the run)
+        others = (f"; {others_rendering:,} render{'' if others_rendering == 1 else 's'} of the run's other companies "
+                  f"wait{'s' if others_rendering == 1 else ''} in their queue, spending no attempt, and go on by "
+                  "themselves once it can be written (`payrun status` without --company)" if others_rendering else "")
+        return (head + f"it holds none of company {company}'s sends of the {sends_only} run (every slip of company "
+                       f"{company} is made; a send only reads its slip), only a render of it to come (a retry, a "
+                       f"resend){others}; {todo}")
     if sends_only:  # (session 44: it read "its renders wait" with every slip made and only sends left)
         return (head + f"it holds none of the {sends_only} run's sends (every slip is made; a send only reads its "
                        f"slip), only a render to come (a retry, a resend); {todo}")

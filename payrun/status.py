@@ -224,7 +224,9 @@ def report(cfg: Config, ledger: Ledger, month: str | None = None, company: int |
         from payrun import slipstore
 
         faults = slipstore.fault_notes(None if redis_failed else conn, cfg.slips_dir, cfg.timezone,
-                                       sends_only=None if rendering else month)
+                                       sends_only=None if rendering else month, company=company,
+                                       others_rendering=0 if rendering or company is None else
+                                       ledger.renders_left(month))
         if rendering:
             notes[:0] = faults
         else:  # (session 44: still the first note, "its renders wait", with only sends left): last

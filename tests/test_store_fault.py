@@ -168,6 +168,58 @@ def test_a_store_fault_holds_no_send_once_every_slip_is_made_and_status_says_so(
     assert not any("slip store" in n for n in status.report(cfg, ledger, MONTH, conn=conn)["notes"])
 
 
+def test_status_of_one_company_words_a_store_fault_by_that_companys_renders_left(world):
+    """`payrun status --company N` with a slip store that cannot be written: whether it holds
+    the company's slips is of that company's renders left, not the run's. A company with
+    every slip made reads that it holds none of that company's sends (not "the run's":
+    the other company still renders, and the note counts those renders); a company still
+    rendering reads that its renders wait, as the whole run does."""
+    from click.testing import CliRunner
+
+    from payrun import ledger as ledger_mod, status
+    from payrun.cli import cli
+
+    cfg, conn, db, ledger = world
+    runs.start_run(cfg, conn, ledger, db, MONTH, company_id=1)
+    RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn).work(burst=True, logging_level="WARNING")
+    ledger_mod.drain(conn, ledger)
+    runs.start_run(cfg, conn, ledger, db, MONTH, company_id=2)  # (company 2's renders not made yet)
+    ledger_mod.drain(conn, ledger)
+    others = ledger.renders_left(MONTH, 2)
+    assert ledger.renders_left(MONTH, 1) == 0 and others > 0 and ledger.renders_left(MONTH) == others
+    slipstore.report_fault(conn, cfg.slips_dir, OSError(errno.EIO, os.strerror(errno.EIO)))
+
+    def fault(company=None):
+        notes = status.report(cfg, ledger, MONTH, company, conn=conn)["notes"]
+        (note,) = [n for n in notes if "cannot be written" in n]
+        return note, notes
+
+    note, notes = fault(1)
+    assert notes[-1] == note, notes  # (holding none of it: after the notes that do)
+    assert (f"it holds none of company 1's sends of the {MONTH} run (every slip of company 1 is made; a send only "
+            f"reads its slip), only a render of it to come (a retry, a resend); {others} renders of the run's other "
+            "companies wait in their queue, spending no attempt, and go on by themselves once it can be written "
+            "(`payrun status` without --company); its disk reports I/O errors") in note, note
+    assert "every slip is made" not in note and "run's sends" not in note
+    for company in (2, None):  # still rendering: its renders wait, the first note
+        note, notes = fault(company)
+        assert notes[0] == note and "its renders wait in their queue" in note and "holds none" not in note, notes
+    out = CliRunner().invoke(cli, ["status", "--month", MONTH, "--company", "1"])
+    assert out.exit_code == 0 and f"note: {fault(1)[0]}" in out.output.splitlines(), out.output
+    out = CliRunner().invoke(cli, ["status", "--month", MONTH, "--company", "1", "--json"])
+    assert [n for n in json.loads(out.output)["notes"] if "cannot be written" in n] == [fault(1)[0]], out.output
+    # every slip of the run made: no other company's renders to count
+    slipstore.clear_fault(conn)
+    RenderWorker([make_queue(keys.RENDER_QUEUE, conn)], connection=conn).work(burst=True, logging_level="WARNING")
+    ledger_mod.drain(conn, ledger)
+    slipstore.report_fault(conn, cfg.slips_dir, OSError(errno.EIO, os.strerror(errno.EIO)))
+    assert ledger.renders_left(MONTH) == 0
+    note, _ = fault(1)
+    assert ("only a render of it to come (a retry, a resend); its disk reports I/O errors" in note
+            and "other companies" not in note), note
+    assert f"it holds none of the {MONTH} run's sends (every slip is made;" in fault()[0]
+
+
 def test_one_eio_a_test_write_does_not_confirm_is_an_ordinary_failed_attempt(world, monkeypatch):
     """A disk that fails one write in a million (or a bad block under one slip's folder) is
     not a dead store: that slip spends an attempt (six, then the failed list, counted as the
