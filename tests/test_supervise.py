@@ -212,7 +212,7 @@ def test_up_with_a_program_that_cannot_start_stops_everything_and_shows_its_log(
 
 @pytest.mark.slow
 def test_control_and_worker_only_host_stop_of_the_worker_host_loses_nothing(tmp_path):
-    from payrun import config, redis_server
+    from payrun import config, keys, redis_server
 
     control = clean_env(tmp_path, tmp_path / "control")
     n = 150
@@ -248,6 +248,14 @@ def test_control_and_worker_only_host_stop_of_the_worker_host_loses_nothing(tmp_
         cfg = config.load(env={"PAYRUN_HOME": str(tmp_path / "control")})
         conn = redis_server.connect(cfg)
         assert conn.zcard("rq:failed:pdf-render") == 0 and conn.zcard("rq:failed:send-email") == 0
+        # Nothing sent twice: a send the worker host had in flight when it went down was
+        # finished and recorded there (its lanes finish before it exits), not sent again by
+        # the control host's sender. Each slip's idempotency key reads sent, and the control
+        # host's provider (up all along: its counts cover the whole run) delivered each once.
+        sent = sum(1 for k in conn.scan_iter(match=keys.idem_state("*"), count=500)
+                   if conn.hget(k, "state") in (b"sent", "sent"))
+        stats = json.loads(payrun("provider", "stats", env=control).stdout)
+        assert sent == n and stats["delivered"] == n and stats["duplicates_refused"] == 0, (sent, stats)
     finally:
         if worker_host is not None:
             payrun("down", env=worker_host)
