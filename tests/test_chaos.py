@@ -346,6 +346,37 @@ def test_rolling_sigterm_of_every_worker_loses_nothing_and_each_exits_within_the
 
 # ---- 4. Redis stopped and restarted mid-run ---------------------------------------------
 
+class ReplyGate:
+    """While closed, the provider holds back its 202 answers: the message is delivered (the
+    provider has it) and its sender waits for the reply, a send in flight for as long as
+    the test wants. ``held`` counts the answers held back so far. Open it before the
+    provider stops (a held answer waits at most ``hold_s``)."""
+
+    def __init__(self, provider: Provider, hold_s: float = 60.0):
+        self.opened = threading.Event()
+        self.opened.set()
+        self.held = 0
+        self._lock = threading.Lock()
+        gate = self
+        base = provider._server.RequestHandlerClass
+
+        class HeldReplies(base):  # type: ignore[misc, valid-type]
+            def _reply(self, status, doc=None, headers=None):
+                if status == 202 and not gate.opened.is_set():
+                    with gate._lock:
+                        gate.held += 1
+                    gate.opened.wait(hold_s)
+                super()._reply(status, doc, headers)
+
+        provider._server.RequestHandlerClass = HeldReplies
+
+    def close(self) -> None:
+        self.opened.clear()
+
+    def open(self) -> None:
+        self.opened.set()
+
+
 def test_redis_stopped_and_restarted_mid_run_loses_nothing(tmp_path):
     """payrun's own embedded Redis (not the session one): a clean SHUTDOWN, a few seconds
     down, then started again. Processes run as under supervisord (PAYRUN_REDIS_SUPERVISED:
@@ -360,6 +391,7 @@ def test_redis_stopped_and_restarted_mid_run_loses_nothing(tmp_path):
 
     n = 300
     provider = Provider(latency_s=0.1, rate_per_s=1000).start()
+    gate = ReplyGate(provider)
     env = scrub_env()
     env.update(PAYRUN_EMAIL_URL=provider.url, PAYRUN_REDIS_SUPERVISED="1", SUPERVISOR_ENABLED="1")
     cluster = None
@@ -375,8 +407,21 @@ def test_redis_stopped_and_restarted_mid_run_loses_nothing(tmp_path):
         while cluster.progress()["done"] < n // 4:
             assert time.monotonic() < deadline, cluster.progress()
             time.sleep(0.1)
+        # Redis goes down with a send in flight, whatever the host's speed: the provider
+        # holds its answers back until one send it delivered waits for its answer, and gives
+        # them once Redis is down (a send between renders would otherwise meet a gap with
+        # none in flight on one host and not on another)
+        gate.close()
+        deadline = time.monotonic() + 120
+        while gate.held == 0:
+            assert time.monotonic() < deadline, (cluster.progress(), cluster.log_tail("email-0"))
+            time.sleep(0.01)
         at_stop = cluster.progress()
-        assert redis_server.stop(cluster.cfg)
+        try:
+            assert redis_server.stop(cluster.cfg)
+        finally:
+            gate.open()
+        held = gate.held
         down_at = time.monotonic()
         time.sleep(4)  # the outage itself (not a wait for a condition)
         conn = redis_server.ensure_running(cluster.cfg)
@@ -385,13 +430,15 @@ def test_redis_stopped_and_restarted_mid_run_loses_nothing(tmp_path):
         elapsed = time.monotonic() - t0
         st = assert_all_delivered_once(cluster, provider, n)
         exits = {name: [(e["code"], round(e["after_s"], 1)) for e in p.exits] for name, p in cluster.procs.items()}
-        print(f"\n[redis restart] {n} slips in {elapsed:.1f} s; Redis down {down_s:.1f} s at {at_stop['done']} done; "
+        print(f"\n[redis restart] {n} slips in {elapsed:.1f} s; Redis down {down_s:.1f} s at {at_stop['done']} done, "
+              f"{held} send(s) in flight; "
               f"process exits (code, uptime s) {exits}; reaped {reaped_count(cluster)}; "
               f"delivered {st['delivered']}, duplicates_refused {st['duplicates_refused']}")
         assert st["duplicates_refused"] == 0, st  # no send was made twice
         log = cluster.log_tail("email-0", 10**7)
         assert "recording it once Redis is back" in log  # (the outage did catch sends in flight)
     finally:
+        gate.open()
         provider.stop()
         if cluster is not None:
             cluster.shutdown()
