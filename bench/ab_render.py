@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from _common import (CORES, MONTH, PY, ROOT, Bench, finish, job_times, load_avg, median, r4,  # noqa: E402
-                     makespan_rate, run_main, say, seed_payroll)
+                     makespan_rate, proc_cpu_s, run_main, say, seed_payroll)
 
 
 def start_side(name: str, tree: Path, workers: int, niced: int, config: str, slips: int, companies: int) -> Bench:
@@ -53,8 +53,17 @@ def start_side(name: str, tree: Path, workers: int, niced: int, config: str, sli
     return b
 
 
-def one_round(b: Bench, companies: list[int]) -> float:
-    """Run these companies' slips through the side's pool: slips/s, first to last end."""
+def side_cpu_s(b: Bench) -> float:
+    """CPU seconds so far of the side's workers (with their horses and RQ scheduler) and
+    its Redis."""
+    pids = [p.pid for _, p in b.procs]
+    return sum(proc_cpu_s(pid, children=True) for pid in pids) + proc_cpu_s(b.redis_proc.pid)
+
+
+def one_round(b: Bench, companies: list[int]) -> tuple[float, float]:
+    """Run these companies' slips through the side's pool: slips/s (first start to last
+    end) and CPU seconds per slip of its workers, horses and Redis (from the fan-out to
+    the last end: the host's drift moves it less than the rate)."""
     from payrun import runs
     from payrun.ledger import Ledger
 
@@ -62,6 +71,7 @@ def one_round(b: Bench, companies: list[int]) -> float:
     b.apply_env()
     ledger = Ledger(b.home / "ledger.db")
     done_before = set(conn.zrange("rq:finished:pdf-render", 0, -1))
+    cpu0 = side_cpu_s(b)
     n = sum(runs.start_run(b.config(), conn, ledger, b.db, MONTH, company_id=c).jobs for c in companies)
     deadline = time.monotonic() + 120 + n
     while conn.zcard("rq:finished:pdf-render") + conn.zcard("rq:failed:pdf-render") - len(done_before) < n:
@@ -69,11 +79,12 @@ def one_round(b: Bench, companies: list[int]) -> float:
             raise RuntimeError(f"side {b.name}: the round did not finish")
         b.check_alive()
         time.sleep(0.05)
+    cpu = (side_cpu_s(b) - cpu0) / n
     if conn.zcard("rq:failed:pdf-render"):
         raise RuntimeError(f"side {b.name}: renders failed; see {b.log_dir}")
     ids = [i.decode() for i in set(conn.zrange("rq:finished:pdf-render", 0, -1)) - done_before]
     rate, _ = makespan_rate(job_times(conn, ids, "started_at"), job_times(conn, ids, "ended_at"))
-    return rate
+    return rate, cpu
 
 
 def main() -> None:
@@ -110,22 +121,31 @@ def main() -> None:
             say(f"side {name}: {n} workers warm after {b.wait_workers(b.conn_, n):.1f} s")
         per_round = companies // rounds
         rates: dict[str, list[float]] = {"A": [], "B": []}
+        cpus: dict[str, list[float]] = {"A": [], "B": []}
         for rnd in range(rounds):
             group = list(range(rnd * per_round + 1, (rnd + 1) * per_round + 1))
             for name in ("AB" if rnd % 2 == 0 else "BA"):
-                rates[name].append(one_round(sides[name], group))
+                rate, cpu = one_round(sides[name], group)
+                rates[name].append(rate)
+                cpus[name].append(cpu)
             say(f"  round {rnd + 1}: A {rates['A'][-1]:.2f} slips/s, B {rates['B'][-1]:.2f} slips/s, "
-                f"B/A {rates['B'][-1] / rates['A'][-1]:.3f}")
+                f"B/A {rates['B'][-1] / rates['A'][-1]:.3f}; CPU per slip (workers, horses, Redis) "
+                f"A {cpus['A'][-1] * 1000:.1f} ms, B {cpus['B'][-1] * 1000:.1f} ms")
         ratios = [b_ / a_ for a_, b_ in zip(rates["A"], rates["B"])]
         ratio = median(ratios)
         say(f"median A {median(rates['A']):.2f} slips/s, B {median(rates['B']):.2f} slips/s; "
             f"B/A median {ratio:.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f})")
+        cpu_ratios = [b_ / a_ for a_, b_ in zip(cpus["A"], cpus["B"])]
+        say(f"CPU per slip: A {median(cpus['A']) * 1000:.1f} ms, B {median(cpus['B']) * 1000:.1f} ms (medians); "
+            f"B/A median {median(cpu_ratios):.3f} (rounds {min(cpu_ratios):.3f}-{max(cpu_ratios):.3f})")
         finish({"bench": "ab_render", "rounds": rounds, "slips_per_round": a.slips,
                 "a": {"tree": a.a_tree, "workers": a.a_workers, "niced": a.a_niced, "config": a.a_config,
                       "slips_per_s": [r4(x) for x in rates["A"]]},
                 "b": {"tree": a.b_tree, "workers": a.b_workers, "niced": a.b_niced, "config": a.b_config,
                       "slips_per_s": [r4(x) for x in rates["B"]]},
-                "round_ratios": [r4(x) for x in ratios], "ratio": r4(ratio)})
+                "round_ratios": [r4(x) for x in ratios], "ratio": r4(ratio),
+                "cpu_per_slip_s": {k: [r4(x) for x in v] for k, v in cpus.items()},
+                "cpu_ratio": r4(median(cpu_ratios))})
     finally:
         for b in sides.values():
             b.close()

@@ -83,51 +83,16 @@ import logging
 import os
 import time
 import uuid
-import zlib
 from pathlib import Path
 
 from _common import (CORES, MONTH, Bench, _in_warm_forks, finish, job_times, load_avg, makespan_rate, mean,  # noqa: E402
                      median, proc_cpu_s, r4, run_main, say, seed_payroll, warm_render_times)
 
-# The product's take script (jobs.runtime.RenderWorker._TAKE), for up to ARGV[3] jobs:
-# KEYS: drained set, suspension key, the queue, its intermediate list; ARGV: the queue's
-# name, the job key prefix, K. Returns {id, hash, id, hash, ...} (empty: closed or empty).
-TAKE_K = """
-if redis.call('EXISTS', KEYS[2]) == 1 or redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {} end
-local out, k, skipped = {}, tonumber(ARGV[3]), 0
-while #out < 2 * k and skipped < 100 do
-  local id = redis.call('LMOVE', KEYS[3], KEYS[4], 'LEFT', 'RIGHT')
-  if not id then break end
-  local h = redis.call('HGETALL', ARGV[2] .. id)
-  if #h > 0 then out[#out + 1] = id; out[#out + 1] = h
-  else redis.call('LREM', KEYS[4], 1, id); skipped = skipped + 1 end
-end
-return out
-"""
+# The take is the product's own since session 45 (jobs.runtime.RenderWorker._TAKE_K, up to
+# K jobs and no more than a worker's share of those waiting: these processes are no
+# registered workers, so the share is all of them). Returns {id, hash, id, hash, ...}.
 
 PHASES = ("take", "start", "decode", "render", "write", "commit", "finish", "log", "wait")
-
-
-def _enqueue_send_in(pipe, enq, cfg, payload: dict) -> tuple[str, dict]:
-    """jobs.tasks.enqueue_email's script call (payrun.bulk.OneEnqueuer.enqueue), queued on
-    ``pipe`` (EVALSHA inside the batch's MULTI) instead of sent on its own."""
-    from rq.utils import now, utcformat
-
-    from jobs import events
-    from payrun import keys
-
-    job_id = keys.email_job_id(payload["month"], payload["employee_id"])
-    meta = {"kind": "email", "key": payload["key"], "retry": vars(cfg.email.retry)}
-    fields = dict(kind="email", company=payload["company_id"], employee=payload["employee_id"],
-                  month=payload["month"], key=payload["key"], queue=keys.EMAIL_QUEUE, to=payload.get("to"))
-    ev = events.event(job_id, "queued", **fields)
-    tpl = enq.tpl
-    data = zlib.compress(tpl.data_head + json.dumps(payload).encode() + tpl.data_tail)
-    argv = [utcformat(now()), job_id, *enq._pairs, data, f"send slip {payload['key']}", json.dumps(meta).encode()]
-    for k, v in ev.items():
-        argv += [k, v]
-    pipe.evalsha(enq._script.sha, 4, tpl.queue_key, tpl.queues_key, tpl.job_prefix + job_id, enq.events_stream, *argv)
-    return job_id, fields
 
 
 def batched_loop(redis_url: str, k: int, log_path: Path, overlap: bool = False) -> dict:
@@ -161,7 +126,9 @@ def batched_loop(redis_url: str, k: int, log_path: Path, overlap: bool = False) 
     cfg = tasks.settings()
     queue = make_queue(keys.RENDER_QUEUE, conn)
     wip, fin = queue.started_job_registry.key, queue.finished_job_registry.key
-    take = conn.register_script(TAKE_K)
+    from jobs.runtime import RenderWorker
+
+    take = conn.register_script(RenderWorker._TAKE_K)
     enq = tasks._email_enqueuer(conn, cfg)
     if enq is None:
         raise RuntimeError("this RQ's enqueue cannot be repeated by payrun.bulk: no one-script send enqueue")
@@ -203,7 +170,7 @@ def batched_loop(redis_url: str, k: int, log_path: Path, overlap: bool = False) 
                 pipe.delete(f"rq:execution:{job.id}:{job._eid}")
                 pipe.zrem(wip, f"{job.id}:{job._eid}")
                 pipe.zrem(f"rq:executions:{job.id}", job._eid)
-                sends.append(_enqueue_send_in(pipe, enq, cfg, payload))
+                sends.append(tasks.enqueue_email_in(pipe, fconn, cfg, payload))  # (the product's, since session 45)
             pipe.hincrby(wkey, "successful_job_count", len(out))
             pipe.hincrbyfloat(wkey, "total_working_time", now_s - out[0][0]._t0)
             pipe.execute()
@@ -235,7 +202,8 @@ def batched_loop(redis_url: str, k: int, log_path: Path, overlap: bool = False) 
     while not failed:
         t = time.perf_counter()
         t_take = time.monotonic()
-        got = take(keys=[keys.PAUSED_QUEUES, WORKERS_SUSPENDED, queue.key, queue.intermediate_queue_key],
+        got = take(keys=[keys.PAUSED_QUEUES, WORKERS_SUSPENDED, queue.key, queue.intermediate_queue_key,
+                         f"rq:workers:{queue.name}"],
                    args=[queue.name, prefix, k])
         if not got:
             break

@@ -22,6 +22,7 @@ Deadlines (``jobs.policy`` holds the arithmetic):
 
 from __future__ import annotations
 
+import collections
 import gc
 import json
 import logging
@@ -50,6 +51,7 @@ from rq import serializers as rq_serializers
 from rq.serializers import JSONSerializer
 from rq.worker import base as rq_worker_base
 from rq.suspension import WORKERS_SUSPENDED
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 from rq.timeouts import BaseTimeoutException
 from rq.utils import get_version, now as utcnow, utcformat
 
@@ -743,23 +745,35 @@ class EventsMixin:
             super().handle_job_success(job, queue, started_job_registry)
         else:
             with self.connection.pipeline() as pipe:
-                self.increment_successful_job_count(pipeline=pipe)
-                self.increment_total_working_time(job.ended_at - job.started_at, pipe)
-                result_ttl = job.get_result_ttl(self.default_result_ttl)
-                if result_ttl != 0:
-                    execution = getattr(self, "execution", None)
-                    job._handle_success(
-                        result_ttl, pipeline=pipe, worker_name=self.name,
-                        execution_id=execution.id if execution else None,
-                        execution_started_at=execution.created_at if execution else None,
-                        execution_ended_at=job.ended_at,
-                    )
-                job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
-                self.cleanup_execution(job, pipeline=pipe)
-                pipe.exists(job.dependents_key)
+                self._success_in(job, pipe)
                 has_dependents = pipe.execute()[-1]
             if has_dependents:
                 queue.enqueue_dependents(job)
+        self._say_done(job)
+
+    def _success_in(self, job: Job, pipe) -> None:
+        """What handle_job_success writes for a job with no repeats left, queued on ``pipe``
+        (a transaction), its last command the EXISTS of the job's dependents key (the
+        caller enqueues them if its reply is 1); ``self.execution`` is the job's."""
+        job._done_emitted = False
+        self.increment_successful_job_count(pipeline=pipe)
+        self.increment_total_working_time(job.ended_at - job.started_at, pipe)
+        result_ttl = job.get_result_ttl(self.default_result_ttl)
+        if result_ttl != 0:
+            execution = getattr(self, "execution", None)
+            job._handle_success(
+                result_ttl, pipeline=pipe, worker_name=self.name,
+                execution_id=execution.id if execution else None,
+                execution_started_at=execution.created_at if execution else None,
+                execution_ended_at=job.ended_at,
+            )
+        job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
+        self.cleanup_execution(job, pipeline=pipe)
+        pipe.exists(job.dependents_key)
+
+    def _say_done(self, job: Job) -> None:
+        """The job's "done" line (its event went with the success's transaction), or the
+        event itself when RQ wrote no success record (result_ttl 0)."""
         if getattr(job, "_done_emitted", False):
             took = (job.ended_at - job.started_at).total_seconds() if job.ended_at and job.started_at else None
             events.log_emitted(job.id, "done", duration_s=took, attempt=job.meta.get("attempt"))
@@ -992,6 +1006,11 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
 
     jobs_per_horse: int = 1
 
+    batch: int = 1
+    """Render jobs taken and started at once (``render.batch``), with a warm horse: one
+    script takes them, one transaction starts them, and the worker finishes that many
+    renders in one transaction (their slips made durable first). 1 = one at a time."""
+
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("job_monitoring_interval", 1)
         super().__init__(*args, **kwargs)
@@ -1005,8 +1024,13 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
         self._horse_jobs = 0
         self._replies = b""  # what the horse wrote after its last full reply line
         self._handoff: dict | None = None  # horse: the finish of the job just run, for the worker
-        self._rendered: tuple[Job, Queue, Execution | None, dict] | None = None  # worker: that finish, not done yet
-        self._finishing: tuple[Job, Queue, Execution | None] | None = None  # worker: the finish under way
+        # worker: renders handed over, not finished yet (up to ``batch`` of them), and those being finished
+        self._rendered: list[tuple[Job, Queue, Execution | None, dict]] = []
+        self._finishing: list[tuple[Job, Queue, Execution | None]] = []
+        # worker: jobs started with its batch behind the one in hand (not handed to the horse yet), and the
+        # execution of the one taken last
+        self._behind: collections.deque[tuple[Job, Queue, Execution]] = collections.deque()
+        self._batch_execution: Execution | None = None
         self._held_execution: Execution | None = None  # worker, meanwhile: the execution of the job in hand
         self._took_at_once = False  # the last dequeue was _take_at_once's (it checked suspension)
         self._parent_pid = os.getpid()  # the worker: a horse dies with it (die_with_parent)
@@ -1017,7 +1041,13 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
             return super().fork_work_horse(job, queue)
         if not self._horse_pid:
             self._spawn_horse()
-        line = json.dumps([job.id, queue.name, self.execution.id]).encode() + b"\n"
+        started = job.__dict__.pop("_started_hash", None)  # (a batch's: the horse needs no fetch)
+        item = [job.id, queue.name, self.execution.id]
+        if started is not None:
+            ex = self.execution
+            item.append({"job": started, "execution": [ex.created_at.timestamp(), ex.last_heartbeat.timestamp(),
+                                                       ex.worker_name]})
+        line = json.dumps(item).encode() + b"\n"
         try:
             os.write(self._to_horse, line)
         except OSError:  # it died between jobs: a new one takes this job
@@ -1037,6 +1067,9 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
         while running does)."""
         if self.jobs_per_horse <= 1:
             return super().prepare_execution(job)
+        if self._batch_execution is not None:  # started with its batch (_take_batch)
+            self.execution, self._batch_execution = self._batch_execution, None
+            return self.execution
         self.execution = None
         job._execution_for = self
         self.prepare_job_execution(job, remove_from_intermediate_queue=len(self.queues) == 1)
@@ -1088,10 +1121,10 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
             for line in lines:
                 if line == HORSE_STOP:
                     return
-                job_id, queue_name, execution_id = json.loads(line)
+                job_id, queue_name, execution_id, *given = json.loads(line)
                 self._handoff = None
                 try:
-                    job, self.execution = self._fetch_for_horse(job_id, execution_id)
+                    job, self.execution = self._fetch_for_horse(job_id, execution_id, *given)
                     queue = make_queue(queue_name, self.connection)
                     self.perform_job(job, queue)
                 except BaseException:  # noqa: BLE001 - like RQ's horse: exit, the parent handles it
@@ -1113,61 +1146,106 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
             return
         super().handle_job_success(job, queue, started_job_registry)
 
-    def _finish_rendered(self) -> None:
-        """Finish the render the horse handed over (jobs.tasks.finish_render: the slip made
-        durable and put in place, its send enqueued), then record its end as the horse
-        would have: success, or RQ's failure handling (retry or failed) if the finish
-        raised. Called with the next job already handed to the horse (so the syncs are
-        waited out beside its render), before waiting for work, and on the way out.
+    def _finish_rendered(self, due_only: bool = False) -> None:
+        """Finish the renders the horse handed over (jobs.tasks.finish_render: each slip made
+        durable and put in place, its send enqueued), then record their ends as the horse
+        would have: success, or RQ's failure handling (retry or failed) for one whose
+        finish raised. Called with the next job already handed to the horse (so the syncs
+        are waited out beside its render: ``due_only``, once ``batch`` renders wait, or
+        none is left to hand over), before waiting for work, and on the way out. With
+        ``batch`` > 1 the slips are made durable one by one and then their sends and
+        successes are written in one transaction.
 
-        The job counts as in hand meanwhile (a SIGTERM waits for it); a second SIGTERM
-        hands it back unfinished (``request_force_stop``)."""
+        The jobs count as in hand meanwhile (a SIGTERM waits for them); a second SIGTERM
+        hands them back unfinished (``request_force_stop``)."""
         from jobs import tasks
 
-        if self._rendered is None:
+        if not self._rendered or (due_only and len(self._rendered) < self.batch and self._behind):
             return
-        job, queue, execution, handed = self._rendered
         mine, held = self.execution, self.in_hand
-        self._finishing, self._held_execution = (job, queue, execution), mine  # (before it leaves _rendered:
-        self._rendered = None                                                    # a second SIGTERM sees it)
-        self.execution = execution
+        self._finishing, self._held_execution = [r[:3] for r in self._rendered], mine  # (before they leave
+        rendered, self._rendered = self._rendered, []                                 # _rendered: a second SIGTERM sees them)
         if held is None:
-            self.in_hand = (job, queue)
+            self.in_hand = rendered[0][:2]
         try:
-            try:
-                result = tasks.finish_render(self.connection, handed["result"])
-            except Exception:  # noqa: BLE001 - as RQ's perform_job handles a job's own error
-                # (less its failure callback: a render job has none)
-                exc_info = sys.exc_info()
-                job._status = JobStatus.FAILED
-                self.handle_execution_ended(job, queue, job.failure_callback_timeout)
-                self.handle_exception(job, *exc_info)
-                self.handle_job_failure(job=job, queue=queue, started_job_registry=queue.started_job_registry,
-                                        exc_string="".join(traceback.format_exception(*exc_info)))
-                return
-            self.handle_execution_ended(job, queue, job.success_callback_timeout)
-            job._result = result
-            job._status = JobStatus.FINISHED
-            self.handle_job_success(job, queue, queue.started_job_registry)  # (logs "job <id> done")
+            batched = self.batch > 1 and tasks._email_enqueuer(self.connection, tasks.settings()) is not None
+            durable = []
+            for job, queue, execution, handed in rendered:
+                self.execution = execution
+                try:
+                    if batched and not job.repeats_left:  # (a render job has no repeats: RQ's path for one that has)
+                        tasks.commit_render(self.connection, handed["result"])
+                        durable.append((job, queue, execution, handed))
+                        continue
+                    result = tasks.finish_render(self.connection, handed["result"])
+                except Exception:  # noqa: BLE001 - as RQ's perform_job handles a job's own error
+                    # (less its failure callback: a render job has none)
+                    exc_info = sys.exc_info()
+                    job._status = JobStatus.FAILED
+                    self.handle_execution_ended(job, queue, job.failure_callback_timeout)
+                    self.handle_exception(job, *exc_info)
+                    self.handle_job_failure(job=job, queue=queue, started_job_registry=queue.started_job_registry,
+                                            exc_string="".join(traceback.format_exception(*exc_info)))
+                    continue
+                self.handle_execution_ended(job, queue, job.success_callback_timeout)
+                job._result = result
+                job._status = JobStatus.FINISHED
+                self.handle_job_success(job, queue, queue.started_job_registry)  # (logs "job <id> done")
+            if durable:
+                self._succeed_rendered(durable, held)
         finally:
-            self._finishing = self._held_execution = None
+            self._finishing, self._held_execution = [], None
             self.execution = mine
             self.in_hand = held
 
+    def _succeed_rendered(self, durable: list[tuple[Job, Queue, Execution | None, dict]],
+                          held: tuple[Job, Queue] | None) -> None:
+        """The sends of renders whose slips are durable, and their successes, in one
+        transaction (one round trip for the batch, not two per slip)."""
+        from jobs import tasks
+
+        cfg = tasks.settings()
+        sends, exists_at = [], []
+        with self.connection.pipeline() as pipe:
+            for job, queue, execution, handed in durable:
+                sends.append(tasks.enqueue_email_in(pipe, self.connection, cfg, handed["result"][tasks.FINISH_KEY]["email"]))
+                self.execution = execution
+                self.handle_execution_ended(job, queue, job.success_callback_timeout)
+                job._result = tasks.finished_render(handed["result"])
+                job._status = JobStatus.FINISHED
+                self._success_in(job, pipe)
+                exists_at.append(len(pipe) - 1)  # (the EXISTS of its dependents key)
+            if held is not None:  # (each success cleared the worker's current job: it is the one in hand)
+                self.set_current_job_id(held[0].id, pipeline=pipe)
+            replies = pipe.execute()
+        for (job, queue, _, _), send, at in zip(durable, sends, exists_at):
+            if send is not None:
+                events.log_emitted(send[0], "queued", **send[1])
+            if replies[at]:
+                queue.enqueue_dependents(job)
+            self._say_done(job)
+
     def set_current_job_id(self, job_id: str | None = None, pipeline=None) -> None:
-        if job_id is None and self._finishing is not None and self.in_hand is not None \
-                and self.in_hand[0] is not self._finishing[0]:
+        if job_id is None and self._finishing and self.in_hand is not None \
+                and all(self.in_hand[0] is not f[0] for f in self._finishing):
             return  # a finish after the next job started: the worker's current job is that one
         super().set_current_job_id(job_id, pipeline)
 
-    def _fetch_for_horse(self, job_id: str, execution_id: str) -> tuple[Job, Execution]:
+    def _fetch_for_horse(self, job_id: str, execution_id: str, given: dict | None = None) -> tuple[Job, Execution]:
         """RQ's ``Job.fetch`` and ``Execution.fetch`` (rq 2.12: HGETALL each, the same
-        errors when either is gone) in one round trip instead of two."""
+        errors when either is gone) in one round trip instead of two; none for a job its
+        worker started with a batch: ``given`` holds the job's hash as that start left it
+        (``_take_batch``) and its execution's fields."""
         execution = Execution(id=execution_id, job_id=job_id, connection=self.connection)
-        with self.connection.pipeline(transaction=False) as pipe:
-            pipe.hgetall(self.job_class.key_for(job_id))
-            pipe.hgetall(execution.key)
-            raw_job, raw_execution = pipe.execute()
+        if given is not None:
+            raw_job = {k.encode("latin-1"): v.encode("latin-1") for k, v in given["job"].items()}
+            created, beat, worker = given["execution"]
+            raw_execution = {b"created_at": created, b"last_heartbeat": beat, b"worker_name": worker.encode()}
+        else:
+            with self.connection.pipeline(transaction=False) as pipe:
+                pipe.hgetall(self.job_class.key_for(job_id))
+                pipe.hgetall(execution.key)
+                raw_job, raw_execution = pipe.execute()
         if not raw_job:
             raise NoSuchJobError(f"No such job: {self.job_class.key_for(job_id)}")
         job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
@@ -1209,7 +1287,7 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
         import select
 
         job.started_at = utcnow()
-        self._finish_rendered()  # the job before, while the horse renders this one
+        self._finish_rendered(due_only=True)  # the jobs before, while the horse renders this one
         long_job = False
         while True:
             ready, _, _ = select.select([self._from_horse], [], [], self.job_monitoring_interval)
@@ -1217,12 +1295,14 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
                 reply = self._read_reply()
                 break
             long_job = True
+            if self._behind and self._stop_requested:  # SIGTERM: the jobs behind this one go back now
+                self._give_back_behind("it is stopping (SIGTERM) and had not begun them")
             self.set_current_job_working_time((utcnow() - job.started_at).total_seconds())
             self.maintain_heartbeats(job)  # may kill the horse: the read then sees EOF
         if long_job:  # (the horse sets it to 0 as each job starts: a job under a second never moved it)
             self.set_current_job_working_time(0)
         if reply.startswith(b"p "):
-            self._rendered = (job, queue, self.execution, json.loads(reply[2:]))
+            self._rendered.append((job, queue, self.execution, json.loads(reply[2:])))
         if reply.startswith((b"1", b"p ")):
             self._horse_jobs += 1
             if self._horse_jobs >= self.jobs_per_horse:
@@ -1284,12 +1364,14 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
         super().bootstrap(*args, **kwargs)
 
     def teardown(self) -> None:
-        if not self.is_horse and self._rendered is not None:
-            job_id = self._rendered[0].id
+        if not self.is_horse and self._rendered:
+            job_ids = ", ".join(r[0].id for r in self._rendered)
             try:
                 self._finish_rendered()
-            except Exception as e:  # noqa: BLE001 - Redis down: it stays started, the reaper returns it
-                log.warning("Worker %s: could not finish %s on the way out: %s", self.name, job_id, e)
+            except Exception as e:  # noqa: BLE001 - Redis down: they stay started, the reaper returns them
+                log.warning("Worker %s: could not finish %s on the way out: %s", self.name, job_ids, e)
+        if not self.is_horse:
+            self._give_back_behind("it is stopping and had not begun them")
         if not self.is_horse and self._horse_pid and self.jobs_per_horse > 1:
             self._stop_horse()
         if not self.is_horse:
@@ -1321,19 +1403,19 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
         its slip is rendered again."""
         # (job, queue, its execution): the job in hand, and a render handed over but not
         # finished (being finished now, or waiting for it)
-        unfinished = []
-        if self._finishing is not None:
-            unfinished.append(self._finishing)
-            if self.in_hand is not None and self.in_hand[0] is not self._finishing[0]:
+        # (in the order they were taken: they go back to the front of their queue in it)
+        unfinished = list(self._finishing) + [r[:3] for r in self._rendered]
+        if self._finishing:
+            if self.in_hand is not None and all(self.in_hand[0] is not f[0] for f in self._finishing):
                 unfinished.append((*self.in_hand, self._held_execution))
         elif self.in_hand is not None:
             unfinished.append((*self.in_hand, self.execution))
-        if self._rendered is not None:
-            unfinished.append(self._rendered[:3])
+        unfinished.extend(self._behind)  # started with their batch, never handed over
+        self._behind.clear()
         if unfinished and self.horse_pid:
             self.kill_horse()
             self.wait_for_horse()
-        for job, queue, execution in unfinished:
+        for job, queue, execution in reversed(unfinished):  # (the last first: each goes to the front)
             try:
                 status = job.get_status(refresh=True)
             except Exception:  # noqa: BLE001 - gone (expired): nothing to hand back
@@ -1351,44 +1433,53 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
     # reset. While jobs are waiting, one script does what matters of it (the drain and
     # suspension checks, RQ's move into the intermediate list, the job's hash); the
     # state stays busy, and is set idle only when the worker does wait for work.
-    # KEYS: drained set, suspension key, the queue, its intermediate list; ARGV: the
-    # queue's name, the job key prefix. {1, id, hash}: taken; {0}: closed, or empty. A job
-    # whose hash expired while queued is skipped (RQ's dequeue does too) and dropped; after
-    # 100 of those in a row the script stops ({0}: RQ's dequeue goes on) rather than hold
-    # Redis for a queue full of them.
-    _TAKE = """
-if redis.call('EXISTS', KEYS[2]) == 1 or redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {0} end
-for _ = 1, 100 do
+    # KEYS: drained set, suspension key, the queue, its intermediate list, the queue's
+    # workers; ARGV: the queue's name, the job key prefix, K. Up to K jobs (render.batch),
+    # and no more than this worker's share of those waiting (their number over the queue's
+    # workers, rounded up: a queue's last jobs are spread over its workers, not left to
+    # one). {id, hash, id, hash, ...}: taken; {}: closed, or empty. A job whose hash expired
+    # while queued is skipped (RQ's dequeue does too) and dropped; after 100 of those the
+    # script stops (with {}: RQ's dequeue goes on) rather than hold Redis for a queue full
+    # of them.
+    _TAKE_K = """
+if redis.call('EXISTS', KEYS[2]) == 1 or redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {} end
+local share = math.ceil(redis.call('LLEN', KEYS[3]) / math.max(1, redis.call('SCARD', KEYS[5])))
+local out, k, skipped = {}, math.max(1, math.min(tonumber(ARGV[3]), share)), 0
+while #out < 2 * k and skipped < 100 do
   local id = redis.call('LMOVE', KEYS[3], KEYS[4], 'LEFT', 'RIGHT')
-  if not id then return {0} end
+  if not id then break end
   local h = redis.call('HGETALL', ARGV[2] .. id)
-  if #h > 0 then return {1, id, h} end
-  redis.call('LREM', KEYS[4], 1, id)
+  if #h > 0 then out[#out + 1] = id; out[#out + 1] = h
+  else redis.call('LREM', KEYS[4], 1, id); skipped = skipped + 1 end
 end
-return {0}
+return out
 """
 
     def _take_at_once(self) -> tuple[Job, Queue] | None:
         """The next job of the worker's one queue, if one is waiting and intake is open,
         in one round trip (RQ's non-blocking dequeue of one queue: LMOVE into its
-        intermediate list, then the job). None: RQ's dequeue, with its wait, decides."""
+        intermediate list, then the job). None: RQ's dequeue, with its wait, decides.
+        With ``batch`` > 1, the next job started with the last batch, or a new batch
+        (``_take_batch``)."""
         self._took_at_once = False
+        if self._behind and not self._stop_requested:
+            job, queue, self._batch_execution = self._behind.popleft()
+            self._took_at_once = True
+            return job, queue
         queues = self._ordered_queues
         if self._stop_requested or len(queues) != 1 or get_version(self.connection) < (6, 2, 0):
             return None
         queue = queues[0]
         self.heartbeat()  # (at most once a second; it also looks after RQ's scheduler)
-        if getattr(self, "_take_script", None) is None:
-            self._take_script = self.connection.register_script(self._TAKE)
+        if self.batch > 1 and self.jobs_per_horse > 1:
+            return self._take_batch(queue)
         # (a Redis error goes up to RQ's work loop, as one in the drain check does: the worker
         # exits non-zero and its supervisor starts it again)
         while True:
-            got = self._take_script(keys=[keys.PAUSED_QUEUES, WORKERS_SUSPENDED, queue.key,
-                                          queue.intermediate_queue_key],
-                                    args=[queue.name, self.job_class.redis_job_namespace_prefix])
-            if not got or int(got[0]) != 1:
+            got = self._take(queue, 1)
+            if not got:
                 return None
-            job_id, flat = got[1].decode(), got[2]
+            job_id, flat = got[0].decode(), got[1]
             job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
             raw = dict(zip(flat[::2], flat[1::2]))
             try:
@@ -1402,6 +1493,87 @@ return {0}
         self.log.debug("Worker %s: %s: %s", self.name, queue.name, job.id)
         self._took_at_once = True
         return job, queue
+
+    def _take(self, queue: Queue, k: int) -> list:
+        """``_TAKE_K``'s answer for up to ``k`` jobs of ``queue``."""
+        if getattr(self, "_take_script", None) is None:
+            self._take_script = self.connection.register_script(self._TAKE_K)
+        return self._take_script(keys=[keys.PAUSED_QUEUES, WORKERS_SUSPENDED, queue.key, queue.intermediate_queue_key,
+                                       WORKERS_BY_QUEUE_KEY % queue.name],
+                                 args=[queue.name, self.job_class.redis_job_namespace_prefix, k])
+
+    def _take_batch(self, queue: Queue) -> tuple[Job, Queue] | None:
+        """Take up to ``batch`` jobs of ``queue`` in one script and start them in one
+        transaction (for each what the start of one writes: its execution, the started
+        registry's lease, the job's status, attempt and ``running`` event); the first is
+        returned, the others wait in ``_behind`` for the horse, their leases renewed with
+        the job in hand's (``maintain_heartbeats``). None: no job taken."""
+        got = self._take(queue, self.batch)
+        jobs = []
+        for i in range(0, len(got or ()), 2):
+            job_id, flat = got[i].decode(), got[i + 1]
+            job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+            raw = dict(zip(flat[::2], flat[1::2]))
+            try:
+                job.restore(raw)
+                job._started_hash = raw  # (with the start's fields below: what the horse would fetch)
+                job.func_name  # (data that is not JSON: DeserializationError)
+            except NoSuchJobError:  # a hash with no `data` (RQ's restore says so this way): never runnable
+                self.fail_unreadable(job_id, queue, NO_DATA, raw_meta=raw.get(b"meta"))
+                continue
+            except DeserializationError as e:
+                mine, self.execution = self.execution, None  # (never started: no execution of its own)
+                self.fail_unreadable(job_id, queue, unreadable_reason(e), job=job)
+                self.execution = mine
+                continue
+            jobs.append(job)
+        if not jobs:
+            return None
+        started = []
+        with self.connection.pipeline() as pipe:
+            for job in jobs:  # (EventsMixin.prepare_job_execution, RQ's prepare_execution and its start, each)
+                job.meta["attempt"] = int(job.meta.get("attempt", 0)) + 1
+                job.meta.pop("retry_after", None)
+                ttl = self.get_heartbeat_ttl(job)
+                execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+                job.heartbeat(utcnow(), ttl, pipeline=pipe)
+                job.prepare_for_execution(self.name, pipeline=pipe)
+                pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+                started.append((job, queue, execution))
+            self.set_current_job_id(jobs[0].id, pipeline=pipe)
+            self.set_current_job_working_time(0, pipeline=pipe)
+            self.heartbeat(self.get_heartbeat_ttl(jobs[0]), pipeline=pipe)
+            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            pipe.execute()
+        version = self.get_redis_server_version()
+        for job, _, _ in started:
+            job.redis_server_version = version
+            # the hash as the start left it (PayrunJob.prepare_for_execution's fields), for the horse
+            raw = {k.decode("latin-1"): v.decode("latin-1") for k, v in job._started_hash.items()}
+            raw.update(status=JobStatus.STARTED.value, started_at=utcformat(job.started_at),
+                       last_heartbeat=utcformat(job.last_heartbeat), worker_name=self.name,
+                       meta=self.serializer.dumps(job.meta).decode("latin-1"))
+            job._started_hash = raw
+            events.log_emitted(job.id, "running", attempt=job.meta["attempt"], worker=self.name)
+        job, queue, self._batch_execution = started[0]
+        self._behind.extend(started[1:])
+        self._took_at_once = True
+        return job, queue
+
+    def _give_back_behind(self, why: str) -> None:
+        """Jobs started with a batch and never handed to the horse go back to the front of
+        their queue, in their order, spending no attempt (requeue_front)."""
+        mine = self.execution
+        try:
+            while self._behind:
+                job, queue, execution = self._behind.pop()  # (last first: each goes to the front)
+                self.execution = execution
+                try:
+                    self.requeue_front(job, queue, f"worker {self.name}: {why}")
+                except Exception as e:  # noqa: BLE001 - Redis away: the reaper returns it (lease, liveness)
+                    log.warning("Worker %s: could not give %s back: %s", self.name, job.id, e)
+        finally:
+            self.execution = mine
 
     def check_for_suspension(self, burst: bool) -> None:
         if self._took_at_once:
@@ -1417,7 +1589,8 @@ return {0}
         """RQ's rule for SIGTERM: a busy worker finishes its job, any other stops at once
         (StopRequested, wherever it is; a job it had just taken goes back at teardown).
         Between two jobs this worker's state still reads busy (see set_state): with no job
-        in hand it is idle, and stops at once as RQ's idle worker does, rather than take
+        in hand (and none held from its batch: those go back at teardown, by its loop's
+        next stop check) it is idle, and stops at once as RQ's idle worker does, rather than take
         one more job after a wait that no longer looks at the stop request.
 
         The stop is also recorded in ``_stop_requested`` (RQ sets it only for a busy
@@ -1425,7 +1598,7 @@ return {0}
         lands inside a logging call (RQ's dequeue line, say) has it swallowed by the log
         handler's error handling. The worker then went on taking jobs until it was killed;
         now its loop stops at its next check."""
-        if self.in_hand is None and self.get_state() == WorkerStatus.BUSY:
+        if self.in_hand is None and not self._behind and self.get_state() == WorkerStatus.BUSY:
             self._state = WorkerStatus.IDLE  # (this process's view only: it is on its way out)
         self._stop_requested = True
         super()._shutdown()
@@ -1438,6 +1611,7 @@ return {0}
         worker waits like any drained one."""
         if self._store_blocked():  # no render can be written: take none until there is room, or it can be
             self._finish_rendered()
+            self._give_back_behind("its slip store cannot take a slip now")
             while self._store_blocked():
                 if self._stop_requested or timeout is None:  # None: a burst worker, done
                     return None
@@ -1628,6 +1802,11 @@ return 1
 
     def maintain_heartbeats(self, job: Job) -> None:
         super().maintain_heartbeats(job)
+        if self._behind:  # the leases of the jobs started with its batch, waiting behind it
+            with self.connection.pipeline() as pipe:
+                for held, _, execution in self._behind:
+                    execution.heartbeat(held.started_job_registry, int(self.get_heartbeat_ttl(held)), pipeline=pipe)
+                pipe.execute()
         elapsed = (utcnow() - job.started_at).total_seconds() if job.started_at else 0.0
         if job.timeout and job.timeout > 0 and elapsed > job.timeout + KILL_MARGIN_S and job.id not in self._timed_out:
             log.warning("Worker %s: job %s exceeded its %s s timeout; killing its work horse", self.name, job.id, job.timeout)

@@ -141,13 +141,7 @@ def enqueue_email(conn, cfg: config_mod.Config, payload: dict[str, Any]) -> str 
     """Enqueue the send job for a rendered slip, once: a render retried after this
     already happened finds the job and leaves it alone. The ledger's "queued" event is
     written first, atomically with the job (one script: payrun.bulk.OneEnqueuer)."""
-    job_id = keys.email_job_id(payload["month"], payload["employee_id"])
-    meta = {"kind": "email", "key": payload["key"], "retry": vars(cfg.email.retry)}
-    # ``to``: the ledger keeps the address the send is made with (the job's copy is gone from
-    # Redis a day after it finishes); events are not logged with it (jobs.events._log_event)
-    fields = dict(kind="email", company=payload["company_id"], employee=payload["employee_id"],
-                  month=payload["month"], key=payload["key"], queue=keys.EMAIL_QUEUE, to=payload.get("to"))
-    description = f"send slip {payload['key']}"
+    job_id, meta, fields, description = _send_job(cfg, payload)
     enq = _email_enqueuer(conn, cfg)
     if enq is not None:
         if not enq.enqueue(job_id, payload, description, meta, events.event(job_id, "queued", **fields)):
@@ -254,6 +248,15 @@ def finish_render(conn, result: dict[str, Any]) -> dict[str, Any]:
     """The rest of a render_slip that handed its finish over: the staged slip made
     durable and put in place (jobs.slip.commit_slip), then its send enqueued. Returns
     the render's result as render_slip would have."""
+    commit_render(conn, result)
+    enqueue_email(conn, settings(), result[FINISH_KEY]["email"])
+    return {k: v for k, v in result.items() if k != FINISH_KEY}
+
+
+def commit_render(conn, result: dict[str, Any]) -> None:
+    """The first half of finish_render: the staged slip made durable and put in place,
+    its send not enqueued yet (a batch's sends go in one transaction: enqueue_email_in).
+    Raises as finish_render does."""
     from jobs import slip
 
     cfg = settings()
@@ -269,8 +272,35 @@ def finish_render(conn, result: dict[str, Any]) -> dict[str, Any]:
         if (held := _store_fault(cfg, conn, e, int(rest.get("store_full_holds") or 0))) is not None:
             raise held from e  # (a failing disk says EIO at the sync: the data never reached it)
         raise
-    enqueue_email(conn, cfg, rest["email"])
+
+
+def finished_render(result: dict[str, Any]) -> dict[str, Any]:
+    """A render's result as render_slip returns it, without what was left to finish."""
     return {k: v for k, v in result.items() if k != FINISH_KEY}
+
+
+def enqueue_email_in(pipe, conn, cfg: config_mod.Config, payload: dict[str, Any]) -> tuple[str, dict] | None:
+    """enqueue_email's one script, queued on ``pipe`` (inside a batch's transaction, after
+    its slips are durable) instead of sent on its own. Returns (send job id, the event's
+    fields) for events.log_emitted once the transaction ran; None when this RQ's enqueue
+    cannot be repeated by payrun.bulk (then enqueue_email, on its own, after it)."""
+    enq = _email_enqueuer(conn, cfg)
+    if enq is None:
+        return None
+    job_id, meta, fields, description = _send_job(cfg, payload)
+    enq.enqueue(job_id, payload, description, meta, events.event(job_id, "queued", **fields), client=pipe)
+    return job_id, fields
+
+
+def _send_job(cfg: config_mod.Config, payload: dict[str, Any]) -> tuple[str, dict, dict, str]:
+    """A slip's send job: its id, meta, the ledger event's fields, its description."""
+    job_id = keys.email_job_id(payload["month"], payload["employee_id"])
+    meta = {"kind": "email", "key": payload["key"], "retry": vars(cfg.email.retry)}
+    # ``to``: the ledger keeps the address the send is made with (the job's copy is gone from
+    # Redis a day after it finishes); events are not logged with it (jobs.events._log_event)
+    fields = dict(kind="email", company=payload["company_id"], employee=payload["employee_id"],
+                  month=payload["month"], key=payload["key"], queue=keys.EMAIL_QUEUE, to=payload.get("to"))
+    return job_id, meta, fields, f"send slip {payload['key']}"
 
 
 _transport_lock = threading.Lock()

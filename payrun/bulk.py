@@ -195,13 +195,14 @@ class OneEnqueuer:
         self._pairs = [len(tpl.fields) // 2, *tpl.fields]
 
     def enqueue(self, job_id: str, arg: Any, description: str, meta: dict[str, Any],
-                event: dict[str, str]) -> bool:
+                event: dict[str, str], client=None) -> bool:
         """Write the job (as RQ would for ``func(arg)``) and push it onto its queue, after
         ``event`` (flat field/value strings) on the events stream; nothing if a job of
-        that id exists. True if it was enqueued."""
+        that id exists. True if it was enqueued. ``client``: a pipeline to queue the
+        script call on instead (its reply, 1 or 0, comes with the pipeline's)."""
         data = zlib.compress(self.tpl.data_head + json.dumps(arg).encode() + self.tpl.data_tail)
         argv: list[Any] = [utcformat(now()), job_id, *self._pairs, data, description, json.dumps(meta).encode()]
         for k, v in event.items():
             argv += [k, v]
         return bool(self._script(keys=[self.tpl.queue_key, self.tpl.queues_key, self.tpl.job_prefix + job_id,
-                                       self.events_stream], args=argv))
+                                       self.events_stream], args=argv, client=client))

@@ -1501,6 +1501,7 @@ def worker(c: Ctx, queues: tuple[str, ...], burst: bool, lanes: int | None) -> N
                      name=worker_name("render" if keys.RENDER_QUEUE in queues else "control"))
     w.grace_s = c.cfg.lease.grace_s
     w.jobs_per_horse = c.cfg.render.jobs_per_horse
+    w.batch = c.cfg.render.batch
     w.work(burst=burst, with_scheduler=True, logging_level="INFO")
 
 

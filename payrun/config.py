@@ -70,6 +70,9 @@ class RenderConfig:
     """Renders one forked, warm work horse serves before it is replaced (it is replaced at
     once when killed: timeout, grace, crash). 1 = fork per job, RQ's way: each fork
     re-copies the pages a render touches, ~40 ms of CPU on a ~65 ms render (bench/render.py)."""
+    batch: int = 16
+    """Render jobs a worker takes and starts at once, and finishes at once (their sends and
+    successes in one transaction): fewer round trips per slip. 1 = one at a time."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -499,6 +502,8 @@ def validate(cfg: Config, email_token: bool = False, known: list[str] | None = N
         problems.append(f"email.lanes must be >= 1 (got {cfg.email.lanes})")
     if cfg.render.jobs_per_horse < 1:
         problems.append(f"render.jobs_per_horse must be >= 1 (got {cfg.render.jobs_per_horse})")
+    if not 1 <= cfg.render.batch <= 64:
+        problems.append(f"render.batch must be 1..64 (got {cfg.render.batch})")
     if cfg.render.workers < 0:
         problems.append(f"render.workers must be >= 0, 0 = one per core (got {cfg.render.workers})")
     try:

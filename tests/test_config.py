@@ -43,6 +43,15 @@ def test_defaults_are_the_seed_numbers(tmp_path):
     assert c.home == tmp_path
 
 
+def test_a_render_batch_outside_1_to_64_is_refused_with_its_value(tmp_path):
+    assert config.load(env={"PAYRUN_HOME": str(tmp_path)}).render.batch == 16
+    assert load(tmp_path, "[render]\nbatch = 1\n").render.batch == 1
+    for bad in (0, 65):
+        with pytest.raises(ConfigError) as e:
+            load(tmp_path, f"[render]\nbatch = {bad}\n")
+        assert f"render.batch must be 1..64 (got {bad})" in str(e.value)
+
+
 def test_timeout_at_or_above_lease_is_refused_naming_both(tmp_path):
     with pytest.raises(ConfigError) as e:
         load(tmp_path, "[render]\ntimeout_s = 60\n[lease]\nvisibility_s = 60\ngrace_s = 90\n")

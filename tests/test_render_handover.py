@@ -32,14 +32,20 @@ def _render_ids(conn) -> list[str]:
                   + q.get_job_ids() + q.scheduled_job_registry.get_job_ids())
 
 
-def test_a_warm_horse_hands_the_finish_over_and_the_records_are_the_fork_per_jobs(world, monkeypatch):
+@pytest.mark.parametrize("batch", [1, 4], ids=["one-at-a-time", "batch-of-4"])
+def test_a_warm_horse_hands_the_finish_over_and_the_records_are_the_fork_per_jobs(world, monkeypatch, batch):
+    """Also with render.batch = 4: jobs taken and started four at a time, their renders
+    finished four at a time (slips durable one by one, then one transaction)."""
     cfg, conn, db, ledger = world
     assert runs.start_run(cfg, conn, ledger, db, MONTH).jobs == 12
     finished_here = []
-    finish = tasks.finish_render
-    monkeypatch.setattr(tasks, "finish_render", lambda c, r: finished_here.append(r["slip"]) or finish(c, r))
+    # (one at a time: finish_render each; in a batch: commit_render each, then one transaction)
+    which = "finish_render" if batch == 1 else "commit_render"
+    finish = getattr(tasks, which)
+    monkeypatch.setattr(tasks, which, lambda c, r: finished_here.append(r["slip"]) or finish(c, r))
     # 5 jobs per horse: twice a horse is replaced while its last render waits to be finished
     w = _warm_worker(conn, jobs_per_horse=5)
+    w.batch = batch
     w.work(burst=True, logging_level="WARNING")
     assert len(finished_here) == 12  # by the worker (this process), not in its horses
 
@@ -173,7 +179,7 @@ def test_a_second_sigterm_hands_back_a_render_waiting_to_be_finished(world):
     staged = slip.stage_slip(cfg.slips_dir / rel, b"%PDF-1.7\n%%EOF\n")
     handed = {"slip": rel, "bytes": 15, tasks.FINISH_KEY: {"staged": str(staged),
                                                             "email": tasks.email_payload(snapshot, rel)}}
-    w._rendered, w.in_hand = (job, queue, execution, {"result": handed}), None
+    w._rendered, w.in_hand = [(job, queue, execution, {"result": handed})], None
     with pytest.raises(SystemExit):
         w.request_force_stop(signal.SIGTERM, None)
     assert q.get_job_ids()[0] == job.id
