@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
-import redis
 from rq import Retry
 from rq.job import JobStatus
 
 from conftest import wait_for
-from jobs import events, tasks
+from test_resilience import _no_worker_outlives_its_test, start_worker  # noqa: F401 - (its fixture: no worker outlives a test)
+from jobs import events
 from jobs.runtime import PayrunJob, RenderWorker, make_queue
-from payrun import keys, ledger as ledger_mod, runs
-
-MONTH = "2026-11"  # the month of conftest's `world`
+from payrun import keys, ledger as ledger_mod
 
 
 def _worker(conn, batch: int, name: str = "render.test.batch") -> RenderWorker:
@@ -123,47 +119,6 @@ def test_a_full_slip_store_gives_the_held_jobs_back_before_it_waits(conn, monkey
     assert _wip_ids(conn) == ["f-0"]
 
 
-def test_a_batched_finish_whose_commit_fails_retries_that_render_and_finishes_the_others(world, monkeypatch):
-    cfg, conn, db, ledger = world
-    runs.start_run(cfg, conn, ledger, db, MONTH, company_id=1)
-    n = make_queue(keys.RENDER_QUEUE, conn).count
-    commit = tasks.commit_render
-    failed: list[str] = []
-
-    def flaky(c, result):
-        if not failed:
-            failed.append(result["slip"])
-            raise redis.ConnectionError("Redis went away")
-        return commit(c, result)
-
-    monkeypatch.setattr(tasks, "commit_render", flaky)
-    monkeypatch.setattr(tasks, "finish_render", lambda c, r: pytest.fail("a batch finishes in one transaction"))
-    _worker(conn, batch=4).work(burst=True, logging_level="CRITICAL")
-
-    q = make_queue(keys.RENDER_QUEUE, conn)
-    assert failed and q.finished_job_registry.count == n - 1
-    employee = failed[0].rsplit("/", 1)[1].removesuffix(".pdf")
-    bad = PayrunJob.fetch(f"render-{MONTH}-{employee}", connection=conn)
-    assert bad.get_status() in (JobStatus.SCHEDULED, JobStatus.QUEUED)
-    assert bad.meta["attempt"] == 1 and "ConnectionError" in bad.meta["last_error"]
-    assert conn.zcard(q.started_job_registry.key) == 0
-    assert not conn.exists(f"rq:job:{keys.email_job_id(MONTH, employee)}")
-    assert make_queue(keys.EMAIL_QUEUE, conn).count == n - 1
-
-
-_started: list[subprocess.Popen] = []
-
-
-@pytest.fixture(autouse=True)
-def _no_worker_outlives_its_test():
-    yield
-    while _started:
-        p = _started.pop()
-        if p.poll() is None:
-            p.kill()
-            p.wait(timeout=10)
-
-
 def test_sigterm_gives_the_held_jobs_back_at_once_and_the_one_in_hand_after_its_grace(conn, cfg, tmp_path):
     """A real worker process with a batch of 4: the first job runs long, three wait behind
     it. SIGTERM: the three go back to the front at once (another worker can take them
@@ -179,9 +134,7 @@ def test_sigterm_gives_the_held_jobs_back_at_once_and_the_one_in_hand_after_its_
     # another worker on the queue (RQ drops a member whose record is gone): a share of 3 each
     conn.hset("rq:worker:render.someone-else", "state", "idle")
     conn.sadd(f"rq:workers:{keys.RENDER_QUEUE}", "rq:worker:render.someone-else")
-    w = subprocess.Popen([sys.executable, "-m", "payrun.cli", "worker", keys.RENDER_QUEUE], env=env,
-                         stdout=open(tmp_path / "w.log", "ab"), stderr=subprocess.STDOUT)
-    _started.append(w)
+    w = start_worker(env, keys.RENDER_QUEUE, tmp_path / "w.log")
     wait_for(lambda: _wip_ids(conn) == ["b-1", "b-2", "long-b"], timeout_s=30, what="the batch to start")
     assert q.get_job_ids() == ["b-3", "c-1"]
     t0 = time.monotonic()

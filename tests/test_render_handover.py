@@ -82,23 +82,39 @@ def test_a_warm_horse_hands_the_finish_over_and_the_records_are_the_fork_per_job
     assert len(rows) == 12 and {r["status"] for r in rows} == {"done"}
 
 
-def test_a_finish_that_fails_goes_through_the_jobs_failure_handling(world, monkeypatch):
-    """The worker's finish of one render raises (Redis gone at the send's enqueue): that
-    render is retried like any failed try (attempt spent, scheduled), the others finish,
-    and the slip already in place stays (the retry writes it again)."""
+@pytest.mark.parametrize("batch", [1, 4], ids=["one-at-a-time", "batch-of-4"])
+def test_a_finish_that_fails_goes_through_the_jobs_failure_handling(world, monkeypatch, batch):
+    """The worker's finish of one render raises (Redis gone at the send's enqueue; in a
+    batch, at the slip's commit, before the batch's one transaction): that render is
+    retried like any failed try (attempt spent, scheduled), the others finish, and the
+    slip already in place stays (the retry writes it again)."""
     cfg, conn, db, ledger = world
     runs.start_run(cfg, conn, ledger, db, MONTH, company_id=1)
-    enqueue = tasks.enqueue_email
     failed: list[str] = []
+    if batch == 1:
+        enqueue = tasks.enqueue_email
 
-    def flaky(c, conf, payload):
-        if not failed:
-            failed.append(payload["employee_id"])
-            raise redis.ConnectionError("Redis went away")
-        return enqueue(c, conf, payload)
+        def flaky(c, conf, payload):
+            if not failed:
+                failed.append(payload["employee_id"])
+                raise redis.ConnectionError("Redis went away")
+            return enqueue(c, conf, payload)
 
-    monkeypatch.setattr(tasks, "enqueue_email", flaky)  # this process is the worker (burst)
-    _warm_worker(conn, jobs_per_horse=100).work(burst=True, logging_level="CRITICAL")
+        monkeypatch.setattr(tasks, "enqueue_email", flaky)  # this process is the worker (burst)
+    else:
+        commit = tasks.commit_render
+
+        def flaky(c, result):  # noqa: F811 - (the batch's own failure point)
+            if not failed:
+                failed.append(result[tasks.FINISH_KEY]["email"]["employee_id"])
+                raise redis.ConnectionError("Redis went away")
+            return commit(c, result)
+
+        monkeypatch.setattr(tasks, "commit_render", flaky)
+        monkeypatch.setattr(tasks, "finish_render", lambda c, r: pytest.fail("a batch finishes in one transaction"))
+    w = _warm_worker(conn, jobs_per_horse=100)
+    w.batch = batch
+    w.work(burst=True, logging_level="CRITICAL")
 
     q = make_queue(keys.RENDER_QUEUE, conn)
     n = len(_render_ids(conn))
