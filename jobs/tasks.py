@@ -250,7 +250,7 @@ def finish_render(conn, result: dict[str, Any]) -> dict[str, Any]:
     the render's result as render_slip would have."""
     commit_render(conn, result)
     enqueue_email(conn, settings(), result[FINISH_KEY]["email"])
-    return {k: v for k, v in result.items() if k != FINISH_KEY}
+    return finished_render(result)
 
 
 def commit_render(conn, result: dict[str, Any]) -> None:
