@@ -1027,10 +1027,8 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
         # worker: renders handed over, not finished yet (up to ``batch`` of them), and those being finished
         self._rendered: list[tuple[Job, Queue, Execution | None, dict]] = []
         self._finishing: list[tuple[Job, Queue, Execution | None]] = []
-        # worker: jobs started with its batch behind the one in hand (not handed to the horse yet), and the
-        # execution of the one taken last
+        # worker: jobs started with its batch behind the one in hand (not handed to the horse yet)
         self._behind: collections.deque[tuple[Job, Queue, Execution]] = collections.deque()
-        self._batch_execution: Execution | None = None
         self._held_execution: Execution | None = None  # worker, meanwhile: the execution of the job in hand
         self._took_at_once = False  # the last dequeue was _take_at_once's (it checked suspension)
         self._parent_pid = os.getpid()  # the worker: a horse dies with it (die_with_parent)
@@ -1067,9 +1065,10 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
         while running does)."""
         if self.jobs_per_horse <= 1:
             return super().prepare_execution(job)
-        if self._batch_execution is not None:  # started with its batch (_take_batch)
-            self.execution, self._batch_execution = self._batch_execution, None
-            return self.execution
+        started = job.__dict__.pop("_batch_execution", None)
+        if started is not None:  # started with its batch (_take_batch)
+            self.execution = started
+            return started
         self.execution = None
         job._execution_for = self
         self.prepare_job_execution(job, remove_from_intermediate_queue=len(self.queues) == 1)
@@ -1463,7 +1462,7 @@ return out
         (``_take_batch``)."""
         self._took_at_once = False
         if self._behind and not self._stop_requested:
-            job, queue, self._batch_execution = self._behind.popleft()
+            job, queue, job._batch_execution = self._behind.popleft()
             self._took_at_once = True
             return job, queue
         queues = self._ordered_queues
@@ -1555,7 +1554,7 @@ return out
                        meta=self.serializer.dumps(job.meta).decode("latin-1"))
             job._started_hash = raw
             events.log_emitted(job.id, "running", attempt=job.meta["attempt"], worker=self.name)
-        job, queue, self._batch_execution = started[0]
+        job, queue, job._batch_execution = started[0]
         self._behind.extend(started[1:])
         self._took_at_once = True
         return job, queue
