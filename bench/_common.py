@@ -411,10 +411,11 @@ def seed_payroll(home: Path, employees: int, companies: int, month: str = MONTH)
 
 def warm_render_times(n: int, snapshots: list[dict] | None = None) -> list[float]:
     """Warm single-process render times (jobs.slip.render_pdf after warm_up), with the
-    collector tuned as in a render worker (slip.tune_gc)."""
+    collector and malloc tuned as in a render worker (slip.tune_gc, slip.tune_malloc)."""
     from jobs import slip
 
     slip.tune_gc()
+    slip.tune_malloc()
     slip.warm_up()
     snaps = snapshots or [slip.SAMPLE_SNAPSHOT]
     out = []
@@ -436,6 +437,7 @@ def warm_render_times_per_cpu(n: int, snapshots: list[dict] | None = None) -> di
     from jobs import slip
 
     slip.tune_gc()
+    slip.tune_malloc()
     slip.warm_up()
     snaps = snapshots or [slip.SAMPLE_SNAPSHOT]
     saved = os.sched_getaffinity(0)
@@ -467,13 +469,14 @@ def per_cpu_limit(*brackets: dict[int, list[float]]) -> float:
 
 def _in_warm_forks(procs: int, work) -> tuple[list[bytes], int, float]:
     """Run ``work(p) -> bytes`` in ``procs`` processes forked at once from this process,
-    warmed as a render worker is (tune_gc, warm_up, the heap frozen). Returns what each
+    warmed as a render worker is (tune_gc, tune_malloc, warm_up, the heap frozen). Returns what each
     child wrote, how many failed, and the seconds from the first fork to the last exit."""
     import gc
 
     from jobs import slip
 
     slip.tune_gc()
+    slip.tune_malloc()
     slip.warm_up()
     gc.collect()
     gc.freeze()

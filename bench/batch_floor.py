@@ -406,6 +406,7 @@ def main() -> None:
         from jobs import slip
 
         slip.tune_gc()
+        slip.tune_malloc()
         slip.warm_up()
         bracket_no = [0]
 

@@ -112,6 +112,7 @@ def main() -> None:
     from jobs import slip
 
     slip.tune_gc()
+    slip.tune_malloc()
     slip.warm_up()
     gc.collect()
     gc.freeze()

@@ -1344,6 +1344,7 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
 
         started = time.monotonic()
         slip.tune_gc()
+        slip.tune_malloc()
         slip.warm_up()
         # Everything alive now (WeasyPrint, fonts, the parsed template and CSS) is moved out
         # of the collector's sight: otherwise the first collection in each forked child walks

@@ -618,6 +618,34 @@ def tune_gc() -> None:
     gc.set_threshold(*RENDER_GC_THRESHOLDS)
 
 
+RENDER_MALLOC_THRESHOLD = 32 * 1024 * 1024
+"""glibc malloc's mmap and trim thresholds in a render process (``mallopt``). By default
+glibc gives a render's larger blocks (the PDF's buffers, cairo's and HarfBuzz's tables)
+back to the kernel as soon as they are freed, and the next render faults the same pages
+in again, zero-filled: ~300 page faults and ~1 ms of kernel time per ~35 ms render,
+measured (bench/README.md, session 46). With both thresholds at 32 MiB the process keeps
+that memory between renders: ~25 faults per render. The cost is that a horse holds its
+peak heap until it is replaced (``render.jobs_per_horse``)."""
+
+
+def tune_malloc() -> bool:
+    """Set RENDER_MALLOC_THRESHOLD as glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD, in
+    every process that renders (the render worker before it forks its horses, and the
+    benchmarks timing a warm render as the worker does it). Returns whether glibc took
+    both (False on a C library without ``mallopt``: the defaults stay, nothing else
+    changes)."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(m_mmap_threshold, RENDER_MALLOC_THRESHOLD)) \
+        and bool(mallopt(m_trim_threshold, RENDER_MALLOC_THRESHOLD))
+
+
 def harfbuzz_subsetting() -> dict[str, Any]:
     """Whether WeasyPrint subsets fonts with HarfBuzz: weasyprint/pdf/fonts.py Font.subset()
     uses it when weasyprint.text.ffi.harfbuzz_subset (dlopen of libharfbuzz-subset.so.0,
