@@ -66,10 +66,13 @@ class RenderConfig:
     """pdf-render worker processes per host; 0 = one per core."""
     timeout_s: int = 30
     """A render running longer is killed (even inside C code) and retried."""
-    jobs_per_horse: int = 100
+    jobs_per_horse: int = 1000
     """Renders one forked, warm work horse serves before it is replaced (it is replaced at
     once when killed: timeout, grace, crash). 1 = fork per job, RQ's way: each fork
-    re-copies the pages a render touches, ~40 ms of CPU on a ~65 ms render (bench/render.py)."""
+    re-copies the pages a render touches, ~40 ms of CPU on a ~65 ms render (bench/render.py).
+    1000 rather than 100 (session 46): a new horse's fork and its first renders' copies
+    cost ~1-2 % of the pool's CPU at 100 (bench/ab_render.py: 2.6 % more slips/s at 1000),
+    while a horse's memory grows ~9 KB a render (73 MiB at 100 renders, 81 MiB at 1000)."""
     batch: int = 16
     """Render jobs a worker takes and starts at once, and finishes at once (their sends and
     successes in one transaction): fewer round trips per slip. 1 = one at a time."""
