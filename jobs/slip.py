@@ -9,7 +9,8 @@ Public API (other modules call these names):
     html_to_pdf(html)       -> bytes through the same restricted fetcher and fonts
     write_slip(path, pdf)   atomic write, file 0600, created dirs 0700
     stage_slip / commit_slip  its two halves (written; then durable and in place), for a
-                            process that finishes what another rendered
+                            process that finishes what another rendered (sync_folder:
+                            one folder sync for several commits)
     warm_up()               render SAMPLE_SNAPSHOT, with and without a Bengali name, once
                             per process (before forking): both cascades kept (jobs.cascade)
 
@@ -836,11 +837,12 @@ def remove_dead_stages(path: Path, host: str | None = None, lease: tuple[float, 
     return removed
 
 
-def commit_slip(tmp: Path, path: Path, synced: bool = False) -> None:
+def commit_slip(tmp: Path, path: Path, synced: bool = False, folder: bool = True) -> None:
     """The second half of write_slip: the staged file's data made durable (unless
     ``synced``: stage_slip did), then renamed over `path`, then the rename made durable
-    (the folder synced). Any process may do it (the render worker does it for its horse:
-    jobs.runtime.RenderWorker). A failure removes the staged file."""
+    (the folder synced; ``folder`` False: the caller syncs it, once for several slips,
+    with sync_folder, before it counts on them). Any process may do it (the render worker
+    does it for its horse: jobs.runtime.RenderWorker). A failure removes the staged file."""
     tmp, path = Path(tmp), Path(path)
     try:
         if not synced:
@@ -853,9 +855,15 @@ def commit_slip(tmp: Path, path: Path, synced: bool = False) -> None:
     except BaseException:
         _unlink_quietly(tmp)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    if folder:
+        sync_folder(path.parent)
+
+
+def sync_folder(folder: Path) -> None:
+    """Make the renames into ``folder`` durable (fsync of the folder)."""
+    dir_fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        os.fsync(dir_fd)  # make the rename durable
+        os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
 

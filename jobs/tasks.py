@@ -255,23 +255,57 @@ def finish_render(conn, result: dict[str, Any]) -> dict[str, Any]:
 
 def commit_render(conn, result: dict[str, Any]) -> None:
     """The first half of finish_render: the staged slip made durable and put in place,
-    its send not enqueued yet (a batch's sends go in one transaction: enqueue_email_in).
-    Raises as finish_render does."""
+    its send not enqueued yet. Raises as finish_render does."""
+    error = commit_renders(conn, [result])[0]
+    if error is not None:
+        raise error
+
+
+def commit_renders(conn, results: list[dict[str, Any]]) -> list[BaseException | None]:
+    """commit_render for a batch's renders (their sends go in one transaction after it:
+    enqueue_email_in): each staged slip made durable and put in place, then each folder
+    they went into synced once, not once per slip (16 folder syncs fewer per batch: a
+    batch's commits took 7-52 ms, session 46). Returns for each result None (its slip is
+    durable and in place) or the error commit_render raises for it; a folder whose sync
+    fails fails every slip put in it."""
     from jobs import slip
 
     cfg = settings()
-    rest = result[FINISH_KEY]
-    staged, final = Path(rest["staged"]), cfg.slips_dir / result["slip"]
-    if staged.parent != final.parent or not staged.name.startswith(f".{final.name}."):
-        raise ValueError(f"refused: {staged.name} is not a slip staged for {result['slip']}")
-    try:
-        slip.commit_slip(staged, final)  # (a file system that allocates late says ENOSPC at the sync)
-    except OSError as e:
-        if policy.is_store_full(e):
-            raise _store_full(cfg, e, int(rest.get("store_full_holds") or 0)) from e
-        if (held := _store_fault(cfg, conn, e, int(rest.get("store_full_holds") or 0))) is not None:
-            raise held from e  # (a failing disk says EIO at the sync: the data never reached it)
-        raise
+    errors: list[BaseException | None] = [None] * len(results)
+    placed: dict[Path, list[int]] = {}
+    for i, result in enumerate(results):
+        rest = result[FINISH_KEY]
+        staged, final = Path(rest["staged"]), cfg.slips_dir / result["slip"]
+        if staged.parent != final.parent or not staged.name.startswith(f".{final.name}."):
+            errors[i] = ValueError(f"refused: {staged.name} is not a slip staged for {result['slip']}")
+            continue
+        try:
+            slip.commit_slip(staged, final, folder=False)  # (a file system that allocates late says ENOSPC at the sync)
+        except Exception as e:  # noqa: BLE001 - this slip's error, told with it
+            errors[i] = _commit_error(cfg, conn, rest, e)
+            continue
+        placed.setdefault(final.parent, []).append(i)
+    for folder, put in placed.items():
+        try:
+            slip.sync_folder(folder)
+        except Exception as e:  # noqa: BLE001 - every slip renamed into it is not durable
+            for i in put:
+                errors[i] = _commit_error(cfg, conn, results[i][FINISH_KEY], e)
+    return errors
+
+
+def _commit_error(cfg: config_mod.Config, conn, rest: dict[str, Any], e: Exception) -> BaseException:
+    """The error a slip's failed commit is told with: StoreFull when the store is full,
+    StoreUnwritable when it cannot be written (a failing disk says EIO at the sync: the
+    data never reached it), else ``e`` itself."""
+    if not isinstance(e, OSError):
+        return e
+    holds = int(rest.get("store_full_holds") or 0)
+    told = _store_full(cfg, e, holds) if policy.is_store_full(e) else _store_fault(cfg, conn, e, holds)
+    if told is None:
+        return e
+    told.__cause__ = e
+    return told
 
 
 def finished_render(result: dict[str, Any]) -> dict[str, Any]:

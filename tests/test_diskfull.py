@@ -72,7 +72,7 @@ def test_a_full_store_found_at_the_sync_is_held_too(world, monkeypatch):
     cfg, conn, db, ledger = world
     staged = slip.stage_slip(cfg.slips_dir / "2026-11" / "1" / "emp-00001.pdf", b"%PDF-1.7 test", store=cfg.slips_dir)
 
-    def no_room_at_sync(tmp, path, synced=False):
+    def no_room_at_sync(tmp, path, synced=False, folder=True):
         slip._unlink_quietly(tmp)
         raise OSError(errno.ENOSPC, "No space left on device")
 

@@ -68,6 +68,43 @@ def test_a_batch_is_the_workers_share_of_what_waits_and_starts_in_one_go(conn, m
     assert w2._take_at_once()[0].id == "n-3" and [h[0].id for h in w2._behind] == ["n-4"]
 
 
+def test_the_next_batch_is_taken_while_the_last_of_a_batch_is_in_hand(conn, monkeypatch):
+    """_take_ahead (called as each job is handed over): with the last job of its batch in
+    the horse, the worker takes and starts the next batch then, not after the horse's
+    reply, so the horse is handed its next job at once. Not while jobs of the batch still
+    wait, nor once a stop is asked or the slip store cannot take a slip; the worker's
+    current job stays the one in hand."""
+    monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
+    _noops(conn, *(f"a-{i}" for i in range(7)))
+    q = make_queue(keys.RENDER_QUEUE, conn)
+    w = _worker(conn, batch=2)
+    w.register_birth()
+    job, _ = w._take_at_once()
+    w.prepare_execution(job)
+    w._take_ahead()  # a-1 still waits behind a-0: nothing more
+    assert [h[0].id for h in w._behind] == ["a-1"] and q.get_job_ids() == [f"a-{i}" for i in range(2, 7)]
+    job, _ = w._take_at_once()
+    w.prepare_execution(job)
+    current = conn.hget(w.key, "current_job")
+    assert current is not None
+    w._take_ahead()  # a-1, the last of its batch, in hand: a-2 and a-3 now, started
+    assert [h[0].id for h in w._behind] == ["a-2", "a-3"] and q.get_job_ids() == ["a-4", "a-5", "a-6"]
+    assert _wip_ids(conn) == ["a-0", "a-1", "a-2", "a-3"]
+    for i in ("a-2", "a-3"):
+        j = PayrunJob.fetch(i, connection=conn)
+        assert j.get_status() == JobStatus.STARTED and j.meta["attempt"] == 1 and j.worker_name == w.name
+    assert conn.hget(w.key, "current_job") == current
+    assert w._take_at_once()[0].id == "a-2"  # handed over from what was taken ahead, no round trip
+    assert w._take_at_once()[0].id == "a-3"
+    monkeypatch.setattr(w, "_store_blocked", lambda: True)
+    w._take_ahead()
+    assert not w._behind
+    monkeypatch.setattr(w, "_store_blocked", lambda: False)
+    w._stop_requested = True
+    w._take_ahead()
+    assert not w._behind and q.get_job_ids() == ["a-4", "a-5", "a-6"]
+
+
 def test_the_jobs_a_worker_holds_keep_their_lease_while_the_one_in_hand_runs_long(conn, monkeypatch):
     monkeypatch.setenv("PAYRUN_TEST_JOBS", "1")
     _noops(conn, "l-0", "l-1", "l-2")

@@ -39,10 +39,14 @@ def test_a_warm_horse_hands_the_finish_over_and_the_records_are_the_fork_per_job
     cfg, conn, db, ledger = world
     assert runs.start_run(cfg, conn, ledger, db, MONTH).jobs == 12
     finished_here = []
-    # (one at a time: finish_render each; in a batch: commit_render each, then one transaction)
-    which = "finish_render" if batch == 1 else "commit_render"
-    finish = getattr(tasks, which)
-    monkeypatch.setattr(tasks, which, lambda c, r: finished_here.append(r["slip"]) or finish(c, r))
+    # (one at a time: finish_render each; in a batch: commit_renders, then one transaction)
+    if batch == 1:
+        finish = tasks.finish_render
+        monkeypatch.setattr(tasks, "finish_render", lambda c, r: finished_here.append(r["slip"]) or finish(c, r))
+    else:
+        commit = tasks.commit_renders
+        monkeypatch.setattr(tasks, "commit_renders",
+                            lambda c, rs: finished_here.extend(r["slip"] for r in rs) or commit(c, rs))
     # 5 jobs per horse: twice a horse is replaced while its last render waits to be finished
     w = _warm_worker(conn, jobs_per_horse=5)
     w.batch = batch
@@ -102,15 +106,16 @@ def test_a_finish_that_fails_goes_through_the_jobs_failure_handling(world, monke
 
         monkeypatch.setattr(tasks, "enqueue_email", flaky)  # this process is the worker (burst)
     else:
-        commit = tasks.commit_render
+        commit = tasks.commit_renders
 
-        def flaky(c, result):  # noqa: F811 - (the batch's own failure point)
+        def flaky(c, results):  # noqa: F811 - (the batch's own failure point)
+            errors = commit(c, results)
             if not failed:
-                failed.append(result[tasks.FINISH_KEY]["email"]["employee_id"])
-                raise redis.ConnectionError("Redis went away")
-            return commit(c, result)
+                failed.append(results[0][tasks.FINISH_KEY]["email"]["employee_id"])
+                errors[0] = redis.ConnectionError("Redis went away")
+            return errors
 
-        monkeypatch.setattr(tasks, "commit_render", flaky)
+        monkeypatch.setattr(tasks, "commit_renders", flaky)
         monkeypatch.setattr(tasks, "finish_render", lambda c, r: pytest.fail("a batch finishes in one transaction"))
     w = _warm_worker(conn, jobs_per_horse=100)
     w.batch = batch
@@ -159,6 +164,44 @@ def test_a_finish_moves_only_a_file_staged_beside_its_own_slip(cfg, conn, tmp_pa
             tasks.finish_render(conn, {"slip": rel, "bytes": 1, tasks.FINISH_KEY: {"staged": str(staged), "email": {}}})
         assert staged.exists()
     assert not (cfg.slips_dir / rel).exists()
+
+
+def test_a_batch_commit_syncs_each_folder_once_and_a_failing_sync_fails_only_its_folders_slips(cfg, conn,
+                                                                                               monkeypatch):
+    """tasks.commit_renders: every staged slip durable and in place, then one sync per
+    folder (not one per slip); a folder whose sync fails fails the slips put in it, each
+    told with the error, and only those. A slip not staged beside its place is refused
+    alone."""
+    import errno
+
+    pdf = b"%PDF-1.7 test\n%%EOF\n"
+    rels = ["2026-11/1/e-1.pdf", "2026-11/1/e-2.pdf", "2026-11/2/e-3.pdf", "2026-11/2/e-4.pdf"]
+    results = [{"slip": rel, "bytes": len(pdf),
+                tasks.FINISH_KEY: {"staged": str(slip.stage_slip(cfg.slips_dir / rel, pdf)), "email": {}}}
+               for rel in rels]
+    results[3][tasks.FINISH_KEY]["staged"] = results[2][tasks.FINISH_KEY]["staged"]  # (not e-4's)
+    synced = []
+    sync = slip.sync_folder
+
+    def failing_in_1(folder):
+        synced.append(folder.name)
+        if folder.name == "1":
+            raise OSError(errno.EIO, "Input/output error")
+        sync(folder)
+
+    monkeypatch.setattr(slip, "sync_folder", failing_in_1)
+    errors = tasks.commit_renders(conn, results)
+    assert sorted(synced) == ["1", "2"]  # once each, for four slips
+    assert [type(e).__name__ for e in errors[:2]] == ["OSError", "OSError"]  # (one disk write still works: EIO alone)
+    assert errors[2] is None and (cfg.slips_dir / rels[2]).read_bytes() == pdf
+    assert isinstance(errors[3], ValueError) and not (cfg.slips_dir / rels[3]).exists()
+    # the renames into 1 happened (not durable: the retry writes them again); nothing moved for
+    # the refused one (its own staged file stays, as finish_render leaves it)
+    left = sorted(p.name for p in (cfg.slips_dir / "2026-11").rglob("*"))
+    assert left[1:] == ["1", "2", "e-1.pdf", "e-2.pdf", "e-3.pdf"] and left[0].startswith(".e-4.pdf.")
+    with pytest.raises(OSError):
+        tasks.commit_render(conn, {"slip": "2026-11/1/e-5.pdf", "bytes": len(pdf), tasks.FINISH_KEY: {
+            "staged": str(slip.stage_slip(cfg.slips_dir / "2026-11/1/e-5.pdf", pdf)), "email": {}}})
 
 
 def test_outside_a_warm_horse_render_slip_does_everything_itself(world):

@@ -255,7 +255,7 @@ def test_eio_at_the_sync_of_a_handed_over_render_is_held_too(world, monkeypatch)
     cfg, conn, db, ledger = world
     staged = slip.stage_slip(cfg.slips_dir / "2026-11" / "1" / "emp-00001.pdf", b"%PDF-1.7 test", store=cfg.slips_dir)
 
-    def eio_at_sync(tmp, path, synced=False):
+    def eio_at_sync(tmp, path, synced=False, folder=True):
         slip._unlink_quietly(tmp)
         _eio()
 
