@@ -592,12 +592,14 @@ class EventsMixin:
             self.in_hand = None
 
     def fail_unreadable(self, job_id: str, queue: Queue, reason: str, job: Job | None = None,
-                        raw_meta: bytes | None = None) -> None:
+                        raw_meta: bytes | None = None, never_started: bool = False) -> None:
         """Put a job payrun cannot read (no ``data`` field in its hash, or data that is not
         JSON) in its queue's failed registry with the error "job data unreadable: <reason>",
         and tell the ledger: the worker goes on with the next job. Nothing of it is run or
         unpickled; its meta is kept only if it is JSON (``raw_meta``: as found in Redis).
-        `payrun failed` lists it; `payrun retry` cannot bring it back (nothing to run)."""
+        `payrun failed` lists it; `payrun retry` cannot bring it back (nothing to run).
+        ``never_started``: taken, not started (a batch's take): no execution of its own
+        (``self.execution`` is another job's, or none)."""
         error = events.one_line(f"job data unreadable: {reason}")
         meta: dict = {}
         try:
@@ -611,7 +613,7 @@ class EventsMixin:
         meta.update(last_error=error, error_attempt=meta.get("attempt"), permanent=False)
         key = self.job_class.key_for(job_id)
         with self.connection.pipeline() as pipe:
-            if job is not None and getattr(self, "execution", None) is not None:
+            if job is not None and not never_started and getattr(self, "execution", None) is not None:
                 self.cleanup_execution(job, pipeline=pipe)  # started already (its attempt counted)
             pipe.lrem(queue.intermediate_queue_key, 1, job_id)
             pipe.hset(key, mapping={"status": JobStatus.FAILED.value, "ended_at": utcformat(utcnow()),
@@ -1008,8 +1010,9 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
 
     batch: int = 1
     """Render jobs taken and started at once (``render.batch``), with a warm horse: one
-    script takes them, one transaction starts them, and the worker finishes that many
-    renders in one transaction (their slips made durable first). 1 = one at a time."""
+    script takes them, one transaction starts them (the next batch while the last of one
+    renders), and the worker finishes half that many renders in one transaction (their
+    slips made durable first, each folder synced once). 1 = one at a time."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("job_monitoring_interval", 1)
@@ -1181,7 +1184,7 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
                 try:
                     if batched and not job.repeats_left:
                         if (error := next(commit_errors)) is not None:
-                            raise error
+                            raise error.with_traceback(None)  # (one folder's error is several slips')
                         durable.append((job, queue, execution, handed))
                         continue
                     result = tasks.finish_render(self.connection, handed["result"])
@@ -1534,9 +1537,7 @@ return out
                 self.fail_unreadable(job_id, queue, NO_DATA, raw_meta=raw.get(b"meta"))
                 continue
             except DeserializationError as e:
-                mine, self.execution = self.execution, None  # (never started: no execution of its own)
-                self.fail_unreadable(job_id, queue, unreadable_reason(e), job=job)
-                self.execution = mine
+                self.fail_unreadable(job_id, queue, unreadable_reason(e), job=job, never_started=True)
                 continue
             jobs.append(job)
         if not jobs:
@@ -1555,9 +1556,12 @@ return out
             if not ahead:
                 self.set_current_job_id(jobs[0].id, pipeline=pipe)
                 self.set_current_job_working_time(0, pipeline=pipe)
+            elif self.in_hand is not None:  # (the job in hand: the one the worker reads busy with)
+                self.set_current_job_id(self.in_hand[0].id, pipeline=pipe)
             self.heartbeat(self.get_heartbeat_ttl(jobs[0]), pipeline=pipe)
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
             pipe.execute()
+        self._behind.extend(started)  # held from the moment they are started (a second SIGTERM hands them back)
         version = self.get_redis_server_version()
         for job, _, _ in started:
             job.redis_server_version = version
@@ -1569,10 +1573,8 @@ return out
             job._started_hash = raw
             events.log_emitted(job.id, "running", attempt=job.meta["attempt"], worker=self.name)
         if ahead:
-            self._behind.extend(started)
             return None
-        job, queue, job._batch_execution = started[0]
-        self._behind.extend(started[1:])
+        job, queue, job._batch_execution = self._behind.popleft()
         self._took_at_once = True
         return job, queue
 
@@ -1582,12 +1584,18 @@ return out
         Taken after its reply, the take's and the start's round trips kept the horse
         waiting ~7-15 ms at every batch's edge (~1 % of the pool, session 46). Only where
         the worker's next dequeue would take a batch at once (one queue open to it, no
-        stop asked, its slip store writable). A Redis error goes up to RQ's work loop, as
-        one in that dequeue does."""
-        if self._behind or self.batch <= 1 or self._stop_requested or len(self._ordered_queues) != 1 \
-                or get_version(self.connection) < (6, 2, 0) or self._store_blocked():
+        stop asked, its slip store writable). A Redis error here is left to that dequeue,
+        between two jobs: raised here, it would end the worker with a render in the horse
+        (thrown away, rendered again after the reaper's pass). Jobs the take moved and
+        never started are the reaper's, as a dequeue's are."""
+        if self._behind or self.batch <= 1 or self._stop_requested or len(self._ordered_queues) != 1:
             return
-        self._take_batch(self._ordered_queues[0], ahead=True)
+        try:
+            if get_version(self.connection) >= (6, 2, 0) and not self._store_blocked():
+                self._take_batch(self._ordered_queues[0], ahead=True)
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            log.warning("Worker %s: could not take its next batch ahead (%s); it takes it after this job",
+                        self.name, events.one_line(str(e)))
 
     def _give_back_behind(self, why: str) -> None:
         """Jobs started with a batch and never handed to the horse go back to the front of
@@ -1831,10 +1839,14 @@ return 1
 
     def maintain_heartbeats(self, job: Job) -> None:
         super().maintain_heartbeats(job)
-        if self._behind:  # the leases of the jobs started with its batch, waiting behind it
+        # the leases of the jobs it holds besides the one in hand: started with its batch and
+        # waiting behind it, or rendered and waiting to be finished (up to half a batch of
+        # renders: two renders killed at their timeout meanwhile outlast a lease)
+        held = [(h[0], h[2]) for h in (*self._behind, *self._rendered) if h[2] is not None]
+        if held:
             with self.connection.pipeline() as pipe:
-                for held, _, execution in self._behind:
-                    execution.heartbeat(held.started_job_registry, int(self.get_heartbeat_ttl(held)), pipeline=pipe)
+                for one, execution in held:
+                    execution.heartbeat(one.started_job_registry, int(self.get_heartbeat_ttl(one)), pipeline=pipe)
                 pipe.execute()
         elapsed = (utcnow() - job.started_at).total_seconds() if job.started_at else 0.0
         if job.timeout and job.timeout > 0 and elapsed > job.timeout + KILL_MARGIN_S and job.id not in self._timed_out:

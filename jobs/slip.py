@@ -633,8 +633,8 @@ def tune_malloc() -> bool:
     """Set RENDER_MALLOC_THRESHOLD as glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD, in
     every process that renders (the render worker before it forks its horses, and the
     benchmarks timing a warm render as the worker does it). Returns whether glibc took
-    both (False on a C library without ``mallopt``: the defaults stay, nothing else
-    changes)."""
+    both (False on a C library without ``mallopt``, or one that refuses a value: its
+    defaults stay for what it refused, nothing else changes)."""
     import ctypes
 
     try:
@@ -643,8 +643,8 @@ def tune_malloc() -> bool:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(m_mmap_threshold, RENDER_MALLOC_THRESHOLD)) \
-        and bool(mallopt(m_trim_threshold, RENDER_MALLOC_THRESHOLD))
+    took = [mallopt(option, RENDER_MALLOC_THRESHOLD) for option in (m_mmap_threshold, m_trim_threshold)]
+    return all(took)
 
 
 def harfbuzz_subsetting() -> dict[str, Any]:
@@ -750,6 +750,7 @@ def stage_slip(path: Path, pdf: bytes, durable: bool = False, store: Path | None
         except FileExistsError:
             continue  # created concurrently by another worker: leave its mode alone
         os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
+        sync_folder(directory.parent)  # the new folder's own entry durable (once per new month or company)
     if missing:
         check()  # (one another process made meanwhile, too)
 

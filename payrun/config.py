@@ -74,7 +74,8 @@ class RenderConfig:
     cost ~1-2 % of the pool's CPU at 100 (bench/ab_render.py: 2.6 % more slips/s at 1000),
     while a horse's memory grows ~9 KB a render (73 MiB at 100 renders, 81 MiB at 1000)."""
     batch: int = 16
-    """Render jobs a worker takes and starts at once, and finishes at once (their sends and
+    """Render jobs a worker takes and starts at once (the next batch while the last of one
+    renders), finished half a batch at a time (their slips durable, then their sends and
     successes in one transaction): fewer round trips per slip. 1 = one at a time."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 

@@ -83,17 +83,16 @@ def test_the_next_batch_is_taken_while_the_last_of_a_batch_is_in_hand(conn, monk
     w.prepare_execution(job)
     w._take_ahead()  # a-1 still waits behind a-0: nothing more
     assert [h[0].id for h in w._behind] == ["a-1"] and q.get_job_ids() == [f"a-{i}" for i in range(2, 7)]
-    job, _ = w._take_at_once()
+    job, q1 = w._take_at_once()
     w.prepare_execution(job)
-    current = conn.hget(w.key, "current_job")
-    assert current is not None
+    w.in_hand = (job, q1)  # (as execute_job sets it)
     w._take_ahead()  # a-1, the last of its batch, in hand: a-2 and a-3 now, started
     assert [h[0].id for h in w._behind] == ["a-2", "a-3"] and q.get_job_ids() == ["a-4", "a-5", "a-6"]
     assert _wip_ids(conn) == ["a-0", "a-1", "a-2", "a-3"]
     for i in ("a-2", "a-3"):
         j = PayrunJob.fetch(i, connection=conn)
         assert j.get_status() == JobStatus.STARTED and j.meta["attempt"] == 1 and j.worker_name == w.name
-    assert conn.hget(w.key, "current_job") == current
+    assert conn.hget(w.key, "current_job") == b"a-1"  # (the one in hand, not the first taken ahead)
     assert w._take_at_once()[0].id == "a-2"  # handed over from what was taken ahead, no round trip
     assert w._take_at_once()[0].id == "a-3"
     monkeypatch.setattr(w, "_store_blocked", lambda: True)
@@ -116,9 +115,12 @@ def test_the_jobs_a_worker_holds_keep_their_lease_while_the_one_in_hand_runs_lon
         conn.zadd(wip, {execution.composite_key: time.time() + 5}, xx=True)
     from rq.utils import now
 
+    # one of them rendered already, waiting to be finished (half a batch may wait so)
+    rendered = w._behind.pop()
+    w._rendered.append((*rendered, {}))
     job.started_at = now()  # (as the hand-over sets it)
     w.maintain_heartbeats(job)  # (every second while a job runs past one)
-    for held, _, execution in w._behind:
+    for held, _, execution in (*w._behind, rendered):
         assert conn.zscore(wip, execution.composite_key) > time.time() + 50
 
 

@@ -34,8 +34,9 @@ def _render_ids(conn) -> list[str]:
 
 @pytest.mark.parametrize("batch", [1, 4], ids=["one-at-a-time", "batch-of-4"])
 def test_a_warm_horse_hands_the_finish_over_and_the_records_are_the_fork_per_jobs(world, monkeypatch, batch):
-    """Also with render.batch = 4: jobs taken and started four at a time, their renders
-    finished four at a time (slips durable one by one, then one transaction)."""
+    """Also with render.batch = 4: jobs taken and started four at a time (the next four
+    while the last of a batch renders), their renders finished two at a time (slips
+    durable, each folder synced once, then one transaction)."""
     cfg, conn, db, ledger = world
     assert runs.start_run(cfg, conn, ledger, db, MONTH).jobs == 12
     finished_here = []
@@ -46,12 +47,26 @@ def test_a_warm_horse_hands_the_finish_over_and_the_records_are_the_fork_per_job
     else:
         commit = tasks.commit_renders
         monkeypatch.setattr(tasks, "commit_renders",
-                            lambda c, rs: finished_here.extend(r["slip"] for r in rs) or commit(c, rs))
+                            lambda c, rs: finishes.append(len(rs)) or finished_here.extend(r["slip"] for r in rs)
+                            or commit(c, rs))
+    finishes: list[int] = []
+    taken_ahead: list[int] = []
+    take_ahead = RenderWorker._take_ahead
+
+    def _take_ahead(self):
+        before = len(self._behind)
+        take_ahead(self)
+        taken_ahead.append(len(self._behind) - before)
+
+    monkeypatch.setattr(RenderWorker, "_take_ahead", _take_ahead)
     # 5 jobs per horse: twice a horse is replaced while its last render waits to be finished
     w = _warm_worker(conn, jobs_per_horse=5)
     w.batch = batch
     w.work(burst=True, logging_level="WARNING")
     assert len(finished_here) == 12  # by the worker (this process), not in its horses
+    if batch > 1:  # half a batch at a time; the next batch taken while the last of one rendered
+        assert finishes and max(finishes) == 2 and sum(finishes) == 12
+        assert taken_ahead.count(4) == 2  # jobs 5-8 and 9-12 (1-4: the first take)
 
     q = make_queue(keys.RENDER_QUEUE, conn)
     ids = q.finished_job_registry.get_job_ids()
@@ -185,6 +200,8 @@ def test_a_batch_commit_syncs_each_folder_once_and_a_failing_sync_fails_only_its
 
     def failing_in_1(folder):
         synced.append(folder.name)
+        here = [r for r in rels if r.split("/")[1] == folder.name and r != rels[3]]
+        assert all((cfg.slips_dir / r).exists() for r in here)  # renamed in first: the sync makes them durable
         if folder.name == "1":
             raise OSError(errno.EIO, "Input/output error")
         sync(folder)

@@ -8,6 +8,7 @@ import io
 import shutil
 import logging
 import os
+import platform
 import stat
 import subprocess
 import sys
@@ -609,6 +610,8 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 12)
 """
 
 
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or sys.maxsize <= 2**32,
+                    reason="glibc's mallopt on a 64-bit system (32 MiB thresholds)")
 def test_a_render_process_keeps_its_heap_between_renders():
     """slip.tune_malloc (called where a render worker warms up, before it forks its
     horses): glibc stops handing a render's freed blocks back to the kernel, so the next
