@@ -12,7 +12,7 @@ worker process tree (work horses included) from the first completion to exit.
     python bench/overhead.py [--quick]     (2,000 jobs; --quick 500)
 
 "ratio" = payrun fork jobs/s / bare rq.Worker jobs/s (target >= 0.8), payrun as configured
-by default (one warm horse per 100 jobs); "fork_per_job_ratio" the same with
+by default (one warm horse per `render.jobs_per_horse` jobs, 1000); "fork_per_job_ratio" the same with
 render.jobs_per_horse = 1, RQ's own execution model.
 """
 
@@ -130,7 +130,7 @@ def main() -> None:
         ratio = res["payrun_fork"]["jobs_per_s"] / res["bare_fork"]["jobs_per_s"]
         lanes_ratio = res["payrun_lanes_1"]["jobs_per_s"] / res["bare_simple"]["jobs_per_s"]
         fpj_ratio = res["payrun_fork_per_job"]["jobs_per_s"] / res["bare_fork"]["jobs_per_s"]
-        say(f"fork:    payrun (default: one warm horse per 100 jobs) / bare = {ratio:.3f} (target >= 0.8); CPU/job "
+        say(f"fork:    payrun (default: a warm horse, render.batch 16) / bare = {ratio:.3f} (target >= 0.8); CPU/job "
             f"{res['payrun_fork']['cpu_ms_per_job']:.1f} vs {res['bare_fork']['cpu_ms_per_job']:.1f} ms")
         say(f"fork:    payrun with a fork per job, like RQ / bare = {fpj_ratio:.3f}; CPU/job "
             f"{res['payrun_fork_per_job']['cpu_ms_per_job']:.1f} vs {res['bare_fork']['cpu_ms_per_job']:.1f} ms")

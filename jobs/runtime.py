@@ -1357,7 +1357,8 @@ class RenderWorker(EventsMixin, _OneOutageStory, Worker):
 
         started = time.monotonic()
         slip.tune_gc()
-        slip.tune_malloc()
+        if self.jobs_per_horse > 1:  # (a fork per job keeps nothing between renders; its forks would copy more)
+            slip.tune_malloc()
         slip.warm_up()
         # Everything alive now (WeasyPrint, fonts, the parsed template and CSS) is moved out
         # of the collector's sight: otherwise the first collection in each forked child walks
